@@ -1,0 +1,1 @@
+"""Flower ClientApp/ServerApp, simulation driver, sweeps, reports and the command line."""

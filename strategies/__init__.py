@@ -1,0 +1,1 @@
+"""Flower server strategies for one-shot merging (plug into any ServerApp)."""
