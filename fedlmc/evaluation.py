@@ -31,7 +31,7 @@ def predict_logits(
     batch_size: int = 1024,
     device: str | torch.device | None = None,
 ) -> Tensor:
-    """Logits of ``model`` on ``x`` in eval mode, computed in batches; returned on the CPU as float32.
+    """Logits of ``model`` on ``x`` in eval mode, in batches; returned on the CPU as float32.
 
     The model is moved to ``device`` (default: the device of its parameters) and left in eval mode.
     """
@@ -57,13 +57,14 @@ def expected_calibration_error(probs: Tensor, labels: Tensor, n_bins: int = 15) 
     confidence, prediction = probs.max(dim=1)
     correct = prediction.eq(labels).double()
     bins = torch.clamp((confidence.double() * n_bins).long(), max=n_bins - 1)
-    count = torch.bincount(bins, minlength=n_bins).double()
     conf_sum = torch.bincount(bins, weights=confidence.double(), minlength=n_bins)
     acc_sum = torch.bincount(bins, weights=correct, minlength=n_bins)
     return float((conf_sum - acc_sum).abs().sum() / max(len(labels), 1))
 
 
-def metrics_from_logits(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> dict[str, float]:
+def metrics_from_logits(
+    logits: Tensor, labels: Tensor, temperature: float = 1.0
+) -> dict[str, float]:
     """``accuracy``, mean ``nll`` and ``ece`` (15 bins) of ``softmax(logits / temperature)``."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -99,8 +100,9 @@ def evaluate(
 ) -> dict[str, float]:
     """Accuracy, mean NLL and 15-bin ECE of ``model`` on ``data = (x, y)`` at ``temperature``."""
     x, y = data
-    return metrics_from_logits(predict_logits(model, x, batch_size=batch_size, device=device), y,
-                               temperature)
+    return metrics_from_logits(
+        predict_logits(model, x, batch_size=batch_size, device=device), y, temperature
+    )
 
 
 def ensemble_probs(logits: list[Tensor], weights: list[float] | None = None) -> Tensor:

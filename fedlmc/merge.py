@@ -1,0 +1,108 @@
+r"""Merging of state dicts by weighted averaging and linear interpolation.
+
+For models :math:`\theta_1, \dots, \theta_N` with non-negative weights :math:`c_i`
+(e.g. sample counts), the merged model is
+
+.. math:: \bar\theta = \sum_i w_i \theta_i, \qquad w_i = c_i / \textstyle\sum_j c_j .
+
+Floating-point tensors are accumulated in float64 and cast back to their dtype; integer buffers
+(BatchNorm's ``num_batches_tracked``) are not averaged but take their maximum. Inputs are never
+mutated.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+StateDict = dict[str, Tensor]
+
+
+def normalised_weights(weights: Sequence[float] | None, count: int) -> list[float]:
+    r"""Weights :math:`w_i = c_i / \sum_j c_j`; uniform ``1/count`` when ``weights`` is None."""
+    if weights is None:
+        return [1.0 / count] * count
+    values = [float(w) for w in weights]
+    if len(values) != count:
+        raise ValueError(
+            f"weights has {len(values)} entries, expected one per state dict ({count})"
+        )
+    if not all(math.isfinite(w) and w >= 0 for w in values) or not sum(values) > 0:
+        raise ValueError(f"weights must be finite, >= 0 with a positive sum, got {values}")
+    total = sum(values)
+    return [w / total for w in values]
+
+
+def check_compatible(state_dicts: Sequence[Mapping[str, Tensor]]) -> None:
+    """Raise ``ValueError`` naming the first key that is missing or has a different shape."""
+    reference = state_dicts[0]
+    for index, sd in enumerate(state_dicts[1:], start=1):
+        missing = set(reference) ^ set(sd)
+        if missing:
+            key = sorted(missing)[0]
+            raise ValueError(f"state dict {index} and state dict 0 differ in key {key!r}")
+        for key, tensor in reference.items():
+            if tuple(sd[key].shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"key {key!r} has shape {tuple(sd[key].shape)} in state dict {index}, "
+                    f"expected {tuple(tensor.shape)}"
+                )
+
+
+def average(
+    state_dicts: Sequence[Mapping[str, Tensor]], weights: Sequence[float] | None = None
+) -> StateDict:
+    r"""Weighted average :math:`\sum_i w_i \theta_i` of ``state_dicts`` (weights normalised).
+
+    Float tensors are summed in float64 and cast back to the first dict's dtype and device;
+    integer/bool tensors (e.g. ``num_batches_tracked``) take the elementwise maximum.
+    """
+    if len(state_dicts) == 0:
+        raise ValueError("average needs at least one state dict, got none")
+    check_compatible(state_dicts)
+    w = normalised_weights(weights, len(state_dicts))
+    merged: StateDict = {}
+    for key, ref in state_dicts[0].items():
+        tensors = [sd[key] for sd in state_dicts]
+        if ref.is_floating_point() or ref.is_complex():
+            acc = sum(
+                wi * t.detach().to(device=ref.device, dtype=torch.float64)
+                for wi, t in zip(w, tensors, strict=True)
+            )
+            merged[key] = acc.to(ref.dtype)
+        else:
+            merged[key] = torch.stack([t.detach().to(ref.device) for t in tensors]).amax(dim=0)
+    return merged
+
+
+def interpolate(sd_a: Mapping[str, Tensor], sd_b: Mapping[str, Tensor], lam: float) -> StateDict:
+    r""":math:`\theta(\lambda) = \lambda\theta_a + (1-\lambda)\theta_b` (``lam = 1`` is model a).
+
+    Computed in float64 and cast back, so ``lam = 1`` and ``lam = 0`` reproduce the endpoints
+    exactly; integer buffers take the maximum, as in :func:`average`. ``lam`` may lie outside
+    [0, 1] (extrapolation) and must be finite.
+    """
+    lam = float(lam)
+    if not math.isfinite(lam):
+        raise ValueError(f"lam must be a finite number, got {lam}")
+    check_compatible([sd_a, sd_b])
+    merged: StateDict = {}
+    for key, a in sd_a.items():
+        b = sd_b[key]
+        if a.is_floating_point():
+            value = lam * a.detach().double() + (1.0 - lam) * b.detach().to(a.device).double()
+            merged[key] = value.to(a.dtype)
+        else:
+            merged[key] = torch.maximum(a.detach(), b.detach().to(a.device))
+    return merged
+
+
+def load_state(template: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Module:
+    """A deep copy of ``template`` with ``state_dict`` loaded strictly (template unchanged)."""
+    model = copy.deepcopy(template)
+    model.load_state_dict(dict(state_dict), strict=True)
+    return model

@@ -1,0 +1,90 @@
+"""Weighted averaging and interpolation of state dicts."""
+
+import pytest
+import torch
+
+from fedlmc.evaluation import predict_logits
+from fedlmc.merge import average, interpolate, load_state
+from fedlmc.models import build_model
+
+
+def _bn_state(seed: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = build_model("resnet20", width=0.125, in_shape=(1, 28, 28))
+    sd = model.state_dict()
+    for key, value in sd.items():
+        if key.endswith("num_batches_tracked"):
+            value.fill_(seed * 10)
+    return sd
+
+
+def test_average_is_weighted_mean_in_float64_and_max_for_integer_buffers():
+    sds = [_bn_state(s) for s in (1, 2, 3)]
+    merged = average(sds, weights=[100, 300, 0])
+    for key, value in merged.items():
+        assert value.dtype == sds[0][key].dtype and value.shape == sds[0][key].shape
+        if key.endswith("num_batches_tracked"):
+            assert int(value) == 30
+        else:
+            expected = (0.25 * sds[0][key].double() + 0.75 * sds[1][key].double()).float()
+            assert torch.equal(value, expected), key
+
+
+def test_average_of_one_model_is_that_model_and_inputs_are_not_mutated():
+    sd = _bn_state(4)
+    before = {k: v.clone() for k, v in sd.items()}
+    merged = average([sd, sd], weights=[1, 3])
+    for key in sd:
+        assert torch.equal(merged[key], before[key])
+        assert torch.equal(sd[key], before[key])
+
+
+def test_average_uniform_default_equals_explicit_equal_weights():
+    sds = [_bn_state(s) for s in (5, 6)]
+    a, b = average(sds), average(sds, weights=[7, 7])
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("weights", [[1, -1], [0, 0], [1, float("nan")], [1]])
+def test_average_rejects_bad_weights(weights):
+    sds = [_bn_state(1), _bn_state(2)]
+    with pytest.raises(ValueError, match="weights"):
+        average(sds, weights=weights)
+
+
+def test_average_names_mismatched_key_and_shape():
+    a = build_model("mlp", width=0.125).state_dict()
+    b = build_model("mlp", width=0.25).state_dict()
+    with pytest.raises(ValueError, match="hidden.0.linear.weight"):
+        average([a, b])
+    c = dict(a)
+    c["extra"] = torch.zeros(1)
+    with pytest.raises(ValueError, match="extra"):
+        average([a, c])
+    with pytest.raises(ValueError):
+        average([])
+
+
+def test_interpolate_endpoints_are_exact_and_midpoint_is_the_average():
+    a, b = _bn_state(1), _bn_state(2)
+    at1, at0, half = interpolate(a, b, 1.0), interpolate(a, b, 0.0), interpolate(a, b, 0.5)
+    mean = average([a, b])
+    for key in a:
+        if a[key].is_floating_point():
+            assert torch.equal(at1[key], a[key]) and torch.equal(at0[key], b[key])
+            assert torch.equal(half[key], mean[key])
+    with pytest.raises(ValueError, match="lam"):
+        interpolate(a, b, float("inf"))
+
+
+def test_load_state_copies_template_and_computes_the_loaded_function():
+    torch.manual_seed(0)
+    template = build_model("mlp", width=0.125)
+    other = build_model("mlp", width=0.125)
+    before = {k: v.clone() for k, v in template.state_dict().items()}
+    loaded = load_state(template, other.state_dict())
+    x = torch.randn(8, 1, 28, 28)
+    assert torch.equal(predict_logits(loaded, x), predict_logits(other, x))
+    assert all(torch.equal(template.state_dict()[k], v) for k, v in before.items())
+    with pytest.raises(RuntimeError):
+        load_state(template, {})
