@@ -1,0 +1,612 @@
+r"""Permutation alignment (Git Re-Basin): weight matching, activation matching, MergeMany.
+
+Two networks :math:`\theta_a, \theta_b` of the same architecture are aligned by permuting the hidden
+units of :math:`\theta_b` (``perms: group -> LongTensor``, applied with
+:func:`fedlmc.permutation.apply_permutation`: new unit ``i`` of ``b`` is old unit ``perm[i]``).
+
+**Weight matching** maximises the matching objective
+
+.. math:: J(\pi) = \sum_{w} \langle W_a,\; \pi(W_b) \rangle
+
+over the tensors ``w`` the spec permutes, by coordinate descent over the groups (Ainsworth et al.,
+2023): for group :math:`p`, with every other permutation fixed, :math:`J` is linear in the
+permutation matrix :math:`P_p`, :math:`J = \operatorname{tr}(P_p^\top A_p) + \text{const}` with
+
+.. math::
+    A_p = \sum_{(w, \text{axis}) \ni p} W_a^{(p)} \,
+          \big(W_b^{(p)}\big|_{\text{other perms}}\big)^\top,
+
+where :math:`W^{(p)}` is ``W`` with the ``p`` axis moved first and the rest flattened. The best
+:math:`P_p` is a linear assignment (:func:`scipy.optimize.linear_sum_assignment`, maximising).
+Groups are visited in a seeded random order; a new assignment is kept only if it raises
+:math:`J` (gains below a relative 1e-5 are recomputed exactly in float64 first); the descent
+stops after a sweep without gain (at most ``max_iter`` sweeps).
+
+Cost of one sweep: :math:`A_p` depends only on the permutations of the groups that share a tensor
+with ``p`` (its *neighbours*), so a group is re-solved only when a neighbour changed since it was
+last solved; terms with no other permuted axis (biases, norm parameters, BN statistics) are summed
+once; when a neighbour moved few units, :math:`A_p` gets a low-rank update instead of a rebuild;
+consecutive groups of the order that are not neighbours are solved in parallel threads (same
+result as one after the other). Cost matrices stay on the tensors' device; only the assignment
+runs on the CPU (float64).
+
+**Activation matching** matches units by the correlation of their activations over data,
+:math:`C_{ij} = \operatorname{corr}(z^a_i, z^b_j)` (conv outputs: every spatial position is a
+sample), one assignment per group.
+
+**MergeMany** (N models) repeatedly matches each model to the weighted mean of the other aligned
+models until no permutation changes, then averages the aligned models.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor, nn
+
+from fedlmc.merge import average, check_compatible, normalised_weights
+from fedlmc.permutation import (
+    PermutationSpec,
+    apply_permutation,
+    identity_permutations,
+    perm_sizes,
+    permutation_spec,
+)
+
+StateDict = dict[str, Tensor]
+Perms = dict[str, Tensor]
+
+METHODS: tuple[str, ...] = ("weight", "activation")
+
+
+class Matching(dict):
+    """Permutations ``group -> LongTensor`` (apply to model b) plus ``objectives``.
+
+    ``objectives``: for weight matching the objective :math:`J` after each sweep; for activation
+    matching one value, the sum over groups of the matched correlations.
+    """
+
+    def __init__(self, perms: Mapping[str, Tensor], objectives: Sequence[float] = ()) -> None:
+        super().__init__(perms)
+        self.objectives: list[float] = [float(v) for v in objectives]
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_pair(
+    spec: PermutationSpec, sd_a: Mapping[str, Tensor], sd_b: Mapping[str, Tensor]
+) -> dict[str, int]:
+    """Same keys and shapes in both dicts and every spec key present; return the group sizes."""
+    check_compatible([sd_a, sd_b])
+    return perm_sizes(spec, sd_a)
+
+
+def _check_max_iter(max_iter: int) -> int:
+    if int(max_iter) != max_iter or max_iter < 1:
+        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+    return int(max_iter)
+
+
+def _flat(tensor: Tensor, axis: int) -> Tensor:
+    """``tensor`` with ``axis`` moved first and the other axes flattened: shape ``(n, -1)``."""
+    return tensor.movedim(axis, 0).reshape(tensor.shape[axis], -1)
+
+
+# ----------------------------------------------------------------------------- objective
+
+
+def matching_objective(
+    spec: PermutationSpec,
+    sd_a: Mapping[str, Tensor],
+    sd_b: Mapping[str, Tensor],
+    perms: Mapping[str, Tensor] | None = None,
+) -> float:
+    r""":math:`J(\pi) = \sum_w \langle W_a, \pi(W_b) \rangle` over the spec's tensors, in float64.
+
+    ``perms=None`` is the identity (the objective before alignment).
+    """
+    _check_pair(spec, sd_a, sd_b)
+    total = torch.zeros((), dtype=torch.float64)
+    for key, groups in spec.axes_to_perm.items():
+        w_a, w_b = sd_a[key], sd_b[key].to(sd_a[key].device)
+        for axis, group in enumerate(groups):
+            if group is not None and perms is not None and group in perms:
+                w_b = w_b.index_select(axis, perms[group].to(w_b.device))
+        total += (w_a.double() * w_b.double()).sum().cpu()
+    return float(total)
+
+
+# ----------------------------------------------------------------------------- weight matching
+
+
+@dataclass
+class _Term:
+    r"""One ``(key, axis)`` of a group whose tensor has other permuted axes.
+
+    With one other permuted axis (group ``q``, the usual case) ``a``/``b`` hold :math:`W_a`,
+    :math:`W_b` laid out ``(m, R, n)``: ``q``'s ``m`` units first, the group's ``n`` units last,
+    so that moving units of ``q`` selects whole rows. Otherwise (``q_first`` false) they hold the
+    tensors with the group's axis first. ``others`` lists the other permuted axes of the
+    group-first layout as ``(axis, group)``; ``seen`` holds the permutations of those groups that
+    the maintained cost matrix currently reflects.
+    """
+
+    a: Tensor
+    b: Tensor
+    others: tuple[tuple[int, str], ...]
+    seen: dict[str, Tensor]
+    q_first: bool
+
+
+def _moved_axis(axis: int, first: int) -> int:
+    """Position of original ``axis`` after ``movedim(first, 0)``."""
+    if axis == first:
+        return 0
+    return axis + 1 if axis < first else axis
+
+
+def _q_first(tensor: Tensor, axis: int) -> Tensor:
+    """A group-first tensor ``(n, ..., m, ...)`` laid out ``(m, R, n)`` (``m`` on ``axis``)."""
+    moved = tensor.movedim(axis, 0).movedim(1, -1).contiguous()
+    return moved.reshape(moved.shape[0], -1, moved.shape[-1])
+
+
+FULL_REBUILD_FRACTION = 0.25
+"""Rebuild a cost matrix from scratch when more than this fraction of a neighbour's units moved."""
+
+
+class _WeightMatcher:
+    r"""The cost matrices :math:`A_p` of weight matching, kept up to date incrementally.
+
+    :math:`A_p = \sum_{\text{const}} W_a^{(p)} W_b^{(p)\top} + \sum_{\text{terms}} W_a^{(p)}
+    \pi_q(W_b)^{(p)\top}`. The first part never changes. When the permutation of a neighbour
+    ``q`` moves the units in the set ``S``, only the columns of :math:`\pi_q(W_b)^{(p)}` that belong
+    to ``S`` change, so the update is the low-rank product
+    :math:`W_a^{(p)}[:, S]\,(\pi_q^{new}(W_b) - \pi_q^{old}(W_b))[:, S]^\top`. Matrices are held in
+    float64 (products in the tensors' dtype, at least float32) on the tensors' device.
+    """
+
+    def __init__(
+        self, spec: PermutationSpec, sd_a: Mapping[str, Tensor], sd_b: Mapping[str, Tensor]
+    ):
+        sizes = _check_pair(spec, sd_a, sd_b)
+        first = sd_a[next(iter(spec.axes_to_perm))]
+        self.device = first.device
+        self.dtype = torch.promote_types(first.dtype, torch.float32)
+        self.sizes = sizes
+        self.terms: dict[str, list[_Term]] = {}
+        self.const: dict[str, Tensor] = {}
+        self.fixed: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        self.cost: dict[str, Tensor | None] = {}
+        self.neighbours: dict[str, set[str]] = {}
+        for group, axes in spec.perm_to_axes.items():
+            self._add_group(spec, group, axes, sd_a, sd_b)
+
+    def _tensor(self, sd: Mapping[str, Tensor], key: str) -> Tensor:
+        return sd[key].detach().to(device=self.device, dtype=self.dtype)
+
+    def _add_group(self, spec, group, axes, sd_a, sd_b) -> None:
+        n = self.sizes[group]
+        const = torch.zeros(n, n, device=self.device, dtype=self.dtype)
+        terms, fixed, neighbours = [], [], set()
+        for key, axis in axes:
+            w_a, w_b = self._tensor(sd_a, key), self._tensor(sd_b, key)
+            others = tuple(
+                (_moved_axis(ax, axis), g)
+                for ax, g in enumerate(spec.axes_to_perm[key])
+                if g is not None and ax != axis
+            )
+            if not others:
+                a, b = _flat(w_a, axis), _flat(w_b, axis)
+                const.addmm_(a, b.T)
+                fixed.append((a, b))
+                continue
+            neighbours.update(g for _, g in others)
+            a, b = w_a.movedim(axis, 0), w_b.movedim(axis, 0)
+            if len(others) == 1:
+                q_axis = others[0][0]
+                terms.append(_Term(_q_first(a, q_axis), _q_first(b, q_axis), others, {}, True))
+            else:
+                terms.append(_Term(a.contiguous(), b.contiguous(), others, {}, False))
+        self.const[group], self.terms[group], self.cost[group] = const.double(), terms, None
+        self.fixed[group] = fixed
+        self.neighbours[group] = neighbours - {group}
+
+    @staticmethod
+    def _permuted_b(term: _Term, perms: Mapping[str, Tensor]) -> Tensor:
+        """``term.b`` with the other groups' current permutations applied (same layout)."""
+        if term.q_first:
+            return term.b.index_select(0, perms[term.others[0][1]])
+        b = term.b
+        for axis, group in term.others:
+            b = b.index_select(axis, perms[group])
+        return b
+
+    @staticmethod
+    def _product(term: _Term, a: Tensor, b: Tensor) -> Tensor:
+        """:math:`W_a^{(p)} W_b^{(p)\top}` (n x n) of two tensors in ``term``'s layout."""
+        if term.q_first:
+            n = a.shape[-1]
+            return a.reshape(-1, n).T @ b.reshape(-1, n)
+        return a.reshape(len(a), -1) @ b.reshape(len(b), -1).T
+
+    def _rebuild(self, group: str, perms: Mapping[str, Tensor]) -> Tensor:
+        cost = self.const[group].clone()
+        for term in self.terms[group]:
+            cost += self._product(term, term.a, self._permuted_b(term, perms))
+            term.seen = {g: perms[g] for _, g in term.others}
+        return cost
+
+    def _moved(self, term: _Term, perms: Mapping[str, Tensor]) -> list[tuple[int, Tensor, Tensor]]:
+        """``(axis, new perm, positions that moved)`` for each neighbour changed since synced."""
+        changes = []
+        for axis, group in term.others:
+            old, new = term.seen[group], perms[group]
+            if old is not new:
+                changes.append((axis, new, (old != new).nonzero().flatten()))
+        return changes
+
+    def _update(self, cost: Tensor, term: _Term, new: Tensor, moved: Tensor) -> None:
+        """Low-rank update of ``cost`` for the (single) neighbour moving ``moved`` units."""
+        group = term.others[0][1]
+        old = term.seen[group]
+        a = term.a.index_select(0, moved)
+        delta = term.b.index_select(0, new[moved]) - term.b.index_select(0, old[moved])
+        cost += self._product(term, a, delta)  # accumulated in float64
+        term.seen[group] = new
+
+    def matrix(self, group: str, perms: Mapping[str, Tensor]) -> Tensor:
+        r""":math:`A_p` (float64, n x n) for the current permutations of the other groups."""
+        cost = self.cost[group]
+        changes = (
+            {id(t): self._moved(t, perms) for t in self.terms[group]} if cost is not None else {}
+        )
+        small = cost is not None and all(
+            t.q_first and len(moved) <= FULL_REBUILD_FRACTION * len(new)
+            for t in self.terms[group]
+            for _, new, moved in changes[id(t)]
+        )
+        if not small:
+            cost = self._rebuild(group, perms)
+        else:
+            for term in self.terms[group]:
+                for _, new, moved in changes[id(term)]:
+                    self._update(cost, term, new, moved)
+        self.cost[group] = cost
+        return cost
+
+    def exact_gain(
+        self, group: str, perms: Mapping[str, Tensor], old: Tensor, new: Tensor
+    ) -> float:
+        r"""Float64 :math:`J(\ldots, \pi_p^{new}, \ldots) - J(\ldots, \pi_p^{old}, \ldots)`."""
+        pairs = [(a, b, 0) for a, b in self.fixed[group]]
+        pairs += [
+            (t.a, self._permuted_b(t, perms), 2 if t.q_first else 0) for t in self.terms[group]
+        ]
+        gain = torch.zeros((), dtype=torch.float64, device=self.device)
+        for a, b, unit_axis in pairs:
+            a, b = a.double(), b.double()
+            gain += (a * (b.index_select(unit_axis, new) - b.index_select(unit_axis, old))).sum()
+        return float(gain)
+
+
+def _solve_assignment(cost: Tensor) -> Tensor:
+    """Column of each row in the assignment maximising ``sum_i cost[i, col[i]]``."""
+    rows, cols = linear_sum_assignment(cost.detach().double().cpu().numpy(), maximize=True)
+    if not np.array_equal(rows, np.arange(len(rows))):  # pragma: no cover - scipy guarantees it
+        raise RuntimeError("linear_sum_assignment returned rows out of order")
+    return torch.from_numpy(cols).long()
+
+
+def _assignment_value(cost: Tensor, perm: Tensor) -> float:
+    return float(cost[torch.arange(len(perm), device=cost.device), perm].sum())
+
+
+GAIN_TOLERANCE = 1e-5
+"""A gain below this fraction of the group's value is re-checked exactly (float64) before it is
+kept, so rounding in the float32 products can never lower the objective."""
+
+
+def _independent_runs(
+    order: Sequence[str], neighbours: Mapping[str, set[str]], stale
+) -> Iterator[list[str]]:
+    """Split ``order`` into runs of consecutive stale groups that share no tensor.
+
+    Groups that share no tensor have independent cost matrices, so solving a run at once gives
+    exactly the sequential result. ``stale(group)`` says whether a group needs a solve; it is
+    asked only once every earlier neighbour of the group has been settled.
+    """
+    run: list[str] = []
+    for group in order:
+        if any(group in neighbours[g] or g in neighbours[group] for g in run):
+            yield run
+            run = []
+        if stale(group):
+            run.append(group)
+    if run:
+        yield run
+
+
+def _solve_many(costs: Sequence[Tensor], pool: ThreadPoolExecutor | None) -> list[Tensor]:
+    """:func:`_solve_assignment` of each cost matrix, in threads when a pool is given."""
+    if pool is None or len(costs) < 2:
+        return [_solve_assignment(cost) for cost in costs]
+    return list(pool.map(_solve_assignment, costs))
+
+
+def weight_matching(
+    spec: PermutationSpec,
+    sd_a: Mapping[str, Tensor],
+    sd_b: Mapping[str, Tensor],
+    max_iter: int = 100,
+    seed: int = 0,
+    *,
+    init_perms: Mapping[str, Tensor] | None = None,
+) -> Matching:
+    r"""Permutations of ``sd_b``'s units maximising :math:`\sum_w \langle W_a, \pi(W_b)\rangle`.
+
+    Coordinate descent over the groups in a seeded random order (see the module docstring).
+    Consecutive groups of the order that share no tensor are solved concurrently (scipy releases
+    the GIL; the result is the sequential one). ``init_perms`` starts the descent from given
+    permutations (omitted groups: identity). Returns a :class:`Matching` whose ``objectives`` are
+    :math:`J` after each sweep (non-decreasing: the value at the start plus the float64 gains of
+    the kept assignments).
+    """
+    max_iter = _check_max_iter(max_iter)
+    matcher = _WeightMatcher(spec, sd_a, sd_b)
+    groups = list(spec.perm_to_axes)
+    start = identity_permutations(spec, sd_a)
+    if init_perms is not None:
+        unknown = sorted(set(init_perms) - set(groups))
+        if unknown:
+            raise ValueError(f"init_perms has unknown group {unknown[0]!r}; allowed: {groups}")
+        start.update(init_perms)
+    perms = {g: torch.as_tensor(start[g]).long().to(matcher.device) for g in groups}
+    objective = matching_objective(spec, sd_a, sd_b, perms)
+    rng = np.random.default_rng(seed)
+    version = dict.fromkeys(groups, 0)  # bumped whenever a group's permutation changes
+    solved_at: dict[str, dict[str, int] | None] = dict.fromkeys(groups, None)
+
+    def stale(group: str) -> bool:
+        """Whether a neighbour changed since the last solve (else A_p is unchanged)."""
+        seen = {q: version[q] for q in matcher.neighbours[group]}
+        if solved_at[group] == seen:
+            return False
+        solved_at[group] = seen
+        return True
+
+    def gain_of(group: str, cost: Tensor, candidate: Tensor) -> float:
+        if torch.equal(candidate, perms[group]):
+            return 0.0
+        old, new = _assignment_value(cost, perms[group]), _assignment_value(cost, candidate)
+        if new - old > GAIN_TOLERANCE * max(abs(old), abs(new)):
+            return new - old
+        return matcher.exact_gain(group, perms, perms[group], candidate)
+
+    workers = min(len(groups), os.cpu_count() or 1)
+    objectives: list[float] = []
+    with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
+        for _ in range(max_iter):
+            improved = False
+            order = [groups[i] for i in rng.permutation(len(groups))]
+            for run in _independent_runs(order, matcher.neighbours, stale):
+                costs = [matcher.matrix(group, perms) for group in run]
+                candidates = _solve_many(costs, pool)
+                for group, cost, candidate in zip(run, costs, candidates, strict=True):
+                    gain = gain_of(group, cost, candidate.to(matcher.device))
+                    if gain > 0:
+                        perms[group] = candidate.to(matcher.device)
+                        version[group] += 1
+                        objective += gain
+                        improved = True
+            objectives.append(objective)
+            if not improved:
+                break
+    return Matching({g: p.cpu() for g, p in perms.items()}, objectives)
+
+
+# ----------------------------------------------------------------------------- activation matching
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    tensor = next(iter(model.state_dict().values()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
+@dataclass
+class _CrossMoments:
+    """Running sums for the correlation of two sets of ``C`` channels (float64)."""
+
+    count: int = 0
+    sum_a: Tensor | None = None
+    sum_b: Tensor | None = None
+    sum_aa: Tensor | None = None
+    sum_bb: Tensor | None = None
+    sum_ab: Tensor | None = None
+
+    def update(self, a: Tensor, b: Tensor) -> None:
+        a, b = a.double(), b.double()
+        moments = (a.sum(0), b.sum(0), (a * a).sum(0), (b * b).sum(0), a.T @ b)
+        if self.sum_a is None:
+            self.sum_a, self.sum_b, self.sum_aa, self.sum_bb, self.sum_ab = moments
+        else:
+            self.sum_a += moments[0]
+            self.sum_b += moments[1]
+            self.sum_aa += moments[2]
+            self.sum_bb += moments[3]
+            self.sum_ab += moments[4]
+        self.count += a.shape[0]
+
+    def correlation(self, eps: float = 1e-12) -> Tensor:
+        r"""Correlations :math:`C_{ij} = \mathrm{cov}(a_i, b_j) / (s_{a_i} s_{b_j} + \epsilon)`
+        with :math:`s` the standard deviations."""
+        n = self.count
+        mean_a, mean_b = self.sum_a / n, self.sum_b / n
+        cov = self.sum_ab / n - torch.outer(mean_a, mean_b)
+        std_a = (self.sum_aa / n - mean_a**2).clamp_min(0).sqrt()
+        std_b = (self.sum_bb / n - mean_b**2).clamp_min(0).sqrt()
+        return cov / (torch.outer(std_a, std_b) + eps)
+
+
+def _channels_last(output: Tensor) -> Tensor:
+    """``(N, C, *spatial)`` -> ``(N * prod(spatial), C)``: each position is a sample."""
+    return output.detach().movedim(1, -1).reshape(-1, output.shape[1])
+
+
+def _capture(model: nn.Module, names: Mapping[str, str], store: dict[str, Tensor]) -> list:
+    """Forward hooks writing the output of module ``names[group]`` into ``store[group]``."""
+    modules = dict(model.named_modules())
+    handles = []
+    for group, name in names.items():
+        if name not in modules:
+            raise ValueError(f"activation module {name!r} of group {group!r} not in the model")
+
+        def hook(_module, _inputs, output, group=group):
+            store[group] = _channels_last(output)
+
+        handles.append(modules[name].register_forward_hook(hook))
+    return handles
+
+
+def activation_matching(
+    model_a: nn.Module, model_b: nn.Module, x: Tensor, batch_size: int = 512
+) -> Matching:
+    r"""Permutations of ``model_b``'s units maximising the summed activation correlation.
+
+    For each group the outputs of ``spec.activation_modules[group]`` of both models (eval mode, no
+    gradient) are collected over ``x`` (channel dim 1; spatial positions are samples) and
+    :math:`\max_\pi \sum_i C_{i\pi(i)}` is solved with a linear assignment. Training mode of the
+    models is restored afterwards.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if len(x) == 0:
+        raise ValueError("activation matching needs at least one input, got an empty x")
+    spec = permutation_spec(model_a)
+    _check_pair(spec, model_a.state_dict(), model_b.state_dict())
+    names = spec.activation_modules
+    moments = {group: _CrossMoments() for group in names}
+    store_a: dict[str, Tensor] = {}
+    store_b: dict[str, Tensor] = {}
+    handles = _capture(model_a, names, store_a) + _capture(model_b, names, store_b)
+    modes = (model_a.training, model_b.training)
+    device_a, device_b = _model_device(model_a), _model_device(model_b)
+    try:
+        model_a.eval()
+        model_b.eval()
+        with torch.no_grad():
+            for start in range(0, len(x), batch_size):
+                batch = x[start : start + batch_size]
+                model_a(batch.to(device_a))
+                model_b(batch.to(device_b))
+                for group, stats in moments.items():
+                    stats.update(store_a[group], store_b[group].to(store_a[group].device))
+    finally:
+        for handle in handles:
+            handle.remove()
+        model_a.train(modes[0])
+        model_b.train(modes[1])
+    perms, total = {}, 0.0
+    for group in spec.perm_to_axes:
+        corr = moments[group].correlation()
+        perms[group] = _solve_assignment(corr)
+        total += _assignment_value(corr, perms[group].to(corr.device))
+    return Matching(perms, [total])
+
+
+# ----------------------------------------------------------------------------- N models
+
+
+def align_to_reference(
+    spec: PermutationSpec,
+    state_dicts: Sequence[Mapping[str, Tensor]],
+    reference: int = 0,
+    method: str = "weight",
+    models: Sequence[nn.Module] | None = None,
+    x: Tensor | None = None,
+    max_iter: int = 100,
+    seed: int = 0,
+) -> list[StateDict]:
+    """Every state dict permuted to match ``state_dicts[reference]`` (returned unchanged).
+
+    ``method="weight"`` uses :func:`weight_matching`; ``"activation"`` uses
+    :func:`activation_matching` on ``models`` (one per state dict, holding those weights) and
+    inputs ``x``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if len(state_dicts) == 0:
+        raise ValueError("align_to_reference needs at least one state dict, got none")
+    if not 0 <= reference < len(state_dicts):
+        raise ValueError(f"reference must be in [0, {len(state_dicts) - 1}], got {reference}")
+    check_compatible(state_dicts)
+    if method == "activation" and (models is None or x is None):
+        raise ValueError("method 'activation' needs models and x; got None")
+    if method == "activation" and len(models) != len(state_dicts):
+        raise ValueError(f"models has {len(models)} entries, expected {len(state_dicts)}")
+    aligned = []
+    for index, sd in enumerate(state_dicts):
+        if index == reference:
+            aligned.append(dict(sd))
+            continue
+        if method == "weight":
+            perms = weight_matching(spec, state_dicts[reference], sd, max_iter=max_iter, seed=seed)
+        else:
+            perms = activation_matching(models[reference], models[index], x)
+        aligned.append(apply_permutation(spec, perms, sd))
+    return aligned
+
+
+def _same_perms(p: Mapping[str, Tensor], q: Mapping[str, Tensor]) -> bool:
+    return all(torch.equal(p[g].cpu(), q[g].cpu()) for g in p)
+
+
+def merge_many(
+    spec: PermutationSpec,
+    state_dicts: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float] | None = None,
+    max_iter: int = 100,
+    seed: int = 0,
+) -> tuple[StateDict, list[Perms]]:
+    r"""MergeMany: align N models to each other, then average them with ``weights``.
+
+    Starting from identity permutations, each model :math:`i` (seeded random order per pass) is
+    weight-matched (warm-started at its current permutation) to
+    :math:`\sum_{j \ne i} w_j \pi_j(\theta_j) / \sum_{j \ne i} w_j`; passes repeat until no
+    permutation changes (at most ``max_iter``). Returns
+    :math:`(\sum_i w_i \pi_i(\theta_i),\ [\pi_1, \dots, \pi_N])`.
+    """
+    max_iter = _check_max_iter(max_iter)
+    if len(state_dicts) < 2:
+        raise ValueError(f"merge_many needs at least 2 state dicts, got {len(state_dicts)}")
+    check_compatible(state_dicts)
+    w = normalised_weights(weights, len(state_dicts))
+    perms = [identity_permutations(spec, sd) for sd in state_dicts]
+    aligned = [dict(sd) for sd in state_dicts]
+    rng = np.random.default_rng(seed)
+    for sweep in range(max_iter):
+        changed = False
+        for i in rng.permutation(len(state_dicts)):
+            others = [j for j in range(len(state_dicts)) if j != i]
+            if sum(w[j] for j in others) > 0:
+                target = average([aligned[j] for j in others], [w[j] for j in others])
+            else:
+                target = average([aligned[j] for j in others])
+            new = weight_matching(
+                spec, target, state_dicts[i], max_iter, seed + sweep, init_perms=perms[i]
+            )
+            if not _same_perms(new, perms[i]):
+                perms[i] = dict(new)
+                aligned[i] = apply_permutation(spec, perms[i], state_dicts[i])
+                changed = True
+        if not changed:
+            break
+    return average(aligned, w), [dict(p) for p in perms]

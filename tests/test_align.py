@@ -1,0 +1,326 @@
+"""Tests of fedlmc.align: exact recovery of known permutations, functional equivalence of aligned
+models, monotone weight-matching objective, MergeMany on permuted copies, input validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedlmc.align import (
+    Matching,
+    _WeightMatcher,
+    activation_matching,
+    align_to_reference,
+    matching_objective,
+    merge_many,
+    weight_matching,
+)
+from fedlmc.merge import load_state
+from fedlmc.models import build_model
+from fedlmc.permutation import (
+    apply_permutation,
+    identity_permutations,
+    invert_permutation,
+    permutation_spec,
+    random_permutations,
+)
+
+MNIST = (1, 28, 28)
+CIFAR = (3, 32, 32)
+CASES = [
+    ("mlp", 0.25, MNIST, "none"),
+    ("mlp", 0.25, MNIST, "ln"),
+    ("mlp", 0.25, MNIST, "bn"),
+    ("vgg11", 0.125, CIFAR, "bn"),
+    ("vgg11", 0.125, CIFAR, "ln"),
+    ("resnet20", 0.25, CIFAR, "bn"),
+    ("resnet20", 0.25, CIFAR, "ln"),
+    ("resnet20", 0.25, CIFAR, "none"),
+]
+IDS = [f"{name}-{norm}" for name, _, _, norm in CASES]
+
+
+def make(name: str, width: float, in_shape, norm: str, seed: int) -> torch.nn.Module:
+    """A model with random weights; for BN, running statistics of a batch of random inputs (so
+    that in eval mode the units are normalised and none is dead on random data)."""
+    torch.manual_seed(seed)
+    model = build_model(name, width=width, in_shape=in_shape, norm=norm)
+    if norm == "bn":
+        norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        for bn in norms:
+            bn.momentum = None  # cumulative average: the statistics of the batch below
+        model.train()
+        with torch.no_grad():
+            model(torch.randn(64, *in_shape))
+        for bn in norms:
+            bn.momentum = 0.1
+    return model.eval()
+
+
+def permuted_copy(model: torch.nn.Module, seed: int):
+    """``(spec, sd, permuted sd, applied perms)`` for a random permutation of ``model``."""
+    spec = permutation_spec(model)
+    sd = model.state_dict()
+    perms = random_permutations(spec, sd, seed=seed)
+    return spec, sd, apply_permutation(spec, perms, sd), perms
+
+
+def assert_recovers(spec, sd, permuted, applied, found) -> None:
+    """``found`` is the inverse of ``applied`` and restores every tensor bit for bit."""
+    assert set(found) == set(spec.perm_to_axes)
+    for group, perm in applied.items():
+        assert torch.equal(found[group], invert_permutation(perm)), group
+    restored = apply_permutation(spec, found, permuted)
+    assert restored.keys() == sd.keys()
+    for key in sd:
+        assert torch.equal(restored[key], sd[key]), key
+
+
+def logits(model: torch.nn.Module, in_shape, seed: int = 123) -> torch.Tensor:
+    x = torch.randn(32, *in_shape, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model.eval()(x)
+
+
+def rel_err(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float((x - y).norm() / y.norm())
+
+
+@pytest.mark.parametrize(("name", "width", "in_shape", "norm"), CASES, ids=IDS)
+def test_weight_matching_recovers_a_random_permutation_exactly(name, width, in_shape, norm):
+    model = make(name, width, in_shape, norm, seed=0)
+    spec, sd, permuted, applied = permuted_copy(model, seed=7)
+    found = weight_matching(spec, sd, permuted)
+    assert isinstance(found, Matching)
+    assert_recovers(spec, sd, permuted, applied, found)
+    assert found.objectives[-1] == pytest.approx(matching_objective(spec, sd, sd), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("name", "width", "in_shape", "norm"),
+    [
+        ("mlp", 0.25, MNIST, "none"),
+        ("mlp", 0.25, MNIST, "bn"),
+        ("vgg11", 0.125, CIFAR, "bn"),
+        ("resnet20", 0.25, CIFAR, "ln"),
+    ],
+)
+def test_activation_matching_recovers_a_random_permutation_exactly(name, width, in_shape, norm):
+    model = make(name, width, in_shape, norm, seed=1)
+    spec, sd, permuted, applied = permuted_copy(model, seed=3)
+    other = load_state(model, permuted)
+    x = torch.randn(64, *in_shape, generator=torch.Generator().manual_seed(0))
+    model.train()  # activation matching must evaluate in eval mode and restore the mode
+    found = activation_matching(model, other, x, batch_size=24)
+    assert model.training and not other.training
+    assert_recovers(spec, sd, permuted, applied, found)
+
+
+@pytest.mark.parametrize(("name", "width", "in_shape", "norm"), CASES, ids=IDS)
+def test_weight_aligned_model_computes_the_same_function(name, width, in_shape, norm):
+    model_a = make(name, width, in_shape, norm, seed=0)
+    model_b = make(name, width, in_shape, norm, seed=1)
+    spec = permutation_spec(model_a)
+    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
+    found = weight_matching(spec, sd_a, sd_b, seed=5)
+    aligned = load_state(model_b, apply_permutation(spec, found, sd_b))
+    assert rel_err(logits(aligned, in_shape), logits(model_b, in_shape)) < 1e-5
+    # the descent never loses ground and ends above the unaligned objective
+    at_identity = matching_objective(spec, sd_a, sd_b)
+    objectives = found.objectives
+    assert all(b >= a - 1e-12 * abs(a) for a, b in zip(objectives, objectives[1:], strict=False))
+    assert objectives[-1] > at_identity
+    final = matching_objective(spec, sd_a, sd_b, found)  # exact, float64
+    assert final > at_identity
+    assert objectives[-1] == pytest.approx(final, rel=1e-6)
+    # at convergence no single group can be improved: re-running from the result changes nothing
+    again = weight_matching(spec, sd_a, sd_b, seed=9, init_perms=found)
+    assert all(torch.equal(again[g], found[g]) for g in found)
+
+
+def textbook_weight_matching(spec, sd_a, sd_b, seed: int) -> dict[str, torch.Tensor]:
+    """Git Re-Basin weight matching written plainly: every cost matrix rebuilt from scratch."""
+    from scipy.optimize import linear_sum_assignment
+
+    perms = identity_permutations(spec, sd_a)
+    groups = list(spec.perm_to_axes)
+    rng = np.random.default_rng(seed)
+    for _ in range(100):
+        progress = False
+        for index in rng.permutation(len(groups)):
+            group, n = groups[index], len(perms[groups[index]])
+            cost = torch.zeros(n, n, dtype=torch.float64)
+            for key, axis in spec.perm_to_axes[group]:
+                w_b = sd_b[key]
+                for other_axis, other in enumerate(spec.axes_to_perm[key]):
+                    if other is not None and other_axis != axis:
+                        w_b = w_b.index_select(other_axis, perms[other])
+                flat_a = sd_a[key].movedim(axis, 0).reshape(n, -1).double()
+                cost += flat_a @ w_b.movedim(axis, 0).reshape(n, -1).double().T
+            cols = torch.from_numpy(linear_sum_assignment(cost.numpy(), maximize=True)[1])
+            rows = torch.arange(n)
+            if cost[rows, cols].sum() > cost[rows, perms[group]].sum():
+                perms[group], progress = cols, True
+        if not progress:
+            return perms
+    return perms
+
+
+@pytest.mark.parametrize(
+    ("name", "width", "in_shape", "norm"),
+    [("mlp", 1.0, MNIST, "none"), ("vgg11", 0.125, CIFAR, "bn"), ("resnet20", 0.25, CIFAR, "ln")],
+)
+def test_weight_matching_follows_the_textbook_algorithm(name, width, in_shape, norm):
+    """Skipping, low-rank updates and threaded solves do not change the descent's path."""
+    model_a = make(name, width, in_shape, norm, seed=0)
+    model_b = make(name, width, in_shape, norm, seed=1)
+    spec = permutation_spec(model_a)
+    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
+    expected = textbook_weight_matching(spec, sd_a, sd_b, seed=4)
+    found = weight_matching(spec, sd_a, sd_b, seed=4)
+    for group in expected:
+        assert torch.equal(found[group], expected[group]), group
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet20"])
+def test_cost_matrices_and_exact_gain_match_the_objective(name):
+    """The incrementally updated A_p gives J's change for any new perm of group p."""
+    in_shape = MNIST if name == "mlp" else CIFAR
+    model_a = make(name, 0.25, in_shape, "ln", seed=0)
+    model_b = make(name, 0.25, in_shape, "ln", seed=1)
+    spec = permutation_spec(model_a)
+    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
+    matcher = _WeightMatcher(spec, sd_a, sd_b)
+    perms = random_permutations(spec, sd_a, seed=0)
+    for group in spec.perm_to_axes:  # build every A_p once
+        matcher.matrix(group, perms)
+    for step, group in enumerate(spec.perm_to_axes):  # move a few units of each group in turn
+        new = perms[group].clone()
+        new[:3] = new[:3].roll(1)
+        perms = {**perms, group: new}
+        target = list(spec.perm_to_axes)[(step + 1) % len(spec.perm_to_axes)]
+        cost = matcher.matrix(target, perms)  # low-rank update
+        candidate = torch.randperm(len(cost), generator=torch.Generator().manual_seed(step))
+        moved = {**perms, target: candidate}
+        expected = matching_objective(spec, sd_a, sd_b, moved) - matching_objective(
+            spec, sd_a, sd_b, perms
+        )
+        rows = torch.arange(len(cost))
+        from_cost = float(cost[rows, candidate].sum() - cost[rows, perms[target]].sum())
+        exact = matcher.exact_gain(target, perms, perms[target], candidate)
+        assert exact == pytest.approx(expected, rel=1e-9, abs=1e-9)
+        assert from_cost == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+def test_weight_matching_is_deterministic_and_seed_controls_the_order():
+    model_a = make("mlp", 0.5, MNIST, "none", seed=0)
+    model_b = make("mlp", 0.5, MNIST, "none", seed=1)
+    spec = permutation_spec(model_a)
+    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
+    first = weight_matching(spec, sd_a, sd_b, seed=3)
+    second = weight_matching(spec, sd_a, sd_b, seed=3)
+    assert all(torch.equal(first[g], second[g]) for g in first)
+    assert first.objectives == second.objectives
+
+
+def test_max_iter_bounds_the_number_of_sweeps():
+    model_a = make("mlp", 0.5, MNIST, "none", seed=0)
+    model_b = make("mlp", 0.5, MNIST, "none", seed=1)
+    spec = permutation_spec(model_a)
+    found = weight_matching(spec, model_a.state_dict(), model_b.state_dict(), max_iter=1)
+    assert len(found.objectives) == 1
+
+
+def test_activation_aligned_model_computes_the_same_function():
+    model_a = make("vgg11", 0.125, CIFAR, "bn", seed=0)
+    model_b = make("vgg11", 0.125, CIFAR, "bn", seed=1)
+    spec = permutation_spec(model_a)
+    x = torch.randn(16, *CIFAR, generator=torch.Generator().manual_seed(0))
+    found = activation_matching(model_a, model_b, x)
+    aligned = load_state(model_b, apply_permutation(spec, found, model_b.state_dict()))
+    assert rel_err(logits(aligned, CIFAR), logits(model_b, CIFAR)) < 1e-5
+    assert len(found.objectives) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "width", "in_shape", "norm"),
+    [("mlp", 0.25, MNIST, "ln"), ("resnet20", 0.25, CIFAR, "bn")],
+)
+def test_merge_many_of_permuted_copies_is_the_model(name, width, in_shape, norm):
+    model = make(name, width, in_shape, norm, seed=0)
+    spec = permutation_spec(model)
+    sd = model.state_dict()
+    copies = [apply_permutation(spec, random_permutations(spec, sd, seed=s), sd) for s in (1, 2, 3)]
+    merged, perms = merge_many(spec, copies, weights=[1.0, 2.0, 3.0], seed=0)
+    assert len(perms) == 3
+    # all copies end up identical, so the merge is a permutation of the model
+    aligned = [apply_permutation(spec, p, c) for p, c in zip(perms, copies, strict=True)]
+    for key in sd:
+        assert torch.equal(aligned[1][key], aligned[0][key]), key
+        assert torch.equal(aligned[2][key], aligned[0][key]), key
+    merged_model = load_state(model, merged)
+    assert rel_err(logits(merged_model, in_shape), logits(model, in_shape)) < 1e-5
+
+
+def test_merge_many_differs_from_plain_average_for_independent_models():
+    models = [make("mlp", 0.25, MNIST, "none", seed=s) for s in range(3)]
+    spec = permutation_spec(models[0])
+    sds = [m.state_dict() for m in models]
+    merged, perms = merge_many(spec, sds)
+    aligned = [apply_permutation(spec, p, sd) for p, sd in zip(perms, sds, strict=True)]
+    for key, value in merged.items():  # the merge is the average of the aligned models
+        expected = sum(a[key].double() for a in aligned) / 3
+        assert torch.allclose(value.double(), expected, atol=1e-6), key
+    mean_pairwise = sum(
+        matching_objective(spec, aligned[i], aligned[j]) for i in range(3) for j in range(i)
+    )
+    unaligned = sum(matching_objective(spec, sds[i], sds[j]) for i in range(3) for j in range(i))
+    assert mean_pairwise > unaligned
+
+
+@pytest.mark.parametrize("method", ["weight", "activation"])
+def test_align_to_reference_leaves_the_reference_and_aligns_the_rest(method):
+    model = make("mlp", 0.25, MNIST, "bn", seed=0)
+    spec = permutation_spec(model)
+    sd = model.state_dict()
+    copies = [apply_permutation(spec, random_permutations(spec, sd, seed=s), sd) for s in (1, 2)]
+    state_dicts = [copies[0], sd, copies[1]]
+    snapshot = [{k: v.clone() for k, v in s.items()} for s in state_dicts]
+    models = [load_state(model, s) for s in state_dicts]
+    x = torch.randn(64, *MNIST, generator=torch.Generator().manual_seed(0))
+    aligned = align_to_reference(spec, state_dicts, reference=1, method=method, models=models, x=x)
+    assert len(aligned) == 3
+    for out in aligned:
+        for key in sd:
+            assert torch.equal(out[key], sd[key]), key
+    for before, after in zip(snapshot, state_dicts, strict=True):  # inputs are not mutated
+        assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_bad_input_raises_value_error():
+    model = make("mlp", 0.25, MNIST, "none", seed=0)
+    wider = make("mlp", 0.5, MNIST, "none", seed=0)
+    spec = permutation_spec(model)
+    sd = model.state_dict()
+    with pytest.raises(ValueError, match="shape"):
+        weight_matching(spec, sd, wider.state_dict())
+    missing = {k: v for k, v in sd.items() if k != next(iter(spec.axes_to_perm))}
+    with pytest.raises(ValueError, match="key"):
+        weight_matching(spec, sd, missing)
+    with pytest.raises(ValueError, match="init_perms"):
+        weight_matching(spec, sd, sd, init_perms={"no.such.group": torch.arange(3)})
+    with pytest.raises(ValueError, match="max_iter"):
+        weight_matching(spec, sd, sd, max_iter=0)
+    with pytest.raises(ValueError, match="method"):
+        align_to_reference(spec, [sd, sd], method="procrustes")
+    with pytest.raises(ValueError, match="models and x"):
+        align_to_reference(spec, [sd, sd], method="activation")
+    with pytest.raises(ValueError, match="reference"):
+        align_to_reference(spec, [sd, sd], reference=2)
+    with pytest.raises(ValueError, match="at least 2"):
+        merge_many(spec, [sd])
+    with pytest.raises(ValueError, match="weights"):
+        merge_many(spec, [sd, sd], weights=[1.0])
+    with pytest.raises(ValueError, match="shape"):
+        activation_matching(model, wider, torch.randn(4, *MNIST))
