@@ -1,0 +1,226 @@
+"""The fedlmc ClientApp (Flower Message API).
+
+Message types it answers:
+
+- ``train``: trains the configured model on this node's partition (``node_config["partition-id"]``
+  of ``node_config["num-partitions"]``; the same split on every node). With ``init =
+  "independent"`` (the paper's setting) the initial weights are drawn with a seed derived from
+  ``(seed, partition-id)`` and the received arrays are ignored; with ``init = "shared"`` (FedAvg)
+  the received arrays are loaded. Replies with an ArrayRecord of the trained weights and a
+  MetricRecord ``num-examples, partition-id, train-loss, train-accuracy, train-seconds,
+  load-seconds`` (data loading and model building). Any
+  failure (exception, non-finite loss, non-finite weights) gives an error reply, never weights.
+- ``query.temperature``: sums of the NLL and its first two derivatives in ``log T`` of the
+  received (merged) model on this node's training data at each ``log-t`` the server sends
+  (one value or a list).
+- ``query.bn_stats``: per-BatchNorm-layer sums, sums of squares and counts of the layer inputs.
+- ``evaluate``: loss and accuracy of the received model on this node's data.
+
+Test-only failure injection (run-config ``inject-failure = "MODE:PARTITION-ID,..."``): ``raise``
+raises before training, ``nan`` replies with NaN weights (skipping the finite check), ``hang``
+sleeps ``timeout + 5`` seconds before training.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from torch import nn
+
+from fedlmc.calibrate import bn_statistics, temperature_statistics
+from fedlmc.evaluation import predict_logits
+from fedlmc.train import train_model
+from simulations.task import (
+    build_from_config,
+    client_data,
+    client_run_config,
+    client_seed,
+    device_of,
+    failure_plan,
+    load_splits,
+    train_options,
+)
+from strategies.common import (
+    ERROR_QUERY_FAILED,
+    ERROR_TRAIN_FAILED,
+    bn_stats_to_content,
+    metric_record,
+    record_to_state,
+    state_to_record,
+    temperature_stats_to_content,
+)
+
+app = ClientApp()
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by a client told to fail (test-only ``inject-failure``)."""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _message_config(message: Message) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for record in message.content.config_records.values():
+        config.update(record)
+    return config
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    node = context.node_config
+    if "partition-id" not in node or "num-partitions" not in node:
+        raise ValueError(
+            "node config needs partition-id and num-partitions "
+            "(flower-supernode --node-config 'partition-id=0 num-partitions=2')"
+        )
+    return int(node["partition-id"]), int(node["num-partitions"])
+
+
+def _received_model(message: Message, config: dict, template: nn.Module) -> nn.Module:
+    record = next(iter(message.content.array_records.values()))
+    template.load_state_dict(record_to_state(record), strict=True)
+    return template.to(device_of(config)).eval()
+
+
+def _non_finite_key(state: dict[str, torch.Tensor]) -> str | None:
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return key
+    return None
+
+
+def _guarded(code: int, handler: Callable[[Message, Context], Message]) -> Callable:
+    """Turn any exception of ``handler`` into an error reply naming the partition."""
+
+    def run(message: Message, context: Context) -> Message:
+        try:
+            return handler(message, context)
+        except Exception as err:  # noqa: BLE001 - every failure must become an error reply
+            pid = context.node_config.get("partition-id", "?")
+            reason = f"partition-id={pid}: {type(err).__name__}: {err}"
+            detail = traceback.format_exc(limit=3)
+            return Message(Error(code=code, reason=f"{reason}\n{detail}"), reply_to=message)
+
+    run.__name__ = handler.__name__
+    run.__doc__ = handler.__doc__
+    return run
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def _initial_model(config: dict, splits, pid: int, message: Message) -> nn.Module:
+    """The per-client seeded initialisation, or the received weights when ``init = shared``."""
+    model = build_from_config(config, splits, seed=client_seed(config["seed"], pid))
+    if config["init"] == "shared":
+        record = next(iter(message.content.array_records.values()))
+        model.load_state_dict(record_to_state(record), strict=True)
+    return model
+
+
+def _checked_weights(model: nn.Module, poison: bool) -> dict[str, torch.Tensor]:
+    """CPU weights after training; raises on non-finite ones (``poison`` = test-only NaN reply)."""
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if poison:
+        return {
+            k: torch.full_like(v, math.nan) if v.is_floating_point() else v
+            for k, v in state.items()
+        }
+    if (bad := _non_finite_key(state)) is not None:
+        raise FloatingPointError(f"non-finite weights in {bad!r} after training")
+    return state
+
+
+def train_reply(message: Message, context: Context) -> Message:
+    """Train on this node's partition and reply with the weights and training metrics."""
+    config = client_run_config(context.run_config, _message_config(message))
+    pid, num_partitions = _partition(context)
+    mode = failure_plan(config).get(pid)
+    if mode == "raise":
+        raise InjectedFailure(f"injected failure on partition {pid}")
+    if mode == "hang":
+        time.sleep(config["timeout"] + 5.0)
+    server_round = int(_message_config(message).get("server-round", 1))
+    start = time.perf_counter()
+    splits = load_splits(config)
+    data = client_data(config, pid, num_partitions)
+    model = _initial_model(config, splits, pid, message)
+    load_seconds = time.perf_counter() - start
+    model, history = train_model(
+        model,
+        data,
+        **train_options(config),
+        seed=client_seed(config["seed"], pid, server_round),
+        device=device_of(config),
+        augment=splits.augment,
+    )
+    metrics = {
+        "num-examples": int(len(data[1])),
+        "partition-id": pid,
+        "train-loss": float(history.loss[-1]),
+        "train-accuracy": float(history.accuracy[-1]),
+        "train-seconds": float(history.seconds),
+        "load-seconds": float(load_seconds),
+    }
+    arrays = state_to_record(_checked_weights(model, poison=mode == "nan"))
+    content = RecordDict({"arrays": arrays, "metrics": metric_record(metrics)})
+    return Message(content, reply_to=message)
+
+
+# ----------------------------------------------------------------------------- queries
+
+
+def _merged_model_and_data(message: Message, context: Context):
+    config = client_run_config(context.run_config, _message_config(message))
+    pid, num_partitions = _partition(context)
+    splits = load_splits(config)
+    model = _received_model(message, config, build_from_config(config, splits))
+    return config, pid, model, client_data(config, pid, num_partitions)
+
+
+def temperature_reply(message: Message, context: Context) -> Message:
+    """NLL sums and derivatives in log T of the received model on this node's training data."""
+    _, pid, model, (x, y) = _merged_model_and_data(message, context)
+    points = _message_config(message)["log-t"]
+    points = points if isinstance(points, list) else [points]
+    logits = predict_logits(model, x)
+    stats = [temperature_statistics(logits, y, float(u)) for u in points]
+    return Message(temperature_stats_to_content(stats, {"partition-id": pid}), reply_to=message)
+
+
+def bn_stats_reply(message: Message, context: Context) -> Message:
+    """Per-layer BatchNorm input moments of the received model on this node's training data."""
+    _, pid, model, (x, _) = _merged_model_and_data(message, context)
+    stats = bn_statistics(model, x)
+    return Message(bn_stats_to_content(stats, {"partition-id": pid}), reply_to=message)
+
+
+@torch.no_grad()
+def evaluate_reply(message: Message, context: Context) -> Message:
+    """Loss and accuracy of the received model on this node's data."""
+    _, pid, model, (x, y) = _merged_model_and_data(message, context)
+    logits = predict_logits(model, x)
+    metrics = metric_record(
+        {
+            "num-examples": int(len(y)),
+            "partition-id": pid,
+            "eval-loss": float(F.cross_entropy(logits, y)),
+            "eval-accuracy": float((logits.argmax(1) == y).float().mean()),
+        }
+    )
+    return Message(RecordDict({"metrics": metrics}), reply_to=message)
+
+
+app.train()(_guarded(ERROR_TRAIN_FAILED, train_reply))
+app.query("temperature")(_guarded(ERROR_QUERY_FAILED, temperature_reply))
+app.query("bn_stats")(_guarded(ERROR_QUERY_FAILED, bn_stats_reply))
+app.evaluate()(_guarded(ERROR_QUERY_FAILED, evaluate_reply))

@@ -1,0 +1,360 @@
+"""The fedlmc ServerApp: one federation, evaluated rows, results on disk.
+
+``run-config`` key ``strategy`` chooses what the server does:
+
+- ``compare`` (studies): one training round collects the client models
+  (:class:`strategies.OneShotAverage` with ``keep_client_states=True``), then
+  :func:`fedlmc.study.evaluate_methods` evaluates every merge method of ``methods`` on those same
+  models (temperatures fitted on the server split). ``fedavg`` in ``methods`` additionally runs
+  :class:`strategies.FedAvgBaseline` afterwards on the same nodes.
+- ``average``: :class:`strategies.OneShotAverage` with the configured ``calibration``; rows
+  ``average`` and, unless ``calibration = none``, ``average_t`` (with the strategy's temperature).
+- ``aligned``: :class:`strategies.PermutationAlignedAverage` (``align``, ``multi``); rows
+  ``weight_matching`` / ``activation_matching`` / ``merge_many`` and their ``_t``.
+- ``fedavg``: :class:`strategies.FedAvgBaseline` over ``fedavg-rounds`` rounds; row ``fedavg``.
+
+Every row gets ``clients_survived``,
+``clients_failed`` (``"partition P: reason; ..."``), ``bytes_sent_by_clients`` (tensor bytes of
+the clients' replies, calibration queries included), ``train_seconds`` (sum of the survivors'
+training times) and ``round_seconds`` (wall time of the strategy). With a non-empty ``out-dir``
+the server writes ``results.csv`` (atomically: temporary file + ``os.replace``) and the merged
+weights ``merged-<method>.safetensors`` (one file per merge, shared by a method and its ``_t``);
+``results.csv`` also has the run-config columns (hyphenated keys), the in-process table
+(:meth:`ServerOutcome.table`, ``run_federation``) only on request (the sweep adds them itself).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from flwr.app import ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result
+from flwr.supercore import log
+from safetensors.torch import save_file
+from torch import nn
+
+from fedlmc.config import ConfigError, method_list, validate_run_config
+from fedlmc.data import DataSplits
+from fedlmc.evaluation import metrics_from_logits, predict_logits
+from fedlmc.merge import load_state
+from fedlmc.study import (
+    Predictions,
+    base_method,
+    endpoint_columns,
+    evaluate_methods,
+    evaluate_model_row,
+    merge_clients,
+)
+from simulations.task import build_from_config, device_of, load_splits
+from strategies import FedAvgBaseline, OneShotAverage, PermutationAlignedAverage
+from strategies.common import RoundReport, StateDict, record_to_state, state_to_record
+
+Sink = Callable[["ServerOutcome"], None]
+
+
+@dataclass
+class ServerOutcome:
+    """What one run of the ServerApp produced (``run_federation`` reads it in-process)."""
+
+    config: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    merged: dict[str, StateDict] = field(default_factory=dict)
+    results: dict[str, Result] = field(default_factory=dict)
+    reports: dict[str, RoundReport] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def table(self, with_config: bool = False) -> pd.DataFrame:
+        """The rows as a DataFrame (one per method); ``with_config`` appends the run-config
+        columns (hyphenated keys)."""
+        rows = [{**row, **self.config} for row in self.rows] if with_config else self.rows
+        return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def train_config_record(config: Mapping[str, Any]) -> ConfigRecord:
+    """The run config as the ConfigRecord sent with every train message."""
+    return ConfigRecord({k: v for k, v in config.items()})
+
+
+def failures_text(report: RoundReport) -> str:
+    """``"partition 1: client error: ...; ..."`` on one line (empty when none failed)."""
+    if not report.failures:
+        return ""
+    return "; ".join(" ".join(f.describe().split())[:300] for f in report.failures)
+
+
+def round_columns(report: RoundReport, bytes_sent: int, seconds: float) -> dict[str, Any]:
+    """Columns describing the training round behind a row."""
+    return {
+        "clients_survived": len(report.survivors),
+        "clients_failed": failures_text(report),
+        "bytes_sent_by_clients": int(bytes_sent),
+        "train_seconds": float(sum(u.metrics.get("train-seconds", 0.0) for u in report.survivors)),
+        "round_seconds": float(seconds),
+    }
+
+
+def merged_row(
+    method: str,
+    model: nn.Module,
+    splits: DataSplits,
+    temperature: float | None,
+    endpoints: dict[str, float],
+    num_clients: int,
+    device: torch.device,
+) -> dict[str, Any]:
+    """A row for one merged model; ``temperature`` (the strategy's) is applied when given."""
+    row = evaluate_model_row(
+        method, model, splits, calibrated=False, num_clients=num_clients, device=device
+    )
+    if temperature is not None:
+        logits = predict_logits(model, splits.test[0], device=device)
+        cal = metrics_from_logits(logits, splits.test[1], temperature)
+        row.update(
+            temperature=float(temperature),
+            nll=cal["nll"],
+            ece=cal["ece"],
+            nll_calibrated=cal["nll"],
+            ece_calibrated=cal["ece"],
+        )
+    row.update(endpoints)
+    if "endpoint_acc_mean" in endpoints:
+        row["acc_gap"] = endpoints["endpoint_acc_mean"] - row["accuracy"]
+    return row
+
+
+def endpoint_metrics(
+    template: nn.Module, states: Sequence[StateDict], splits: DataSplits, device: torch.device
+) -> dict[str, float]:
+    """Mean/min/max test accuracy and mean NLL of the clients' own models."""
+    if not states or not states[0]:
+        return {}
+    metrics = [
+        Predictions.of(load_state(template, sd).to(device).eval(), splits, device).metrics(
+            splits.test[1]
+        )
+        for sd in states
+    ]
+    return endpoint_columns(metrics)
+
+
+def _start(strategy, grid: Grid, template: nn.Module, config: Mapping[str, Any], rounds: int):
+    start = time.perf_counter()
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=state_to_record(template.state_dict()),
+        num_rounds=rounds,
+        timeout=config["timeout"],
+        train_config=train_config_record(config),
+    )
+    return result, time.perf_counter() - start
+
+
+def _kwargs(config: Mapping[str, Any], splits: DataSplits, device: torch.device) -> dict:
+    return {
+        "num_clients": config["num-clients"],
+        "min_clients": config["min-clients"],
+        "server_data": splits.server if len(splits.server[1]) else None,
+        "wait_timeout": config["timeout"],
+        "query_timeout": config["timeout"],
+        "device": device,
+    }
+
+
+# ----------------------------------------------------------------------------- modes
+
+
+def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
+    """Collect the client models once, evaluate every requested merge method on them."""
+    kwargs = _kwargs(config, splits, device)
+    strategy = OneShotAverage(template, calibration="none", keep_client_states=True, **kwargs)
+    result, seconds = _start(strategy, grid, template, config, 1)
+    report = strategy.report
+    outcome.results["compare"], outcome.reports["compare"] = result, report
+    states = [u.state for u in report.survivors]
+    weights = [float(u.num_examples) for u in report.survivors]
+    methods = [m for m in method_list(config) if m != "fedavg"]
+    start = time.perf_counter()
+    rows = evaluate_methods(
+        template,
+        states,
+        weights,
+        splits,
+        methods,
+        lambdas=config["lambdas"],
+        seed=config["seed"],
+        diagnostics=config["diagnostics"],
+        device=device,
+    )
+    outcome.timings["evaluate_seconds"] = time.perf_counter() - start
+    columns = round_columns(report, result_bytes(result), seconds)
+    outcome.rows.extend({**row, **columns} for row in rows)
+    for base in dict.fromkeys(base_method(m) for m in methods if m != "ensemble"):
+        if base == "average":
+            outcome.merged[base] = record_to_state(result.arrays)
+        else:
+            outcome.merged[base], _ = merge_clients(
+                base, template, states, weights, splits, seed=config["seed"], device=device
+            )
+    if "fedavg" in method_list(config):
+        run_fedavg(grid, config, splits, template, device, outcome)
+
+
+def result_bytes(result: Result) -> int:
+    """Sum of ``bytes-received`` over the rounds of ``result``."""
+    return int(sum(m.get("bytes-received", 0) for m in result.train_metrics_clientapp.values()))
+
+
+def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
+    """``average`` or ``aligned``: one strategy, its merged model and temperature."""
+    kwargs = _kwargs(config, splits, device)
+    kwargs.update(calibration=config["calibration"], keep_client_states=True)
+    if config["strategy"] == "average":
+        strategy, base = OneShotAverage(template, **kwargs), "average"
+    else:
+        strategy = PermutationAlignedAverage(
+            template, method=config["align"], multi=config["multi"], seed=config["seed"], **kwargs
+        )
+        base = "merge_many" if config["multi"] == "merge_many" else f"{config['align']}_matching"
+    result, seconds = _start(strategy, grid, template, config, 1)
+    report = strategy.report
+    outcome.results[base], outcome.reports[base] = result, report
+    merged = record_to_state(result.arrays)
+    outcome.merged[base] = merged
+    model = load_state(template, merged).to(device).eval()
+    endpoints = endpoint_metrics(template, [u.state for u in report.survivors], splits, device)
+    columns = round_columns(report, result_bytes(result), seconds)
+    n = len(report.survivors)
+    rows = [merged_row(base, model, splits, None, endpoints, n, device)]
+    if config["calibration"] != "none":
+        temperature = float(result.train_metrics_clientapp[1]["temperature"])
+        rows.append(merged_row(f"{base}_t", model, splits, temperature, endpoints, n, device))
+    outcome.rows.extend({**row, **columns} for row in rows)
+
+
+def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
+    """Multi-round FedAvg from the shared template initialisation."""
+    rounds = config["fedavg-rounds"]
+    strategy = FedAvgBaseline(
+        num_clients=config["num-clients"],
+        total_epochs=config["epochs"],
+        num_rounds=rounds,
+        min_clients=config["min-clients"],
+        wait_timeout=config["timeout"],
+    )
+    result, seconds = _start(strategy, grid, template, config, rounds)
+    last = strategy.reports[rounds]
+    outcome.results["fedavg"], outcome.reports["fedavg"] = result, last
+    merged = record_to_state(result.arrays)
+    outcome.merged["fedavg"] = merged
+    model = load_state(template, merged).to(device).eval()
+    row = merged_row("fedavg", model, splits, None, {}, len(last.survivors), device)
+    columns = round_columns(last, result_bytes(result), seconds)
+    columns["train_seconds"] = float(
+        sum(
+            u.metrics.get("train-seconds", 0.0)
+            for r in strategy.reports.values()
+            for u in r.survivors
+        )
+    )
+    outcome.rows.append({**row, **columns})
+
+
+MODES = {
+    "compare": run_compare,
+    "average": run_one_shot,
+    "aligned": run_one_shot,
+    "fedavg": run_fedavg,
+}
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _atomic(path: Path, write: Callable[[str], None]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_outputs(outcome: ServerOutcome, out_dir: str | os.PathLike) -> None:
+    """``results.csv`` and ``merged-<method>.safetensors`` under ``out_dir`` (atomic writes)."""
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    table = outcome.table(with_config=True)
+    _atomic(folder / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
+    for method, state in outcome.merged.items():
+        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
+        _atomic(folder / f"merged-{method}.safetensors", lambda tmp, t=tensors: save_file(t, tmp))
+
+
+def run_server(grid: Grid, run_config: Mapping[str, Any]) -> ServerOutcome:
+    """Validate the run config, run the configured mode, add columns, write the outputs."""
+    config = validate_run_config(dict(run_config), check_devices=False)
+    if config["server-fraction"] == 0.0:
+        raise ConfigError(
+            "server-fraction = 0.0: the ServerApp needs a server split > 0 to fit temperatures "
+            "and evaluate the merged models"
+        )
+    outcome = ServerOutcome(config=config)
+    start = time.perf_counter()
+    splits = load_splits(config)
+    outcome.timings["load_seconds"] = time.perf_counter() - start
+    device = device_of(config)
+    template = build_from_config(config, splits)
+    MODES[config["strategy"]](grid, config, splits, template, device, outcome)
+    outcome.timings["server_seconds"] = time.perf_counter() - start
+    if config["out-dir"]:
+        write_outputs(outcome, config["out-dir"])
+    for row in outcome.rows:
+        log(
+            INFO,
+            "fedlmc result: %s accuracy %.4f nll %.4f temperature %.4f survivors %d",
+            row["method"],
+            row["accuracy"],
+            row["nll"],
+            row["temperature"] if not math.isnan(row["temperature"]) else float("nan"),
+            row["clients_survived"],
+        )
+    return outcome
+
+
+def server_app_for(run_config: Mapping[str, Any], sink: Sink | None = None) -> ServerApp:
+    """A ServerApp running ``run_config`` (ignoring ``context.run_config``) that hands its
+    :class:`ServerOutcome` to ``sink``: used by ``run_federation`` in-process."""
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        outcome = run_server(grid, run_config)
+        if sink is not None:
+            sink(outcome)
+
+    return server
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point of ``flwr run``: the run config comes from ``context.run_config``."""
+    run_server(grid, dict(context.run_config))

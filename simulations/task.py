@@ -1,0 +1,156 @@
+"""What the ServerApp and the ClientApp share: run config, data, model and seeds.
+
+The run configuration reaches a client in two ways: ``context.run_config`` (filled by ``flwr run``
+from ``[tool.flwr.app.config]`` and ``--run-config``) and the entries of the ConfigRecord of each
+message (the server forwards its whole validated run config, and strategies override ``epochs``
+and ``init``). :func:`client_run_config` overlays the message on the context, keeps the
+:data:`fedlmc.config.RUN_SCHEMA` keys and validates them, so both ways give the same config (and
+``flwr.simulation.run_simulation``, whose contexts carry an empty run config, works too).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fedlmc.config import RUN_SCHEMA, validate_run_config
+from fedlmc.data import DataSplits, load_dataset, partition
+from fedlmc.evaluation import resolve_device
+from fedlmc.models import build_model
+from fedlmc.train import seed_everything
+
+Data = tuple[Tensor, Tensor]
+
+
+def schema_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that are run-config keys."""
+    return {k: v for k, v in values.items() if k in RUN_SCHEMA}
+
+
+def client_run_config(
+    context_config: Mapping[str, Any], message_config: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The validated run config a client works with: context, overlaid by the message's entries."""
+    values = schema_values(context_config)
+    values.update(schema_values(message_config or {}))
+    return validate_run_config(values, check_devices=False)
+
+
+def device_of(config: Mapping[str, Any]) -> torch.device:
+    """``device = auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is an error."""
+    if config["device"] == "auto":
+        return resolve_device(None)
+    if config["device"] == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device = 'cuda' but no CUDA GPU is visible on this node")
+    return torch.device(config["device"])
+
+
+def client_seed(seed: int, partition_id: int, server_round: int = 0) -> int:
+    """A 31-bit seed for one client (and round), derived from ``(seed, partition_id, round)``."""
+    entropy = [int(seed), int(partition_id), int(server_round)]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] % (2**31 - 1))
+
+
+@functools.lru_cache(maxsize=2)
+def _splits(dataset: str, root: str, server_fraction: float, seed: int) -> DataSplits:
+    return load_dataset(dataset, root or None, server_fraction=server_fraction, seed=seed)
+
+
+def load_splits(config: Mapping[str, Any]) -> DataSplits:
+    """The dataset of ``config``, loaded once per process."""
+    return _splits(
+        config["dataset"], config["data-root"], float(config["server-fraction"]), config["seed"]
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _parts(
+    dataset: str,
+    root: str,
+    server_fraction: float,
+    seed: int,
+    num_partitions: int,
+    scheme: str,
+    alpha: float,
+    classes_per_client: int,
+) -> tuple[Data, ...]:
+    splits = _splits(dataset, root, server_fraction, seed)
+    parts = partition(
+        splits.train,
+        num_partitions,
+        scheme,
+        alpha=alpha,
+        classes_per_client=classes_per_client,
+        seed=seed,
+    )
+    return tuple(parts)
+
+
+def client_data(config: Mapping[str, Any], partition_id: int, num_partitions: int) -> Data:
+    """Partition ``partition_id`` of ``num_partitions`` of the training pool (same split on
+    every client: it depends only on the config and ``seed``)."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(
+            f"partition-id = {partition_id}; allowed: 0 .. {num_partitions - 1} "
+            f"(num-partitions = {num_partitions})"
+        )
+    parts = _parts(
+        config["dataset"],
+        config["data-root"],
+        float(config["server-fraction"]),
+        config["seed"],
+        int(num_partitions),
+        config["partition"],
+        float(config["alpha"]),
+        int(config["classes-per-client"]),
+    )
+    return parts[partition_id]
+
+
+def build_from_config(
+    config: Mapping[str, Any], splits: DataSplits, seed: int | None = None
+) -> nn.Module:
+    """The configured model for ``splits`` (``norm = auto`` = the model's default); its initial
+    weights are drawn after seeding every RNG with ``seed`` (default: the config seed)."""
+    seed_everything(config["seed"] if seed is None else seed)
+    options: dict[str, Any] = {}
+    if config["model"] == "mlp":
+        options = {"depth": config["depth"], "base_hidden": config["base-hidden"]}
+    return build_model(
+        config["model"],
+        width=config["width"],
+        num_classes=splits.num_classes,
+        in_shape=splits.in_shape,
+        norm=None if config["norm"] == "auto" else config["norm"],
+        **options,
+    )
+
+
+def train_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of :func:`fedlmc.train.train_model` taken from the config."""
+    return {
+        "epochs": config["epochs"],
+        "lr": config["lr"],
+        "weight_decay": config["weight-decay"],
+        "batch_size": config["batch-size"],
+        "optimizer": config["optimizer"],
+        "momentum": config["momentum"],
+        "schedule": config["schedule"],
+    }
+
+
+def failure_plan(config: Mapping[str, Any]) -> dict[int, str]:
+    """``inject-failure = "raise:1,nan:2"`` -> ``{1: "raise", 2: "nan"}`` (test-only key)."""
+    text = config["inject-failure"]
+    if text == "none":
+        return {}
+    plan = {}
+    for item in text.split(","):
+        mode, _, pid = item.strip().partition(":")
+        plan[int(pid)] = mode
+    return plan

@@ -1,0 +1,250 @@
+"""End to end through Flower's simulation engine (Ray): run_federation on the embedded digits."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fedlmc.calibrate import fit_temperature
+from fedlmc.config import validate_run_config
+from fedlmc.evaluation import predict_logits
+from fedlmc.merge import average, load_state
+from fedlmc.train import train_model
+from simulations.federation import run_federation, run_federation_outcome
+from simulations.task import build_from_config, client_data, client_seed, load_splits, train_options
+from strategies import NotEnoughClientsError
+
+pytestmark = pytest.mark.slow
+
+TINY = {
+    "dataset": "mnist5k",
+    "model": "mlp",
+    "width": 0.25,
+    "depth": 2,
+    "base-hidden": 64,
+    "epochs": 1,
+    "batch-size": 128,
+    "lambdas": 3,
+    "diagnostics": False,
+    "timeout": 120.0,
+}
+
+
+def tensor_bytes(state) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def test_compare_round_end_to_end(tmp_path):
+    config = validate_run_config(
+        {
+            **TINY,
+            "epochs": 2,
+            "num-clients": 2,
+            "strategy": "compare",
+            "methods": "average,average_t,weight_matching,ensemble,fedavg",
+            "fedavg-rounds": 2,
+            "diagnostics": True,
+            "out-dir": str(tmp_path),
+        }
+    )
+    outcome = run_federation_outcome(config)
+    rows = outcome.table()
+    assert list(rows["method"]) == ["average", "average_t", "weight_matching", "ensemble", "fedavg"]
+    assert (rows["clients_survived"] == 2).all()
+    assert (rows["clients_failed"] == "").all()
+    assert rows["accuracy"].between(0, 1).all()
+    assert rows.loc[rows.method == "average", "barrier_kind"].item() == "curve"  # diagnostics on
+    assert "num-clients" not in rows  # config columns only on request (the sweep adds them)
+    assert (outcome.table(with_config=True)["strategy"] == "compare").all()
+
+    # Each client trained its own partition from its own seed: redo client 0 by hand.
+    survivors = outcome.reports["compare"].survivors
+    assert [u.partition_id for u in survivors] == [0, 1]
+    splits = load_splits(config)
+    model = build_from_config(config, splits, seed=client_seed(config["seed"], 0))
+    model, _ = train_model(
+        model,
+        client_data(config, 0, 2),
+        **train_options(config),
+        seed=client_seed(config["seed"], 0, 1),
+        device="cpu",
+    )
+    for key, tensor in model.state_dict().items():
+        assert torch.allclose(survivors[0].state[key], tensor, atol=1e-5), key
+    first, second = survivors[0].state, survivors[1].state
+    assert not any(torch.equal(first[k], second[k]) for k in first if k.endswith("weight"))
+
+    # The merged weights on disk are what the strategy returned: the num-examples average.
+    result_state = {
+        k: torch.from_numpy(a.numpy()) for k, a in outcome.results["compare"].arrays.items()
+    }
+    on_disk = load_file(str(tmp_path / "merged-average.safetensors"))
+    expected = average([u.state for u in survivors], [u.num_examples for u in survivors])
+    assert set(on_disk) == set(result_state) == set(expected)
+    for key in expected:
+        assert torch.equal(on_disk[key], result_state[key])
+        assert torch.allclose(on_disk[key], expected[key], atol=1e-7)
+    assert (tmp_path / "merged-weight_matching.safetensors").exists()
+    assert (tmp_path / "merged-fedavg.safetensors").exists()
+
+    saved = pd.read_csv(tmp_path / "results.csv")
+    assert list(saved["method"]) == list(rows["method"])
+    assert (saved["num-clients"] == 2).all() and (saved["strategy"] == "compare").all()
+    assert saved["accuracy"].tolist() == pytest.approx(rows["accuracy"].tolist())
+    one_shot = rows[rows.method != "fedavg"]
+    assert (one_shot["bytes_sent_by_clients"] == 2 * tensor_bytes(expected)).all()
+    fedavg = rows[rows.method == "fedavg"].iloc[0]
+    assert fedavg["bytes_sent_by_clients"] == 2 * 2 * tensor_bytes(expected)  # 2 rounds
+
+
+def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp_path):
+    config = validate_run_config(
+        {
+            **TINY,
+            "norm": "bn",
+            "num-clients": 4,
+            "min-clients": 2,
+            "strategy": "average",
+            "calibration": "federated",
+            "inject-failure": "raise:1,nan:2",
+            "out-dir": str(tmp_path),
+        }
+    )
+    outcome = run_federation_outcome(config)
+    rows = outcome.table()
+    assert list(rows["method"]) == ["average", "average_t"]
+    assert (rows["clients_survived"] == 2).all()
+    report = outcome.reports["average"]
+    assert report.survivor_ids == [0, 3]
+    assert [f.partition_id for f in report.failures] == [1, 2]
+    assert "injected failure" in report.failures[0].reason
+    assert "non-finite" in report.failures[1].reason
+    assert "partition 1" in rows["clients_failed"].iloc[0]
+
+    # The federated temperature equals the centralised fit on the survivors' training data.
+    merged = load_file(str(tmp_path / "merged-average.safetensors"))
+    splits = load_splits(config)
+    model = load_state(build_from_config(config, splits), merged).eval()
+    parts = [client_data(config, pid, 4) for pid in (0, 3)]
+    x = torch.cat([p[0] for p in parts])
+    y = torch.cat([p[1] for p in parts])
+    expected = fit_temperature(predict_logits(model, x), y)
+    temperature = outcome.results["average"].train_metrics_clientapp[1]["temperature"]
+    assert temperature == pytest.approx(expected, rel=1e-5)
+    assert rows.loc[rows.method == "average_t", "temperature"].item() == pytest.approx(temperature)
+    assert outcome.results["average"].train_metrics_clientapp[1]["bn-reestimated"] == 1
+
+
+def test_too_few_survivors_is_a_clear_error(tmp_path):
+    config = {
+        **TINY,
+        "num-clients": 3,
+        "min-clients": 3,
+        "strategy": "average",
+        "calibration": "none",
+        "inject-failure": "raise:0",
+        "out-dir": str(tmp_path),
+    }
+    with pytest.raises(NotEnoughClientsError, match=r"only 2 client\(s\) survived.*partition 0"):
+        run_federation(config)
+    assert not (tmp_path / "results.csv").exists()
+
+
+# ----------------------------------------------------------------------------- ClientApp, called
+# directly with real Messages and a real Context (no Ray): fast checks of the handlers.
+
+
+@pytest.fixture
+def task_identity():
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    keys = ("_task_id", "_run_id", "_node_id")
+    saved = {k: getattr(TaskIdentity, k) for k in keys}
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
+    yield
+    for key, value in saved.items():
+        setattr(TaskIdentity, key, value)
+
+
+def call_client(message_type: str, config: dict, pid: int, arrays=None):
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+    from simulations.client_app import app
+
+    content = RecordDict({"arrays": arrays or ArrayRecord(), "config": ConfigRecord(config)})
+    message = Message(content, dst_node_id=pid + 100, message_type=message_type)
+    context = Context(
+        run_id=7,
+        node_id=pid + 100,
+        state=RecordDict(),
+        run_config={},
+        node_config={"partition-id": pid, "num-partitions": 2},
+    )
+    return app(message, context)
+
+
+def test_client_config_comes_from_context_then_message():
+    from simulations.task import client_run_config
+
+    config = client_run_config({"epochs": 3, "lr": 0.2, "not-a-key": 1}, {"epochs": 5, "x": 0})
+    assert config["epochs"] == 5 and config["lr"] == 0.2
+    seeds = {client_seed(0, p, r) for p in range(3) for r in range(3)}
+    assert len(seeds) == 9 and client_seed(0, 1, 2) == client_seed(0, 1, 2)
+
+
+def test_client_train_reply_and_failure_injection(task_identity):
+    config = {**TINY, "num-clients": 2}
+    reply = call_client("train", {**config, "server-round": 1}, pid=1)
+    assert not reply.has_error()
+    metrics = next(iter(reply.content.metric_records.values()))
+    assert metrics["partition-id"] == 1
+    assert metrics["num-examples"] == len(client_data(validate_run_config(config), 1, 2)[1])
+    assert all(isinstance(metrics[k], float) for k in ("train-loss", "train-seconds"))
+
+    failed = call_client("train", {**config, "inject-failure": "raise:1"}, pid=1)
+    assert failed.has_error() and "partition-id=1" in failed.error.reason
+    poisoned = call_client("train", {**config, "inject-failure": "nan:1"}, pid=1)
+    arrays = next(iter(poisoned.content.array_records.values()))
+    assert all(torch.isnan(torch.from_numpy(a.numpy())).all() for a in arrays.values())
+
+
+def test_client_temperature_query_sums_its_own_data(task_identity):
+    from fedlmc.calibrate import temperature_statistics
+    from strategies.common import state_to_record, temperature_stats_from_content
+
+    config = validate_run_config({**TINY, "num-clients": 2})
+    splits = load_splits(config)
+    model = build_from_config(config, splits, seed=3)
+    query = {**TINY, "num-clients": 2, "log-t": [-0.5, 0.25]}
+    reply = call_client(
+        "query.temperature", query, pid=0, arrays=state_to_record(model.state_dict())
+    )
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    x, y = client_data(config, 0, 2)
+    logits = predict_logits(model, x)
+    expected = [temperature_statistics(logits, y, u) for u in (-0.5, 0.25)]
+    assert temperature_stats_from_content(reply.content) == expected
+
+
+def test_client_bn_stats_query_returns_its_batchnorm_moments(task_identity):
+    from fedlmc.calibrate import bn_statistics
+    from strategies.common import bn_stats_from_content, state_to_record
+
+    config = validate_run_config({**TINY, "num-clients": 2, "norm": "bn"})
+    model = build_from_config(config, load_splits(config), seed=4)
+    reply = call_client(
+        "query.bn_stats",
+        {**TINY, "num-clients": 2, "norm": "bn"},
+        pid=1,
+        arrays=state_to_record(model.state_dict()),
+    )
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    expected = bn_statistics(model, client_data(config, 1, 2)[0])
+    got = bn_stats_from_content(reply.content)
+    assert set(got) == set(expected) and len(got) == 2
+    for name, st in expected.items():
+        assert got[name].count == st.count
+        assert torch.allclose(got[name].sum, st.sum) and torch.allclose(got[name].sum_sq, st.sum_sq)

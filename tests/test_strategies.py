@@ -1,0 +1,290 @@
+"""Aggregation logic of the fedlmc strategies on hand-built Flower replies (real Messages)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedlmc.calibrate import bn_statistics, fit_temperature, reset_bn_stats, temperature_statistics
+from fedlmc.evaluation import predict_logits
+from fedlmc.merge import average, load_state
+from fedlmc.models import apply_permutation, build_model, permutation_spec
+from fedlmc.permutation import random_permutations
+from strategies import (
+    FedAvgBaseline,
+    InconsistentShapesError,
+    NotEnoughClientsError,
+    OneShotAverage,
+    PermutationAlignedAverage,
+    epochs_per_round,
+)
+from strategies.common import (
+    bn_stats_from_content,
+    bn_stats_to_content,
+    record_to_state,
+    state_to_record,
+    temperature_stats_from_content,
+    temperature_stats_to_content,
+)
+
+IN_SHAPE = (1, 4, 4)
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    """Messages need a run id: what Flower sets for a ServerApp (as run_simulation does)."""
+    keys = ("_task_id", "_run_id", "_node_id")
+    saved = {k: getattr(TaskIdentity, k) for k in keys}
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
+    yield
+    for key, value in saved.items():
+        setattr(TaskIdentity, key, value)
+
+
+def tiny(seed: int, norm: str = "none"):
+    torch.manual_seed(seed)
+    return build_model("mlp", width=1.0, in_shape=IN_SHAPE, depth=2, base_hidden=8, norm=norm)
+
+
+def data(n: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, *IN_SHAPE, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def instruction(node_id: int) -> Message:
+    return Message(RecordDict(), dst_node_id=node_id, message_type="train")
+
+
+def reply(node_id: int, state, pid: int, n: int = 10) -> Message:
+    metrics = MetricRecord({"num-examples": n, "partition-id": pid, "train-loss": float(pid)})
+    content = RecordDict({"arrays": state_to_record(state), "metrics": metrics})
+    return Message(content, reply_to=instruction(node_id))
+
+
+def error_reply(node_id: int, pid: int) -> Message:
+    error = Error(code=1001, reason=f"partition-id={pid}: RuntimeError: boom")
+    return Message(error, reply_to=instruction(node_id))
+
+
+def strategy_for(template, nodes, **kwargs) -> OneShotAverage:
+    kwargs.setdefault("calibration", "none")
+    strategy = OneShotAverage(template, num_clients=len(nodes), **kwargs)
+    strategy.expect_replies(state_to_record(template.state_dict()), nodes)
+    return strategy
+
+
+def constant_state(template, value: float):
+    return {k: torch.full_like(v, value) for k, v in template.state_dict().items()}
+
+
+def test_merge_is_weighted_by_num_examples():
+    template = tiny(0)
+    strategy = strategy_for(template, [11, 12])
+    replies = [
+        reply(11, constant_state(template, 1.0), 0, n=1),
+        reply(12, constant_state(template, 4.0), 1, n=3),
+    ]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    for tensor in record_to_state(arrays).values():
+        assert torch.equal(tensor, torch.full_like(tensor, 3.25))  # 1/4 * 1 + 3/4 * 4
+    assert metrics["num-examples"] == 4
+    assert metrics["train-loss"] == pytest.approx(0.75)  # 1/4 * 0 + 3/4 * 1
+    assert metrics["temperature"] == 1.0
+
+
+def test_replies_are_sorted_by_partition_id_not_arrival_or_node_id():
+    template = tiny(0)
+    states = {pid: tiny(pid + 1).state_dict() for pid in range(3)}
+    nodes = {0: 900, 1: 5, 2: 40}
+    strategy = strategy_for(template, list(nodes.values()), keep_client_states=True)
+    arrival = [reply(nodes[p], states[p], p, n=10 + p) for p in (2, 0, 1)]
+    arrays, _ = strategy.aggregate_train(1, arrival)
+    assert strategy.report.survivor_ids == [0, 1, 2]
+    assert [u.node_id for u in strategy.report.survivors] == [900, 5, 40]
+    for update, pid in zip(strategy.report.survivors, range(3), strict=True):
+        assert all(torch.equal(update.state[k], states[pid][k]) for k in states[pid])
+    expected = average([states[p] for p in range(3)], [10, 11, 12])
+    merged = record_to_state(arrays)
+    assert all(torch.equal(merged[k], expected[k]) for k in expected)
+
+
+def test_error_and_nan_replies_are_dropped_and_recorded():
+    template = tiny(0)
+    good = {0: tiny(1).state_dict(), 3: tiny(4).state_dict()}
+    nan = {k: torch.full_like(v, math.nan) for k, v in tiny(3).state_dict().items()}
+    strategy = strategy_for(template, [1, 2, 3, 4])
+    replies = [reply(4, good[3], 3), error_reply(2, 1), reply(3, nan, 2), reply(1, good[0], 0)]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    report = strategy.report
+    assert report.survivor_ids == [0, 3]
+    assert [f.partition_id for f in report.failures] == [1, 2]
+    assert "boom" in report.failures[0].reason
+    assert "non-finite" in report.failures[1].reason
+    expected = average([good[0], good[3]], [10, 10])
+    merged = record_to_state(arrays)
+    assert all(torch.equal(merged[k], expected[k]) for k in expected)
+    assert metrics["clients-survived"] == 2 and metrics["clients-failed"] == 2
+    arrays_bytes = sum(t.numel() * t.element_size() for t in good[0].values())
+    assert metrics["bytes-received"] == 3 * arrays_bytes  # two survivors + the NaN reply
+
+
+def test_missing_reply_counts_as_failure():
+    template = tiny(0)
+    strategy = strategy_for(template, [1, 2, 3])
+    strategy.aggregate_train(
+        1, [reply(1, tiny(1).state_dict(), 0), reply(2, tiny(2).state_dict(), 1)]
+    )
+    assert strategy.report.survivor_ids == [0, 1]
+    assert [(f.node_id, f.reason) for f in strategy.report.failures] == [
+        (3, "no reply before the timeout")
+    ]
+
+
+def test_too_few_survivors_is_a_clear_error():
+    template = tiny(0)
+    strategy = strategy_for(template, [1, 2, 3], min_clients=2)
+    with pytest.raises(
+        NotEnoughClientsError, match=r"only 1 client\(s\) survived.*min-clients = 2"
+    ):
+        strategy.aggregate_train(1, [reply(1, tiny(1).state_dict(), 0), error_reply(2, 1)])
+
+
+def test_wrong_shape_is_dropped_against_the_reference():
+    template = tiny(0)
+    wide = build_model("mlp", in_shape=IN_SHAPE, depth=2, base_hidden=9)
+    strategy = strategy_for(template, [1, 2, 3])
+    replies = [
+        reply(1, tiny(1).state_dict(), 0),
+        reply(2, wide.state_dict(), 1),
+        reply(3, tiny(3).state_dict(), 2),
+    ]
+    strategy.aggregate_train(1, replies)
+    assert strategy.report.survivor_ids == [0, 2]
+    assert "wrong shape" in strategy.report.failures[0].reason
+    assert strategy.report.failures[0].partition_id == 1
+
+
+def test_shape_disagreement_without_reference_raises():
+    template = tiny(0)
+    wide = build_model("mlp", in_shape=IN_SHAPE, depth=2, base_hidden=9)
+    strategy = OneShotAverage(template, num_clients=2, calibration="none")
+    strategy.expect_replies(ArrayRecord(), [1, 2])
+    with pytest.raises(InconsistentShapesError, match="partition 1 vs partition 0"):
+        strategy.aggregate_train(
+            1, [reply(1, tiny(1).state_dict(), 0), reply(2, wide.state_dict(), 1)]
+        )
+
+
+def test_server_calibration_fits_the_merged_model_on_server_data():
+    template = tiny(0)
+    server = data(128, seed=5)
+    states = [tiny(1).state_dict(), tiny(2).state_dict()]
+    strategy = strategy_for(template, [1, 2], calibration="server", server_data=server)
+    arrays, metrics = strategy.aggregate_train(1, [reply(1, states[0], 0), reply(2, states[1], 1)])
+    model = load_state(template, average(states, [1, 1]))
+    expected = fit_temperature(predict_logits(model, server[0]), server[1])
+    assert metrics["temperature"] == pytest.approx(expected, rel=1e-9)
+    assert metrics["log-temperature"] == pytest.approx(math.log(expected), rel=1e-9)
+    assert strategy.temperature == metrics["temperature"]
+
+
+def test_batchnorm_statistics_are_reestimated_on_server_data():
+    template = tiny(0, norm="bn")
+    server = data(96, seed=3)
+    clients = []
+    for seed in (1, 2):
+        model = tiny(seed, norm="bn")
+        reset_bn_stats(model, data(64, seed=seed + 10))  # non-trivial running stats
+        clients.append(model.state_dict())
+    strategy = strategy_for(template, [1, 2], server_data=server)
+    arrays, metrics = strategy.aggregate_train(
+        1, [reply(1, clients[0], 0), reply(2, clients[1], 1)]
+    )
+    expected = reset_bn_stats(load_state(template, average(clients, [1, 1])), server).state_dict()
+    merged = record_to_state(arrays)
+    assert metrics["bn-reestimated"] == 1
+    running = [k for k in expected if "running_mean" in k or "running_var" in k]
+    assert running
+    for key in expected:
+        assert torch.allclose(merged[key].double(), expected[key].double(), atol=1e-6), key
+    plain = average(clients, [1, 1])
+    assert not torch.allclose(merged[running[0]], plain[running[0]])
+
+
+def test_weight_matching_undoes_a_permutation_that_plain_averaging_cannot():
+    template = tiny(0)
+    base = tiny(1).state_dict()
+    spec = permutation_spec(template)
+    permuted = apply_permutation(spec, random_permutations(spec, base, seed=3), base)
+    replies = [reply(1, base, 0), reply(2, permuted, 1)]
+    aligned = PermutationAlignedAverage(
+        template, num_clients=2, calibration="none", method="weight"
+    )
+    aligned.expect_replies(state_to_record(template.state_dict()), [1, 2])
+    merged = record_to_state(aligned.aggregate_train(1, replies)[0])
+    for key in base:
+        assert torch.allclose(merged[key], base[key], atol=1e-6), key
+    plain = strategy_for(template, [1, 2])
+    averaged = record_to_state(plain.aggregate_train(1, replies)[0])
+    assert not all(torch.allclose(averaged[k], base[k], atol=1e-3) for k in base)
+
+
+def test_bad_strategy_arguments_name_the_value():
+    template = tiny(0)
+    with pytest.raises(ValueError, match="calibration = 'sometimes'"):
+        OneShotAverage(template, num_clients=2, calibration="sometimes")
+    with pytest.raises(ValueError, match="needs server_data"):
+        OneShotAverage(template, num_clients=2, calibration="server")
+    with pytest.raises(ValueError, match="min_clients = 3"):
+        OneShotAverage(template, num_clients=2, min_clients=3, calibration="none")
+    with pytest.raises(ValueError, match="merge_many"):
+        PermutationAlignedAverage(
+            template,
+            num_clients=2,
+            calibration="none",
+            server_data=data(),
+            method="activation",
+            multi="merge_many",
+        )
+
+
+def test_fedavg_rounds_share_the_total_local_epochs():
+    assert epochs_per_round(10, 3) == [4, 3, 3]
+    assert sum(epochs_per_round(7, 7)) == 7
+    with pytest.raises(ValueError, match="fedavg-rounds = 4"):
+        epochs_per_round(3, 4)
+    strategy = FedAvgBaseline(num_clients=2, total_epochs=5, num_rounds=2)
+    assert [strategy.local_epochs(r) for r in (1, 2)] == [3, 2]
+
+
+def test_fedavg_baseline_averages_survivors_by_num_examples():
+    template = tiny(0)
+    strategy = FedAvgBaseline(num_clients=3, total_epochs=2, num_rounds=2)
+    strategy.expect_replies(state_to_record(template.state_dict()), [1, 2, 3])
+    replies = [
+        reply(1, constant_state(template, 2.0), 0, n=1),
+        error_reply(2, 1),
+        reply(3, constant_state(template, 6.0), 2, n=1),
+    ]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert all(torch.equal(t, torch.full_like(t, 4.0)) for t in record_to_state(arrays).values())
+    assert metrics["clients-survived"] == 2 and metrics["clients-failed"] == 1
+
+
+def test_query_payloads_round_trip_exactly():
+    model = tiny(0, norm="bn")
+    x, y = data(32)
+    bn = bn_statistics(model, x)
+    back = bn_stats_from_content(bn_stats_to_content(bn, {"partition-id": 3}))
+    assert set(back) == set(bn)
+    for name, st in bn.items():
+        assert torch.equal(back[name].sum, st.sum) and torch.equal(back[name].sum_sq, st.sum_sq)
+        assert back[name].count == st.count
+    logits = predict_logits(model, x)
+    stats = [temperature_statistics(logits, y, u) for u in (-0.3, 0.0, 2.5)]
+    assert temperature_stats_from_content(temperature_stats_to_content(stats, {})) == stats
