@@ -32,12 +32,15 @@ for name, b in [("plain average", sd_b), ("weight matching", sd_b_aligned)]:
     x_server, y_server = splits.server
     t = fit_temperature(predict_logits(merged, x_server), y_server)
     raw, cal = evaluate(merged, splits.test), evaluate(merged, splits.test, temperature=t)
-    curve = interpolation_curve(template, sd_a, b, splits.test, lambdas=11, calibration=splits.server)
+    curve = interpolation_curve(
+        template, sd_a, b, splits.test, lambdas=11, calibration=splits.server
+    )
     bar = barriers(curve)
     lewc = lewc_cosine(template, [sd_a, b], [0.5, 0.5], average([sd_a, b]), splits.test[0][:512])
     print(
-        f"{name:16s} acc {raw['accuracy']:.3f}  NLL {raw['nll']:.3f} -> {cal['nll']:.3f} (T={t:.2f})"
-        f"  ECE {raw['ece']:.3f} -> {cal['ece']:.3f}  loss barrier {bar['loss_barrier']:.3f}"
+        f"{name:16s} acc {raw['accuracy']:.3f}  NLL {raw['nll']:.3f} -> {cal['nll']:.3f}"
+        f" (T={t:.2f})  ECE {raw['ece']:.3f} -> {cal['ece']:.3f}"
+        f"  loss barrier {bar['loss_barrier']:.3f}"
         f" -> {bar['loss_barrier_calibrated']:.3f}  LEWC cos {[round(c, 2) for c in lewc]}"
     )
 print("endpoints        acc", [round(evaluate(m, splits.test)["accuracy"], 3) for m in models])

@@ -1,0 +1,42 @@
+from flwr.app import ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedlmc.data import load_dataset
+from fedlmc.models import build_model
+from strategies import OneShotAverage  # also PermutationAlignedAverage, FedAvgBaseline
+from strategies.common import state_to_record
+
+CLIENT_CONFIG = {"model": "mlp", "width": 0.5, "depth": 2, "base-hidden": 64, "epochs": 2}
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    splits = load_dataset("mnist5k")  # the server split is held out of the clients' pool
+    template = build_model("mlp", width=0.5, depth=2, base_hidden=64)  # the clients' model
+    strategy = OneShotAverage(
+        template, num_clients=2, min_clients=2, calibration="server", server_data=splits.server
+    )
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=state_to_record(template.state_dict()),
+        num_rounds=1,
+        train_config=ConfigRecord(CLIENT_CONFIG),
+    )
+    merged = result.arrays.to_torch_state_dict()  # merged (BN-re-estimated) weights
+    metrics = result.train_metrics_clientapp[1]  # temperature, clients-survived, ...
+    print("temperature", metrics["temperature"], "survivors", strategy.report.survivor_ids)
+    print("merged tensors", len(merged))
+
+
+if __name__ == "__main__":  # or point [tool.flwr.app.components] serverapp at this module
+    from flwr.simulation import run_simulation
+
+    from simulations.client_app import app as client_app
+
+    run_simulation(
+        server_app=app,
+        client_app=client_app,
+        num_supernodes=2,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )

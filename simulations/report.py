@@ -1,0 +1,596 @@
+"""Figures and a markdown report from a sweep's ``results.csv``.
+
+:func:`build_report` reads ``out_dir/results.csv`` (and ``config.json`` for the title and the
+``[report]`` settings), keeps the ``ok`` rows and writes, under ``out_dir/figures/``, only the
+figures whose data exists:
+
+- ``accuracy_vs_width.png``: merged test accuracy per method against the width multiplier
+  (log2 axis), mean over seeds with error bars (std or sem, ``[report] error-bars``); the mean
+  endpoint (client model) accuracy and the ensemble accuracy are dashed reference lines.
+  ``X_t`` methods are drawn only without ``X`` (temperature never changes the argmax).
+- ``barrier_vs_width.png``: loss barrier with raw logits (solid) and with a fitted temperature
+  (dashed) per merge method.
+- ``temperature_vs_width.png``: the fitted temperature of the ``_t`` methods.
+- ``lewc_layers.png``: LEWC cosine per layer (1 = the merged layer output equals the
+  exponentially weighted prediction), one line per width, one panel per method.
+- ``accuracy_vs_alpha.png`` / ``accuracy_vs_clients.png``: when ``alpha`` / ``num-clients`` vary.
+- ``lambda_paths.png``: test accuracy and NLL (raw and calibrated) along
+  ``theta(lam) = lam theta_a + (1 - lam) theta_b`` for two-client cells, one line per width.
+
+When a config key other than the x axis and ``seed`` varies too, figures get one panel per
+value combination of those keys. ``report.md`` holds the tables (markdown) and links to the
+figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fedlmc.config import REPORT_SCHEMA, RUN_SCHEMA
+from simulations.sweep import read_results, summary_table
+
+FIGURES = "figures"
+MAX_PANELS = 12
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def ok_rows(results: pd.DataFrame) -> pd.DataFrame:
+    """The rows of cells that succeeded."""
+    if "status" not in results:
+        return results
+    return results[results["status"] == "ok"].reset_index(drop=True)
+
+
+def varying_keys(rows: pd.DataFrame) -> list[str]:
+    """Run-config columns with more than one distinct value, in schema order."""
+    return [k for k in RUN_SCHEMA if k in rows and rows[k].astype(str).nunique() > 1]
+
+
+def axis_rows(rows: pd.DataFrame, axis: str) -> pd.DataFrame:
+    """The rows where ``axis`` matters: Dirichlet cells for ``alpha``, else all rows."""
+    if axis == "alpha" and "partition" in rows:
+        return rows[rows["partition"] == "dirichlet"]
+    return rows
+
+
+def has_values(rows: pd.DataFrame, column: str) -> bool:
+    """``column`` exists and holds at least one finite number."""
+    return column in rows and pd.to_numeric(rows[column], errors="coerce").notna().any()
+
+
+def accuracy_methods(rows: pd.DataFrame) -> list[str]:
+    """Methods drawn on accuracy plots: ``X_t`` left out when ``X`` is there; no ensemble."""
+    methods = list(dict.fromkeys(rows["method"])) if "method" in rows else []
+    return [
+        m
+        for m in methods
+        if m not in ("ensemble",) and not (m.endswith("_t") and m[:-2] in methods)
+    ]
+
+
+def spread(values: pd.Series, kind: str) -> float:
+    """Standard deviation or standard error of ``values`` (0 for a single value)."""
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    if kind == "none" or len(values) < 2:
+        return 0.0
+    std = float(values.std(ddof=1))
+    return std / math.sqrt(len(values)) if kind == "sem" else std
+
+
+def aggregate(rows: pd.DataFrame, by: Sequence[str], value: str, kind: str) -> pd.DataFrame:
+    """Mean and spread of ``value`` over the rows of each ``by`` group, sorted by ``by``."""
+    numeric = rows.assign(**{value: pd.to_numeric(rows[value], errors="coerce")})
+    grouped = numeric.groupby(list(by), sort=True)[value]
+    table = grouped.mean().rename("mean").to_frame()
+    table["spread"] = grouped.apply(lambda v: spread(v, kind))
+    table["count"] = grouped.count()
+    return table.reset_index()
+
+
+def panels(rows: pd.DataFrame, exclude: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:
+    """``(title, rows)`` per value combination of the varying keys not in ``exclude``."""
+    keys = [k for k in varying_keys(rows) if k not in exclude and k != "seed"]
+    if not keys:
+        return [("", rows)]
+    groups = rows.groupby(keys, sort=True, dropna=False)
+    out = []
+    for values, group in list(groups)[:MAX_PANELS]:
+        values = values if isinstance(values, tuple) else (values,)
+        out.append((", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)), group))
+    return out
+
+
+def parse_json_column(rows: pd.DataFrame, column: str) -> pd.Series:
+    """``column`` parsed as JSON; unparsable or empty cells become ``None``."""
+
+    def parse(text: Any) -> Any:
+        if not isinstance(text, str) or not text.strip():
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return None
+
+    return rows[column].map(parse) if column in rows else pd.Series([None] * len(rows))
+
+
+# ----------------------------------------------------------------------------- drawing
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def panel_grid(count: int, width: float = 5.0, height: float = 3.6, rows: int = 1):
+    """A figure with ``rows`` x ``count`` panels (``count`` wrapped at 3 columns when rows=1)."""
+    plt = _pyplot()
+    if rows == 1:
+        ncols = min(3, count)
+        nrows = math.ceil(count / ncols)
+    else:
+        ncols, nrows = count, rows
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    flat = list(axes.flat)
+    if rows == 1:
+        for ax in flat[count:]:
+            ax.set_visible(False)
+    return fig, axes
+
+
+def save(fig, path: Path, dpi: int) -> Path:
+    """Write ``fig`` to ``path`` and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    _pyplot().close(fig)
+    return path
+
+
+def log_axis(ax, values: Sequence[float], base: int) -> None:
+    """Log-scaled x axis with a tick at every value that occurs."""
+    ticks = sorted({float(v) for v in values})
+    ax.set_xscale("log", base=base)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+
+
+def line_with_spread(ax, table: pd.DataFrame, x: str, label: str, **style) -> None:
+    """One line of means with error bars (``table`` from :func:`aggregate`)."""
+    ax.errorbar(
+        table[x],
+        table["mean"],
+        yerr=table["spread"],
+        label=label,
+        capsize=3,
+        marker=style.pop("marker", "o"),
+        ms=4,
+        **style,
+    )
+
+
+def metric_vs_axis(
+    rows: pd.DataFrame,
+    x: str,
+    metrics: Sequence[tuple[str, str]],
+    methods: Sequence[str],
+    ylabel: str,
+    path: Path,
+    settings: dict[str, Any],
+    *,
+    references: bool = False,
+    log_base: int = 2,
+) -> Path:
+    """Per method (colour) and metric (line style), the mean metric against config key ``x``."""
+    groups = panels(rows, exclude=[x])
+    fig, axes = panel_grid(len(groups))
+    styles = ["-", "--", ":", "-."]
+    colours = _pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (title, group) in zip(axes.flat, groups, strict=False):
+        for i, method in enumerate(methods):
+            subset = group[group["method"] == method]
+            for (metric, suffix), style in zip(metrics, styles, strict=False):
+                if not has_values(subset, metric):
+                    continue
+                table = aggregate(subset, [x], metric, settings["error-bars"])
+                label = f"{method}{suffix}"
+                line_with_spread(
+                    ax, table, x, label, color=colours[i % len(colours)], linestyle=style
+                )
+        if references:
+            draw_references(ax, group, x, settings["error-bars"])
+        log_axis(ax, group[x], log_base)
+        ax.set_xlabel(x)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save(fig, path, settings["dpi"])
+
+
+def draw_references(ax, rows: pd.DataFrame, x: str, kind: str) -> None:
+    """Dashed lines: mean endpoint accuracy and ensemble accuracy against ``x``."""
+    per_cell = rows.drop_duplicates("cell_id") if "cell_id" in rows else rows
+    for column, label, colour in (
+        ("endpoint_acc_mean", "endpoints (mean)", "black"),
+        ("ensemble_acc", "ensemble", "grey"),
+    ):
+        if has_values(per_cell, column):
+            table = aggregate(per_cell, [x], column, kind)
+            line_with_spread(ax, table, x, label, color=colour, linestyle="--", marker="")
+
+
+def accuracy_by_width_lines(
+    rows: pd.DataFrame,
+    x: str,
+    methods: Sequence[str],
+    path: Path,
+    settings: dict[str, Any],
+    log_base: int,
+) -> Path:
+    """Merged accuracy against config key ``x``: one panel per method, one line per width
+    (mean over seeds and any other varying key), the mean endpoint accuracy dotted."""
+    fig, axes = panel_grid(len(methods))
+    cmap = _pyplot().get_cmap("viridis")
+    widths = sorted(rows["width"].unique())
+    for ax, method in zip(axes.flat, methods, strict=False):
+        subset = rows[rows["method"] == method]
+        for j, width in enumerate(widths):
+            at_width = subset[subset["width"] == width]
+            if not has_values(at_width, "accuracy"):
+                continue
+            colour = cmap(j / max(1, len(widths) - 1))
+            table = aggregate(at_width, [x], "accuracy", settings["error-bars"])
+            line_with_spread(ax, table, x, f"width {width:g}", color=colour)
+            if has_values(at_width, "endpoint_acc_mean"):
+                ends = aggregate(at_width, [x], "endpoint_acc_mean", "none")
+                ax.plot(ends[x], ends["mean"], color=colour, linestyle=":")
+        log_axis(ax, rows[x], log_base)
+        ax.set_xlabel(x)
+        ax.set_ylabel("merged test accuracy (dotted: endpoints)")
+        ax.set_title(method, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save(fig, path, settings["dpi"])
+
+
+def lewc_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path | None:
+    """LEWC cosine against layer index, one line per width, one panel per method."""
+    layers = parse_json_column(rows, "lewc_cos_layers")
+    data = rows.assign(_layers=layers)
+    data = data[data["_layers"].map(lambda v: isinstance(v, list) and len(v) > 0)]
+    methods = accuracy_methods(data)
+    if data.empty or not methods:
+        return None
+    fig, axes = panel_grid(len(methods))
+    cmap = _pyplot().get_cmap("viridis")
+    widths = sorted(data["width"].unique())
+    for ax, method in zip(axes.flat, methods, strict=False):
+        subset = data[data["method"] == method]
+        for j, width in enumerate(widths):
+            curves = [c for c in subset.loc[subset["width"] == width, "_layers"]]
+            if not curves:
+                continue
+            mean = mean_of_lists(curves)
+            ax.plot(
+                range(1, len(mean) + 1),
+                mean,
+                marker="o",
+                ms=3,
+                color=cmap(j / max(1, len(widths) - 1)),
+                label=f"width {width:g}",
+            )
+        ax.set_xticks(range(1, max(len(v) for v in subset["_layers"]) + 1))
+        ax.set_xlabel("layer (last = logits)")
+        ax.set_ylabel("LEWC cosine")
+        ax.set_title(method, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save(fig, path, settings["dpi"])
+
+
+def mean_of_lists(lists: Sequence[Sequence[float]]) -> np.ndarray:
+    """Element-wise mean of equally long lists (the shortest length when they differ)."""
+    length = min(len(v) for v in lists)
+    return np.nanmean(np.array([list(v)[:length] for v in lists], dtype=float), axis=0)
+
+
+def lambda_path_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path | None:
+    """Accuracy and NLL (raw solid, calibrated dashed) along lam, per method and width."""
+    curves = parse_json_column(rows, "curve")
+    data = rows.assign(_curve=curves)
+    data = data[data["_curve"].map(lambda c: isinstance(c, dict) and "lam" in c)]
+    methods = accuracy_methods(data)
+    if data.empty or not methods:
+        return None
+    fig, axes = panel_grid(len(methods), rows=2)
+    cmap = _pyplot().get_cmap("viridis")
+    widths = sorted(data["width"].unique())
+    for col, method in enumerate(methods):
+        subset = data[data["method"] == method]
+        for j, width in enumerate(widths):
+            found = list(subset.loc[subset["width"] == width, "_curve"])
+            if not found:
+                continue
+            lam = np.array(found[0]["lam"], dtype=float)
+            colour = cmap(j / max(1, len(widths) - 1))
+            acc = mean_of_lists([c.get("accuracy", []) for c in found])
+            axes[0, col].plot(lam[: len(acc)], acc, color=colour, label=f"width {width:g}")
+            for key, style in (("nll", "-"), ("nll_calibrated", "--")):
+                if all(key in c for c in found):
+                    nll = mean_of_lists([c[key] for c in found])
+                    axes[1, col].plot(lam[: len(nll)], nll, color=colour, linestyle=style)
+        axes[0, col].set_title(method, fontsize=9)
+        axes[0, col].set_ylabel("test accuracy")
+        axes[1, col].set_ylabel("test NLL (solid raw, dashed calibrated)")
+        for ax in axes[:, col]:
+            ax.set_xlabel("lambda (1 = client 0, 0 = client 1)")
+            ax.grid(alpha=0.3)
+        axes[0, col].legend(fontsize=7)
+    return save(fig, path, settings["dpi"])
+
+
+# ----------------------------------------------------------------------------- markdown
+
+
+def fmt(value: Any) -> str:
+    """A table cell: 4 significant decimals for floats, '' for NaN."""
+    if isinstance(value, float | np.floating):
+        return "" if not math.isfinite(value) else f"{value:.4f}"
+    return str(value)
+
+
+def label(value: Any) -> str:
+    """A header or index label: numbers in their shortest form (``0.125``, ``8``)."""
+    if isinstance(value, float | np.floating | int | np.integer) and not isinstance(value, bool):
+        return f"{value:g}"
+    return str(value)
+
+
+def markdown_table(frame: pd.DataFrame, index_name: str = "") -> str:
+    """``frame`` (index included) as a GitHub markdown table."""
+    header = [index_name or (frame.index.name or "")] + [label(c) for c in frame.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for index, row in frame.iterrows():
+        lines.append("| " + " | ".join([label(index)] + [fmt(v) for v in row]) + " |")
+    return "\n".join(lines)
+
+
+def mean_spread_table(
+    rows: pd.DataFrame, value: str, methods: Sequence[str], kind: str, x: str = "width"
+) -> pd.DataFrame:
+    """Methods x ``x`` cells ``mean ± spread`` (just the mean for one seed)."""
+    table = aggregate(rows[rows["method"].isin(methods)], ["method", x], value, kind)
+    text = table.apply(
+        lambda r: (
+            ""
+            if not math.isfinite(r["mean"])
+            else (
+                f"{r['mean']:.4f} ± {r['spread']:.4f}"
+                if r["count"] > 1 and kind != "none"
+                else f"{r['mean']:.4f}"
+            )
+        ),
+        axis=1,
+    )
+    pivot = table.assign(text=text).pivot(index="method", columns=x, values="text")
+    return pivot.reindex([m for m in methods if m in pivot.index]).fillna("")
+
+
+def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Mean endpoint accuracy (mean/min/max) and ensemble accuracy per width."""
+    cells = rows.drop_duplicates("cell_id")
+    columns = [
+        c
+        for c in ("endpoint_acc_mean", "endpoint_acc_min", "endpoint_acc_max", "ensemble_acc")
+        if has_values(cells, c)
+    ]
+    if not columns:
+        return pd.DataFrame()
+    numeric = cells[["width", *columns]].apply(pd.to_numeric, errors="coerce")
+    return numeric.groupby("width").mean().T
+
+
+def report_markdown(
+    results: pd.DataFrame,
+    record: dict[str, Any],
+    figures: Sequence[Path],
+    out_dir: Path,
+    settings: dict[str, Any],
+) -> str:
+    """The text of ``report.md``."""
+    rows = ok_rows(results)
+    title = settings.get("title") or record.get("name") or out_dir.name
+    kind = settings["error-bars"]
+    cells = results["cell_id"].nunique() if "cell_id" in results else 0
+    failed = results.loc[results.get("status", pd.Series(dtype=str)) == "failed"]
+    lines = [f"# {title}", ""]
+    if record.get("description"):
+        lines += [record["description"], ""]
+    lines += [
+        f"{cells} cell(s), {failed['cell_id'].nunique() if len(failed) else 0} failed; "
+        f"varying: {', '.join(varying_keys(rows)) or 'nothing'}.",
+        "",
+    ]
+    versions = record.get("versions", {})
+    if versions:
+        lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
+    if not rows.empty and "method" in rows:
+        methods = list(dict.fromkeys(rows["method"]))
+        spread_note = "" if kind == "none" else f" (mean ± {kind} over seeds)"
+        lines += [
+            f"## Merged test accuracy{spread_note}",
+            "",
+            markdown_table(mean_spread_table(rows, "accuracy", methods, kind), "method"),
+            "",
+        ]
+        refs = reference_table(rows)
+        if not refs.empty:
+            lines += [
+                "## Reference accuracies (mean over cells)",
+                "",
+                markdown_table(refs, "width"),
+                "",
+            ]
+        base = accuracy_methods(rows)
+        for column, heading in (
+            ("acc_gap", "Accuracy gap (mean endpoint accuracy - merged accuracy)"),
+            ("loss_barrier", "Loss barrier, raw logits"),
+            ("loss_barrier_calibrated", "Loss barrier, calibrated"),
+            ("accuracy_barrier", "Accuracy barrier"),
+        ):
+            if has_values(rows[rows["method"].isin(base)], column):
+                lines += [
+                    f"## {heading}",
+                    "",
+                    markdown_table(mean_spread_table(rows, column, base, kind), "method"),
+                    "",
+                ]
+        calibrated = [m for m in methods if m.endswith("_t")]
+        if calibrated and has_values(rows[rows["method"].isin(calibrated)], "temperature"):
+            lines += [
+                "## Fitted temperature",
+                "",
+                markdown_table(mean_spread_table(rows, "temperature", calibrated, kind), "method"),
+                "",
+            ]
+        for axis in ("alpha", "num-clients", "weight-decay", "partition"):
+            subset = axis_rows(rows, axis)
+            if axis in varying_keys(subset):
+                lines += [
+                    f"## Merged test accuracy by {axis}",
+                    "",
+                    markdown_table(
+                        mean_spread_table(subset, "accuracy", methods, kind, x=axis), "method"
+                    ),
+                    "",
+                ]
+    if len(failed):
+        lines += ["## Failed cells", "", "| cell_id | error |", "|---|---|"]
+        for _, row in failed.drop_duplicates("cell_id").iterrows():
+            lines.append(f"| {row['cell_id']} | {str(row['error']).replace('|', '/')} |")
+        lines.append("")
+    if figures:
+        lines += ["## Figures", ""]
+        for path in figures:
+            rel = os.path.relpath(path, out_dir)
+            lines += [f"### {path.stem.replace('_', ' ')}", "", f"![{path.stem}]({rel})", ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def report_settings(record: dict[str, Any]) -> dict[str, Any]:
+    """The ``[report]`` settings of ``config.json`` over the defaults."""
+    settings = {k: spec.default for k, spec in REPORT_SCHEMA.items()}
+    settings.update(record.get("report", {}))
+    return settings
+
+
+def draw_figures(rows: pd.DataFrame, fig_dir: Path, settings: dict[str, Any]) -> list[Path]:
+    """Every figure whose data exists (see the module docstring)."""
+    if rows.empty or "method" not in rows or "width" not in rows:
+        return []
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    methods = accuracy_methods(rows)
+    varying = varying_keys(rows)
+    dirichlet = axis_rows(rows, "alpha")
+    plans: list[tuple[bool, Callable[[], Path | None]]] = [
+        (
+            has_values(rows, "accuracy"),
+            lambda: metric_vs_axis(
+                rows,
+                "width",
+                [("accuracy", "")],
+                methods,
+                "merged test accuracy",
+                fig_dir / "accuracy_vs_width.png",
+                settings,
+                references=True,
+            ),
+        ),
+        (
+            has_values(rows[rows["method"].isin(methods)], "loss_barrier"),
+            lambda: metric_vs_axis(
+                rows,
+                "width",
+                [("loss_barrier", " raw"), ("loss_barrier_calibrated", " calibrated")],
+                methods,
+                "loss barrier",
+                fig_dir / "barrier_vs_width.png",
+                settings,
+            ),
+        ),
+        (
+            has_values(rows[rows["method"].str.endswith("_t")], "temperature"),
+            lambda: metric_vs_axis(
+                rows,
+                "width",
+                [("temperature", "")],
+                [m for m in dict.fromkeys(rows["method"]) if m.endswith("_t")],
+                "fitted temperature T",
+                fig_dir / "temperature_vs_width.png",
+                settings,
+            ),
+        ),
+        (
+            has_values(rows, "lewc_cos_mean") or "lewc_cos_layers" in rows,
+            lambda: lewc_figure(rows, fig_dir / "lewc_layers.png", settings),
+        ),
+        (
+            "alpha" in varying_keys(dirichlet),
+            lambda: accuracy_by_width_lines(
+                dirichlet, "alpha", methods, fig_dir / "accuracy_vs_alpha.png", settings, 10
+            ),
+        ),
+        (
+            "num-clients" in varying,
+            lambda: accuracy_by_width_lines(
+                rows, "num-clients", methods, fig_dir / "accuracy_vs_clients.png", settings, 2
+            ),
+        ),
+        ("curve" in rows, lambda: lambda_path_figure(rows, fig_dir / "lambda_paths.png", settings)),
+    ]
+    drawn = [draw() for wanted, draw in plans if wanted]
+    return [p for p in drawn if p is not None]
+
+
+def build_report(out_dir: str | os.PathLike) -> list[Path]:
+    """Write the figures and ``report.md`` of the sweep in ``out_dir``; returns their paths."""
+    out_dir = Path(out_dir)
+    if not (out_dir / "results.csv").exists():
+        raise ValueError(f"out_dir={str(out_dir)!r} has no results.csv; run the sweep first")
+    results = read_results(out_dir)
+    record = read_record(out_dir)
+    settings = report_settings(record)
+    rows = ok_rows(results)
+    figures = draw_figures(rows, out_dir / FIGURES, settings)
+    report = out_dir / "report.md"
+    report.write_text(report_markdown(results, record, figures, out_dir, settings))
+    return [*figures, report]
+
+
+def read_record(out_dir: Path) -> dict[str, Any]:
+    """``config.json`` of the sweep, or an empty dict."""
+    try:
+        return json.loads((out_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+__all__ = ["build_report", "draw_figures", "report_markdown", "summary_table"]

@@ -1,0 +1,423 @@
+"""Run every cell of a sweep as a Flower federation and keep tidy, resumable results.
+
+Output folder ``out_dir``:
+
+- ``config.json``: the sweep (``name``, ``run``, ``grid``, ``report``), every cell's resolved run
+  config with its ``cell_id``, and the versions of fedlmc, flwr, torch, Python plus the device.
+- ``results.csv``: one row per (cell, method): ``cell_id``, ``status`` (``ok`` / ``failed``),
+  ``error``, the run-config columns (hyphenated keys, as in the TOML), then the metric columns of
+  :func:`simulations.federation.run_federation`. A cell's rows are appended as soon as the cell
+  finishes, atomically: the old rows plus the new ones go to a temporary file that
+  ``os.replace`` puts in place, so a kill at any moment leaves either the old or the new file.
+- ``cells/<cell_id>/``: the ``out-dir`` handed to each cell (merged weights, if any).
+
+Resume: a rerun skips every cell with ``ok`` rows in ``results.csv``. Failed cells (the runner
+raised, e.g. too few clients survived) are recorded as one row with ``status = "failed"`` and
+the reason, the sweep goes on, and a rerun retries them (``retry_failed=False`` keeps them);
+the retry's rows replace the failed row. A killed sweep, rerun, thus ends with the same rows as
+an uninterrupted one: no cell twice, none missing.
+
+A second sweep started on an ``out_dir`` in use (an exclusive ``flock`` on ``out_dir/.lock``,
+released by the kernel when a sweep dies) is refused. A different sweep (another set of cells)
+under an existing ``out_dir`` is refused unless
+``force=True``; then the old ``results.csv`` / ``config.json`` are kept as
+``results.previous.csv`` / ``config.previous.json``, and the rows of cells that are still in the
+new sweep are carried over (same cell id = same resolved experiment).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fedlmc.config import (
+    ConfigError,
+    SweepConfig,
+    cell_id,
+    experiment_values,
+    unique_cells,
+)
+
+Runner = Callable[[Mapping[str, Any]], pd.DataFrame]
+
+RESULTS = "results.csv"
+CONFIG = "config.json"
+LOCK = ".lock"
+LEAD_COLUMNS = ("cell_id", "status", "error")
+CONFIG_EXCLUDED = ("out-dir",)
+MAX_ERROR = 400  # characters of a failed cell's reason kept in results.csv
+
+
+# ----------------------------------------------------------------------------- cells
+
+
+def config_columns(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-config values stored on every row (all keys but ``out-dir``)."""
+    return {k: v for k, v in config.items() if k not in CONFIG_EXCLUDED}
+
+
+def cell_rows(cid: str, config: Mapping[str, Any], metrics: pd.DataFrame) -> pd.DataFrame:
+    """The tidy rows of a finished cell: id, ``status = "ok"``, config, then the metrics.
+
+    Columns of ``metrics`` named like a lead or config column (runners may echo their config)
+    are dropped: the sweep's resolved config is the one recorded.
+    """
+    lead = {"cell_id": cid, "status": "ok", "error": "", **config_columns(config)}
+    metrics = metrics.reset_index(drop=True)
+    metrics = metrics.drop(columns=[c for c in metrics.columns if c in lead or c in config])
+    lead_frame = pd.DataFrame([lead] * len(metrics))
+    return pd.concat([lead_frame, metrics], axis=1)
+
+
+def failed_row(cid: str, config: Mapping[str, Any], error: BaseException | str) -> pd.DataFrame:
+    """One row recording why a cell failed: the reason on one line, any traceback cut off."""
+    if isinstance(error, BaseException):
+        error = f"{type(error).__name__}: {error}"
+    reason = " ".join(str(error).split()).split("Traceback (most recent call last)")[0].strip()
+    if len(reason) > MAX_ERROR:
+        reason = reason[: MAX_ERROR - 3] + "..."
+    return pd.DataFrame(
+        [{"cell_id": cid, "status": "failed", "error": reason, **config_columns(config)}]
+    )
+
+
+def runtime_config(config: Mapping[str, Any], cell_dir: Path) -> dict[str, Any]:
+    """The config a cell runs with: its own ``out-dir``, and ``data-root`` made absolute (Ray
+    workers need not share the driver's working directory)."""
+    config = {**config, "out-dir": str(cell_dir)}
+    if config.get("data-root"):
+        config["data-root"] = str(Path(config["data-root"]).expanduser().resolve())
+    return config
+
+
+def run_cell(runner: Runner, cid: str, config: Mapping[str, Any]) -> pd.DataFrame:
+    """The cell's rows, or its failed row when the runner raises or returns nothing."""
+    try:
+        metrics = runner(config)
+        if metrics is None or len(metrics) == 0:
+            return failed_row(cid, config, "runner returned no rows")
+        return cell_rows(cid, config, metrics)
+    except Exception as err:  # noqa: BLE001 - a failed cell is recorded, the sweep goes on
+        return failed_row(cid, config, err)
+
+
+# ----------------------------------------------------------------------------- results file
+
+
+def read_results(out_dir: str | os.PathLike) -> pd.DataFrame:
+    """``out_dir/results.csv`` (empty frame when absent).
+
+    Floats read back exactly (pandas writes the shortest round-trip repr and its default parser
+    reads it back bit for bit); only empty cells and ``nan`` are missing values.
+    """
+    path = Path(out_dir) / RESULTS
+    if not path.exists():
+        return pd.DataFrame(columns=list(LEAD_COLUMNS))
+    frame = pd.read_csv(
+        path,
+        keep_default_na=False,
+        na_values=["", "nan", "NaN"],
+        dtype={name: str for name in LEAD_COLUMNS},  # an id like "1234e5678901" stays text
+    )
+    for name in LEAD_COLUMNS:
+        frame[name] = frame[name].fillna("")
+    return frame
+
+
+def atomic_write_csv(frame: pd.DataFrame, path: Path) -> None:
+    """Write ``frame`` to ``path`` through a temporary file and ``os.replace``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as handle:
+            frame.to_csv(handle, index=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(data: Any, path: Path) -> None:
+    """Write ``data`` as JSON through a temporary file and ``os.replace``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, default=str)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def merge_columns(old: Sequence[str], new: Sequence[str]) -> list[str]:
+    """``old`` columns in order, then the columns of ``new`` not yet seen."""
+    return list(dict.fromkeys([*old, *new]))
+
+
+def append_rows(out_dir: Path, rows: pd.DataFrame) -> pd.DataFrame:
+    """Replace the cell's previous rows (a failed attempt) by ``rows``; returns the whole table."""
+    old = read_results(out_dir)
+    keep = old[old["cell_id"] != rows["cell_id"].iloc[0]]
+    table = pd.concat([keep, rows], ignore_index=True) if len(keep) else rows.copy()
+    table = table.reindex(columns=merge_columns(old.columns, rows.columns))
+    atomic_write_csv(table, out_dir / RESULTS)
+    return table
+
+
+def remove_stale_temporaries(out_dir: Path) -> None:
+    """Temporary files left by a sweep killed in the middle of a write."""
+    for stale in out_dir.glob(".*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- config.json
+
+
+def versions() -> dict[str, str]:
+    """Versions of fedlmc, flwr, torch and Python, and the device a cell trains on."""
+    import torch
+
+    import fedlmc
+
+    try:
+        import flwr
+
+        flwr_version = flwr.__version__
+    except ImportError:  # pragma: no cover - flwr is a dependency
+        flwr_version = "not installed"
+    if torch.cuda.is_available():
+        device = f"cuda: {torch.cuda.get_device_name(0)} (x{torch.cuda.device_count()})"
+    else:
+        device = f"cpu: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    return {
+        "fedlmc": fedlmc.__version__,
+        "flwr": flwr_version,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "device": device,
+    }
+
+
+def sweep_record(sweep: SweepConfig, cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What ``config.json`` holds: the sweep, every resolved cell with its id, versions."""
+    return {
+        **sweep.to_dict(),
+        "source": sweep.source,
+        "cells": [{"cell_id": cell_id(c), "config": dict(c)} for c in cells],
+        "versions": versions(),
+    }
+
+
+def experiment_of(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a ``config.json`` record that must match to resume: the cells' experiments."""
+    return {c["cell_id"]: experiment_values(c["config"]) for c in record.get("cells", [])}
+
+
+def describe_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """A short text saying how two experiments (cell id -> values) differ."""
+    gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+    parts = []
+    if added:
+        parts.append(f"{len(added)} new cell(s)")
+    if gone:
+        parts.append(f"{len(gone)} cell(s) no longer in the sweep")
+    keys = {k for c in [*old.values(), *new.values()] for k in c}
+
+    def values_of(cells: Mapping[str, Any], key: str) -> set[str]:
+        return {json.dumps(c.get(key)) for c in cells.values()}
+
+    changed = sorted(k for k in keys if values_of(old, k) != values_of(new, k))
+    if changed:
+        parts.append(f"changed keys: {', '.join(changed)}")
+    return "; ".join(parts) or "different cells"
+
+
+def prepare_out_dir(out_dir: Path, record: Mapping[str, Any], *, force: bool) -> None:
+    """Create ``out_dir``, refuse a different sweep there unless ``force``, write config.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out_dir)
+    path = out_dir / CONFIG
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            old = {}
+        before, now = experiment_of(old), experiment_of(record)
+        if before != now:
+            if not force:
+                raise ConfigError(
+                    f"out dir {str(out_dir)!r} holds a different sweep "
+                    f"({describe_difference(before, now)}); allowed: the same sweep (to resume), "
+                    f"another --out, or --force"
+                )
+            supersede(out_dir, set(now))
+    atomic_write_json(record, path)
+
+
+def supersede(out_dir: Path, keep_ids: set[str]) -> None:
+    """Keep the old files as ``*.previous.*`` and carry over rows of cells still in the sweep."""
+    results, config = out_dir / RESULTS, out_dir / CONFIG
+    old = read_results(out_dir)
+    if results.exists():
+        os.replace(results, out_dir / "results.previous.csv")
+    if config.exists():
+        os.replace(config, out_dir / "config.previous.json")
+    kept = old[old["cell_id"].isin(keep_ids)]
+    if len(kept):
+        atomic_write_csv(kept, results)
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+def cell_summary(
+    point: Mapping[str, Any], config: Mapping[str, Any], rows: pd.DataFrame, seconds: float
+) -> str:
+    """One line: grid values (plus width and clients), each method's accuracy (or the failure)."""
+    others = [
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in point.items()
+        if k not in ("width", "num-clients")
+    ]
+    head = " ".join([f"width={config['width']:g}", f"clients={config['num-clients']}", *others])
+    if rows["status"].iloc[0] != "ok":
+        return f"{head} | FAILED: {rows['error'].iloc[0]} ({seconds:.0f} s)"
+    accs = " ".join(
+        f"{m}={a:.3f}"
+        for m, a in zip(rows.get("method", []), rows.get("accuracy", []), strict=False)
+        if isinstance(a, float | int) and math.isfinite(a)
+    )
+    return f"{head} | {accs} ({seconds:.0f} s)"
+
+
+def summary_table(results: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
+    """Mean ``value`` of the ok rows, methods x widths (empty frame when nothing succeeded);
+    for accuracy, a last row with the mean endpoint (client model) accuracy."""
+    ok = results[results["status"] == "ok"] if "status" in results else results
+    if ok.empty or value not in ok or "method" not in ok:
+        return pd.DataFrame()
+    table = ok.pivot_table(index="method", columns="width", values=value, aggfunc="mean")
+    order = list(dict.fromkeys(ok["method"]))
+    table = table.reindex([m for m in order if m in table.index])
+    if value == "accuracy" and "endpoint_acc_mean" in ok:
+        cells = ok.drop_duplicates("cell_id") if "cell_id" in ok else ok
+        ends = pd.to_numeric(cells["endpoint_acc_mean"], errors="coerce").groupby(cells["width"])
+        table.loc["endpoints (mean)"] = ends.mean()
+    return table
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+def _default_runner() -> Runner:
+    from simulations.federation import run_federation
+
+    return run_federation
+
+
+def run_sweep(
+    sweep: SweepConfig,
+    out_dir: str | os.PathLike,
+    *,
+    force: bool = False,
+    runner: Runner | None = None,
+    retry_failed: bool = True,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run the cells of ``sweep`` not yet done in ``out_dir``; returns the whole results table.
+
+    ``runner(config) -> DataFrame`` runs one cell (default:
+    :func:`simulations.federation.run_federation`); see the module docstring for the files,
+    resuming, failures and ``force``.
+    """
+    from tqdm.auto import tqdm
+
+    runner = runner or _default_runner()
+    out_dir = Path(out_dir).resolve()
+    pairs = unique_cells(sweep)
+    points, cells = [p for p, _ in pairs], [c for _, c in pairs]
+    ids = [cell_id(c) for c in cells]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive(out_dir):
+        prepare_out_dir(out_dir, sweep_record(sweep, cells), force=force)
+        done = finished_cells(read_results(out_dir), retry_failed=retry_failed)
+        todo = [i for i, cid in enumerate(ids) if cid not in done]
+        say = tqdm.write if progress else (lambda _text: None)
+        say(
+            f"sweep {sweep.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
+            f"results in {out_dir / RESULTS}"
+        )
+        bar = tqdm(
+            total=len(cells),
+            initial=len(cells) - len(todo),
+            unit="cell",
+            disable=not progress,
+            desc=sweep.name,
+        )
+        for i in todo:
+            config = runtime_config(cells[i], out_dir / "cells" / ids[i])
+            start = time.perf_counter()
+            rows = run_cell(runner, ids[i], config)
+            append_rows(out_dir, rows)
+            seconds = time.perf_counter() - start
+            say(f"[{i + 1}/{len(cells)}] {cell_summary(points[i], config, rows, seconds)}")
+            bar.update(1)
+        bar.close()
+    results = read_results(out_dir)
+    results = results[results["cell_id"].isin(ids)]
+    if progress:
+        print_summary(results)
+    return results.reset_index(drop=True)
+
+
+@contextmanager
+def exclusive(out_dir: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``out_dir/.lock`` (released by the kernel even on
+    SIGKILL); a second sweep on the same folder is refused instead of running cells twice."""
+    with open(out_dir / LOCK, "a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"out dir {str(out_dir)!r} is in use by another running sweep; "
+                f"allowed: wait for it, or use another --out"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def finished_cells(results: pd.DataFrame, *, retry_failed: bool = True) -> set[str]:
+    """Cell ids that a rerun skips: ok cells, plus failed ones unless ``retry_failed``."""
+    if results.empty:
+        return set()
+    if retry_failed:
+        results = results[results["status"] == "ok"]
+    return set(results["cell_id"])
+
+
+def print_summary(results: pd.DataFrame) -> None:
+    """The pivot of mean merged accuracy (method x width) and the count of failed cells."""
+    table = summary_table(results)
+    if not table.empty:
+        print("\nmean accuracy (method x width):")
+        print(table.to_string(float_format=lambda v: f"{v:.4f}"))
+    failed = results.loc[results["status"] == "failed", "cell_id"].nunique()
+    if failed:
+        print(f"{failed} cell(s) failed; see the 'error' column of results.csv")

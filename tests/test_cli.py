@@ -1,0 +1,87 @@
+"""The ``fedlmc`` command line: a real one-federation ``run``, ``validate`` listings, and
+one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fedlmc.config import cell_id, expand_grid, load_sweep_config
+from simulations.cli import build_parser, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "simulations.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def test_run_prints_one_row_per_method(tmp_path):
+    csv = tmp_path / "rows.csv"
+    done = run_cli(
+        "run",
+        "epochs=1",
+        "width=0.125",
+        "lambdas=3",
+        "diagnostics=false",
+        "methods=average,average_t,ensemble",
+        "--csv",
+        str(csv),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["method", "accuracy"])
+    methods = [line.split()[0] for line in lines[header + 1 : header + 4]]
+    assert methods == ["average", "average_t", "ensemble"]
+    import pandas as pd
+
+    rows = pd.read_csv(csv)
+    assert list(rows["method"]) == methods and rows["accuracy"].between(0, 1).all()
+
+
+def test_validate_lists_every_cell(tmp_path, capsys):
+    code = main(["validate", str(REPO / "configs" / "quick.toml"), "seed=[3]"])
+    out = capsys.readouterr().out
+    assert code == 0
+    cells = expand_grid(load_sweep_config(REPO / "configs" / "quick.toml", ["seed=[3]"]))
+    assert out.splitlines()[0] == f"quick: {len(cells)} cell(s); grid axes: seed, width"
+    for cell in cells:
+        assert cell_id(cell) in out
+
+
+def test_errors_exit_2_with_one_line(tmp_path, capsys):
+    cases = [
+        (["run", "widht=1"], "did you mean 'width'"),
+        (["run", "num-clients=2", "min-clients=3"], "min-clients = 3"),
+        (["run", "partition=pathological", "classes-per-client=11"], "classes-per-client = 11"),
+        (["report", str(tmp_path)], "no results.csv"),
+        (["validate", str(tmp_path / "none.toml")], "cannot read"),
+    ]
+    for argv, needle in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("fedlmc: error: ") and err.count("\n") == 1, err
+        assert needle in err
+
+
+def test_console_script_and_usage_errors(tmp_path):
+    done = run_cli("validate", str(REPO / "configs" / "quick.toml"), "width=0", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "fedlmc: error: run.width = 0.0: allowed: a number > 0.0"
+    ]
+    parser = build_parser()
+    assert parser.prog == "fedlmc"
+    done = run_cli("frobnicate", cwd=tmp_path)
+    assert done.returncode == 2 and "invalid choice" in done.stderr

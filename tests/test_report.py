@@ -1,0 +1,90 @@
+"""The report of a real (tiny) sweep: the figures whose data exists, and report.md."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from matplotlib.image import imread
+
+from simulations.report import build_report, markdown_table, varying_keys
+from simulations.sweep import read_results
+
+try:  # rootdir on sys.path, or tests/ itself (pytest's default import mode)
+    from tests.test_sweep import shared_sweep
+except ImportError:
+    from test_sweep import shared_sweep
+
+
+@pytest.fixture(scope="session")
+def sweep_dir(tmp_path_factory) -> Path:
+    # the same output as test_sweep's uninterrupted sweep: when that ran first, this resumes
+    # it with nothing left to do
+    return shared_sweep(tmp_path_factory)
+
+
+def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
+    out = tmp_path / "sweep"
+    shutil.copytree(sweep_dir, out)
+    paths = build_report(out)
+    names = {p.name for p in paths}
+    # width varies, there are _t methods, two clients give barriers and lambda paths,
+    # diagnostics give LEWC per layer; alpha and num-clients do not vary: no such figures
+    assert names == {
+        "accuracy_vs_width.png",
+        "barrier_vs_width.png",
+        "temperature_vs_width.png",
+        "lewc_layers.png",
+        "lambda_paths.png",
+        "report.md",
+    }
+    for path in paths:
+        assert path.exists() and path.stat().st_size > 0
+    for path in paths[:-1]:
+        image = imread(path)
+        assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0
+
+    text = (out / "report.md").read_text()
+    frame = read_results(out)
+    assert text.startswith("# tiny\n")
+    assert "## Merged test accuracy" in text and "## Fitted temperature" in text
+    for path in paths[:-1]:
+        assert f"](figures/{path.name})" in text
+    # the table holds the mean accuracy of each method at each width, 4 decimals
+    table = text.split("## Merged test accuracy")[1].split("##")[0]
+    assert "| method | 0.125 | 0.5 |" in table
+    for method in ("average", "weight_matching", "ensemble"):
+        accs = frame[frame["method"] == method].sort_values("width")["accuracy"]
+        assert f"| {method} | " + " | ".join(f"{a:.4f}" for a in accs) + " |" in table
+
+
+def test_report_draws_only_what_exists(tmp_path, sweep_dir):
+    """Without diagnostics columns and with one width only, only the width plots remain."""
+    out = tmp_path / "sweep"
+    shutil.copytree(sweep_dir, out)
+    frame = read_results(out)
+    frame = frame[frame["width"] == frame["width"].min()]
+    frame.drop(columns=["lewc_cos_layers", "lewc_cos_mean", "curve"]).to_csv(
+        out / "results.csv", index=False
+    )
+    names = {p.name for p in build_report(out)}
+    assert names == {
+        "accuracy_vs_width.png",
+        "barrier_vs_width.png",
+        "temperature_vs_width.png",
+        "report.md",
+    }
+
+
+def test_report_of_missing_results_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError, match="results.csv"):
+        build_report(tmp_path)
+
+
+def test_markdown_table_and_varying_keys():
+    frame = pd.DataFrame({"a": [1.0, 2.5]}, index=pd.Index(["x", "y"], name="method"))
+    assert markdown_table(frame) == "| method | a |\n|---|---|\n| x | 1.0000 |\n| y | 2.5000 |"
+    rows = pd.DataFrame({"width": [1.0, 2.0], "seed": [0, 0], "method": ["m", "m"]})
+    assert varying_keys(rows) == ["width"]

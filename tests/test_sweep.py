@@ -1,0 +1,263 @@
+"""Sweeps through the real ``fedlmc`` command and real Flower federations (tiny cells).
+
+A sweep killed with SIGKILL right after its first cell is appended, then rerun, must end with
+exactly the rows of an uninterrupted sweep (same cell ids, same metric values: CPU runs are
+deterministic), with no duplicates; a changed config is refused without ``--force``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedlmc.config import ConfigError, cell_id, expand_grid, load_sweep_config
+from simulations.sweep import exclusive, finished_cells, read_results, run_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY = """
+name = "tiny"
+description = "two tiny MLP cells"
+[run]
+epochs = 1
+lambdas = 3
+batch-size = 256
+diagnostics = true
+methods = "average,average_t,weight_matching,ensemble"
+[grid]
+width = [0.125, 0.5]
+"""
+
+REQUIRED = (
+    "cell_id",
+    "status",
+    "error",
+    "width",
+    "num-clients",
+    "seed",
+    "weight-decay",
+    "method",
+    "accuracy",
+    "nll",
+    "nll_raw",
+    "nll_calibrated",
+    "temperature",
+    "ece",
+    "endpoint_acc_mean",
+    "ensemble_acc",
+    "loss_barrier",
+    "loss_barrier_calibrated",
+    "merge_seconds",
+)
+# timings and host-dependent byte counts differ between runs; everything else must not
+VOLATILE = ("seconds", "bytes")
+
+
+def cli(*args: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "simulations.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **popen,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def tiny_config(tmp: Path) -> Path:
+    path = tmp / "tiny.toml"
+    if not path.exists():
+        path.write_text(TINY)
+    return path
+
+
+def shared_sweep(tmp_path_factory) -> Path:
+    """The uninterrupted tiny sweep, run once per session (a rerun only resumes it)."""
+    base = tmp_path_factory.getbasetemp()
+    out = base / "shared-sweep"
+    code, _out, err = finish(cli("sweep", str(tiny_config(base)), "--out", str(out), "--quiet"))
+    assert code == 0, err
+    return out
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory) -> Path:
+    return shared_sweep(tmp_path_factory)
+
+
+def stable_columns(frame: pd.DataFrame) -> list[str]:
+    return [c for c in frame.columns if not any(v in c for v in VOLATILE)]
+
+
+def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.sort_values(["cell_id", "method"]).reset_index(drop=True)[stable_columns(frame)]
+
+
+def kill_after_first_cell(config: Path, out: Path) -> int:
+    """Start the sweep, SIGKILL it (by pid) once results.csv holds a cell; rows seen then."""
+    proc = cli("sweep", str(config), "--out", str(out), "--quiet", "--no-report")
+    results = out / "results.csv"
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if results.exists() and len(read_results(out)) > 0:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        seen = read_results(out)["cell_id"].nunique()
+    finally:
+        # the sweep and the Ray processes it started share its new session: kill that group
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    return seen
+
+
+def test_killed_and_resumed_sweep_equals_uninterrupted(tmp_path, uninterrupted):
+    config = tiny_config(tmp_path)
+    out = tmp_path / "killed"
+    seen = kill_after_first_cell(config, out)
+    assert seen == 1
+    partial = read_results(out)
+    assert partial["cell_id"].nunique() == seen  # only whole cells are ever written
+
+    code, stdout, err = finish(cli("sweep", str(config), "--out", str(out), "--no-report"))
+    assert code == 0, err
+    assert f"{seen} already done" in stdout
+
+    resumed = read_results(out)
+    full = read_results(uninterrupted)
+    ids = [cell_id(c) for c in expand_grid(load_sweep_config(config))]
+    assert sorted(full["cell_id"].unique()) == sorted(ids)
+    assert sorted(resumed["cell_id"].unique()) == sorted(ids)
+    assert not resumed.duplicated(["cell_id", "method"]).any()
+    assert len(resumed) == len(full) == 2 * 4
+    # the rows of the cells that were done before the kill were not rewritten
+    first = partial["cell_id"].iloc[0]
+    pd.testing.assert_frame_equal(
+        sorted_rows(partial[partial["cell_id"] == first]),
+        sorted_rows(resumed[resumed["cell_id"] == first]),
+    )
+    pd.testing.assert_frame_equal(sorted_rows(resumed), sorted_rows(full), check_exact=True)
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_results_schema(uninterrupted):
+    frame = read_results(uninterrupted)
+    for column in REQUIRED:
+        assert column in frame, column
+    assert list(frame.columns[:3]) == ["cell_id", "status", "error"]
+    assert (frame["status"] == "ok").all()
+    assert frame["cell_id"].str.fullmatch(r"[0-9a-f]{12}").all()
+    assert frame["width"].dtype == np.float64 and frame["num-clients"].dtype == np.int64
+    for column in ("accuracy", "nll", "temperature", "endpoint_acc_mean", "ensemble_acc"):
+        assert frame[column].dtype == np.float64, column
+        assert frame[column].notna().all(), column
+    assert frame["accuracy"].between(0, 1).all()
+    assert set(frame["method"]) == {"average", "average_t", "weight_matching", "ensemble"}
+    # a temperature never changes the argmax; the raw rows carry T = 1
+    by = frame.set_index(["cell_id", "method"])
+    for cid in frame["cell_id"].unique():
+        assert by.loc[(cid, "average"), "accuracy"] == by.loc[(cid, "average_t"), "accuracy"]
+        assert by.loc[(cid, "average"), "temperature"] == 1.0
+    record = json.loads((uninterrupted / "config.json").read_text())
+    assert record["name"] == "tiny" and record["grid"] == {"width": [0.125, 0.5]}
+    assert {"fedlmc", "flwr", "torch", "device"} <= set(record["versions"])
+    assert {c["cell_id"] for c in record["cells"]} == set(frame["cell_id"])
+
+
+def test_changed_config_is_refused_without_force(tmp_path, uninterrupted):
+    out = tmp_path / "copy"
+    out.mkdir()
+    for name in ("results.csv", "config.json"):
+        (out / name).write_bytes((uninterrupted / name).read_bytes())
+    config = tiny_config(tmp_path)
+    before = (out / "results.csv").read_bytes()
+
+    code, _out, err = finish(cli("sweep", str(config), "epochs=2", "--out", str(out)))
+    assert code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "holds a different sweep" in err and "changed keys: epochs" in err
+    assert (out / "results.csv").read_bytes() == before
+
+    # --force with a grid that keeps one old cell (width 0.125) and drops the others:
+    # the kept cell's rows carry over, nothing new has to run for it
+    sweep = load_sweep_config(config, ["width=[0.125]"])
+    kept = cell_id(expand_grid(sweep)[0])
+    result = run_sweep(
+        sweep,
+        out,
+        force=True,
+        progress=False,
+        runner=lambda _config: pytest.fail("a carried-over cell was rerun"),
+    )
+    assert list(result["cell_id"].unique()) == [kept]
+    assert (out / "results.previous.csv").read_bytes() == before
+    assert (out / "config.previous.json").exists()
+
+
+def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
+    """A client that raises leaves 1 of 2 clients, below min-clients = 2: that cell fails with
+    its reason recorded, and the next cell still runs."""
+    config = tmp_path / "fail.toml"
+    config.write_text(
+        TINY.replace(
+            "width = [0.125, 0.5]", 'width = [0.125]\ninject-failure = ["raise:1", "none"]'
+        )
+    )
+    out = tmp_path / "out"
+    sweep = load_sweep_config(config)
+    results = run_sweep(sweep, out, progress=False)
+    failed = results[results["status"] == "failed"]
+    assert len(failed) == 1 and failed["inject-failure"].iloc[0] == "raise:1"
+    reason = failed["error"].iloc[0]
+    assert "min-clients" in reason and "\n" not in reason and "Traceback" not in reason
+    assert failed["method"].isna().all()
+    ok = results[results["status"] == "ok"]
+    assert ok["cell_id"].nunique() == 1 and len(ok) == 4
+
+    # a rerun retries the failed cell only (retry_failed=True, the default); with
+    # retry_failed=False it leaves the failed row as it is and runs nothing
+    assert finished_cells(results) == set(ok["cell_id"])
+    assert finished_cells(results, retry_failed=False) == set(results["cell_id"])
+    again = run_sweep(
+        sweep,
+        out,
+        progress=False,
+        retry_failed=False,
+        runner=lambda _config: pytest.fail("a finished cell was rerun"),
+    )
+    pd.testing.assert_frame_equal(again, results)
+
+
+def test_a_folder_in_use_is_refused(tmp_path):
+    """While one sweep holds the folder (its lock), a second one on it is refused at once."""
+    out = tmp_path / "busy"
+    out.mkdir()
+    sweep = load_sweep_config(tiny_config(tmp_path))
+    with exclusive(out):
+        with pytest.raises(ConfigError, match="in use by another running sweep"):
+            run_sweep(
+                sweep,
+                out,
+                progress=False,
+                runner=lambda _config: pytest.fail("a cell ran in a busy folder"),
+            )
+    assert not (out / "results.csv").exists()
