@@ -24,19 +24,10 @@ from typing import Any
 
 from fedlmc.data import DATASETS, NUM_CLASSES, PARTITION_SCHEMES
 from fedlmc.models import MODELS
+from fedlmc.study import METHODS as MERGE_METHODS
 
-METHODS = (
-    "average",
-    "average_t",
-    "weight_matching",
-    "weight_matching_t",
-    "activation_matching",
-    "activation_matching_t",
-    "merge_many",
-    "merge_many_t",
-    "ensemble",
-    "fedavg",
-)
+METHODS = (*MERGE_METHODS, "fedavg")
+"""Every method a cell can report: the one-shot merges of :mod:`fedlmc.study` and the FedAvg run."""
 STRATEGIES = ("compare", "average", "aligned", "fedavg")
 CALIBRATIONS = ("server", "federated", "none")
 FAILURE_MODES = ("raise", "nan", "hang")

@@ -33,7 +33,7 @@ def test_quick_start_commands_are_the_ci_commands() -> None:
 
 def test_data_snippet_runs_and_prints_what_the_readme_shows(tmp_path: Path) -> None:
     block = next(b for b in python_blocks() if "plot_label_distribution(parts" in b)
-    shown = README.split(block, 1)[1].split("```\n", 2)[1]
+    shown = re.match(r"```\s*```\n(.*?)```", README.split(block, 1)[1], flags=re.S).group(1)
     (tmp_path / "results").mkdir()
     out = subprocess.run(
         [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, check=True
