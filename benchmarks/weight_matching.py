@@ -9,8 +9,9 @@ The reference follows the published code: each sweep visits all groups in random
 every permuted ``W_b`` from scratch for each group, solves one assignment per group and adopts
 it (progress if the gain exceeds 1e-12); it stops after a sweep without progress or 100 sweeps.
 fedlmc's version runs the same descent but updates each cost matrix by a low-rank product when a
-few neighbour units moved, skips groups whose cost matrix cannot have changed, and solves
-independent groups' assignments in threads.
+few neighbour units moved, skips groups whose cost matrix cannot have changed, solves
+independent groups' assignments in threads, and solves each assignment on the row- and
+column-reduced matrix.
 
     python benchmarks/weight_matching.py                       # widths 4 8 16 (hidden 512..2048)
     python benchmarks/weight_matching.py --widths 1 2 --epochs 1 --repeats 1   # quick run

@@ -9,6 +9,7 @@ import torch
 
 from fedlmc.align import (
     Matching,
+    _solve_assignment,
     _WeightMatcher,
     activation_matching,
     align_to_reference,
@@ -230,6 +231,27 @@ def test_max_iter_bounds_the_number_of_sweeps():
     spec = permutation_spec(model_a)
     found = weight_matching(spec, model_a.state_dict(), model_b.state_dict(), max_iter=1)
     assert len(found.objectives) == 1
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "ties", "low_rank"])
+def test_reduced_assignment_is_a_maximum_weight_assignment(kind):
+    """Solving the row/column-reduced minimisation gives scipy's maximum value, also with ties."""
+    from scipy.optimize import linear_sum_assignment
+
+    generator = torch.Generator().manual_seed(0)
+    n = 60
+    if kind == "gaussian":
+        cost = torch.randn(n, n, generator=generator, dtype=torch.float64)
+    elif kind == "ties":
+        cost = torch.randint(-3, 4, (n, n), generator=generator).double()
+    else:
+        cost = torch.randn(n, 3, generator=generator, dtype=torch.float64)
+        cost = cost @ torch.randn(3, n, generator=generator, dtype=torch.float64)
+    found = _solve_assignment(cost)
+    assert torch.equal(found.sort().values, torch.arange(n))
+    rows, cols = linear_sum_assignment(cost.numpy(), maximize=True)
+    best = cost.numpy()[rows, cols].sum()
+    assert cost[torch.arange(n), found].sum().item() == pytest.approx(best, rel=0, abs=1e-9)
 
 
 def test_activation_aligned_model_computes_the_same_function():
