@@ -74,8 +74,8 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def has_batchnorm(model: nn.Module) -> bool:
-    """True when ``model`` contains a BatchNorm layer."""
+def needs_two_samples(model: nn.Module) -> bool:
+    """True when ``model`` has a BatchNorm layer, which cannot train on a batch of one sample."""
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
@@ -213,7 +213,7 @@ def train_model(
     model.to(device).train()
     x = data[0].to(device, non_blocking=True)
     y = data[1].to(device, dtype=torch.long, non_blocking=True)
-    batchnorm = has_batchnorm(model)
+    batchnorm = needs_two_samples(model)
     if batchnorm and len(x) < 2:
         raise ValueError(f"a BatchNorm model needs at least 2 training samples, got {len(x)}")
     slices = batch_slices(len(x), batch_size, drop_single=batchnorm)
