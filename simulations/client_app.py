@@ -18,7 +18,9 @@ Message types it answers:
 
 Test-only failure injection (run-config ``inject-failure = "MODE:PARTITION-ID,..."``): ``raise``
 raises before training, ``nan`` replies with NaN weights (skipping the finite check), ``hang``
-sleeps ``timeout + 5`` seconds before training.
+sleeps until ``HANG_MARGIN`` seconds past the server's deadline (the message's ``created_at``
+plus ``timeout``; a bounded sleep, so Flower's engine, which waits for running ClientApps
+before it stops Ray, ends soon after the round) and then raises instead of training.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ from strategies.common import (
 )
 
 app = ClientApp()
+
+HANG_MARGIN = 2.0  # seconds a hanging client (test-only) sleeps past the server's deadline
 
 
 class InjectedFailure(RuntimeError):
@@ -140,6 +144,12 @@ def _checked_weights(model: nn.Module, poison: bool) -> dict[str, torch.Tensor]:
     return state
 
 
+def _hang_past_deadline(message: Message, timeout: float) -> None:
+    """Sleep until ``HANG_MARGIN`` s past ``created_at + timeout`` (``timeout + margin`` max)."""
+    deadline = float(message.metadata.created_at) + timeout + HANG_MARGIN
+    time.sleep(min(max(deadline - time.time(), 0.0), timeout + HANG_MARGIN))
+
+
 def train_reply(message: Message, context: Context) -> Message:
     """Train on this node's partition and reply with the weights and training metrics."""
     config = client_run_config(context.run_config, _message_config(message))
@@ -148,7 +158,8 @@ def train_reply(message: Message, context: Context) -> Message:
     if mode == "raise":
         raise InjectedFailure(f"injected failure on partition {pid}")
     if mode == "hang":
-        time.sleep(config["timeout"] + 5.0)
+        _hang_past_deadline(message, config["timeout"])
+        raise InjectedFailure(f"injected hang on partition {pid} (replying after the timeout)")
     server_round = int(_message_config(message).get("server-round", 1))
     start = time.perf_counter()
     splits = load_splits(config)

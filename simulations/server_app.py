@@ -20,13 +20,16 @@ training times) and ``round_seconds`` (wall time of the strategy). With a non-em
 the server writes ``results.csv`` (atomically: temporary file + ``os.replace``) and the merged
 weights ``merged-<method>.safetensors`` (one file per merge, shared by a method and its ``_t``);
 ``results.csv`` also has the run-config columns (hyphenated keys), the in-process table
-(:meth:`ServerOutcome.table`, ``run_federation``) only on request (the sweep adds them itself).
+(:meth:`ServerOutcome.table`, ``run_federation``) only on request (the sweep adds them itself),
+and, last, ``fedlmc_version``, ``flwr_version``, ``torch_version`` and ``device_used`` (the
+resolved server device, e.g. ``cpu: x86_64 (2 cores)``; ``device`` is the run-config key).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import platform
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +59,7 @@ from fedlmc.study import (
     evaluate_model_row,
     merge_clients,
 )
+from simulations.sweep import versions
 from simulations.task import build_from_config, device_of, load_splits
 from strategies import FedAvgBaseline, OneShotAverage, PermutationAlignedAverage
 from strategies.common import RoundReport, StateDict, record_to_state, state_to_record
@@ -295,11 +299,31 @@ def _atomic(path: Path, write: Callable[[str], None]) -> None:
             os.remove(tmp)
 
 
-def write_outputs(outcome: ServerOutcome, out_dir: str | os.PathLike) -> None:
+def version_columns(device: torch.device) -> dict[str, str]:
+    """Versions of fedlmc, flwr and torch, and the device the server evaluated on."""
+    found = versions()
+    if device.type == "cuda":
+        used = f"{device}: {torch.cuda.get_device_name(device)}"
+    else:
+        used = f"{device}: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    return {
+        "fedlmc_version": found["fedlmc"],
+        "flwr_version": found["flwr"],
+        "torch_version": found["torch"],
+        "device_used": used,
+    }
+
+
+def write_outputs(
+    outcome: ServerOutcome, out_dir: str | os.PathLike, device: torch.device | None = None
+) -> None:
     """``results.csv`` and ``merged-<method>.safetensors`` under ``out_dir`` (atomic writes)."""
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     table = outcome.table(with_config=True)
+    device = device_of(outcome.config) if device is None else device
+    for column, value in version_columns(device).items():
+        table[column] = value
     _atomic(folder / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
     for method, state in outcome.merged.items():
         tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
@@ -323,7 +347,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> ServerOutcome:
     MODES[config["strategy"]](grid, config, splits, template, device, outcome)
     outcome.timings["server_seconds"] = time.perf_counter() - start
     if config["out-dir"]:
-        write_outputs(outcome, config["out-dir"])
+        write_outputs(outcome, config["out-dir"], device)
     for row in outcome.rows:
         log(
             INFO,
