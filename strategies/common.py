@@ -238,6 +238,14 @@ def check_same_shapes(updates: Sequence[ClientUpdate]) -> None:
             )
 
 
+def check_client_counts(num_clients: int, min_clients: int) -> None:
+    """``ValueError`` unless ``1 <= min_clients <= num_clients``."""
+    if int(num_clients) < 1:
+        raise ValueError(f"num_clients = {num_clients}; allowed: an integer >= 1")
+    if not 1 <= int(min_clients) <= int(num_clients):
+        raise ValueError(f"min_clients = {min_clients}; allowed: 1 .. num_clients ({num_clients})")
+
+
 def require_survivors(report: RoundReport, min_clients: int) -> None:
     """Raise :class:`NotEnoughClientsError` when fewer than ``min_clients`` survived."""
     if len(report.survivors) < min_clients:

@@ -25,6 +25,7 @@ from fedlmc.merge import average
 from strategies.common import (
     PARTITION_KEY,
     RoundReport,
+    check_client_counts,
     metric_record,
     record_shapes,
     require_survivors,
@@ -59,10 +60,7 @@ class FedAvgBaseline(FedAvg):
         wait_timeout: float = 600.0,
         weighted_by_key: str = "num-examples",
     ) -> None:
-        if not 1 <= int(min_clients) <= int(num_clients):
-            raise ValueError(
-                f"min_clients = {min_clients}; allowed: 1 .. num_clients ({num_clients})"
-            )
+        check_client_counts(num_clients, min_clients)
         super().__init__(
             fraction_train=1.0,
             min_train_nodes=int(num_clients),

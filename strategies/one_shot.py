@@ -73,6 +73,7 @@ from strategies.common import (
     RoundReport,
     StateDict,
     bn_stats_from_content,
+    check_client_counts,
     metric_record,
     query_content,
     query_nodes,
@@ -150,12 +151,7 @@ class OneShotAverage(FedAvg):
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
     ) -> None:
-        if int(num_clients) < 1:
-            raise ValueError(f"num_clients = {num_clients}; allowed: an integer >= 1")
-        if not 1 <= int(min_clients) <= int(num_clients):
-            raise ValueError(
-                f"min_clients = {min_clients}; allowed: 1 .. num_clients ({num_clients})"
-            )
+        check_client_counts(num_clients, min_clients)
         super().__init__(
             fraction_train=1.0,
             min_train_nodes=int(num_clients),
