@@ -56,3 +56,20 @@ def test_server_app_snippet_runs_a_federation(tmp_path: Path) -> None:
     match = re.search(r"temperature ([0-9.e-]+) survivors \[0, 1\]", out.stdout)
     assert match and float(match.group(1)) > 0
     assert "merged tensors 6" in out.stdout
+
+
+def test_merge_example_prints_what_the_readme_shows() -> None:
+    """The example prints the README's numbers (to 0.01, as BLAS may round differently)."""
+    block = (ROOT / "examples" / "merge_two_mlps.py").read_text()
+    shown = re.match(r"```\s*\n.*?```\n(.*?)```", README.split(block, 1)[1], flags=re.S).group(1)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "merge_two_mlps.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout
+    number = r"-?\d+\.\d+"
+    printed, expected = re.findall(number, out), re.findall(number, shown)
+    assert len(printed) == len(expected) > 20
+    assert all(abs(float(a) - float(b)) <= 0.01 for a, b in zip(printed, expected, strict=True))
