@@ -179,20 +179,6 @@ def test_too_few_survivors_after_a_hang_is_a_clear_error(tmp_path):
     assert ray_is_down(), ray_descendants()
 
 
-@pytest.fixture
-def task_identity():
-    """The task identity Flower's Message constructor reads (set by the engine in a real run)."""
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.supercore.task_identity import TaskIdentity
-
-    keys = ("_task_id", "_run_id", "_node_id")
-    saved = {k: getattr(TaskIdentity, k) for k in keys}
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
-    yield
-    for key, value in saved.items():
-        setattr(TaskIdentity, key, value)
-
-
 def test_a_hanging_client_answers_only_after_the_deadline_and_with_an_error(task_identity):
     """The ClientApp called directly (no Ray): the hang is bounded and never yields weights."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict

@@ -156,19 +156,6 @@ def test_too_few_survivors_is_a_clear_error(tmp_path):
 # directly with real Messages and a real Context (no Ray): fast checks of the handlers.
 
 
-@pytest.fixture
-def task_identity():
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.supercore.task_identity import TaskIdentity
-
-    keys = ("_task_id", "_run_id", "_node_id")
-    saved = {k: getattr(TaskIdentity, k) for k in keys}
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
-    yield
-    for key, value in saved.items():
-        setattr(TaskIdentity, key, value)
-
-
 def call_client(message_type: str, config: dict, pid: int, arrays=None):
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 

@@ -7,8 +7,6 @@ import math
 import pytest
 import torch
 from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedlmc.calibrate import bn_statistics, fit_temperature, reset_bn_stats, temperature_statistics
 from fedlmc.evaluation import predict_logits
@@ -36,14 +34,9 @@ IN_SHAPE = (1, 4, 4)
 
 
 @pytest.fixture(autouse=True)
-def task_identity():
+def _messages_need_a_task_identity(task_identity):
     """Messages need a run id: what Flower sets for a ServerApp (as run_simulation does)."""
-    keys = ("_task_id", "_run_id", "_node_id")
-    saved = {k: getattr(TaskIdentity, k) for k in keys}
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
     yield
-    for key, value in saved.items():
-        setattr(TaskIdentity, key, value)
 
 
 def tiny(seed: int, norm: str = "none"):
