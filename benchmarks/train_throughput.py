@@ -86,6 +86,17 @@ def elapsed(start: dict[str, float]) -> dict[str, float]:
     return {k: now[k] - start[k] for k in start}
 
 
+def timed_epochs(epoch, epochs: int, device: torch.device) -> dict[str, float]:
+    """Clock times of ``epochs`` calls of ``epoch`` after one untimed warm-up call."""
+    epoch()
+    sync(device)
+    start = clocks()
+    for _ in range(epochs):
+        epoch()
+    sync(device)
+    return elapsed(start)
+
+
 def fresh_setup(width: float, device: torch.device, steps: int):
     """A freshly initialised MLP with the optimiser and schedule a user would write by hand
     (plain ``torch.optim.SGD``; train_model itself picks torch's fused SGD kernel)."""
@@ -134,13 +145,7 @@ def time_dataloader(dataset, width, epochs, batch_size, device) -> dict[str, flo
         for xb, yb in loader:
             sgd_step(model, opt, sched, xb.to(device), yb.to(device))
 
-    epoch()
-    sync(device)
-    start = clocks()
-    for _ in range(epochs):
-        epoch()
-    sync(device)
-    return elapsed(start)
+    return timed_epochs(epoch, epochs, device)
 
 
 def time_bare(data, width, epochs, batch_size, device) -> dict[str, float]:
@@ -154,13 +159,7 @@ def time_bare(data, width, epochs, batch_size, device) -> dict[str, float]:
             idx = perm[i : i + batch_size]
             sgd_step(model, opt, sched, x[idx], y[idx])
 
-    epoch()
-    sync(device)
-    start = clocks()
-    for _ in range(epochs):
-        epoch()
-    sync(device)
-    return elapsed(start)
+    return timed_epochs(epoch, epochs, device)
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
