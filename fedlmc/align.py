@@ -17,7 +17,9 @@ permutation matrix :math:`P_p`, :math:`J = \operatorname{tr}(P_p^\top A_p) + \te
           \big(W_b^{(p)}\big|_{\text{other perms}}\big)^\top,
 
 where :math:`W^{(p)}` is ``W`` with the ``p`` axis moved first and the rest flattened. The best
-:math:`P_p` is a linear assignment (:func:`scipy.optimize.linear_sum_assignment`, maximising).
+:math:`P_p` is a linear assignment (maximising), solved exactly by
+:func:`fedlmc.assignment.solve_assignment` warm-started from the prices and assignment of the
+group's previous solve (the matrix changes little from one sweep to the next).
 Groups are visited in a seeded random order; a new assignment is kept only if it raises
 :math:`J` (gains below a relative 1e-5 are recomputed exactly in float64 first); the descent
 stops after a sweep without gain (at most ``max_iter`` sweeps).
@@ -27,9 +29,8 @@ with ``p`` (its *neighbours*), so a group is re-solved only when a neighbour cha
 last solved; terms with no other permuted axis (biases, norm parameters, BN statistics) are summed
 once; when a neighbour moved few units, :math:`A_p` gets a low-rank update instead of a rebuild;
 consecutive groups of the order that are not neighbours are solved in parallel threads (same
-result as one after the other); each assignment is solved on the row- and column-reduced matrix
-(same optimum, 1.2-2x faster in scipy's solver). Cost matrices stay on the tensors' device;
-only the assignment runs on the CPU (float64).
+result as one after the other). Cost matrices stay on the tensors' device; only the assignment
+runs on the CPU (float64).
 
 **Activation matching** matches units by the correlation of their activations over data,
 :math:`C_{ij} = \operatorname{corr}(z^a_i, z^b_j)` (conv outputs: every spatial position is a
@@ -52,6 +53,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
+from fedlmc.assignment import WarmStart, solve_assignment
 from fedlmc.merge import average, check_compatible, normalised_weights
 from fedlmc.permutation import (
     PermutationSpec,
@@ -160,8 +162,9 @@ def _q_first(tensor: Tensor, axis: int) -> Tensor:
     return moved.reshape(moved.shape[0], -1, moved.shape[-1])
 
 
-FULL_REBUILD_FRACTION = 0.25
-"""Rebuild a cost matrix from scratch when more than this fraction of a neighbour's units moved."""
+FULL_REBUILD_FRACTION = 0.75
+"""Rebuild a cost matrix from scratch when more than this fraction of a neighbour's units moved
+(an update moving ``k`` of ``n`` units costs about ``k / n`` of a rebuild)."""
 
 
 class _WeightMatcher:
@@ -188,6 +191,7 @@ class _WeightMatcher:
         self.fixed: dict[str, list[tuple[Tensor, Tensor]]] = {}
         self.cost: dict[str, Tensor | None] = {}
         self.neighbours: dict[str, set[str]] = {}
+        self.scratch: dict[tuple[int, torch.dtype], Tensor] = {}
         for group, axes in spec.perm_to_axes.items():
             self._add_group(spec, group, axes, sd_a, sd_b)
 
@@ -231,18 +235,31 @@ class _WeightMatcher:
             b = b.index_select(axis, perms[group])
         return b
 
-    @staticmethod
-    def _product(term: _Term, a: Tensor, b: Tensor) -> Tensor:
-        """:math:`W_a^{(p)} W_b^{(p)\top}` (n x n) of two tensors in ``term``'s layout."""
+    def _buffer(self, n: int, dtype: torch.dtype) -> Tensor:
+        """A reused n x n scratch matrix (a fresh one per product costs more than the product
+        itself when the update is small: every new page is faulted in)."""
+        key = (n, dtype)
+        if key not in self.scratch:
+            self.scratch[key] = torch.empty(n, n, device=self.device, dtype=dtype)
+        return self.scratch[key]
+
+    def _add_product(self, cost: Tensor, term: _Term, a: Tensor, b: Tensor) -> None:
+        r"""``cost += ``:math:`W_a^{(p)} W_b^{(p)\top}` of two tensors in ``term``'s layout."""
+        n = cost.shape[0]
         if term.q_first:
-            n = a.shape[-1]
-            return a.reshape(-1, n).T @ b.reshape(-1, n)
-        return a.reshape(len(a), -1) @ b.reshape(len(b), -1).T
+            x, y = a.reshape(-1, n).T, b.reshape(-1, n)
+        else:
+            x, y = a.reshape(n, -1), b.reshape(n, -1).T
+        product = torch.mm(x, y, out=self._buffer(n, self.dtype))
+        if product.dtype != torch.float64:
+            product = self._buffer(n, torch.float64).copy_(product)
+        cost.add_(product)
 
     def _rebuild(self, group: str, perms: Mapping[str, Tensor]) -> Tensor:
-        cost = self.const[group].clone()
+        cost = self.cost[group]
+        cost = self.const[group].clone() if cost is None else cost.copy_(self.const[group])
         for term in self.terms[group]:
-            cost += self._product(term, term.a, self._permuted_b(term, perms))
+            self._add_product(cost, term, term.a, self._permuted_b(term, perms))
             term.seen = {g: perms[g] for _, g in term.others}
         return cost
 
@@ -261,7 +278,7 @@ class _WeightMatcher:
         old = term.seen[group]
         a = term.a.index_select(0, moved)
         delta = term.b.index_select(0, new[moved]) - term.b.index_select(0, old[moved])
-        cost += self._product(term, a, delta)  # accumulated in float64
+        self._add_product(cost, term, a, delta)  # accumulated in float64
         term.seen[group] = new
 
     def matrix(self, group: str, perms: Mapping[str, Tensor]) -> Tensor:
@@ -300,13 +317,13 @@ class _WeightMatcher:
 
 
 def _solve_assignment(cost: Tensor) -> Tensor:
-    r"""Column of each row in the assignment maximising ``sum_i cost[i, col[i]]``.
+    r"""Column of each row in the assignment maximising ``sum_i cost[i, col[i]]`` (one-off solve).
 
     Solved as the equivalent minimisation of the row- and column-reduced matrix
     :math:`R_{ij} = \max_k c_{ik} - c_{ij} - \min_l (\max_k c_{lk} - c_{lj}) \ge 0`: subtracting
     constants per row and per column changes every assignment's value by the same amount, and
-    these initial dual values give the shortest-augmenting-path solver a head start (zeros in
-    every row and column), which makes it about 1.2-2x faster on weight-matching costs.
+    these initial dual values give scipy's shortest-augmenting-path solver a head start (zeros in
+    every row and column), which makes it about 1.2-2x faster.
     """
     array = cost.detach().double().cpu().numpy()
     reduced = array.max(axis=1, keepdims=True) - array
@@ -315,6 +332,12 @@ def _solve_assignment(cost: Tensor) -> Tensor:
     if not np.array_equal(rows, np.arange(len(rows))):  # pragma: no cover - scipy guarantees it
         raise RuntimeError("linear_sum_assignment returned rows out of order")
     return torch.from_numpy(cols).long()
+
+
+def _solve_warm(cost: Tensor, warm: WarmStart) -> tuple[Tensor, WarmStart]:
+    """Maximising assignment of ``cost`` warm-started from ``warm``; returns the next warm start."""
+    cols, warm = solve_assignment(cost.detach().double().cpu().numpy(), maximize=True, warm=warm)
+    return torch.from_numpy(cols), warm
 
 
 def _assignment_value(cost: Tensor, perm: Tensor) -> float:
@@ -346,11 +369,13 @@ def _independent_runs(
         yield run
 
 
-def _solve_many(costs: Sequence[Tensor], pool: ThreadPoolExecutor | None) -> list[Tensor]:
-    """:func:`_solve_assignment` of each cost matrix, in threads when a pool is given."""
+def _solve_many(
+    costs: Sequence[Tensor], warm: Sequence[WarmStart], pool: ThreadPoolExecutor | None
+) -> list[tuple[Tensor, WarmStart]]:
+    """:func:`_solve_warm` of each cost matrix, in threads when a pool is given."""
     if pool is None or len(costs) < 2:
-        return [_solve_assignment(cost) for cost in costs]
-    return list(pool.map(_solve_assignment, costs))
+        return [_solve_warm(cost, start) for cost, start in zip(costs, warm, strict=True)]
+    return list(pool.map(_solve_warm, costs, warm))
 
 
 def weight_matching(
@@ -365,11 +390,11 @@ def weight_matching(
     r"""Permutations of ``sd_b``'s units maximising :math:`\sum_w \langle W_a, \pi(W_b)\rangle`.
 
     Coordinate descent over the groups in a seeded random order (see the module docstring).
-    Consecutive groups of the order that share no tensor are solved concurrently (scipy releases
-    the GIL; the result is the sequential one). ``init_perms`` starts the descent from given
-    permutations (omitted groups: identity). Returns a :class:`Matching` whose ``objectives`` are
-    :math:`J` after each sweep (non-decreasing: the value at the start plus the float64 gains of
-    the kept assignments).
+    Consecutive groups of the order that share no tensor are solved concurrently (the solver
+    releases the GIL; the result is the sequential one). ``init_perms`` starts the descent from
+    given permutations (omitted groups: identity). Returns a :class:`Matching` whose
+    ``objectives`` are :math:`J` after each sweep (non-decreasing: the value at the start plus
+    the float64 gains of the kept assignments).
     """
     max_iter = _check_max_iter(max_iter)
     matcher = _WeightMatcher(spec, sd_a, sd_b)
@@ -385,6 +410,7 @@ def weight_matching(
     rng = np.random.default_rng(seed)
     version = dict.fromkeys(groups, 0)  # bumped whenever a group's permutation changes
     solved_at: dict[str, dict[str, int] | None] = dict.fromkeys(groups, None)
+    warm = {g: WarmStart(np.zeros(len(p)), perms[g].cpu().numpy()) for g, p in perms.items()}
 
     def stale(group: str) -> bool:
         """Whether a neighbour changed since the last solve (else A_p is unchanged)."""
@@ -410,8 +436,9 @@ def weight_matching(
             order = [groups[i] for i in rng.permutation(len(groups))]
             for run in _independent_runs(order, matcher.neighbours, stale):
                 costs = [matcher.matrix(group, perms) for group in run]
-                candidates = _solve_many(costs, pool)
-                for group, cost, candidate in zip(run, costs, candidates, strict=True):
+                solutions = _solve_many(costs, [warm[group] for group in run], pool)
+                for group, cost, solution in zip(run, costs, solutions, strict=True):
+                    candidate, warm[group] = solution
                     gain = gain_of(group, cost, candidate.to(matcher.device))
                     if gain > 0:
                         perms[group] = candidate.to(matcher.device)
