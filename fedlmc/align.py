@@ -406,6 +406,10 @@ def weight_matching(
             raise ValueError(f"init_perms has unknown group {unknown[0]!r}; allowed: {groups}")
         start.update(init_perms)
     perms = {g: torch.as_tensor(start[g]).long().to(matcher.device) for g in groups}
+    for group, perm in perms.items():
+        n = matcher.sizes[group]
+        if perm.shape != (n,) or not torch.equal(perm.sort().values.cpu(), torch.arange(n)):
+            raise ValueError(f"init_perms[{group!r}] must be a permutation of 0..{n - 1}")
     objective = matching_objective(spec, sd_a, sd_b, perms)
     rng = np.random.default_rng(seed)
     version = dict.fromkeys(groups, 0)  # bumped whenever a group's permutation changes

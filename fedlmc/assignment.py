@@ -3,8 +3,8 @@ r"""Square linear assignment with warm starts, compiled with numba.
 Solves :math:`\min_\sigma \sum_i c_{i\sigma(i)}` (or ``max``) over permutations :math:`\sigma`,
 exactly, and returns the optimal column prices with the assignment so that the next solve of a
 slightly changed matrix can start from them. Weight matching solves the same group's cost matrix
-again and again after small changes; :func:`scipy.optimize.linear_sum_assignment` (and the other
-solvers on PyPI) always start from zero prices, so they redo all the work.
+again and again after small changes; :func:`scipy.optimize.linear_sum_assignment` and the other
+solvers we found on PyPI (``lap``, ``lapjv``) always start from scratch, so they redo all the work.
 
 The algorithm is Jonker & Volgenant's (1987) shortest augmenting path with dual variables
 :math:`u_i` (rows) and :math:`v_j` (column prices), keeping the reduced costs
@@ -236,8 +236,12 @@ def solve_assignment(
     cost = np.ascontiguousarray(cost, dtype=np.float64)
     if cost.ndim != 2 or cost.shape[0] != cost.shape[1]:
         raise ValueError(f"cost must be a square matrix, got shape {cost.shape}")
-    if not np.isfinite(cost.sum()) and not np.isfinite(cost).all():  # the sum is the fast check
-        raise ValueError("cost must be finite; it has NaN or infinite entries")
+    with np.errstate(over="ignore"):
+        total = cost.sum()
+    if not np.isfinite(total):  # the fast check: NaN and inf entries make the sum non-finite
+        if not np.isfinite(cost).all():
+            raise ValueError("cost must be finite; it has NaN or infinite entries")
+        raise ValueError(f"cost entries up to {np.abs(cost).max():.3g} overflow float64 sums")
     n = cost.shape[0]
     if warm is None:
         prices, init = np.zeros(n), np.full(n, -1, np.int64)
@@ -245,6 +249,8 @@ def solve_assignment(
         raise ValueError(f"warm start is for size {len(warm.prices)}, the matrix is {n}x{n}")
     elif warm.columns.size and not (-1 <= warm.columns.min() and warm.columns.max() < n):
         raise ValueError(f"warm start columns must lie in [-1, {n - 1}]")
+    elif not np.isfinite(warm.prices).all():
+        raise ValueError("warm start prices must be finite; they have NaN or infinite entries")
     else:
         prices, init = warm.prices.astype(np.float64, copy=True), warm.columns.astype(np.int64)
     if n == 0:

@@ -332,6 +332,11 @@ def test_bad_input_raises_value_error():
         weight_matching(spec, sd, missing)
     with pytest.raises(ValueError, match="init_perms"):
         weight_matching(spec, sd, sd, init_perms={"no.such.group": torch.arange(3)})
+    group = next(iter(spec.perm_to_axes))
+    n = identity_permutations(spec, sd)[group].numel()
+    for bad in (torch.zeros(n, dtype=torch.long), torch.arange(n - 1), torch.arange(1, n + 1)):
+        with pytest.raises(ValueError, match=rf"init_perms\['{group}'\] must be a permutation"):
+            weight_matching(spec, sd, sd, init_perms={group: bad})
     with pytest.raises(ValueError, match="max_iter"):
         weight_matching(spec, sd, sd, max_iter=0)
     with pytest.raises(ValueError, match="method"):

@@ -120,6 +120,8 @@ def test_empty_matrix():
         (np.zeros(3), None, r"square matrix, got shape \(3,\)"),
         (np.array([[1.0, np.nan], [0.0, 1.0]]), None, "NaN or infinite"),
         (np.array([[1.0, -np.inf], [0.0, 1.0]]), None, "NaN or infinite"),
+        (np.full((2, 2), 1e308), None, "entries up to 1e\\+308 overflow"),
+        (np.zeros((2, 2)), WarmStart(np.array([0.0, np.nan]), np.arange(2)), "must be finite"),
         (np.zeros((2, 2)), WarmStart(np.zeros(3), np.arange(3)), "size 3, the matrix is 2x2"),
         (np.zeros((2, 2)), WarmStart(np.zeros(2), np.array([0, 2])), r"lie in \[-1, 1\]"),
         (np.zeros((2, 2)), WarmStart(np.zeros(2), np.array([0, -2])), r"lie in \[-1, 1\]"),
