@@ -58,6 +58,7 @@ from fedlmc.merge import average, check_compatible, normalised_weights
 from fedlmc.permutation import (
     PermutationSpec,
     apply_permutation,
+    checked_permutations,
     identity_permutations,
     perm_sizes,
     permutation_spec,
@@ -401,15 +402,11 @@ def weight_matching(
     groups = list(spec.perm_to_axes)
     start = identity_permutations(spec, sd_a)
     if init_perms is not None:
-        unknown = sorted(set(init_perms) - set(groups))
-        if unknown:
-            raise ValueError(f"init_perms has unknown group {unknown[0]!r}; allowed: {groups}")
-        start.update(init_perms)
-    perms = {g: torch.as_tensor(start[g]).long().to(matcher.device) for g in groups}
-    for group, perm in perms.items():
-        n = matcher.sizes[group]
-        if perm.shape != (n,) or not torch.equal(perm.sort().values.cpu(), torch.arange(n)):
-            raise ValueError(f"init_perms[{group!r}] must be a permutation of 0..{n - 1}")
+        try:
+            start.update(checked_permutations(spec, init_perms, matcher.sizes))
+        except ValueError as error:
+            raise ValueError(f"init_perms: {error}") from None
+    perms = {g: start[g].to(matcher.device) for g in groups}
     objective = matching_objective(spec, sd_a, sd_b, perms)
     rng = np.random.default_rng(seed)
     version = dict.fromkeys(groups, 0)  # bumped whenever a group's permutation changes

@@ -151,7 +151,7 @@ def invert_permutation(perm: Tensor) -> Tensor:
     return inverse
 
 
-def _checked_perms(
+def checked_permutations(
     spec: PermutationSpec, perms: Mapping[str, Tensor], sizes: Mapping[str, int]
 ) -> dict[str, Tensor]:
     """Validate names, lengths and permutation-ness of ``perms``; return them as int64."""
@@ -181,7 +181,7 @@ def apply_permutation(
     tensors are not modified (unpermuted tensors are shared). ``ValueError`` on unknown group
     names or on a permutation of the wrong length.
     """
-    perms = _checked_perms(spec, perms, perm_sizes(spec, state_dict))
+    perms = checked_permutations(spec, perms, perm_sizes(spec, state_dict))
     permuted = dict(state_dict)
     for key, groups in spec.axes_to_perm.items():
         tensor = state_dict[key]
