@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("cuda_check: no CUDA GPU is visible; run this on a machine with one", file=sys.stderr)
         return 2
-    from fedlmc.config import sweep_from_mapping
+    from simulations.config import sweep_from_mapping
     from simulations.sweep import run_sweep
 
     sweep = sweep_from_mapping(

@@ -124,7 +124,7 @@ def serialisation_seconds(state: dict[str, torch.Tensor], repeats: int = 5) -> f
 
     from flwr.app import RecordDict
 
-    from strategies.common import record_to_state, state_to_record
+    from strategies.protocol import record_to_state, state_to_record
 
     best = float("inf")
     for _ in range(repeats):
@@ -165,7 +165,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.epochs, args.width = 2, 0.5
-    from fedlmc.config import validate_run_config
+    from simulations.config import validate_run_config
 
     config = validate_run_config(run_config(args))
     ray_seconds = ray_init_seconds()

@@ -40,7 +40,7 @@ for name, b in [("plain average", sd_b), ("weight matching", sd_b_aligned)]:
     print(
         f"{name:16s} acc {raw['accuracy']:.3f}  NLL {raw['nll']:.3f} -> {cal['nll']:.3f}"
         f" (T={t:.2f})  ECE {raw['ece']:.3f} -> {cal['ece']:.3f}"
-        f"  loss barrier {bar['loss_barrier']:.3f}"
+        f"  max loss barrier {bar['loss_barrier']:.3f}"
         f" -> {bar['loss_barrier_calibrated']:.3f}  LEWC cos {[round(c, 2) for c in lewc]}"
     )
 print("endpoints        acc", [round(evaluate(m, splits.test)["accuracy"], 3) for m in models])

@@ -4,7 +4,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedlmc.data import load_dataset
 from fedlmc.models import build_model
 from strategies import OneShotAverage  # also PermutationAlignedAverage, FedAvgBaseline
-from strategies.common import state_to_record
+from strategies.protocol import state_to_record
 
 CLIENT_CONFIG = {"model": "mlp", "width": 0.5, "depth": 2, "base-hidden": 64, "epochs": 2}
 app = ServerApp()

@@ -8,9 +8,12 @@ units of :math:`\theta_b` (``perms: group -> LongTensor``, applied with
 
 .. math:: J(\pi) = \sum_{w} \langle W_a,\; \pi(W_b) \rangle
 
-over the tensors ``w`` the spec permutes, by coordinate descent over the groups (Ainsworth et al.,
-2023): for group :math:`p`, with every other permutation fixed, :math:`J` is linear in the
-permutation matrix :math:`P_p`, :math:`J = \operatorname{tr}(P_p^\top A_p) + \text{const}` with
+over the parameters ``w`` the spec permutes, by coordinate descent over the groups (Ainsworth et
+al., 2023). BatchNorm running statistics (``running_mean``, ``running_var``; see
+:func:`is_scored`) are data statistics, not parameters: they are permuted along with their units
+but never enter :math:`J`. Coordinate descent: for group :math:`p`, with every other permutation
+fixed, :math:`J` is linear in the permutation matrix :math:`P_p`,
+:math:`J = \operatorname{tr}(P_p^\top A_p) + \text{const}` with
 
 .. math::
     A_p = \sum_{(w, \text{axis}) \ni p} W_a^{(p)} \,
@@ -26,8 +29,8 @@ stops after a sweep without gain (at most ``max_iter`` sweeps).
 
 Cost of one sweep: :math:`A_p` depends only on the permutations of the groups that share a tensor
 with ``p`` (its *neighbours*), so a group is re-solved only when a neighbour changed since it was
-last solved; terms with no other permuted axis (biases, norm parameters, BN statistics) are summed
-once; when a neighbour moved few units, :math:`A_p` gets a low-rank update instead of a rebuild;
+last solved; terms with no other permuted axis (biases, norm parameters) are summed once; when
+a neighbour moved few units, :math:`A_p` gets a low-rank update instead of a rebuild;
 consecutive groups of the order that are not neighbours are solved in parallel threads (same
 result as one after the other). Cost matrices stay on the tensors' device; only the assignment
 runs on the CPU (float64).
@@ -62,12 +65,17 @@ from fedlmc.permutation import (
     identity_permutations,
     perm_sizes,
     permutation_spec,
+    restrict_spec,
 )
 
 StateDict = dict[str, Tensor]
 Perms = dict[str, Tensor]
 
-METHODS: tuple[str, ...] = ("weight", "activation")
+ALIGNMENTS: tuple[str, ...] = ("weight", "activation")
+"""Allowed ``method`` values of :func:`align_to_reference`."""
+
+STATISTIC_NAMES: frozenset[str] = frozenset({"running_mean", "running_var", "num_batches_tracked"})
+"""Last name component of the BatchNorm buffers: permuted with their units, never scored."""
 
 
 class Matching(dict):
@@ -107,19 +115,36 @@ def _flat(tensor: Tensor, axis: int) -> Tensor:
 # ----------------------------------------------------------------------------- objective
 
 
+def is_scored(key: str) -> bool:
+    """Whether weight matching scores ``key``: every parameter, not BatchNorm statistics.
+
+    A state dict does not say which entries are buffers, so the BatchNorm buffers are recognised
+    by their last name component (:data:`STATISTIC_NAMES`: ``running_mean``, ``running_var``,
+    ``num_batches_tracked``), the names ``torch.nn`` gives them.
+    """
+    return key.rsplit(".", 1)[-1] not in STATISTIC_NAMES
+
+
+def scored_keys(spec: PermutationSpec) -> list[str]:
+    """The keys of ``spec`` that enter the matching objective (see :func:`is_scored`)."""
+    return [key for key in spec.axes_to_perm if is_scored(key)]
+
+
 def matching_objective(
     spec: PermutationSpec,
     sd_a: Mapping[str, Tensor],
     sd_b: Mapping[str, Tensor],
     perms: Mapping[str, Tensor] | None = None,
 ) -> float:
-    r""":math:`J(\pi) = \sum_w \langle W_a, \pi(W_b) \rangle` over the spec's tensors, in float64.
+    r""":math:`J(\pi) = \sum_w \langle W_a, \pi(W_b) \rangle` over the spec's scored tensors.
 
-    ``perms=None`` is the identity (the objective before alignment).
+    The sum runs over :func:`scored_keys` (the parameters; BatchNorm running statistics are left
+    out), in float64. ``perms=None`` is the identity (the objective before alignment).
     """
     _check_pair(spec, sd_a, sd_b)
     total = torch.zeros((), dtype=torch.float64)
-    for key, groups in spec.axes_to_perm.items():
+    for key in scored_keys(spec):
+        groups = spec.axes_to_perm[key]
         w_a, w_b = sd_a[key], sd_b[key].to(sd_a[key].device)
         for axis, group in enumerate(groups):
             if group is not None and perms is not None and group in perms:
@@ -204,6 +229,8 @@ class _WeightMatcher:
         const = torch.zeros(n, n, device=self.device, dtype=self.dtype)
         terms, fixed, neighbours = [], [], set()
         for key, axis in axes:
+            if not is_scored(key):
+                continue
             w_a, w_b = self._tensor(sd_a, key), self._tensor(sd_b, key)
             others = tuple(
                 (_moved_axis(ax, axis), g)
@@ -398,6 +425,9 @@ def weight_matching(
     the float64 gains of the kept assignments).
     """
     max_iter = _check_max_iter(max_iter)
+    if not spec.perm_to_axes:  # nothing to permute (e.g. a derived spec that kept no group)
+        _check_pair(spec, sd_a, sd_b)
+        return Matching({}, [matching_objective(spec, sd_a, sd_b, {})])
     matcher = _WeightMatcher(spec, sd_a, sd_b)
     groups = list(spec.perm_to_axes)
     start = identity_permutations(spec, sd_a)
@@ -516,22 +546,32 @@ def _capture(model: nn.Module, names: Mapping[str, str], store: dict[str, Tensor
 
 
 def activation_matching(
-    model_a: nn.Module, model_b: nn.Module, x: Tensor, batch_size: int = 512
+    model_a: nn.Module,
+    model_b: nn.Module,
+    x: Tensor,
+    batch_size: int = 512,
+    *,
+    spec: PermutationSpec | None = None,
+    seed: int = 0,
 ) -> Matching:
     r"""Permutations of ``model_b``'s units maximising the summed activation correlation.
 
     For each group the outputs of ``spec.activation_modules[group]`` of both models (eval mode, no
     gradient) are collected over ``x`` (channel dim 1; spatial positions are samples) and
     :math:`\max_\pi \sum_i C_{i\pi(i)}` is solved with a linear assignment. Training mode of the
-    models is restored afterwards.
+    models is restored afterwards. ``spec`` defaults to ``permutation_spec(model_a, x[:2])``
+    (derived for models without a hand-written spec). Groups with no activation module (e.g. a
+    derived group no once-called module returns) are then matched by :func:`weight_matching` of
+    those groups alone, on ``model_b`` already permuted by the activation-matched groups.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if len(x) == 0:
         raise ValueError("activation matching needs at least one input, got an empty x")
-    spec = permutation_spec(model_a)
-    _check_pair(spec, model_a.state_dict(), model_b.state_dict())
-    names = spec.activation_modules
+    spec = spec if spec is not None else permutation_spec(model_a, x[:2])
+    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
+    _check_pair(spec, sd_a, sd_b)
+    names = {g: m for g, m in spec.activation_modules.items() if g in spec.perm_to_axes}
     moments = {group: _CrossMoments() for group in names}
     store_a: dict[str, Tensor] = {}
     store_b: dict[str, Tensor] = {}
@@ -554,11 +594,15 @@ def activation_matching(
         model_a.train(modes[0])
         model_b.train(modes[1])
     perms, total = {}, 0.0
-    for group in spec.perm_to_axes:
+    for group in names:
         corr = moments[group].correlation()
         perms[group] = _solve_assignment(corr)
         total += _assignment_value(corr, perms[group].to(corr.device))
-    return Matching(perms, [total])
+    rest = [g for g in spec.perm_to_axes if g not in names]
+    if rest:
+        partly = apply_permutation(spec, perms, sd_b)
+        perms.update(weight_matching(restrict_spec(spec, rest), sd_a, partly, seed=seed))
+    return Matching({g: perms[g] for g in spec.perm_to_axes}, [total])
 
 
 # ----------------------------------------------------------------------------- N models
@@ -580,8 +624,8 @@ def align_to_reference(
     :func:`activation_matching` on ``models`` (one per state dict, holding those weights) and
     inputs ``x``.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method not in ALIGNMENTS:
+        raise ValueError(f"method must be one of {ALIGNMENTS}, got {method!r}")
     if len(state_dicts) == 0:
         raise ValueError("align_to_reference needs at least one state dict, got none")
     if not 0 <= reference < len(state_dicts):
@@ -599,7 +643,7 @@ def align_to_reference(
         if method == "weight":
             perms = weight_matching(spec, state_dicts[reference], sd, max_iter=max_iter, seed=seed)
         else:
-            perms = activation_matching(models[reference], models[index], x)
+            perms = activation_matching(models[reference], models[index], x, spec=spec, seed=seed)
         aligned.append(apply_permutation(spec, perms, sd))
     return aligned
 

@@ -20,9 +20,16 @@ Datasets (``DATASETS``):
 - ``"mnist"``, ``"fashion_mnist"``, ``"cifar10"``, ``"cifar100"``: torchvision's dataset classes
   reading ``root`` in torchvision's layout (``root/MNIST/raw/train-images-idx3-ubyte`` ...,
   ``root/FashionMNIST/raw/...``, ``root/cifar-10-batches-py/``, ``root/cifar-100-python/``);
-  ``download=True`` lets torchvision fetch them. CIFAR files that exist but do not match
+  ``download=True`` first runs :func:`fedlmc.download.fetch_dataset` (torchvision's downloader,
+  md5-verified, idempotent, locked per ``root``). CIFAR files that exist but do not match
   torchvision's md5 sums for the official release (e.g. a subset written in the same pickle
   format) are read as they are, with the same parsing, after a ``UserWarning``.
+- ``"hf:NAME"``: an image-classification data set loaded with Hugging Face ``datasets`` (a hub
+  name or a local ``save_to_disk`` folder / parquet files), normalised with its own training
+  statistics; see :mod:`fedlmc.hf_data`.
+
+The names, class counts and training-set sizes live in the torch-free
+:mod:`fedlmc.datasets_catalog` (re-exported here).
 """
 
 from __future__ import annotations
@@ -30,15 +37,23 @@ from __future__ import annotations
 import numbers
 import os
 import pickle
-import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from fedlmc.datasets_catalog import (
+    DATASETS,
+    DOWNLOADABLE,
+    NUM_CLASSES,
+    TRAIN_SIZES,
+    check_dataset_name,
+    is_hf_name,
+)
+from fedlmc.download import ChecksumError, DownloadError, FetchResult, fetch_dataset
+from fedlmc.io import atomic_write
 from fedlmc.partition import (
     PARTITION_SCHEMES,
     label_counts,
@@ -47,16 +62,24 @@ from fedlmc.partition import (
     partition_indices,
     plot_label_distribution,
 )
+from fedlmc.splits import Data, DataSplits, stratified_split, with_server_split
 
 __all__ = [
     "DATASETS",
+    "DOWNLOADABLE",
     "PARTITION_SCHEMES",
+    "TRAIN_SIZES",
+    "ChecksumError",
     "Data",
     "DataSplits",
+    "DownloadError",
+    "FetchResult",
     "NORMALISATION",
     "NUM_CLASSES",
     "cache_dir",
+    "fetch_dataset",
     "from_arrays",
+    "is_hf_name",
     "label_counts",
     "label_skew",
     "load_dataset",
@@ -66,9 +89,6 @@ __all__ = [
     "stratified_split",
 ]
 
-Data = tuple[Tensor, Tensor]
-
-DATASETS: tuple[str, ...] = ("mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100")
 
 # Standard per-channel statistics of the training sets, on pixels scaled to [0, 1].
 NORMALISATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
@@ -78,38 +98,9 @@ NORMALISATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
-NUM_CLASSES = {"mnist5k": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100}
 
 MNIST5K_TEST_SIZE = 1000
 MNIST5K_SPLIT_SEED = 5000  # fixed: the mnist5k train/test split never depends on `seed`
-
-
-@dataclass(eq=False, repr=False)
-class DataSplits:
-    """A dataset ready for federated experiments.
-
-    ``train`` is the clients' pool, ``server`` is held out from the training data (temperature
-    calibration, BatchNorm re-estimation), ``test`` is the evaluation set.
-    """
-
-    name: str
-    train: Data
-    server: Data
-    test: Data
-    num_classes: int
-    in_shape: tuple[int, int, int]
-    augment: str | None = None
-
-    def summary(self) -> str:
-        """One line with the split sizes, e.g. ``mnist5k: train 3600, server 400, ...``."""
-        return (
-            f"{self.name}: train {len(self.train[1])}, server {len(self.server[1])}, "
-            f"test {len(self.test[1])}, classes {self.num_classes}, "
-            f"in_shape {self.in_shape}, augment {self.augment}"
-        )
-
-    def __repr__(self) -> str:
-        return f"DataSplits({self.summary()})"
 
 
 def load_dataset(
@@ -119,19 +110,42 @@ def load_dataset(
     *,
     server_fraction: float = 0.1,
     seed: int = 0,
+    mirror: str | None = None,
+    image_key: str | None = None,
+    label_key: str | None = None,
 ) -> DataSplits:
-    """Load ``name`` (one of ``DATASETS``) as normalised tensors; see the module docstring."""
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; allowed: {DATASETS}")
+    """Load ``name`` (one of ``DATASETS``, or ``"hf:NAME"``) as normalised tensors; see the
+    module docstring.
+
+    ``download=True`` first runs :func:`fedlmc.download.fetch_dataset` (``name, root,
+    mirror=mirror``) for the torchvision data sets; it is ignored for ``mnist5k`` (embedded) and
+    ``hf:`` names (``datasets`` fetches those itself). ``image_key`` / ``label_key`` name the
+    columns of an ``hf:`` data set (``None``: detected); see :mod:`fedlmc.hf_data`.
+    """
+    check_dataset_name(name)
     _check_fraction(server_fraction)
+    if is_hf_name(name):
+        from fedlmc.hf_data import load_hf_dataset
+
+        return load_hf_dataset(
+            name,
+            root,
+            image_key=image_key,
+            label_key=label_key,
+            server_fraction=server_fraction,
+            seed=seed,
+        )
+    for key, value in (("image_key", image_key), ("label_key", label_key)):
+        if value is not None:
+            raise ValueError(f"{key}={value!r} applies to 'hf:' data sets only, not {name!r}")
     if name == "mnist5k":
         (x_train, y_train), (x_test, y_test) = _mnist5k_uint8()
     else:
-        (x_train, y_train), (x_test, y_test) = _torchvision_uint8(name, root, download)
+        (x_train, y_train), (x_test, y_test) = _torchvision_uint8(name, root, download, mirror)
     mean, std = NORMALISATION[name]
     train = (_normalise(x_train, mean, std), y_train)
     test = (_normalise(x_test, mean, std), y_test)
-    return _with_server_split(
+    return with_server_split(
         name,
         train,
         test,
@@ -175,7 +189,7 @@ def from_arrays(
             f"{tuple(x_te.shape[1:])}; they must match"
         )
     num_classes = _check_label_range(y_tr, y_te, num_classes)
-    return _with_server_split(
+    return with_server_split(
         name,
         (x_tr, y_tr),
         (x_te, y_te),
@@ -183,60 +197,6 @@ def from_arrays(
         server_fraction=server_fraction,
         seed=seed,
         augment=None,
-    )
-
-
-# --- held-out splits -------------------------------------------------------------------------
-
-
-def stratified_split(
-    labels: np.ndarray, fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(keep, held)`` index arrays: ``round(fraction * N)`` examples held out, stratified by
-    label (largest-remainder rounding per class, see the module docstring). Both arrays are in a
-    seeded random order (never sorted by label)."""
-    labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
-    classes, counts = np.unique(labels, return_counts=True)
-    quota = fraction * counts
-    held_per_class = np.floor(quota).astype(np.int64)
-    missing = int(round(fraction * len(labels))) - int(held_per_class.sum())
-    by_remainder = np.argsort(-(quota - held_per_class), kind="stable")
-    held_per_class[by_remainder[:missing]] += 1
-    keep, held = [], []
-    for k, n_held in zip(classes, held_per_class, strict=True):
-        members = rng.permutation(np.flatnonzero(labels == k))
-        held.append(members[:n_held])
-        keep.append(members[n_held:])
-    keep_idx = rng.permutation(np.concatenate(keep))
-    held_idx = rng.permutation(np.concatenate(held))
-    return keep_idx.astype(np.int64), held_idx.astype(np.int64)
-
-
-def _with_server_split(
-    name: str,
-    train: Data,
-    test: Data,
-    *,
-    num_classes: int,
-    server_fraction: float,
-    seed: int,
-    augment: str | None,
-) -> DataSplits:
-    x, y = train
-    keep, held = (torch.from_numpy(i) for i in stratified_split(y.numpy(), server_fraction, seed))
-    if len(keep) == 0:
-        raise ValueError(
-            f"server_fraction={server_fraction} leaves no training example out of {len(y)}"
-        )
-    return DataSplits(
-        name=name,
-        train=(x[keep], y[keep]),
-        server=(x[held], y[held]),
-        test=test,
-        num_classes=num_classes,
-        in_shape=tuple(int(d) for d in x.shape[1:]),
-        augment=augment,
     )
 
 
@@ -303,25 +263,22 @@ def _read_mnist5k_cache(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
-    """Write an .npz through a temporary file in the same folder and ``os.replace``, so that
-    concurrent readers never see a half-written cache."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    """Write an .npz through :func:`fedlmc.io.atomic_write`, so that concurrent readers never
+    see a half-written cache."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a path
             np.savez(f, **arrays)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    atomic_write(path, write)
 
 
 # --- torchvision datasets --------------------------------------------------------------------
 
 
-def _torchvision_uint8(name: str, root, download: bool) -> tuple[Data, Data]:
-    """(train, test) uint8 ``(N, C, H, W)`` and int64 labels from torchvision's dataset class."""
+def _torchvision_uint8(name: str, root, download: bool, mirror: str | None) -> tuple[Data, Data]:
+    """(train, test) uint8 ``(N, C, H, W)`` and int64 labels from torchvision's dataset class,
+    after :func:`fedlmc.download.fetch_dataset` when ``download``."""
     from torchvision import datasets as tvd
 
     cls = {
@@ -331,10 +288,12 @@ def _torchvision_uint8(name: str, root, download: bool) -> tuple[Data, Data]:
         "cifar100": tvd.CIFAR100,
     }[name]
     root = _check_root(name, root, download)
+    if download:
+        fetch_dataset(name, root, mirror=mirror)
     if name in ("mnist", "fashion_mnist"):
-        splits = [_mnist_like(cls, root, train, download) for train in (True, False)]
+        splits = [_mnist_like(cls, root, train) for train in (True, False)]
     else:
-        splits = _cifar(cls, root, download)
+        splits = _cifar(cls, root)
     (x_tr, y_tr), (x_te, y_te) = splits
     _check_labels_below(name, NUM_CLASSES[name], y_tr, y_te)
     return (x_tr, y_tr), (x_te, y_te)
@@ -348,15 +307,15 @@ def _check_root(name: str, root, download: bool) -> Path:
         )
     root = Path(root).expanduser()
     if download:
-        root.mkdir(parents=True, exist_ok=True)
+        return root  # fetch_dataset creates it
     if not root.is_dir():
         raise ValueError(f"root={str(root)!r} for dataset {name!r} is not a directory")
     return root
 
 
-def _mnist_like(cls, root: Path, train: bool, download: bool) -> Data:
+def _mnist_like(cls, root: Path, train: bool) -> Data:
     try:
-        ds = cls(str(root), train=train, download=download)
+        ds = cls(str(root), train=train, download=False)
     except (RuntimeError, OSError) as err:
         files = ", ".join(os.path.splitext(os.path.basename(u))[0] for u, _ in cls.resources)
         raise ValueError(
@@ -366,27 +325,26 @@ def _mnist_like(cls, root: Path, train: bool, download: bool) -> Data:
     return torch.as_tensor(ds.data).unsqueeze(1).contiguous(), torch.as_tensor(ds.targets).long()
 
 
-def _cifar(cls, root: Path, download: bool) -> list[Data]:
+def _cifar(cls, root: Path) -> list[Data]:
     """CIFAR through torchvision's class; if the files are present but fail its md5 check,
     read the same pickle batches with the same parsing, after a warning."""
     try:
-        sets = [cls(str(root), train=train, download=download) for train in (True, False)]
+        sets = [cls(str(root), train=train, download=False) for train in (True, False)]
         return [_cifar_tensors(ds.data, ds.targets) for ds in sets]
-    except (RuntimeError, OSError) as err:  # OSError: a failed download (URLError)
+    except (RuntimeError, OSError) as err:
         folder = root / cls.base_folder
         names = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
         missing = [f for f in names if not (folder / f).is_file()]
         if missing:
-            hint = f"download failed ({err})" if download else "pass download=True"
             raise ValueError(
                 f"{cls.__name__} files {missing} not found in {folder}; "
-                f"{hint} or copy the python-pickle batches there"
+                f"pass download=True or copy the python-pickle batches there"
             ) from err
     warnings.warn(
         f"{folder} does not match torchvision's md5 sums for the official {cls.__name__} "
         f"release; reading its files as they are",
         UserWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
     return [
         _cifar_tensors(*_read_cifar_batches(folder, files))

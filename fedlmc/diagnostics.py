@@ -6,10 +6,15 @@ Layerwise Exponentially Weighted Connectivity predicts the merged model's layer-
 .. math:: f_l(x; \textstyle\sum_i w_i \theta_i) \approx \sum_i w_i^{\,l} f_l(x; \theta_i),
 
 (for two models: :math:`\lambda^l f_l(x;\theta_a) + (1-\lambda)^l f_l(x;\theta_b)`), measured by
-the cosine similarity of the two sides. Sufficient conditions for bias-free ReLU nets: weak
-additivity of ReLU and reciprocal orthogonality :math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0`. Wide,
-low-rank weights (weight decay) make both hold; :func:`stable_rank` and :func:`effective_rank`
-measure the rank.
+the cosine similarity of the two sides (:func:`lewc_cosine`) and, since a cosine cannot tell LEWC
+from LLFC's :math:`\sum_i w_i f_l(x; \theta_i)` (Zhou et al. 2023) at equal weights, by relative
+errors and norm ratios against both predictions (:func:`layer_predictions`); the merged logits
+shrink (:func:`logit_norm_ratio`). Sufficient conditions for bias-free ReLU nets: weak additivity
+of ReLU (:func:`relu_additivity_error`, per ReLU) and reciprocal orthogonality
+:math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0` (:func:`reciprocal_orthogonality`, per Linear/Conv).
+Wide, low-rank weights (weight decay) make both hold; :func:`stable_ranks` (per hidden layer),
+:func:`stable_rank` and :func:`effective_rank` measure the rank. Every per-layer function returns
+its list in depth order.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlmc.merge import load_state, normalised_weights
+from fedlmc.permutation import derive_layer_names
 
 CaptureMode = Literal["output", "input"]  # forward hook or forward pre-hook
 
@@ -73,6 +79,11 @@ def capture(
     return {n: torch.cat(chunks) for n, chunks in store.items()}
 
 
+def _sample_norms(t: Tensor) -> Tensor:
+    """Euclidean norm of each sample (dim 0) with the other dims flattened."""
+    return t.flatten(1).norm(dim=1)
+
+
 def mean_cosine(a: Tensor, b: Tensor) -> float:
     r"""Mean over samples of :math:`\langle a_n, b_n\rangle / (\|a_n\| \|b_n\|)`, flattened.
 
@@ -86,14 +97,50 @@ def mean_cosine(a: Tensor, b: Tensor) -> float:
     return float(((a * b).sum(dim=1)[keep] / norms[keep]).mean())
 
 
+def layer_names_of(
+    model: nn.Module, x: Tensor, layer_names: Sequence[str] | None = None
+) -> list[str]:
+    """``layer_names`` if given, else ``model.layer_names``, else the layer outputs derived from
+    the model's graph on ``x`` (:func:`fedlmc.permutation.derive_layer_names`)."""
+    if layer_names is None:
+        layer_names = getattr(model, "layer_names", None)
+    if layer_names is None:
+        layer_names = derive_layer_names(model, x[:2])
+    names = list(layer_names)
+    if not names:
+        raise ValueError("layer_names is empty; allowed: the names of modules of the model")
+    return names
+
+
+def _merged_and_members(
+    template: nn.Module,
+    state_dicts: Sequence[Mapping[str, Tensor]],
+    merged_state_dict: Mapping[str, Tensor],
+    x: Tensor,
+    names: Sequence[str],
+) -> tuple[dict[str, Tensor], list[dict[str, Tensor]]]:
+    """Layer outputs (float64, CPU) of the merged model and of each member: one pass per model."""
+    if len(state_dicts) == 0:
+        raise ValueError("layer diagnostics need at least one state dict, got none")
+    merged = capture(load_state(template, merged_state_dict), names, x)
+    members = [capture(load_state(template, sd), names, x) for sd in state_dicts]
+    return merged, members
+
+
+def _weighted_sum(weights: Sequence[float], tensors: Sequence[Tensor]) -> Tensor:
+    return sum(w * t for w, t in zip(weights, tensors, strict=True))
+
+
 def lewc_cosine(
     model: nn.Module,
     state_dicts: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float] | None,
     merged_state_dict: Mapping[str, Tensor],
     x: Tensor,
+    layer_names: Sequence[str] | None = None,
 ) -> list[float]:
-    r"""Per layer :math:`l = 1..L` of ``model.layer_names``: cosine of merged output and LEWC.
+    r"""Per layer :math:`l = 1..L` of the layer names (:func:`layer_names_of`): cosine of merged
+    output and LEWC.
 
     .. math:: c_l = \frac{1}{n}\sum_n \cos\Big(f_l(x_n; \theta_{\mathrm{merged}}),\;
         \sum_i w_i^{\,l} f_l(x_n; \theta_i)\Big)
@@ -101,20 +148,106 @@ def lewc_cosine(
     with ``weights`` normalised to sum to 1 (``None``: uniform), outputs flattened per sample and
     the cosine averaged over samples (see :func:`mean_cosine`). ``model`` is a template whose
     architecture matches the state dicts; it is not modified. Layers are evaluated in eval mode.
+
+    A cosine ignores scale: at equal weights it equals the cosine with LLFC's prediction
+    :math:`\sum_i w_i f_l(x; \theta_i)`. :func:`layer_predictions` tells the two apart.
     """
-    names = list(getattr(model, "layer_names", []))
-    if not names:
-        raise ValueError("model has no layer_names; build it with fedlmc.models.build_model")
-    if len(state_dicts) == 0:
-        raise ValueError("lewc_cosine needs at least one state dict, got none")
-    w = normalised_weights(weights, len(state_dicts))
-    merged = capture(load_state(model, merged_state_dict), names, x)
-    members = [capture(load_state(model, sd), names, x) for sd in state_dicts]
+    names = layer_names_of(model, x, layer_names)
+    w = normalised_weights(weights, len(state_dicts)) if state_dicts else []
+    merged, members = _merged_and_members(model, state_dicts, merged_state_dict, x, names)
     cosines = []
     for depth, name in enumerate(names, start=1):
-        prediction = sum(wi**depth * outs[name] for wi, outs in zip(w, members, strict=True))
+        prediction = _weighted_sum([wi**depth for wi in w], [m[name] for m in members])
         cosines.append(mean_cosine(merged[name], prediction))
     return cosines
+
+
+def _ratio(numerator: Tensor | float, denominator: Tensor | float) -> float:
+    """``numerator / denominator`` as a float; ``nan`` when the denominator is 0."""
+    denominator = float(denominator)
+    return float(numerator) / denominator if denominator > 0 else math.nan
+
+
+def layer_predictions(
+    template: nn.Module,
+    state_dicts: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float] | None,
+    merged_state_dict: Mapping[str, Tensor],
+    x: Tensor,
+    layer_names: Sequence[str] | None = None,
+) -> list[dict[str, float | int | str]]:
+    r"""Per layer: how well LEWC and LLFC predict the merged model's layer output, by scale too.
+
+    With :math:`F_l = f_l(X; \theta_{\mathrm{merged}})` the merged model's output of layer
+    :math:`l` on the whole batch ``x``, the two predictions
+
+    .. math:: P^{\mathrm{LEWC}}_l = \sum_i w_i^{\,l} f_l(X; \theta_i), \qquad
+              P^{\mathrm{LLFC}}_l = \sum_i w_i f_l(X; \theta_i)
+
+    (Ito et al. 2025; Zhou et al. 2023) and :math:`\|\cdot\|` the Frobenius norm over the
+    whole batch (all samples and all units at once), each row holds
+
+    - ``lewc_error`` :math:`= \|F_l - P^{\mathrm{LEWC}}_l\| / \|F_l\|`,
+    - ``llfc_error`` :math:`= \|F_l - P^{\mathrm{LLFC}}_l\| / \|F_l\|`,
+    - ``norm_ratio`` :math:`= \|F_l\| / \|P^{\mathrm{LLFC}}_l\|` (measured shrinkage),
+    - ``lewc_norm_ratio`` :math:`= \|P^{\mathrm{LEWC}}_l\| / \|P^{\mathrm{LLFC}}_l\|`
+      (the shrinkage LEWC predicts; exactly :math:`N^{1-l}` for N models at equal weights,
+      where LEWC's prediction is LLFC's scaled by :math:`N^{1-l}`),
+
+    plus ``layer`` (its name) and ``depth`` :math:`l`. A ratio with a zero denominator is
+    ``nan``. ``layer_names`` defaults to ``template.layer_names``; :math:`l` is the 1-based
+    position in that list, so pass every layer (a subset changes the exponents). ``weights``
+    are normalised to sum to 1 (``None``: uniform). Each model runs once over ``x`` in eval mode;
+    ``template`` (same architecture as the state dicts) is not modified.
+
+    Two models merged from themselves (identical states) make LLFC exact, while LEWC predicts
+    :math:`\sum_i w_i^{\,l} f_l`, i.e. ``lewc_norm_ratio`` :math:`= \sum_i w_i^{\,l}` and
+    ``lewc_error`` :math:`= |1 - \sum_i w_i^{\,l}|`: LEWC needs reciprocal orthogonality.
+    """
+    names = layer_names_of(template, x, layer_names)
+    w = normalised_weights(weights, len(state_dicts)) if state_dicts else []
+    merged, members = _merged_and_members(template, state_dicts, merged_state_dict, x, names)
+    rows = []
+    for depth, name in enumerate(names, start=1):
+        outputs = [m[name] for m in members]
+        lewc = _weighted_sum([wi**depth for wi in w], outputs)
+        llfc = _weighted_sum(w, outputs)
+        measured, llfc_norm = merged[name].norm(), llfc.norm()
+        rows.append(
+            {
+                "layer": name,
+                "depth": depth,
+                "lewc_error": _ratio((merged[name] - lewc).norm(), measured),
+                "llfc_error": _ratio((merged[name] - llfc).norm(), measured),
+                "norm_ratio": _ratio(measured, llfc_norm),
+                "lewc_norm_ratio": _ratio(lewc.norm(), llfc_norm),
+            }
+        )
+    return rows
+
+
+def logit_norm_ratio(
+    template: nn.Module,
+    state_dicts: Sequence[Mapping[str, Tensor]],
+    merged_state_dict: Mapping[str, Tensor],
+    x: Tensor,
+    weights: Sequence[float] | None = None,
+) -> float:
+    r"""How much the merged model's logits shrink relative to the endpoints'.
+
+    .. math:: \rho = \frac{\mathrm{mean}_n \|z(x_n; \theta_{\mathrm{merged}})\|}
+        {\sum_i w_i\, \mathrm{mean}_n \|z(x_n; \theta_i)\|}
+
+    with :math:`z` the model's output (the logits), :math:`\|\cdot\|` the Euclidean norm per
+    sample and ``weights`` normalised (``None``: uniform, the plain mean over endpoints). For two
+    models at :math:`\lambda = 1/2`, LEWC predicts logits :math:`2^{-L}(z_a + z_b)`, so
+    :math:`\rho \le 2^{1-L}` (equality when the endpoints' logits coincide), with :math:`L`
+    the depth of the classifier. ``nan`` if every endpoint's logits are 0.
+    """
+    w = normalised_weights(weights, len(state_dicts)) if state_dicts else []
+    merged, members = _merged_and_members(template, state_dicts, merged_state_dict, x, [""])
+    endpoints = sum(wi * _sample_norms(m[""]).mean() for wi, m in zip(w, members, strict=True))
+    return _ratio(_sample_norms(merged[""]).mean(), endpoints)
 
 
 def linear_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -132,10 +265,6 @@ def apply_without_bias(module: nn.Module, z: Tensor) -> Tensor:
         raise ValueError(f"padding_mode {module.padding_mode!r} not supported; only 'zeros'")
     conv = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}[type(module)]
     return conv(z, weight, None, module.stride, module.padding, module.dilation, module.groups)
-
-
-def _sample_norms(t: Tensor) -> Tensor:
-    return t.flatten(1).norm(dim=1)
 
 
 @torch.no_grad()
@@ -256,3 +385,30 @@ def weight_ranks(state_dict: Mapping[str, Tensor]) -> pd.DataFrame:
         if tensor.is_floating_point() and tensor.ndim >= 2
     ]
     return pd.DataFrame(rows, columns=["key", "shape", "stable_rank", "effective_rank"])
+
+
+def hidden_weight_keys(state_dict: Mapping[str, Tensor], head: str = "classifier") -> list[str]:
+    """Keys of the float weights with ``ndim >= 2`` outside module ``head``, in state-dict order.
+
+    For the built-in models (whose output layer is the module ``classifier``) these are the hidden
+    Linear/Conv weights in depth order (a ResNet block lists conv1, conv2, then its shortcut).
+    """
+    return [
+        key
+        for key, tensor in state_dict.items()
+        if tensor.is_floating_point() and tensor.ndim >= 2 and not key.startswith(f"{head}.")
+    ]
+
+
+def stable_ranks(
+    state_dict: Mapping[str, Tensor], keys: Sequence[str] | None = None
+) -> list[float]:
+    r""":func:`stable_rank` :math:`\|W\|_F^2 / \|W\|_2^2` of each weight in ``keys``, in order.
+
+    ``keys`` defaults to :func:`hidden_weight_keys` (the hidden layers, in depth order).
+    """
+    keys = hidden_weight_keys(state_dict) if keys is None else list(keys)
+    missing = [key for key in keys if key not in state_dict]
+    if missing:
+        raise ValueError(f"key {missing[0]!r} not in the state dict; allowed: its weight keys")
+    return [stable_rank(state_dict[key]) for key in keys]

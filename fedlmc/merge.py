@@ -38,8 +38,15 @@ def normalised_weights(weights: Sequence[float] | None, count: int) -> list[floa
 
 
 def check_compatible(state_dicts: Sequence[Mapping[str, Tensor]]) -> None:
-    """Raise ``ValueError`` naming the first key that is missing or has a different shape."""
+    """Raise ``ValueError`` naming the first key that is missing, has a different shape, or is
+    complex (averaging in float64 would drop the imaginary part)."""
     reference = state_dicts[0]
+    for key, tensor in reference.items():
+        if tensor.is_complex():
+            raise ValueError(
+                f"key {key!r} is a complex tensor ({tensor.dtype}); allowed: real floating-point, "
+                "integer or bool tensors"
+            )
     for index, sd in enumerate(state_dicts[1:], start=1):
         missing = set(reference) ^ set(sd)
         if missing:
@@ -68,7 +75,7 @@ def average(
     merged: StateDict = {}
     for key, ref in state_dicts[0].items():
         tensors = [sd[key] for sd in state_dicts]
-        if ref.is_floating_point() or ref.is_complex():
+        if ref.is_floating_point():
             acc = sum(
                 wi * t.detach().to(device=ref.device, dtype=torch.float64)
                 for wi, t in zip(w, tensors, strict=True)

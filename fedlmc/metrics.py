@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from fedlmc.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
 from fedlmc.evaluation import metrics_from_logits, predict_logits, resolve_device
 from fedlmc.merge import interpolate, load_state
+from fedlmc.repair import repair
 
 Data = tuple[Tensor, Tensor]
 CURVE_COLUMNS = ("lam", "accuracy", "nll", "ece", "temperature", "nll_calibrated", "ece_calibrated")
@@ -77,6 +78,7 @@ def interpolation_curve(
     lambdas: int | Sequence[float] = 25,
     calibration: Data | None = None,
     bn_data: Tensor | Data | None = None,
+    repair_data: Tensor | None = None,
     batch_size: int = 1024,
     device: str | None = None,
 ) -> pd.DataFrame:
@@ -84,18 +86,26 @@ def interpolation_curve(
 
     ``model`` is a template (never modified); at each ``lam`` a copy is loaded with the
     interpolated weights, BN statistics are re-estimated on ``bn_data`` if given and the model has
-    BatchNorm, and the temperature is refitted on ``calibration = (x, y)`` if given (otherwise
-    ``temperature = 1`` and the ``*_calibrated`` columns equal the raw ones).
+    BatchNorm, every interior point of a model without BatchNorm is repaired on the inputs
+    ``repair_data`` if given (:func:`fedlmc.repair.repair` with endpoint weights
+    ``lam, 1 - lam``: the path REPAIR reports barriers on), and the temperature is refitted on
+    ``calibration = (x, y)`` if given (otherwise ``temperature = 1`` and the ``*_calibrated``
+    columns equal the raw ones).
 
     Returns a DataFrame with columns ``lam, accuracy, nll, ece, temperature, nll_calibrated,
     ece_calibrated``, one row per ``lam`` in the given order.
     """
     target = resolve_device(device)
+    endpoints = None
+    if repair_data is not None and not has_batchnorm(model):
+        endpoints = [load_state(model, sd).to(target).eval() for sd in (sd_a, sd_b)]
     rows = []
     for lam in lambda_grid(lambdas):
         merged = load_state(model, interpolate(sd_a, sd_b, lam)).to(target)
         if bn_data is not None and has_batchnorm(merged):
             reset_bn_stats(merged, bn_data)
+        elif endpoints is not None and 0.0 < lam < 1.0:
+            merged = repair(merged.eval(), endpoints, [lam, 1.0 - lam], repair_data)
         rows.append({"lam": lam, **point_metrics(merged, test, calibration, batch_size=batch_size)})
     return pd.DataFrame(rows, columns=list(CURVE_COLUMNS))
 

@@ -14,7 +14,8 @@ Each model carries
   walking its own submodules.
 
 Options are passed as keywords (``build_model("mlp", depth=2)``) or, equivalently, as one mapping
-``options={"depth": 2}``.
+``options={"depth": 2}``. Which models exist, their default norm and their options are registered
+in :mod:`fedlmc.architectures` (``register_model``); :func:`build_model` reads them from there.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from __future__ import annotations
 import math
 import numbers
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor, nn
 
+from fedlmc.architectures import NORMS, model_entry, model_names, register_model
 from fedlmc.permutation import (
     Axis,
     PermutationSpec,
@@ -38,7 +40,6 @@ from fedlmc.permutation import (
 )
 
 __all__ = [
-    "MODELS",
     "NORMS",
     "MLP",
     "VGG11",
@@ -46,18 +47,12 @@ __all__ = [
     "PermutationSpec",
     "apply_permutation",
     "build_model",
+    "model_names",
     "permutation_spec",
+    "register_model",
     "scaled",
 ]
 
-MODELS = ("mlp", "vgg11", "resnet20")
-NORMS = ("bn", "ln", "none")
-DEFAULT_NORM = {"mlp": "none", "vgg11": "bn", "resnet20": "bn"}
-DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
-    "mlp": {"depth": 3, "base_hidden": 128, "bias": True},
-    "vgg11": {"bias": True},
-    "resnet20": {"bias": False},
-}
 VGG11_LAYOUT = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 RESNET20_STAGES = (16, 32, 64)
 RESNET20_BLOCKS = 3
@@ -309,12 +304,6 @@ class ResNet20(nn.Module):
         return spec_from_groups(groups, activations, self.state_dict())
 
 
-def _check_choice(what: str, value: Any, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
-    return value
-
-
 def _is_int(value: Any) -> bool:
     """A Python or NumPy integer, not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -342,22 +331,6 @@ def _check_in_shape(in_shape: Any) -> tuple[int, int, int]:
     return tuple(int(n) for n in shape)
 
 
-def _resolve_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    allowed = DEFAULT_OPTIONS[name]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"unknown option {unknown[0]!r} for model {name!r}; allowed: {', '.join(allowed)}"
-        )
-    resolved = {**allowed, **options}
-    if not isinstance(resolved["bias"], bool):
-        raise ValueError(f"bias {resolved['bias']!r} must be True or False")
-    for key in ("depth", "base_hidden"):
-        if key in resolved:
-            resolved[key] = _check_positive_int(key, resolved[key])
-    return resolved
-
-
 def build_model(
     name: str,
     width: float = 1.0,
@@ -366,21 +339,23 @@ def build_model(
     norm: str | None = None,
     **options: Any,
 ) -> nn.Module:
-    """Build ``name`` in {mlp, vgg11, resnet20} at ``width`` with ``norm`` in {bn, ln, none}.
+    """Build the registered model ``name`` at ``width`` with ``norm`` in {bn, ln, none}.
 
-    Options: mlp ``depth=3`` (hidden layers), ``base_hidden=128``, ``bias=True``; vgg11
-    ``bias=True``; resnet20 ``bias=False`` (``bias`` applies to every conv/linear layer). ``norm``
-    defaults to ``none`` for the MLP and ``bn`` for the conv nets. ``ValueError`` on bad input.
+    Built-in models (:mod:`fedlmc.architectures`): mlp (options ``depth=3`` hidden layers,
+    ``base_hidden=128``, ``bias=True``), vgg11 (``bias=True``), resnet20 (``bias=False``);
+    ``bias`` applies to every conv/linear layer. ``norm`` defaults to the model's registered
+    default (``none`` for the MLP, ``bn`` for the conv nets). ``ValueError`` on bad input.
     """
-    name = _check_choice("model", name, MODELS)
+    entry = model_entry(name)
     width = _check_width(width)
     num_classes = _check_positive_int("num_classes", num_classes)
     in_shape = _check_in_shape(in_shape)
-    norm = _check_choice("norm", DEFAULT_NORM[name] if norm is None else norm, NORMS)
+    norm = entry.default_norm if norm is None else norm
+    if norm not in NORMS:
+        raise ValueError(f"unknown norm {norm!r}; allowed: {', '.join(NORMS)}")
     nested = options.pop("options", None) or {}
-    resolved = _resolve_options(name, {**nested, **options})
-    classes = {"mlp": MLP, "vgg11": VGG11, "resnet20": ResNet20}
-    model = classes[name](width, num_classes, in_shape, norm, **resolved)
+    resolved = entry.resolve_options({**nested, **options})
+    model = entry.build_function()(width, num_classes, in_shape, norm, **resolved)
     model.config = {
         "name": name,
         "width": width,

@@ -19,6 +19,10 @@ Schemes (``PARTITION_SCHEMES``):
   ``classes_per_client`` classes ("first-deterministic": client ``i`` gets class ``i mod C``
   plus random others, so every class is used when ``K >= C``); a class is split evenly among
   the clients that hold it. Classes held by no client (possible when ``K * c < C``) are dropped.
+- ``"full"``: every client gets the whole pool (in the pool's seeded order); the clients differ
+  only by their seeds. This is the paper's setting (Ito et al.; Git Re-Basin: two models trained
+  on all the data from different initialisations), the reference point for the federated
+  schemes, not federated learning itself.
 - ``"shard"``: ``ShardPartitioner`` (McMahan et al. 2017): the pool is sorted by label, cut into
   ``K * classes_per_client`` shards of ``ceil(N / (K * classes_per_client))`` consecutive
   examples (the last one may be shorter, none is dropped), and shards are dealt out at random.
@@ -36,9 +40,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-Data = tuple[Tensor, Tensor]
+from fedlmc.datasets_catalog import PARTITION_SCHEMES
 
-PARTITION_SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "pathological", "shard")
+Data = tuple[Tensor, Tensor]
 
 
 def partition(
@@ -51,7 +55,8 @@ def partition(
     seed: int = 0,
     min_partition_size: int | None = None,
 ) -> list[Data]:
-    """Split ``train = (x, y)`` into ``num_clients`` disjoint ``(x_i, y_i)`` parts (module doc)."""
+    """Split ``train = (x, y)`` into ``num_clients`` parts (module doc): disjoint ones, or the
+    whole pool for every client with ``scheme="full"``."""
     x, y = train
     if len(x) != len(y):
         raise ValueError(f"train x has {len(x)} rows but y has {len(y)}; they must match")
@@ -89,6 +94,8 @@ def partition_indices(
             f"min_partition_size={min_partition_size} must be in [1, {len(y) // num_clients}]"
         )
     order = np.random.default_rng(seed).permutation(len(y))
+    if scheme == "full":
+        return [order.astype(np.int64) for _ in range(num_clients)]
     partitioner = _make_partitioner(
         scheme, num_clients, alpha, classes_per_client, seed, min_partition_size, len(y)
     )

@@ -2,7 +2,9 @@ r"""Comparison of one-shot merge methods on the client models of one federated r
 
 Given the client state dicts :math:`\theta_1, \dots, \theta_N` of one round (same architecture)
 and their merge weights :math:`c_i` (e.g. sample counts, :math:`w_i = c_i / \sum_j c_j`), every
-method of :data:`METHODS` is evaluated on the *same* client models and gives one tidy row:
+method of :func:`fedlmc.methods.study_methods` is evaluated on the *same* client models and gives
+one tidy row (columns: :mod:`fedlmc.rows`). The merge methods are those registered in
+:mod:`fedlmc.methods`; the built-in ones:
 
 - ``average``: :math:`\bar\theta = \sum_i w_i \theta_i` (no permutation).
 - ``weight_matching`` / ``activation_matching``: every client is permuted onto the reference
@@ -10,6 +12,7 @@ method of :data:`METHODS` is evaluated on the *same* client models and gives one
   then :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)` with :math:`\pi_0 = \mathrm{id}`.
 - ``merge_many``: MergeMany (each model repeatedly matched to the mean of the others), then the
   weighted mean of the permuted models.
+- ``random_permutation``: the scrambled control, every client but the first randomly permuted.
 - ``<method>_t``: the same merged model with one softmax temperature fitted on the server split,
   :math:`p(y|x) = \mathrm{softmax}(f(x; \bar\theta) / T)`; :math:`T` never changes the accuracy.
 - ``ensemble``: :math:`p(y|x) = \sum_i w_i \, \mathrm{softmax}(f(x; \theta_i))`, the N-forward-pass
@@ -20,12 +23,14 @@ client: it is the server's own small data set, used to fit temperatures, to prov
 activation matching and, for BatchNorm models, to re-estimate the merged model's running
 statistics (REPAIR-style reset, Jordan et al. 2023). All reported metrics are on the test split.
 
-Barriers. Two clients: the interpolation curve
-:math:`\theta(\lambda) = \lambda \theta_1 + (1-\lambda) \pi(\theta_2)` (:math:`\pi` = the method's
-alignment, identity for ``average``) on the test split, with :math:`T` refitted on the server split
-at every :math:`\lambda`, and :func:`fedlmc.metrics.barriers` of it (``barrier_kind = "curve"``).
-More than two clients (or ``diagnostics=False``): :func:`fedlmc.metrics.merge_gap` of the merged
-model against the mean of the endpoints (``barrier_kind = "merge_gap"``).
+Every row has the merge gap (:func:`fedlmc.metrics.merge_gap`: the merged model against the mean
+of the endpoints, ``merge_gap_*``). Two clients with diagnostics on also get barriers: the
+interpolation curve :math:`\theta(\lambda) = \lambda \theta_1 + (1-\lambda) \pi(\theta_2)`
+(:math:`\pi` = the method's alignment, identity for ``average``) on the test split, with
+:math:`T` refitted on the server split at every :math:`\lambda`, and
+:func:`fedlmc.metrics.barriers` of it: signed at :math:`\lambda = 1/2` (``*_barrier_half``, the
+paper's Table 1) and the maximum over the path (``*_barrier_max``). Column definitions:
+:mod:`fedlmc.rows`.
 
 For BatchNorm models every point of the curve (its endpoints included) has its statistics
 re-estimated on the server split, while the endpoint columns use each client's own statistics.
@@ -39,18 +44,25 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from fedlmc.align import align_to_reference, merge_many
 from fedlmc.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
-from fedlmc.diagnostics import lewc_cosine, reciprocal_orthogonality, relu_additivity_error
+from fedlmc.diagnostics import (
+    hidden_weight_keys,
+    layer_names_of,
+    layer_predictions,
+    lewc_cosine,
+    logit_norm_ratio,
+    reciprocal_orthogonality,
+    relu_additivity_error,
+    stable_ranks,
+)
 from fedlmc.evaluation import (
     ensemble_probs,
     metrics_from_logits,
@@ -58,84 +70,38 @@ from fedlmc.evaluation import (
     predict_logits,
     resolve_device,
 )
-from fedlmc.merge import average, load_state, normalised_weights
+from fedlmc.merge import interpolate, load_state, normalised_weights
+from fedlmc.methods import (
+    CALIBRATED_SUFFIX,
+    REFERENCE_METHODS,
+    base_method,
+    merge_method,
+    merge_with_info,
+    study_methods,
+)
 from fedlmc.metrics import barriers, interpolation_curve, merge_gap
-from fedlmc.models import apply_permutation, permutation_spec
+from fedlmc.permutation import PermutationSpec, permutation_spec
+from fedlmc.repair import repair
+from fedlmc.rows import curve_json, empty_row, endpoint_columns, finite_mean, metric_columns
 
 if TYPE_CHECKING:
     from fedlmc.data import DataSplits
 
 StateDict = dict[str, Tensor]
 Progress = Callable[[str], None] | None
-
-BASE_METHODS = ("average", "weight_matching", "activation_matching", "merge_many")
-METHODS = (
-    "average",
-    "average_t",
-    "weight_matching",
-    "weight_matching_t",
-    "activation_matching",
-    "activation_matching_t",
-    "merge_many",
-    "merge_many_t",
-    "ensemble",
-)
-COLUMNS = (
-    "method",
-    "num_clients",
-    "endpoint_acc_mean",
-    "endpoint_acc_min",
-    "endpoint_acc_max",
-    "endpoint_nll_mean",
-    "ensemble_acc",
-    "ensemble_nll",
-    "accuracy",
-    "nll",
-    "ece",
-    "temperature",
-    "nll_raw",
-    "ece_raw",
-    "nll_calibrated",
-    "ece_calibrated",
-    "acc_gap",
-    "accuracy_barrier",
-    "loss_barrier",
-    "loss_barrier_calibrated",
-    "barrier_kind",
-    "lewc_cos_mean",
-    "lewc_cos_layers",
-    "recip_orth_mean",
-    "relu_additivity_mean",
-    "merge_seconds",
-    "curve",
-)
-STRING_COLUMNS = ("method", "barrier_kind", "lewc_cos_layers", "curve")
-INT_COLUMNS = ("num_clients",)
-NAN = float("nan")
-
-
-def base_method(method: str) -> str:
-    """The merge behind ``method``: ``"weight_matching_t"`` -> ``"weight_matching"``."""
-    return method[:-2] if method.endswith("_t") else method
+QUARTER = 0.25  # the second point of the path where LEWC and LLFC are compared
+PAIRWISE_MAX_CLIENTS = 6  # pairwise barrier matrices up to this many clients (N(N-1)/2 paths)
 
 
 def check_methods(methods: Sequence[str]) -> list[str]:
     """``methods`` without duplicates, in order; ``ValueError`` naming an unknown one."""
     if isinstance(methods, str):
         methods = [methods]
+    allowed = study_methods()
     for method in methods:
-        if method not in METHODS:
-            raise ValueError(f"unknown merge method {method!r}; allowed: {', '.join(METHODS)}")
+        if method not in allowed:
+            raise ValueError(f"unknown merge method {method!r}; allowed: {', '.join(allowed)}")
     return list(dict.fromkeys(methods))
-
-
-def empty_row(method: str, num_clients: int) -> dict[str, Any]:
-    """A row with every column present: NaN floats, empty strings."""
-    row: dict[str, Any] = {name: NAN for name in COLUMNS}
-    row.update({name: "" for name in STRING_COLUMNS})
-    row["method"] = method
-    row["num_clients"] = int(num_clients)
-    return row
 
 
 def _say(progress: Progress, message: str) -> None:
@@ -155,33 +121,8 @@ class Merged:
     aligned: list[StateDict]
     seconds: float
     bn_reset: bool
-
-
-def _aligned_states(
-    method: str,
-    template: nn.Module,
-    states: Sequence[StateDict],
-    weights: list[float],
-    splits: DataSplits,
-    seed: int,
-    device: torch.device,
-) -> tuple[list[StateDict], StateDict | None]:
-    """The clients permuted onto a common basis (and MergeMany's merged weights, if it ran)."""
-    if method == "average" or len(states) == 1:
-        return list(states), None
-    spec = permutation_spec(template)
-    if method == "merge_many":
-        merged, perms = merge_many(spec, list(states), weights=weights, seed=seed)
-        return [apply_permutation(spec, p, sd) for p, sd in zip(perms, states, strict=True)], merged
-    if method == "weight_matching":
-        aligned = align_to_reference(spec, list(states), reference=0, method="weight", seed=seed)
-        return aligned, None
-    models = [load_state(template, sd).to(device).eval() for sd in states]
-    x = splits.server[0]
-    aligned = align_to_reference(
-        spec, list(states), reference=0, method="activation", models=models, x=x, seed=seed
-    )
-    return aligned, None
+    repaired: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 def _merge(
@@ -192,21 +133,40 @@ def _merge(
     splits: DataSplits,
     seed: int,
     device: torch.device,
+    spec: PermutationSpec | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Merged:
+    """The registered merge of ``method``, then BN statistics re-estimated on the server split
+    (BatchNorm models) or, for REPAIR methods, every hidden unit repaired on its inputs."""
     start = time.perf_counter()
-    aligned, merged = _aligned_states(method, template, states, weights, splits, seed, device)
-    if merged is None:
-        merged = average(aligned, weights)
+    entry = merge_method(method)
+    server_data = splits.server if len(splits.server[1]) else None
+    merged, aligned, info = merge_with_info(
+        method,
+        template,
+        states,
+        weights,
+        server_data=server_data,
+        seed=seed,
+        device=device,
+        spec=spec,
+        options=options,
+    )
     model = load_state(template, merged).to(device).eval()
-    bn_reset = has_batchnorm(model)
+    bn_reset = has_batchnorm(model) and entry.reestimate_bn
     if bn_reset:
         reset_bn_stats(model, splits.server)
         model.eval()
+    repaired = not bn_reset and entry.repair and len(aligned) > 1
+    if repaired:
+        endpoints = [load_state(template, sd).to(device).eval() for sd in aligned]
+        model = repair(model, endpoints, weights, splits.server[0]).eval()
+    if bn_reset or entry.repair:
         merged = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    return Merged(model, merged, aligned, seconds, bn_reset)
+    return Merged(model, merged, aligned, seconds, bn_reset, repaired, info)
 
 
 def merge_clients(
@@ -218,10 +178,10 @@ def merge_clients(
     *,
     seed: int = 0,
     device: str | torch.device | None = None,
+    spec: PermutationSpec | None = None,
 ) -> tuple[StateDict, dict[str, Any]]:
-    r"""Merged weights for one base method (``average``, ``weight_matching``,
-    ``activation_matching`` or ``merge_many``; a ``_t`` suffix is accepted and ignored, the
-    temperature does not change the weights).
+    r"""Merged weights for one registered merge method (:mod:`fedlmc.methods`; a ``_t`` suffix is
+    accepted and ignored, the temperature does not change the weights).
 
     Multi-client weight/activation matching aligns every client to client 0 and takes the
     weighted mean :math:`\sum_i w_i \pi_i(\theta_i)`; activation matching correlates activations on
@@ -232,11 +192,11 @@ def merge_clients(
     + BN reset), "bn_reset", "aligned"}``; ``aligned`` is the list of clients in the merged basis
     (client 0 unchanged for the reference-based methods).
     """
-    if not isinstance(method, str) or base_method(method) not in BASE_METHODS:
-        raise ValueError(f"unknown merge method {method!r}; allowed: {', '.join(BASE_METHODS)}")
+    merge_method(method)  # ValueError naming the registered methods
     _check_states(states)
     w = normalised_weights(weights, len(states))
-    merged = _merge(base_method(method), template, states, w, splits, seed, resolve_device(device))
+    dev = resolve_device(device)
+    merged = _merge(base_method(method), template, states, w, splits, seed, dev, spec)
     info = {
         "method": base_method(method),
         "merge_seconds": merged.seconds,
@@ -281,17 +241,6 @@ class Predictions:
         }
 
 
-def endpoint_columns(endpoints: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Unweighted mean, min and max test accuracy and mean test NLL of the clients."""
-    acc = [e["accuracy"] for e in endpoints]
-    return {
-        "endpoint_acc_mean": sum(acc) / len(acc),
-        "endpoint_acc_min": min(acc),
-        "endpoint_acc_max": max(acc),
-        "endpoint_nll_mean": sum(e["nll_raw"] for e in endpoints) / len(endpoints),
-    }
-
-
 def _gap_inputs(metrics: Mapping[str, float]) -> dict[str, float]:
     """The keys :func:`fedlmc.metrics.merge_gap` reads."""
     return {
@@ -301,18 +250,92 @@ def _gap_inputs(metrics: Mapping[str, float]) -> dict[str, float]:
     }
 
 
+def _half_and_max(curve) -> dict[str, float]:
+    """Loss barriers (raw, calibrated) of a curve: signed at lambda = 1/2, and the maximum."""
+    found = barriers(curve)
+    return {
+        "half": float(found["loss_barrier_at_half"]),
+        "half_calibrated": float(found["loss_barrier_calibrated_at_half"]),
+        "max": float(found["loss_barrier"]),
+        "max_calibrated": float(found["loss_barrier_calibrated"]),
+    }
+
+
+def client_barrier_columns(
+    template: nn.Module,
+    merged: Merged,
+    splits: DataSplits,
+    lambdas: int,
+    device: torch.device,
+) -> dict[str, float]:
+    r"""Barriers on each client's path to the merge, :math:`\lambda \pi_i(\theta_i) +
+    (1-\lambda)\bar\theta`: mean and worst over clients (columns in :mod:`fedlmc.rows`)."""
+    per_client = [
+        _half_and_max(
+            interpolation_curve(
+                template,
+                client,
+                merged.state,
+                splits.test,
+                lambdas=lambdas,
+                calibration=splits.server,
+                bn_data=splits.server if merged.bn_reset else None,
+                device=device,
+            )
+        )
+        for client in merged.aligned
+    ]
+    columns = {}
+    for key in per_client[0]:
+        values = [found[key] for found in per_client]
+        columns[f"client_loss_barrier_{key}_mean"] = sum(values) / len(values)
+        columns[f"client_loss_barrier_{key}_worst"] = max(values)
+    return columns
+
+
+def pairwise_barrier_columns(
+    template: nn.Module, merged: Merged, splits: DataSplits, device: torch.device
+) -> dict[str, str]:
+    """The N x N loss barrier at lambda = 1/2 between the clients in the merge's basis (raw and
+    calibrated; JSON matrices, symmetric, 0 on the diagonal)."""
+    count = len(merged.aligned)
+    raw = [[0.0] * count for _ in range(count)]
+    calibrated = [[0.0] * count for _ in range(count)]
+    for i in range(count):
+        for j in range(i + 1, count):
+            curve = interpolation_curve(
+                template,
+                merged.aligned[i],
+                merged.aligned[j],
+                splits.test,
+                lambdas=[0.0, 0.5, 1.0],
+                calibration=splits.server,
+                bn_data=splits.server if merged.bn_reset else None,
+                device=device,
+            )
+            found = _half_and_max(curve)
+            raw[i][j] = raw[j][i] = found["half"]
+            calibrated[i][j] = calibrated[j][i] = found["half_calibrated"]
+    return {
+        "pairwise_loss_barrier_half": json.dumps(raw),
+        "pairwise_loss_barrier_half_calibrated": json.dumps(calibrated),
+    }
+
+
+def gap_columns(
+    endpoints: Sequence[Mapping[str, float]], merged: Mapping[str, float]
+) -> dict[str, float]:
+    """``merge_gap_*`` columns: the merged model against the mean of the endpoints
+    (:func:`fedlmc.metrics.merge_gap`; metrics dicts as :meth:`Predictions.metrics` gives)."""
+    gap = merge_gap([_gap_inputs(e) for e in endpoints], _gap_inputs(merged))
+    return {
+        "merge_gap_accuracy": gap["accuracy_gap"],
+        "merge_gap_loss": gap["loss_gap"],
+        "merge_gap_loss_calibrated": gap["loss_gap_calibrated"],
+    }
+
+
 # ----------------------------------------------------------------------------- diagnostics
-
-
-def _finite_mean(values: Sequence[float]) -> float:
-    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return sum(values) / len(values) if values else NAN
-
-
-def curve_json(curve) -> str:
-    """The interpolation curve as JSON ``{lam, accuracy, nll, nll_calibrated}`` lists."""
-    keys = ("lam", "accuracy", "nll", "nll_calibrated")
-    return json.dumps({k: [float(v) for v in curve[k]] for k in keys})
 
 
 def _orthogonality_mean(layers: Sequence[Mapping[str, Any]]) -> float:
@@ -320,30 +343,97 @@ def _orthogonality_mean(layers: Sequence[Mapping[str, Any]]) -> float:
     Linear/Conv layer: it sees the same input in both models, so its ratios are 1 by construction.
     """
     values = [float(layer[k]) for layer in layers[1:] for k in ("ratio_ab", "ratio_ba")]
-    return _finite_mean(values)
+    return finite_mean(values)
+
+
+def _json_list(values: Sequence[float]) -> str:
+    return json.dumps([float(v) for v in values])
+
+
+def prediction_columns(
+    template: nn.Module,
+    states: Sequence[StateDict],
+    weights: Sequence[float],
+    merged_state: StateDict,
+    x: Tensor,
+    layer_names: Sequence[str],
+    suffix: str = "",
+) -> dict[str, Any]:
+    """LEWC and LLFC relative errors and norm ratios per layer
+    (:func:`fedlmc.diagnostics.layer_predictions`), with ``suffix`` on every column name."""
+    layers = layer_predictions(template, states, weights, merged_state, x, layer_names)
+    columns = {
+        f"lewc_error_mean{suffix}": finite_mean([r["lewc_error"] for r in layers]),
+        f"llfc_error_mean{suffix}": finite_mean([r["llfc_error"] for r in layers]),
+    }
+    for key in ("lewc_error", "llfc_error", "norm_ratio", "lewc_norm_ratio"):
+        columns[f"{key}_layers{suffix}"] = _json_list([r[key] for r in layers])
+    return columns
+
+
+def _quarter_state(
+    template: nn.Module, merged: Merged, splits: DataSplits, device: torch.device
+) -> StateDict:
+    r""":math:`\theta(1/4) = \theta_a / 4 + 3 \pi(\theta_b) / 4` (BN statistics re-estimated like
+    the merge's)."""
+    state = interpolate(merged.aligned[0], merged.aligned[1], QUARTER)
+    if not merged.bn_reset:
+        return state
+    model = load_state(template, state).to(device).eval()
+    reset_bn_stats(model, splits.server)
+    return {k: v.detach().cpu().clone() for k, v in model.eval().state_dict().items()}
 
 
 def diagnostic_columns(
     template: nn.Module,
     merged: Merged,
     weights: list[float],
+    splits: DataSplits,
     x: Tensor,
     device: torch.device,
+    layer_names: Sequence[str],
 ) -> dict[str, Any]:
-    """LEWC cosine per layer, reciprocal orthogonality and ReLU additivity of clients 0 and 1
-    (in the merged basis) on the inputs ``x``."""
-    cos = [float(c) for c in lewc_cosine(template, merged.aligned, weights, merged.state, x)]
+    """LEWC cosine and LEWC/LLFC errors per layer (at the merge weights and, for two clients, at
+    lambda = 1/4), the logit norm ratio, and reciprocal orthogonality and ReLU additivity of
+    clients 0 and 1 (in the merged basis), all on the inputs ``x``."""
+    cos = lewc_cosine(template, merged.aligned, weights, merged.state, x, layer_names)
+    columns: dict[str, Any] = {
+        "lewc_cos_mean": finite_mean(cos),
+        "lewc_cos_layers": _json_list(cos),
+        **prediction_columns(template, merged.aligned, weights, merged.state, x, layer_names),
+        "logit_norm_ratio": logit_norm_ratio(template, merged.aligned, merged.state, x, weights),
+    }
+    if len(merged.aligned) == 2:
+        quarter = _quarter_state(template, merged, splits, device)
+        pair = [QUARTER, 1.0 - QUARTER]
+        columns.update(
+            prediction_columns(
+                template, merged.aligned, pair, quarter, x, layer_names, suffix="_quarter"
+            )
+        )
     model_a = load_state(template, merged.aligned[0]).to(device).eval()
     model_b = load_state(template, merged.aligned[1]).to(device).eval()
     orth = reciprocal_orthogonality(model_a, model_b, x)
     lam = weights[0] / (weights[0] + weights[1]) if weights[0] + weights[1] > 0 else 0.5
     relu = relu_additivity_error(model_a, model_b, x, lam=lam)
-    return {
-        "lewc_cos_mean": _finite_mean(cos),
-        "lewc_cos_layers": json.dumps(cos),
-        "recip_orth_mean": _orthogonality_mean(orth),
-        "relu_additivity_mean": _finite_mean(relu),
-    }
+    columns.update(
+        {
+            "recip_orth_mean": _orthogonality_mean(orth),
+            "recip_orth_layers": _json_list(
+                [(layer["ratio_ab"] + layer["ratio_ba"]) / 2 for layer in orth]
+            ),
+            "relu_additivity_mean": finite_mean(relu),
+            "relu_additivity_layers": _json_list(relu),
+        }
+    )
+    return columns
+
+
+def stable_rank_columns(states: Sequence[StateDict], head: str) -> dict[str, str]:
+    """``stable_rank_layers``: per hidden weight (every weight outside the output module
+    ``head``), the mean stable rank over the clients."""
+    ranks = [stable_ranks(sd, hidden_weight_keys(sd, head)) for sd in states]
+    return {"stable_rank_layers": _json_list([sum(r) / len(r) for r in zip(*ranks, strict=True)])}
 
 
 def curve_columns(
@@ -353,7 +443,8 @@ def curve_columns(
     lambdas: int,
     device: torch.device,
 ) -> dict[str, Any]:
-    """Barriers from the curve between client 0 and the aligned client 1 (two clients only)."""
+    """Barriers at lambda = 1/2 (signed) and their maximum over the path between client 0 and
+    the aligned client 1 (two clients only)."""
     curve = interpolation_curve(
         template,
         merged.aligned[0],
@@ -362,44 +453,19 @@ def curve_columns(
         lambdas=lambdas,
         calibration=splits.server,
         bn_data=splits.server if merged.bn_reset else None,
+        repair_data=splits.server[0] if merged.repaired else None,
         device=device,
     )
     found = barriers(curve)
-    return {
-        "accuracy_barrier": float(found["accuracy_barrier"]),
-        "loss_barrier": float(found["loss_barrier"]),
-        "loss_barrier_calibrated": float(found["loss_barrier_calibrated"]),
-        "barrier_kind": "curve",
-        "curve": curve_json(curve),
-    }
-
-
-def gap_columns(endpoints: Sequence[Mapping[str, float]], merged: Mapping[str, float]) -> dict:
-    """Barrier columns from :func:`fedlmc.metrics.merge_gap` (merged vs mean of endpoints)."""
-    gap = merge_gap([_gap_inputs(e) for e in endpoints], _gap_inputs(merged))
-    return {
-        "accuracy_barrier": gap["accuracy_gap"],
-        "loss_barrier": gap["loss_gap"],
-        "loss_barrier_calibrated": gap["loss_gap_calibrated"],
-        "barrier_kind": "merge_gap",
-    }
+    columns: dict[str, Any] = {"curve": curve_json(curve)}
+    for name in ("accuracy_barrier", "loss_barrier", "loss_barrier_calibrated"):
+        head, _, tail = name.partition("_barrier")
+        columns[f"{head}_barrier_half{tail}"] = float(found[f"{name}_at_half"])
+        columns[f"{head}_barrier_max{tail}"] = float(found[name])
+    return columns
 
 
 # ----------------------------------------------------------------------------- rows
-
-
-def _metric_columns(metrics: Mapping[str, float], calibrated: bool, temperature: float) -> dict:
-    suffix = "calibrated" if calibrated else "raw"
-    return {
-        "accuracy": metrics["accuracy"],
-        "nll": metrics[f"nll_{suffix}"],
-        "ece": metrics[f"ece_{suffix}"],
-        "temperature": temperature if calibrated else 1.0,
-        "nll_raw": metrics["nll_raw"],
-        "ece_raw": metrics["ece_raw"],
-        "nll_calibrated": metrics["nll_calibrated"],
-        "ece_calibrated": metrics["ece_calibrated"],
-    }
 
 
 @dataclass
@@ -415,6 +481,9 @@ class _Cell:
     lambdas: int
     diagnostics: bool
     diagnostic_x: Tensor
+    spec: PermutationSpec | None
+    layer_names: list[str]
+    options: dict[str, Any]
     progress: Progress
     endpoints: list[dict[str, float]]
     ensemble: dict[str, float]
@@ -422,11 +491,26 @@ class _Cell:
 
 
 def _prepare(
-    template, states, weights, splits, *, device, seed, lambdas, diagnostics, samples, progress
+    template: nn.Module,
+    states: Sequence[StateDict],
+    weights: Sequence[float] | None,
+    splits: DataSplits,
+    *,
+    device: torch.device,
+    seed: int,
+    lambdas: int,
+    diagnostics: bool,
+    samples: int,
+    spec: PermutationSpec | None,
+    layer_names: Sequence[str] | None,
+    options: dict[str, Any] | None,
+    progress: Progress,
 ) -> _Cell:
     states = list(states)
     w = normalised_weights(weights, len(states))
     labels = splits.test[1]
+    x = splits.test[0][:samples]
+    names = layer_names_of(template, x.to(device), layer_names) if diagnostics else []
     endpoints, logits = [], []
     for i, sd in enumerate(states):
         _say(progress, f"predicting client {i + 1}/{len(states)}")
@@ -439,6 +523,8 @@ def _prepare(
         "ensemble_acc": ens["accuracy"],
         "ensemble_nll": ens["nll"],
     }
+    if diagnostics:
+        common.update(stable_rank_columns(states, head=names[-1]))
     return _Cell(
         template,
         states,
@@ -448,7 +534,10 @@ def _prepare(
         seed,
         lambdas,
         diagnostics,
-        splits.test[0][:samples],
+        x,
+        spec,
+        names,
+        dict(options or {}),
         progress,
         endpoints,
         ens,
@@ -467,32 +556,74 @@ def _ensemble_row(cell: _Cell) -> dict[str, Any]:
         temperature=1.0,
         nll_raw=ens["nll"],
         ece_raw=ens["ece"],
+        merge_gap_accuracy=row["endpoint_acc_mean"] - ens["accuracy"],
+        merge_gap_loss=ens["nll"] - row["endpoint_nll_mean"],
     )
-    row["acc_gap"] = row["endpoint_acc_mean"] - row["accuracy"]
     return row
 
 
-def _base_columns(cell: _Cell, method: str) -> tuple[dict[str, Any], dict[str, float], float]:
+@dataclass
+class _BaseMerge:
+    """One base merge and every column its raw and ``_t`` rows share."""
+
+    merged: Merged
+    columns: dict[str, Any]
+    metrics: dict[str, float]
+    temperature: float
+
+
+def _base_columns(cell: _Cell, method: str) -> _BaseMerge:
     """Merge once for ``method`` and compute every column its raw and ``_t`` rows share."""
     _say(cell.progress, f"merging: {method}")
     merged = _merge(
-        method, cell.template, cell.states, cell.weights, cell.splits, cell.seed, cell.device
+        method,
+        cell.template,
+        cell.states,
+        cell.weights,
+        cell.splits,
+        cell.seed,
+        cell.device,
+        cell.spec,
+        cell.options,
     )
     pred = Predictions.of(merged.model, cell.splits, cell.device)
     metrics = pred.metrics(cell.splits.test[1])
-    columns: dict[str, Any] = {"merge_seconds": merged.seconds}
-    two = len(cell.states) == 2
-    if cell.diagnostics and two:
+    columns: dict[str, Any] = {"merge_seconds": merged.seconds, **merged.info}
+    columns.update(gap_columns(cell.endpoints, metrics))
+    if cell.diagnostics and len(cell.states) == 2:
         _say(cell.progress, f"interpolation curve: {method}")
         columns.update(curve_columns(cell.template, merged, cell.splits, cell.lambdas, cell.device))
-    else:
-        columns.update(gap_columns(cell.endpoints, metrics))
+    if cell.diagnostics and len(cell.states) > 2:
+        _say(cell.progress, f"client barriers: {method}")
+        columns.update(
+            client_barrier_columns(cell.template, merged, cell.splits, cell.lambdas, cell.device)
+        )
+        if len(cell.states) <= PAIRWISE_MAX_CLIENTS:
+            columns.update(
+                pairwise_barrier_columns(cell.template, merged, cell.splits, cell.device)
+            )
     if cell.diagnostics and len(cell.states) >= 2:
         _say(cell.progress, f"diagnostics: {method}")
         columns.update(
-            diagnostic_columns(cell.template, merged, cell.weights, cell.diagnostic_x, cell.device)
+            diagnostic_columns(
+                cell.template,
+                merged,
+                cell.weights,
+                cell.splits,
+                cell.diagnostic_x,
+                cell.device,
+                cell.layer_names,
+            )
         )
-    return columns, metrics, pred.temperature
+    return _BaseMerge(merged, columns, metrics, pred.temperature)
+
+
+@dataclass
+class Comparison:
+    """The rows of :func:`compare_methods` and each base merge's weights (BN re-estimated)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    merged: dict[str, StateDict] = field(default_factory=dict)
 
 
 def evaluate_methods(
@@ -500,25 +631,46 @@ def evaluate_methods(
     states: Sequence[StateDict],
     weights: Sequence[float] | None,
     splits: DataSplits,
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] | None = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """The rows of :func:`compare_methods` (same arguments)."""
+    return compare_methods(template, states, weights, splits, methods, **options).rows
+
+
+def compare_methods(
+    template: nn.Module,
+    states: Sequence[StateDict],
+    weights: Sequence[float] | None,
+    splits: DataSplits,
+    methods: Sequence[str] | None = None,
     *,
     lambdas: int = 25,
     seed: int = 0,
     diagnostics: bool = True,
     diagnostic_samples: int = 512,
     device: str | torch.device | None = None,
+    spec: PermutationSpec | None = None,
+    layer_names: Sequence[str] | None = None,
+    method_options: dict[str, Any] | None = None,
     progress: Progress = None,
-) -> list[dict[str, Any]]:
-    """One row per requested method (columns :data:`COLUMNS`), all on the same client models.
+) -> Comparison:
+    """One row per requested method (columns :data:`fedlmc.rows.COLUMNS`), all on the same client
+    models, and the merged weights of each base merge (``Comparison.merged``).
 
+    ``methods`` defaults to every study method (:func:`fedlmc.methods.study_methods`).
     Each base merge is computed once; its ``_t`` row reuses it with the server-fitted
     temperature. Raw rows have ``temperature = 1``; ``nll_raw``/``nll_calibrated`` (and ECE) are
-    filled for both. ``acc_gap = endpoint_acc_mean - accuracy`` (endpoint means are unweighted).
-    ``diagnostics=False`` skips the interpolation curve, LEWC, orthogonality and ReLU additivity
-    (barriers then come from ``merge_gap``). Diagnostics use the first ``diagnostic_samples``
-    test inputs. ``progress`` (optional) receives one-line status messages.
+    filled for both; the ``merge_gap_*`` columns compare with the unweighted mean endpoint.
+    ``diagnostics=False`` skips the interpolation curves (barriers), LEWC, orthogonality, ReLU
+    additivity and ranks (the merge gap remains). Diagnostics use the first ``diagnostic_samples``
+    test inputs. ``spec`` (default: the template's, derived from its graph for models without a
+    hand-written one) and ``layer_names`` (default: ``template.layer_names``, else derived from
+    the graph) make any traceable model work. ``method_options`` reach every merge method
+    (e.g. ``{"auto_tolerance": 0.05}``). ``progress`` (optional) receives one-line status
+    messages.
     """
-    methods = check_methods(methods)
+    methods = check_methods(study_methods() if methods is None else methods)
     _check_states(states)
     if int(lambdas) < 2:
         raise ValueError(f"lambdas must be an integer >= 2, got {lambdas}")
@@ -526,6 +678,9 @@ def evaluate_methods(
         raise ValueError(f"diagnostic_samples must be >= 1, got {diagnostic_samples}")
     dev = resolve_device(device)
     template = copy.deepcopy(template).to(dev).eval()
+    aligning = any(base_method(m) != "average" for m in methods if m not in REFERENCE_METHODS)
+    if spec is None and aligning and not hasattr(template, "permutation_spec"):
+        spec = permutation_spec(template)  # derived once from the graph, shared by every method
     cell = _prepare(
         template,
         states,
@@ -536,25 +691,29 @@ def evaluate_methods(
         lambdas=int(lambdas),
         diagnostics=diagnostics,
         samples=int(diagnostic_samples),
+        spec=spec,
+        layer_names=layer_names,
+        options=method_options,
         progress=progress,
     )
-    shared: dict[str, tuple[dict[str, Any], dict[str, float], float]] = {}
-    rows = []
+    shared: dict[str, _BaseMerge] = {}
+    result = Comparison()
     for method in methods:
-        if method == "ensemble":
-            rows.append(_ensemble_row(cell))
+        if method in REFERENCE_METHODS:
+            result.rows.append(_ensemble_row(cell))
             continue
         base = base_method(method)
         if base not in shared:
             shared[base] = _base_columns(cell, base)
-        columns, metrics, temperature = shared[base]
+            result.merged[base] = shared[base].merged.state
+        found = shared[base]
         row = empty_row(method, len(cell.states))
         row.update(cell.common)
-        row.update(_metric_columns(metrics, method.endswith("_t"), temperature))
-        row["acc_gap"] = row["endpoint_acc_mean"] - row["accuracy"]
-        row.update(columns)
-        rows.append(row)
-    return rows
+        calibrated = method.endswith(CALIBRATED_SUFFIX)
+        row.update(metric_columns(found.metrics, calibrated, found.temperature))
+        row.update(found.columns)
+        result.rows.append(row)
+    return result
 
 
 def evaluate_model_row(
@@ -566,7 +725,7 @@ def evaluate_model_row(
     num_clients: int = 1,
     device: str | torch.device | None = None,
 ) -> dict[str, Any]:
-    """A row with :data:`COLUMNS` for a single model (e.g. FedAvg's final model).
+    """A row with :data:`fedlmc.rows.COLUMNS` for a single model (e.g. FedAvg's final model).
 
     Test accuracy, NLL and ECE; ``temperature`` is fitted on the server split and used for
     ``nll``/``ece`` when ``calibrated`` (default: ``method`` ends with ``_t``). Endpoint,
@@ -574,9 +733,10 @@ def evaluate_model_row(
     """
     if not isinstance(method, str) or not method:
         raise ValueError(f"method must be a non-empty string, got {method!r}")
-    calibrated = method.endswith("_t") if calibrated is None else bool(calibrated)
+    if calibrated is None:
+        calibrated = method.endswith(CALIBRATED_SUFFIX)
     dev = resolve_device(device)
     pred = Predictions.of(copy.deepcopy(model).to(dev).eval(), splits, dev)
     row = empty_row(method, num_clients)
-    row.update(_metric_columns(pred.metrics(splits.test[1]), calibrated, pred.temperature))
+    row.update(metric_columns(pred.metrics(splits.test[1]), calibrated, pred.temperature))
     return row

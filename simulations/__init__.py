@@ -1,1 +1,26 @@
-"""Flower ClientApp/ServerApp, simulation driver, sweeps, reports and the command line."""
+"""Flower ClientApp/ServerApp, simulation driver, sweeps, reports and the command line.
+
+``simulations.run_federation`` (and ``run_sweep``, ``load_sweep_config``) are imported on first
+use, so that ``import simulations`` (and validating a sweep file) loads neither Flower nor torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "run_federation": "simulations.federation",
+    "run_federation_outcome": "simulations.federation",
+    "run_sweep": "simulations.sweep",
+    "load_sweep_config": "simulations.config",
+    "validate_run_config": "simulations.config",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'simulations' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,14 +1,20 @@
 """The ``fedlmc`` command line.
 
-- ``fedlmc sweep CONFIG.toml [key=value ...] [--out DIR] [--force]``: run (or resume) a sweep,
-  then build its report; the default out dir is ``results/<name>``.
+- ``fedlmc sweep CONFIG.toml [key=value ...] [--out DIR] [--force] [--ray-address ADDR]``: run
+  (or resume) a sweep in one Flower simulation (:mod:`simulations.engine`), then build its
+  report; the default out dir is ``results/<name>``.
 - ``fedlmc report DIR``: (re)build the figures and ``report.md`` of a sweep's out dir.
-- ``fedlmc run [key=value ...]``: one federation with the given run-config keys; prints its rows.
+- ``fedlmc run [key=value ...] [--ray-address ADDR]``: one federation with the given run-config
+  keys; prints its rows.
 - ``fedlmc validate CONFIG.toml [key=value ...]``: check a sweep and print its expanded cells.
+- ``fedlmc methods`` / ``fedlmc models``: the registered merge methods / models (markdown tables,
+  as in the README); ``fedlmc keys``: every run-config key.
 
 Configuration errors (and ``ValueError`` from bad data or partition settings) end with one line
-``fedlmc: error: ...`` on stderr and exit status 2, without a traceback. ``sweep`` exits 1 when
-every cell failed; ``run`` exits 1 (one line on stderr) when the federation fails.
+``fedlmc: error: ...`` on stderr and exit status 2, without a traceback; so does a
+``--ray-address`` where no Ray cluster answers. ``sweep`` exits 1 when every cell failed, or
+(one line) when the simulation stopped with cells unfinished (a rerun resumes); ``run`` exits 1
+(one line on stderr) when the federation fails.
 """
 
 from __future__ import annotations
@@ -19,15 +25,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedlmc.config import (
+from simulations.config import (
     ConfigError,
+    absolute_paths,
     cell_id,
+    cell_methods,
     expand_grid,
     grid_points,
     load_sweep_config,
     parse_override,
     validate_run_config,
 )
+from simulations.registry_tables import keys_table, methods_table, models_table
 
 SHOWN_COLUMNS = (
     "method",
@@ -37,8 +46,8 @@ SHOWN_COLUMNS = (
     "ece",
     "endpoint_acc_mean",
     "ensemble_acc",
-    "loss_barrier",
-    "loss_barrier_calibrated",
+    "loss_barrier_half",
+    "loss_barrier_half_calibrated",
     "lewc_cos_mean",
 )
 
@@ -66,14 +75,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep failed cells as they are instead of retrying them",
     )
     sweep.add_argument("--no-report", action="store_true", help="do not build the report")
+    add_ray_address(sweep)
+    sweep.add_argument(
+        "--cells-in-flight",
+        type=positive_int,
+        metavar="N",
+        help="cells run at once (default: ceil(client slots / num-clients) + 1)",
+    )
     sweep.add_argument("--quiet", action="store_true", help="no progress bar or cell lines")
 
     report = sub.add_parser("report", help="build figures and report.md from a sweep folder")
     report.add_argument("dir", help="a sweep output folder (holding results.csv)")
 
-    run = sub.add_parser("run", help="run one federation and print its rows")
+    run = sub.add_parser(
+        "run",
+        help="run one federation and print its rows",
+        epilog=f"methods: {', '.join(cell_methods())} (fedlmc keys lists every key)",
+    )
     run.add_argument("overrides", nargs="*", metavar="key=value", help="run-config values")
     run.add_argument("--csv", help="also write the rows to this CSV file")
+    add_ray_address(run)
 
     validate = sub.add_parser("validate", help="validate a sweep and list its cells")
     validate.add_argument("config", help="sweep TOML file")
@@ -83,21 +104,50 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not check that requested GPUs are visible (for CUDA configs)",
     )
+    sub.add_parser("methods", help="list the registered merge methods (markdown)")
+    sub.add_parser("models", help="list the registered models and their options (markdown)")
+    sub.add_parser("keys", help="list every run-config key with its default (markdown)")
     return parser
 
 
+def add_ray_address(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="join an existing Ray cluster (auto, HOST:PORT or ray://HOST:PORT) instead of "
+        "starting a local Ray",
+    )
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: allowed: an integer >= 1")
+    return value
+
+
 def command_sweep(args: argparse.Namespace) -> int:
+    from simulations.engine import EngineError
     from simulations.sweep import run_sweep
 
     sweep = load_sweep_config(args.config, args.overrides)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
-    results = run_sweep(
-        sweep,
-        out_dir,
-        force=args.force,
-        retry_failed=not args.no_retry_failed,
-        progress=not args.quiet,
-    )
+    try:
+        results = run_sweep(
+            sweep,
+            out_dir,
+            force=args.force,
+            retry_failed=not args.no_retry_failed,
+            progress=not args.quiet,
+            ray_address=args.ray_address,
+            cells_in_flight=args.cells_in_flight,
+        )
+    except EngineError as err:
+        print(
+            f"fedlmc: error: {' '.join(str(err).split())}; rerun the same command to resume",
+            file=sys.stderr,
+        )
+        return 1
     print(f"results: {out_dir / 'results.csv'} ({len(results)} rows)")
     if not args.no_report:
         print_report(out_dir)
@@ -129,10 +179,9 @@ def command_run(args: argparse.Namespace) -> int:
 
     values = dict(parse_override(text) for text in args.overrides)
     config = validate_run_config(values)
-    if config["data-root"]:
-        config["data-root"] = str(Path(config["data-root"]).expanduser().resolve())
+    config = absolute_paths(config)
     try:
-        rows = run_federation(config)
+        rows = run_federation(config, ray_address=args.ray_address)
     except ValueError:
         raise
     except Exception as err:  # noqa: BLE001 - a failed federation is reported on one line
@@ -162,11 +211,29 @@ def command_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_methods(args: argparse.Namespace) -> int:
+    print(methods_table())
+    return 0
+
+
+def command_models(args: argparse.Namespace) -> int:
+    print(models_table())
+    return 0
+
+
+def command_keys(args: argparse.Namespace) -> int:
+    print(keys_table())
+    return 0
+
+
 COMMANDS = {
     "sweep": command_sweep,
     "report": command_report,
     "run": command_run,
     "validate": command_validate,
+    "methods": command_methods,
+    "models": command_models,
+    "keys": command_keys,
 }
 
 

@@ -2,8 +2,10 @@
 
 Message types it answers:
 
-- ``train``: trains the configured model on this node's partition (``node_config["partition-id"]``
-  of ``node_config["num-partitions"]``; the same split on every node). With ``init =
+- ``train``: trains the configured model on this node's partition: ``partition-id`` of
+  ``num-partitions`` from the message's ConfigRecords when it carries them (the sweep engine,
+  :mod:`simulations.engine`, sends each cell's own), else from ``context.node_config`` (a
+  deployment's ``--node-config``, a plain simulation); the same split on every node. With ``init =
   "independent"`` (the paper's setting) the initial weights are drawn with a seed derived from
   ``(seed, partition-id)`` and the received arrays are ignored; with ``init = "shared"`` (FedAvg)
   the received arrays are loaded. Replies with an ArrayRecord of the trained weights and a
@@ -15,6 +17,12 @@ Message types it answers:
   (one value or a list).
 - ``query.bn_stats``: per-BatchNorm-layer sums, sums of squares and counts of the layer inputs.
 - ``evaluate``: loss and accuracy of the received model on this node's data.
+
+Nothing is kept between messages but the data: the loaded data sets and partitions stay in
+bounded caches of :mod:`simulations.task` (keyed by what determines them), so that a warm actor
+serving cell after cell loads each data set once; the model is rebuilt for every message and
+every seed is derived from ``(seed, partition-id, round)``, so a reply does not depend on what
+the actor ran before.
 
 Test-only failure injection (run-config ``inject-failure = "MODE:PARTITION-ID,..."``): ``raise``
 raises before training, ``nan`` replies with NaN weights (skipping the finite check), ``hang``
@@ -50,9 +58,13 @@ from simulations.task import (
     load_splits,
     train_options,
 )
-from strategies.common import (
+from strategies.protocol import (
+    BN_QUERY,
     ERROR_QUERY_FAILED,
     ERROR_TRAIN_FAILED,
+    NUM_PARTITIONS_KEY,
+    PARTITION_KEY,
+    TEMPERATURE_QUERY,
     bn_stats_to_content,
     metric_record,
     record_to_state,
@@ -79,14 +91,26 @@ def _message_config(message: Message) -> dict[str, Any]:
     return config
 
 
-def _partition(context: Context) -> tuple[int, int]:
+def _partition(message: Message, context: Context) -> tuple[int, int]:
+    """``(partition-id, num-partitions)``: the message's (sweep engine), else the node's."""
+    sent = _message_config(message)
+    if PARTITION_KEY in sent and NUM_PARTITIONS_KEY in sent:
+        return int(sent[PARTITION_KEY]), int(sent[NUM_PARTITIONS_KEY])
     node = context.node_config
-    if "partition-id" not in node or "num-partitions" not in node:
+    if PARTITION_KEY not in node or NUM_PARTITIONS_KEY not in node:
         raise ValueError(
             "node config needs partition-id and num-partitions "
             "(flower-supernode --node-config 'partition-id=0 num-partitions=2')"
         )
-    return int(node["partition-id"]), int(node["num-partitions"])
+    return int(node[PARTITION_KEY]), int(node[NUM_PARTITIONS_KEY])
+
+
+def _partition_label(message: Message, context: Context) -> Any:
+    """The partition id named in error replies (``"?"`` when it cannot be read)."""
+    try:
+        return _partition(message, context)[0]
+    except (ValueError, TypeError):
+        return context.node_config.get(PARTITION_KEY, "?")
 
 
 def _received_model(message: Message, config: dict, template: nn.Module) -> nn.Module:
@@ -109,7 +133,7 @@ def _guarded(code: int, handler: Callable[[Message, Context], Message]) -> Calla
         try:
             return handler(message, context)
         except Exception as err:  # noqa: BLE001 - every failure must become an error reply
-            pid = context.node_config.get("partition-id", "?")
+            pid = _partition_label(message, context)
             reason = f"partition-id={pid}: {type(err).__name__}: {err}"
             detail = traceback.format_exc(limit=3)
             return Message(Error(code=code, reason=f"{reason}\n{detail}"), reply_to=message)
@@ -153,7 +177,7 @@ def _hang_past_deadline(message: Message, timeout: float) -> None:
 def train_reply(message: Message, context: Context) -> Message:
     """Train on this node's partition and reply with the weights and training metrics."""
     config = client_run_config(context.run_config, _message_config(message))
-    pid, num_partitions = _partition(context)
+    pid, num_partitions = _partition(message, context)
     mode = failure_plan(config).get(pid)
     if mode == "raise":
         raise InjectedFailure(f"injected failure on partition {pid}")
@@ -192,7 +216,7 @@ def train_reply(message: Message, context: Context) -> Message:
 
 def _merged_model_and_data(message: Message, context: Context):
     config = client_run_config(context.run_config, _message_config(message))
-    pid, num_partitions = _partition(context)
+    pid, num_partitions = _partition(message, context)
     splits = load_splits(config)
     model = _received_model(message, config, build_from_config(config, splits))
     return config, pid, model, client_data(config, pid, num_partitions)
@@ -232,6 +256,6 @@ def evaluate_reply(message: Message, context: Context) -> Message:
 
 
 app.train()(_guarded(ERROR_TRAIN_FAILED, train_reply))
-app.query("temperature")(_guarded(ERROR_QUERY_FAILED, temperature_reply))
-app.query("bn_stats")(_guarded(ERROR_QUERY_FAILED, bn_stats_reply))
+app.query(TEMPERATURE_QUERY)(_guarded(ERROR_QUERY_FAILED, temperature_reply))
+app.query(BN_QUERY)(_guarded(ERROR_QUERY_FAILED, bn_stats_reply))
 app.evaluate()(_guarded(ERROR_QUERY_FAILED, evaluate_reply))

@@ -8,12 +8,23 @@ figures whose data exists:
   (log2 axis), mean over seeds with error bars (std or sem, ``[report] error-bars``); the mean
   endpoint (client model) accuracy and the ensemble accuracy are dashed reference lines.
   ``X_t`` methods are drawn only without ``X`` (temperature never changes the argmax).
-- ``barrier_vs_width.png``: loss barrier with raw logits (solid) and with a fitted temperature
-  (dashed) per merge method.
+- ``barrier_vs_width.png``: two-client cells, the loss barrier at lambda = 1/2 (signed, the
+  paper's Table 1 quantity) with raw logits (solid) and a fitted temperature (dashed), per method.
+- ``merge_gap_vs_width.png``: any number of clients, the merged model's test NLL minus the mean
+  endpoint's, raw (solid) and calibrated (dashed), per method.
 - ``temperature_vs_width.png``: the fitted temperature of the ``_t`` methods.
 - ``lewc_layers.png``: LEWC cosine per layer (1 = the merged layer output equals the
   exponentially weighted prediction), one line per width, one panel per method.
+- ``lewc_vs_llfc.png``: per layer, top: the measured norm ratio
+  ``||f_l(merged)|| / ||sum_i w_i f_l(theta_i)||`` (solid) against LEWC's prediction (dashed;
+  LLFC predicts 1, dotted); bottom: the relative errors of the LEWC (solid) and LLFC (dashed)
+  predictions; one line per width, one column per method.
 - ``accuracy_vs_alpha.png`` / ``accuracy_vs_clients.png``: when ``alpha`` / ``num-clients`` vary.
+- ``client_barriers_vs_clients.png``: cells of three or more clients, the calibrated loss
+  barrier at lambda = 1/2 on each client's path to the merge, mean (solid) and worst client
+  (dashed), against the number of clients.
+- ``pairwise_barriers.png``: the N x N loss barrier at lambda = 1/2 between clients (raw), per
+  method, for the widest width of the first cell that has the matrix.
 - ``lambda_paths.png``: test accuracy and NLL (raw and calibrated) along
   ``theta(lam) = lam theta_a + (1 - lam) theta_b`` for two-client cells, one line per width.
 
@@ -34,7 +45,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedlmc.config import REPORT_SCHEMA, RUN_SCHEMA
+from simulations.config import run_schema
+from simulations.report_schema import REPORT_SCHEMA
 from simulations.sweep import read_results, summary_table
 
 FIGURES = "figures"
@@ -53,7 +65,7 @@ def ok_rows(results: pd.DataFrame) -> pd.DataFrame:
 
 def varying_keys(rows: pd.DataFrame) -> list[str]:
     """Run-config columns with more than one distinct value, in schema order."""
-    return [k for k in RUN_SCHEMA if k in rows and rows[k].astype(str).nunique() > 1]
+    return [k for k in run_schema() if k in rows and rows[k].astype(str).nunique() > 1]
 
 
 def axis_rows(rows: pd.DataFrame, axis: str) -> pd.DataFrame:
@@ -125,6 +137,23 @@ def parse_json_column(rows: pd.DataFrame, column: str) -> pd.Series:
 
 
 # ----------------------------------------------------------------------------- drawing
+
+
+def _non_empty_list(value: Any) -> bool:
+    return isinstance(value, list) and len(value) > 0
+
+
+def json_rows(
+    rows: pd.DataFrame, columns: Sequence[str], valid: Callable[[Any], bool] = _non_empty_list
+) -> tuple[pd.DataFrame, list[str]]:
+    """The rows whose JSON ``columns`` are present, parsed into ``_<column>``, keeping those whose
+    first column passes ``valid``; and the methods to draw (:func:`accuracy_methods`). Empty
+    when a column is missing."""
+    if any(column not in rows for column in columns):
+        return rows.iloc[0:0], []
+    data = rows.assign(**{f"_{c}": parse_json_column(rows, c) for c in columns})
+    data = data[data[f"_{columns[0]}"].map(valid)]
+    return data, accuracy_methods(data)
 
 
 def _pyplot():
@@ -270,10 +299,7 @@ def accuracy_by_width_lines(
 
 def lewc_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path | None:
     """LEWC cosine against layer index, one line per width, one panel per method."""
-    layers = parse_json_column(rows, "lewc_cos_layers")
-    data = rows.assign(_layers=layers)
-    data = data[data["_layers"].map(lambda v: isinstance(v, list) and len(v) > 0)]
-    methods = accuracy_methods(data)
+    data, methods = json_rows(rows, ["lewc_cos_layers"])
     if data.empty or not methods:
         return None
     fig, axes = panel_grid(len(methods))
@@ -282,7 +308,7 @@ def lewc_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Pat
     for ax, method in zip(axes.flat, methods, strict=False):
         subset = data[data["method"] == method]
         for j, width in enumerate(widths):
-            curves = [c for c in subset.loc[subset["width"] == width, "_layers"]]
+            curves = [c for c in subset.loc[subset["width"] == width, "_lewc_cos_layers"]]
             if not curves:
                 continue
             mean = mean_of_lists(curves)
@@ -294,12 +320,82 @@ def lewc_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Pat
                 color=cmap(j / max(1, len(widths) - 1)),
                 label=f"width {width:g}",
             )
-        ax.set_xticks(range(1, max(len(v) for v in subset["_layers"]) + 1))
+        ax.set_xticks(range(1, max(len(v) for v in subset["_lewc_cos_layers"]) + 1))
         ax.set_xlabel("layer (last = logits)")
         ax.set_ylabel("LEWC cosine")
         ax.set_title(method, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    return save(fig, path, settings["dpi"])
+
+
+def lewc_llfc_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path | None:
+    """Per layer: measured norm ratio vs LEWC's and LLFC's predictions (top), and the relative
+    errors of the two predictions (bottom); one line per width, one column per method."""
+    columns = ("norm_ratio_layers", "lewc_norm_ratio_layers", "lewc_error_layers")
+    data, methods = json_rows(rows, [*columns, "llfc_error_layers"])
+    if data.empty or not methods:
+        return None
+    fig, axes = panel_grid(len(methods), rows=2)
+    cmap = _pyplot().get_cmap("viridis")
+    widths = sorted(data["width"].unique())
+    panels_of = (
+        (
+            0,
+            "norm_ratio_layers",
+            "lewc_norm_ratio_layers",
+            "norm ratio (solid measured, dashed LEWC)",
+        ),
+        (1, "lewc_error_layers", "llfc_error_layers", "relative error (solid LEWC, dashed LLFC)"),
+    )
+    for col, method in enumerate(methods):
+        subset = data[data["method"] == method]
+        for j, width in enumerate(widths):
+            at_width = subset[subset["width"] == width]
+            if at_width.empty:
+                continue
+            colour = cmap(j / max(1, len(widths) - 1))
+            for row, solid, dashed, _ in panels_of:
+                for column, style in ((solid, "-"), (dashed, "--")):
+                    mean = mean_of_lists(list(at_width[f"_{column}"]))
+                    label = f"width {width:g}" if (row, style) == (0, "-") else None
+                    axes[row, col].plot(
+                        range(1, len(mean) + 1), mean, color=colour, linestyle=style, label=label
+                    )
+        axes[0, col].axhline(1.0, color="grey", linestyle=":", linewidth=1)
+        axes[0, col].set_yscale("log")
+        axes[0, col].set_title(method, fontsize=9)
+        for row, _, _, ylabel in panels_of:
+            axes[row, col].set_xlabel("layer l (last = logits)")
+            axes[row, col].set_ylabel(ylabel, fontsize=8)
+            axes[row, col].grid(alpha=0.3)
+        axes[0, col].legend(fontsize=7)
+    return save(fig, path, settings["dpi"])
+
+
+def pairwise_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path | None:
+    """Heat maps of ``pairwise_loss_barrier_half``, one per method, for one cell: the widest
+    width among the cells with the most clients that have the matrix (first seed)."""
+    data, methods = json_rows(rows, ["pairwise_loss_barrier_half"])
+    if data.empty or not methods:
+        return None
+    data = data[data["num-clients"] == data["num-clients"].max()]
+    data = data[data["width"] == data["width"].max()]
+    cell = data["cell_id"].iloc[0] if "cell_id" in data else None
+    data = data[data["cell_id"] == cell] if cell is not None else data
+    fig, axes = panel_grid(len(methods), width=3.6, height=3.2)
+    for ax, method in zip(axes.flat, methods, strict=False):
+        found = data.loc[data["method"] == method, "_pairwise_loss_barrier_half"]
+        if found.empty:
+            continue
+        matrix = np.array(found.iloc[0], dtype=float)
+        image = ax.imshow(matrix, cmap="magma")
+        fig.colorbar(image, ax=ax, fraction=0.046)
+        ax.set_xticks(range(len(matrix)))
+        ax.set_yticks(range(len(matrix)))
+        ax.set_xlabel("client j")
+        ax.set_ylabel("client i")
+        ax.set_title(f"{method}, width {data['width'].iloc[0]:g}", fontsize=9)
     return save(fig, path, settings["dpi"])
 
 
@@ -311,10 +407,7 @@ def mean_of_lists(lists: Sequence[Sequence[float]]) -> np.ndarray:
 
 def lambda_path_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path | None:
     """Accuracy and NLL (raw solid, calibrated dashed) along lam, per method and width."""
-    curves = parse_json_column(rows, "curve")
-    data = rows.assign(_curve=curves)
-    data = data[data["_curve"].map(lambda c: isinstance(c, dict) and "lam" in c)]
-    methods = accuracy_methods(data)
+    data, methods = json_rows(rows, ["curve"], lambda c: isinstance(c, dict) and "lam" in c)
     if data.empty or not methods:
         return None
     fig, axes = panel_grid(len(methods), rows=2)
@@ -405,6 +498,57 @@ def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
     return numeric.groupby("width").mean().T
 
 
+TABLE1_METHODS = (("average", "no permutation"), ("weight_matching", "weight matching"))
+TABLE1_COLUMNS = (
+    ("accuracy_barrier_half", "accuracy barrier (points)", 100.0),
+    ("loss_barrier_half", "loss barrier", 1.0),
+    ("loss_barrier_half_calibrated", "loss barrier, calibrated", 1.0),
+)
+
+
+def table1(rows: pd.DataFrame) -> pd.DataFrame:
+    """The paper's Table 1 layout: per width, barriers at lambda = 1/2 (signed; accuracy in
+    percentage points) of plain averaging and of weight matching, mean over seeds."""
+    columns: dict[str, pd.Series] = {}
+    for method, name in TABLE1_METHODS:
+        subset = rows[rows["method"] == method]
+        for column, heading, scale in TABLE1_COLUMNS:
+            if has_values(subset, column):
+                values = pd.to_numeric(subset[column], errors="coerce") * scale
+                columns[f"{name}: {heading}"] = values.groupby(subset["width"]).mean()
+    return pd.DataFrame(columns)
+
+
+MEAN_TABLES = (
+    ("merge_gap_accuracy", "Merge gap, accuracy (mean endpoint accuracy - merged accuracy)"),
+    ("merge_gap_loss", "Merge gap, loss (merged NLL - mean endpoint NLL), raw logits"),
+    ("merge_gap_loss_calibrated", "Merge gap, loss, each model with its fitted temperature"),
+    ("loss_barrier_half", "Loss barrier at lambda = 1/2 (signed), raw logits"),
+    ("loss_barrier_half_calibrated", "Loss barrier at lambda = 1/2 (signed), calibrated"),
+    ("loss_barrier_max", "Loss barrier, maximum over lambda, raw logits"),
+    ("loss_barrier_max_calibrated", "Loss barrier, maximum over lambda, calibrated"),
+    ("accuracy_barrier_half", "Accuracy barrier at lambda = 1/2 (signed)"),
+    ("accuracy_barrier_max", "Accuracy barrier, maximum over lambda"),
+    (
+        "client_loss_barrier_half_calibrated_mean",
+        "Client-to-merge barrier at 1/2, calibrated, mean",
+    ),
+    (
+        "client_loss_barrier_half_calibrated_worst",
+        "Client-to-merge barrier at 1/2, calibrated, worst",
+    ),
+    ("client_loss_barrier_max_mean", "Client-to-merge barrier, maximum over lambda, raw, mean"),
+    ("lewc_error_mean", "LEWC relative error, mean over layers"),
+    ("llfc_error_mean", "LLFC relative error, mean over layers"),
+    ("lewc_error_mean_quarter", "LEWC relative error at lambda = 1/4, mean over layers"),
+    ("llfc_error_mean_quarter", "LLFC relative error at lambda = 1/4, mean over layers"),
+    ("logit_norm_ratio", "Logit norm of the merge / endpoints' (LEWC: shrinks with depth)"),
+    ("recip_orth_mean", "Reciprocal orthogonality ||W_a z_b|| / ||W_a z_a|| (0 = orthogonal)"),
+)
+"""Per-method tables of ``report.md`` (mean over cells), in order; column names as in
+:mod:`fedlmc.rows`, whose docstring defines them."""
+
+
 def report_markdown(
     results: pd.DataFrame,
     record: dict[str, Any],
@@ -447,12 +591,18 @@ def report_markdown(
                 "",
             ]
         base = accuracy_methods(rows)
-        for column, heading in (
-            ("acc_gap", "Accuracy gap (mean endpoint accuracy - merged accuracy)"),
-            ("loss_barrier", "Loss barrier, raw logits"),
-            ("loss_barrier_calibrated", "Loss barrier, calibrated"),
-            ("accuracy_barrier", "Accuracy barrier"),
-        ):
+        first = table1(rows)
+        if not first.empty:
+            lines += [
+                "## Barriers at lambda = 1/2, the paper's Table 1 layout",
+                "",
+                "Two-client cells, mean over seeds; signed: L(theta_1/2) - (L_a + L_b)/2, "
+                "accuracy in percentage points (chord minus midpoint). Definitions: fedlmc.rows.",
+                "",
+                markdown_table(first, "width"),
+                "",
+            ]
+        for column, heading in MEAN_TABLES:
             if has_values(rows[rows["method"].isin(base)], column):
                 lines += [
                     f"## {heading}",
@@ -525,14 +675,26 @@ def draw_figures(rows: pd.DataFrame, fig_dir: Path, settings: dict[str, Any]) ->
             ),
         ),
         (
-            has_values(rows[rows["method"].isin(methods)], "loss_barrier"),
+            has_values(rows[rows["method"].isin(methods)], "loss_barrier_half"),
             lambda: metric_vs_axis(
                 rows,
                 "width",
-                [("loss_barrier", " raw"), ("loss_barrier_calibrated", " calibrated")],
+                [("loss_barrier_half", " raw"), ("loss_barrier_half_calibrated", " calibrated")],
                 methods,
-                "loss barrier",
+                "loss barrier at lambda = 1/2 (signed)",
                 fig_dir / "barrier_vs_width.png",
+                settings,
+            ),
+        ),
+        (
+            has_values(rows[rows["method"].isin(methods)], "merge_gap_loss"),
+            lambda: metric_vs_axis(
+                rows,
+                "width",
+                [("merge_gap_loss", " raw"), ("merge_gap_loss_calibrated", " calibrated")],
+                methods,
+                "merged NLL - mean endpoint NLL",
+                fig_dir / "merge_gap_vs_width.png",
                 settings,
             ),
         ),
@@ -553,6 +715,10 @@ def draw_figures(rows: pd.DataFrame, fig_dir: Path, settings: dict[str, Any]) ->
             lambda: lewc_figure(rows, fig_dir / "lewc_layers.png", settings),
         ),
         (
+            "norm_ratio_layers" in rows,
+            lambda: lewc_llfc_figure(rows, fig_dir / "lewc_vs_llfc.png", settings),
+        ),
+        (
             "alpha" in varying_keys(dirichlet),
             lambda: accuracy_by_width_lines(
                 dirichlet, "alpha", methods, fig_dir / "accuracy_vs_alpha.png", settings, 10
@@ -563,6 +729,26 @@ def draw_figures(rows: pd.DataFrame, fig_dir: Path, settings: dict[str, Any]) ->
             lambda: accuracy_by_width_lines(
                 rows, "num-clients", methods, fig_dir / "accuracy_vs_clients.png", settings, 2
             ),
+        ),
+        (
+            "num-clients" in varying
+            and has_values(rows, "client_loss_barrier_half_calibrated_mean"),
+            lambda: metric_vs_axis(
+                rows[pd.to_numeric(rows["num-clients"]) > 2],
+                "num-clients",
+                [
+                    ("client_loss_barrier_half_calibrated_mean", " mean"),
+                    ("client_loss_barrier_half_calibrated_worst", " worst"),
+                ],
+                methods,
+                "client-to-merge loss barrier at 1/2, calibrated",
+                fig_dir / "client_barriers_vs_clients.png",
+                settings,
+            ),
+        ),
+        (
+            "pairwise_loss_barrier_half" in rows,
+            lambda: pairwise_figure(rows, fig_dir / "pairwise_barriers.png", settings),
         ),
         ("curve" in rows, lambda: lambda_path_figure(rows, fig_dir / "lambda_paths.png", settings)),
     ]

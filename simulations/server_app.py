@@ -4,20 +4,21 @@
 
 - ``compare`` (studies): one training round collects the client models
   (:class:`strategies.OneShotAverage` with ``keep_client_states=True``), then
-  :func:`fedlmc.study.evaluate_methods` evaluates every merge method of ``methods`` on those same
-  models (temperatures fitted on the server split). ``fedavg`` in ``methods`` additionally runs
-  :class:`strategies.FedAvgBaseline` afterwards on the same nodes.
+  :func:`fedlmc.study.compare_methods` evaluates every method of ``methods`` on those same
+  models (temperatures fitted on the server split; each base merge computed once and its
+  weights kept). ``fedavg`` in ``methods`` additionally runs :class:`strategies.FedAvgBaseline`
+  afterwards on the same nodes.
 - ``average``: :class:`strategies.OneShotAverage` with the configured ``calibration``; rows
   ``average`` and, unless ``calibration = none``, ``average_t`` (with the strategy's temperature).
-- ``aligned``: :class:`strategies.PermutationAlignedAverage` (``align``, ``multi``); rows
-  ``weight_matching`` / ``activation_matching`` / ``merge_many`` and their ``_t``.
+- ``aligned``: :class:`strategies.PermutationAlignedAverage` with the registered merge method
+  ``align``; rows ``<align>`` and ``<align>_t``.
 - ``fedavg``: :class:`strategies.FedAvgBaseline` over ``fedavg-rounds`` rounds; row ``fedavg``.
 
 Every row gets ``clients_survived``,
 ``clients_failed`` (``"partition P: reason; ..."``), ``bytes_sent_by_clients`` (tensor bytes of
 the clients' replies, calibration queries included), ``train_seconds`` (sum of the survivors'
 training times) and ``round_seconds`` (wall time of the strategy). With a non-empty ``out-dir``
-the server writes ``results.csv`` (atomically: temporary file + ``os.replace``) and the merged
+the server writes ``results.csv`` (atomically, :func:`fedlmc.io.atomic_write`) and the merged
 weights ``merged-<method>.safetensors`` (one file per merge, shared by a method and its ``_t``);
 ``results.csv`` also has the run-config columns (hyphenated keys), the in-process table
 (:meth:`ServerOutcome.table`, ``run_federation``) only on request (the sweep adds them itself),
@@ -29,8 +30,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,22 +46,18 @@ from flwr.supercore import log
 from safetensors.torch import save_file
 from torch import nn
 
-from fedlmc.config import ConfigError, method_list, validate_run_config
-from fedlmc.data import DataSplits
+from fedlmc.data import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
+from fedlmc.io import atomic_write
 from fedlmc.merge import load_state
-from fedlmc.study import (
-    Predictions,
-    base_method,
-    endpoint_columns,
-    evaluate_methods,
-    evaluate_model_row,
-    merge_clients,
-)
-from simulations.sweep import versions
+from fedlmc.rows import endpoint_columns
+from fedlmc.study import Predictions, compare_methods, evaluate_model_row, gap_columns
+from simulations.config import FEDAVG, ConfigError, method_list, validate_run_config
+from simulations.provenance import version_columns
 from simulations.task import build_from_config, device_of, load_splits
 from strategies import FedAvgBaseline, OneShotAverage, PermutationAlignedAverage
-from strategies.common import RoundReport, StateDict, record_to_state, state_to_record
+from strategies.common import RoundReport, StateDict
+from strategies.protocol import record_to_state, state_to_record
 
 Sink = Callable[["ServerOutcome"], None]
 
@@ -116,11 +111,12 @@ def merged_row(
     model: nn.Module,
     splits: DataSplits,
     temperature: float | None,
-    endpoints: dict[str, float],
+    endpoints: Sequence[Mapping[str, float]],
     num_clients: int,
     device: torch.device,
 ) -> dict[str, Any]:
-    """A row for one merged model; ``temperature`` (the strategy's) is applied when given."""
+    """A row for one merged model; ``temperature`` (the strategy's) is applied when given;
+    ``endpoints`` (the clients' metrics, may be empty) fill the endpoint and merge-gap columns."""
     row = evaluate_model_row(
         method, model, splits, calibrated=False, num_clients=num_clients, device=device
     )
@@ -134,25 +130,24 @@ def merged_row(
             nll_calibrated=cal["nll"],
             ece_calibrated=cal["ece"],
         )
-    row.update(endpoints)
-    if "endpoint_acc_mean" in endpoints:
-        row["acc_gap"] = endpoints["endpoint_acc_mean"] - row["accuracy"]
+    if endpoints:
+        row.update(endpoint_columns(endpoints))
+        row.update(gap_columns(endpoints, row))
     return row
 
 
 def endpoint_metrics(
     template: nn.Module, states: Sequence[StateDict], splits: DataSplits, device: torch.device
-) -> dict[str, float]:
-    """Mean/min/max test accuracy and mean NLL of the clients' own models."""
+) -> list[dict[str, float]]:
+    """Test metrics of the clients' own models (:meth:`fedlmc.study.Predictions.metrics`)."""
     if not states or not states[0]:
-        return {}
-    metrics = [
+        return []
+    return [
         Predictions.of(load_state(template, sd).to(device).eval(), splits, device).metrics(
             splits.test[1]
         )
         for sd in states
     ]
-    return endpoint_columns(metrics)
 
 
 def _start(strategy, grid: Grid, template: nn.Module, config: Mapping[str, Any], rounds: int):
@@ -165,6 +160,11 @@ def _start(strategy, grid: Grid, template: nn.Module, config: Mapping[str, Any],
         train_config=train_config_record(config),
     )
     return result, time.perf_counter() - start
+
+
+def method_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-config keys that reach the merge methods (:class:`fedlmc.methods.MergeJob`)."""
+    return {"auto_tolerance": config["auto-tolerance"]}
 
 
 def _kwargs(config: Mapping[str, Any], splits: DataSplits, device: torch.device) -> dict:
@@ -182,7 +182,8 @@ def _kwargs(config: Mapping[str, Any], splits: DataSplits, device: torch.device)
 
 
 def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
-    """Collect the client models once, evaluate every requested merge method on them."""
+    """Collect the client models once, evaluate every requested method on them (each base merge
+    once, its weights kept for ``merged-<method>.safetensors``)."""
     kwargs = _kwargs(config, splits, device)
     strategy = OneShotAverage(template, calibration="none", keep_client_states=True, **kwargs)
     result, seconds = _start(strategy, grid, template, config, 1)
@@ -190,9 +191,9 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     outcome.results["compare"], outcome.reports["compare"] = result, report
     states = [u.state for u in report.survivors]
     weights = [float(u.num_examples) for u in report.survivors]
-    methods = [m for m in method_list(config) if m != "fedavg"]
+    methods = [m for m in method_list(config) if m != FEDAVG]
     start = time.perf_counter()
-    rows = evaluate_methods(
+    comparison = compare_methods(
         template,
         states,
         weights,
@@ -202,18 +203,13 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
         seed=config["seed"],
         diagnostics=config["diagnostics"],
         device=device,
+        method_options=method_options(config),
     )
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
     columns = round_columns(report, result_bytes(result), seconds)
-    outcome.rows.extend({**row, **columns} for row in rows)
-    for base in dict.fromkeys(base_method(m) for m in methods if m != "ensemble"):
-        if base == "average":
-            outcome.merged[base] = record_to_state(result.arrays)
-        else:
-            outcome.merged[base], _ = merge_clients(
-                base, template, states, weights, splits, seed=config["seed"], device=device
-            )
-    if "fedavg" in method_list(config):
+    outcome.rows.extend({**row, **columns} for row in comparison.rows)
+    outcome.merged.update(comparison.merged)
+    if FEDAVG in method_list(config):
         run_fedavg(grid, config, splits, template, device, outcome)
 
 
@@ -227,12 +223,16 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     kwargs = _kwargs(config, splits, device)
     kwargs.update(calibration=config["calibration"], keep_client_states=True)
     if config["strategy"] == "average":
-        strategy, base = OneShotAverage(template, **kwargs), "average"
+        strategy = OneShotAverage(template, **kwargs)
     else:
         strategy = PermutationAlignedAverage(
-            template, method=config["align"], multi=config["multi"], seed=config["seed"], **kwargs
+            template,
+            method=config["align"],
+            seed=config["seed"],
+            method_options=method_options(config),
+            **kwargs,
         )
-        base = "merge_many" if config["multi"] == "merge_many" else f"{config['align']}_matching"
+    base = strategy.merge_method
     result, seconds = _start(strategy, grid, template, config, 1)
     report = strategy.report
     outcome.results[base], outcome.reports[base] = result, report
@@ -246,7 +246,7 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     if config["calibration"] != "none":
         temperature = float(result.train_metrics_clientapp[1]["temperature"])
         rows.append(merged_row(f"{base}_t", model, splits, temperature, endpoints, n, device))
-    outcome.rows.extend({**row, **columns} for row in rows)
+    outcome.rows.extend({**row, **strategy.merge_info, **columns} for row in rows)
 
 
 def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
@@ -261,11 +261,11 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     )
     result, seconds = _start(strategy, grid, template, config, rounds)
     last = strategy.reports[rounds]
-    outcome.results["fedavg"], outcome.reports["fedavg"] = result, last
+    outcome.results[FEDAVG], outcome.reports[FEDAVG] = result, last
     merged = record_to_state(result.arrays)
-    outcome.merged["fedavg"] = merged
+    outcome.merged[FEDAVG] = merged
     model = load_state(template, merged).to(device).eval()
-    row = merged_row("fedavg", model, splits, None, {}, len(last.survivors), device)
+    row = merged_row(FEDAVG, model, splits, None, [], len(last.survivors), device)
     columns = round_columns(last, result_bytes(result), seconds)
     columns["train_seconds"] = float(
         sum(
@@ -288,32 +288,6 @@ MODES = {
 # ----------------------------------------------------------------------------- output
 
 
-def _atomic(path: Path, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def version_columns(device: torch.device) -> dict[str, str]:
-    """Versions of fedlmc, flwr and torch, and the device the server evaluated on."""
-    found = versions()
-    if device.type == "cuda":
-        used = f"{device}: {torch.cuda.get_device_name(device)}"
-    else:
-        used = f"{device}: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
-    return {
-        "fedlmc_version": found["fedlmc"],
-        "flwr_version": found["flwr"],
-        "torch_version": found["torch"],
-        "device_used": used,
-    }
-
-
 def write_outputs(
     outcome: ServerOutcome, out_dir: str | os.PathLike, device: torch.device | None = None
 ) -> None:
@@ -324,10 +298,19 @@ def write_outputs(
     device = device_of(outcome.config) if device is None else device
     for column, value in version_columns(device).items():
         table[column] = value
-    _atomic(folder / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
+    atomic_write(folder / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
     for method, state in outcome.merged.items():
         tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
-        _atomic(folder / f"merged-{method}.safetensors", lambda tmp, t=tensors: save_file(t, tmp))
+        path = folder / f"merged-{method}.safetensors"
+        atomic_write(path, lambda tmp, t=tensors: save_file(t, tmp))
+
+
+def prepare_data(config: Mapping[str, Any]) -> DataSplits:
+    """The run's data set, fetched first when ``download`` is set: once, on the server, before
+    any client is asked to train (clients never download)."""
+    if config["download"]:
+        fetch_dataset(config["dataset"], config["data-root"], mirror=config["data-mirror"] or None)
+    return load_splits(config)
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any]) -> ServerOutcome:
@@ -340,7 +323,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> ServerOutcome:
         )
     outcome = ServerOutcome(config=config)
     start = time.perf_counter()
-    splits = load_splits(config)
+    splits = prepare_data(config)
     outcome.timings["load_seconds"] = time.perf_counter() - start
     device = device_of(config)
     template = build_from_config(config, splits)

@@ -1,5 +1,11 @@
 """Run every cell of a sweep as a Flower federation and keep tidy, resumable results.
 
+Engine: all unfinished cells run in **one** Flower simulation (:mod:`simulations.engine`: one
+Ray session, one pool of warm ClientApp actors, several cells in flight so that every client
+slot stays busy while finished cells merge and evaluate on the server). ``ray_address`` joins
+an existing Ray cluster. A custom ``runner(config) -> DataFrame`` (tests, other back ends) runs
+the cells one after another instead.
+
 Output folder ``out_dir``:
 
 - ``config.json``: the sweep (``name``, ``run``, ``grid``, ``report``), every cell's resolved run
@@ -10,6 +16,9 @@ Output folder ``out_dir``:
   finishes, atomically: the old rows plus the new ones go to a temporary file that
   ``os.replace`` puts in place, so a kill at any moment leaves either the old or the new file.
 - ``cells/<cell_id>/``: the ``out-dir`` handed to each cell (merged weights, if any).
+
+Cells finish, and their rows are appended, in any order; the rows of a cell do not depend on
+what ran before or beside it.
 
 Resume: a rerun skips every cell with ``ok`` rows in ``results.csv``. Failed cells (the runner
 raised, e.g. too few clients survived) are recorded as one row with ``status = "failed"`` and
@@ -31,9 +40,7 @@ import fcntl
 import json
 import math
 import os
-import platform
-import sys
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -42,13 +49,16 @@ from typing import Any
 
 import pandas as pd
 
-from fedlmc.config import (
+from fedlmc.io import atomic_write, atomic_write_json, remove_stale_temporaries
+from simulations.config import (
     ConfigError,
     SweepConfig,
+    absolute_paths,
     cell_id,
     experiment_values,
     unique_cells,
 )
+from simulations.provenance import versions
 
 Runner = Callable[[Mapping[str, Any]], pd.DataFrame]
 
@@ -94,12 +104,10 @@ def failed_row(cid: str, config: Mapping[str, Any], error: BaseException | str) 
 
 
 def runtime_config(config: Mapping[str, Any], cell_dir: Path) -> dict[str, Any]:
-    """The config a cell runs with: its own ``out-dir``, and ``data-root`` made absolute (Ray
-    workers need not share the driver's working directory)."""
-    config = {**config, "out-dir": str(cell_dir)}
-    if config.get("data-root"):
-        config["data-root"] = str(Path(config["data-root"]).expanduser().resolve())
-    return config
+    """The config a cell runs with: its own ``out-dir``, and its local paths made absolute
+    (:func:`simulations.config.absolute_paths`: Ray workers need not share the driver's working
+    directory)."""
+    return absolute_paths({**config, "out-dir": str(cell_dir)})
 
 
 def run_cell(runner: Runner, cid: str, config: Mapping[str, Any]) -> pd.DataFrame:
@@ -137,30 +145,8 @@ def read_results(out_dir: str | os.PathLike) -> pd.DataFrame:
 
 
 def atomic_write_csv(frame: pd.DataFrame, path: Path) -> None:
-    """Write ``frame`` to ``path`` through a temporary file and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            frame.to_csv(handle, index=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(data: Any, path: Path) -> None:
-    """Write ``data`` as JSON through a temporary file and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, default=str)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``frame`` to ``path`` atomically (:func:`fedlmc.io.atomic_write`)."""
+    atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
 def merge_columns(old: Sequence[str], new: Sequence[str]) -> list[str]:
@@ -178,39 +164,7 @@ def append_rows(out_dir: Path, rows: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def remove_stale_temporaries(out_dir: Path) -> None:
-    """Temporary files left by a sweep killed in the middle of a write."""
-    for stale in out_dir.glob(".*.tmp"):
-        stale.unlink(missing_ok=True)
-
-
 # ----------------------------------------------------------------------------- config.json
-
-
-def versions() -> dict[str, str]:
-    """Versions of fedlmc, flwr, torch and Python, and the device a cell trains on."""
-    import torch
-
-    import fedlmc
-
-    try:
-        import flwr
-
-        flwr_version = flwr.__version__
-    except ImportError:  # pragma: no cover - flwr is a dependency
-        flwr_version = "not installed"
-    if torch.cuda.is_available():
-        device = f"cuda: {torch.cuda.get_device_name(0)} (x{torch.cuda.device_count()})"
-    else:
-        device = f"cpu: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
-    return {
-        "fedlmc": fedlmc.__version__,
-        "flwr": flwr_version,
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "device": device,
-    }
 
 
 def sweep_record(sweep: SweepConfig, cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -266,7 +220,7 @@ def prepare_out_dir(out_dir: Path, record: Mapping[str, Any], *, force: bool) ->
                     f"another --out, or --force"
                 )
             supersede(out_dir, set(now))
-    atomic_write_json(record, path)
+    atomic_write_json(path, record)
 
 
 def supersede(out_dir: Path, keep_ids: set[str]) -> None:
@@ -324,10 +278,15 @@ def summary_table(results: pd.DataFrame, value: str = "accuracy") -> pd.DataFram
 # ----------------------------------------------------------------------------- the sweep
 
 
-def _default_runner() -> Runner:
-    from simulations.federation import run_federation
-
-    return run_federation
+def outcome_rows(cid: str, config: Mapping[str, Any], result: Any) -> pd.DataFrame:
+    """The rows of an engine :class:`~simulations.engine.CellResult`: its table, or its failed
+    row (the ServerApp raised, or produced no rows)."""
+    if result.error is not None:
+        return failed_row(cid, config, result.error)
+    table = result.outcome.table()
+    if table.empty:
+        return failed_row(cid, config, "the federation produced no rows")
+    return cell_rows(cid, config, table)
 
 
 def run_sweep(
@@ -338,16 +297,23 @@ def run_sweep(
     runner: Runner | None = None,
     retry_failed: bool = True,
     progress: bool = True,
+    ray_address: str | None = None,
+    cells_in_flight: int | None = None,
+    verbose: bool = False,
 ) -> pd.DataFrame:
     """Run the cells of ``sweep`` not yet done in ``out_dir``; returns the whole results table.
 
-    ``runner(config) -> DataFrame`` runs one cell (default:
-    :func:`simulations.federation.run_federation`); see the module docstring for the files,
-    resuming, failures and ``force``.
+    By default every unfinished cell runs in one Flower simulation (:mod:`simulations.engine`;
+    ``ray_address`` joins a Ray cluster, ``cells_in_flight`` overrides how many cells run at
+    once). ``runner(config) -> DataFrame`` instead runs one cell at a time, in order. See the
+    module docstring for the files, resuming, failures and ``force``.
     """
     from tqdm.auto import tqdm
 
-    runner = runner or _default_runner()
+    if runner is None and ray_address:
+        from simulations.engine import check_ray_address
+
+        check_ray_address(ray_address)  # before anything is written: a clear error at once
     out_dir = Path(out_dir).resolve()
     pairs = unique_cells(sweep)
     points, cells = [p for p, _ in pairs], [c for _, c in pairs]
@@ -369,20 +335,83 @@ def run_sweep(
             disable=not progress,
             desc=sweep.name,
         )
-        for i in todo:
-            config = runtime_config(cells[i], out_dir / "cells" / ids[i])
-            start = time.perf_counter()
-            rows = run_cell(runner, ids[i], config)
-            append_rows(out_dir, rows)
-            seconds = time.perf_counter() - start
-            say(f"[{i + 1}/{len(cells)}] {cell_summary(points[i], config, rows, seconds)}")
-            bar.update(1)
-        bar.close()
+        configs = {i: runtime_config(cells[i], out_dir / "cells" / ids[i]) for i in todo}
+        try:
+            if runner is not None:
+                for i in todo:
+                    start = time.perf_counter()
+                    rows = run_cell(runner, ids[i], configs[i])
+                    append_rows(out_dir, rows)
+                    seconds = time.perf_counter() - start
+                    summary = cell_summary(points[i], configs[i], rows, seconds)
+                    say(f"[{i + 1}/{len(cells)}] {summary}")
+                    bar.update(1)
+            elif todo:
+                _run_with_engine(
+                    [(i, ids[i], points[i], configs[i]) for i in todo],
+                    len(cells),
+                    out_dir,
+                    bar,
+                    say,
+                    ray_address=ray_address,
+                    cells_in_flight=cells_in_flight,
+                    verbose=verbose,
+                )
+        finally:
+            bar.close()
     results = read_results(out_dir)
     results = results[results["cell_id"].isin(ids)]
     if progress:
         print_summary(results)
     return results.reset_index(drop=True)
+
+
+def _run_with_engine(
+    todo: Sequence[tuple[int, str, Mapping[str, Any], dict[str, Any]]],
+    total: int,
+    out_dir: Path,
+    bar: Any,
+    say: Callable[[str], None],
+    *,
+    ray_address: str | None,
+    cells_in_flight: int | None,
+    verbose: bool,
+) -> None:
+    """Every cell of ``todo`` (index, id, grid point, runtime config) in one engine run; each
+    cell's rows are appended (atomically) and its line printed as soon as it finishes."""
+    from simulations.engine import CellJob, CellResult, run_cells
+
+    where = {cid: (i, point) for i, cid, point, _config in todo}
+    lock = threading.Lock()
+    running: set[str] = set()
+
+    def show_in_flight() -> None:
+        bar.set_postfix_str(f"{len(running)} in flight", refresh=True)
+
+    def started(job: CellJob) -> None:
+        with lock:
+            running.add(job.key)
+            show_in_flight()
+
+    def finished(result: CellResult) -> None:
+        rows = outcome_rows(result.key, result.config, result)
+        with lock:
+            append_rows(out_dir, rows)
+            running.discard(result.key)
+            i, point = where[result.key]
+            summary = cell_summary(point, result.config, rows, result.seconds)
+            say(f"[{i + 1}/{total}] {summary}")
+            bar.update(1)
+            show_in_flight()
+
+    run_cells(
+        [CellJob(cid, config) for _i, cid, _point, config in todo],
+        finished,
+        on_start=started,
+        ray_address=ray_address,
+        max_in_flight=cells_in_flight,
+        verbose=verbose,
+    )
 
 
 @contextmanager

@@ -4,13 +4,23 @@ The run configuration reaches a client in two ways: ``context.run_config`` (fill
 from ``[tool.flwr.app.config]`` and ``--run-config``) and the entries of the ConfigRecord of each
 message (the server forwards its whole validated run config, and strategies override ``epochs``
 and ``init``). :func:`client_run_config` overlays the message on the context, keeps the
-:data:`fedlmc.config.RUN_SCHEMA` keys and validates them, so both ways give the same config (and
-``flwr.simulation.run_simulation``, whose contexts carry an empty run config, works too).
+:func:`simulations.config.run_schema` keys and validates them, so both ways give the same
+config (and ``flwr.simulation.run_simulation``, whose contexts carry an empty run config,
+works too).
+
+Caches and threads. A process keeps at most 2 loaded data sets and 4 partitionings (LRU, keyed by
+every value that determines them), so that a warm Ray actor serving cell after cell of a sweep
+loads each once. The sweep engine runs several cells' ServerApps in threads of one process:
+data loading is single-flight (one thread loads, the others wait for it), and
+:func:`build_from_config` seeds the global RNG and draws the initial weights under one lock,
+the only use of the global RNG on the server, so that a cell's numbers do not depend on what
+runs beside it.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,18 +28,23 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedlmc.config import RUN_SCHEMA, validate_run_config
+from fedlmc.architectures import model_entry
 from fedlmc.data import DataSplits, load_dataset, partition
 from fedlmc.evaluation import resolve_device
 from fedlmc.models import build_model
 from fedlmc.train import seed_everything
+from simulations.config import option_key, run_schema, validate_run_config
 
 Data = tuple[Tensor, Tensor]
+
+_LOAD_LOCK = threading.RLock()  # one thread loads a data set or partitioning, others wait
+_BUILD_LOCK = threading.RLock()  # seeding the global RNG + drawing the initial weights
 
 
 def schema_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """The entries of ``values`` that are run-config keys."""
-    return {k: v for k, v in values.items() if k in RUN_SCHEMA}
+    schema = run_schema()
+    return {k: v for k, v in values.items() if k in schema}
 
 
 def client_run_config(
@@ -62,10 +77,11 @@ def _splits(dataset: str, root: str, server_fraction: float, seed: int) -> DataS
 
 
 def load_splits(config: Mapping[str, Any]) -> DataSplits:
-    """The dataset of ``config``, loaded once per process."""
-    return _splits(
-        config["dataset"], config["data-root"], float(config["server-fraction"]), config["seed"]
-    )
+    """The dataset of ``config``, loaded once per process (while it stays in the cache)."""
+    with _LOAD_LOCK:
+        return _splits(
+            config["dataset"], config["data-root"], float(config["server-fraction"]), config["seed"]
+        )
 
 
 @functools.lru_cache(maxsize=4)
@@ -99,36 +115,46 @@ def client_data(config: Mapping[str, Any], partition_id: int, num_partitions: in
             f"partition-id = {partition_id}; allowed: 0 .. {num_partitions - 1} "
             f"(num-partitions = {num_partitions})"
         )
-    parts = _parts(
-        config["dataset"],
-        config["data-root"],
-        float(config["server-fraction"]),
-        config["seed"],
-        int(num_partitions),
-        config["partition"],
-        float(config["alpha"]),
-        int(config["classes-per-client"]),
-    )
+    with _LOAD_LOCK:
+        parts = _parts(
+            config["dataset"],
+            config["data-root"],
+            float(config["server-fraction"]),
+            config["seed"],
+            int(num_partitions),
+            config["partition"],
+            float(config["alpha"]),
+            int(config["classes-per-client"]),
+        )
     return parts[partition_id]
 
 
 def build_from_config(
     config: Mapping[str, Any], splits: DataSplits, seed: int | None = None
 ) -> nn.Module:
-    """The configured model for ``splits`` (``norm = auto`` = the model's default); its initial
-    weights are drawn after seeding every RNG with ``seed`` (default: the config seed)."""
-    seed_everything(config["seed"] if seed is None else seed)
-    options: dict[str, Any] = {}
-    if config["model"] == "mlp":
-        options = {"depth": config["depth"], "base_hidden": config["base-hidden"]}
-    return build_model(
-        config["model"],
-        width=config["width"],
-        num_classes=splits.num_classes,
-        in_shape=splits.in_shape,
-        norm=None if config["norm"] == "auto" else config["norm"],
-        **options,
-    )
+    """The configured model for ``splits`` (``norm = auto`` = the model's default; the model's
+    registered options read from their run-config keys); its initial weights are drawn after
+    seeding every RNG with ``seed`` (default: the config seed)."""
+    options = model_options(config)
+    with _BUILD_LOCK:
+        seed_everything(config["seed"] if seed is None else seed)
+        return build_model(
+            config["model"],
+            width=config["width"],
+            num_classes=splits.num_classes,
+            in_shape=splits.in_shape,
+            norm=None if config["norm"] == "auto" else config["norm"],
+            **options,
+        )
+
+
+def model_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The configured model's public options read from their run-config keys
+    (:mod:`fedlmc.architectures`), e.g. ``{"depth": 3, "base_hidden": 128}`` for the MLP."""
+    entry = model_entry(config["model"])
+    return {
+        name: config[option_key(name)] for name, option in entry.options.items() if option.public
+    }
 
 
 def train_options(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,8 @@ reply messages of a training round into
   shapes differ from the reference the server sent, non-finite arrays, and nodes that did not
   answer before the timeout.
 
-Nothing here does science: the merging itself is in :mod:`fedlmc.merge` / :mod:`fedlmc.align`.
+Nothing here does science (the merging itself is in :mod:`fedlmc.methods`), and nothing here
+encodes messages (:mod:`strategies.protocol` does, for the ClientApp too).
 """
 
 from __future__ import annotations
@@ -22,21 +23,22 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from torch import Tensor
 
-from fedlmc.calibrate import BNStats, TemperatureStats
+from strategies.protocol import (
+    NUM_EXAMPLES_KEY,
+    PARTITION_KEY,
+    Shapes,
+    StateDict,
+    record_shapes,
+    record_to_state,
+    single_record,
+    tensor_bytes,
+)
 
-StateDict = dict[str, Tensor]
-Shapes = dict[str, tuple[int, ...]]
-
-PARTITION_KEY = "partition-id"
-NUM_EXAMPLES_KEY = "num-examples"
-ERROR_TRAIN_FAILED = 1001
-ERROR_QUERY_FAILED = 1002
 _PARTITION_IN_REASON = re.compile(r"partition-id=(\d+)")
 
 
@@ -98,38 +100,6 @@ class RoundReport:
 
     def failure_text(self) -> str:
         return "; ".join(f.describe() for f in self.failures) or "none"
-
-
-# ----------------------------------------------------------------------------- records
-
-
-def state_to_record(state: Mapping[str, Tensor]) -> ArrayRecord:
-    """A torch state dict as an ArrayRecord (tensors copied to the CPU)."""
-    return ArrayRecord({k: v.detach().cpu() for k, v in state.items()})
-
-
-def record_to_state(record: ArrayRecord) -> StateDict:
-    """An ArrayRecord as a torch state dict (CPU tensors owning their memory)."""
-    return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
-
-
-def record_shapes(record: ArrayRecord) -> Shapes:
-    """Shape of every array of ``record``."""
-    return {k: tuple(int(d) for d in a.shape) for k, a in record.items()}
-
-
-def tensor_bytes(record: ArrayRecord) -> int:
-    """Bytes of the tensors in ``record`` (elements x item size, without serialisation headers)."""
-    return sum(
-        int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize for a in record.values()
-    )
-
-
-def single_record(records: Mapping[str, Any], kind: str) -> Any:
-    """The only record of a RecordDict view; ``ValueError`` if there are none or several."""
-    if len(records) != 1:
-        raise ValueError(f"expected exactly one {kind}, got {len(records)}")
-    return next(iter(records.values()))
 
 
 # ----------------------------------------------------------------------------- screening
@@ -318,74 +288,3 @@ def query_nodes(
         if int(node) not in answers and all(f.node_id != int(node) for f in failures):
             failures.append(Failure(int(node), None, f"no {action} reply before the timeout"))
     return answers, failures
-
-
-def query_content(arrays: ArrayRecord, config: Mapping[str, Any]) -> RecordDict:
-    """A query payload: model arrays under ``"arrays"``, a ConfigRecord under ``"config"``."""
-    return RecordDict({"arrays": arrays, "config": ConfigRecord(dict(config))})
-
-
-def metric_record(values: Mapping[str, Any]) -> MetricRecord:
-    """A MetricRecord of plain Python ints/floats (numpy/torch scalars and bools converted)."""
-    clean: dict[str, int | float] = {}
-    for key, value in values.items():
-        if isinstance(value, bool):
-            clean[key] = int(value)
-        elif isinstance(value, int | np.integer):
-            clean[key] = int(value)
-        else:
-            clean[key] = float(value)
-    return MetricRecord(clean)
-
-
-# ----------------------------------------------------------------------------- query payloads
-
-
-def temperature_stats_to_content(
-    stats: Sequence[TemperatureStats], extra: Mapping[str, int]
-) -> RecordDict:
-    """A ``query.temperature`` reply: per requested log T, lists ``count``, ``nll-sum``,
-    ``grad-sum``, ``hess-sum`` (the same order as the ``log-t`` list of the query)."""
-    record = MetricRecord({k: int(v) for k, v in extra.items()})
-    record["count"] = [int(st.count) for st in stats]
-    record["nll-sum"] = [float(st.nll_sum) for st in stats]
-    record["grad-sum"] = [float(st.grad_sum) for st in stats]
-    record["hess-sum"] = [float(st.hess_sum) for st in stats]
-    return RecordDict({"stats": record})
-
-
-def temperature_stats_from_content(content: RecordDict) -> list[TemperatureStats]:
-    """Decode a ``query.temperature`` reply (inverse of :func:`temperature_stats_to_content`)."""
-    m = single_record(content.metric_records, "MetricRecord")
-    columns = [m["count"], m["nll-sum"], m["grad-sum"], m["hess-sum"]]
-    return [
-        TemperatureStats(int(c), float(n), float(g), float(h))
-        for c, n, g, h in zip(*columns, strict=True)
-    ]
-
-
-def bn_stats_to_content(stats: Mapping[str, BNStats], extra: Mapping[str, int]) -> RecordDict:
-    """A ``query.bn_stats`` reply: arrays ``<layer>/sum``, ``<layer>/sum_sq`` (float64) and
-    metrics ``<layer>/count``."""
-    arrays = ArrayRecord()
-    counts: dict[str, int] = {k: int(v) for k, v in extra.items()}
-    for name, st in stats.items():
-        arrays[f"{name}/sum"] = Array(st.sum.double().cpu().numpy())
-        arrays[f"{name}/sum_sq"] = Array(st.sum_sq.double().cpu().numpy())
-        counts[f"{name}/count"] = int(st.count)
-    return RecordDict({"bn": arrays, "counts": MetricRecord(counts)})
-
-
-def bn_stats_from_content(content: RecordDict) -> dict[str, BNStats]:
-    """Decode a ``query.bn_stats`` reply (inverse of :func:`bn_stats_to_content`)."""
-    arrays = single_record(content.array_records, "ArrayRecord")
-    counts = single_record(content.metric_records, "MetricRecord")
-    layers = sorted({key.rsplit("/", 1)[0] for key in arrays})
-    return {
-        name: BNStats(
-            sum=torch.from_numpy(arrays[f"{name}/sum"].numpy().copy()).double(),
-            sum_sq=torch.from_numpy(arrays[f"{name}/sum_sq"].numpy().copy()).double(),
-            count=int(counts[f"{name}/count"]),
-        )
-        for name in layers
-    }

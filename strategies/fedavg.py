@@ -13,27 +13,16 @@ survivors end the run with a clear error).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from logging import INFO, WARNING
+from collections.abc import Iterable
+from logging import INFO
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.supercore import log
 
 from fedlmc.merge import average
-from strategies.common import (
-    PARTITION_KEY,
-    RoundReport,
-    check_client_counts,
-    metric_record,
-    record_shapes,
-    require_survivors,
-    screen_replies,
-    state_to_record,
-    wait_for_nodes,
-    weighted_metric_means,
-)
+from strategies.base import ScreenedFedAvg
+from strategies.common import RoundReport
+from strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
 
 
 def epochs_per_round(total_epochs: int, num_rounds: int) -> list[int]:
@@ -47,7 +36,7 @@ def epochs_per_round(total_epochs: int, num_rounds: int) -> list[int]:
     return [base + (1 if r < rest else 0) for r in range(int(num_rounds))]
 
 
-class FedAvgBaseline(FedAvg):
+class FedAvgBaseline(ScreenedFedAvg):
     """Flower ``FedAvg`` over ``num_rounds`` rounds, ``total_epochs`` local epochs in all."""
 
     def __init__(
@@ -58,24 +47,16 @@ class FedAvgBaseline(FedAvg):
         num_rounds: int,
         min_clients: int = 2,
         wait_timeout: float = 600.0,
-        weighted_by_key: str = "num-examples",
+        weighted_by_key: str = NUM_EXAMPLES_KEY,
     ) -> None:
-        check_client_counts(num_clients, min_clients)
         super().__init__(
-            fraction_train=1.0,
-            min_train_nodes=int(num_clients),
-            min_available_nodes=int(num_clients),
+            num_clients=num_clients,
+            min_clients=min_clients,
+            wait_timeout=wait_timeout,
             weighted_by_key=weighted_by_key,
         )
-        self.fraction_evaluate = 0.0
-        self.min_evaluate_nodes = 0
-        self.num_clients = int(num_clients)
-        self.min_clients = int(min_clients)
         self.schedule = epochs_per_round(int(total_epochs), int(num_rounds))
-        self.wait_timeout = float(wait_timeout)
         self.reports: dict[int, RoundReport] = {}
-        self._reference: dict[str, tuple[int, ...]] | None = None
-        self._sent_to: list[int] = []
 
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -95,44 +76,22 @@ class FedAvgBaseline(FedAvg):
             )
         return self.schedule[server_round - 1]
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Wait for every node, then send the global model with this round's epochs."""
-        nodes = wait_for_nodes(grid, self.num_clients, self.wait_timeout)
-        config["server-round"] = server_round
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """This round's local epochs, and ``init = "shared"`` (clients load the global model)."""
+        config = super().round_config(server_round, config)
         config["epochs"] = self.local_epochs(server_round)
         config["init"] = "shared"
-        self.expect_replies(arrays, nodes)
-        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        return self._construct_messages(record, nodes, MessageType.TRAIN)
-
-    def expect_replies(self, arrays: ArrayRecord, node_ids: Sequence[int]) -> None:
-        """Remember the reference shapes and the nodes asked (called by configure_train)."""
-        self._reference = record_shapes(arrays) or None
-        self._sent_to = [int(n) for n in node_ids]
+        return config
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Weighted average of the surviving replies."""
-        report = screen_replies(replies, self._reference, self._sent_to, self.weighted_by_key)
-        for failure in report.failures:
-            log(WARNING, "round %d: dropped reply from %s", server_round, failure.describe())
-        require_survivors(report, self.min_clients)
+        report = self.screen(server_round, replies)
         merged = average(
             [u.state for u in report.survivors], [float(u.num_examples) for u in report.survivors]
         )
-        skip = (self.weighted_by_key, PARTITION_KEY)
-        metrics = weighted_metric_means(report.survivors, skip=skip)
-        metrics.update(
-            {
-                "clients-survived": len(report.survivors),
-                "clients-failed": len(report.failures),
-                "bytes-received": int(report.bytes_received),
-                self.weighted_by_key: int(sum(u.num_examples for u in report.survivors)),
-            }
-        )
+        metrics = self.client_metrics(report)
         for update in report.survivors:
             update.state = {}
         self.reports[server_round] = report

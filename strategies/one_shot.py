@@ -6,7 +6,9 @@ sends its weights; the server merges the survivors in one shot,
 .. math:: \bar\theta = \sum_i w_i\, \pi_i(\theta_i), \qquad w_i = n_i / \textstyle\sum_j n_j,
 
 with :math:`n_i` the client's ``num-examples`` and :math:`\pi_i` the identity
-(:class:`OneShotAverage`) or a Git Re-Basin permutation (:class:`PermutationAlignedAverage`).
+(:class:`OneShotAverage`) or the permutations of a registered merge method
+(:class:`PermutationAlignedAverage`, :mod:`fedlmc.methods`: weight or activation matching,
+MergeMany, the random-permutation control, ...).
 Then, for BatchNorm models, the merged model's running statistics are re-estimated, and one
 softmax temperature :math:`T` is fitted (``calibration``):
 
@@ -28,6 +30,8 @@ holds the merged (BN-re-estimated) weights and ``result.train_metrics_clientapp[
 MetricRecord with ``temperature``, ``log-temperature``, ``clients-survived``, ``clients-failed``,
 ``bytes-received`` (tensor bytes of every reply's arrays, calibration replies included),
 ``bn-reestimated`` (0/1) and the num-examples-weighted means of the clients' training metrics.
+Shared with the FedAvg baseline (:class:`strategies.base.ScreenedFedAvg`): waiting for every node,
+screening the replies, the client counts.
 The strategy object keeps the details of the last round: ``strategy.report`` (survivors sorted
 by partition id, failures with reasons), ``strategy.temperature``, ``strategy.calibration_history``
 and ``strategy.merged_state``.
@@ -42,13 +46,10 @@ from logging import INFO, WARNING
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.supercore import log
 from torch import Tensor, nn
 
-from fedlmc.align import align_to_reference, merge_many
 from fedlmc.calibrate import (
     LOG_T_MAX,
     LOG_T_MIN,
@@ -64,32 +65,32 @@ from fedlmc.calibrate import (
     reset_bn_stats,
 )
 from fedlmc.evaluation import predict_logits, resolve_device
-from fedlmc.merge import average, load_state
-from fedlmc.models import permutation_spec
+from fedlmc.merge import load_state
+from fedlmc.methods import AUTO_TOLERANCE, merge_method, merge_with_info
+from fedlmc.permutation import PermutationSpec
+from fedlmc.repair import repair
+from strategies.base import ScreenedFedAvg
 from strategies.common import (
-    PARTITION_KEY,
     ClientUpdate,
     NotEnoughClientsError,
     RoundReport,
     StateDict,
+    query_nodes,
+)
+from strategies.protocol import (
+    BN_QUERY,
+    NUM_EXAMPLES_KEY,
+    TEMPERATURE_QUERY,
     bn_stats_from_content,
-    check_client_counts,
     metric_record,
     query_content,
-    query_nodes,
-    record_shapes,
-    require_survivors,
-    screen_replies,
     state_to_record,
     temperature_stats_from_content,
     tensor_bytes,
-    wait_for_nodes,
-    weighted_metric_means,
 )
 
 Data = tuple[Tensor, Tensor]
 CALIBRATIONS = ("server", "federated", "none")
-TEMPERATURE_QUERY = "temperature"
 NEWTON_TOL = 1e-4  # after the grid start one Newton round is usually within this
 
 
@@ -101,16 +102,13 @@ def temperature_grid(points: int) -> list[float]:
     return [LOG_T_MIN + i * step for i in range(points)]
 
 
-BN_QUERY = "bn_stats"
-
-
 def _check_choice(what: str, value: Any, allowed: Sequence[str]) -> str:
     if value not in allowed:
         raise ValueError(f"{what} = {value!r}; allowed: {', '.join(allowed)}")
     return value
 
 
-class OneShotAverage(FedAvg):
+class OneShotAverage(ScreenedFedAvg):
     """Flower ``FedAvg`` turned into a robust one-shot merge with temperature calibration.
 
     Parameters
@@ -128,10 +126,13 @@ class OneShotAverage(FedAvg):
         re-estimation unless calibration is federated.
     keep_client_states : bool
         Keep the survivors' state dicts in ``strategy.report`` (for studies comparing methods).
-    query_config : mapping, optional
-        Extra entries for the ConfigRecord of calibration queries (the train config of the
-        round is always forwarded, so clients see the same run configuration).
+
+    Calibration queries carry the round's train config, so clients see the same run
+    configuration.
     """
+
+    merge_method = "average"
+    """The registered merge method (:mod:`fedlmc.methods`) this strategy applies."""
 
     def __init__(
         self,
@@ -147,30 +148,23 @@ class OneShotAverage(FedAvg):
         temperature_steps: int = 8,
         temperature_grid_points: int = 1001,
         device: str | torch.device | None = None,
-        weighted_by_key: str = "num-examples",
+        weighted_by_key: str = NUM_EXAMPLES_KEY,
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
     ) -> None:
-        check_client_counts(num_clients, min_clients)
         super().__init__(
-            fraction_train=1.0,
-            min_train_nodes=int(num_clients),
-            min_available_nodes=int(num_clients),
+            num_clients=num_clients,
+            min_clients=min_clients,
+            wait_timeout=wait_timeout,
             weighted_by_key=weighted_by_key,
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
         )
-        # One-shot: no federated evaluation round (set after __init__ to avoid FedAvg's warning).
-        self.fraction_evaluate = 0.0
-        self.min_evaluate_nodes = 0
         self.template = copy.deepcopy(template).cpu().eval()
-        self.num_clients = int(num_clients)
-        self.min_clients = int(min_clients)
         self.calibration = _check_choice("calibration", calibration, CALIBRATIONS)
         if calibration == "server" and server_data is None:
             raise ValueError("calibration = 'server' needs server_data (x, y); got None")
         self.server_data = server_data
-        self.wait_timeout = float(wait_timeout)
         self.query_timeout = query_timeout
         self.keep_client_states = bool(keep_client_states)
         self.temperature_steps = int(temperature_steps)
@@ -183,10 +177,10 @@ class OneShotAverage(FedAvg):
         self.bn_source = "none"
         self.query_bytes = 0
         self.merged_state: StateDict | None = None
-        self._grid: Grid | None = None
-        self._reference: dict[str, tuple[int, ...]] | None = None
-        self._sent_to: list[int] = []
-        self._round_config: dict[str, Any] = {}
+        self.seed = 0
+        self.spec: PermutationSpec | None = None
+        self.method_options: dict[str, Any] = {}
+        self.merge_info: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------- Flower hooks
 
@@ -194,78 +188,82 @@ class OneShotAverage(FedAvg):
         """Log the strategy's settings."""
         log(
             INFO,
-            "\t├──> %s: %d clients (min %d survivors), calibration %s",
+            "\t├──> %s (%s): %d clients (min %d survivors), calibration %s",
             type(self).__name__,
+            self.merge_method,
             self.num_clients,
             self.min_clients,
             self.calibration,
         )
         log(INFO, "\t└──> Weighted by: '%s'", self.weighted_by_key)
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Wait for all ``num_clients`` nodes, then send every one the same train message."""
-        self._grid = grid
-        nodes = wait_for_nodes(grid, self.num_clients, self.wait_timeout)
-        config["server-round"] = server_round
-        self.expect_replies(arrays, nodes, config)
-        log(INFO, "configure_train: sending to %d nodes", len(nodes))
-        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        return self._construct_messages(record, nodes, MessageType.TRAIN)
-
-    def expect_replies(
-        self, arrays: ArrayRecord, node_ids: Sequence[int], config: Mapping[str, Any] | None = None
-    ) -> None:
-        """Remember what a round sent: the reference shapes (``arrays``; empty = no reference,
-        then survivors must agree among themselves), the nodes asked and the round's config
-        (forwarded with calibration queries). Called by :meth:`configure_train`."""
-        self._reference = record_shapes(arrays) or None
-        self._sent_to = [int(n) for n in node_ids]
-        self._round_config = dict(config or {})
-
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Screen the replies, merge the survivors, re-estimate BN, fit the temperature."""
-        report = screen_replies(replies, self._reference, self._sent_to, self.weighted_by_key)
-        self.report = report
         self.query_bytes = 0
-        for failure in report.failures:
-            log(WARNING, "dropped reply from %s", failure.describe())
-        require_survivors(report, self.min_clients)
+        report = self.screen(server_round, replies)
+        self.report = report
         states = [u.state for u in report.survivors]
         weights = [float(u.num_examples) for u in report.survivors]
-        merged = self.merge_states(states, weights)
+        merged, aligned = self.merge(states, weights)
         model = load_state(self.template, merged).to(self.device).eval()
         self.bn_source = self.reestimate_batchnorm(model, report.survivors)
+        model = self.repair_units(model, aligned, weights)
         final = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         self.merged_state = final
         arrays = state_to_record(final)
-        self.temperature = self.fit_temperature(model, arrays, report.survivors)
+        self.temperature = self.calibrate_temperature(model, arrays, report.survivors)
         if not self.keep_client_states:
             for update in report.survivors:
                 update.state = {}
         log(
             INFO,
-            "aggregate_train: merged %d clients %s, temperature %.4f",
+            "aggregate_train: merged %d clients %s (%s), temperature %.4f",
             len(states),
             report.survivor_ids,
+            self.merge_method,
             self.temperature,
         )
         return arrays, metric_record(self.round_metrics(report))
 
     # ------------------------------------------------------------------------- merge
 
-    def merge_states(self, states: Sequence[StateDict], weights: Sequence[float]) -> StateDict:
-        r"""Plain weighted average :math:`\sum_i w_i \theta_i` (no permutation)."""
-        return average(states, weights)
+    def merge(
+        self, states: Sequence[StateDict], weights: Sequence[float]
+    ) -> tuple[StateDict, list[StateDict]]:
+        r""":func:`fedlmc.methods.merge_states` with this strategy's ``merge_method``:
+        :math:`\sum_i w_i \pi_i(\theta_i)` (plain average: :math:`\pi_i = \mathrm{id}`) and the
+        clients in the merged basis."""
+        merged, aligned, self.merge_info = merge_with_info(
+            self.merge_method,
+            self.template,
+            states,
+            weights,
+            server_data=self.server_data,
+            seed=self.seed,
+            device=self.device,
+            spec=self.spec,
+            options=self.method_options,
+        )
+        return merged, aligned
+
+    def repair_units(
+        self, model: nn.Module, aligned: Sequence[StateDict], weights: Sequence[float]
+    ) -> nn.Module:
+        """REPAIR (:func:`fedlmc.repair.repair`) on the server data's inputs when the merge
+        method asks for it and the model has no BatchNorm (whose re-estimation is REPAIR)."""
+        if not merge_method(self.merge_method).repair or has_batchnorm(model) or len(aligned) < 2:
+            return model
+        endpoints = [load_state(self.template, sd).to(self.device).eval() for sd in aligned]
+        return repair(model, endpoints, weights, self.server_data[0]).eval()
 
     # ------------------------------------------------------------------------- calibration
 
     def reestimate_batchnorm(self, model: nn.Module, survivors: Sequence[ClientUpdate]) -> str:
-        """Reset BN running statistics in place; returns where they came from."""
-        if not has_batchnorm(model):
+        """Reset BN running statistics in place (unless the merge method opts out); returns where
+        they came from."""
+        if not has_batchnorm(model) or not merge_method(self.merge_method).reestimate_bn:
             return "none"
         if self.calibration == "federated":
             apply_bn_statistics(model, self.federated_bn_statistics(model, survivors))
@@ -278,7 +276,7 @@ class OneShotAverage(FedAvg):
         log(WARNING, "BatchNorm model merged without server data: running statistics kept")
         return "none"
 
-    def fit_temperature(
+    def calibrate_temperature(
         self, model: nn.Module, arrays: ArrayRecord, survivors: Sequence[ClientUpdate]
     ) -> float:
         """:math:`T` by the configured calibration; fills ``calibration_history``."""
@@ -366,69 +364,60 @@ class OneShotAverage(FedAvg):
 
     def round_metrics(self, report: RoundReport) -> dict[str, float | int]:
         """Weighted client metrics plus the merge's own numbers (see the module docstring)."""
-        skip = (self.weighted_by_key, PARTITION_KEY)
-        metrics = weighted_metric_means(report.survivors, skip=skip)
+        metrics = self.client_metrics(report, extra_bytes=self.query_bytes)
         metrics.update(
             {
                 "temperature": float(self.temperature),
                 "log-temperature": float(math.log(self.temperature)),
-                "clients-survived": len(report.survivors),
-                "clients-failed": len(report.failures),
-                "bytes-received": int(report.bytes_received + self.query_bytes),
                 "bn-reestimated": int(self.bn_source != "none"),
-                self.weighted_by_key: int(sum(u.num_examples for u in report.survivors)),
             }
         )
         return metrics
 
 
 class PermutationAlignedAverage(OneShotAverage):
-    r"""One-shot merge after Git Re-Basin permutation alignment.
+    r"""One-shot merge after permutation alignment by a registered merge method.
 
-    ``multi="reference"``: every client is permuted onto client 0 (the lowest partition id) by
-    weight matching (``method="weight"``) or activation matching on the server data's inputs
-    (``method="activation"``), then :math:`\sum_i w_i \pi_i(\theta_i)`. ``multi="merge_many"``:
-    MergeMany (each model matched to the weighted mean of the others until no permutation
-    changes), weight matching only.
+    ``method`` is any registered merge method but ``average`` (:mod:`fedlmc.methods`;
+    built in: ``weight_matching`` and ``activation_matching`` permute every client onto client
+    0, the lowest partition id, ``merge_many`` runs MergeMany, ``random_permutation`` is the
+    scrambled control), then :math:`\sum_i w_i \pi_i(\theta_i)`. Methods that need server
+    inputs (activation matching) use ``server_data``'s. ``spec`` overrides the template's
+    permutation spec.
     """
 
     def __init__(
         self,
         template: nn.Module,
         *,
-        method: str = "weight",
-        multi: str = "reference",
+        method: str = "weight_matching",
         seed: int = 0,
+        spec: PermutationSpec | None = None,
+        method_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(template, **kwargs)
-        self.method = _check_choice("method", method, ("weight", "activation"))
-        self.multi = _check_choice("multi", multi, ("reference", "merge_many"))
-        if method == "activation" and multi == "merge_many":
-            raise ValueError("multi = 'merge_many' works with method = 'weight' only")
-        if method == "activation" and self.server_data is None:
-            raise ValueError("method = 'activation' needs server_data for its inputs; got None")
+        entry = merge_method(method)
+        if entry.name == "average":
+            raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")
+        if entry.needs_server_data and self.server_data is None:
+            raise ValueError(f"method = {method!r} needs server_data for its inputs; got None")
+        self.merge_method = entry.name
         self.seed = int(seed)
-        self.spec = permutation_spec(self.template)
+        self.spec = spec
+        self.method_options = dict(method_options or {})
 
-    def merge_states(self, states: Sequence[StateDict], weights: Sequence[float]) -> StateDict:
-        """Align (see the class docstring), then average with ``weights``."""
-        if len(states) == 1:
-            return average(states, weights)
-        if self.multi == "merge_many":
-            merged, _ = merge_many(self.spec, list(states), weights=list(weights), seed=self.seed)
-            return merged
-        models, x = None, None
-        if self.method == "activation":
-            models = [load_state(self.template, sd).to(self.device).eval() for sd in states]
-            x = self.server_data[0]
-        aligned = align_to_reference(
-            self.spec,
-            list(states),
-            reference=0,
-            method=self.method,
-            models=models,
-            x=x,
-            seed=self.seed,
-        )
-        return average(aligned, weights)
+
+class AutoMerge(PermutationAlignedAverage):
+    """The ``auto`` merge (:func:`fedlmc.methods.automatic_choice`): plain averaging when its
+    calibrated NLL on the server data is within ``tolerance`` nats of the endpoints', else the
+    better of it and weight matching. ``strategy.merge_info`` holds ``auto_choice`` and
+    ``auto_nll_gap`` after the round."""
+
+    def __init__(
+        self, template: nn.Module, *, tolerance: float = AUTO_TOLERANCE, **kwargs: Any
+    ) -> None:
+        if not tolerance >= 0:
+            raise ValueError(f"tolerance = {tolerance!r}; allowed: a number >= 0 (nats)")
+        options = {"auto_tolerance": float(tolerance)}
+        super().__init__(template, method="auto", method_options=options, **kwargs)

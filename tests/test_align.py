@@ -8,13 +8,16 @@ import pytest
 import torch
 
 from fedlmc.align import (
+    ALIGNMENTS,
     Matching,
     _solve_assignment,
     _WeightMatcher,
     activation_matching,
     align_to_reference,
+    is_scored,
     matching_objective,
     merge_many,
+    scored_keys,
     weight_matching,
 )
 from fedlmc.merge import load_state
@@ -141,7 +144,8 @@ def test_weight_aligned_model_computes_the_same_function(name, width, in_shape, 
 
 
 def textbook_weight_matching(spec, sd_a, sd_b, seed: int) -> dict[str, torch.Tensor]:
-    """Git Re-Basin weight matching written plainly: every cost matrix rebuilt from scratch."""
+    """Git Re-Basin weight matching written plainly: every cost matrix rebuilt from scratch,
+    parameters only (BatchNorm running statistics are not scored)."""
     from scipy.optimize import linear_sum_assignment
 
     perms = identity_permutations(spec, sd_a)
@@ -153,6 +157,8 @@ def textbook_weight_matching(spec, sd_a, sd_b, seed: int) -> dict[str, torch.Ten
             group, n = groups[index], len(perms[groups[index]])
             cost = torch.zeros(n, n, dtype=torch.float64)
             for key, axis in spec.perm_to_axes[group]:
+                if key.endswith(("running_mean", "running_var")):
+                    continue  # data statistics, not parameters
                 w_b = sd_b[key]
                 for other_axis, other in enumerate(spec.axes_to_perm[key]):
                     if other is not None and other_axis != axis:
@@ -301,7 +307,7 @@ def test_merge_many_differs_from_plain_average_for_independent_models():
     assert mean_pairwise > unaligned
 
 
-@pytest.mark.parametrize("method", ["weight", "activation"])
+@pytest.mark.parametrize("method", ALIGNMENTS)
 def test_align_to_reference_leaves_the_reference_and_aligns_the_rest(method):
     model = make("mlp", 0.25, MNIST, "bn", seed=0)
     spec = permutation_spec(model)
@@ -339,7 +345,7 @@ def test_bad_input_raises_value_error():
             weight_matching(spec, sd, sd, init_perms={group: bad})
     with pytest.raises(ValueError, match="max_iter"):
         weight_matching(spec, sd, sd, max_iter=0)
-    with pytest.raises(ValueError, match="method"):
+    with pytest.raises(ValueError, match="method must be one of .*procrustes"):
         align_to_reference(spec, [sd, sd], method="procrustes")
     with pytest.raises(ValueError, match="models and x"):
         align_to_reference(spec, [sd, sd], method="activation")
@@ -351,3 +357,70 @@ def test_bad_input_raises_value_error():
         merge_many(spec, [sd, sd], weights=[1.0])
     with pytest.raises(ValueError, match="shape"):
         activation_matching(model, wider, torch.randn(4, *MNIST))
+
+
+def with_random_statistics(sd: dict, seed: int) -> dict:
+    """``sd`` with every BatchNorm running mean/var replaced by large arbitrary values."""
+    generator = torch.Generator().manual_seed(seed)
+    out = dict(sd)
+    for key, value in sd.items():
+        if key.endswith("running_mean"):
+            out[key] = 100.0 * torch.randn(value.shape, generator=generator)
+        elif key.endswith("running_var"):
+            out[key] = 100.0 * torch.rand(value.shape, generator=generator) + 0.1
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "width", "in_shape", "norm"),
+    [
+        ("mlp", 0.25, MNIST, "bn"),
+        ("vgg11", 0.125, (1, 8, 8), "bn"),
+        ("resnet20", 0.25, CIFAR, "bn"),
+    ],
+)
+def test_weight_matching_ignores_batchnorm_running_statistics(name, width, in_shape, norm):
+    model_a = make(name, width, in_shape, norm, seed=0)
+    model_b = make(name, width, in_shape, norm, seed=1)
+    spec = permutation_spec(model_a)
+    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
+    statistics = [k for k in spec.axes_to_perm if k.endswith(("running_mean", "running_var"))]
+    assert statistics and not any(is_scored(k) for k in statistics)
+    assert set(scored_keys(spec)) == set(spec.axes_to_perm) - set(statistics)
+    assert all(is_scored(k) for k in sd_a if k.endswith((".weight", ".bias")))
+    odd_b = with_random_statistics(sd_b, seed=2)
+    found = weight_matching(spec, sd_a, sd_b, seed=3)
+    odd = weight_matching(spec, with_random_statistics(sd_a, seed=4), odd_b, seed=3)
+    for group in found:
+        assert torch.equal(found[group], odd[group]), group
+    assert odd.objectives == pytest.approx(found.objectives, rel=1e-12)
+    assert matching_objective(spec, sd_a, odd_b, found) == pytest.approx(
+        matching_objective(spec, sd_a, sd_b, found), rel=1e-12
+    )
+    # a permuted copy whose statistics were replaced is still recovered exactly, statistics
+    # permuted along with their units
+    spec, sd, permuted, applied = permuted_copy(model_a, seed=5)
+    odd_permuted = with_random_statistics(permuted, seed=6)
+    recovered = weight_matching(spec, sd, odd_permuted)
+    for group, perm in applied.items():
+        assert torch.equal(recovered[group], invert_permutation(perm)), group
+    restored = apply_permutation(spec, recovered, odd_permuted)
+    odd_original = apply_permutation(
+        spec, {g: invert_permutation(p) for g, p in applied.items()}, odd_permuted
+    )
+    for key in sd:
+        assert torch.equal(restored[key], odd_original[key]), key
+        if is_scored(key):
+            assert torch.equal(restored[key], sd[key]), key
+
+
+def test_merge_many_ignores_batchnorm_running_statistics():
+    model = make("mlp", 0.25, MNIST, "bn", seed=0)
+    others = [make("mlp", 0.25, MNIST, "bn", seed=s).state_dict() for s in (1, 2)]
+    spec = permutation_spec(model)
+    sds = [model.state_dict(), *others]
+    odd = [with_random_statistics(sd, seed=10 + i) for i, sd in enumerate(sds)]
+    _, perms = merge_many(spec, sds, seed=1)
+    _, odd_perms = merge_many(spec, odd, seed=1)
+    for p, q in zip(perms, odd_perms, strict=True):
+        assert all(torch.equal(p[g], q[g]) for g in p)

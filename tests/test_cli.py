@@ -4,12 +4,14 @@ one-line errors with exit status 2."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from fedlmc.config import cell_id, expand_grid, load_sweep_config
 from simulations.cli import build_parser, main
+from simulations.config import cell_id, expand_grid, load_sweep_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,3 +87,47 @@ def test_console_script_and_usage_errors(tmp_path):
     assert parser.prog == "fedlmc"
     done = run_cli("frobnicate", cwd=tmp_path)
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+TWO_CELLS = """
+name = "two"
+[run]
+epochs = 1
+[grid]
+width = [0.125, 0.25]
+"""
+
+
+def test_an_unreachable_ray_address_is_refused_at_once_and_keeps_the_results(tmp_path):
+    """One cell done, one failed: the rerun that would retry it names a Ray address where
+    nothing listens. One line, exit status 2, results.csv untouched, no minutes of retries."""
+    import pandas as pd
+
+    from simulations.sweep import run_sweep
+
+    config = tmp_path / "two.toml"
+    config.write_text(TWO_CELLS)
+    out = tmp_path / "out"
+
+    def runner(cell):
+        if cell["width"] == 0.25:
+            raise RuntimeError("a failure to retry")
+        return pd.DataFrame([{"method": "average", "accuracy": 0.5}])
+
+    run_sweep(load_sweep_config(config), out, runner=runner, progress=False)
+    before = (out / "results.csv").read_bytes()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    address = f"127.0.0.1:{port}"
+    start = time.monotonic()
+    done = run_cli("sweep", str(config), "--out", str(out), "--ray-address", address, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"fedlmc: error: --ray-address {address}: no Ray cluster")
+    assert (out / "results.csv").read_bytes() == before
+
+    done = run_cli("run", "epochs=1", "--ray-address", address, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "no Ray cluster answers" in done.stderr
+    assert time.monotonic() - start < 120  # refused at once, not after ray.init's retries

@@ -4,6 +4,7 @@ order and size; stable cell ids; the CLI turns config errors into exit 2 and one
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlmc.config import (
-    RUN_SCHEMA,
+from simulations.config import (
     ConfigError,
     cell_id,
     expand_grid,
     grid_points,
     load_sweep_config,
     parse_override,
+    run_schema,
     sweep_from_mapping,
     validate_run_config,
 )
@@ -199,7 +200,7 @@ def test_good_sweep_expands_in_order(tmp_path):
         (w, s) for w in (0.25, 0.5) for s in (0, 1, 2)
     ]
     assert all(c["epochs"] == 1 and c["lambdas"] == 3 for c in cells)
-    assert set(cells[0]) == set(RUN_SCHEMA)  # defaults filled in
+    assert set(cells[0]) == set(run_schema())  # defaults filled in
     assert sweep.report["dpi"] == 80 and sweep.report["error-bars"] == "std"
     assert grid_points(sweep)[4] == {"width": 0.5, "seed": 1}
 
@@ -241,7 +242,7 @@ def test_cell_id_is_stable_and_ignores_runtime_keys():
 
 
 def test_cell_id_is_the_same_in_another_process():
-    code = "from fedlmc.config import cell_id; print(cell_id({'width': 0.5, 'seed': 1}))"
+    code = "from simulations.config import cell_id; print(cell_id({'width': 0.5, 'seed': 1}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == cell_id({"width": 0.5, "seed": 1})
 
@@ -305,3 +306,67 @@ def test_cli_config_error_exits_2_with_one_line(tmp_path, command, text, overrid
     assert lines[0].startswith("fedlmc: error: ") and needle in lines[0]
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_keys_a_cell_ignores_do_not_make_new_cells():
+    """A compare sweep over align/calibration, or depth of a conv net, is one experiment."""
+    from simulations.config import sweep_from_mapping
+
+    compare = sweep_from_mapping(
+        {
+            "name": "s",
+            "grid": {
+                "align": ["weight_matching", "merge_many"],
+                "calibration": ["server", "federated"],
+            },
+        }
+    )
+    assert len(expand_grid(compare)) == 1
+    aligned = sweep_from_mapping(
+        {
+            "name": "s",
+            "run": {"strategy": "aligned"},
+            "grid": {"align": ["weight_matching", "merge_many"]},
+        }
+    )
+    assert [c["align"] for c in expand_grid(aligned)] == ["weight_matching", "merge_many"]
+    vgg = sweep_from_mapping(
+        {"name": "s", "run": {"model": "vgg11", "dataset": "mnist5k"}, "grid": {"depth": [2, 3]}}
+    )
+    assert len(expand_grid(vgg)) == 1
+    assert cell_id({"strategy": "average", "lambdas": 5}) == cell_id({"strategy": "average"})
+    assert cell_id({"strategy": "compare", "lambdas": 5}) != cell_id({"strategy": "compare"})
+
+
+def test_align_takes_registered_aligning_methods_only():
+    with pytest.raises(ConfigError, match="align = 'weight': allowed: weight_matching, "):
+        validate_run_config({"align": "weight"})
+    with pytest.raises(ConfigError, match="align = 'average'"):
+        validate_run_config({"align": "average"})
+    with pytest.raises(ConfigError, match="unknown key 'multi'"):
+        validate_run_config({"multi": "merge_many"})
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"download": True, "data-root": "d"},
+            "download = true: dataset 'mnist5k' is not fetched; allowed with mnist",
+        ),
+        ({"download": True, "dataset": "mnist"}, "download = true: allowed only with a data-root"),
+        ({"image-key": "img"}, "image-key = 'img': allowed only with an hf:NAME dataset"),
+        ({"dataset": "hf:"}, "dataset = 'hf:': allowed: mnist5k"),
+        (
+            {"model": "no such model"},
+            "model = 'no such model': allowed: mlp, vgg11, resnet20, or a",
+        ),
+    ],
+)
+def test_data_and_model_keys_are_checked(values, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_run_config(values)
+    assert (
+        validate_run_config({"dataset": "hf:some/data", "image-key": "img"})["image-key"] == "img"
+    )
+    assert validate_run_config({"model": "pkg.nets:make_net"})["model"] == "pkg.nets:make_net"

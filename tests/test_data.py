@@ -7,16 +7,22 @@ import gzip
 import os
 import pickle
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from fedlmc import datasets_catalog
 from fedlmc.data import (
     DATASETS,
+    DOWNLOADABLE,
     NORMALISATION,
+    NUM_CLASSES,
     PARTITION_SCHEMES,
+    TRAIN_SIZES,
     DataSplits,
     from_arrays,
     label_counts,
@@ -355,7 +361,7 @@ def pool():
     return x, y
 
 
-@pytest.mark.parametrize("scheme", PARTITION_SCHEMES)
+@pytest.mark.parametrize("scheme", [s for s in PARTITION_SCHEMES if s != "full"])
 def test_partition_disjoint_complete_deterministic(pool, scheme):
     x, y = pool
     parts = partition(pool, 10, scheme, alpha=0.5, classes_per_client=2, seed=4)
@@ -454,4 +460,45 @@ def test_label_counts_and_plot(pool, tmp_path):
 
 def test_public_name_tuples():
     assert DATASETS == ("mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100")
-    assert PARTITION_SCHEMES == ("iid", "dirichlet", "pathological", "shard")
+    assert PARTITION_SCHEMES == ("iid", "dirichlet", "pathological", "shard", "full")
+    assert DOWNLOADABLE == DATASETS[1:]
+    assert set(NUM_CLASSES) == set(TRAIN_SIZES) == set(NORMALISATION) == set(DATASETS)
+    assert TRAIN_SIZES["mnist5k"] == 4000 and TRAIN_SIZES["cifar100"] == 50000
+    assert datasets_catalog.DATASETS is DATASETS  # fedlmc.data re-exports the catalog
+    assert datasets_catalog.PARTITION_SCHEMES is PARTITION_SCHEMES
+
+
+def test_catalog_imports_without_torch_and_checks_names():
+    code = (
+        "import sys, fedlmc.datasets_catalog as c; "
+        "print('torch' in sys.modules, c.is_hf_name('hf:a/b'), c.is_known_dataset('hf:./x'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True"]
+    assert not datasets_catalog.is_hf_name("hf:") and not datasets_catalog.is_hf_name("mnist")
+    assert not datasets_catalog.is_known_dataset("svhn")
+    assert datasets_catalog.check_dataset_name("cifar10") == "cifar10"
+    assert datasets_catalog.check_dataset_name("hf:uoft-cs/cifar10") == "hf:uoft-cs/cifar10"
+    with pytest.raises(ValueError, match=r"unknown dataset 'svhn'; allowed: mnist5k, .*'hf:NAME'"):
+        datasets_catalog.check_dataset_name("svhn")
+
+
+def test_absolute_hf_name(tmp_path, monkeypatch):
+    (tmp_path / "my-set").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert datasets_catalog.absolute_hf_name("hf:my-set") == f"hf:{tmp_path / 'my-set'}"
+    assert datasets_catalog.absolute_hf_name("hf:uoft-cs/cifar10") == "hf:uoft-cs/cifar10"
+    assert datasets_catalog.absolute_hf_name("mnist") == "mnist"
+
+
+def test_full_partition_gives_every_client_the_whole_pool():
+    """The paper's setting: every client trains on all the data; only the seeds differ."""
+    y = torch.arange(50) % 10
+    x = torch.arange(50, dtype=torch.float32).view(50, 1, 1, 1)
+    parts = partition((x, y), 3, "full", seed=4)
+    assert len(parts) == 3
+    for px, py in parts:
+        assert sorted(px.flatten().tolist()) == list(range(50))
+        assert torch.equal(py, px.flatten().long() % 10)
+    assert torch.equal(parts[0][0], partition((x, y), 3, "full", seed=4)[1][0])
+    assert not torch.equal(parts[0][0], partition((x, y), 3, "full", seed=5)[0][0])

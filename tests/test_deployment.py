@@ -174,7 +174,8 @@ def test_one_shot_average_with_federated_calibration(deployment, tmp_path):
 def test_permutation_aligned_average(deployment, tmp_path):
     out = tmp_path / "aligned"
     run = flwr_run(
-        deployment, f'strategy="aligned" align="weight" calibration="server" out-dir="{out}"'
+        deployment,
+        f'strategy="aligned" align="weight_matching" calibration="server" out-dir="{out}"',
     )
     check_run(run, out, ["weight_matching", "weight_matching_t"])
     assert (out / "merged-weight_matching.safetensors").exists()
@@ -183,7 +184,7 @@ def test_permutation_aligned_average(deployment, tmp_path):
 def test_pyproject_run_config_lists_every_schema_key_with_its_default():
     import tomllib
 
-    from fedlmc.config import RUN_SCHEMA, validate_run_config
+    from simulations.config import run_schema, validate_run_config
 
     flwr = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     assert flwr["components"] == {
@@ -191,7 +192,7 @@ def test_pyproject_run_config_lists_every_schema_key_with_its_default():
         "clientapp": "simulations.client_app:app",
     }
     config = flwr["config"]
-    assert list(config) == list(RUN_SCHEMA)
+    assert list(config) == list(run_schema())
     assert validate_run_config(config, check_devices=False) == {
-        k: spec.default for k, spec in RUN_SCHEMA.items()
+        k: spec.default for k, spec in run_schema().items()
     }

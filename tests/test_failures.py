@@ -24,8 +24,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import fedlmc
-from fedlmc.config import validate_run_config
 from fedlmc.merge import average
+from simulations.config import validate_run_config
 from simulations.federation import run_federation, run_federation_outcome
 from simulations.task import build_from_config, device_of, load_splits
 from strategies import NotEnoughClientsError

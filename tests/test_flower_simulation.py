@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from fedlmc.calibrate import fit_temperature
-from fedlmc.config import validate_run_config
 from fedlmc.evaluation import predict_logits
 from fedlmc.merge import average, load_state
 from fedlmc.train import train_model
+from simulations.config import validate_run_config
 from simulations.federation import run_federation, run_federation_outcome
 from simulations.task import build_from_config, client_data, client_seed, load_splits, train_options
 from strategies import NotEnoughClientsError
@@ -55,7 +57,8 @@ def test_compare_round_end_to_end(tmp_path):
     assert (rows["clients_survived"] == 2).all()
     assert (rows["clients_failed"] == "").all()
     assert rows["accuracy"].between(0, 1).all()
-    assert rows.loc[rows.method == "average", "barrier_kind"].item() == "curve"  # diagnostics on
+    curve = json.loads(rows.loc[rows.method == "average", "curve"].item())  # diagnostics on
+    assert len(curve["lam"]) == config["lambdas"]
     assert "num-clients" not in rows  # config columns only on request (the sweep adds them)
     assert (outcome.table(with_config=True)["strategy"] == "compare").all()
 
@@ -156,12 +159,16 @@ def test_too_few_survivors_is_a_clear_error(tmp_path):
 # directly with real Messages and a real Context (no Ray): fast checks of the handlers.
 
 
-def call_client(message_type: str, config: dict, pid: int, arrays=None):
+def call_client(message_type: str, config: dict, pid: int, arrays=None, partition=None):
+    """The ClientApp's reply on a node with partition ``pid`` of 2; ``partition`` (a dict)
+    adds the ConfigRecord the sweep engine sends with a cell's own partition."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
     from simulations.client_app import app
 
     content = RecordDict({"arrays": arrays or ArrayRecord(), "config": ConfigRecord(config)})
+    if partition is not None:
+        content["partition"] = ConfigRecord(partition)
     message = Message(content, dst_node_id=pid + 100, message_type=message_type)
     context = Context(
         run_id=7,
@@ -198,9 +205,32 @@ def test_client_train_reply_and_failure_injection(task_identity):
     assert all(torch.isnan(torch.from_numpy(a.numpy())).all() for a in arrays.values())
 
 
+def test_client_trains_the_partition_its_message_names(task_identity):
+    """The sweep engine names each cell's partition in the message: it wins over the node's."""
+    config = {**TINY, "num-clients": 3}
+    reply = call_client(
+        "train",
+        {**config, "server-round": 1},
+        pid=0,
+        partition={"partition-id": 2, "num-partitions": 3},
+    )
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    metrics = next(iter(reply.content.metric_records.values()))
+    assert metrics["partition-id"] == 2
+    assert metrics["num-examples"] == len(client_data(validate_run_config(config), 2, 3)[1])
+    assert metrics["num-examples"] != len(client_data(validate_run_config(config), 0, 2)[1])
+    failed = call_client(
+        "train",
+        {**config, "inject-failure": "raise:2"},
+        pid=0,
+        partition={"partition-id": 2, "num-partitions": 3},
+    )
+    assert failed.has_error() and "partition-id=2" in failed.error.reason
+
+
 def test_client_temperature_query_sums_its_own_data(task_identity):
     from fedlmc.calibrate import temperature_statistics
-    from strategies.common import state_to_record, temperature_stats_from_content
+    from strategies.protocol import state_to_record, temperature_stats_from_content
 
     config = validate_run_config({**TINY, "num-clients": 2})
     splits = load_splits(config)
@@ -218,7 +248,7 @@ def test_client_temperature_query_sums_its_own_data(task_identity):
 
 def test_client_bn_stats_query_returns_its_batchnorm_moments(task_identity):
     from fedlmc.calibrate import bn_statistics
-    from strategies.common import bn_stats_from_content, state_to_record
+    from strategies.protocol import bn_stats_from_content, state_to_record
 
     config = validate_run_config({**TINY, "num-clients": 2, "norm": "bn"})
     model = build_from_config(config, load_splits(config), seed=4)

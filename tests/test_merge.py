@@ -88,3 +88,12 @@ def test_load_state_copies_template_and_computes_the_loaded_function():
     assert all(torch.equal(template.state_dict()[k], v) for k, v in before.items())
     with pytest.raises(RuntimeError):
         load_state(template, {})
+
+
+def test_average_refuses_complex_tensors_instead_of_dropping_the_imaginary_part():
+    a = {"w": torch.tensor([1 + 2j, 3 - 1j])}
+    b = {"w": torch.tensor([1 - 2j, 1 + 1j])}
+    with pytest.raises(ValueError, match="key 'w' is a complex tensor"):
+        average([a, b])
+    with pytest.raises(ValueError, match="complex"):
+        interpolate(a, b, 0.5)

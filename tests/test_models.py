@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from fedlmc.models import MODELS, NORMS, apply_permutation, build_model, permutation_spec
+from fedlmc.models import NORMS, apply_permutation, build_model, model_names, permutation_spec
 from fedlmc.permutation import (
     PermutationSpec,
     identity_permutations,
@@ -24,6 +24,8 @@ SMALL = {
     "resnet20": {"width": 0.25},
 }
 CONV_SHAPES = [(1, 28, 28), (3, 32, 32)]
+
+MODELS = model_names()
 
 
 def _cases() -> list[tuple[str, str, tuple[int, int, int], dict]]:
@@ -240,7 +242,7 @@ def test_bad_permutations_raise():
         ({"name": "vgg11", "width": 0}, "0"),
         ({"name": "resnet20", "width": -1.5}, "-1.5"),
         ({"name": "mlp", "in_shape": (28, 28)}, "(28, 28)"),
-        ({"name": "mlp", "depth": 0}, "depth 0"),
+        ({"name": "mlp", "depth": 0}, "depth = 0"),
         ({"name": "vgg11", "depth": 2}, "depth"),
         ({"name": "mlp", "num_classes": 0}, "num_classes 0"),
     ],

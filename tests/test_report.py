@@ -35,8 +35,10 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
     assert names == {
         "accuracy_vs_width.png",
         "barrier_vs_width.png",
+        "merge_gap_vs_width.png",
         "temperature_vs_width.png",
         "lewc_layers.png",
+        "lewc_vs_llfc.png",
         "lambda_paths.png",
         "report.md",
     }
@@ -50,11 +52,21 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
     frame = read_results(out)
     assert text.startswith("# tiny\n")
     assert "## Merged test accuracy" in text and "## Fitted temperature" in text
+    # the paper's Table 1: barriers at lambda = 1/2, accuracy in points, per width
+    first = text.split("the paper's Table 1 layout")[1].split("##")[0]
+    assert (
+        "| width | no permutation: accuracy barrier (points) | no permutation: loss barrier |"
+        in first
+    )
+    plain = frame[frame["method"] == "average"].groupby("width")["loss_barrier_half"].mean()
+    for width, value in plain.items():
+        assert f"| {width:g} | " in first and f" {value:.4f} |" in first
     for path in paths[:-1]:
         assert f"](figures/{path.name})" in text
     # the table holds the mean accuracy of each method at each width, 4 decimals
     table = text.split("## Merged test accuracy")[1].split("##")[0]
-    assert "| method | 0.125 | 0.5 |" in table
+    widths = sorted(frame["width"].unique())
+    assert "| method | " + " | ".join(f"{w:g}" for w in widths) + " |" in table
     for method in ("average", "weight_matching", "ensemble"):
         accs = frame[frame["method"] == method].sort_values("width")["accuracy"]
         assert f"| {method} | " + " | ".join(f"{a:.4f}" for a in accs) + " |" in table
@@ -66,13 +78,14 @@ def test_report_draws_only_what_exists(tmp_path, sweep_dir):
     shutil.copytree(sweep_dir, out)
     frame = read_results(out)
     frame = frame[frame["width"] == frame["width"].min()]
-    frame.drop(columns=["lewc_cos_layers", "lewc_cos_mean", "curve"]).to_csv(
+    frame.drop(columns=["lewc_cos_layers", "lewc_cos_mean", "curve", "norm_ratio_layers"]).to_csv(
         out / "results.csv", index=False
     )
     names = {p.name for p in build_report(out)}
     assert names == {
         "accuracy_vs_width.png",
         "barrier_vs_width.png",
+        "merge_gap_vs_width.png",
         "temperature_vs_width.png",
         "report.md",
     }
@@ -88,3 +101,41 @@ def test_markdown_table_and_varying_keys():
     assert markdown_table(frame) == "| method | a |\n|---|---|\n| x | 1.0000 |\n| y | 2.5000 |"
     rows = pd.DataFrame({"width": [1.0, 2.0], "seed": [0, 0], "method": ["m", "m"]})
     assert varying_keys(rows) == ["width"]
+
+
+def test_n_client_figures_are_drawn_from_their_columns(tmp_path):
+    """Client-to-merge barriers against the number of clients, and the pairwise matrix."""
+    import json
+
+    from simulations.report import draw_figures, report_markdown
+
+    rows = []
+    for clients in (3, 4):
+        for seed in (0, 1):
+            for method, base in (("average", 0.5), ("weight_matching", 0.1)):
+                matrix = [
+                    [0.0 if i == j else base * (i + j) for j in range(clients)]
+                    for i in range(clients)
+                ]
+                rows.append(
+                    {
+                        "cell_id": f"c{clients}{seed}",
+                        "status": "ok",
+                        "method": method,
+                        "width": 1.0,
+                        "seed": seed,
+                        "num-clients": clients,
+                        "accuracy": 0.9 - base / clients,
+                        "client_loss_barrier_half_calibrated_mean": base * clients,
+                        "client_loss_barrier_half_calibrated_worst": 2 * base * clients,
+                        "pairwise_loss_barrier_half": json.dumps(matrix),
+                    }
+                )
+    frame = pd.DataFrame(rows)
+    settings = {"dpi": 60, "error-bars": "std", "title": ""}
+    paths = {p.name: p for p in draw_figures(frame, tmp_path, settings)}
+    assert {"client_barriers_vs_clients.png", "pairwise_barriers.png"} <= set(paths)
+    for name in ("client_barriers_vs_clients.png", "pairwise_barriers.png"):
+        assert imread(paths[name]).std() > 0
+    text = report_markdown(frame, {}, list(paths.values()), tmp_path, settings)
+    assert "## Client-to-merge barrier at 1/2, calibrated, worst" in text

@@ -21,7 +21,7 @@ from strategies import (
     PermutationAlignedAverage,
     epochs_per_round,
 )
-from strategies.common import (
+from strategies.protocol import (
     bn_stats_from_content,
     bn_stats_to_content,
     record_to_state,
@@ -216,7 +216,7 @@ def test_weight_matching_undoes_a_permutation_that_plain_averaging_cannot():
     permuted = apply_permutation(spec, random_permutations(spec, base, seed=3), base)
     replies = [reply(1, base, 0), reply(2, permuted, 1)]
     aligned = PermutationAlignedAverage(
-        template, num_clients=2, calibration="none", method="weight"
+        template, num_clients=2, calibration="none", method="weight_matching"
     )
     aligned.expect_replies(state_to_record(template.state_dict()), [1, 2])
     merged = record_to_state(aligned.aggregate_train(1, replies)[0])
@@ -235,14 +235,13 @@ def test_bad_strategy_arguments_name_the_value():
         OneShotAverage(template, num_clients=2, calibration="server")
     with pytest.raises(ValueError, match="min_clients = 3"):
         OneShotAverage(template, num_clients=2, min_clients=3, calibration="none")
-    with pytest.raises(ValueError, match="merge_many"):
+    with pytest.raises(ValueError, match="unknown merge method 'weight'; allowed: average"):
+        PermutationAlignedAverage(template, num_clients=2, calibration="none", method="weight")
+    with pytest.raises(ValueError, match="use OneShotAverage"):
+        PermutationAlignedAverage(template, num_clients=2, calibration="none", method="average")
+    with pytest.raises(ValueError, match="'activation_matching' needs server_data"):
         PermutationAlignedAverage(
-            template,
-            num_clients=2,
-            calibration="none",
-            server_data=data(),
-            method="activation",
-            multi="merge_many",
+            template, num_clients=2, calibration="none", method="activation_matching"
         )
 
 

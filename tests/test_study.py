@@ -16,16 +16,11 @@ from fedlmc.calibrate import fit_temperature
 from fedlmc.data import load_dataset
 from fedlmc.evaluation import evaluate, metrics_from_logits, predict_logits
 from fedlmc.merge import average, load_state
+from fedlmc.methods import study_methods
 from fedlmc.models import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
-from fedlmc.study import (
-    COLUMNS,
-    METHODS,
-    STRING_COLUMNS,
-    evaluate_methods,
-    evaluate_model_row,
-    merge_clients,
-)
+from fedlmc.rows import COLUMNS, STRING_COLUMNS
+from fedlmc.study import evaluate_methods, evaluate_model_row, merge_clients
 from fedlmc.train import train_model
 
 MERGED_FLOATS = (
@@ -37,11 +32,34 @@ MERGED_FLOATS = (
     "ece_raw",
     "nll_calibrated",
     "ece_calibrated",
-    "acc_gap",
+    "merge_gap_accuracy",
+    "merge_gap_loss",
+    "merge_gap_loss_calibrated",
     "merge_seconds",
 )
-BARRIERS = ("accuracy_barrier", "loss_barrier", "loss_barrier_calibrated")
-DIAGNOSTICS = ("lewc_cos_mean", "recip_orth_mean", "relu_additivity_mean")
+BARRIERS = (
+    "accuracy_barrier_half",
+    "loss_barrier_half",
+    "loss_barrier_half_calibrated",
+    "accuracy_barrier_max",
+    "loss_barrier_max",
+    "loss_barrier_max_calibrated",
+)
+DIAGNOSTICS = (
+    "lewc_cos_mean",
+    "lewc_error_mean",
+    "llfc_error_mean",
+    "logit_norm_ratio",
+    "recip_orth_mean",
+    "relu_additivity_mean",
+)
+QUARTER = ("lewc_error_mean_quarter", "llfc_error_mean_quarter")
+CLIENT_BARRIERS = tuple(
+    f"client_loss_barrier_{at}{cal}_{over}"
+    for at in ("half", "max")
+    for cal in ("", "_calibrated")
+    for over in ("mean", "worst")
+)
 COMMON = (
     "endpoint_acc_mean",
     "endpoint_acc_min",
@@ -95,7 +113,7 @@ def clients(splits, template):
 @pytest.fixture(scope="module")
 def two_client_rows(template, clients, splits):
     return evaluate_methods(
-        template, clients[:2], [200, 200], splits, METHODS, lambdas=5, device="cpu"
+        template, clients[:2], [200, 200], splits, list(study_methods()), lambdas=5, device="cpu"
     )
 
 
@@ -104,27 +122,37 @@ def finite(value) -> bool:
 
 
 def test_every_method_gives_one_complete_row(two_client_rows, template):
-    assert [r["method"] for r in two_client_rows] == list(METHODS)
+    assert [r["method"] for r in two_client_rows] == list(study_methods())
     for row in two_client_rows:
         assert tuple(row) == COLUMNS
         assert row["num_clients"] == 2
         assert all(isinstance(row[c], str) for c in STRING_COLUMNS)
-        assert all(finite(row[c]) for c in COMMON + ("accuracy", "nll", "ece", "acc_gap"))
-        assert row["acc_gap"] == pytest.approx(row["endpoint_acc_mean"] - row["accuracy"])
+        assert all(finite(row[c]) for c in COMMON + ("accuracy", "nll", "ece"))
+        assert row["merge_gap_accuracy"] == pytest.approx(
+            row["endpoint_acc_mean"] - row["accuracy"]
+        )
+        assert row["merge_gap_loss"] == pytest.approx(row["nll_raw"] - row["endpoint_nll_mean"])
+        assert (
+            json.loads(row["stable_rank_layers"])
+            and len(json.loads(row["stable_rank_layers"])) == len(template.layer_names) - 1
+        )
         if row["method"] == "ensemble":
-            assert all(math.isnan(row[c]) for c in BARRIERS + DIAGNOSTICS)
+            assert all(math.isnan(row[c]) for c in BARRIERS + DIAGNOSTICS + QUARTER)
             assert row["curve"] == "" and row["lewc_cos_layers"] == ""
             assert (row["accuracy"], row["nll"]) == (row["ensemble_acc"], row["ensemble_nll"])
             continue
-        assert all(finite(row[c]) for c in MERGED_FLOATS + BARRIERS + DIAGNOSTICS), row
-        assert row["barrier_kind"] == "curve"
+        assert all(finite(row[c]) for c in MERGED_FLOATS + BARRIERS + DIAGNOSTICS + QUARTER), row
         curve = json.loads(row["curve"])
         assert set(curve) == {"lam", "accuracy", "nll", "nll_calibrated"}
         assert curve["lam"] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+        for column in ("lewc_cos_layers", "lewc_error_layers", "llfc_error_layers"):
+            assert len(json.loads(row[column])) == len(template.layer_names)
         layers = json.loads(row["lewc_cos_layers"])
-        assert len(layers) == len(template.layer_names)
         assert row["lewc_cos_mean"] == pytest.approx(sum(layers) / len(layers))
-        assert row["accuracy_barrier"] >= 0 and row["loss_barrier"] >= 0
+        assert len(json.loads(row["recip_orth_layers"])) == len(template.layer_names)
+        assert row["accuracy_barrier_max"] >= 0 and row["loss_barrier_max"] >= 0
+        for kind in ("accuracy", "loss"):  # lam = 1/2 is on the grid: the max is at least it
+            assert row[f"{kind}_barrier_max"] >= row[f"{kind}_barrier_half"] - 1e-12
 
 
 def test_calibrated_row_shares_the_merge_and_changes_only_nll_and_ece(two_client_rows):
@@ -182,12 +210,19 @@ def test_weight_matching_recovers_a_permuted_copy_exactly(template, clients, spl
         assert row["endpoint_acc_min"] == row["endpoint_acc_max"] == endpoint["accuracy"]
         assert row["accuracy"] == endpoint["accuracy"]
         assert row["nll"] == pytest.approx(endpoint["nll"], abs=1e-5)
-        assert abs(row["loss_barrier"]) < 1e-5 and abs(row["accuracy_barrier"]) < 1e-12
+        assert abs(row["loss_barrier_half"]) < 1e-5 and abs(row["loss_barrier_max"]) < 1e-5
+        assert abs(row["accuracy_barrier_half"]) < 1e-12
         assert row["lewc_cos_mean"] == pytest.approx(1.0, abs=1e-6)
+        # one model merged with itself: LLFC is exact, LEWC predicts (1/2)^l + (1/2)^l
+        assert row["llfc_error_mean"] == pytest.approx(0.0, abs=1e-5)
+        assert json.loads(row["norm_ratio_layers"]) == pytest.approx([1.0] * 4, abs=1e-5)
+        assert json.loads(row["lewc_error_layers"]) == pytest.approx(
+            [abs(1 - 2 * 0.5**depth) for depth in range(1, 5)], abs=1e-5
+        )
         assert row["recip_orth_mean"] == pytest.approx(1.0, abs=1e-6)
         assert row["relu_additivity_mean"] == pytest.approx(0.0, abs=1e-6)
     assert rows["average"]["accuracy"] < endpoint["accuracy"] - 0.05
-    assert rows["average"]["loss_barrier"] > 0
+    assert rows["average"]["loss_barrier_half"] > 0
 
 
 def test_ensemble_of_identical_clients_equals_the_endpoint(template, clients, splits):
@@ -200,7 +235,43 @@ def test_ensemble_of_identical_clients_equals_the_endpoint(template, clients, sp
         assert row["accuracy"] == endpoint["accuracy"]
         assert row["nll_raw"] == pytest.approx(endpoint["nll"], abs=1e-6)
         assert row["ensemble_acc"] == endpoint["accuracy"]
-    assert abs(rows[1]["loss_barrier"]) < 1e-6
+    assert abs(rows[1]["loss_barrier_half"]) < 1e-6
+
+
+def test_half_barrier_is_the_signed_excess_of_the_midpoint_over_the_chord(two_client_rows):
+    for row in two_client_rows:
+        if row["method"] == "ensemble":
+            continue
+        curve = json.loads(row["curve"])
+        half = curve["lam"].index(0.5)
+        for kind, column, sign in (
+            ("loss_barrier_half", "nll", 1),
+            ("loss_barrier_half_calibrated", "nll_calibrated", 1),
+            ("accuracy_barrier_half", "accuracy", -1),
+        ):
+            values = curve[column]
+            chord = (values[0] + values[-1]) / 2
+            assert row[kind] == pytest.approx(sign * (values[half] - chord), abs=1e-12)
+            assert row[kind.replace("half", "max")] == pytest.approx(
+                max(
+                    sign * (v - (lam * values[-1] + (1 - lam) * values[0]))
+                    for lam, v in zip(curve["lam"], values, strict=True)
+                ),
+                abs=1e-12,
+            )
+
+
+def test_repair_rows_change_the_merge_of_a_network_without_batchnorm(two_client_rows):
+    rows = {r["method"]: r for r in two_client_rows}
+    for base in ("average", "weight_matching"):
+        plain, repaired = rows[base], rows[f"{base}_repair"]
+        assert plain["endpoint_acc_mean"] == repaired["endpoint_acc_mean"]
+        assert plain["nll_raw"] != repaired["nll_raw"]
+        # the barrier is measured on the repaired path, not the plain one
+        assert finite(repaired["loss_barrier_half"])
+        assert repaired["loss_barrier_half"] != plain["loss_barrier_half"]
+        curve = json.loads(repaired["curve"])
+        assert curve["nll"][0] == json.loads(plain["curve"])["nll"][0]  # same endpoints
 
 
 def test_three_clients_get_merge_gap_barriers(template, clients, splits):
@@ -210,10 +281,40 @@ def test_three_clients_get_merge_gap_barriers(template, clients, splits):
         assert row["num_clients"] == 3 and tuple(row) == COLUMNS
         if row["method"] == "ensemble":
             continue
-        assert row["barrier_kind"] == "merge_gap" and row["curve"] == ""
-        assert all(finite(row[c]) for c in MERGED_FLOATS + BARRIERS + DIAGNOSTICS), row
-        assert row["accuracy_barrier"] == pytest.approx(row["acc_gap"])
+        assert row["curve"] == "" and all(math.isnan(row[c]) for c in BARRIERS + QUARTER)
+        assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS + CLIENT_BARRIERS), row
+        for kind in ("half", "max", "half_calibrated", "max_calibrated"):
+            assert (
+                row[f"client_loss_barrier_{kind}_worst"]
+                >= row[f"client_loss_barrier_{kind}_mean"] - 1e-12
+            )
+        matrix = json.loads(row["pairwise_loss_barrier_half"])
+        assert len(matrix) == 3 and all(len(r) == 3 for r in matrix)
+        assert all(
+            matrix[i][i] == 0 and matrix[i][j] == matrix[j][i] for i in range(3) for j in range(3)
+        )
+        assert row["merge_gap_accuracy"] == pytest.approx(
+            row["endpoint_acc_mean"] - row["accuracy"]
+        )
         assert len(json.loads(row["lewc_cos_layers"])) == len(template.layer_names)
+
+
+def test_n_client_barriers_vanish_when_alignment_undoes_a_permutation(template, clients, splits):
+    """Three copies of one model, one permuted: aligned, every path is flat; plain, the
+    permuted copy is far from the others."""
+    state = clients[0]
+    spec = permutation_spec(template)
+    permuted = apply_permutation(spec, random_permutations(spec, state, seed=5), state)
+    rows = evaluate_methods(
+        template, [state, permuted, state], None, splits, ["average", "weight_matching"], lambdas=5
+    )
+    plain, matched = rows
+    aligned = json.loads(matched["pairwise_loss_barrier_half"])
+    assert max(abs(v) for r in aligned for v in r) < 1e-5
+    assert abs(matched["client_loss_barrier_max_worst"]) < 1e-5
+    unaligned = json.loads(plain["pairwise_loss_barrier_half"])
+    assert unaligned[0][1] > 0.1 and unaligned[1][2] > 0.1 and abs(unaligned[0][2]) < 1e-6
+    assert plain["client_loss_barrier_max_worst"] > plain["client_loss_barrier_max_mean"] > 0
 
 
 def test_fast_mode_skips_diagnostics_and_is_deterministic(template, clients, splits):
@@ -230,9 +331,9 @@ def test_fast_mode_skips_diagnostics_and_is_deterministic(template, clients, spl
 
     first, second = run(), run()
     row = first[0]
-    assert row["barrier_kind"] == "merge_gap" and row["curve"] == ""
+    assert row["curve"] == "" and all(math.isnan(row[c]) for c in BARRIERS)
     assert all(math.isnan(row[c]) for c in DIAGNOSTICS) and row["lewc_cos_layers"] == ""
-    assert all(finite(row[c]) for c in BARRIERS)
+    assert all(finite(row[c]) for c in ("merge_gap_accuracy", "merge_gap_loss"))
     drop = {"merge_seconds"}
     assert {k: v for k, v in row.items() if k not in drop} == {
         k: v for k, v in second[0].items() if k not in drop
@@ -280,9 +381,38 @@ def test_unknown_methods_raise(template, clients, splits):
 
 
 def test_a_single_surviving_client_is_its_own_merge(template, clients, splits):
-    rows = evaluate_methods(template, clients[:1], None, splits, METHODS, device="cpu")
+    rows = evaluate_methods(
+        template, clients[:1], None, splits, list(study_methods()), device="cpu"
+    )
     endpoint = evaluate(load_state(template, clients[0]), splits.test)
     for row in rows:
         assert row["num_clients"] == 1 and row["accuracy"] == endpoint["accuracy"]
         assert row["nll_raw"] == pytest.approx(endpoint["nll"], abs=1e-9)
         assert all(math.isnan(row[c]) for c in DIAGNOSTICS) and row["curve"] == ""
+
+
+def test_auto_keeps_the_plain_average_within_tolerance_and_aligns_beyond(template, clients, splits):
+    state = clients[0]
+    spec = permutation_spec(template)
+    permuted = apply_permutation(spec, random_permutations(spec, state, seed=9), state)
+
+    def auto_row(states, tolerance):
+        rows = evaluate_methods(
+            template,
+            states,
+            None,
+            splits,
+            ["auto", "average", "weight_matching"],
+            diagnostics=False,
+            method_options={"auto_tolerance": tolerance},
+        )
+        return {r["method"]: r for r in rows}
+
+    lenient = auto_row([state, permuted], 1e6)  # any gap is within: no alignment runs
+    assert lenient["auto"]["auto_choice"] == "average" and lenient["average"]["auto_choice"] == ""
+    assert lenient["auto"]["accuracy"] == lenient["average"]["accuracy"]
+    strict = auto_row([state, permuted], 0.0)  # the scrambled copy: alignment wins, exactly
+    assert strict["auto"]["auto_choice"] == "weight_matching"
+    assert strict["auto"]["auto_nll_gap"] == lenient["auto"]["auto_nll_gap"] > 0.1
+    assert strict["auto"]["accuracy"] == strict["weight_matching"]["accuracy"]
+    assert math.isnan(strict["weight_matching"]["auto_nll_gap"])

@@ -1,8 +1,10 @@
-"""Sweeps through the real ``fedlmc`` command and real Flower federations (tiny cells).
+"""Sweeps through the real ``fedlmc`` command and the sweep engine (tiny cells, one Flower
+simulation per sweep, several cells in flight).
 
-A sweep killed with SIGKILL right after its first cell is appended, then rerun, must end with
-exactly the rows of an uninterrupted sweep (same cell ids, same metric values: CPU runs are
-deterministic), with no duplicates; a changed config is refused without ``--force``.
+A sweep killed with SIGKILL right after its first cell is appended (the other cells in flight or
+waiting), then rerun, must end with exactly the rows of an uninterrupted sweep (same cell ids,
+same metric values: CPU runs are deterministic and a cell's numbers do not depend on its
+neighbours), with no duplicates; a changed config is refused without ``--force``.
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedlmc.config import ConfigError, cell_id, expand_grid, load_sweep_config
+from fedlmc.rows import COLUMNS
+from simulations.config import ConfigError, cell_id, expand_grid, load_sweep_config
 from simulations.sweep import exclusive, finished_cells, read_results, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
 TINY = """
 name = "tiny"
-description = "two tiny MLP cells"
+description = "three tiny MLP cells"
 [run]
 epochs = 1
 lambdas = 3
@@ -34,30 +37,12 @@ batch-size = 256
 diagnostics = true
 methods = "average,average_t,weight_matching,ensemble"
 [grid]
-width = [0.125, 0.5]
+width = [0.125, 0.25, 0.5]
 """
+WIDTHS = [0.125, 0.25, 0.5]
 
-REQUIRED = (
-    "cell_id",
-    "status",
-    "error",
-    "width",
-    "num-clients",
-    "seed",
-    "weight-decay",
-    "method",
-    "accuracy",
-    "nll",
-    "nll_raw",
-    "nll_calibrated",
-    "temperature",
-    "ece",
-    "endpoint_acc_mean",
-    "ensemble_acc",
-    "loss_barrier",
-    "loss_barrier_calibrated",
-    "merge_seconds",
-)
+# the lead and run-config columns, then every column of the results-row schema (fedlmc.rows)
+REQUIRED = ("cell_id", "status", "error", "width", "num-clients", "seed", "weight-decay", *COLUMNS)
 # timings and host-dependent byte counts differ between runs; everything else must not
 VOLATILE = ("seconds", "bytes")
 
@@ -110,7 +95,8 @@ def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def kill_after_first_cell(config: Path, out: Path) -> int:
-    """Start the sweep, SIGKILL it (by pid) once results.csv holds a cell; rows seen then."""
+    """Start the sweep, SIGKILL it (by pid) as soon as results.csv holds a cell; the number of
+    cells written when it died."""
     proc = cli("sweep", str(config), "--out", str(out), "--quiet", "--no-report")
     results = out / "results.csv"
     deadline = time.monotonic() + 300
@@ -118,23 +104,22 @@ def kill_after_first_cell(config: Path, out: Path) -> int:
         while time.monotonic() < deadline and proc.poll() is None:
             if results.exists() and len(read_results(out)) > 0:
                 break
-            time.sleep(0.1)
+            time.sleep(0.05)
         assert proc.poll() is None, "the sweep ended before it could be killed"
-        seen = read_results(out)["cell_id"].nunique()
     finally:
         # the sweep and the Ray processes it started share its new session: kill that group
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
     assert proc.returncode == -signal.SIGKILL
-    return seen
+    return read_results(out)["cell_id"].nunique()
 
 
 def test_killed_and_resumed_sweep_equals_uninterrupted(tmp_path, uninterrupted):
     config = tiny_config(tmp_path)
     out = tmp_path / "killed"
     seen = kill_after_first_cell(config, out)
-    assert seen == 1
+    assert 1 <= seen < len(WIDTHS)  # killed with cells still in flight or waiting
     partial = read_results(out)
     assert partial["cell_id"].nunique() == seen  # only whole cells are ever written
 
@@ -148,7 +133,7 @@ def test_killed_and_resumed_sweep_equals_uninterrupted(tmp_path, uninterrupted):
     assert sorted(full["cell_id"].unique()) == sorted(ids)
     assert sorted(resumed["cell_id"].unique()) == sorted(ids)
     assert not resumed.duplicated(["cell_id", "method"]).any()
-    assert len(resumed) == len(full) == 2 * 4
+    assert len(resumed) == len(full) == len(WIDTHS) * 4
     # the rows of the cells that were done before the kill were not rewritten
     first = partial["cell_id"].iloc[0]
     pd.testing.assert_frame_equal(
@@ -157,6 +142,47 @@ def test_killed_and_resumed_sweep_equals_uninterrupted(tmp_path, uninterrupted):
     )
     pd.testing.assert_frame_equal(sorted_rows(resumed), sorted_rows(full), check_exact=True)
     assert not list(out.glob(".*.tmp"))
+
+
+def test_ctrl_c_exits_130_at_once_and_a_rerun_resumes(tmp_path, uninterrupted):
+    """SIGINT to the sweep's process group (what Ctrl-C in a terminal sends) while cells are in
+    flight: exit status 130 within seconds (no wait for the clients still training), one line
+    saying how to resume, only whole cells written; the rerun ends with the uninterrupted rows."""
+    config = tiny_config(tmp_path)
+    out = tmp_path / "interrupted"
+    proc = cli(
+        "sweep",
+        str(config),
+        "--out",
+        str(out),
+        "--quiet",
+        "--no-report",
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "results.csv").exists() and len(read_results(out)) > 0:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the sweep ended before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGINT)
+        code, _out, err = finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert code == 130, err
+    assert err.strip().splitlines()[-1] == ("fedlmc: interrupted; rerun the same command to resume")
+    written = read_results(out)
+    assert 1 <= written["cell_id"].nunique() < len(WIDTHS)
+    assert len(written) == 4 * written["cell_id"].nunique()  # whole cells only
+
+    code, _out, err = finish(cli("sweep", str(config), "--out", str(out), "--no-report"))
+    assert code == 0, err
+    pd.testing.assert_frame_equal(
+        sorted_rows(read_results(out)), sorted_rows(read_results(uninterrupted)), check_exact=True
+    )
 
 
 def test_results_schema(uninterrupted):
@@ -178,7 +204,7 @@ def test_results_schema(uninterrupted):
         assert by.loc[(cid, "average"), "accuracy"] == by.loc[(cid, "average_t"), "accuracy"]
         assert by.loc[(cid, "average"), "temperature"] == 1.0
     record = json.loads((uninterrupted / "config.json").read_text())
-    assert record["name"] == "tiny" and record["grid"] == {"width": [0.125, 0.5]}
+    assert record["name"] == "tiny" and record["grid"] == {"width": WIDTHS}
     assert {"fedlmc", "flwr", "torch", "device"} <= set(record["versions"])
     assert {c["cell_id"] for c in record["cells"]} == set(frame["cell_id"])
 
@@ -219,7 +245,8 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     config = tmp_path / "fail.toml"
     config.write_text(
         TINY.replace(
-            "width = [0.125, 0.5]", 'width = [0.125]\ninject-failure = ["raise:1", "none"]'
+            "width = [0.125, 0.25, 0.5]",
+            'width = [0.125]\ninject-failure = ["raise:1", "none"]',
         )
     )
     out = tmp_path / "out"

@@ -1,76 +1,113 @@
-"""The one place where experiment configuration is defined and validated.
+"""The one place where run and sweep configuration is defined and validated.
 
 A *run config* is a flat mapping of hyphenated keys (the same keys as Flower's ``--run-config``
-and ``[tool.flwr.app.config]``) to scalars. :data:`RUN_SCHEMA` lists every key with its type,
-default and allowed values; :func:`validate_run_config` fills in defaults and rejects anything
-else with a :class:`ConfigError` whose one-line message names the key, the value and what is
-allowed. Nothing here imports Flower.
+and ``[tool.flwr.app.config]``) to scalars. :func:`run_schema` lists every key with its type,
+default and allowed values; the named values (data sets, models and their options, merge
+methods) are read from the registries of :mod:`fedlmc.datasets_catalog`,
+:mod:`fedlmc.architectures` and :mod:`fedlmc.methods`, so a registered model or merge method is
+a valid value with no edit here. :func:`validate_run_config` fills in defaults and rejects
+anything else with a :class:`ConfigError` whose one-line message names the key, the value and
+what is allowed. Nothing here imports Flower, torch, scipy or pandas.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
-import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 from typing import Any
 
-from fedlmc.data import DATASETS, NUM_CLASSES, PARTITION_SCHEMES
-from fedlmc.models import MODELS
-from fedlmc.study import METHODS as MERGE_METHODS
+from fedlmc.architectures import (
+    NORMS,
+    is_factory_path,
+    model_entry,
+    model_names,
+    public_options,
+)
+from fedlmc.datasets_catalog import (
+    DATASETS,
+    DOWNLOADABLE,
+    NUM_CLASSES,
+    PARTITION_SCHEMES,
+    TRAIN_SIZES,
+    absolute_hf_name,
+    is_hf_name,
+    is_known_dataset,
+)
+from fedlmc.methods import AUTO_TOLERANCE, base_method, merge_method_names, study_methods
+from simulations.report_schema import REPORT_SCHEMA
+from simulations.schema import (
+    ConfigError,
+    Key,
+    at_least,
+    check_value,
+    did_you_mean,
+    fraction,
+    named,
+)
 
-METHODS = (*MERGE_METHODS, "fedavg")
-"""Every method a cell can report: the one-shot merges of :mod:`fedlmc.study` and the FedAvg run."""
+__all__ = [
+    "RUNTIME_KEYS",
+    "ConfigError",
+    "SweepConfig",
+    "canonical_run_config",
+    "cell_id",
+    "cell_methods",
+    "expand_grid",
+    "load_sweep_config",
+    "method_list",
+    "run_schema",
+    "validate_run_config",
+]
+
 STRATEGIES = ("compare", "average", "aligned", "fedavg")
 CALIBRATIONS = ("server", "federated", "none")
 FAILURE_MODES = ("raise", "nan", "hang")
+FEDAVG = "fedavg"
 
 
-class ConfigError(ValueError):
-    """An invalid configuration value; the one-line message names key, value and what is allowed."""
+def cell_methods() -> tuple[str, ...]:
+    """Every method a cell can report: the study's rows (:func:`fedlmc.methods.study_methods`)
+    and the FedAvg baseline."""
+    return (*study_methods(), FEDAVG)
 
 
-@dataclass(frozen=True)
-class Key:
-    """One run-config key: its type, default, and a check returning an error text or ``None``."""
-
-    type: type
-    default: Any
-    doc: str
-    check: Callable[[Any], str | None] | None = None
+def aligning_methods() -> tuple[str, ...]:
+    """The merge methods of the ``aligned`` strategy: every registered one but ``average``."""
+    return tuple(m for m in merge_method_names() if m != "average")
 
 
-def _choice(*allowed: str) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        return None if value in allowed else f"allowed: {', '.join(allowed)}"
-
-    return check
+def dataset_names() -> tuple[str, ...]:
+    """The data set names shown as allowed (``hf:NAME`` is allowed too)."""
+    return (*DATASETS, "hf:NAME")
 
 
-def _at_least(low: float, *, strict: bool = False) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        ok = value > low if strict else value >= low
-        return None if ok else f"allowed: a number {'>' if strict else '>='} {low}"
-
-    return check
+def _dataset(value: Any) -> str | None:
+    if is_known_dataset(value):
+        return None
+    return f"allowed: {', '.join(DATASETS)}, or hf:NAME (a Hugging Face hub name or local path)"
 
 
-def _fraction(value: Any) -> str | None:
-    return None if 0.0 <= value < 1.0 else "allowed: a number in [0, 1)"
+def _model(value: Any) -> str | None:
+    if value in model_names() or is_factory_path(value):
+        return None
+    return (
+        f"allowed: {', '.join(model_names())}, or a model factory "
+        "'package.module:make_net' / 'path/to/file.py:make_net'"
+    )
 
 
 def _methods(value: Any) -> str | None:
     names = [m.strip() for m in value.split(",") if m.strip()]
-    bad = [m for m in names if m not in METHODS]
-    if not names or bad:
-        return f"allowed: a comma-separated list of {', '.join(METHODS)}"
+    allowed = cell_methods()
+    if not names or any(m not in allowed for m in names):
+        return f"allowed: a comma-separated list of {', '.join(allowed)}"
     return None
 
 
@@ -86,96 +123,111 @@ def _failures(value: Any) -> str | None:
     return None
 
 
-RUN_SCHEMA: dict[str, Key] = {
-    "dataset": Key(str, "mnist5k", "data set name", _choice(*DATASETS)),
-    "data-root": Key(str, "", "folder holding torchvision data (for mnist, cifar10, ...)"),
-    "server-fraction": Key(float, 0.1, "share of the training data kept by the server", _fraction),
-    "model": Key(str, "mlp", "architecture", _choice(*MODELS)),
-    "width": Key(float, 1.0, "width multiplier", _at_least(0.0, strict=True)),
-    "depth": Key(int, 3, "hidden layers of the MLP", _at_least(1)),
-    "base-hidden": Key(int, 128, "hidden units of the MLP at width 1", _at_least(1)),
-    "norm": Key(str, "auto", "normalisation layers", _choice("auto", "bn", "ln", "none")),
-    "num-clients": Key(int, 2, "number of clients", _at_least(2)),
-    "partition": Key(str, "iid", "partition scheme", _choice(*PARTITION_SCHEMES)),
-    "alpha": Key(float, 0.5, "Dirichlet concentration", _at_least(0.0, strict=True)),
-    "classes-per-client": Key(int, 2, "classes per client (pathological)", _at_least(1)),
-    "epochs": Key(int, 10, "local epochs per client", _at_least(1)),
-    "lr": Key(float, 0.05, "peak learning rate", _at_least(0.0, strict=True)),
-    "weight-decay": Key(float, 3e-3, "weight decay", _at_least(0.0)),
-    "batch-size": Key(int, 128, "batch size", _at_least(1)),
-    "optimizer": Key(str, "sgd", "optimizer", _choice("sgd", "adam", "adamw")),
-    "momentum": Key(float, 0.9, "SGD momentum", _fraction),
-    "schedule": Key(
-        str, "onecycle", "learning-rate schedule", _choice("onecycle", "cosine", "constant")
-    ),
-    "strategy": Key(str, "compare", "server strategy", _choice(*STRATEGIES)),
-    "methods": Key(
-        str,
-        "average,average_t,weight_matching,weight_matching_t,ensemble",
-        "merge methods evaluated by the compare strategy",
-        _methods,
-    ),
-    "align": Key(
-        str, "weight", "alignment of the aligned strategy", _choice("weight", "activation")
-    ),
-    "multi": Key(str, "reference", "N-model alignment", _choice("reference", "merge_many")),
-    "calibration": Key(str, "server", "temperature calibration", _choice(*CALIBRATIONS)),
-    "init": Key(str, "independent", "client initialisation", _choice("independent", "shared")),
-    "fedavg-rounds": Key(int, 5, "rounds of the FedAvg baseline", _at_least(1)),
-    "lambdas": Key(int, 25, "points on the interpolation grid", _at_least(2)),
-    "diagnostics": Key(bool, True, "compute LEWC and orthogonality diagnostics"),
-    "seed": Key(int, 0, "seed", _at_least(0)),
-    "device": Key(str, "auto", "training device", _choice("auto", "cpu", "cuda")),
-    "num-cpus": Key(float, 1.0, "CPUs per simulated client", _at_least(0.0, strict=True)),
-    "num-gpus": Key(float, 0.0, "GPUs per simulated client", _at_least(0.0)),
-    "min-clients": Key(int, 2, "fewest surviving clients a merge accepts", _at_least(1)),
-    "timeout": Key(float, 600.0, "seconds to wait for clients", _at_least(0.0, strict=True)),
-    "inject-failure": Key(str, "none", "test-only failure injection", _failures),
-    "out-dir": Key(str, "", "folder for results.csv and merged weights"),
-}
+def option_key(name: str) -> str:
+    """The run-config key of a public model option: ``base_hidden`` -> ``base-hidden``."""
+    return name.replace("_", "-")
 
 
-def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def _model_option_keys() -> dict[str, Key]:
+    """One run-config key per public model option (:mod:`fedlmc.architectures`)."""
+    keys = {}
+    for name, (option, models) in public_options().items():
+        check = at_least(option.minimum) if option.minimum is not None else None
+        doc = f"{option.doc} ({', '.join(models)})"
+        keys[option_key(name)] = Key(type(option.default), option.default, doc, check)
+    return keys
 
 
-def coerce(key: str, value: Any, expected: type) -> Any:
-    """``value`` as ``expected``: ints are accepted for floats; bools never count as numbers."""
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expected is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, expected) and not (expected is not bool and isinstance(value, bool)):
-        return value
-    raise ConfigError(f"{key} = {value!r}: expected {expected.__name__}")
-
-
-def check_value(
-    key: str, value: Any, schema: Mapping[str, Key] = RUN_SCHEMA, where: str = ""
-) -> Any:
-    """``value`` coerced to the type of ``schema[key]`` and range-checked (``where`` prefixes the
-    key in messages, e.g. ``"grid."``); floats must be finite."""
-    spec = schema[key]
-    value = coerce(f"{where}{key}", value, spec.type)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{where}{key} = {value!r}: allowed: a finite number")
-    problem = spec.check(value) if spec.check else None
-    if problem:
-        raise ConfigError(f"{where}{key} = {value!r}: {problem}")
-    return value
+def run_schema() -> dict[str, Key]:
+    """Every run-config key in documentation order (built from the registries when called)."""
+    return {
+        "dataset": Key(str, "mnist5k", "data set name", _dataset, dataset_names),
+        "data-root": Key(
+            str, "", "folder of the torchvision files (mnist, cifar10, ...) or the hf: cache"
+        ),
+        "download": Key(
+            bool, False, "fetch a torchvision data set into data-root first (once, on the server)"
+        ),
+        "data-mirror": Key(
+            str, "", "base URL of a mirror for download (empty: torchvision's own URLs)"
+        ),
+        "image-key": Key(str, "", "image column of an hf: data set (empty: detected)"),
+        "label-key": Key(str, "", "label column of an hf: data set (empty: detected)"),
+        "server-fraction": Key(
+            float, 0.1, "share of the training data kept by the server", fraction
+        ),
+        "model": Key(
+            str,
+            "mlp",
+            "architecture, or a user factory package.module:make_net or path/file.py:make_net",
+            _model,
+            model_names,
+        ),
+        "width": Key(float, 1.0, "width multiplier", at_least(0.0, strict=True)),
+        **_model_option_keys(),
+        "norm": named(
+            str, "auto", "normalisation layers (auto: the model's default)", ("auto", *NORMS)
+        ),
+        "num-clients": Key(int, 2, "number of clients", at_least(2)),
+        "partition": named(
+            str, "iid", "partition scheme (full: every client the whole pool)", PARTITION_SCHEMES
+        ),
+        "alpha": Key(float, 0.5, "Dirichlet concentration", at_least(0.0, strict=True)),
+        "classes-per-client": Key(int, 2, "classes per client (pathological, shard)", at_least(1)),
+        "epochs": Key(int, 10, "local epochs per client", at_least(1)),
+        "lr": Key(float, 0.05, "peak learning rate", at_least(0.0, strict=True)),
+        "weight-decay": Key(float, 3e-3, "weight decay", at_least(0.0)),
+        "batch-size": Key(int, 128, "batch size", at_least(1)),
+        "optimizer": named(str, "sgd", "optimizer", ("sgd", "adam", "adamw")),
+        "momentum": Key(float, 0.9, "SGD momentum", fraction),
+        "schedule": named(
+            str, "onecycle", "learning-rate schedule", ("onecycle", "cosine", "constant")
+        ),
+        "strategy": named(str, "compare", "server strategy", STRATEGIES),
+        "methods": Key(
+            str,
+            "average,average_t,weight_matching,weight_matching_t,ensemble",
+            "rows evaluated by the compare strategy (comma-separated)",
+            _methods,
+            cell_methods,
+        ),
+        "align": named(
+            str, "weight_matching", "merge method of the aligned strategy", aligning_methods
+        ),
+        "auto-tolerance": Key(
+            float,
+            AUTO_TOLERANCE,
+            "nats: the auto method keeps the plain average within this calibrated-NLL gap",
+            at_least(0.0),
+        ),
+        "calibration": named(
+            str, "server", "temperature calibration of the average/aligned strategies", CALIBRATIONS
+        ),
+        "init": named(str, "independent", "client initialisation", ("independent", "shared")),
+        "fedavg-rounds": Key(int, 5, "rounds of the FedAvg baseline", at_least(1)),
+        "lambdas": Key(int, 25, "points on the interpolation grid (compare)", at_least(2)),
+        "diagnostics": Key(bool, True, "compute LEWC and orthogonality diagnostics (compare)"),
+        "seed": Key(int, 0, "seed", at_least(0)),
+        "device": named(str, "auto", "training device", ("auto", "cpu", "cuda")),
+        "num-cpus": Key(float, 1.0, "CPUs per simulated client", at_least(0.0, strict=True)),
+        "num-gpus": Key(float, 0.0, "GPUs per simulated client", at_least(0.0)),
+        "min-clients": Key(int, 2, "fewest surviving clients a merge accepts", at_least(1)),
+        "timeout": Key(float, 600.0, "seconds to wait for clients", at_least(0.0, strict=True)),
+        "inject-failure": Key(str, "none", "test-only failure injection", _failures),
+        "out-dir": Key(str, "", "folder for results.csv and merged weights"),
+    }
 
 
 def validate_run_config(values: Mapping[str, Any], *, check_devices: bool = True) -> dict[str, Any]:
     """Defaults filled in, every value type- and range-checked; raises :class:`ConfigError`."""
-    unknown = [k for k in values if k not in RUN_SCHEMA]
+    schema = run_schema()
+    unknown = [k for k in values if k not in schema]
     if unknown:
         key = unknown[0]
-        raise ConfigError(f"unknown key {key!r}{did_you_mean(key, list(RUN_SCHEMA))}")
-    config = {k: spec.default for k, spec in RUN_SCHEMA.items()}
+        raise ConfigError(f"unknown key {key!r}{did_you_mean(key, list(schema))}")
+    config = {k: spec.default for k, spec in schema.items()}
     for key, value in values.items():
-        config[key] = check_value(key, value)
+        config[key] = check_value(key, value, schema)
     check_consistency(config, check_devices=check_devices)
     return config
 
@@ -189,6 +241,19 @@ def check_consistency(config: Mapping[str, Any], *, check_devices: bool = True) 
         )
     if config["calibration"] == "server" and config["server-fraction"] == 0.0:
         raise ConfigError("server-fraction = 0.0: calibration = 'server' needs a server split > 0")
+    if config["download"] and not config["data-root"]:
+        raise ConfigError("download = true: allowed only with a data-root to fetch into")
+    if config["download"] and config["dataset"] not in DOWNLOADABLE:
+        raise ConfigError(
+            f"download = true: dataset {config['dataset']!r} is not fetched; allowed with "
+            f"{', '.join(DOWNLOADABLE)}"
+        )
+    for key in ("image-key", "label-key"):
+        if config[key] and not is_hf_name(config["dataset"]):
+            raise ConfigError(
+                f"{key} = {config[key]!r}: allowed only with an hf:NAME dataset, not "
+                f"{config['dataset']!r}"
+            )
     check_partition(config)
     if check_devices and (config["num-gpus"] > 0 or config["device"] == "cuda"):
         import torch
@@ -196,6 +261,22 @@ def check_consistency(config: Mapping[str, Any], *, check_devices: bool = True) 
         if not torch.cuda.is_available():
             key = "num-gpus" if config["num-gpus"] > 0 else "device"
             raise ConfigError(f"{key} = {config[key]!r}: no CUDA GPU is visible on this machine")
+
+
+def absolute_paths(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with its local paths made absolute (Ray workers and the ServerApp need not
+    share the driver's working directory): ``data-root``, an ``hf:`` path and a model factory
+    file ``path/file.py:make_net``."""
+    config = dict(config)
+    if config.get("data-root"):
+        config["data-root"] = str(Path(config["data-root"]).expanduser().resolve())
+    if config.get("dataset"):
+        config["dataset"] = absolute_hf_name(config["dataset"])
+    model = config.get("model", "")
+    location, _, attribute = model.rpartition(":")
+    if location.endswith(".py") and is_factory_path(model):
+        config["model"] = f"{Path(location).expanduser().resolve()}:{attribute}"
+    return config
 
 
 def method_list(config: Mapping[str, Any]) -> list[str]:
@@ -219,16 +300,6 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 # ----------------------------------------------------------------------------- feasibility
 
-# Training-set sizes before the server split (mnist5k: the embedded digits; the others: the
-# standard torchvision training sets).
-TRAIN_SIZES = {
-    "mnist5k": 4000,
-    "mnist": 60000,
-    "fashion_mnist": 60000,
-    "cifar10": 50000,
-    "cifar100": 50000,
-}
-
 
 def client_pool_size(config: Mapping[str, Any]) -> int:
     """Examples left to the clients: the training set minus ``round(server-fraction * N)``."""
@@ -237,7 +308,10 @@ def client_pool_size(config: Mapping[str, Any]) -> int:
 
 
 def check_partition(config: Mapping[str, Any]) -> None:
-    """Rejects partitions that cannot give every client at least one example."""
+    """Rejects partitions that cannot give every client at least one example (``hf:`` data sets
+    are checked when they are loaded: their size is unknown before)."""
+    if config["dataset"] not in TRAIN_SIZES or config["partition"] == "full":
+        return
     clients, scheme = config["num-clients"], config["partition"]
     pool = client_pool_size(config)
     if clients > pool:
@@ -265,8 +339,8 @@ def check_partition(config: Mapping[str, Any]) -> None:
 #
 #   name = "quick"               # required; [A-Za-z0-9._-]+, names the default out dir
 #   description = "..."          # optional
-#   [run]                        # base values for any RUN_SCHEMA key (defaults fill the rest)
-#   [grid]                       # axis = [values, ...] for any RUN_SCHEMA key but out-dir
+#   [run]                        # base values for any run_schema() key (defaults fill the rest)
+#   [grid]                       # axis = [values, ...] for any run_schema() key but out-dir
 #   [report]                     # optional REPORT_SCHEMA settings
 #
 # A key may be in [run] or in [grid], not both. The cells are the Cartesian product of the grid
@@ -286,15 +360,18 @@ def check_partition(config: Mapping[str, Any]) -> None:
 
 SWEEP_KEYS = ("name", "description", "run", "grid", "report")
 SWEEP_TABLES = ("run", "grid", "report")
-RUNTIME_KEYS = ("out-dir", "data-root", "timeout", "num-cpus", "num-gpus", "device")
+RUNTIME_KEYS = (
+    "out-dir",
+    "data-root",
+    "download",
+    "data-mirror",
+    "timeout",
+    "num-cpus",
+    "num-gpus",
+    "device",
+)
 NOT_SWEEPABLE = ("out-dir",)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
-
-REPORT_SCHEMA: dict[str, Key] = {
-    "title": Key(str, "", "report title (empty: the sweep name)"),
-    "dpi": Key(int, 120, "figure resolution", _at_least(50)),
-    "error-bars": Key(str, "std", "spread drawn over seeds", _choice("std", "sem", "none")),
-}
 
 
 @dataclass(frozen=True)
@@ -342,9 +419,6 @@ def load_sweep_config(
     """Read, override (rules above) and validate the sweep at ``path``, every cell included."""
     data = read_toml(path)
     return sweep_from_mapping(data, overrides, source=str(path), check_devices=check_devices)
-
-
-load_config = load_sweep_config
 
 
 def sweep_from_mapping(
@@ -402,7 +476,7 @@ def apply_override(raw: dict[str, Any], text: str) -> None:
             f"override {text!r}: unknown table {table!r}{did_you_mean(table, SWEEP_TABLES)}; "
             f"allowed: KEY=..., run.KEY=..., grid.KEY=..., report.KEY=..."
         )
-    schema = REPORT_SCHEMA if table == "report" else RUN_SCHEMA
+    schema = REPORT_SCHEMA if table == "report" else run_schema()
     if name not in schema:
         raise ConfigError(
             f"override {text!r}: unknown key {name!r}{did_you_mean(name, list(schema))}"
@@ -443,15 +517,17 @@ def _check_known(table: str, keys: Sequence[str], schema: Mapping[str, Key]) -> 
 
 
 def _check_run_table(run: Mapping[str, Any]) -> dict[str, Any]:
-    _check_known("run", list(run), RUN_SCHEMA)
-    return {key: check_value(key, value, where="run.") for key, value in run.items()}
+    schema = run_schema()
+    _check_known("run", list(run), schema)
+    return {key: check_value(key, value, schema, where="run.") for key, value in run.items()}
 
 
 def _check_grid_table(grid: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, list[Any]]:
-    _check_known("grid", list(grid), RUN_SCHEMA)
+    schema = run_schema()
+    _check_known("grid", list(grid), schema)
     axes: dict[str, list[Any]] = {}
     for key, values in grid.items():
-        type_name = RUN_SCHEMA[key].type.__name__
+        type_name = schema[key].type.__name__
         if key in NOT_SWEEPABLE:
             raise ConfigError(f"grid.{key}: not sweepable; set it in [run] or with --out")
         if key in run:
@@ -460,7 +536,7 @@ def _check_grid_table(grid: Mapping[str, Any], run: Mapping[str, Any]) -> dict[s
             )
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid.{key} = {values!r}: expected a non-empty list of {type_name}")
-        checked = [check_value(key, v, where="grid.") for v in values]
+        checked = [check_value(key, v, schema, where="grid.") for v in values]
         repeated = [v for i, v in enumerate(checked) if v in checked[:i]]
         if repeated:
             raise ConfigError(
@@ -513,16 +589,45 @@ def unique_cells(sweep: SweepConfig) -> list[tuple[dict[str, Any], dict[str, Any
 
 
 def canonical_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` with keys that cannot affect the run reset to their defaults: ``alpha`` unless
-    ``partition = "dirichlet"``, ``classes-per-client`` unless ``pathological``/``shard``,
-    ``fedavg-rounds`` unless the FedAvg baseline runs."""
+    """``config`` with the keys that cannot affect the run reset to their defaults:
+
+    - ``alpha`` unless ``partition = "dirichlet"``; ``classes-per-client`` unless
+      ``pathological``/``shard``;
+    - model options the chosen model does not have (``depth`` of a ``vgg11`` cell);
+    - ``methods``, ``lambdas`` and ``diagnostics`` unless ``strategy = "compare"`` (only the
+      study evaluates several methods and draws the curve);
+    - ``align`` unless ``strategy = "aligned"``; ``calibration`` unless the strategy is
+      ``average`` or ``aligned`` (compare fits temperatures on the server split, FedAvg none);
+      ``auto-tolerance`` unless the ``auto`` method runs;
+    - ``fedavg-rounds`` unless the FedAvg baseline runs.
+    """
+    schema = run_schema()
     canonical = dict(config)
+
+    def reset(*keys: str) -> None:
+        for key in keys:
+            canonical[key] = schema[key].default
+
     if canonical["partition"] != "dirichlet":
-        canonical["alpha"] = RUN_SCHEMA["alpha"].default
+        reset("alpha")
     if canonical["partition"] not in ("pathological", "shard"):
-        canonical["classes-per-client"] = RUN_SCHEMA["classes-per-client"].default
-    if canonical["strategy"] != "fedavg" and "fedavg" not in method_list(canonical):
-        canonical["fedavg-rounds"] = RUN_SCHEMA["fedavg-rounds"].default
+        reset("classes-per-client")
+    own = model_entry(canonical["model"]).options
+    reset(*(option_key(name) for name in public_options() if name not in own))
+    strategy = canonical["strategy"]
+    if strategy != "compare":
+        reset("methods", "lambdas", "diagnostics")
+    if strategy != "aligned":
+        reset("align")
+    uses_auto = (strategy == "aligned" and canonical["align"] == "auto") or (
+        strategy == "compare" and "auto" in {base_method(m) for m in method_list(canonical)}
+    )
+    if not uses_auto:
+        reset("auto-tolerance")
+    if strategy not in ("average", "aligned"):
+        reset("calibration")
+    if strategy != FEDAVG and FEDAVG not in method_list(canonical):
+        reset("fedavg-rounds")
     return canonical
 
 

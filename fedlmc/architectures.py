@@ -1,0 +1,220 @@
+"""The model registry: one registration per architecture, with its default norm and options.
+
+A model is registered once with :func:`register_model`: its name, its builder (a callable, or a
+``"module:attribute"`` path imported when the first model is built, so that this module, and
+any configuration front end that lists the models, never imports torch), its default
+normalisation and its options. *Public* options are the ones a front end may let users set
+(the Flower run config exposes them as hyphenated keys: ``base_hidden`` -> ``base-hidden``);
+a public option shared by several models must have the same default in each.
+
+A builder is called as ``builder(width, num_classes, in_shape, norm, **options)`` with every
+option filled in (defaults first) and must return an ``nn.Module`` with ``layer_names`` and a
+``permutation_spec()`` method (see :mod:`fedlmc.models`), or a model that
+:func:`fedlmc.permutation.permutation_spec` can derive a spec for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import numbers
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedlmc.registry import Registry
+
+__all__ = [
+    "MODELS",
+    "NORMS",
+    "ModelEntry",
+    "ModelOption",
+    "import_factory",
+    "is_factory_path",
+    "model_entry",
+    "model_names",
+    "register_model",
+    "public_options",
+]
+
+NORMS = ("bn", "ln", "none")
+
+
+@dataclass(frozen=True)
+class ModelOption:
+    """One build option: default (its type is the option's type), meaning, lower bound, and
+    whether front ends expose it (``public``)."""
+
+    default: bool | int | float | str
+    doc: str
+    minimum: float | None = None
+    public: bool = False
+
+    def check(self, name: str, value: Any) -> Any:
+        """``value`` if it has the default's type (and is >= ``minimum``); ``ValueError`` else."""
+        kind = type(self.default)
+        if kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        elif kind is float:
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            raise ValueError(f"option {name} = {value!r}: allowed: a {kind.__name__}")
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"option {name} = {value!r}: allowed: a number >= {self.minimum:g}")
+        return kind(value)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A registered architecture."""
+
+    name: str
+    builder: Callable[..., Any] | str
+    default_norm: str
+    options: Mapping[str, ModelOption] = field(default_factory=dict)
+    description: str = ""
+
+    def build_function(self) -> Callable[..., Any]:
+        """The builder, importing ``"module:attribute"`` / ``"path/file.py:attribute"`` paths on
+        first use."""
+        return self.builder if callable(self.builder) else import_factory(self.builder)
+
+    def resolve_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Every option of this model: defaults overlaid by ``options``, each type-checked."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            allowed = ", ".join(self.options) or "none"
+            raise ValueError(
+                f"unknown option {unknown[0]!r} for model {self.name!r}; allowed: {allowed}"
+            )
+        resolved = {name: option.default for name, option in self.options.items()}
+        for name, value in options.items():
+            resolved[name] = self.options[name].check(name, value)
+        return resolved
+
+
+MODELS: Registry[ModelEntry] = Registry("model")
+
+
+def register_model(
+    name: str,
+    builder: Callable[..., Any] | str,
+    *,
+    default_norm: str = "none",
+    options: Mapping[str, ModelOption] | None = None,
+    description: str = "",
+    replace: bool = False,
+) -> ModelEntry:
+    """Register an architecture (see the module docstring); returns its entry."""
+    if default_norm not in NORMS:
+        raise ValueError(f"default_norm = {default_norm!r}; allowed: {', '.join(NORMS)}")
+    entry = ModelEntry(name, builder, default_norm, dict(options or {}), description)
+    _check_public_options(entry)
+    return MODELS.add(name, entry, replace=replace)
+
+
+FACTORY_PATTERN = re.compile(r"[\w.\-/~]+:[A-Za-z_]\w*")
+"""A user model factory: ``"package.module:make_net"`` or ``"path/to/file.py:make_net"``."""
+
+
+def is_factory_path(name: object) -> bool:
+    """Whether ``name`` names a user model factory (:data:`FACTORY_PATTERN`) rather than a
+    registered model."""
+    return isinstance(name, str) and FACTORY_PATTERN.fullmatch(name) is not None
+
+
+def import_factory(path: str) -> Callable[..., Any]:
+    """The callable named by ``"package.module:attribute"`` or ``"path/file.py:attribute"``;
+    ``ValueError`` naming the path when it cannot be imported or is not callable."""
+    location, _, attribute = path.rpartition(":")
+    try:
+        if location.endswith(".py"):
+            file = Path(location).expanduser()
+            spec = importlib.util.spec_from_file_location(f"fedlmc_user_model_{file.stem}", file)
+            if spec is None or spec.loader is None or not file.is_file():
+                raise ImportError(f"no file {str(file)!r}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(location)
+        factory = getattr(module, attribute)
+    except (ImportError, AttributeError, OSError) as error:
+        raise ValueError(f"model factory {path!r} cannot be imported: {error}") from None
+    if not callable(factory):
+        raise ValueError(f"model factory {path!r} is not callable")
+    return factory
+
+
+def model_entry(name: str) -> ModelEntry:
+    """The entry of a registered model, or of a user factory path (:func:`is_factory_path`:
+    called as ``factory(width, num_classes, in_shape, norm)``, default norm ``none``, no
+    options); ``ValueError`` naming the registered models otherwise."""
+    if name not in MODELS and is_factory_path(name):
+        return ModelEntry(name, name, "none", {}, f"user model factory {name}")
+    return MODELS.get(name)
+
+
+def model_names() -> tuple[str, ...]:
+    """Registered model names, in registration order."""
+    return MODELS.names()
+
+
+def public_options() -> dict[str, tuple[ModelOption, tuple[str, ...]]]:
+    """Per public option name: the option and the models that have it (registration order)."""
+    found: dict[str, tuple[ModelOption, tuple[str, ...]]] = {}
+    for entry in MODELS:
+        for name, option in entry.options.items():
+            if option.public:
+                _, models = found.get(name, (option, ()))
+                found[name] = (option, (*models, entry.name))
+    return found
+
+
+def _check_public_options(entry: ModelEntry) -> None:
+    """A public option shared by several models must have the same default (and type)."""
+    known = public_options()
+    for name, option in entry.options.items():
+        if option.public and name in known:
+            other, models = known[name]
+            if (type(other.default), other.default) != (type(option.default), option.default):
+                raise ValueError(
+                    f"model {entry.name!r}: public option {name!r} has default "
+                    f"{option.default!r}, but {', '.join(models)} registered {other.default!r}"
+                )
+
+
+# ----------------------------------------------------------------------------- built-in models
+
+register_model(
+    "mlp",
+    "fedlmc.models:MLP",
+    default_norm="none",
+    options={
+        "depth": ModelOption(3, "hidden layers of the MLP", minimum=1, public=True),
+        "base_hidden": ModelOption(
+            128, "hidden units of the MLP at width 1", minimum=1, public=True
+        ),
+        "bias": ModelOption(True, "bias in every linear layer"),
+    },
+    description="ReLU MLP: flatten, depth x round(base_hidden * width) units, linear head",
+)
+register_model(
+    "vgg11",
+    "fedlmc.models:VGG11",
+    default_norm="bn",
+    options={"bias": ModelOption(True, "bias in every conv and linear layer")},
+    description="VGG-11 conv stack 64-128-256-256-512-512-512-512 (x width), GAP, linear head",
+)
+register_model(
+    "resnet20",
+    "fedlmc.models:ResNet20",
+    default_norm="bn",
+    options={"bias": ModelOption(False, "bias in every conv and linear layer")},
+    description="ResNet-20: 3x3 stem, 3 stages x 3 basic blocks of 16/32/64 (x width), GAP, linear",
+)

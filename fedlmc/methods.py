@@ -1,0 +1,394 @@
+r"""The merge-method registry: one registration per one-shot merge method.
+
+A merge method turns the client state dicts :math:`\theta_1, \dots, \theta_N` (same architecture)
+and their normalised weights :math:`w_i` into the clients *in a common basis*,
+:math:`\pi_1(\theta_1), \dots, \pi_N(\theta_N)` (:math:`\pi_i` a hidden-unit permutation, the
+identity for plain averaging), and optionally its own merged weights (MergeMany); otherwise the
+merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once with
+:func:`register_method`, together with what it needs:
+
+- ``needs_server_data``: inputs held by the server (activation matching correlates activations
+  on them);
+- ``many_clients``: whether it accepts more than two clients;
+- ``reestimate_bn``: whether a BatchNorm model's running statistics are re-estimated after the
+  merge (by the study on the server split, by the strategies on server or federated data);
+- ``repair``: whether the merge is followed by REPAIR (:mod:`fedlmc.repair`: every hidden unit
+  rescaled so that its pre-activation mean and std match the endpoints' interpolated ones) for
+  models without BatchNorm; for BatchNorm models REPAIR reduces to re-estimating the statistics.
+
+Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
+row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
+strategies (``PermutationAlignedAverage(method=...)``), the run-config schema, ``fedlmc
+methods`` and the README table. :func:`merge_states` is the one function the study and the
+strategies call.
+
+This module imports no torch at import time (the run-config validation reads the method names
+without loading torch); each registered function imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fedlmc.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from fedlmc.permutation import PermutationSpec
+
+    StateDict = dict[str, Tensor]
+
+__all__ = [
+    "AUTO_TOLERANCE",
+    "CALIBRATED_SUFFIX",
+    "METHODS",
+    "REFERENCE_METHODS",
+    "Alignment",
+    "MergeJob",
+    "MergeMethod",
+    "base_method",
+    "merge_method",
+    "merge_method_names",
+    "merge_states",
+    "merge_with_info",
+    "register_method",
+    "study_methods",
+]
+
+CALIBRATED_SUFFIX = "_t"
+REFERENCE_METHODS = {"ensemble": "mean of the clients' softmax outputs (N forward passes)"}
+
+
+@dataclass
+class MergeJob:
+    """What a merge method receives: the clients, their normalised weights and the context
+    (the server's held-out data ``(x, y)`` if any, method ``options`` such as
+    ``auto_tolerance``)."""
+
+    template: nn.Module
+    states: Sequence[StateDict]
+    weights: list[float]
+    seed: int = 0
+    server_data: tuple[Tensor, Tensor] | None = None
+    device: torch.device | None = None
+    spec: PermutationSpec | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def server_inputs(self) -> Tensor | None:
+        """The inputs of the server data (``None`` without server data)."""
+        return None if self.server_data is None else self.server_data[0]
+
+    def permutation_spec(self) -> PermutationSpec:
+        """The given spec, else the template's (:func:`fedlmc.permutation.permutation_spec`)."""
+        if self.spec is None:
+            from fedlmc.permutation import permutation_spec
+
+            self.spec = permutation_spec(self.template)
+        return self.spec
+
+
+@dataclass
+class Alignment:
+    """The clients in the merged basis, the method's own merged weights if it has them, and
+    what the method reports about its choice (``info``: row columns such as ``auto_choice``)."""
+
+    aligned: list[StateDict]
+    merged: StateDict | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MergeMethod:
+    """A registered merge method (see the module docstring)."""
+
+    name: str
+    align: Callable[[MergeJob], Alignment]
+    description: str
+    needs_server_data: bool = False
+    many_clients: bool = True
+    reestimate_bn: bool = True
+    repair: bool = False
+
+
+METHODS: Registry[MergeMethod] = Registry("merge method")
+
+
+def register_method(
+    name: str,
+    *,
+    description: str,
+    needs_server_data: bool = False,
+    many_clients: bool = True,
+    reestimate_bn: bool = True,
+    repair: bool = False,
+    replace: bool = False,
+) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
+    """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
+    if name.endswith(CALIBRATED_SUFFIX) or name in REFERENCE_METHODS:
+        raise ValueError(
+            f"merge method name {name!r}: allowed: a name not ending in "
+            f"{CALIBRATED_SUFFIX!r} and not {', '.join(REFERENCE_METHODS)}"
+        )
+
+    def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
+        entry = MergeMethod(
+            name, align, description, needs_server_data, many_clients, reestimate_bn, repair
+        )
+        METHODS.add(name, entry, replace=replace)
+        return align
+
+    return decorator
+
+
+def merge_method(name: str) -> MergeMethod:
+    """The registered method ``name`` (a ``_t`` suffix is accepted: same merge, same weights)."""
+    return METHODS.get(base_method(name))
+
+
+def merge_method_names() -> tuple[str, ...]:
+    """The registered merge methods, in registration order."""
+    return METHODS.names()
+
+
+def base_method(method: str) -> str:
+    """The merge behind a row's method: ``"weight_matching_t"`` -> ``"weight_matching"``."""
+    if isinstance(method, str) and method.endswith(CALIBRATED_SUFFIX):
+        return method[: -len(CALIBRATED_SUFFIX)]
+    return method
+
+
+def study_methods() -> tuple[str, ...]:
+    """Every row a study can report: each merge method raw and with ``_t``, then ``ensemble``."""
+    names = [n for m in merge_method_names() for n in (m, m + CALIBRATED_SUFFIX)]
+    return (*names, *REFERENCE_METHODS)
+
+
+def merge_states(
+    method: str,
+    template: nn.Module,
+    states: Sequence[StateDict],
+    weights: Sequence[float] | None = None,
+    *,
+    server_data: tuple[Tensor, Tensor] | None = None,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    spec: PermutationSpec | None = None,
+    options: dict[str, Any] | None = None,
+) -> tuple[StateDict, list[StateDict]]:
+    r"""Merge ``states`` with the registered ``method``: ``(merged, aligned clients)``.
+
+    ``merged`` is the method's own merge or :math:`\sum_i w_i \pi_i(\theta_i)`; no BatchNorm
+    re-estimation and no temperature here (the callers add them). A single client is returned
+    unchanged. ``ValueError`` when the method is unknown, needs ``server_data`` that is
+    missing, or does not accept this many clients. :func:`merge_with_info` also returns what the
+    method reports (e.g. ``auto``'s choice).
+    """
+    merged, aligned, _ = merge_with_info(
+        method,
+        template,
+        states,
+        weights,
+        server_data=server_data,
+        seed=seed,
+        device=device,
+        spec=spec,
+        options=options,
+    )
+    return merged, aligned
+
+
+def merge_with_info(
+    method: str,
+    template: nn.Module,
+    states: Sequence[StateDict],
+    weights: Sequence[float] | None = None,
+    *,
+    server_data: tuple[Tensor, Tensor] | None = None,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    spec: PermutationSpec | None = None,
+    options: dict[str, Any] | None = None,
+) -> tuple[StateDict, list[StateDict], dict[str, Any]]:
+    """:func:`merge_states` plus the method's ``Alignment.info``."""
+    from fedlmc.evaluation import resolve_device
+    from fedlmc.merge import average, normalised_weights
+
+    entry = merge_method(method)
+    if not states:
+        raise ValueError("need at least one client state dict, got none")
+    if entry.needs_server_data and server_data is None:
+        raise ValueError(f"merge method {entry.name!r} needs server data; got none")
+    if not entry.many_clients and len(states) > 2:
+        raise ValueError(f"merge method {entry.name!r}: allowed: at most 2 clients")
+    w = normalised_weights(weights, len(states))
+    if len(states) == 1:
+        return average(states, w), list(states), {}
+    job = MergeJob(
+        template,
+        list(states),
+        w,
+        int(seed),
+        server_data,
+        resolve_device(device),
+        spec,
+        dict(options or {}),
+    )
+    alignment = entry.align(job)
+    merged = alignment.merged if alignment.merged is not None else average(alignment.aligned, w)
+    return merged, alignment.aligned, dict(alignment.info)
+
+
+# ----------------------------------------------------------------------------- built-in methods
+
+
+@register_method("average", description="plain weighted average, no permutation")
+def plain_average(job: MergeJob) -> Alignment:
+    r""":math:`\pi_i = \mathrm{id}`: the clients as they are."""
+    return Alignment(list(job.states))
+
+
+@register_method(
+    "weight_matching",
+    description="Git Re-Basin weight matching of every client onto client 0, then average",
+)
+def weight_matching_to_first(job: MergeJob) -> Alignment:
+    """Every client permuted onto client 0 by weight matching (coordinate descent + LAP)."""
+    from fedlmc.align import align_to_reference
+
+    spec = job.permutation_spec()
+    return Alignment(
+        align_to_reference(spec, job.states, reference=0, method="weight", seed=job.seed)
+    )
+
+
+@register_method(
+    "activation_matching",
+    description="activation matching onto client 0 on the server split's inputs, then average",
+    needs_server_data=True,
+)
+def activation_matching_to_first(job: MergeJob) -> Alignment:
+    """Every client permuted onto client 0 by correlating activations on the server inputs."""
+    from fedlmc.align import align_to_reference
+    from fedlmc.merge import load_state
+
+    models = [load_state(job.template, sd).to(job.device).eval() for sd in job.states]
+    aligned = align_to_reference(
+        job.permutation_spec(),
+        job.states,
+        reference=0,
+        method="activation",
+        models=models,
+        x=job.server_inputs,
+        seed=job.seed,
+    )
+    return Alignment(aligned)
+
+
+@register_method(
+    "merge_many",
+    description="MergeMany: each client matched to the weighted mean of the others, repeated",
+)
+def merge_many_alignment(job: MergeJob) -> Alignment:
+    """MergeMany's permutations and its merged weights."""
+    from fedlmc.align import merge_many
+    from fedlmc.permutation import apply_permutation
+
+    spec = job.permutation_spec()
+    merged, perms = merge_many(spec, list(job.states), weights=job.weights, seed=job.seed)
+    aligned = [apply_permutation(spec, p, sd) for p, sd in zip(perms, job.states, strict=True)]
+    return Alignment(aligned, merged)
+
+
+@register_method(
+    "random_permutation",
+    description="control: every client but the first randomly permuted, then average",
+)
+def random_permutation_control(job: MergeJob) -> Alignment:
+    r"""The scrambled control of the LMC literature: :math:`\pi_0 = \mathrm{id}` and, for
+    :math:`i \ge 1`, an independent uniformly random permutation of every hidden group (seeded
+    by ``(seed, i)``), so the average mixes unrelated units."""
+    import numpy as np
+
+    from fedlmc.permutation import apply_permutation, random_permutations
+
+    spec = job.permutation_spec()
+    aligned = [job.states[0]]
+    for i, sd in enumerate(job.states[1:], start=1):
+        seed = int(np.random.SeedSequence([job.seed, i]).generate_state(1)[0])
+        perms = random_permutations(spec, sd, seed=seed)
+        aligned.append(apply_permutation(spec, perms, sd))
+    return Alignment(aligned)
+
+
+register_method(
+    "average_repair",
+    description="plain average, then REPAIR of every hidden unit's statistics (server split)",
+    needs_server_data=True,
+    repair=True,
+)(plain_average)
+register_method(
+    "weight_matching_repair",
+    description="weight matching onto client 0, average, then REPAIR (server split)",
+    needs_server_data=True,
+    repair=True,
+)(weight_matching_to_first)
+
+
+AUTO_TOLERANCE = 0.05
+"""Default tolerance of ``auto`` in nats: the plain average is kept when its calibrated NLL on
+the server split is at most this much above the endpoints' mean calibrated NLL."""
+
+
+def calibrated_nll(job: MergeJob, state: StateDict, *, reestimate_bn: bool = True) -> float:
+    """Mean NLL on the server data of the model with ``state``, at the temperature fitted on
+    that data (BatchNorm statistics re-estimated on it first when ``reestimate_bn``)."""
+    from fedlmc.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
+    from fedlmc.evaluation import metrics_from_logits, predict_logits
+    from fedlmc.merge import load_state
+
+    x, y = job.server_data
+    model = load_state(job.template, state).to(job.device).eval()
+    if reestimate_bn and has_batchnorm(model):
+        reset_bn_stats(model, job.server_data)
+        model.eval()
+    logits = predict_logits(model, x, device=job.device)
+    return float(metrics_from_logits(logits, y, fit_temperature(logits, y))["nll"])
+
+
+@register_method(
+    "auto",
+    description="plain average if its calibrated NLL is within auto-tolerance of the endpoints', "
+    "else the better of it and weight matching (server split)",
+    needs_server_data=True,
+)
+def automatic_choice(job: MergeJob) -> Alignment:
+    r"""Decide whether permutation alignment is worth its cost.
+
+    With :math:`\bar L_T(\theta)` the NLL on the server split at the temperature fitted there,
+    the gap :math:`g = \bar L_T(\sum_i w_i \theta_i) - \frac1N \sum_i \bar L_T(\theta_i)` of the
+    plain average (BatchNorm statistics re-estimated) is measured first. If
+    :math:`g \le` ``auto_tolerance`` (``job.options``, default :data:`AUTO_TOLERANCE` nats) the
+    plain average is kept and no alignment runs; otherwise every client is weight-matched onto
+    client 0 and the merge with the lower calibrated NLL is kept. ``info``: ``auto_choice``
+    (``average`` or ``weight_matching``) and ``auto_nll_gap`` (:math:`g`).
+    """
+    from fedlmc.align import align_to_reference
+    from fedlmc.merge import average
+
+    tolerance = float(job.options.get("auto_tolerance", AUTO_TOLERANCE))
+    plain = calibrated_nll(job, average(job.states, job.weights))
+    endpoints = [calibrated_nll(job, sd, reestimate_bn=False) for sd in job.states]
+    gap = plain - sum(endpoints) / len(endpoints)
+    info: dict[str, Any] = {"auto_choice": "average", "auto_nll_gap": gap}
+    if gap <= tolerance:
+        return Alignment(list(job.states), info=info)
+    spec = job.permutation_spec()
+    aligned = align_to_reference(spec, job.states, reference=0, method="weight", seed=job.seed)
+    if calibrated_nll(job, average(aligned, job.weights)) < plain:
+        return Alignment(aligned, info={**info, "auto_choice": "weight_matching"})
+    return Alignment(list(job.states), info=info)

@@ -1,0 +1,60 @@
+"""A name -> entry table, the extension point behind models and merge methods.
+
+Like torchvision's ``register_model`` / ``get_model``: an entry is registered once, by name, and
+every list of names (the run-config schema, the CLI help, the README tables) is read from the
+registry instead of being written out again. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["Registry"]
+
+
+class Registry(Generic[T]):
+    """Entries of one kind (``what``, e.g. ``"model"``) by name, in registration order."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._entries: dict[str, T] = {}
+
+    def add(self, name: str, entry: T, *, replace: bool = False) -> T:
+        """Register ``entry`` as ``name``; a second registration of a name is an error unless
+        ``replace``."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"{self.what} name {name!r}: allowed: a Python identifier")
+        if name in self._entries and not replace:
+            raise ValueError(f"{self.what} {name!r} is already registered")
+        self._entries[name] = entry
+        return entry
+
+    def get(self, name: str) -> T:
+        """The entry of ``name``; ``ValueError`` naming the allowed names otherwise."""
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise ValueError(
+                f"unknown {self.what} {name!r}; allowed: {', '.join(self._entries)}"
+            ) from None
+
+    def remove(self, name: str) -> None:
+        """Unregister ``name`` (for tests and notebooks that register temporary entries)."""
+        self.get(name)
+        del self._entries[name]
+
+    def names(self) -> tuple[str, ...]:
+        """Registered names in registration order."""
+        return tuple(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(list(self._entries.values()))
+
+    def __len__(self) -> int:
+        return len(self._entries)

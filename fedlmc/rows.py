@@ -1,0 +1,189 @@
+r"""The results-row schema: one tidy row per evaluated method, the columns and how they fill.
+
+Every row of :func:`fedlmc.study.compare_methods` (and of the Flower server, which adds its
+round columns) has every column of :data:`COLUMNS`; a value that does not apply is NaN (numbers)
+or an empty string (:data:`STRING_COLUMNS`, JSON lists for the per-layer ones). Every column has
+one definition. Metrics are on the test split; :math:`A` is accuracy, :math:`L` the mean NLL.
+
+- ``accuracy``; ``nll``/``ece`` with the row's temperature (``temperature = 1`` for raw rows,
+  the server-fitted :math:`T` for ``_t`` rows); ``nll_raw``/``ece_raw`` and
+  ``nll_calibrated``/``ece_calibrated`` are filled for both.
+- ``endpoint_acc_mean/min/max``, ``endpoint_nll_mean``: the clients' own models (unweighted);
+  ``ensemble_acc``, ``ensemble_nll``.
+- **Merge gap** (any number of clients): the row's model against the unweighted mean of the
+  endpoints, ``merge_gap_accuracy`` :math:`= \bar A_{\mathrm{end}} - A`,
+  ``merge_gap_loss`` :math:`= L_{\mathrm{raw}} - \bar L_{\mathrm{end,raw}}` and
+  ``merge_gap_loss_calibrated`` (both sides with their own server-fitted temperature).
+- **Barriers** (two clients, diagnostics on): on the path
+  :math:`\theta(\lambda) = \lambda \theta_a + (1-\lambda) \pi(\theta_b)` (BatchNorm statistics
+  re-estimated, or for the REPAIR methods every interior point repaired, and :math:`T` refitted
+  at each :math:`\lambda`), the excess over the chord between
+  the endpoints, :math:`e(\lambda) = L(\lambda) - [\lambda L(1) + (1-\lambda) L(0)]` (for accuracy
+  the chord minus the path). ``*_barrier_half``: :math:`e(1/2)`, **signed** (the paper's Table 1;
+  negative when the midpoint beats the chord); ``*_barrier_max``: :math:`\max_\lambda e(\lambda)`
+  over the grid (Git Re-Basin's definition, never negative). For ``loss``, ``loss ..._calibrated``
+  and ``accuracy``.
+- **N-client barriers** (three or more clients, diagnostics on): for every client :math:`i` the
+  path :math:`\lambda \pi_i(\theta_i) + (1-\lambda) \bar\theta` to the merged model, its loss
+  barrier at :math:`\lambda = 1/2` (signed) and its maximum, raw and calibrated; the mean over
+  clients (``client_loss_barrier_half_mean``, ...) and the worst client
+  (``client_loss_barrier_half_worst``, ...). With at most ``PAIRWISE_MAX_CLIENTS`` clients,
+  ``pairwise_loss_barrier_half`` (and ``_calibrated``) hold the N x N matrix (JSON) of the
+  loss barrier at :math:`\lambda = 1/2` between clients i and j in the method's basis (plain
+  for ``average``, aligned for the permutation methods; 0 on the diagonal).
+- **LEWC vs LLFC** (diagnostics on, two or more clients; per layer :math:`l` of the model's
+  ``layer_names``, on 512 test inputs, :mod:`fedlmc.diagnostics`): ``lewc_cos_layers`` (cosine
+  with :math:`\sum_i w_i^l f_l(\theta_i)`, which cannot tell LEWC from LLFC at equal weights),
+  ``lewc_error_layers`` / ``llfc_error_layers`` (relative errors
+  :math:`\|f_l(\bar\theta) - p_l\| / \|f_l(\bar\theta)\|` against LEWC's
+  :math:`p_l = \sum_i w_i^l f_l(\theta_i)` and LLFC's :math:`p_l = \sum_i w_i f_l(\theta_i)`),
+  ``norm_ratio_layers`` (measured :math:`\|f_l(\bar\theta)\| / \|\sum_i w_i f_l(\theta_i)\|`;
+  LLFC predicts 1) and ``lewc_norm_ratio_layers`` (LEWC's prediction of that ratio), with
+  ``*_mean`` over layers. The ``*_quarter`` columns repeat them at :math:`\lambda = 1/4` on the
+  two-client path (weights 1/4, 3/4), where the two predictions differ in direction too.
+  ``logit_norm_ratio``: mean logit norm of the merged model over the endpoints' (weighted).
+- **Mechanism**: ``recip_orth_layers`` (per Linear/Conv, mean of :math:`r_{ab}, r_{ba}` of
+  clients 0 and 1; ``recip_orth_mean`` leaves out the first layer, whose inputs coincide),
+  ``relu_additivity_layers`` / ``_mean``, ``stable_rank_layers`` (stable rank of each hidden
+  weight, mean over the clients).
+- ``auto_choice`` and ``auto_nll_gap``: what the ``auto`` method chose (``average`` or
+  ``weight_matching``) and the calibrated-NLL gap of the plain average it measured on the server
+  split (:func:`fedlmc.methods.automatic_choice`); empty/NaN for the other methods.
+- ``merge_seconds``; ``curve`` (JSON of the two-client interpolation path).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "CLIENT_BARRIER_COLUMNS",
+    "COLUMNS",
+    "LAYER_COLUMNS",
+    "NAN",
+    "STRING_COLUMNS",
+    "curve_json",
+    "empty_row",
+    "endpoint_columns",
+    "finite_mean",
+    "metric_columns",
+]
+
+LAYER_COLUMNS = (
+    "lewc_cos_layers",
+    "lewc_error_layers",
+    "llfc_error_layers",
+    "norm_ratio_layers",
+    "lewc_norm_ratio_layers",
+    "lewc_error_layers_quarter",
+    "llfc_error_layers_quarter",
+    "norm_ratio_layers_quarter",
+    "lewc_norm_ratio_layers_quarter",
+    "recip_orth_layers",
+    "relu_additivity_layers",
+    "stable_rank_layers",
+    "pairwise_loss_barrier_half",
+    "pairwise_loss_barrier_half_calibrated",
+)
+CLIENT_BARRIER_COLUMNS = tuple(
+    f"client_loss_barrier_{at}{cal}_{over}"
+    for at in ("half", "max")
+    for cal in ("", "_calibrated")
+    for over in ("mean", "worst")
+)
+COLUMNS = (
+    "method",
+    "num_clients",
+    "endpoint_acc_mean",
+    "endpoint_acc_min",
+    "endpoint_acc_max",
+    "endpoint_nll_mean",
+    "ensemble_acc",
+    "ensemble_nll",
+    "accuracy",
+    "nll",
+    "ece",
+    "temperature",
+    "nll_raw",
+    "ece_raw",
+    "nll_calibrated",
+    "ece_calibrated",
+    "merge_gap_accuracy",
+    "merge_gap_loss",
+    "merge_gap_loss_calibrated",
+    "accuracy_barrier_half",
+    "loss_barrier_half",
+    "loss_barrier_half_calibrated",
+    "accuracy_barrier_max",
+    "loss_barrier_max",
+    "loss_barrier_max_calibrated",
+    *CLIENT_BARRIER_COLUMNS,
+    "lewc_cos_mean",
+    "lewc_error_mean",
+    "llfc_error_mean",
+    "lewc_error_mean_quarter",
+    "llfc_error_mean_quarter",
+    "logit_norm_ratio",
+    "recip_orth_mean",
+    "relu_additivity_mean",
+    *LAYER_COLUMNS,
+    "auto_choice",
+    "auto_nll_gap",
+    "merge_seconds",
+    "curve",
+)
+STRING_COLUMNS = ("method", *LAYER_COLUMNS, "auto_choice", "curve")
+NAN = float("nan")
+
+
+def empty_row(method: str, num_clients: int) -> dict[str, Any]:
+    """A row with every column present: NaN numbers, empty strings."""
+    row: dict[str, Any] = {name: NAN for name in COLUMNS}
+    row.update({name: "" for name in STRING_COLUMNS})
+    row["method"] = method
+    row["num_clients"] = int(num_clients)
+    return row
+
+
+def metric_columns(
+    metrics: Mapping[str, float], calibrated: bool, temperature: float
+) -> dict[str, float]:
+    """The metric columns of a row from test ``accuracy``, ``nll_raw``, ``ece_raw``,
+    ``nll_calibrated``, ``ece_calibrated``; ``nll``/``ece`` follow ``calibrated``."""
+    suffix = "calibrated" if calibrated else "raw"
+    return {
+        "accuracy": metrics["accuracy"],
+        "nll": metrics[f"nll_{suffix}"],
+        "ece": metrics[f"ece_{suffix}"],
+        "temperature": temperature if calibrated else 1.0,
+        "nll_raw": metrics["nll_raw"],
+        "ece_raw": metrics["ece_raw"],
+        "nll_calibrated": metrics["nll_calibrated"],
+        "ece_calibrated": metrics["ece_calibrated"],
+    }
+
+
+def endpoint_columns(endpoints: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Unweighted mean, min and max test accuracy and mean test NLL of the clients."""
+    acc = [e["accuracy"] for e in endpoints]
+    return {
+        "endpoint_acc_mean": sum(acc) / len(acc),
+        "endpoint_acc_min": min(acc),
+        "endpoint_acc_max": max(acc),
+        "endpoint_nll_mean": sum(e["nll_raw"] for e in endpoints) / len(endpoints),
+    }
+
+
+def finite_mean(values: Sequence[float]) -> float:
+    """Mean of the finite values (NaN when there are none)."""
+    kept = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return sum(kept) / len(kept) if kept else NAN
+
+
+def curve_json(curve: Any) -> str:
+    """An interpolation curve (DataFrame) as JSON ``{lam, accuracy, nll, nll_calibrated}``."""
+    keys = ("lam", "accuracy", "nll", "nll_calibrated")
+    return json.dumps({k: [float(v) for v in curve[k]] for k in keys})

@@ -1,0 +1,72 @@
+"""Markdown tables read from the registries: what ``fedlmc methods|models|keys`` prints and
+what the README shows (a test checks that the README holds exactly these tables).
+Imports nothing heavy."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from fedlmc.architectures import MODELS
+from fedlmc.methods import CALIBRATED_SUFFIX, METHODS, REFERENCE_METHODS
+from simulations.config import FEDAVG, option_key, run_schema
+
+__all__ = ["keys_table", "methods_table", "models_table"]
+
+FEDAVG_DESCRIPTION = "baseline: Flower's multi-round FedAvg with the same total local epochs"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def methods_table() -> str:
+    """Every registered merge method with what it needs, then the reference rows."""
+    rows = [
+        [
+            f"`{m.name}`, `{m.name}{CALIBRATED_SUFFIX}`",
+            _yes(m.needs_server_data),
+            _yes(m.many_clients),
+            _yes(m.reestimate_bn),
+            m.description,
+        ]
+        for m in METHODS
+    ]
+    rows += [[f"`{name}`", "no", "yes", "-", text] for name, text in REFERENCE_METHODS.items()]
+    rows.append([f"`{FEDAVG}`", "no", "yes", "no", FEDAVG_DESCRIPTION])
+    header = ["method (rows)", "server data", "N > 2", "BN re-estimated", "what"]
+    return _table(header, rows)
+
+
+def _literal(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str | bool) else repr(value)
+
+
+def models_table() -> str:
+    """Every registered model: default norm, options (run-config key) and description."""
+    rows = []
+    for entry in MODELS:
+        options = ", ".join(
+            f"`{name}={_literal(o.default)}`" + (f" (`{option_key(name)}`)" if o.public else "")
+            for name, o in entry.options.items()
+        )
+        rows.append([f"`{entry.name}`", f"`{entry.default_norm}`", options, entry.description])
+    return _table(["model", "default norm", "options (run-config key)", "what"], rows)
+
+
+def keys_table() -> str:
+    """Every run-config key: type, default, meaning and the allowed names where they are few."""
+    rows = []
+    for key, spec in run_schema().items():
+        meaning = spec.doc
+        if spec.allowed is not None:
+            meaning += ": " + ", ".join(f"`{name}`" for name in spec.allowed())
+        rows.append([f"`{key}`", spec.type.__name__, f"`{_literal(spec.default)}`", meaning])
+    return _table(["key", "type", "default", "meaning"], rows)

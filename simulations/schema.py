@@ -1,0 +1,110 @@
+"""Typed configuration keys and their checks, shared by the run config and the report settings.
+
+A :class:`Key` holds a type, a default, a one-line meaning and a check returning an error text
+(``"allowed: ..."``) or ``None``; :func:`check_value` coerces and checks one value and raises
+:class:`ConfigError`, whose one-line message names the key, the value and what is allowed.
+Imports nothing heavy (no torch, scipy or pandas).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Check",
+    "ConfigError",
+    "Key",
+    "at_least",
+    "check_value",
+    "choice",
+    "coerce",
+    "did_you_mean",
+    "fraction",
+    "named",
+]
+
+Check = Callable[[Any], str | None]
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the one-line message names key, value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: its type, default, meaning, and a check (error text or ``None``)."""
+
+    type: type
+    default: Any
+    doc: str
+    check: Check | None = None
+    allowed: Callable[[], Sequence[str]] | None = None
+    """For keys with named values: the allowed names (read when asked, e.g. from a registry)."""
+
+
+def choice(allowed: Callable[[], Sequence[str]] | Sequence[str]) -> Check:
+    """A check accepting the names of ``allowed`` (a sequence, or a function read at check time)."""
+
+    def check(value: Any) -> str | None:
+        names = allowed() if callable(allowed) else allowed
+        return None if value in names else f"allowed: {', '.join(names)}"
+
+    return check
+
+
+def named(
+    kind: type, default: str, doc: str, allowed: Callable[[], Sequence[str]] | Sequence[str]
+) -> Key:
+    """A key whose value is one of ``allowed`` (a sequence, or a function read at check time,
+    e.g. a registry's names)."""
+    names = allowed if callable(allowed) else (lambda: tuple(allowed))
+    return Key(kind, default, doc, choice(names), names)
+
+
+def at_least(low: float, *, strict: bool = False) -> Check:
+    """A check accepting numbers ``>= low`` (``> low`` when ``strict``)."""
+
+    def check(value: Any) -> str | None:
+        ok = value > low if strict else value >= low
+        return None if ok else f"allowed: a number {'>' if strict else '>='} {low}"
+
+    return check
+
+
+def fraction(value: Any) -> str | None:
+    """A check accepting numbers in [0, 1)."""
+    return None if 0.0 <= value < 1.0 else "allowed: a number in [0, 1)"
+
+
+def did_you_mean(name: str, choices: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def coerce(key: str, value: Any, expected: type) -> Any:
+    """``value`` as ``expected``: ints are accepted for floats; bools never count as numbers."""
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, expected) and not (expected is not bool and isinstance(value, bool)):
+        return value
+    raise ConfigError(f"{key} = {value!r}: expected {expected.__name__}")
+
+
+def check_value(key: str, value: Any, schema: Mapping[str, Key], where: str = "") -> Any:
+    """``value`` coerced to the type of ``schema[key]`` and checked (``where`` prefixes the key
+    in messages, e.g. ``"grid."``); floats must be finite."""
+    spec = schema[key]
+    value = coerce(f"{where}{key}", value, spec.type)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}{key} = {value!r}: allowed: a finite number")
+    problem = spec.check(value) if spec.check else None
+    if problem:
+        raise ConfigError(f"{where}{key} = {value!r}: {problem}")
+    return value

@@ -1,0 +1,122 @@
+"""The base of the fedlmc strategies: Flower's ``FedAvg`` that waits for every node and screens.
+
+:class:`ScreenedFedAvg` is what the one-shot merges and the FedAvg baseline share:
+
+- ``configure_train`` waits until all ``num_clients`` nodes are connected (Flower's sampling may
+  sample before every simulated node registered in round 1) and sends every node the same
+  train message (the round's config passes through :meth:`ScreenedFedAvg.round_config`);
+- :meth:`ScreenedFedAvg.screen` drops error, malformed, wrongly shaped and non-finite replies
+  (:func:`strategies.common.screen_replies`), logs why, and raises
+  :class:`~strategies.common.NotEnoughClientsError` when fewer than ``min_clients`` survive;
+- :meth:`ScreenedFedAvg.client_metrics` gives the survivors' num-examples-weighted training
+  metrics plus ``clients-survived``, ``clients-failed``, ``bytes-received`` and
+  ``num-examples``.
+
+No federated evaluation round is configured (``fraction_evaluate = 0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from logging import WARNING
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore import log
+
+from strategies.common import (
+    RoundReport,
+    check_client_counts,
+    require_survivors,
+    screen_replies,
+    wait_for_nodes,
+    weighted_metric_means,
+)
+from strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY, record_shapes
+
+__all__ = ["ScreenedFedAvg"]
+
+
+class ScreenedFedAvg(FedAvg):
+    """``FedAvg`` sending to all ``num_clients`` nodes and screening their replies."""
+
+    def __init__(
+        self,
+        *,
+        num_clients: int,
+        min_clients: int = 2,
+        wait_timeout: float = 600.0,
+        weighted_by_key: str = NUM_EXAMPLES_KEY,
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+    ) -> None:
+        check_client_counts(num_clients, min_clients)
+        super().__init__(
+            fraction_train=1.0,
+            min_train_nodes=int(num_clients),
+            min_available_nodes=int(num_clients),
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+        )
+        # No federated evaluation round (set after __init__ to avoid FedAvg's warning).
+        self.fraction_evaluate = 0.0
+        self.min_evaluate_nodes = 0
+        self.num_clients = int(num_clients)
+        self.min_clients = int(min_clients)
+        self.wait_timeout = float(wait_timeout)
+        self._grid: Grid | None = None
+        self._reference: dict[str, tuple[int, ...]] | None = None
+        self._sent_to: list[int] = []
+        self._round_config: dict[str, Any] = {}
+
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """The train config of ``server_round`` (adds ``server-round``; subclasses add more)."""
+        config["server-round"] = server_round
+        return config
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Wait for all ``num_clients`` nodes, then send every one the same train message."""
+        self._grid = grid
+        nodes = wait_for_nodes(grid, self.num_clients, self.wait_timeout)
+        config = self.round_config(server_round, config)
+        self.expect_replies(arrays, nodes, config)
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return self._construct_messages(record, nodes, MessageType.TRAIN)
+
+    def expect_replies(
+        self, arrays: ArrayRecord, node_ids: Sequence[int], config: Mapping[str, Any] | None = None
+    ) -> None:
+        """Remember what a round sent: the reference shapes (``arrays``; empty = no reference,
+        then survivors must agree among themselves), the nodes asked and the round's config.
+        Called by :meth:`configure_train`."""
+        self._reference = record_shapes(arrays) or None
+        self._sent_to = [int(n) for n in node_ids]
+        self._round_config = dict(config or {})
+
+    def screen(self, server_round: int, replies: Iterable[Message]) -> RoundReport:
+        """The round's survivors (sorted by partition id) and failures; raises
+        :class:`~strategies.common.NotEnoughClientsError` below ``min_clients``."""
+        report = screen_replies(replies, self._reference, self._sent_to, self.weighted_by_key)
+        for failure in report.failures:
+            log(WARNING, "round %d: dropped reply from %s", server_round, failure.describe())
+        require_survivors(report, self.min_clients)
+        return report
+
+    def client_metrics(self, report: RoundReport, extra_bytes: int = 0) -> dict[str, Any]:
+        """Weighted means of the survivors' scalar metrics and the round's counts."""
+        skip = (self.weighted_by_key, PARTITION_KEY)
+        metrics: dict[str, Any] = weighted_metric_means(report.survivors, skip=skip)
+        metrics.update(
+            {
+                "clients-survived": len(report.survivors),
+                "clients-failed": len(report.failures),
+                "bytes-received": int(report.bytes_received + extra_bytes),
+                self.weighted_by_key: int(sum(u.num_examples for u in report.survivors)),
+            }
+        )
+        return metrics

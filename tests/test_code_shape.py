@@ -1,0 +1,131 @@
+"""The architecture as the folders tell it: no import cycle, a Flower-free science core, and
+configuration validation that loads no heavy library."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("fedlmc", "strategies", "simulations")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """Every project module ``path`` imports, at module level or inside functions."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(name for name in names if name in known)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    known = set(files)
+    return {name: imported_modules(path, known) - {name} for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (as a path that returns to its start), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_project_has_no_import_cycle():
+    graph = import_graph()
+    assert "simulations.federation" in graph and "fedlmc.methods" in graph
+    assert find_cycle(graph) is None
+
+
+def test_the_science_core_imports_no_framework():
+    for path in (ROOT / "fedlmc").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in ("flwr", "ray", "simulations", "strategies"), (path, name)
+
+
+def test_run_config_names_live_outside_the_science_core():
+    text = "\n".join(p.read_text() for p in (ROOT / "fedlmc").rglob("*.py"))
+    for word in ("run_config", "RUN_SCHEMA", "out-dir", "num-gpus", "inject-failure"):
+        assert word not in text, word
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "from simulations.config import load_sweep_config, expand_grid;"
+        "expand_grid(load_sweep_config('configs/quick.toml'))",
+        "from simulations.cli import main; main(['validate', 'configs/mnist_mlp.toml'])",
+        "from simulations.registry_tables import keys_table, methods_table; keys_table()",
+    ],
+)
+def test_validating_a_sweep_file_loads_no_heavy_library(code: str):
+    probe = (
+        f"{code}\nimport sys\n"
+        "print(sorted(m for m in ('torch', 'scipy', 'pandas', 'flwr', 'ray') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_simulations_exports_run_federation_lazily():
+    probe = (
+        "import sys, simulations\n"
+        "assert 'flwr' not in sys.modules and 'torch' not in sys.modules\n"
+        "from simulations import run_federation, run_sweep\n"
+        "print(run_federation.__module__, run_sweep.__module__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["simulations.federation", "simulations.sweep"]
+    import simulations
+
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        simulations.nothing  # noqa: B018
