@@ -9,6 +9,8 @@
 - ``fedlmc validate CONFIG.toml [key=value ...]``: check a sweep and print its expanded cells.
 - ``fedlmc methods`` / ``fedlmc models``: the registered merge methods / models (markdown tables,
   as in the README); ``fedlmc keys``: every run-config key.
+- ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once
+  (md5-checked, :func:`fedlmc.download.fetch_dataset`); a failed download exits 1 with one line.
 
 Configuration errors (and ``ValueError`` from bad data or partition settings) end with one line
 ``fedlmc: error: ...`` on stderr and exit status 2, without a traceback; so does a
@@ -25,6 +27,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedlmc.datasets_catalog import DOWNLOADABLE
 from simulations.config import (
     ConfigError,
     absolute_paths,
@@ -53,7 +56,7 @@ SHOWN_COLUMNS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser with the four sub-commands."""
+    """The argparse parser with its sub-commands."""
     parser = argparse.ArgumentParser(
         prog="fedlmc",
         description="Federated one-shot merging and linear mode connectivity studies on Flower.",
@@ -107,6 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("methods", help="list the registered merge methods (markdown)")
     sub.add_parser("models", help="list the registered models and their options (markdown)")
     sub.add_parser("keys", help="list every run-config key with its default (markdown)")
+
+    data = sub.add_parser("data", help="data sets: fetch one into a folder")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    fetch = data_sub.add_parser(
+        "fetch",
+        help="download a torchvision data set (md5-checked) where load_dataset reads it",
+    )
+    fetch.add_argument("name", choices=DOWNLOADABLE, help="data set")
+    fetch.add_argument("--root", required=True, help="folder to fetch into (the data-root)")
+    fetch.add_argument("--mirror", help="base URL of a mirror (default: torchvision's URLs)")
     return parser
 
 
@@ -226,6 +239,18 @@ def command_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_data(args: argparse.Namespace) -> int:
+    from fedlmc.download import DownloadError, fetch_dataset
+
+    try:
+        result = fetch_dataset(args.name, args.root, mirror=args.mirror)
+    except DownloadError as err:  # the network, not the command, failed
+        print(f"fedlmc: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 1
+    print(result.summary())
+    return 0
+
+
 COMMANDS = {
     "sweep": command_sweep,
     "report": command_report,
@@ -234,6 +259,7 @@ COMMANDS = {
     "methods": command_methods,
     "models": command_models,
     "keys": command_keys,
+    "data": command_data,
 }
 
 

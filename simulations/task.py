@@ -71,38 +71,58 @@ def client_seed(seed: int, partition_id: int, server_round: int = 0) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1)[0] % (2**31 - 1))
 
 
+DataKey = tuple[str, str, float, int, str, str]
+"""What determines a loaded data set: dataset, data-root, server-fraction, seed, image-key,
+label-key."""
+
+
+def data_key(config: Mapping[str, Any]) -> DataKey:
+    """The :data:`DataKey` of ``config``."""
+    return (
+        config["dataset"],
+        config["data-root"],
+        float(config["server-fraction"]),
+        int(config["seed"]),
+        config["image-key"],
+        config["label-key"],
+    )
+
+
 @functools.lru_cache(maxsize=2)
-def _splits(dataset: str, root: str, server_fraction: float, seed: int) -> DataSplits:
-    return load_dataset(dataset, root or None, server_fraction=server_fraction, seed=seed)
+def _splits(key: DataKey) -> DataSplits:
+    dataset, root, server_fraction, seed, image_key, label_key = key
+    return load_dataset(
+        dataset,
+        root or None,
+        server_fraction=server_fraction,
+        seed=seed,
+        image_key=image_key or None,
+        label_key=label_key or None,
+    )
 
 
 def load_splits(config: Mapping[str, Any]) -> DataSplits:
     """The dataset of ``config``, loaded once per process (while it stays in the cache)."""
     with _LOAD_LOCK:
-        return _splits(
-            config["dataset"], config["data-root"], float(config["server-fraction"]), config["seed"]
-        )
+        return _splits(data_key(config))
 
 
 @functools.lru_cache(maxsize=4)
 def _parts(
-    dataset: str,
-    root: str,
-    server_fraction: float,
-    seed: int,
+    key: DataKey,
     num_partitions: int,
     scheme: str,
     alpha: float,
     classes_per_client: int,
 ) -> tuple[Data, ...]:
-    splits = _splits(dataset, root, server_fraction, seed)
+    splits = _splits(key)
     parts = partition(
         splits.train,
         num_partitions,
         scheme,
         alpha=alpha,
         classes_per_client=classes_per_client,
-        seed=seed,
+        seed=key[3],
     )
     return tuple(parts)
 
@@ -117,10 +137,7 @@ def client_data(config: Mapping[str, Any], partition_id: int, num_partitions: in
         )
     with _LOAD_LOCK:
         parts = _parts(
-            config["dataset"],
-            config["data-root"],
-            float(config["server-fraction"]),
-            config["seed"],
+            data_key(config),
             int(num_partitions),
             config["partition"],
             float(config["alpha"]),

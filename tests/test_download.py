@@ -409,3 +409,30 @@ def test_the_run_config_download_fetches_once_on_the_server(tmp_path, server, de
     assert server.hits[MNIST_GZ[0]] >= 1 and not (root / "MNIST" / "raw" / MNIST_GZ[0]).exists()
     with pytest.raises(DownloadError, match=re.escape(f"{dead_url}/")):
         prepare_data({**config, "data-mirror": dead_url})
+
+
+def test_fedlmc_data_fetch_command(tmp_path, server, dead_url):
+    """The command runs the real download: torchvision's md5 sums reject the test-written files
+    (exit 1, one line, nothing kept); files already in place are reported, with no request."""
+    import subprocess
+    import sys
+
+    files, _, _ = mnist_files(tmp_path)
+    server.files.update(files)
+
+    def fetch(root, mirror):
+        cmd = [sys.executable, "-m", "simulations.cli", "data", "fetch", "mnist", "--root"]
+        return subprocess.run(
+            [*cmd, str(root), "--mirror", mirror], capture_output=True, text=True, timeout=120
+        )
+
+    failed = fetch(tmp_path / "new", server.url)
+    assert failed.returncode == 1 and failed.stdout == ""
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("fedlmc:")]
+    assert len(errors) == 1 and failed.stderr.rstrip().endswith(errors[0])  # above: progress
+    assert "md5" in errors[0] and server.hits[MNIST_GZ[0]] >= 1
+    rng = np.random.default_rng(1)
+    arrays = random_pixels(rng, 10, (28, 28)), balanced_labels(10, 10, rng)
+    write_mnist_like(tmp_path / "copied", "MNIST", arrays, arrays)
+    present = fetch(tmp_path / "copied", dead_url)
+    assert present.returncode == 0 and "already present" in present.stdout
