@@ -33,7 +33,7 @@ from fedlmc.study import compare_methods
 from fedlmc.train import train_model
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "auto_merge.json"
-METHODS = ["average_t", "weight_matching_t", "auto_t"]
+COMPARED = ["average_t", "weight_matching_t", "auto_t"]
 
 
 def train_clients(width: float, epochs: int, seed: int, splits) -> list[dict[str, torch.Tensor]]:
@@ -65,7 +65,7 @@ def measure(width: float, epochs: int, seed: int, tolerance: float, splits) -> d
         states,
         None,
         splits,
-        METHODS,
+        COMPARED,
         diagnostics=False,
         seed=seed,
         method_options={"auto_tolerance": tolerance},
@@ -76,11 +76,11 @@ def measure(width: float, epochs: int, seed: int, tolerance: float, splits) -> d
         "width": width,
         "hidden": round(128 * width),
         "train_seconds": train_seconds,
-        "accuracy": {m: by[m]["accuracy"] for m in METHODS},
+        "accuracy": {m: by[m]["accuracy"] for m in COMPARED},
         "auto_choice": by["auto_t"]["auto_choice"],
         "auto_nll_gap": by["auto_t"]["auto_nll_gap"],
         "auto_minus_best": by["auto_t"]["accuracy"] - best,
-        "merge_seconds": {m: by[m]["merge_seconds"] for m in METHODS},
+        "merge_seconds": {m: by[m]["merge_seconds"] for m in COMPARED},
         "auto_over_weight_matching_seconds": by["auto_t"]["merge_seconds"]
         / by["weight_matching_t"]["merge_seconds"],
     }

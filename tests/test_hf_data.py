@@ -199,3 +199,28 @@ def test_detect_columns_preferences():
     assert detect_columns(Features({"x": Value("float32"), "y": Value("int64")})) == ("x", "y")
     with pytest.raises(ValueError, match=r"holds the images; columns: a \(Value\)"):
         detect_columns(Features({"a": Value("int64"), "label": Value("int64")}))
+
+
+def test_an_hf_data_set_reaches_the_clients_through_the_run_config(rgb):
+    """``dataset = "hf:PATH"`` with ``image-key``/``label-key``: what a client and the server
+    load (simulations.task) is the same as load_dataset's, partitioned by the run config."""
+    from simulations.config import absolute_paths, validate_run_config
+    from simulations.task import client_data, load_splits
+
+    folder = rgb["folder"] / "disk"
+    config = validate_run_config(
+        {
+            "dataset": f"hf:{folder}",
+            "image-key": "img",
+            "label-key": "label",
+            "num-clients": 2,
+            "partition": "dirichlet",
+            "alpha": 1.0,
+        }
+    )
+    config = absolute_paths(config)
+    splits = load_splits(config)
+    direct = load_dataset(f"hf:{folder}", image_key="img", label_key="label")
+    assert torch.equal(splits.train[0], direct.train[0])
+    parts = [client_data(config, i, 2) for i in range(2)]
+    assert sum(len(y) for _, y in parts) == len(splits.train[1])
