@@ -51,7 +51,13 @@ from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.io import atomic_write
 from fedlmc.merge import load_state
 from fedlmc.rows import endpoint_columns
-from fedlmc.study import Predictions, compare_methods, evaluate_model_row, gap_columns
+from fedlmc.study import (
+    Comparison,
+    Predictions,
+    compare_methods,
+    evaluate_model_row,
+    gap_columns,
+)
 from simulations.config import FEDAVG, ConfigError, method_list, validate_run_config
 from simulations.provenance import version_columns
 from simulations.task import build_from_config, device_of, load_splits
@@ -181,6 +187,31 @@ def _kwargs(config: Mapping[str, Any], splits: DataSplits, device: torch.device)
 # ----------------------------------------------------------------------------- modes
 
 
+def compare_cell(
+    config: Mapping[str, Any],
+    template: nn.Module,
+    states: Sequence[StateDict],
+    weights: Sequence[float],
+    splits: DataSplits,
+    device: torch.device,
+) -> Comparison:
+    """:func:`fedlmc.study.compare_methods` with the run config's settings: its ``methods``
+    (FedAvg aside: it is a run of its own), ``lambdas``, ``seed``, ``diagnostics`` and the
+    merge methods' options."""
+    return compare_methods(
+        template,
+        states,
+        weights,
+        splits,
+        [m for m in method_list(config) if m != FEDAVG],
+        lambdas=config["lambdas"],
+        seed=config["seed"],
+        diagnostics=config["diagnostics"],
+        device=device,
+        method_options=method_options(config),
+    )
+
+
 def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
     """Collect the client models once, evaluate every requested method on them (each base merge
     once, its weights kept for ``merged-<method>.safetensors``)."""
@@ -191,20 +222,8 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     outcome.results["compare"], outcome.reports["compare"] = result, report
     states = [u.state for u in report.survivors]
     weights = [float(u.num_examples) for u in report.survivors]
-    methods = [m for m in method_list(config) if m != FEDAVG]
     start = time.perf_counter()
-    comparison = compare_methods(
-        template,
-        states,
-        weights,
-        splits,
-        methods,
-        lambdas=config["lambdas"],
-        seed=config["seed"],
-        diagnostics=config["diagnostics"],
-        device=device,
-        method_options=method_options(config),
-    )
+    comparison = compare_cell(config, template, states, weights, splits, device)
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
     columns = round_columns(report, result_bytes(result), seconds)
     outcome.rows.extend({**row, **columns} for row in comparison.rows)
