@@ -14,7 +14,13 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   merge (by the study on the server split, by the strategies on server or federated data);
 - ``repair``: whether the merge is followed by REPAIR (:mod:`fedlmc.repair`: every hidden unit
   rescaled so that its pre-activation mean and std match the endpoints' interpolated ones) for
-  models without BatchNorm; for BatchNorm models REPAIR reduces to re-estimating the statistics.
+  models without BatchNorm; for BatchNorm models REPAIR reduces to re-estimating the statistics;
+- ``needs_clients``: it runs a protocol with the clients (``job.clients``, a
+  :class:`ClientQueries`), so it exists only inside a federation (the strategies), never in the
+  server-side study;
+- ``clients_for_data``: with ``job.clients`` set (a federation calibrating on the clients'
+  held-out data, ``calibration = "federated"``), the data it needs comes from the clients
+  instead of the server split.
 
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
 row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fedlmc.registry import Registry
 
@@ -48,6 +54,7 @@ __all__ = [
     "METHODS",
     "REFERENCE_METHODS",
     "Alignment",
+    "ClientQueries",
     "MergeJob",
     "MergeMethod",
     "base_method",
@@ -63,11 +70,32 @@ CALIBRATED_SUFFIX = "_t"
 REFERENCE_METHODS = {"ensemble": "mean of the clients' softmax outputs (N forward passes)"}
 
 
+class ClientQueries(Protocol):
+    """What a federation lets a merge method ask the clients of ``MergeJob.states`` (in that
+    order), without any data leaving them. The strategies implement it with Flower query
+    rounds (:class:`strategies.one_shot.FederatedQueries`); :class:`fedlmc.federated.LocalClients`
+    implements it in process on data shards."""
+
+    def calibrated_nlls(
+        self, states: Sequence[StateDict], reestimate_bn: Sequence[bool]
+    ) -> list[float]:
+        """Per state dict, the mean NLL over the clients' calibration data at the temperature
+        minimising it (BatchNorm statistics re-estimated on the clients' data first where
+        ``reestimate_bn``)."""
+        ...
+
+    def activation_permutations(self, reference: StateDict) -> list[dict[str, Tensor]]:
+        """Per client, the permutations matching its own model's hidden units to
+        ``reference``'s by activation correlation on its own data (identity for a client whose
+        model is ``reference``)."""
+        ...
+
+
 @dataclass
 class MergeJob:
     """What a merge method receives: the clients, their normalised weights and the context
     (the server's held-out data ``(x, y)`` if any, method ``options`` such as
-    ``auto_tolerance``)."""
+    ``auto_tolerance``, and ``clients``, the :class:`ClientQueries` of a federation)."""
 
     template: nn.Module
     states: Sequence[StateDict]
@@ -77,6 +105,7 @@ class MergeJob:
     device: torch.device | None = None
     spec: PermutationSpec | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    clients: ClientQueries | None = None
 
     @property
     def server_inputs(self) -> Tensor | None:
@@ -113,6 +142,8 @@ class MergeMethod:
     many_clients: bool = True
     reestimate_bn: bool = True
     repair: bool = False
+    needs_clients: bool = False
+    clients_for_data: bool = False
 
 
 METHODS: Registry[MergeMethod] = Registry("merge method")
@@ -126,6 +157,8 @@ def register_method(
     many_clients: bool = True,
     reestimate_bn: bool = True,
     repair: bool = False,
+    needs_clients: bool = False,
+    clients_for_data: bool = False,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -137,7 +170,15 @@ def register_method(
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
         entry = MergeMethod(
-            name, align, description, needs_server_data, many_clients, reestimate_bn, repair
+            name,
+            align,
+            description,
+            needs_server_data,
+            many_clients,
+            reestimate_bn,
+            repair,
+            needs_clients,
+            clients_for_data,
         )
         METHODS.add(name, entry, replace=replace)
         return align
@@ -163,8 +204,14 @@ def base_method(method: str) -> str:
 
 
 def study_methods() -> tuple[str, ...]:
-    """Every row a study can report: each merge method raw and with ``_t``, then ``ensemble``."""
-    names = [n for m in merge_method_names() for n in (m, m + CALIBRATED_SUFFIX)]
+    """Every row a study can report: each merge method raw and with ``_t`` (but those that need
+    the clients, which only a federation's strategy can run), then ``ensemble``."""
+    names = [
+        n
+        for m in merge_method_names()
+        if not METHODS.get(m).needs_clients
+        for n in (m, m + CALIBRATED_SUFFIX)
+    ]
     return (*names, *REFERENCE_METHODS)
 
 
@@ -179,13 +226,16 @@ def merge_states(
     device: str | torch.device | None = None,
     spec: PermutationSpec | None = None,
     options: dict[str, Any] | None = None,
+    clients: ClientQueries | None = None,
 ) -> tuple[StateDict, list[StateDict]]:
     r"""Merge ``states`` with the registered ``method``: ``(merged, aligned clients)``.
 
     ``merged`` is the method's own merge or :math:`\sum_i w_i \pi_i(\theta_i)`; no BatchNorm
     re-estimation and no temperature here (the callers add them). A single client is returned
-    unchanged. ``ValueError`` when the method is unknown, needs ``server_data`` that is
-    missing, or does not accept this many clients. :func:`merge_with_info` also returns what the
+    unchanged. ``ValueError`` when the method is unknown, needs ``server_data`` (or, for
+    methods that take the clients' data instead, ``clients``) that is missing, needs the
+    ``clients`` of a federation that are missing, or does not accept this many clients.
+    :func:`merge_with_info` also returns what the
     method reports (e.g. ``auto``'s choice).
     """
     merged, aligned, _ = merge_with_info(
@@ -198,6 +248,7 @@ def merge_states(
         device=device,
         spec=spec,
         options=options,
+        clients=clients,
     )
     return merged, aligned
 
@@ -213,6 +264,7 @@ def merge_with_info(
     device: str | torch.device | None = None,
     spec: PermutationSpec | None = None,
     options: dict[str, Any] | None = None,
+    clients: ClientQueries | None = None,
 ) -> tuple[StateDict, list[StateDict], dict[str, Any]]:
     """:func:`merge_states` plus the method's ``Alignment.info``."""
     from fedlmc.evaluation import resolve_device
@@ -221,7 +273,13 @@ def merge_with_info(
     entry = merge_method(method)
     if not states:
         raise ValueError("need at least one client state dict, got none")
-    if entry.needs_server_data and server_data is None:
+    if entry.needs_clients and clients is None:
+        raise ValueError(
+            f"merge method {entry.name!r} runs on the clients: allowed only in a federation "
+            "(strategy = 'aligned'), not in the server-side study"
+        )
+    data_from_clients = entry.clients_for_data and clients is not None
+    if entry.needs_server_data and server_data is None and not data_from_clients:
         raise ValueError(f"merge method {entry.name!r} needs server data; got none")
     if not entry.many_clients and len(states) > 2:
         raise ValueError(f"merge method {entry.name!r}: allowed: at most 2 clients")
@@ -237,6 +295,7 @@ def merge_with_info(
         resolve_device(device),
         spec,
         dict(options or {}),
+        clients,
     )
     alignment = entry.align(job)
     merged = alignment.merged if alignment.merged is not None else average(alignment.aligned, w)
@@ -290,6 +349,34 @@ def activation_matching_to_first(job: MergeJob) -> Alignment:
 
 
 @register_method(
+    "activation_federated",
+    description="activation matching onto client 0 computed by each client on its own data; "
+    "only permutation indices leave the clients",
+    needs_clients=True,
+)
+def activation_matching_on_clients(job: MergeJob) -> Alignment:
+    r"""Client-side activation matching: every client receives client 0's model, correlates its
+    hidden activations with its own model's on its own data, solves the assignments and returns
+    only its permutations (``job.clients.activation_permutations``); the server applies them,
+    :math:`\pi_i(\theta_i)`. Each permutation is checked to be one over its group's units."""
+    from fedlmc.permutation import apply_permutation
+
+    spec = job.permutation_spec()
+    perms = job.clients.activation_permutations(job.states[0])
+    if len(perms) != len(job.states):
+        raise ValueError(
+            f"the clients returned {len(perms)} permutation sets for {len(job.states)} clients"
+        )
+    aligned = [job.states[0]]
+    for index, (found, sd) in enumerate(zip(perms[1:], job.states[1:], strict=True), start=1):
+        missing = sorted(set(spec.perm_to_axes) - set(found))
+        if missing:
+            raise ValueError(f"client {index} returned no permutation for group {missing[0]!r}")
+        aligned.append(apply_permutation(spec, found, sd))  # validates every permutation
+    return Alignment(aligned)
+
+
+@register_method(
     "merge_many",
     description="MergeMany: each client matched to the weighted mean of the others, repeated",
 )
@@ -327,15 +414,19 @@ def random_permutation_control(job: MergeJob) -> Alignment:
 
 register_method(
     "average_repair",
-    description="plain average, then REPAIR of every hidden unit's statistics (server split)",
+    description="plain average, then REPAIR of every hidden unit's statistics (server split, "
+    "or the clients' data when calibration is federated)",
     needs_server_data=True,
     repair=True,
+    clients_for_data=True,
 )(plain_average)
 register_method(
     "weight_matching_repair",
-    description="weight matching onto client 0, average, then REPAIR (server split)",
+    description="weight matching onto client 0, average, then REPAIR (server split, or the "
+    "clients' data when calibration is federated)",
     needs_server_data=True,
     repair=True,
+    clients_for_data=True,
 )(weight_matching_to_first)
 
 
@@ -363,8 +454,10 @@ def calibrated_nll(job: MergeJob, state: StateDict, *, reestimate_bn: bool = Tru
 @register_method(
     "auto",
     description="plain average if its calibrated NLL is within auto-tolerance of the endpoints', "
-    "else the better of it and weight matching (server split)",
+    "else the better of it and weight matching (server split, or the clients' held-out data "
+    "when calibration is federated)",
     needs_server_data=True,
+    clients_for_data=True,
 )
 def automatic_choice(job: MergeJob) -> Alignment:
     r"""Decide whether permutation alignment is worth its cost.
@@ -376,19 +469,36 @@ def automatic_choice(job: MergeJob) -> Alignment:
     plain average is kept and no alignment runs; otherwise every client is weight-matched onto
     client 0 and the merge with the lower calibrated NLL is kept. ``info``: ``auto_choice``
     (``average`` or ``weight_matching``) and ``auto_nll_gap`` (:math:`g`).
+
+    With ``job.clients`` set (federated calibration) the same NLLs are measured on the clients'
+    held-out data by :meth:`ClientQueries.calibrated_nlls` (exact sums over the clients, the
+    temperature minimising their summed NLL): the plain average and the endpoints in one call,
+    the weight-matched merge in a second one only when alignment runs.
     """
     from fedlmc.align import align_to_reference
     from fedlmc.merge import average
 
     tolerance = float(job.options.get("auto_tolerance", AUTO_TOLERANCE))
-    plain = calibrated_nll(job, average(job.states, job.weights))
-    endpoints = [calibrated_nll(job, sd, reestimate_bn=False) for sd in job.states]
+    plain_state = average(job.states, job.weights)
+    if job.clients is not None:
+        nlls = job.clients.calibrated_nlls(
+            [plain_state, *job.states], [True] + [False] * len(job.states)
+        )
+        plain, endpoints = nlls[0], nlls[1:]
+    else:
+        plain = calibrated_nll(job, plain_state)
+        endpoints = [calibrated_nll(job, sd, reestimate_bn=False) for sd in job.states]
     gap = plain - sum(endpoints) / len(endpoints)
     info: dict[str, Any] = {"auto_choice": "average", "auto_nll_gap": gap}
     if gap <= tolerance:
         return Alignment(list(job.states), info=info)
     spec = job.permutation_spec()
     aligned = align_to_reference(spec, job.states, reference=0, method="weight", seed=job.seed)
-    if calibrated_nll(job, average(aligned, job.weights)) < plain:
+    aligned_state = average(aligned, job.weights)
+    if job.clients is not None:
+        aligned_nll = job.clients.calibrated_nlls([aligned_state], [True])[0]
+    else:
+        aligned_nll = calibrated_nll(job, aligned_state)
+    if aligned_nll < plain:
         return Alignment(aligned, info={**info, "auto_choice": "weight_matching"})
     return Alignment(list(job.states), info=info)

@@ -8,21 +8,32 @@ Message types it answers:
   deployment's ``--node-config``, a plain simulation); the same split on every node. With ``init =
   "independent"`` (the paper's setting) the initial weights are drawn with a seed derived from
   ``(seed, partition-id)`` and the received arrays are ignored; with ``init = "shared"`` (FedAvg)
-  the received arrays are loaded. Replies with an ArrayRecord of the trained weights and a
-  MetricRecord ``num-examples, partition-id, train-loss, train-accuracy, train-seconds,
-  load-seconds`` (data loading and model building). Any
-  failure (exception, non-finite loss, non-finite weights) gives an error reply, never weights.
+  the received arrays are loaded. Under federated calibration a stratified
+  ``calibration-holdout`` share of the partition is held out and never trained on
+  (:func:`simulations.task.split_for_calibration`). Replies with an ArrayRecord of the trained
+  weights and a MetricRecord ``num-examples, partition-id, train-loss, train-accuracy,
+  train-seconds, load-seconds`` (data loading and model building). Any failure (exception,
+  non-finite loss, non-finite weights) gives an error reply, never weights.
 - ``query.temperature``: sums of the NLL and its first two derivatives in ``log T`` of the
-  received (merged) model on this node's training data at each ``log-t`` the server sends
-  (one value or a list).
-- ``query.bn_stats``: per-BatchNorm-layer sums, sums of squares and counts of the layer inputs.
+  received (merged) model at each ``log-t`` the server sends (one value or a list), on the
+  held-out share (on the training data when ``calibration-holdout = 0``).
+- ``query.bn_stats``: per-BatchNorm-layer sums, sums of squares and counts of the layer inputs
+  on the training data.
+- ``query.unit_stats``: per-unit sums, sums of squares and counts of the outputs of the
+  ``layers`` the server names (REPAIR), on the training data.
+- ``query.align``: client-side activation matching: the permutations matching this node's own
+  trained model (kept in ``context.state`` since its train round) to the received reference
+  model by activation correlation on its training data, and the digest of those weights.
 - ``evaluate``: loss and accuracy of the received model on this node's data.
 
-Nothing is kept between messages but the data: the loaded data sets and partitions stay in
-bounded caches of :mod:`simulations.task` (keyed by what determines them), so that a warm actor
-serving cell after cell loads each data set once; the model is rebuilt for every message and
-every seed is derived from ``(seed, partition-id, round)``, so a reply does not depend on what
-the actor ran before.
+Nothing is kept between messages but the data and, only for client-side activation matching,
+the trained weights: the loaded data sets and partitions stay in bounded caches of
+:mod:`simulations.task` (keyed by what determines them), so that a warm actor serving cell after
+cell loads each data set once; the trained weights stay in the node's ``context.state``
+(Flower keeps it per node and run between messages, in simulation and on a SuperNode) under a
+key naming the cell and partition, at most :data:`KEPT_MODELS` of them, each removed by the
+align query that uses it. The model is rebuilt for every message and every seed is derived from
+``(seed, partition-id, round)``, so a reply does not depend on what the actor ran before.
 
 Test-only failure injection (run-config ``inject-failure = "MODE:PARTITION-ID,..."``): ``raise``
 raises before training, ``nan`` replies with NaN weights (skipping the finite check), ``hang``
@@ -45,36 +56,48 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
+from fedlmc.align import activation_matching
 from fedlmc.calibrate import bn_statistics, temperature_statistics
 from fedlmc.evaluation import predict_logits
+from fedlmc.repair import unit_statistics
 from fedlmc.train import train_model
+from simulations.config import cell_id, keeps_trained_model
 from simulations.task import (
     build_from_config,
+    client_calibration_data,
     client_data,
     client_run_config,
     client_seed,
+    client_train_data,
     device_of,
     failure_plan,
     load_splits,
     train_options,
 )
 from strategies.protocol import (
+    ALIGN_QUERY,
     BN_QUERY,
     ERROR_QUERY_FAILED,
     ERROR_TRAIN_FAILED,
     NUM_PARTITIONS_KEY,
     PARTITION_KEY,
     TEMPERATURE_QUERY,
+    UNIT_STATS_QUERY,
     bn_stats_to_content,
     metric_record,
+    permutations_to_content,
     record_to_state,
+    state_digest,
     state_to_record,
     temperature_stats_to_content,
+    unit_stats_to_content,
 )
 
 app = ClientApp()
 
 HANG_MARGIN = 2.0  # seconds a hanging client (test-only) sleeps past the server's deadline
+KEPT_MODELS = 8  # trained models a node keeps in context.state at most (oldest dropped first)
+KEPT_PREFIX = "fedlmc-trained/"
 
 
 class InjectedFailure(RuntimeError):
@@ -187,7 +210,7 @@ def train_reply(message: Message, context: Context) -> Message:
     server_round = int(_message_config(message).get("server-round", 1))
     start = time.perf_counter()
     splits = load_splits(config)
-    data = client_data(config, pid, num_partitions)
+    data = client_train_data(config, pid, num_partitions)
     model = _initial_model(config, splits, pid, message)
     load_seconds = time.perf_counter() - start
     model, history = train_model(
@@ -207,24 +230,42 @@ def train_reply(message: Message, context: Context) -> Message:
         "load-seconds": float(load_seconds),
     }
     arrays = state_to_record(_checked_weights(model, poison=mode == "nan"))
+    if keeps_trained_model(config):
+        keep_trained_model(context, _kept_key(config, pid, num_partitions), arrays)
     content = RecordDict({"arrays": arrays, "metrics": metric_record(metrics)})
     return Message(content, reply_to=message)
+
+
+def _kept_key(config: dict, pid: int, num_partitions: int) -> str:
+    """The ``context.state`` key of a cell's trained model on this node."""
+    return f"{KEPT_PREFIX}{cell_id(config)}/{pid}-of-{num_partitions}"
+
+
+def keep_trained_model(context: Context, key: str, arrays) -> None:
+    """Store ``arrays`` under ``key`` in ``context.state``, dropping the oldest kept models
+    beyond :data:`KEPT_MODELS`."""
+    kept = [k for k in context.state.array_records if k.startswith(KEPT_PREFIX) and k != key]
+    for old in kept[: max(len(kept) - (KEPT_MODELS - 1), 0)]:
+        del context.state[old]
+    context.state[key] = arrays
 
 
 # ----------------------------------------------------------------------------- queries
 
 
-def _merged_model_and_data(message: Message, context: Context):
+def _received_model_and_config(message: Message, context: Context):
     config = client_run_config(context.run_config, _message_config(message))
     pid, num_partitions = _partition(message, context)
     splits = load_splits(config)
     model = _received_model(message, config, build_from_config(config, splits))
-    return config, pid, model, client_data(config, pid, num_partitions)
+    return config, pid, num_partitions, model
 
 
 def temperature_reply(message: Message, context: Context) -> Message:
-    """NLL sums and derivatives in log T of the received model on this node's training data."""
-    _, pid, model, (x, y) = _merged_model_and_data(message, context)
+    """NLL sums and derivatives in log T of the received model on this node's calibration data
+    (its held-out share; its training data when ``calibration-holdout = 0``)."""
+    config, pid, num_partitions, model = _received_model_and_config(message, context)
+    x, y = client_calibration_data(config, pid, num_partitions)
     points = _message_config(message)["log-t"]
     points = points if isinstance(points, list) else [points]
     logits = predict_logits(model, x)
@@ -234,15 +275,52 @@ def temperature_reply(message: Message, context: Context) -> Message:
 
 def bn_stats_reply(message: Message, context: Context) -> Message:
     """Per-layer BatchNorm input moments of the received model on this node's training data."""
-    _, pid, model, (x, _) = _merged_model_and_data(message, context)
+    config, pid, num_partitions, model = _received_model_and_config(message, context)
+    x, _ = client_train_data(config, pid, num_partitions)
     stats = bn_statistics(model, x)
     return Message(bn_stats_to_content(stats, {"partition-id": pid}), reply_to=message)
+
+
+def unit_stats_reply(message: Message, context: Context) -> Message:
+    """Per-unit output moments of the requested ``layers`` of the received model on this node's
+    training data (REPAIR, :func:`fedlmc.repair.unit_statistics`)."""
+    config, pid, num_partitions, model = _received_model_and_config(message, context)
+    layers = _message_config(message)["layers"]
+    x, _ = client_train_data(config, pid, num_partitions)
+    stats = unit_statistics(model, x, layers if isinstance(layers, list) else [layers])
+    return Message(unit_stats_to_content(stats, {"partition-id": pid}), reply_to=message)
+
+
+def align_reply(message: Message, context: Context) -> Message:
+    """Client-side activation matching: this node's trained model (kept since its train round)
+    matched to the received reference by activation correlation on its training data
+    (:func:`fedlmc.align.activation_matching`); replies with the permutations and the digest of
+    the weights they permute. The kept model is removed afterwards."""
+    config, pid, num_partitions, reference = _received_model_and_config(message, context)
+    key = _kept_key(config, pid, num_partitions)
+    if key not in context.state.array_records:
+        raise LookupError(
+            f"no trained model of this cell kept on this node (key {key!r}); was the node "
+            "restarted between the train and align rounds?"
+        )
+    own_state = record_to_state(context.state.array_records[key])
+    own = build_from_config(config, load_splits(config))
+    own.load_state_dict(own_state, strict=True)
+    own = own.to(device_of(config)).eval()
+    x, _ = client_train_data(config, pid, num_partitions)
+    perms = activation_matching(reference, own, x, seed=client_seed(config["seed"], pid))
+    content = permutations_to_content(
+        dict(perms), state_digest(own_state), {"partition-id": pid, "num-examples": len(x)}
+    )
+    del context.state[key]
+    return Message(content, reply_to=message)
 
 
 @torch.no_grad()
 def evaluate_reply(message: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this node's data."""
-    _, pid, model, (x, y) = _merged_model_and_data(message, context)
+    config, pid, num_partitions, model = _received_model_and_config(message, context)
+    x, y = client_data(config, pid, num_partitions)
     logits = predict_logits(model, x)
     metrics = metric_record(
         {
@@ -258,4 +336,6 @@ def evaluate_reply(message: Message, context: Context) -> Message:
 app.train()(_guarded(ERROR_TRAIN_FAILED, train_reply))
 app.query(TEMPERATURE_QUERY)(_guarded(ERROR_QUERY_FAILED, temperature_reply))
 app.query(BN_QUERY)(_guarded(ERROR_QUERY_FAILED, bn_stats_reply))
+app.query(UNIT_STATS_QUERY)(_guarded(ERROR_QUERY_FAILED, unit_stats_reply))
+app.query(ALIGN_QUERY)(_guarded(ERROR_QUERY_FAILED, align_reply))
 app.evaluate()(_guarded(ERROR_QUERY_FAILED, evaluate_reply))

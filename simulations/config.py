@@ -41,6 +41,7 @@ from fedlmc.datasets_catalog import (
     is_known_dataset,
 )
 from fedlmc.methods import AUTO_TOLERANCE, base_method, merge_method_names, study_methods
+from fedlmc.methods import merge_method as merge_method_entry
 from simulations.report_schema import REPORT_SCHEMA
 from simulations.schema import (
     ConfigError,
@@ -202,6 +203,13 @@ def run_schema() -> dict[str, Key]:
         ),
         "calibration": named(
             str, "server", "temperature calibration of the average/aligned strategies", CALIBRATIONS
+        ),
+        "calibration-holdout": Key(
+            float,
+            0.1,
+            "share of each client's partition held out from training for calibration = federated "
+            "(0: calibrate in-sample on the training data)",
+            fraction,
         ),
         "init": named(str, "independent", "client initialisation", ("independent", "shared")),
         "fedavg-rounds": Key(int, 5, "rounds of the FedAvg baseline", at_least(1)),
@@ -588,6 +596,25 @@ def unique_cells(sweep: SweepConfig) -> list[tuple[dict[str, Any], dict[str, Any
     return list(cells.values())
 
 
+def federated_calibration(config: Mapping[str, Any]) -> bool:
+    """Whether the run calibrates (and runs every data-dependent step after the merge: BatchNorm
+    and REPAIR statistics, ``auto``'s decision) on the clients' data: ``calibration =
+    "federated"`` with the ``average`` or ``aligned`` strategy."""
+    return config["strategy"] in ("average", "aligned") and config["calibration"] == "federated"
+
+
+def calibration_holdout(config: Mapping[str, Any]) -> float:
+    """The share of each client's partition held out from training for calibration:
+    ``calibration-holdout`` under :func:`federated_calibration`, else 0."""
+    return float(config["calibration-holdout"]) if federated_calibration(config) else 0.0
+
+
+def keeps_trained_model(config: Mapping[str, Any]) -> bool:
+    """Whether a client keeps its trained weights in its node's context between rounds (client-side
+    activation matching: ``strategy = "aligned"``, ``align = "activation_federated"``)."""
+    return config["strategy"] == "aligned" and merge_method_entry(config["align"]).needs_clients
+
+
 def canonical_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` with the keys that cannot affect the run reset to their defaults:
 
@@ -598,7 +625,8 @@ def canonical_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
       study evaluates several methods and draws the curve);
     - ``align`` unless ``strategy = "aligned"``; ``calibration`` unless the strategy is
       ``average`` or ``aligned`` (compare fits temperatures on the server split, FedAvg none);
-      ``auto-tolerance`` unless the ``auto`` method runs;
+      ``auto-tolerance`` unless the ``auto`` method runs; ``calibration-holdout`` unless
+      calibration is federated (:func:`federated_calibration`);
     - ``fedavg-rounds`` unless the FedAvg baseline runs.
     """
     schema = run_schema()
@@ -624,6 +652,8 @@ def canonical_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
     )
     if not uses_auto:
         reset("auto-tolerance")
+    if not federated_calibration(canonical):
+        reset("calibration-holdout")
     if strategy not in ("average", "aligned"):
         reset("calibration")
     if strategy != FEDAVG and FEDAVG not in method_list(canonical):

@@ -20,6 +20,13 @@ clients) whose ServerApp (:class:`SweepServer`) runs every cell on the same Grid
   slot takes its message (its ``created_at`` is set then; the test-only ``hang`` failure
   sleeps past exactly that deadline). One broker thread pulls the replies of every message
   in flight, so concurrent cells never see each other's replies;
+- client state: a cell whose clients keep their trained model in the node's ``context.state``
+  between rounds (client-side activation matching,
+  :func:`simulations.config.keeps_trained_model`) sends *exclusive* messages: one runs on a node
+  only while no other message runs there, and no message runs on a node while an exclusive one
+  does (Flower's simulation stores a node's context after each message, so two messages on one
+  node at once would lose one's update). Other cells keep sharing nodes freely; a message never
+  overtakes an older waiting one for the same node;
 - cells in flight: ``ceil(S / num-clients) + 1`` by default (``max_in_flight``), so that while
   one cell merges and evaluates on the server, the next one trains;
 - determinism: a cell gives the same numbers whatever runs before or beside it. Clients
@@ -62,6 +69,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
+from simulations.config import keeps_trained_model
 from simulations.server_app import ServerOutcome, run_server
 from strategies.protocol import NUM_PARTITIONS_KEY, PARTITION_KEY
 
@@ -269,6 +277,17 @@ def default_in_flight(slots: int, jobs: Sequence[CellJob]) -> int:
 # ----------------------------------------------------------------------------- slots and replies
 
 
+@dataclass(order=True, frozen=True)
+class _Ticket:
+    """A wait for a client slot: ordered by cell priority, then arrival."""
+
+    priority: int
+    arrival: int
+    thread: int = field(compare=False)
+    node: int = field(compare=False)
+    exclusive: bool = field(compare=False)
+
+
 class Broker:
     """The shared Grid of one simulation, used by every cell through a :class:`CellGrid`.
 
@@ -287,7 +306,10 @@ class Broker:
         self._grid_lock = threading.Lock()
         self._cond = threading.Condition()
         self._free = self.slots
-        self._waiting: list[tuple[tuple[int, int], int]] = []
+        self._waiting: list[_Ticket] = []
+        self._busy: dict[int, int] = {}  # node -> messages in flight there
+        self._exclusive_busy: dict[int, int] = {}  # node -> exclusive messages in flight there
+        self._placed: dict[str, tuple[int, bool]] = {}  # message id -> (node, exclusive)
         self._tickets = itertools.count()
         self._pending: set[str] = set()
         self._abandoned: set[str] = set()
@@ -326,13 +348,32 @@ class Broker:
 
     # -- slots
 
-    def _acquire(self, priority: int) -> None:
-        """Wait for a slot token; cells with a lower ``priority`` (earlier cells) go first."""
-        ticket = ((priority, next(self._tickets)), threading.get_ident())
+    def _blocked(self, ticket: _Ticket) -> bool:
+        """Whether ``ticket``'s node cannot take it now (see the module docstring)."""
+        if self._exclusive_busy.get(ticket.node, 0) > 0:
+            return True
+        return ticket.exclusive and self._busy.get(ticket.node, 0) > 0
+
+    def _grantable(self, ticket: _Ticket) -> bool:
+        """A free slot, the ticket's node free for it, and no older ticket waiting that could
+        run now or that waits for the same node."""
+        if self._free <= 0 or self._blocked(ticket):
+            return False
+        for other in sorted(self._waiting):
+            if other == ticket:
+                return True
+            if other.node == ticket.node or not self._blocked(other):
+                return False
+        return False
+
+    def _acquire(self, priority: int, node: int, exclusive: bool) -> None:
+        """Wait for a slot token for a message to ``node``; cells with a lower ``priority``
+        (earlier cells) go first."""
+        ticket = _Ticket(priority, next(self._tickets), threading.get_ident(), node, exclusive)
         with self._cond:
             heapq.heappush(self._waiting, ticket)
             try:
-                while not (self._free > 0 and self._waiting[0] == ticket):
+                while not self._grantable(ticket):
                     self._check_stop()
                     self._cond.wait(0.2)
             except EngineStopped:
@@ -340,33 +381,47 @@ class Broker:
                 heapq.heapify(self._waiting)
                 self._cond.notify_all()
                 raise
-            heapq.heappop(self._waiting)
+            self._waiting.remove(ticket)
+            heapq.heapify(self._waiting)
             self._free -= 1
+            self._busy[node] = self._busy.get(node, 0) + 1
+            if exclusive:
+                self._exclusive_busy[node] = self._exclusive_busy.get(node, 0) + 1
             self._cond.notify_all()
 
-    def _release(self) -> None:
+    def _release(self, node: int, exclusive: bool) -> None:
         with self._cond:
-            self._free += 1
+            self._free_slot(node, exclusive)
             self._cond.notify_all()
+
+    def _free_slot(self, node: int, exclusive: bool) -> None:
+        """Return a slot token and the node's place (caller holds ``_cond``)."""
+        self._free += 1
+        self._busy[node] -= 1
+        if exclusive:
+            self._exclusive_busy[node] -= 1
 
     # -- messages
 
-    def push(self, message: Message, priority: int) -> str | None:
-        """Push ``message`` once a client slot is free; its id (None if the Grid refused it)."""
-        self._acquire(priority)
+    def push(self, message: Message, priority: int, exclusive: bool = False) -> str | None:
+        """Push ``message`` once a client slot is free (and, if ``exclusive``, its node idle);
+        its id (None if the Grid refused it)."""
+        node = int(message.metadata.dst_node_id)
+        self._acquire(priority, node, exclusive)
         message.metadata.created_at = time.time()
         try:
             with self._grid_lock:
                 ids = list(self.grid.push_messages([message]))
         except BaseException:
-            self._release()
+            self._release(node, exclusive)
             raise
         if not ids:
-            self._release()
+            self._release(node, exclusive)
             log(WARNING, "the Grid refused a message to node %s", message.metadata.dst_node_id)
             return None
         with self._cond:
             self._pending.add(ids[0])
+            self._placed[ids[0]] = (node, exclusive)
         return ids[0]
 
     def take(self, message_ids: Iterable[str]) -> list[Message]:
@@ -405,7 +460,7 @@ class Broker:
                         if mid not in self._pending:
                             continue
                         self._pending.discard(mid)
-                        self._free += 1
+                        self._free_slot(*self._placed.pop(mid))
                         if mid in self._abandoned:
                             self._abandoned.discard(mid)
                         else:
@@ -418,10 +473,13 @@ class Broker:
 class CellGrid(Grid):
     """What one cell's ServerApp sees of the shared Grid (see the module docstring)."""
 
-    def __init__(self, broker: Broker, num_clients: int, priority: int) -> None:
+    def __init__(
+        self, broker: Broker, num_clients: int, priority: int, exclusive: bool = False
+    ) -> None:
         self.broker = broker
         self.num_clients = int(num_clients)
         self.priority = int(priority)
+        self.exclusive = bool(exclusive)
         self._mine: set[str] = set()
 
     def set_run(self, run: Any) -> None:  # the shared Grid's run is already set
@@ -466,7 +524,7 @@ class CellGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         ids = []
         for message in messages:
-            mid = self.broker.push(self._with_partition(message), self.priority)
+            mid = self.broker.push(self._with_partition(message), self.priority, self.exclusive)
             if mid is not None:
                 ids.append(mid)
                 self._mine.add(mid)
@@ -567,7 +625,8 @@ class SweepServer:
         self, broker: Broker, job: CellJob, priority: int, gate: threading.BoundedSemaphore
     ) -> None:
         start = time.perf_counter()
-        grid = CellGrid(broker, job.config["num-clients"], priority)
+        exclusive = keeps_trained_model(job.config)
+        grid = CellGrid(broker, job.config["num-clients"], priority, exclusive)
         result = CellResult(job.key, job.config)
         try:
             try:

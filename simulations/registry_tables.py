@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedlmc.architectures import MODELS
-from fedlmc.methods import CALIBRATED_SUFFIX, METHODS, REFERENCE_METHODS
+from fedlmc.methods import CALIBRATED_SUFFIX, METHODS, REFERENCE_METHODS, MergeMethod
 from simulations.config import FEDAVG, option_key, run_schema
 
 __all__ = ["keys_table", "methods_table", "models_table"]
@@ -27,21 +27,29 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _data_source(method: MergeMethod) -> str:
+    if method.needs_clients:
+        return 'each client\'s own (federation only: `strategy = "aligned"`)'
+    if method.needs_server_data and method.clients_for_data:
+        return "server split, or the clients' (calibration = federated)"
+    return "server split" if method.needs_server_data else "none"
+
+
 def methods_table() -> str:
     """Every registered merge method with what it needs, then the reference rows."""
     rows = [
         [
             f"`{m.name}`, `{m.name}{CALIBRATED_SUFFIX}`",
-            _yes(m.needs_server_data),
+            _data_source(m),
             _yes(m.many_clients),
             _yes(m.reestimate_bn),
             m.description,
         ]
         for m in METHODS
     ]
-    rows += [[f"`{name}`", "no", "yes", "-", text] for name, text in REFERENCE_METHODS.items()]
-    rows.append([f"`{FEDAVG}`", "no", "yes", "no", FEDAVG_DESCRIPTION])
-    header = ["method (rows)", "server data", "N > 2", "BN re-estimated", "what"]
+    rows += [[f"`{name}`", "none", "yes", "-", text] for name, text in REFERENCE_METHODS.items()]
+    rows.append([f"`{FEDAVG}`", "none", "yes", "no", FEDAVG_DESCRIPTION])
+    header = ["method (rows)", "data it needs", "N > 2", "BN re-estimated", "what"]
     return _table(header, rows)
 
 

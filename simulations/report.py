@@ -549,6 +549,44 @@ MEAN_TABLES = (
 :mod:`fedlmc.rows`, whose docstring defines them."""
 
 
+def temperature_gap_section(rows: pd.DataFrame, kind: str) -> list[str]:
+    """``log T - log T_server_split`` per method (and calibration-holdout when it varies) and
+    width: how far the temperature the strategy fitted (federated: on the clients' data) is
+    from the one the server split gives for the same merged model."""
+    if not has_values(rows, "temperature_server_split"):
+        return []
+    subset = rows[rows["temperature_server_split"].notna() & rows["temperature"].notna()].copy()
+    subset["log_t_gap"] = np.log(subset["temperature"]) - np.log(subset["temperature_server_split"])
+    if "calibration-holdout" in subset and subset["calibration-holdout"].nunique() > 1:
+        subset["method"] = subset["method"] + subset["calibration-holdout"].map(
+            lambda h: f" (calibration-holdout {h:g})"
+        )
+    labels = list(dict.fromkeys(subset["method"]))
+    return [
+        "## Temperature: log T (as calibrated) - log T (fitted on the server split)",
+        "",
+        "Same merged model; 0 = the calibration agrees with the server split; negative = a "
+        "lower (sharper) temperature. Federated calibration fits on the clients' data: their "
+        "held-out shares (calibration-holdout > 0) or their training data (= 0).",
+        "",
+        markdown_table(mean_spread_table(subset, "log_t_gap", labels, kind), "method"),
+        "",
+    ]
+
+
+def communication_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[str]:
+    """Mean ``bytes_sent_by_clients`` (kB) and ``rounds`` per method and width."""
+    if not has_values(rows, "bytes_sent_by_clients") or not has_values(rows, "rounds"):
+        return []
+    subset = rows[rows["method"].isin(methods)].assign(
+        kilobytes=rows["bytes_sent_by_clients"] / 1e3
+    )
+    lines = ["## Communication: what the clients sent (kB) and message rounds, mean over cells", ""]
+    for column in ("kilobytes", "rounds"):
+        lines += [markdown_table(mean_spread_table(subset, column, methods, "none"), "method"), ""]
+    return lines
+
+
 def report_markdown(
     results: pd.DataFrame,
     record: dict[str, Any],
@@ -618,7 +656,9 @@ def report_markdown(
                 markdown_table(mean_spread_table(rows, "temperature", calibrated, kind), "method"),
                 "",
             ]
-        for axis in ("alpha", "num-clients", "weight-decay", "partition"):
+        lines += temperature_gap_section(rows, kind)
+        lines += communication_section(rows, methods)
+        for axis in ("alpha", "num-clients", "weight-decay", "partition", "calibration-holdout"):
             subset = axis_rows(rows, axis)
             if axis in varying_keys(subset):
                 lines += [

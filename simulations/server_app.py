@@ -15,9 +15,15 @@
 - ``fedavg``: :class:`strategies.FedAvgBaseline` over ``fedavg-rounds`` rounds; row ``fedavg``.
 
 Every row gets ``clients_survived``,
-``clients_failed`` (``"partition P: reason; ..."``), ``bytes_sent_by_clients`` (tensor bytes of
-the clients' replies, calibration queries included), ``train_seconds`` (sum of the survivors'
-training times) and ``round_seconds`` (wall time of the strategy). With a non-empty ``out-dir``
+``clients_failed`` (``"partition P: reason; ..."``), ``bytes_sent_by_clients`` (what the clients
+sent: the tensor bytes of their trained weights, every round, plus the payload of every query
+reply, calibration, statistics and alignment rounds included: tensors and 8 bytes per metric
+number), ``rounds`` (message rounds with the clients: training rounds plus query rounds),
+``train_seconds`` (sum of the survivors' training times) and ``round_seconds`` (wall time of the
+strategy). The ``_t`` rows of ``average``/``aligned`` also get ``temperature_server_split``: the
+temperature fitted on the server split for the same merged model, beside the row's
+``temperature`` (fitted where ``calibration`` says: with ``federated``, on the clients' held-out
+data). With a non-empty ``out-dir``
 the server writes ``results.csv`` (atomically, :func:`fedlmc.io.atomic_write`) and the merged
 weights ``merged-<method>.safetensors`` (one file per merge, shared by a method and its ``_t``);
 ``results.csv`` also has the run-config columns (hyphenated keys), the in-process table
@@ -101,12 +107,15 @@ def failures_text(report: RoundReport) -> str:
     return "; ".join(" ".join(f.describe().split())[:300] for f in report.failures)
 
 
-def round_columns(report: RoundReport, bytes_sent: int, seconds: float) -> dict[str, Any]:
-    """Columns describing the training round behind a row."""
+def round_columns(
+    report: RoundReport, bytes_sent: int, seconds: float, rounds: int
+) -> dict[str, Any]:
+    """Columns describing the rounds behind a row (see the module docstring)."""
     return {
         "clients_survived": len(report.survivors),
         "clients_failed": failures_text(report),
         "bytes_sent_by_clients": int(bytes_sent),
+        "rounds": int(rounds),
         "train_seconds": float(sum(u.metrics.get("train-seconds", 0.0) for u in report.survivors)),
         "round_seconds": float(seconds),
     }
@@ -225,7 +234,7 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     start = time.perf_counter()
     comparison = compare_cell(config, template, states, weights, splits, device)
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
-    columns = round_columns(report, result_bytes(result), seconds)
+    columns = round_columns(report, result_bytes(result), seconds, rounds=1)
     outcome.rows.extend({**row, **columns} for row in comparison.rows)
     outcome.merged.update(comparison.merged)
     if FEDAVG in method_list(config):
@@ -259,12 +268,16 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     outcome.merged[base] = merged
     model = load_state(template, merged).to(device).eval()
     endpoints = endpoint_metrics(template, [u.state for u in report.survivors], splits, device)
-    columns = round_columns(report, result_bytes(result), seconds)
+    metrics = result.train_metrics_clientapp[1]
+    rounds = 1 + int(metrics["query-rounds"])
+    columns = round_columns(report, result_bytes(result), seconds, rounds)
     n = len(report.survivors)
     rows = [merged_row(base, model, splits, None, endpoints, n, device)]
     if config["calibration"] != "none":
-        temperature = float(result.train_metrics_clientapp[1]["temperature"])
-        rows.append(merged_row(f"{base}_t", model, splits, temperature, endpoints, n, device))
+        temperature = float(metrics["temperature"])
+        row = merged_row(f"{base}_t", model, splits, temperature, endpoints, n, device)
+        row["temperature_server_split"] = float(metrics["server-split-temperature"])
+        rows.append(row)
     outcome.rows.extend({**row, **strategy.merge_info, **columns} for row in rows)
 
 
@@ -285,7 +298,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     outcome.merged[FEDAVG] = merged
     model = load_state(template, merged).to(device).eval()
     row = merged_row(FEDAVG, model, splits, None, [], len(last.survivors), device)
-    columns = round_columns(last, result_bytes(result), seconds)
+    columns = round_columns(last, result_bytes(result), seconds, rounds)
     columns["train_seconds"] = float(
         sum(
             u.metrics.get("train-seconds", 0.0)

@@ -32,11 +32,13 @@ from fedlmc.architectures import model_entry
 from fedlmc.data import DataSplits, load_dataset, partition
 from fedlmc.evaluation import resolve_device
 from fedlmc.models import build_model
+from fedlmc.splits import stratified_split
 from fedlmc.train import seed_everything
-from simulations.config import option_key, run_schema, validate_run_config
+from simulations.config import calibration_holdout, option_key, run_schema, validate_run_config
 
 Data = tuple[Tensor, Tensor]
 
+HOLDOUT_STREAM = 1_000_000  # the "round" of the holdout split's seed (no run has that many rounds)
 _LOAD_LOCK = threading.RLock()  # one thread loads a data set or partitioning, others wait
 _BUILD_LOCK = threading.RLock()  # seeding the global RNG + drawing the initial weights
 
@@ -144,6 +146,44 @@ def client_data(config: Mapping[str, Any], partition_id: int, num_partitions: in
             int(config["classes-per-client"]),
         )
     return parts[partition_id]
+
+
+def split_for_calibration(
+    config: Mapping[str, Any], data: Data, partition_id: int
+) -> tuple[Data, Data]:
+    """``(train, calibration)`` of one client's partition ``data``: a stratified
+    :func:`~simulations.config.calibration_holdout` share (seeded by ``(seed, partition-id)``) is
+    held out from training for federated calibration; with no holdout both are the whole
+    partition (in-sample calibration). ``ValueError`` when the share holds out no example or
+    all of them."""
+    share = calibration_holdout(config)
+    if share == 0.0:
+        return data, data
+    x, y = data
+    seed = client_seed(config["seed"], partition_id, server_round=HOLDOUT_STREAM)
+    keep, held = (torch.from_numpy(i) for i in stratified_split(y.numpy(), share, seed))
+    if len(held) == 0 or len(keep) == 0:
+        raise ValueError(
+            f"calibration-holdout = {share} of partition {partition_id}'s {len(y)} examples "
+            f"holds out {len(held)}; allowed: a share leaving at least one example on each side"
+        )
+    return (x[keep], y[keep]), (x[held], y[held])
+
+
+def client_train_data(config: Mapping[str, Any], partition_id: int, num_partitions: int) -> Data:
+    """What a client trains on (and measures BatchNorm/REPAIR statistics and activations on): its
+    partition minus the calibration holdout (:func:`split_for_calibration`)."""
+    data = client_data(config, partition_id, num_partitions)
+    return split_for_calibration(config, data, partition_id)[0]
+
+
+def client_calibration_data(
+    config: Mapping[str, Any], partition_id: int, num_partitions: int
+) -> Data:
+    """What a client answers temperature queries on: its held-out share under federated
+    calibration, else its whole partition (:func:`split_for_calibration`)."""
+    data = client_data(config, partition_id, num_partitions)
+    return split_for_calibration(config, data, partition_id)[1]
 
 
 def build_from_config(

@@ -9,26 +9,34 @@ with :math:`n_i` the client's ``num-examples`` and :math:`\pi_i` the identity
 (:class:`OneShotAverage`) or the permutations of a registered merge method
 (:class:`PermutationAlignedAverage`, :mod:`fedlmc.methods`: weight or activation matching,
 MergeMany, the random-permutation control, ...).
-Then, for BatchNorm models, the merged model's running statistics are re-estimated, and one
-softmax temperature :math:`T` is fitted (``calibration``):
+Then, for BatchNorm models, the merged model's running statistics are re-estimated, REPAIR
+methods renormalise the hidden units of models without BatchNorm, and one softmax temperature
+:math:`T` is fitted (``calibration``):
 
-- ``"server"``: on the server's own held-out data (``server_data``);
-- ``"federated"``: on the clients' training data without moving it. The server sends the
-  merged weights and values of :math:`u = \log T` in ``query.temperature`` messages; each client
-  returns, per value, 4 sums over its samples (count, NLL, dNLL/du, d²NLL/du²), which the server
-  adds up. Round 1 asks for a grid of ``temperature_grid_points`` values over
-  ``[log T_MIN, log T_MAX]`` and takes a Newton step from the grid's best point; then
-  :func:`fedlmc.calibrate.fit_temperature_federated` refines it with Newton rounds of one value
-  each (usually one suffices). Every message round costs a ClientApp start in a deployment
-  (SuperNodes start a process per message), hence the grid. Summing is exact, so the result
-  equals a centralised fit on the survivors' data. BN statistics come from one
-  ``query.bn_stats`` round (per-layer sums, sums of squares and counts);
+- ``"server"``: on the server's own held-out data (``server_data``); BatchNorm and REPAIR
+  statistics come from it too;
+- ``"federated"``: on the clients' held-out data without moving it (each client holds out a
+  share of its partition from training, the run config's ``calibration-holdout``). Every
+  data-dependent step after the merge runs on the clients through query rounds
+  (:class:`strategies.queries.ClientRounds`): BatchNorm statistics (``query.bn_stats``), REPAIR's
+  per-unit statistics (``query.unit_stats``), ``auto``'s calibrated NLLs, and the temperature:
+  a grid of ``temperature_grid_points`` values of :math:`u = \log T` in one round, then Newton
+  rounds of one value each (usually one). Sums are exact, so the result equals a centralised fit
+  on the survivors' calibration data. Every message round costs a ClientApp start in a
+  deployment (SuperNodes start a process per message), hence the grid;
 - ``"none"``: :math:`T = 1` (BN statistics, if any, still re-estimated on ``server_data``).
+
+The ``activation_federated`` method aligns on the clients whatever the calibration: one
+``query.align`` round in which every client but the first matches its own model to client 0's
+on its own data and returns only permutation indices.
 
 Where the results travel. ``strategy.start(...)`` returns Flower's ``Result``: ``result.arrays``
 holds the merged (BN-re-estimated) weights and ``result.train_metrics_clientapp[1]`` is a
-MetricRecord with ``temperature``, ``log-temperature``, ``clients-survived``, ``clients-failed``,
-``bytes-received`` (tensor bytes of every reply's arrays, calibration replies included),
+MetricRecord with ``temperature``, ``log-temperature``, ``server-split-temperature`` (the
+temperature fitted on the server split for the same merged model when the server holds data,
+a reference for the federated one; NaN otherwise), ``clients-survived``, ``clients-failed``,
+``bytes-received`` (tensor bytes of the trained weights plus the payload of every query reply,
+:func:`strategies.protocol.payload_bytes`), ``query-rounds`` (message rounds after training),
 ``bn-reestimated`` (0/1) and the num-examples-weighted means of the clients' training metrics.
 Shared with the FedAvg baseline (:class:`strategies.base.ScreenedFedAvg`): waiting for every node,
 screening the replies, the client counts.
@@ -50,56 +58,19 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.supercore import log
 from torch import Tensor, nn
 
-from fedlmc.calibrate import (
-    LOG_T_MAX,
-    LOG_T_MIN,
-    BNStats,
-    TemperatureStats,
-    apply_bn_statistics,
-    combine_bn_statistics,
-    combine_temperature_statistics,
-    fit_temperature,
-    fit_temperature_federated,
-    has_batchnorm,
-    newton_step,
-    reset_bn_stats,
-)
+from fedlmc.calibrate import apply_bn_statistics, fit_temperature, has_batchnorm, reset_bn_stats
 from fedlmc.evaluation import predict_logits, resolve_device
 from fedlmc.merge import load_state
 from fedlmc.methods import AUTO_TOLERANCE, merge_method, merge_with_info
 from fedlmc.permutation import PermutationSpec
 from fedlmc.repair import repair
 from strategies.base import ScreenedFedAvg
-from strategies.common import (
-    ClientUpdate,
-    NotEnoughClientsError,
-    RoundReport,
-    StateDict,
-    query_nodes,
-)
-from strategies.protocol import (
-    BN_QUERY,
-    NUM_EXAMPLES_KEY,
-    TEMPERATURE_QUERY,
-    bn_stats_from_content,
-    metric_record,
-    query_content,
-    state_to_record,
-    temperature_stats_from_content,
-    tensor_bytes,
-)
+from strategies.common import ClientUpdate, RoundReport, StateDict
+from strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
+from strategies.queries import ClientRounds, temperature_grid
 
 Data = tuple[Tensor, Tensor]
 CALIBRATIONS = ("server", "federated", "none")
-NEWTON_TOL = 1e-4  # after the grid start one Newton round is usually within this
-
-
-def temperature_grid(points: int) -> list[float]:
-    """``points`` evenly spaced values of log T from log T_MIN to log T_MAX."""
-    if points < 2:
-        raise ValueError(f"temperature_grid_points = {points}; allowed: an integer >= 2")
-    step = (LOG_T_MAX - LOG_T_MIN) / (points - 1)
-    return [LOG_T_MIN + i * step for i in range(points)]
 
 
 def _check_choice(what: str, value: Any, allowed: Sequence[str]) -> str:
@@ -176,6 +147,8 @@ class OneShotAverage(ScreenedFedAvg):
         self.calibration_history: list[dict[str, float]] = []
         self.bn_source = "none"
         self.query_bytes = 0
+        self.query_rounds = 0
+        self.server_split_temperature = math.nan
         self.merged_state: StateDict | None = None
         self.seed = 0
         self.spec: PermutationSpec | None = None
@@ -200,41 +173,68 @@ class OneShotAverage(ScreenedFedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Screen the replies, merge the survivors, re-estimate BN, fit the temperature."""
-        self.query_bytes = 0
+        """Screen the replies, merge the survivors, re-estimate BN, REPAIR, fit the temperature."""
         report = self.screen(server_round, replies)
         self.report = report
+        clients = self.client_rounds(report.survivors)
         states = [u.state for u in report.survivors]
         weights = [float(u.num_examples) for u in report.survivors]
-        merged, aligned = self.merge(states, weights)
+        merged, aligned = self.merge(states, weights, clients)
         model = load_state(self.template, merged).to(self.device).eval()
-        self.bn_source = self.reestimate_batchnorm(model, report.survivors)
-        model = self.repair_units(model, aligned, weights)
+        self.bn_source = self.reestimate_batchnorm(model, clients)
+        model = self.repair_units(model, aligned, weights, clients)
         final = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         self.merged_state = final
         arrays = state_to_record(final)
-        self.temperature = self.calibrate_temperature(model, arrays, report.survivors)
+        self.temperature = self.calibrate_temperature(model, arrays, clients)
+        self.query_rounds, self.query_bytes = clients.rounds, clients.bytes_received
         if not self.keep_client_states:
             for update in report.survivors:
                 update.state = {}
         log(
             INFO,
-            "aggregate_train: merged %d clients %s (%s), temperature %.4f",
+            "aggregate_train: merged %d clients %s (%s), temperature %.4f, %d query rounds",
             len(states),
             report.survivor_ids,
             self.merge_method,
             self.temperature,
+            self.query_rounds,
         )
         return arrays, metric_record(self.round_metrics(report))
+
+    def client_rounds(self, survivors: Sequence[ClientUpdate]) -> ClientRounds:
+        """The query rounds on this round's survivors (:class:`strategies.queries.ClientRounds`)."""
+        return ClientRounds(
+            self._grid,
+            survivors,
+            self._round_config,
+            template=self.template,
+            device=self.device,
+            timeout=self.query_timeout,
+            min_clients=self.min_clients,
+            grid_points=self.temperature_grid_points,
+            newton_steps=self.temperature_steps,
+        )
+
+    @property
+    def on_clients(self) -> bool:
+        """Whether the data-dependent steps after the merge use the clients' data."""
+        return self.calibration == "federated"
 
     # ------------------------------------------------------------------------- merge
 
     def merge(
-        self, states: Sequence[StateDict], weights: Sequence[float]
+        self,
+        states: Sequence[StateDict],
+        weights: Sequence[float],
+        clients: ClientRounds | None = None,
     ) -> tuple[StateDict, list[StateDict]]:
-        r""":func:`fedlmc.methods.merge_states` with this strategy's ``merge_method``:
+        r""":func:`fedlmc.methods.merge_with_info` with this strategy's ``merge_method``:
         :math:`\sum_i w_i \pi_i(\theta_i)` (plain average: :math:`\pi_i = \mathrm{id}`) and the
-        clients in the merged basis."""
+        clients in the merged basis. ``clients`` reach the method when it runs on the clients
+        (``activation_federated``) or takes their data under federated calibration (``auto``)."""
+        entry = merge_method(self.merge_method)
+        uses_clients = entry.needs_clients or (entry.clients_for_data and self.on_clients)
         merged, aligned, self.merge_info = merge_with_info(
             self.merge_method,
             self.template,
@@ -245,28 +245,37 @@ class OneShotAverage(ScreenedFedAvg):
             device=self.device,
             spec=self.spec,
             options=self.method_options,
+            clients=clients if uses_clients else None,
         )
         return merged, aligned
 
     def repair_units(
-        self, model: nn.Module, aligned: Sequence[StateDict], weights: Sequence[float]
+        self,
+        model: nn.Module,
+        aligned: Sequence[StateDict],
+        weights: Sequence[float],
+        clients: ClientRounds | None = None,
     ) -> nn.Module:
-        """REPAIR (:func:`fedlmc.repair.repair`) on the server data's inputs when the merge
-        method asks for it and the model has no BatchNorm (whose re-estimation is REPAIR)."""
+        """REPAIR when the merge method asks for it and the model has no BatchNorm (whose
+        re-estimation is REPAIR): on the clients' training data under federated calibration
+        (:meth:`ClientRounds.repair`), else on the server data's inputs
+        (:func:`fedlmc.repair.repair`)."""
         if not merge_method(self.merge_method).repair or has_batchnorm(model) or len(aligned) < 2:
             return model
         endpoints = [load_state(self.template, sd).to(self.device).eval() for sd in aligned]
+        if self.on_clients:
+            return clients.repair(model, endpoints, weights).eval()
         return repair(model, endpoints, weights, self.server_data[0]).eval()
 
     # ------------------------------------------------------------------------- calibration
 
-    def reestimate_batchnorm(self, model: nn.Module, survivors: Sequence[ClientUpdate]) -> str:
+    def reestimate_batchnorm(self, model: nn.Module, clients: ClientRounds | None = None) -> str:
         """Reset BN running statistics in place (unless the merge method opts out); returns where
         they came from."""
         if not has_batchnorm(model) or not merge_method(self.merge_method).reestimate_bn:
             return "none"
-        if self.calibration == "federated":
-            apply_bn_statistics(model, self.federated_bn_statistics(model, survivors))
+        if self.on_clients:
+            apply_bn_statistics(model, clients.bn_statistics(model))
             model.eval()
             return "federated"
         if self.server_data is not None:
@@ -277,88 +286,23 @@ class OneShotAverage(ScreenedFedAvg):
         return "none"
 
     def calibrate_temperature(
-        self, model: nn.Module, arrays: ArrayRecord, survivors: Sequence[ClientUpdate]
+        self, model: nn.Module, arrays: ArrayRecord, clients: ClientRounds | None = None
     ) -> float:
-        """:math:`T` by the configured calibration; fills ``calibration_history``."""
+        """:math:`T` by the configured calibration; fills ``calibration_history`` and, when the
+        server holds data, ``server_split_temperature`` (the temperature fitted on the server
+        split for the same model, a reference for the federated one)."""
         self.calibration_history = []
+        self.server_split_temperature = math.nan
+        if self.server_data is not None and self.calibration != "none":
+            x, y = self.server_data
+            logits = predict_logits(model, x, device=self.device)
+            self.server_split_temperature = float(fit_temperature(logits, y))
         if self.calibration == "none":
             return 1.0
         if self.calibration == "server":
-            x, y = self.server_data
-            return float(fit_temperature(predict_logits(model, x, device=self.device), y))
-        nodes = [u.node_id for u in survivors]
-        start, first = self._temperature_grid_start(arrays, nodes)
-        temperature, history = fit_temperature_federated(
-            lambda log_t: [c[0] for c in self._temperature_query(arrays, nodes, [log_t])],
-            log_t0=start,
-            steps=self.temperature_steps,
-            tol=NEWTON_TOL,
-        )
-        self.calibration_history = [first, *history]
-        return float(temperature)
-
-    def _temperature_grid_start(
-        self, arrays: ArrayRecord, nodes: Sequence[int]
-    ) -> tuple[float, dict[str, float]]:
-        r"""One query for the NLL sums on a grid of :math:`u = \log T` over
-        ``[log T_MIN, log T_MAX]``; returns a Newton step from the grid's best point (the start
-        of :func:`fedlmc.calibrate.fit_temperature_federated`) and that point's history entry."""
-        grid = temperature_grid(self.temperature_grid_points)
-        per_client = self._temperature_query(arrays, nodes, grid)
-        combined = [
-            combine_temperature_statistics([client[i] for client in per_client])
-            for i in range(len(grid))
-        ]
-        best = min(range(len(grid)), key=lambda i: combined[i].nll_sum)
-        stats = combined[best]
-        entry = {
-            "round": -1,
-            "log_t": grid[best],
-            "temperature": math.exp(grid[best]),
-            "nll": stats.nll_sum / stats.count,
-            "grad": stats.grad_sum,
-            "hess": stats.hess_sum,
-            "clients": len(per_client),
-        }
-        return newton_step(stats, grid[best]), entry
-
-    def _query(self, action: str, arrays: ArrayRecord, nodes: Sequence[int], extra: Mapping):
-        if self._grid is None:
-            raise RuntimeError("federated calibration needs the grid of configure_train")
-        config = {k: v for k, v in self._round_config.items() if k != "server-round"}
-        config.update(extra)
-        answers, failures = query_nodes(
-            self._grid, nodes, action, lambda: query_content(arrays, config), self.query_timeout
-        )
-        for failure in failures:
-            log(WARNING, "%s query failed for %s", action, failure.describe())
-        self.query_bytes += sum(
-            tensor_bytes(record) for c in answers.values() for record in c.array_records.values()
-        )
-        if len(answers) < self.min_clients:
-            raise NotEnoughClientsError(
-                f"only {len(answers)} client(s) answered the {action} query "
-                f"(min-clients = {self.min_clients}); failures: "
-                + "; ".join(f.describe() for f in failures)
-            )
-        return [answers[n] for n in nodes if n in answers]
-
-    def _temperature_query(
-        self, arrays: ArrayRecord, nodes: Sequence[int], points: Sequence[float]
-    ) -> list[list[TemperatureStats]]:
-        """Per answering client, its statistics at each of ``points`` (one message round)."""
-        extra = {"log-t": [float(u) for u in points]}
-        answers = self._query(TEMPERATURE_QUERY, arrays, nodes, extra)
-        return [temperature_stats_from_content(content) for content in answers]
-
-    def federated_bn_statistics(
-        self, model: nn.Module, survivors: Sequence[ClientUpdate]
-    ) -> dict[str, BNStats]:
-        """Per-layer BN input moments summed over the survivors' training data."""
-        arrays = state_to_record(model.state_dict())
-        nodes = [u.node_id for u in survivors]
-        answers = self._query(BN_QUERY, arrays, nodes, {})
-        return combine_bn_statistics([bn_stats_from_content(c) for c in answers])
+            return self.server_split_temperature
+        temperature, self.calibration_history = clients.fit_temperature(arrays)
+        return temperature
 
     # ------------------------------------------------------------------------- metrics
 
@@ -369,7 +313,9 @@ class OneShotAverage(ScreenedFedAvg):
             {
                 "temperature": float(self.temperature),
                 "log-temperature": float(math.log(self.temperature)),
+                "server-split-temperature": float(self.server_split_temperature),
                 "bn-reestimated": int(self.bn_source != "none"),
+                "query-rounds": int(self.query_rounds),
             }
         )
         return metrics
@@ -381,9 +327,9 @@ class PermutationAlignedAverage(OneShotAverage):
     ``method`` is any registered merge method but ``average`` (:mod:`fedlmc.methods`;
     built in: ``weight_matching`` and ``activation_matching`` permute every client onto client
     0, the lowest partition id, ``merge_many`` runs MergeMany, ``random_permutation`` is the
-    scrambled control), then :math:`\sum_i w_i \pi_i(\theta_i)`. Methods that need server
-    inputs (activation matching) use ``server_data``'s. ``spec`` overrides the template's
-    permutation spec.
+    scrambled control, ``activation_federated`` matches activations on the clients), then
+    :math:`\sum_i w_i \pi_i(\theta_i)`. Methods that need server inputs (activation matching)
+    use ``server_data``'s. ``spec`` overrides the template's permutation spec.
     """
 
     def __init__(
@@ -400,7 +346,8 @@ class PermutationAlignedAverage(OneShotAverage):
         entry = merge_method(method)
         if entry.name == "average":
             raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")
-        if entry.needs_server_data and self.server_data is None:
+        on_clients = entry.clients_for_data and self.calibration == "federated"
+        if entry.needs_server_data and self.server_data is None and not on_clients:
             raise ValueError(f"method = {method!r} needs server_data for its inputs; got None")
         self.merge_method = entry.name
         self.seed = int(seed)
@@ -410,9 +357,10 @@ class PermutationAlignedAverage(OneShotAverage):
 
 class AutoMerge(PermutationAlignedAverage):
     """The ``auto`` merge (:func:`fedlmc.methods.automatic_choice`): plain averaging when its
-    calibrated NLL on the server data is within ``tolerance`` nats of the endpoints', else the
-    better of it and weight matching. ``strategy.merge_info`` holds ``auto_choice`` and
-    ``auto_nll_gap`` after the round."""
+    calibrated NLL is within ``tolerance`` nats of the endpoints', else the better of it and
+    weight matching; the NLLs are measured on the server data, or, with ``calibration =
+    "federated"``, on the clients' held-out data (no server data needed).
+    ``strategy.merge_info`` holds ``auto_choice`` and ``auto_nll_gap`` after the round."""
 
     def __init__(
         self, template: nn.Module, *, tolerance: float = AUTO_TOLERANCE, **kwargs: Any

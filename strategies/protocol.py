@@ -10,6 +10,15 @@ Both sides import this module: the ClientApp encodes, the strategies decode. Mes
   (:func:`temperature_stats_to_content`).
 - ``query.bn_stats`` (:data:`BN_QUERY`): the merged weights in; per BatchNorm layer, sums, sums of
   squares and counts of its inputs (:func:`bn_stats_to_content`).
+- ``query.unit_stats`` (:data:`UNIT_STATS_QUERY`, REPAIR): a model and a ``layers`` list in; per
+  layer, per-unit sums, sums of squares and the count of its outputs
+  (:func:`unit_stats_to_content`).
+- ``query.align`` (:data:`ALIGN_QUERY`, client-side activation matching): the reference model in;
+  the permutations of the client's own trained model (int32 index arrays, one per group) and the
+  SHA-256 digest of the weights they apply to (:func:`permutations_to_content`).
+
+Sizes: :func:`tensor_bytes` counts a record's tensors; :func:`payload_bytes` a whole reply (its
+tensors plus 8 bytes per metric number), which is what the strategies count for query replies.
 
 A failed client replies with a Flower ``Error`` whose code is :data:`ERROR_TRAIN_FAILED` or
 :data:`ERROR_QUERY_FAILED` and whose reason starts with ``partition-id=P:``.
@@ -17,7 +26,8 @@ A failed client replies with a Flower ``Error`` whose code is :data:`ERROR_TRAIN
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +36,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
 from fedlmc.calibrate import BNStats, TemperatureStats
+from fedlmc.repair import UnitStats
 
 StateDict = dict[str, Tensor]
 Shapes = dict[str, tuple[int, ...]]
@@ -37,6 +48,9 @@ ERROR_TRAIN_FAILED = 1001
 ERROR_QUERY_FAILED = 1002
 TEMPERATURE_QUERY = "temperature"
 BN_QUERY = "bn_stats"
+UNIT_STATS_QUERY = "unit_stats"
+ALIGN_QUERY = "align"
+DIGEST_KEY = "state-digest"
 
 
 def state_to_record(state: Mapping[str, Tensor]) -> ArrayRecord:
@@ -59,6 +73,28 @@ def tensor_bytes(record: ArrayRecord) -> int:
     return sum(
         int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize for a in record.values()
     )
+
+
+def payload_bytes(content: RecordDict) -> int:
+    """Bytes of a message's content: its tensors (:func:`tensor_bytes`) plus 8 bytes per metric
+    number (a list counts each element); config records are not counted."""
+    metric_numbers = sum(
+        len(v) if isinstance(v, list) else 1
+        for record in content.metric_records.values()
+        for v in record.values()
+    )
+    return sum(tensor_bytes(r) for r in content.array_records.values()) + 8 * metric_numbers
+
+
+def state_digest(state: Mapping[str, Tensor]) -> str:
+    """SHA-256 over the keys, dtypes, shapes and bytes of a state dict (sorted by key): both sides
+    of ``query.align`` check that a permutation is applied to the weights it was computed on."""
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        array = np.ascontiguousarray(state[key].detach().cpu().numpy())
+        digest.update(f"{key}|{array.dtype}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def single_record(records: Mapping[str, Any], kind: str) -> Any:
@@ -112,28 +148,79 @@ def temperature_stats_from_content(content: RecordDict) -> list[TemperatureStats
     ]
 
 
-def bn_stats_to_content(stats: Mapping[str, BNStats], extra: Mapping[str, int]) -> RecordDict:
-    """A ``query.bn_stats`` reply: arrays ``<layer>/sum``, ``<layer>/sum_sq`` (float64) and
-    metrics ``<layer>/count``."""
+def moments_to_content(
+    stats: Mapping[str, BNStats | UnitStats], extra: Mapping[str, int]
+) -> RecordDict:
+    """A moments reply (``query.bn_stats``, ``query.unit_stats``): arrays ``<layer>/sum``,
+    ``<layer>/sum_sq`` (float64) and metrics ``<layer>/count``."""
     arrays = ArrayRecord()
     counts: dict[str, int] = {k: int(v) for k, v in extra.items()}
     for name, st in stats.items():
         arrays[f"{name}/sum"] = Array(st.sum.double().cpu().numpy())
         arrays[f"{name}/sum_sq"] = Array(st.sum_sq.double().cpu().numpy())
         counts[f"{name}/count"] = int(st.count)
-    return RecordDict({"bn": arrays, "counts": MetricRecord(counts)})
+    return RecordDict({"moments": arrays, "counts": MetricRecord(counts)})
 
 
-def bn_stats_from_content(content: RecordDict) -> dict[str, BNStats]:
-    """Decode a ``query.bn_stats`` reply (inverse of :func:`bn_stats_to_content`)."""
+def moments_from_content(content: RecordDict, kind: Callable[..., Any]) -> dict[str, Any]:
+    """Decode a moments reply into ``kind(sum=, sum_sq=, count=)`` per layer (inverse of
+    :func:`moments_to_content`)."""
     arrays = single_record(content.array_records, "ArrayRecord")
     counts = single_record(content.metric_records, "MetricRecord")
     layers = sorted({key.rsplit("/", 1)[0] for key in arrays})
     return {
-        name: BNStats(
+        name: kind(
             sum=torch.from_numpy(arrays[f"{name}/sum"].numpy().copy()).double(),
             sum_sq=torch.from_numpy(arrays[f"{name}/sum_sq"].numpy().copy()).double(),
             count=int(counts[f"{name}/count"]),
         )
         for name in layers
     }
+
+
+def bn_stats_to_content(stats: Mapping[str, BNStats], extra: Mapping[str, int]) -> RecordDict:
+    """A ``query.bn_stats`` reply (:func:`moments_to_content`)."""
+    return moments_to_content(stats, extra)
+
+
+def bn_stats_from_content(content: RecordDict) -> dict[str, BNStats]:
+    """Decode a ``query.bn_stats`` reply (inverse of :func:`bn_stats_to_content`)."""
+    return moments_from_content(content, BNStats)
+
+
+def unit_stats_to_content(stats: Mapping[str, UnitStats], extra: Mapping[str, int]) -> RecordDict:
+    """A ``query.unit_stats`` reply (:func:`moments_to_content`)."""
+    return moments_to_content(stats, extra)
+
+
+def unit_stats_from_content(content: RecordDict) -> dict[str, UnitStats]:
+    """Decode a ``query.unit_stats`` reply (inverse of :func:`unit_stats_to_content`)."""
+    return moments_from_content(content, UnitStats)
+
+
+def permutations_to_content(
+    perms: Mapping[str, Tensor], digest: str, extra: Mapping[str, int]
+) -> RecordDict:
+    """A ``query.align`` reply: one int32 index array per group (``perm/<group>``), the digest of
+    the weights they permute and ``extra`` metrics."""
+    arrays = ArrayRecord(
+        {f"perm/{g}": Array(p.detach().cpu().numpy().astype(np.int32)) for g, p in perms.items()}
+    )
+    return RecordDict(
+        {
+            "perms": arrays,
+            "digest": ConfigRecord({DIGEST_KEY: digest}),
+            "metrics": metric_record(extra),
+        }
+    )
+
+
+def permutations_from_content(content: RecordDict) -> tuple[dict[str, Tensor], str]:
+    """Decode a ``query.align`` reply: ``({group: int64 indices}, digest)``."""
+    arrays = single_record(content.array_records, "ArrayRecord")
+    digest = single_record(content.config_records, "ConfigRecord")[DIGEST_KEY]
+    perms = {
+        key.split("/", 1)[1]: torch.from_numpy(a.numpy().astype(np.int64))
+        for key, a in arrays.items()
+    }
+    return perms, str(digest)

@@ -181,6 +181,22 @@ def test_permutation_aligned_average(deployment, tmp_path):
     assert (out / "merged-weight_matching.safetensors").exists()
 
 
+def test_client_side_activation_matching_keeps_state_in_the_supernodes(deployment, tmp_path):
+    """Each SuperNode keeps its trained model in its context between the train and the align
+    round; only permutations come back, and the temperature is fitted on held-out shares."""
+    out = tmp_path / "activation_federated"
+    run = flwr_run(
+        deployment,
+        f'strategy="aligned" align="activation_federated" calibration="federated" out-dir="{out}"',
+    )
+    rows = check_run(run, out, ["activation_federated", "activation_federated_t"])
+    assert (rows["rounds"] >= 1 + 1 + 2).all()  # train, align, temperature grid + Newton
+    calibrated = rows[rows.method == "activation_federated_t"].iloc[0]
+    assert 0 < calibrated["temperature"] < 1000 and calibrated["temperature"] != 1.0
+    assert 0 < calibrated["temperature_server_split"] < 1000
+    assert (out / "merged-activation_federated.safetensors").exists()
+
+
 def test_pyproject_run_config_lists_every_schema_key_with_its_default():
     import tomllib
 

@@ -15,7 +15,15 @@ from fedlmc.merge import average, load_state
 from fedlmc.train import train_model
 from simulations.config import validate_run_config
 from simulations.federation import run_federation, run_federation_outcome
-from simulations.task import build_from_config, client_data, client_seed, load_splits, train_options
+from simulations.task import (
+    build_from_config,
+    client_calibration_data,
+    client_data,
+    client_seed,
+    client_train_data,
+    load_splits,
+    train_options,
+)
 from strategies import NotEnoughClientsError
 
 pytestmark = pytest.mark.slow
@@ -126,18 +134,29 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
     assert "non-finite" in report.failures[1].reason
     assert "partition 1" in rows["clients_failed"].iloc[0]
 
-    # The federated temperature equals the centralised fit on the survivors' training data.
+    # The federated temperature equals the centralised fit on the survivors' held-out shares
+    # (calibration-holdout = 0.1 of each partition, never trained on).
     merged = load_file(str(tmp_path / "merged-average.safetensors"))
     splits = load_splits(config)
     model = load_state(build_from_config(config, splits), merged).eval()
-    parts = [client_data(config, pid, 4) for pid in (0, 3)]
+    parts = [client_calibration_data(config, pid, 4) for pid in (0, 3)]
     x = torch.cat([p[0] for p in parts])
     y = torch.cat([p[1] for p in parts])
+    assert len(y) == sum(round(0.1 * len(client_data(config, p, 4)[1])) for p in (0, 3))
     expected = fit_temperature(predict_logits(model, x), y)
-    temperature = outcome.results["average"].train_metrics_clientapp[1]["temperature"]
-    assert temperature == pytest.approx(expected, rel=1e-5)
-    assert rows.loc[rows.method == "average_t", "temperature"].item() == pytest.approx(temperature)
-    assert outcome.results["average"].train_metrics_clientapp[1]["bn-reestimated"] == 1
+    metrics = outcome.results["average"].train_metrics_clientapp[1]
+    assert metrics["temperature"] == pytest.approx(expected, rel=1e-5)
+    calibrated = rows[rows.method == "average_t"].iloc[0]
+    assert calibrated["temperature"] == pytest.approx(metrics["temperature"])
+    on_server = fit_temperature(predict_logits(model, splits.server[0]), splits.server[1])
+    assert calibrated["temperature_server_split"] == pytest.approx(on_server, rel=1e-5)
+    assert metrics["bn-reestimated"] == 1
+    # Clients trained on the rest: num-examples counts what they trained on.
+    trained = [len(client_train_data(config, pid, 4)[1]) for pid in (0, 3)]
+    assert [u.num_examples for u in report.survivors] == trained
+    # Rounds: training, then a BatchNorm statistics round, the temperature grid, Newton rounds.
+    assert calibrated["rounds"] == 1 + metrics["query-rounds"]
+    assert 1 + 1 + 1 <= metrics["query-rounds"] <= 1 + 1 + 8
 
 
 def test_too_few_survivors_is_a_clear_error(tmp_path):

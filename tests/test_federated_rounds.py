@@ -1,0 +1,267 @@
+"""The clients' side of a federation after training: the calibration holdout, client-side
+activation matching kept in the node's context, REPAIR statistics, and the merge methods that
+run on the clients (``activation_federated``, ``auto`` and REPAIR under federated calibration),
+checked against the same computation done centrally on the clients' data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from fedlmc.align import activation_matching
+from fedlmc.calibrate import fit_temperature
+from fedlmc.evaluation import metrics_from_logits, predict_logits
+from fedlmc.merge import average, load_state
+from fedlmc.methods import merge_states, study_methods
+from fedlmc.permutation import apply_permutation, permutation_spec
+from fedlmc.repair import repair, unit_statistics
+from simulations.config import ConfigError, canonical_run_config, validate_run_config
+from simulations.federation import run_federation_outcome
+from simulations.task import (
+    build_from_config,
+    client_calibration_data,
+    client_data,
+    client_train_data,
+    load_splits,
+    split_for_calibration,
+)
+from strategies.protocol import (
+    permutations_from_content,
+    state_digest,
+    state_to_record,
+    unit_stats_from_content,
+)
+
+TINY = {
+    "dataset": "mnist5k",
+    "model": "mlp",
+    "width": 0.25,
+    "depth": 2,
+    "base-hidden": 64,
+    "epochs": 1,
+    "batch-size": 128,
+    "num-clients": 2,
+    "timeout": 120.0,
+}
+FEDERATED = {**TINY, "strategy": "aligned", "calibration": "federated"}
+
+
+# ----------------------------------------------------------------------------- holdout
+
+
+def test_federated_calibration_holds_out_a_stratified_share_never_trained_on():
+    config = validate_run_config({**FEDERATED, "align": "weight_matching"})
+    (x, y) = client_data(config, 1, 2)
+    (xt, yt), (xh, yh) = split_for_calibration(config, (x, y), 1)
+    assert len(yh) == round(0.1 * len(y)) and len(yt) + len(yh) == len(y)
+    rows = {tuple(r.tolist()) for r in x.flatten(1)[:, ::7]}
+    held = {tuple(r.tolist()) for r in xh.flatten(1)[:, ::7]}
+    trained = {tuple(r.tolist()) for r in xt.flatten(1)[:, ::7]}
+    assert held <= rows and not held & trained  # a disjoint share of the partition
+    for label in range(10):  # stratified: every class held out in proportion
+        assert abs(int((yh == label).sum()) - 0.1 * int((y == label).sum())) <= 1
+    assert torch.equal(client_train_data(config, 1, 2)[1], yt)
+    assert torch.equal(client_calibration_data(config, 1, 2)[1], yh)
+
+
+def test_no_holdout_unless_calibration_is_federated():
+    for values in (
+        {**TINY, "strategy": "compare", "calibration": "federated"},
+        {**TINY, "strategy": "average", "calibration": "server"},
+        {**FEDERATED, "calibration-holdout": 0.0},  # in-sample, as in the first release
+    ):
+        config = validate_run_config(values)
+        whole = client_data(config, 0, 2)
+        assert torch.equal(client_train_data(config, 0, 2)[1], whole[1])
+        assert torch.equal(client_calibration_data(config, 0, 2)[1], whole[1])
+    server = canonical_run_config(validate_run_config({**TINY, "calibration-holdout": 0.3}))
+    assert server["calibration-holdout"] == 0.1  # without effect: reset, one cell
+
+
+def test_bad_holdout_is_refused_with_the_value_and_what_is_allowed():
+    with pytest.raises(ConfigError, match=r"calibration-holdout.*1\.0.*\[0, 1\)"):
+        validate_run_config({**FEDERATED, "calibration-holdout": 1.0})
+    config = validate_run_config({**FEDERATED, "calibration-holdout": 0.01})
+    x, y = client_data(config, 0, 2)
+    with pytest.raises(ValueError, match="calibration-holdout = 0.01 of partition 0's 20"):
+        split_for_calibration(config, (x[:20], y[:20]), 0)
+
+
+# ----------------------------------------------------------------------------- ClientApp
+
+
+def node_context(pid: int) -> Context:
+    return Context(
+        run_id=7,
+        node_id=pid + 100,
+        state=RecordDict(),
+        run_config={},
+        node_config={"partition-id": pid, "num-partitions": 2},
+    )
+
+
+def ask(context: Context, message_type: str, config: dict, arrays=None) -> Message:
+    from simulations.client_app import app
+
+    content = RecordDict({"arrays": arrays or ArrayRecord(), "config": ConfigRecord(config)})
+    message = Message(content, dst_node_id=context.node_id, message_type=message_type)
+    reply = app(message, context)
+    assert not reply.has_error() or message_type == "query.align", reply.error.reason
+    return reply
+
+
+def test_client_side_activation_matching_uses_the_model_kept_in_its_context(task_identity):
+    config = {**FEDERATED, "align": "activation_federated"}
+    context = node_context(1)
+    trained = ask(context, "train", {**config, "server-round": 1})
+    own = {
+        k: torch.from_numpy(a.numpy().copy())
+        for k, a in next(iter(trained.content.array_records.values())).items()
+    }
+    kept = [k for k in context.state.array_records if k.startswith("fedlmc-trained/")]
+    assert len(kept) == 1  # kept between the train and the align round
+
+    resolved = validate_run_config(config)
+    splits = load_splits(resolved)
+    reference = build_from_config(resolved, splits, seed=11).eval()
+    reply = ask(context, "query.align", config, state_to_record(reference.state_dict()))
+    perms, digest = permutations_from_content(reply.content)
+    assert digest == state_digest(own)
+    own_model = load_state(build_from_config(resolved, splits), own).eval()
+    x = client_train_data(resolved, 1, 2)[0]
+    expected = activation_matching(reference, own_model, x)
+    assert set(perms) == set(expected)
+    for group, perm in expected.items():
+        assert torch.equal(perms[group], perm)
+    assert (
+        max(a.numpy().itemsize for a in next(iter(reply.content.array_records.values())).values())
+        == 4
+    )
+
+    again = ask(context, "query.align", config, state_to_record(reference.state_dict()))
+    assert again.has_error() and "no trained model of this cell kept" in again.error.reason
+
+
+def test_a_node_keeps_a_bounded_number_of_trained_models(task_identity):
+    from simulations.client_app import KEPT_MODELS, keep_trained_model
+
+    context = node_context(0)
+    record = ArrayRecord({"w": torch.zeros(3)})
+    for index in range(KEPT_MODELS + 3):
+        keep_trained_model(context, f"fedlmc-trained/cell{index}", record)
+    kept = list(context.state.array_records)
+    assert kept == [f"fedlmc-trained/cell{i}" for i in range(3, KEPT_MODELS + 3)]
+
+
+def test_unit_stats_query_returns_the_moments_of_the_named_layers(task_identity):
+    config = {**FEDERATED, "align": "average_repair"}
+    resolved = validate_run_config(config)
+    model = build_from_config(resolved, load_splits(resolved), seed=5).eval()
+    reply = ask(
+        node_context(0),
+        "query.unit_stats",
+        {**config, "layers": ["hidden.1.linear"]},
+        state_to_record(model.state_dict()),
+    )
+    got = unit_stats_from_content(reply.content)
+    expected = unit_statistics(model, client_train_data(resolved, 0, 2)[0], ["hidden.1.linear"])
+    assert set(got) == {"hidden.1.linear"}
+    assert got["hidden.1.linear"].count == expected["hidden.1.linear"].count
+    assert torch.allclose(got["hidden.1.linear"].sum, expected["hidden.1.linear"].sum)
+    assert torch.allclose(got["hidden.1.linear"].sum_sq, expected["hidden.1.linear"].sum_sq)
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_client_side_matching_is_only_for_federations():
+    assert "activation_federated" not in study_methods()
+    template = build_from_config(validate_run_config(TINY), load_splits(validate_run_config(TINY)))
+    states = [template.state_dict(), template.state_dict()]
+    with pytest.raises(ValueError, match="'activation_federated' runs on the clients"):
+        merge_states("activation_federated", template, states)
+    with pytest.raises(ConfigError, match="activation_federated"):
+        validate_run_config({**TINY, "methods": "activation_federated"})
+
+
+# ----------------------------------------------------------------------------- Flower + Ray
+
+
+def clients_of(config: dict, outcome, name: str):
+    survivors = outcome.reports[name].survivors
+    assert [u.partition_id for u in survivors] == [0, 1]
+    return [u.state for u in survivors], [float(u.num_examples) for u in survivors]
+
+
+@pytest.mark.slow
+def test_activation_federated_merges_what_central_matching_on_the_clients_data_gives():
+    config = validate_run_config({**FEDERATED, "align": "activation_federated"})
+    outcome = run_federation_outcome(config)
+    states, weights = clients_of(config, outcome, "activation_federated")
+    splits = load_splits(config)
+    template = build_from_config(config, splits)
+    models = [load_state(template, sd).eval() for sd in states]
+    perms = activation_matching(models[0], models[1], client_train_data(config, 1, 2)[0])
+    spec = permutation_spec(template)
+    expected = average([states[0], apply_permutation(spec, perms, states[1])], weights)
+    merged = outcome.merged["activation_federated"]
+    for key, tensor in expected.items():
+        assert torch.allclose(merged[key], tensor, atol=1e-6), key
+    assert any(not torch.equal(p, torch.arange(len(p))) for p in perms.values())
+
+    rows = outcome.table()
+    assert list(rows["method"]) == ["activation_federated", "activation_federated_t"]
+    metrics = outcome.results["activation_federated"].train_metrics_clientapp[1]
+    # Rounds: training, the align round, then the temperature grid and its Newton rounds.
+    assert (rows["rounds"] == 1 + metrics["query-rounds"]).all()
+    assert 3 <= metrics["query-rounds"] <= 2 + 8
+    weights_bytes = sum(t.numel() * 4 for t in states[0].values())
+    perm_bytes = sum(len(p) * 4 for p in perms.values())
+    assert (rows["bytes_sent_by_clients"] > 2 * weights_bytes + perm_bytes).all()
+    assert perm_bytes < weights_bytes / 20  # indices, not weights or activations
+
+
+@pytest.mark.slow
+def test_federated_repair_equals_repair_on_the_clients_pooled_training_data():
+    config = validate_run_config({**FEDERATED, "align": "average_repair"})
+    outcome = run_federation_outcome(config)
+    states, weights = clients_of(config, outcome, "average_repair")
+    splits = load_splits(config)
+    template = build_from_config(config, splits)
+    merged_plain = load_state(template, average(states, weights)).eval()
+    endpoints = [load_state(template, sd).eval() for sd in states]
+    x = torch.cat([client_train_data(config, pid, 2)[0] for pid in (0, 1)])
+    expected = repair(merged_plain, endpoints, weights, x).state_dict()
+    merged = outcome.merged["average_repair"]
+    for key, tensor in expected.items():
+        assert torch.allclose(merged[key], tensor, atol=1e-4, rtol=1e-4), key
+    assert not torch.allclose(
+        merged["hidden.0.linear.weight"], merged_plain.hidden[0].linear.weight
+    )
+    metrics = outcome.results["average_repair"].train_metrics_clientapp[1]
+    layers = 2  # the two hidden linears; N + L = 4 statistics rounds
+    assert metrics["query-rounds"] >= 2 + layers + 2
+
+
+@pytest.mark.slow
+def test_federated_auto_measures_its_gap_on_the_clients_held_out_data():
+    config = validate_run_config({**FEDERATED, "align": "auto", "auto-tolerance": 10.0})
+    outcome = run_federation_outcome(config)
+    states, weights = clients_of(config, outcome, "auto")
+    splits = load_splits(config)
+    template = build_from_config(config, splits)
+    held = [client_calibration_data(config, pid, 2) for pid in (0, 1)]
+    x, y = torch.cat([h[0] for h in held]), torch.cat([h[1] for h in held])
+
+    def calibrated(state) -> float:
+        logits = predict_logits(load_state(template, state).eval(), x)
+        return metrics_from_logits(logits, y, fit_temperature(logits, y))["nll"]
+
+    gap = calibrated(average(states, weights)) - sum(calibrated(s) for s in states) / 2
+    row = outcome.table().iloc[0]
+    assert row["auto_choice"] == "average"  # within the (large) tolerance: no alignment
+    assert row["auto_nll_gap"] == pytest.approx(gap, abs=2e-3)  # grid minimum vs exact fit
+    merged = outcome.merged["auto"]
+    for key, tensor in average(states, weights).items():
+        assert torch.allclose(merged[key], tensor, atol=1e-6)
