@@ -73,8 +73,8 @@ REFERENCE_METHODS = {"ensemble": "mean of the clients' softmax outputs (N forwar
 class ClientQueries(Protocol):
     """What a federation lets a merge method ask the clients of ``MergeJob.states`` (in that
     order), without any data leaving them. The strategies implement it with Flower query
-    rounds (:class:`strategies.one_shot.FederatedQueries`); :class:`fedlmc.federated.LocalClients`
-    implements it in process on data shards."""
+    rounds (:class:`strategies.queries.ClientRounds`); anything with these two methods works,
+    e.g. an in-process stand-in for clients holding data shards in a notebook."""
 
     def calibrated_nlls(
         self, states: Sequence[StateDict], reestimate_bn: Sequence[bool]

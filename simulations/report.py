@@ -575,16 +575,77 @@ def temperature_gap_section(rows: pd.DataFrame, kind: str) -> list[str]:
 
 
 def communication_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[str]:
-    """Mean ``bytes_sent_by_clients`` (kB) and ``rounds`` per method and width."""
+    """Per method and width: mean ``bytes_sent_by_clients`` (kB) / mean ``rounds``."""
     if not has_values(rows, "bytes_sent_by_clients") or not has_values(rows, "rounds"):
         return []
-    subset = rows[rows["method"].isin(methods)].assign(
-        kilobytes=rows["bytes_sent_by_clients"] / 1e3
-    )
-    lines = ["## Communication: what the clients sent (kB) and message rounds, mean over cells", ""]
-    for column in ("kilobytes", "rounds"):
-        lines += [markdown_table(mean_spread_table(subset, column, methods, "none"), "method"), ""]
-    return lines
+    subset = rows[rows["method"].isin(methods)]
+    sent = aggregate(subset, ["method", "width"], "bytes_sent_by_clients", "none")
+    rounds = aggregate(subset, ["method", "width"], "rounds", "none")
+    text = [
+        f"{b / 1e3:,.1f} kB / {r:g}" if math.isfinite(b) and math.isfinite(r) else ""
+        for b, r in zip(sent["mean"], rounds["mean"], strict=True)
+    ]
+    table = sent.assign(text=text).pivot(index="method", columns="width", values="text")
+    table = table.reindex([m for m in methods if m in table.index]).fillna("")
+    return [
+        "## Communication: what the clients sent / message rounds, mean over cells",
+        "",
+        "bytes_sent_by_clients (their trained weights plus every query reply) in kB, then the "
+        "rounds (training plus query rounds).",
+        "",
+        markdown_table(table, "method"),
+        "",
+    ]
+
+
+AUTO_METHODS = ("auto", "auto_t")
+ALWAYS_ALIGNED = ("weight_matching", "weight_matching_t")
+
+
+def auto_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per width: what ``auto`` picked in how many cells, its mean calibrated-NLL gap, its mean
+    ``merge_seconds`` and, where the same sweep has ``weight_matching`` rows, theirs and the
+    ratio (auto / always weight matching; below 1 = saved)."""
+    if "auto_choice" not in rows:
+        return pd.DataFrame()
+    picked = rows["auto_choice"].map(lambda v: isinstance(v, str) and v != "")
+    auto = rows[rows["method"].isin(AUTO_METHODS) & picked].drop_duplicates("cell_id")
+    if auto.empty:
+        return pd.DataFrame()
+    aligned = rows[rows["method"].isin(ALWAYS_ALIGNED)].drop_duplicates("cell_id")
+    table = []
+    for width, group in auto.groupby("width"):
+        counts = group["auto_choice"].value_counts().sort_index()
+        entry = {
+            "width": width,
+            "auto picked (cells)": ", ".join(f"{c} x{n}" for c, n in counts.items()),
+            "auto_nll_gap (nats)": pd.to_numeric(group["auto_nll_gap"]).mean(),
+            "auto merge s": pd.to_numeric(group["merge_seconds"]).mean(),
+        }
+        same = aligned[aligned["width"] == width]
+        if has_values(same, "merge_seconds"):
+            seconds = pd.to_numeric(same["merge_seconds"]).mean()
+            entry["weight matching merge s"] = seconds
+            entry["auto / weight matching time"] = entry["auto merge s"] / seconds
+        table.append(entry)
+    return pd.DataFrame(table).set_index("width")
+
+
+def auto_section(rows: pd.DataFrame) -> list[str]:
+    """The ``auto`` table (:func:`auto_table`) with its heading, when there are auto rows."""
+    table = auto_table(rows)
+    if table.empty:
+        return []
+    return [
+        "## auto: the merge it picked and its cost against always weight matching",
+        "",
+        "Per width, over cells: auto_nll_gap = the plain average's calibrated NLL minus the "
+        "endpoints' mean on the calibration data; merge seconds include the alignment, its "
+        "query rounds, averaging, BN re-estimation and REPAIR.",
+        "",
+        markdown_table(table, "width"),
+        "",
+    ]
 
 
 def report_markdown(
@@ -656,6 +717,7 @@ def report_markdown(
                 markdown_table(mean_spread_table(rows, "temperature", calibrated, kind), "method"),
                 "",
             ]
+        lines += auto_section(rows)
         lines += temperature_gap_section(rows, kind)
         lines += communication_section(rows, methods)
         for axis in ("alpha", "num-clients", "weight-decay", "partition", "calibration-holdout"):

@@ -271,6 +271,7 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     metrics = result.train_metrics_clientapp[1]
     rounds = 1 + int(metrics["query-rounds"])
     columns = round_columns(report, result_bytes(result), seconds, rounds)
+    columns["merge_seconds"] = float(metrics["merge-seconds"])
     n = len(report.survivors)
     rows = [merged_row(base, model, splits, None, endpoints, n, device)]
     if config["calibration"] != "none":

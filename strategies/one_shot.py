@@ -37,6 +37,7 @@ temperature fitted on the server split for the same merged model when the server
 a reference for the federated one; NaN otherwise), ``clients-survived``, ``clients-failed``,
 ``bytes-received`` (tensor bytes of the trained weights plus the payload of every query reply,
 :func:`strategies.protocol.payload_bytes`), ``query-rounds`` (message rounds after training),
+``merge-seconds`` (alignment with its query rounds, averaging, BN re-estimation and REPAIR),
 ``bn-reestimated`` (0/1) and the num-examples-weighted means of the clients' training metrics.
 Shared with the FedAvg baseline (:class:`strategies.base.ScreenedFedAvg`): waiting for every node,
 screening the replies, the client counts.
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any
@@ -148,6 +150,7 @@ class OneShotAverage(ScreenedFedAvg):
         self.bn_source = "none"
         self.query_bytes = 0
         self.query_rounds = 0
+        self.merge_seconds = math.nan
         self.server_split_temperature = math.nan
         self.merged_state: StateDict | None = None
         self.seed = 0
@@ -179,10 +182,12 @@ class OneShotAverage(ScreenedFedAvg):
         clients = self.client_rounds(report.survivors)
         states = [u.state for u in report.survivors]
         weights = [float(u.num_examples) for u in report.survivors]
+        start = time.perf_counter()
         merged, aligned = self.merge(states, weights, clients)
         model = load_state(self.template, merged).to(self.device).eval()
         self.bn_source = self.reestimate_batchnorm(model, clients)
         model = self.repair_units(model, aligned, weights, clients)
+        self.merge_seconds = time.perf_counter() - start
         final = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         self.merged_state = final
         arrays = state_to_record(final)
@@ -316,6 +321,7 @@ class OneShotAverage(ScreenedFedAvg):
                 "server-split-temperature": float(self.server_split_temperature),
                 "bn-reestimated": int(self.bn_source != "none"),
                 "query-rounds": int(self.query_rounds),
+                "merge-seconds": float(self.merge_seconds),
             }
         )
         return metrics

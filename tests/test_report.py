@@ -139,3 +139,64 @@ def test_n_client_figures_are_drawn_from_their_columns(tmp_path):
         assert imread(paths[name]).std() > 0
     text = report_markdown(frame, {}, list(paths.values()), tmp_path, settings)
     assert "## Client-to-merge barrier at 1/2, calibrated, worst" in text
+
+
+def test_report_shows_auto_choices_temperature_gaps_and_communication(tmp_path):
+    """auto's pick and cost against weight matching per width; log T gap to the server split
+    per calibration-holdout; what the clients sent and the rounds per method."""
+    import math
+
+    from simulations.report import report_markdown
+
+    rows = []
+    for width in (1.0, 8.0):
+        for seed in (0, 1):
+            wide = width == 8.0
+            for method, seconds in (("auto", 0.1 if wide else 1.2), ("weight_matching", 1.0)):
+                rows.append(
+                    {
+                        "cell_id": f"{method}{width}{seed}",
+                        "status": "ok",
+                        "method": method,
+                        "width": width,
+                        "seed": seed,
+                        "accuracy": 0.9,
+                        "merge_seconds": seconds,
+                        "auto_choice": ("average" if wide else "weight_matching")
+                        if method == "auto"
+                        else "",
+                        "auto_nll_gap": (0.01 if wide else 0.3) if method == "auto" else math.nan,
+                        "bytes_sent_by_clients": 2000 if method == "auto" else 1000,
+                        "rounds": 4 if method == "auto" else 1,
+                    }
+                )
+            for holdout, ratio in ((0.0, 0.5), (0.1, 1.0)):
+                rows.append(
+                    {
+                        "cell_id": f"cal{width}{seed}{holdout}",
+                        "status": "ok",
+                        "method": "average_t",
+                        "width": width,
+                        "seed": seed,
+                        "calibration-holdout": holdout,
+                        "accuracy": 0.8,
+                        "temperature": 2.0 * ratio,
+                        "temperature_server_split": 2.0,
+                    }
+                )
+    frame = pd.DataFrame(rows)
+    settings = {"dpi": 60, "error-bars": "std", "title": ""}
+    text = report_markdown(frame, {}, [], tmp_path, settings)
+
+    auto = text.split("## auto: the merge it picked")[1].split("##")[0]
+    assert "| 1 | weight_matching x2 | 0.3000 | 1.2000 | 1.0000 | 1.2000 |" in auto
+    assert "| 8 | average x2 | 0.0100 | 0.1000 | 1.0000 | 0.1000 |" in auto
+
+    gap = text.split("log T (as calibrated) - log T (fitted on the server split)")[1]
+    gap = gap.split("##")[0]
+    assert f"| average_t (calibration-holdout 0) | {math.log(0.5):.4f} ± 0.0000 |" in gap
+    assert "| average_t (calibration-holdout 0.1) | 0.0000 ± 0.0000 |" in gap
+
+    sent = text.split("## Communication")[1].split("##")[0]
+    assert "| auto | 2.0 kB / 4 | 2.0 kB / 4 |" in sent
+    assert "| weight_matching | 1.0 kB / 1 | 1.0 kB / 1 |" in sent
