@@ -662,15 +662,18 @@ EXIT_GRACE_SECONDS = 3.0
 _exit_armed = False
 
 
-def exit_even_if_stuck(code: int) -> None:
+def exit_even_if_stuck(code: int, grace: float = EXIT_GRACE_SECONDS) -> None:
     """Make sure the process can exit after an interrupted simulation.
 
     When the simulation stops early (Ctrl-C), Flower shuts Ray down while its worker threads
     still wait in ``ray.get`` for the running clients; those threads never return and the
     interpreter would wait for them forever at exit. This arms a timer at the start of the
     interpreter's shutdown (after the caller has printed and flushed what it had to say):
-    if the process has not exited ``EXIT_GRACE_SECONDS`` later, it exits with ``code``.
-    Results are safe: every cell's rows were written atomically when it finished.
+    if the process has not exited ``grace`` seconds later, it exits with ``code``. With
+    ``grace = 0`` (Ctrl-C) it exits at once: the cells' threads still running would otherwise
+    be torn down by the interpreter's finalisation, which can abort the process (SIGABRT from a
+    thread killed inside torch) instead of exiting with ``code``. Results are safe: every
+    cell's rows were written atomically when it finished, and Ray is already shut down.
     """
     global _exit_armed
     if _exit_armed:
@@ -686,7 +689,9 @@ def exit_even_if_stuck(code: int) -> None:
         os._exit(code)
 
     def arm() -> None:
-        timer = threading.Timer(EXIT_GRACE_SECONDS, leave)
+        if grace <= 0:
+            leave()
+        timer = threading.Timer(grace, leave)
         timer.daemon = True
         timer.start()
 
@@ -771,7 +776,7 @@ def _run_group(
                 verbose_logging=verbose,
             )
         except KeyboardInterrupt:
-            exit_even_if_stuck(130)
+            exit_even_if_stuck(130, grace=0.0)
             raise
         except SystemExit as exc:  # flwr_exit() on engine failures
             exit_even_if_stuck(1)

@@ -12,7 +12,8 @@ figures whose data exists:
   paper's Table 1 quantity) with raw logits (solid) and a fitted temperature (dashed), per method.
 - ``merge_gap_vs_width.png``: any number of clients, the merged model's test NLL minus the mean
   endpoint's, raw (solid) and calibrated (dashed), per method.
-- ``temperature_vs_width.png``: the fitted temperature of the ``_t`` methods.
+- ``temperature_vs_width.png``: the fitted temperature of the ``_t`` methods (solid) and, where
+  rows have it, the server split's temperature for the same merged model (dashed).
 - ``lewc_layers.png``: LEWC cosine per layer (1 = the merged layer output equals the
   exponentially weighted prediction), one line per width, one panel per method.
 - ``lewc_vs_llfc.png``: per layer, top: the measured norm ratio
@@ -549,6 +550,14 @@ MEAN_TABLES = (
 :mod:`fedlmc.rows`, whose docstring defines them."""
 
 
+def temperature_series(rows: pd.DataFrame) -> list[tuple[str, str]]:
+    """The temperature figure's series: the fitted T, then the server split's when present."""
+    series = [("temperature", "")]
+    if has_values(rows, "temperature_server_split"):
+        series.append(("temperature_server_split", " (server split)"))
+    return series
+
+
 def temperature_gap_section(rows: pd.DataFrame, kind: str) -> list[str]:
     """``log T - log T_server_split`` per method (and calibration-holdout when it varies) and
     width: how far the temperature the strategy fitted (federated: on the clients' data) is
@@ -805,7 +814,7 @@ def draw_figures(rows: pd.DataFrame, fig_dir: Path, settings: dict[str, Any]) ->
             lambda: metric_vs_axis(
                 rows,
                 "width",
-                [("temperature", "")],
+                temperature_series(rows),
                 [m for m in dict.fromkeys(rows["method"]) if m.endswith("_t")],
                 "fitted temperature T",
                 fig_dir / "temperature_vs_width.png",

@@ -89,7 +89,7 @@ class ClientRounds:
 
     def __init__(
         self,
-        grid: Grid,
+        grid: Grid | None,
         survivors: Sequence[ClientUpdate],
         config: Mapping[str, Any],
         *,
@@ -124,6 +124,8 @@ class ClientRounds:
     ) -> list[tuple[ClientUpdate, RecordDict]]:
         """One ``query.<action>`` round to ``clients`` (default: every survivor); the answers in
         the clients' order, failures logged and left out."""
+        if self.grid is None:
+            raise RuntimeError(f"the {action} query needs the Grid of configure_train; got none")
         targets = self.survivors if clients is None else list(clients)
         config = {**self.config, **dict(extra or {})}
         answers, failures = query_nodes(

@@ -188,19 +188,21 @@ def test_client_side_matching_is_only_for_federations():
 # ----------------------------------------------------------------------------- Flower + Ray
 
 
-def clients_of(config: dict, outcome, name: str):
-    survivors = outcome.reports[name].survivors
+def federate(align: str, **extra):
+    """Run a 2-client federation with ``align`` and federated calibration: the config, the
+    outcome, the clients' state dicts and weights, and a template model."""
+    config = validate_run_config({**FEDERATED, "align": align, **extra})
+    outcome = run_federation_outcome(config)
+    survivors = outcome.reports[align].survivors
     assert [u.partition_id for u in survivors] == [0, 1]
-    return [u.state for u in survivors], [float(u.num_examples) for u in survivors]
+    states = [u.state for u in survivors]
+    weights = [float(u.num_examples) for u in survivors]
+    return config, outcome, states, weights, build_from_config(config, load_splits(config))
 
 
 @pytest.mark.slow
 def test_activation_federated_merges_what_central_matching_on_the_clients_data_gives():
-    config = validate_run_config({**FEDERATED, "align": "activation_federated"})
-    outcome = run_federation_outcome(config)
-    states, weights = clients_of(config, outcome, "activation_federated")
-    splits = load_splits(config)
-    template = build_from_config(config, splits)
+    config, outcome, states, weights, template = federate("activation_federated")
     models = [load_state(template, sd).eval() for sd in states]
     perms = activation_matching(models[0], models[1], client_train_data(config, 1, 2)[0])
     spec = permutation_spec(template)
@@ -224,11 +226,7 @@ def test_activation_federated_merges_what_central_matching_on_the_clients_data_g
 
 @pytest.mark.slow
 def test_federated_repair_equals_repair_on_the_clients_pooled_training_data():
-    config = validate_run_config({**FEDERATED, "align": "average_repair"})
-    outcome = run_federation_outcome(config)
-    states, weights = clients_of(config, outcome, "average_repair")
-    splits = load_splits(config)
-    template = build_from_config(config, splits)
+    config, outcome, states, weights, template = federate("average_repair")
     merged_plain = load_state(template, average(states, weights)).eval()
     endpoints = [load_state(template, sd).eval() for sd in states]
     x = torch.cat([client_train_data(config, pid, 2)[0] for pid in (0, 1)])
@@ -246,11 +244,7 @@ def test_federated_repair_equals_repair_on_the_clients_pooled_training_data():
 
 @pytest.mark.slow
 def test_federated_auto_measures_its_gap_on_the_clients_held_out_data():
-    config = validate_run_config({**FEDERATED, "align": "auto", "auto-tolerance": 10.0})
-    outcome = run_federation_outcome(config)
-    states, weights = clients_of(config, outcome, "auto")
-    splits = load_splits(config)
-    template = build_from_config(config, splits)
+    config, outcome, states, weights, template = federate("auto", **{"auto-tolerance": 10.0})
     held = [client_calibration_data(config, pid, 2) for pid in (0, 1)]
     x, y = torch.cat([h[0] for h in held]), torch.cat([h[1] for h in held])
 

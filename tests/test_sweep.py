@@ -157,6 +157,8 @@ def test_ctrl_c_exits_130_at_once_and_a_rerun_resumes(tmp_path, uninterrupted):
         str(out),
         "--quiet",
         "--no-report",
+        "--cells-in-flight",  # one cell at a time: the interrupt lands before the last one ends
+        "1",
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 300
