@@ -114,6 +114,26 @@ def combine_temperature_statistics(stats: Sequence[TemperatureStats]) -> Tempera
     )
 
 
+def temperature_grid(points: int) -> list[float]:
+    """``points`` evenly spaced values of log T from log T_MIN to log T_MAX (the federated fit's
+    first round, and the calibrated NLL of ``auto`` on the clients' data)."""
+    if points < 2:
+        raise ValueError(f"temperature_grid_points = {points}; allowed: an integer >= 2")
+    step = (LOG_T_MAX - LOG_T_MIN) / (points - 1)
+    return [LOG_T_MIN + i * step for i in range(points)]
+
+
+def grid_minimum(per_client: Sequence[Sequence[TemperatureStats]], grid: Sequence[float]):
+    """``(log_t, combined stats)`` at the grid point with the lowest NLL summed over clients
+    (``per_client[c][i]``: client ``c``'s statistics at ``grid[i]``)."""
+    combined = [
+        combine_temperature_statistics([client[i] for client in per_client])
+        for i in range(len(grid))
+    ]
+    best = min(range(len(grid)), key=lambda i: combined[i].nll_sum)
+    return grid[best], combined[best]
+
+
 def newton_step(stats: TemperatureStats, log_t: float, max_step: float = MAX_LOG_T_STEP) -> float:
     r"""One safeguarded Newton step for :math:`u = \log T`, taken in the convex :math:`s = e^{-u}`.
 

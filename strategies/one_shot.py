@@ -60,7 +60,13 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.supercore import log
 from torch import Tensor, nn
 
-from fedlmc.calibrate import apply_bn_statistics, fit_temperature, has_batchnorm, reset_bn_stats
+from fedlmc.calibrate import (
+    apply_bn_statistics,
+    fit_temperature,
+    has_batchnorm,
+    reset_bn_stats,
+    temperature_grid,
+)
 from fedlmc.evaluation import predict_logits, resolve_device
 from fedlmc.merge import load_state
 from fedlmc.methods import AUTO_TOLERANCE, merge_method, merge_with_info
@@ -69,7 +75,7 @@ from fedlmc.repair import repair
 from strategies.base import ScreenedFedAvg
 from strategies.common import ClientUpdate, RoundReport, StateDict
 from strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
-from strategies.queries import ClientRounds, temperature_grid
+from strategies.queries import ClientRounds
 
 Data = tuple[Tensor, Tensor]
 CALIBRATIONS = ("server", "federated", "none")

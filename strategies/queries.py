@@ -35,16 +35,15 @@ from flwr.supercore import log
 from torch import Tensor, nn
 
 from fedlmc.calibrate import (
-    LOG_T_MAX,
-    LOG_T_MIN,
     BNStats,
     TemperatureStats,
     apply_bn_statistics,
     combine_bn_statistics,
-    combine_temperature_statistics,
     fit_temperature_federated,
+    grid_minimum,
     has_batchnorm,
     newton_step,
+    temperature_grid,
 )
 from fedlmc.merge import load_state
 from fedlmc.repair import UnitStats, combine_unit_statistics, repair_with_statistics
@@ -69,14 +68,6 @@ NEWTON_TOL = 1e-4  # after the grid start one Newton round is usually within thi
 
 class ClientQueryError(RuntimeError):
     """A client's answer cannot be used (failed alignment query, digest mismatch)."""
-
-
-def temperature_grid(points: int) -> list[float]:
-    """``points`` evenly spaced values of log T from log T_MIN to log T_MAX."""
-    if points < 2:
-        raise ValueError(f"temperature_grid_points = {points}; allowed: an integer >= 2")
-    step = (LOG_T_MAX - LOG_T_MIN) / (points - 1)
-    return [LOG_T_MIN + i * step for i in range(points)]
 
 
 class ClientRounds:
@@ -153,26 +144,13 @@ class ClientRounds:
 
     # ------------------------------------------------------------------------- temperature
 
-    def temperature_sums(
-        self, arrays: ArrayRecord, points: Sequence[float]
-    ) -> list[TemperatureStats]:
-        """The NLL sums and derivatives over the answering clients at each of ``points``
-        (values of log T), one round."""
-        extra = {"log-t": [float(u) for u in points]}
-        per_client = [
-            temperature_stats_from_content(c) for _, c in self.ask(TEMPERATURE_QUERY, arrays, extra)
-        ]
-        return [
-            combine_temperature_statistics([client[i] for client in per_client])
-            for i in range(len(points))
-        ]
-
     def grid_minimum(self, arrays: ArrayRecord) -> tuple[float, TemperatureStats]:
-        """The grid point of log T with the lowest summed NLL and its sums (one round)."""
+        """The grid point of log T with the lowest NLL summed over the answering clients and its
+        sums (one round, :func:`fedlmc.calibrate.grid_minimum`)."""
         grid = temperature_grid(self.grid_points)
-        combined = self.temperature_sums(arrays, grid)
-        best = min(range(len(grid)), key=lambda i: combined[i].nll_sum)
-        return grid[best], combined[best]
+        extra = {"log-t": [float(u) for u in grid]}
+        answers = self.ask(TEMPERATURE_QUERY, arrays, extra)
+        return grid_minimum([temperature_stats_from_content(c) for _, c in answers], grid)
 
     def fit_temperature(self, arrays: ArrayRecord) -> tuple[float, list[dict[str, float]]]:
         """:math:`T` minimising the clients' summed NLL: the grid's best point, then Newton

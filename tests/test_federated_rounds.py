@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from fedlmc.align import activation_matching
 from fedlmc.calibrate import fit_temperature
 from fedlmc.evaluation import metrics_from_logits, predict_logits
+from fedlmc.federated import LocalClients
 from fedlmc.merge import average, load_state
 from fedlmc.methods import merge_states, study_methods
 from fedlmc.permutation import apply_permutation, permutation_spec
@@ -185,6 +186,29 @@ def test_client_side_matching_is_only_for_federations():
         validate_run_config({**TINY, "methods": "activation_federated"})
 
 
+def test_local_clients_recover_a_known_permutation_through_activation_federated():
+    """Client 1 is client 0 with its hidden units permuted: matching on client 1's own data
+    finds the inverse exactly, so the merge is client 0's function (in process, no Flower)."""
+    from fedlmc.permutation import random_permutations
+
+    config = validate_run_config(TINY)
+    splits = load_splits(config)
+    template = build_from_config(config, splits, seed=1).eval()
+    spec = permutation_spec(template)
+    first = template.state_dict()
+    second = apply_permutation(spec, random_permutations(spec, first, seed=3), first)
+    x = [client_data(config, pid, 2)[0] for pid in (0, 1)]
+    held = [client_calibration_data(config, pid, 2) for pid in (0, 1)]
+    clients = LocalClients(template, [first, second], x, held)
+    merged, aligned = merge_states(
+        "activation_federated", template, [first, second], clients=clients
+    )
+    for key, tensor in first.items():
+        assert torch.allclose(aligned[1][key], tensor), key
+        assert torch.allclose(merged[key], tensor, atol=1e-6), key
+    assert not torch.allclose(second["hidden.0.linear.weight"], first["hidden.0.linear.weight"])
+
+
 # ----------------------------------------------------------------------------- Flower + Ray
 
 
@@ -256,6 +280,11 @@ def test_federated_auto_measures_its_gap_on_the_clients_held_out_data():
     row = outcome.table().iloc[0]
     assert row["auto_choice"] == "average"  # within the (large) tolerance: no alignment
     assert row["auto_nll_gap"] == pytest.approx(gap, abs=2e-3)  # grid minimum vs exact fit
+    # The in-process clients (fedlmc.federated) give the federation's numbers exactly.
+    train = [client_train_data(config, pid, 2)[0] for pid in (0, 1)]
+    local = LocalClients(template, states, train, held)
+    nlls = local.calibrated_nlls([average(states, weights), *states], [True, False, False])
+    assert row["auto_nll_gap"] == pytest.approx(nlls[0] - (nlls[1] + nlls[2]) / 2, abs=1e-9)
     merged = outcome.merged["auto"]
     for key, tensor in average(states, weights).items():
         assert torch.allclose(merged[key], tensor, atol=1e-6)
