@@ -15,8 +15,9 @@ Message types it answers:
   train-seconds, load-seconds`` (data loading and model building). Any failure (exception,
   non-finite loss, non-finite weights) gives an error reply, never weights.
 - ``query.temperature``: sums of the NLL and its first two derivatives in ``log T`` of the
-  received (merged) model at each ``log-t`` the server sends (one value or a list), on the
-  held-out share (on the training data when ``calibration-holdout = 0``).
+  received (merged) model, or of each of several received models, at each ``log-t`` the
+  server sends (one value or a list), on the held-out share (on the training data when
+  ``calibration-holdout = 0``).
 - ``query.bn_stats``: per-BatchNorm-layer sums, sums of squares and counts of the layer inputs
   on the training data.
 - ``query.unit_stats``: per-unit sums, sums of squares and counts of the outputs of the
@@ -79,6 +80,7 @@ from strategies.protocol import (
     BN_QUERY,
     ERROR_QUERY_FAILED,
     ERROR_TRAIN_FAILED,
+    MODEL_PREFIX,
     NUM_PARTITIONS_KEY,
     PARTITION_KEY,
     TEMPERATURE_QUERY,
@@ -86,6 +88,7 @@ from strategies.protocol import (
     bn_stats_to_content,
     metric_record,
     permutations_to_content,
+    query_models,
     record_to_state,
     state_digest,
     state_to_record,
@@ -262,15 +265,26 @@ def _received_model_and_config(message: Message, context: Context):
 
 
 def temperature_reply(message: Message, context: Context) -> Message:
-    """NLL sums and derivatives in log T of the received model on this node's calibration data
-    (its held-out share; its training data when ``calibration-holdout = 0``)."""
-    config, pid, num_partitions, model = _received_model_and_config(message, context)
+    """NLL sums and derivatives in log T of the received model (or of each received model) on
+    this node's calibration data (its held-out share; its training data when
+    ``calibration-holdout = 0``)."""
+    config = client_run_config(context.run_config, _message_config(message))
+    pid, num_partitions = _partition(message, context)
     x, y = client_calibration_data(config, pid, num_partitions)
     points = _message_config(message)["log-t"]
     points = points if isinstance(points, list) else [points]
-    logits = predict_logits(model, x)
-    stats = [temperature_statistics(logits, y, float(u)) for u in points]
-    return Message(temperature_stats_to_content(stats, {"partition-id": pid}), reply_to=message)
+    records = query_models(message.content)
+    splits = load_splits(config)
+    per_model = []
+    for record in records:
+        model = build_from_config(config, splits)
+        model.load_state_dict(record_to_state(record), strict=True)
+        logits = predict_logits(model.to(device_of(config)).eval(), x)
+        per_model.append([temperature_statistics(logits, y, float(u)) for u in points])
+    several = MODEL_PREFIX + "0" in message.content.array_records
+    stats = per_model if several else per_model[0]
+    content = temperature_stats_to_content(stats, {"partition-id": pid}, per_model=several)
+    return Message(content, reply_to=message)
 
 
 def bn_stats_reply(message: Message, context: Context) -> Message:

@@ -7,7 +7,9 @@ Both sides import this module: the ClientApp encodes, the strategies decode. Mes
   ``num-examples`` and ``partition-id`` (:data:`NUM_EXAMPLES_KEY`, :data:`PARTITION_KEY`).
 - ``query.temperature`` (:data:`TEMPERATURE_QUERY`): the merged weights and a ``log-t`` list in;
   per value, the client's sample count and summed NLL, dNLL/du, d2NLL/du2
-  (:func:`temperature_stats_to_content`).
+  (:func:`temperature_stats_to_content`). Several models may travel in one query
+  (``model-0``, ``model-1``, ... :func:`models_query_content`); the reply then holds one
+  ``stats-<k>`` record per model (:func:`temperature_stats_by_model`).
 - ``query.bn_stats`` (:data:`BN_QUERY`): the merged weights in; per BatchNorm layer, sums, sums of
   squares and counts of its inputs (:func:`bn_stats_to_content`).
 - ``query.unit_stats`` (:data:`UNIT_STATS_QUERY`, REPAIR): a model and a ``layers`` list in; per
@@ -51,6 +53,7 @@ BN_QUERY = "bn_stats"
 UNIT_STATS_QUERY = "unit_stats"
 ALIGN_QUERY = "align"
 DIGEST_KEY = "state-digest"
+MODEL_PREFIX = "model-"
 
 
 def state_to_record(state: Mapping[str, Tensor]) -> ArrayRecord:
@@ -109,6 +112,25 @@ def query_content(arrays: ArrayRecord, config: Mapping[str, Any]) -> RecordDict:
     return RecordDict({"arrays": arrays, "config": ConfigRecord(dict(config))})
 
 
+def models_query_content(models: Sequence[ArrayRecord], config: Mapping[str, Any]) -> RecordDict:
+    """A query about several models: ``model-0``, ``model-1``, ... and a ConfigRecord."""
+    records: dict[str, Any] = {f"{MODEL_PREFIX}{k}": arrays for k, arrays in enumerate(models)}
+    return RecordDict({**records, "config": ConfigRecord(dict(config))})
+
+
+def query_models(content: RecordDict) -> list[ArrayRecord]:
+    """The models a query is about, in order: ``model-0``, ``model-1``, ... or its one record."""
+    records = content.array_records
+    numbered = sorted(
+        (int(key[len(MODEL_PREFIX) :]), record)
+        for key, record in records.items()
+        if key.startswith(MODEL_PREFIX)
+    )
+    if numbered:
+        return [record for _, record in numbered]
+    return [next(iter(records.values()))]
+
+
 def metric_record(values: Mapping[str, Any]) -> MetricRecord:
     """A MetricRecord of plain Python ints/floats (numpy/torch scalars and bools converted)."""
     clean: dict[str, int | float] = {}
@@ -125,27 +147,54 @@ def metric_record(values: Mapping[str, Any]) -> MetricRecord:
 # ----------------------------------------------------------------------------- query payloads
 
 
-def temperature_stats_to_content(
-    stats: Sequence[TemperatureStats], extra: Mapping[str, int]
-) -> RecordDict:
-    """A ``query.temperature`` reply: per requested log T, lists ``count``, ``nll-sum``,
-    ``grad-sum``, ``hess-sum`` (the same order as the ``log-t`` list of the query)."""
+def _temperature_record(stats: Sequence[TemperatureStats], extra: Mapping[str, int]):
     record = MetricRecord({k: int(v) for k, v in extra.items()})
     record["count"] = [int(st.count) for st in stats]
     record["nll-sum"] = [float(st.nll_sum) for st in stats]
     record["grad-sum"] = [float(st.grad_sum) for st in stats]
     record["hess-sum"] = [float(st.hess_sum) for st in stats]
-    return RecordDict({"stats": record})
+    return record
 
 
-def temperature_stats_from_content(content: RecordDict) -> list[TemperatureStats]:
-    """Decode a ``query.temperature`` reply (inverse of :func:`temperature_stats_to_content`)."""
-    m = single_record(content.metric_records, "MetricRecord")
-    columns = [m["count"], m["nll-sum"], m["grad-sum"], m["hess-sum"]]
+def _temperature_stats(record: MetricRecord) -> list[TemperatureStats]:
+    columns = [record["count"], record["nll-sum"], record["grad-sum"], record["hess-sum"]]
     return [
         TemperatureStats(int(c), float(n), float(g), float(h))
         for c, n, g, h in zip(*columns, strict=True)
     ]
+
+
+def temperature_stats_to_content(
+    stats: Sequence[TemperatureStats] | Sequence[Sequence[TemperatureStats]],
+    extra: Mapping[str, int],
+    *,
+    per_model: bool = False,
+) -> RecordDict:
+    """A ``query.temperature`` reply: per requested log T, lists ``count``, ``nll-sum``,
+    ``grad-sum``, ``hess-sum`` (the same order as the ``log-t`` list of the query), in a record
+    ``stats``; with ``per_model``, ``stats`` is one such list per model, in records
+    ``stats-0``, ``stats-1``, ..."""
+    if not per_model:
+        return RecordDict({"stats": _temperature_record(stats, extra)})
+    return RecordDict(
+        {f"stats-{k}": _temperature_record(model, extra) for k, model in enumerate(stats)}
+    )
+
+
+def temperature_stats_from_content(content: RecordDict) -> list[TemperatureStats]:
+    """Decode a one-model ``query.temperature`` reply (inverse of
+    :func:`temperature_stats_to_content`)."""
+    return _temperature_stats(single_record(content.metric_records, "MetricRecord"))
+
+
+def temperature_stats_by_model(content: RecordDict) -> list[list[TemperatureStats]]:
+    """Decode a ``query.temperature`` reply about one or several models: per model, the
+    statistics at each requested log T."""
+    records = content.metric_records
+    if "stats" in records:
+        return [_temperature_stats(records["stats"])]
+    numbered = sorted((int(key.split("-", 1)[1]), record) for key, record in records.items())
+    return [_temperature_stats(record) for _, record in numbered]
 
 
 def moments_to_content(

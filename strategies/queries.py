@@ -10,8 +10,9 @@ data, and only sums, statistics or permutation indices come back:
   ``[log T_MIN, log T_MAX]``, then Newton rounds of one value each
   (:func:`fedlmc.calibrate.fit_temperature_federated`); sums are exact, so the result equals a
   centralised fit on the clients' calibration data (their held-out shares);
-- a calibrated NLL (``auto``): the grid query alone, :math:`\min_u \sum_c \mathrm{NLL}_c(u) /
-  \sum_c n_c` over the grid (steps of 0.014 in :math:`\log T` with the default 1001 points);
+- calibrated NLLs (``auto``): the grid query alone, :math:`\min_u \sum_c \mathrm{NLL}_c(u) /
+  \sum_c n_c` over the grid (steps of 0.014 in :math:`\log T` with the default 1001 points),
+  for several models in one round;
 - BatchNorm statistics (``query.bn_stats``) and REPAIR's per-unit statistics
   (``query.unit_stats``; :func:`fedlmc.repair.repair_with_statistics` asks ``N + L`` times);
 - client-side activation matching (``query.align``): the reference model goes to every other
@@ -54,11 +55,13 @@ from strategies.protocol import (
     TEMPERATURE_QUERY,
     UNIT_STATS_QUERY,
     bn_stats_from_content,
+    models_query_content,
     payload_bytes,
     permutations_from_content,
     query_content,
     state_digest,
     state_to_record,
+    temperature_stats_by_model,
     temperature_stats_from_content,
     unit_stats_from_content,
 )
@@ -109,12 +112,13 @@ class ClientRounds:
     def ask(
         self,
         action: str,
-        arrays: ArrayRecord,
+        arrays: ArrayRecord | Sequence[ArrayRecord],
         extra: Mapping[str, Any] | None = None,
         clients: Sequence[ClientUpdate] | None = None,
     ) -> list[tuple[ClientUpdate, RecordDict]]:
-        """One ``query.<action>`` round to ``clients`` (default: every survivor); the answers in
-        the clients' order, failures logged and left out."""
+        """One ``query.<action>`` round about ``arrays`` (one model, or a list of models sent
+        together) to ``clients`` (default: every survivor); the answers in the clients' order,
+        failures logged and left out."""
         if self.grid is None:
             raise RuntimeError(f"the {action} query needs the Grid of configure_train; got none")
         targets = self.survivors if clients is None else list(clients)
@@ -123,7 +127,11 @@ class ClientRounds:
             self.grid,
             [u.node_id for u in targets],
             action,
-            lambda: query_content(arrays, config),
+            lambda: (
+                query_content(arrays, config)
+                if isinstance(arrays, ArrayRecord)
+                else models_query_content(arrays, config)
+            ),
             self.timeout,
         )
         self.rounds += 1
@@ -144,18 +152,21 @@ class ClientRounds:
 
     # ------------------------------------------------------------------------- temperature
 
-    def grid_minimum(self, arrays: ArrayRecord) -> tuple[float, TemperatureStats]:
-        """The grid point of log T with the lowest NLL summed over the answering clients and its
-        sums (one round, :func:`fedlmc.calibrate.grid_minimum`)."""
+    def grid_minima(self, models: Sequence[ArrayRecord]) -> list[tuple[float, TemperatureStats]]:
+        """Per model, the grid point of log T with the lowest NLL summed over the answering
+        clients and its sums (:func:`fedlmc.calibrate.grid_minimum`): one round for all."""
         grid = temperature_grid(self.grid_points)
         extra = {"log-t": [float(u) for u in grid]}
-        answers = self.ask(TEMPERATURE_QUERY, arrays, extra)
-        return grid_minimum([temperature_stats_from_content(c) for _, c in answers], grid)
+        answers = self.ask(TEMPERATURE_QUERY, list(models), extra)
+        per_client = [temperature_stats_by_model(c) for _, c in answers]
+        return [
+            grid_minimum([client[k] for client in per_client], grid) for k in range(len(models))
+        ]
 
     def fit_temperature(self, arrays: ArrayRecord) -> tuple[float, list[dict[str, float]]]:
         """:math:`T` minimising the clients' summed NLL: the grid's best point, then Newton
         rounds; returns ``(T, history)`` (the grid entry first, ``round = -1``)."""
-        log_t, stats = self.grid_minimum(arrays)
+        ((log_t, stats),) = self.grid_minima([arrays])
         first = {
             "round": -1,
             "log_t": log_t,
@@ -203,18 +214,17 @@ class ClientRounds:
     def calibrated_nlls(
         self, states: Sequence[StateDict], reestimate_bn: Sequence[bool]
     ) -> list[float]:
-        """Per state, the clients' summed NLL per sample at the grid's best temperature (one
-        round each, plus a BatchNorm statistics round where ``reestimate_bn`` and the model has
-        BatchNorm)."""
-        nlls = []
+        """Per state, the clients' summed NLL per sample at the grid's best temperature: one
+        round for all of them, after a BatchNorm statistics round per model where
+        ``reestimate_bn`` and the model has BatchNorm."""
+        records = []
         for state, reestimate in zip(states, reestimate_bn, strict=True):
             model = load_state(self.template, state).to(self.device).eval()
             if reestimate and has_batchnorm(model):
                 apply_bn_statistics(model, self.bn_statistics(model))
                 model.eval()
-            _, stats = self.grid_minimum(state_to_record(model.state_dict()))
-            nlls.append(stats.nll_sum / stats.count)
-        return nlls
+            records.append(state_to_record(model.state_dict()))
+        return [stats.nll_sum / stats.count for _, stats in self.grid_minima(records)]
 
     def activation_permutations(self, reference: StateDict) -> list[dict[str, Tensor]]:
         """Client-side activation matching: ``reference`` goes to every survivor but the first

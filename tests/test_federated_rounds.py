@@ -144,6 +144,29 @@ def test_client_side_activation_matching_uses_the_model_kept_in_its_context(task
     assert again.has_error() and "no trained model of this cell kept" in again.error.reason
 
 
+def test_one_temperature_query_answers_for_several_models(task_identity):
+    from fedlmc.calibrate import temperature_statistics
+    from simulations.client_app import app
+    from strategies.protocol import models_query_content, temperature_stats_by_model
+
+    config = {**FEDERATED, "align": "auto"}
+    resolved = validate_run_config(config)
+    splits = load_splits(resolved)
+    models = [build_from_config(resolved, splits, seed=s).eval() for s in (1, 2, 3)]
+    content = models_query_content(
+        [state_to_record(m.state_dict()) for m in models], {**config, "log-t": [-1.0, 0.5]}
+    )
+    message = Message(content, dst_node_id=100, message_type="query.temperature")
+    reply = app(message, node_context(0))
+    assert not reply.has_error(), reply.error.reason
+    got = temperature_stats_by_model(reply.content)
+    x, y = client_calibration_data(resolved, 0, 2)
+    expected = [
+        [temperature_statistics(predict_logits(m, x), y, u) for u in (-1.0, 0.5)] for m in models
+    ]
+    assert got == expected and got[0] != got[1]
+
+
 def test_a_node_keeps_a_bounded_number_of_trained_models(task_identity):
     from simulations.client_app import KEPT_MODELS, keep_trained_model
 
@@ -285,6 +308,10 @@ def test_federated_auto_measures_its_gap_on_the_clients_held_out_data():
     local = LocalClients(template, states, train, held)
     nlls = local.calibrated_nlls([average(states, weights), *states], [True, False, False])
     assert row["auto_nll_gap"] == pytest.approx(nlls[0] - (nlls[1] + nlls[2]) / 2, abs=1e-9)
+    # One grid round scored the plain average and both endpoints; then the temperature's grid
+    # and Newton rounds.
+    metrics = outcome.results["auto"].train_metrics_clientapp[1]
+    assert 3 <= metrics["query-rounds"] <= 2 + 8
     merged = outcome.merged["auto"]
     for key, tensor in average(states, weights).items():
         assert torch.allclose(merged[key], tensor, atol=1e-6)
