@@ -73,21 +73,21 @@ REFERENCE_METHODS = {"ensemble": "mean of the clients' softmax outputs (N forwar
 class ClientQueries(Protocol):
     """What a federation lets a merge method ask the clients of ``MergeJob.states`` (in that
     order), without any data leaving them. The strategies implement it with Flower query
-    rounds (:class:`strategies.queries.ClientRounds`); anything with these two methods works,
-    e.g. an in-process stand-in for clients holding data shards in a notebook."""
+    rounds (:class:`strategies.queries.ClientRounds`); :class:`fedlmc.federated.LocalClients`
+    answers the same from data held in memory (notebooks, tests)."""
 
     def calibrated_nlls(
         self, states: Sequence[StateDict], reestimate_bn: Sequence[bool]
     ) -> list[float]:
-        """Per state dict, the mean NLL over the clients' calibration data at the temperature
-        minimising it (BatchNorm statistics re-estimated on the clients' data first where
-        ``reestimate_bn``)."""
+        """Per state dict, the mean NLL over the clients' calibration data at the temperature of
+        :func:`fedlmc.calibrate.temperature_grid` minimising it (BatchNorm statistics
+        re-estimated on the clients' data first where ``reestimate_bn``)."""
         ...
 
     def activation_permutations(self, reference: StateDict) -> list[dict[str, Tensor]]:
         """Per client, the permutations matching its own model's hidden units to
-        ``reference``'s by activation correlation on its own data (identity for a client whose
-        model is ``reference``)."""
+        ``reference``'s by activation correlation on its own data; an empty mapping (the
+        identity) for client 0, whose model ``reference`` is."""
         ...
 
 
@@ -471,8 +471,8 @@ def automatic_choice(job: MergeJob) -> Alignment:
     (``average`` or ``weight_matching``) and ``auto_nll_gap`` (:math:`g`).
 
     With ``job.clients`` set (federated calibration) the same NLLs are measured on the clients'
-    held-out data by :meth:`ClientQueries.calibrated_nlls` (exact sums over the clients, the
-    temperature minimising their summed NLL): the plain average and the endpoints in one call,
+    held-out data by :meth:`ClientQueries.calibrated_nlls` (exact sums over the clients, at the
+    grid temperature minimising their summed NLL): the plain average and the endpoints in one call,
     the weight-matched merge in a second one only when alignment runs.
     """
     from fedlmc.align import align_to_reference
