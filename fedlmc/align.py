@@ -57,6 +57,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
 from fedlmc.assignment import WarmStart, solve_assignment
+from fedlmc.evaluation import model_device
 from fedlmc.merge import average, check_compatible, normalised_weights
 from fedlmc.permutation import (
     PermutationSpec,
@@ -485,11 +486,6 @@ def weight_matching(
 # ----------------------------------------------------------------------------- activation matching
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    tensor = next(iter(model.state_dict().values()), None)
-    return tensor.device if tensor is not None else torch.device("cpu")
-
-
 @dataclass
 class _CrossMoments:
     """Running sums for the correlation of two sets of ``C`` channels (float64)."""
@@ -577,7 +573,7 @@ def activation_matching(
     store_b: dict[str, Tensor] = {}
     handles = _capture(model_a, names, store_a) + _capture(model_b, names, store_b)
     modes = (model_a.training, model_b.training)
-    device_a, device_b = _model_device(model_a), _model_device(model_b)
+    device_a, device_b = model_device(model_a), model_device(model_b)
     try:
         model_a.eval()
         model_b.eval()

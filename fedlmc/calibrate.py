@@ -43,6 +43,8 @@ import torch.nn.functional as F
 from scipy.optimize import brentq
 from torch import Tensor, nn
 
+from fedlmc.evaluation import model_device
+
 T_MIN = 1e-3
 T_MAX = 1e3
 LOG_T_MIN = math.log(T_MIN)
@@ -320,8 +322,7 @@ def bn_statistics(model: nn.Module, x: Tensor, batch_size: int = 256) -> dict[st
         return hook
 
     handles = [m.register_forward_pre_hook(make_hook(name)) for name, m in layers.items()]
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")
+    device = model_device(model)
     try:
         model.train()
         for start, stop in batch_bounds(len(x), batch_size):

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlmc.evaluation import model_device
 from fedlmc.merge import load_state, normalised_weights
 from fedlmc.permutation import derive_layer_names
 
@@ -65,8 +66,7 @@ def capture(
         handles = [modules[n].register_forward_pre_hook(make_hook(n)) for n in names]
     else:
         raise ValueError(f"mode must be 'output' or 'input', got {mode!r}")
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")
+    device = model_device(model)
     was_training = model.training
     try:
         model.eval()

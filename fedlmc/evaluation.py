@@ -23,6 +23,14 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return default_device() if device is None else torch.device(device)
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (else first buffer); the CPU for an empty one."""
+    tensor = next(model.parameters(), None)
+    if tensor is None:
+        tensor = next(model.buffers(), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
 @torch.no_grad()
 def predict_logits(
     model: nn.Module,
@@ -35,10 +43,7 @@ def predict_logits(
 
     The model is moved to ``device`` (default: the device of its parameters) and left in eval mode.
     """
-    if device is None:
-        param = next(model.parameters(), None)
-        device = param.device if param is not None else torch.device("cpu")
-    device = torch.device(device)
+    device = model_device(model) if device is None else torch.device(device)
     model.to(device).eval()
     chunks = [
         model(x[i : i + batch_size].to(device, non_blocking=True)).float().cpu()

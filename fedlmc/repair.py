@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from fedlmc.calibrate import has_batchnorm
 from fedlmc.diagnostics import linear_layers
+from fedlmc.evaluation import model_device
 from fedlmc.merge import normalised_weights
 
 CONSTANT_UNIT_TOLERANCE = 1e-6
@@ -180,8 +181,7 @@ def unit_statistics(
         return hook
 
     handles = [modules[name].register_forward_hook(make_hook(name)) for name in names]
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")
+    device = model_device(model)
     was_training = model.training
     try:
         model.eval()

@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
@@ -139,10 +139,11 @@ def _partition_label(message: Message, context: Context) -> Any:
         return context.node_config.get(PARTITION_KEY, "?")
 
 
-def _received_model(message: Message, config: dict, template: nn.Module) -> nn.Module:
-    record = next(iter(message.content.array_records.values()))
-    template.load_state_dict(record_to_state(record), strict=True)
-    return template.to(device_of(config)).eval()
+def _model_from(config: dict, record: ArrayRecord) -> nn.Module:
+    """The configured model with the weights of ``record``, on the config's device, eval mode."""
+    model = build_from_config(config, load_splits(config))
+    model.load_state_dict(record_to_state(record), strict=True)
+    return model.to(device_of(config)).eval()
 
 
 def _non_finite_key(state: dict[str, torch.Tensor]) -> str | None:
@@ -244,7 +245,7 @@ def _kept_key(config: dict, pid: int, num_partitions: int) -> str:
     return f"{KEPT_PREFIX}{cell_id(config)}/{pid}-of-{num_partitions}"
 
 
-def keep_trained_model(context: Context, key: str, arrays) -> None:
+def keep_trained_model(context: Context, key: str, arrays: ArrayRecord) -> None:
     """Store ``arrays`` under ``key`` in ``context.state``, dropping the oldest kept models
     beyond :data:`KEPT_MODELS`."""
     kept = [k for k in context.state.array_records if k.startswith(KEPT_PREFIX) and k != key]
@@ -259,8 +260,7 @@ def keep_trained_model(context: Context, key: str, arrays) -> None:
 def _received_model_and_config(message: Message, context: Context):
     config = client_run_config(context.run_config, _message_config(message))
     pid, num_partitions = _partition(message, context)
-    splits = load_splits(config)
-    model = _received_model(message, config, build_from_config(config, splits))
+    model = _model_from(config, query_models(message.content)[0])
     return config, pid, num_partitions, model
 
 
@@ -273,13 +273,9 @@ def temperature_reply(message: Message, context: Context) -> Message:
     x, y = client_calibration_data(config, pid, num_partitions)
     points = _message_config(message)["log-t"]
     points = points if isinstance(points, list) else [points]
-    records = query_models(message.content)
-    splits = load_splits(config)
     per_model = []
-    for record in records:
-        model = build_from_config(config, splits)
-        model.load_state_dict(record_to_state(record), strict=True)
-        logits = predict_logits(model.to(device_of(config)).eval(), x)
+    for record in query_models(message.content):
+        logits = predict_logits(_model_from(config, record), x)
         per_model.append([temperature_statistics(logits, y, float(u)) for u in points])
     several = MODEL_PREFIX + "0" in message.content.array_records
     stats = per_model if several else per_model[0]
@@ -317,14 +313,14 @@ def align_reply(message: Message, context: Context) -> Message:
             f"no trained model of this cell kept on this node (key {key!r}); was the node "
             "restarted between the train and align rounds?"
         )
-    own_state = record_to_state(context.state.array_records[key])
-    own = build_from_config(config, load_splits(config))
-    own.load_state_dict(own_state, strict=True)
-    own = own.to(device_of(config)).eval()
+    kept = context.state.array_records[key]
+    own = _model_from(config, kept)
     x, _ = client_train_data(config, pid, num_partitions)
     perms = activation_matching(reference, own, x, seed=client_seed(config["seed"], pid))
     content = permutations_to_content(
-        dict(perms), state_digest(own_state), {"partition-id": pid, "num-examples": len(x)}
+        dict(perms),
+        state_digest(record_to_state(kept)),
+        {"partition-id": pid, "num-examples": len(x)},
     )
     del context.state[key]
     return Message(content, reply_to=message)

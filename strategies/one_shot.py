@@ -358,7 +358,7 @@ class PermutationAlignedAverage(OneShotAverage):
         entry = merge_method(method)
         if entry.name == "average":
             raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")
-        on_clients = entry.clients_for_data and self.calibration == "federated"
+        on_clients = entry.clients_for_data and self.on_clients
         if entry.needs_server_data and self.server_data is None and not on_clients:
             raise ValueError(f"method = {method!r} needs server_data for its inputs; got None")
         self.merge_method = entry.name
