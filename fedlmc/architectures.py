@@ -79,6 +79,9 @@ class ModelEntry:
     default_norm: str
     options: Mapping[str, ModelOption] = field(default_factory=dict)
     description: str = ""
+    plain_chain: bool | None = None
+    """Whether its Linear/Conv layers form one plain feed-forward chain (no residual
+    connections), where LEWC's depth exponents exist; ``None``: not known before it is built."""
 
     def build_function(self) -> Callable[..., Any]:
         """The builder, importing ``"module:attribute"`` / ``"path/file.py:attribute"`` paths on
@@ -109,12 +112,13 @@ def register_model(
     default_norm: str = "none",
     options: Mapping[str, ModelOption] | None = None,
     description: str = "",
+    plain_chain: bool | None = None,
     replace: bool = False,
 ) -> ModelEntry:
     """Register an architecture (see the module docstring); returns its entry."""
     if default_norm not in NORMS:
         raise ValueError(f"default_norm = {default_norm!r}; allowed: {', '.join(NORMS)}")
-    entry = ModelEntry(name, builder, default_norm, dict(options or {}), description)
+    entry = ModelEntry(name, builder, default_norm, dict(options or {}), description, plain_chain)
     _check_public_options(entry)
     return MODELS.add(name, entry, replace=replace)
 
@@ -203,6 +207,7 @@ register_model(
         "bias": ModelOption(True, "bias in every linear layer"),
     },
     description="ReLU MLP: flatten, depth x round(base_hidden * width) units, linear head",
+    plain_chain=True,
 )
 register_model(
     "vgg11",
@@ -210,6 +215,7 @@ register_model(
     default_norm="bn",
     options={"bias": ModelOption(True, "bias in every conv and linear layer")},
     description="VGG-11 conv stack 64-128-256-256-512-512-512-512 (x width), GAP, linear head",
+    plain_chain=True,
 )
 register_model(
     "resnet20",
@@ -217,4 +223,5 @@ register_model(
     default_norm="bn",
     options={"bias": ModelOption(False, "bias in every conv and linear layer")},
     description="ResNet-20: 3x3 stem, 3 stages x 3 basic blocks of 16/32/64 (x width), GAP, linear",
+    plain_chain=False,
 )

@@ -168,6 +168,21 @@ def _ratio(numerator: Tensor | float, denominator: Tensor | float) -> float:
     return float(numerator) / denominator if denominator > 0 else math.nan
 
 
+def scaled_error(measured: Tensor, prediction: Tensor) -> float:
+    r"""Scale-free relative error :math:`\min_{c > 0} \|F - c P\| / \|F\|` (Frobenius norms).
+
+    With :math:`\cos = \langle F, P\rangle / (\|F\| \|P\|)` the best positive scale leaves
+    :math:`\sqrt{1 - \cos^2}` when :math:`\cos > 0`, and 1 (:math:`c \to 0`) otherwise: the
+    error of a prediction that holds up to a positive scale, as LLFC does (Zhou et al. 2023).
+    ``nan`` when either side is 0.
+    """
+    norms = float(measured.norm()) * float(prediction.norm())
+    if norms <= 0:
+        return math.nan
+    cos = float((measured * prediction).sum()) / norms
+    return math.sqrt(max(0.0, 1.0 - cos * cos)) if cos > 0 else 1.0
+
+
 def layer_predictions(
     template: nn.Module,
     state_dicts: Sequence[Mapping[str, Tensor]],
@@ -176,7 +191,8 @@ def layer_predictions(
     x: Tensor,
     layer_names: Sequence[str] | None = None,
 ) -> list[dict[str, float | int | str]]:
-    r"""Per layer: how well LEWC and LLFC predict the merged model's layer output, by scale too.
+    r"""Per layer: how well LEWC and LLFC, each as its authors state it, predict the merged
+    model's layer output.
 
     With :math:`F_l = f_l(X; \theta_{\mathrm{merged}})` the merged model's output of layer
     :math:`l` on the whole batch ``x``, the two predictions
@@ -185,14 +201,22 @@ def layer_predictions(
               P^{\mathrm{LLFC}}_l = \sum_i w_i f_l(X; \theta_i)
 
     (Ito et al. 2025; Zhou et al. 2023) and :math:`\|\cdot\|` the Frobenius norm over the
-    whole batch (all samples and all units at once), each row holds
+    whole batch (all samples and all units at once). LEWC predicts the output itself, scale
+    included; LLFC predicts it only **up to a positive scale** (its authors measure it by
+    cosine). Each row holds
 
-    - ``lewc_error`` :math:`= \|F_l - P^{\mathrm{LEWC}}_l\| / \|F_l\|`,
-    - ``llfc_error`` :math:`= \|F_l - P^{\mathrm{LLFC}}_l\| / \|F_l\|`,
-    - ``norm_ratio`` :math:`= \|F_l\| / \|P^{\mathrm{LLFC}}_l\|` (measured shrinkage),
-    - ``lewc_norm_ratio`` :math:`= \|P^{\mathrm{LEWC}}_l\| / \|P^{\mathrm{LLFC}}_l\|`
-      (the shrinkage LEWC predicts; exactly :math:`N^{1-l}` for N models at equal weights,
-      where LEWC's prediction is LLFC's scaled by :math:`N^{1-l}`),
+    - ``lewc_error`` :math:`= \|F_l - P^{\mathrm{LEWC}}_l\| / \|F_l\|` (LEWC's claim: scale and
+      direction);
+    - ``llfc_scaled_error`` :math:`= \min_{c>0} \|F_l - c P^{\mathrm{LLFC}}_l\| / \|F_l\|`
+      (LLFC's claim, :func:`scaled_error`); at equal weights :math:`P^{\mathrm{LEWC}}_l` is a
+      positive multiple of :math:`P^{\mathrm{LLFC}}_l`, so this is never above ``lewc_error``;
+    - ``lewc_cos``, ``llfc_cos``: mean over samples of the cosine with each prediction (equal at
+      equal weights; they differ in direction at other weights, e.g. :math:`\lambda = 1/4`);
+    - ``norm_ratio`` :math:`= \|F_l\| / \|P^{\mathrm{LLFC}}_l\|` (the measured shrinkage of the
+      merged output relative to the weighted mean of the endpoints' outputs) and
+      ``lewc_norm_ratio`` :math:`= \|P^{\mathrm{LEWC}}_l\| / \|P^{\mathrm{LLFC}}_l\|` (the
+      shrinkage LEWC predicts; exactly :math:`N^{1-l}` for N models at equal weights). LLFC makes
+      no claim about this ratio;
 
     plus ``layer`` (its name) and ``depth`` :math:`l`. A ratio with a zero denominator is
     ``nan``. ``layer_names`` defaults to ``template.layer_names``; :math:`l` is the 1-based
@@ -212,14 +236,16 @@ def layer_predictions(
         outputs = [m[name] for m in members]
         lewc = _weighted_sum([wi**depth for wi in w], outputs)
         llfc = _weighted_sum(w, outputs)
-        measured, llfc_norm = merged[name].norm(), llfc.norm()
+        measured, llfc_norm = merged[name], llfc.norm()
         rows.append(
             {
                 "layer": name,
                 "depth": depth,
-                "lewc_error": _ratio((merged[name] - lewc).norm(), measured),
-                "llfc_error": _ratio((merged[name] - llfc).norm(), measured),
-                "norm_ratio": _ratio(measured, llfc_norm),
+                "lewc_error": _ratio((measured - lewc).norm(), measured.norm()),
+                "llfc_scaled_error": scaled_error(measured, llfc),
+                "lewc_cos": mean_cosine(measured, lewc),
+                "llfc_cos": mean_cosine(measured, llfc),
+                "norm_ratio": _ratio(measured.norm(), llfc_norm),
                 "lewc_norm_ratio": _ratio(lewc.norm(), llfc_norm),
             }
         )
@@ -412,3 +438,43 @@ def stable_ranks(
     if missing:
         raise ValueError(f"key {missing[0]!r} not in the state dict; allowed: its weight keys")
     return [stable_rank(state_dict[key]) for key in keys]
+
+
+@torch.no_grad()
+def dead_unit_fractions(
+    model: nn.Module, x: Tensor, layer_names: Sequence[str] | None = None
+) -> list[float]:
+    r"""Per hidden layer output (every layer name but the last, the logits): the fraction of its
+    units (dim 1: neurons or channels) that are never active, :math:`f_{l,u}(x_n) \le 0` for
+    every input :math:`x_n` of ``x`` (and every spatial position). A merge whose deep layers are
+    dead passes only its biases on: the many-client collapse of plain averaging."""
+    names = layer_names_of(model, x, layer_names)[:-1]
+    outputs = capture(model, names, x)
+    fractions = []
+    for name in names:
+        active = outputs[name].transpose(0, 1).flatten(1) > 0
+        fractions.append(float((~active.any(dim=1)).double().mean()))
+    return fractions
+
+
+@torch.no_grad()
+def bias_shares(model: nn.Module, x: Tensor) -> list[float]:
+    r"""Per Linear/Conv module (:func:`linear_layers` order): the share of its pre-activation
+    :math:`W z + b` that comes from the bias on the inputs ``x``,
+
+    .. math:: s = \frac{\|b\,\mathbf{1}^\top\|}{\|W Z\| + \|b\,\mathbf{1}^\top\|}
+
+    (Frobenius norms over the batch, the bias broadcast to every sample and position): 0 without
+    a bias, 1/2 when bias and signal have equal norms, near 1 when the bias swamps the signal."""
+    layers = linear_layers(model)
+    inputs = capture(model, list(layers), x, mode="input")
+    shares = []
+    for name, module in layers.items():
+        signal = apply_without_bias(module, inputs[name])
+        if module.bias is None:
+            shares.append(0.0)
+            continue
+        shape = (1, -1) + (1,) * (signal.ndim - 2)
+        bias = module.bias.detach().double().cpu().reshape(shape).expand_as(signal)
+        shares.append(_ratio(bias.norm(), signal.norm() + bias.norm()))
+    return shares

@@ -20,7 +20,13 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   server-side study;
 - ``clients_for_data``: with ``job.clients`` set (a federation calibrating on the clients'
   held-out data, ``calibration = "federated"``), the data it needs comes from the clients
-  instead of the server split.
+  instead of the server split;
+- ``combine``: how the aligned clients become one model at given weights,
+  ``combine(spec, states, weights)`` (default: the plain weighted average). The merge and every
+  point of the study's interpolation paths use it, so a method's barriers and LEWC diagnostics
+  are measured on the path its own rule defines;
+- ``plain_chain_only``: the method is defined only for norm-free plain feed-forward chains
+  (:mod:`fedlmc.chain`), and is refused for other models before any work.
 
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
 row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
@@ -67,7 +73,11 @@ __all__ = [
 ]
 
 CALIBRATED_SUFFIX = "_t"
-REFERENCE_METHODS = {"ensemble": "mean of the clients' softmax outputs (N forward passes)"}
+REFERENCE_METHODS = {
+    "ensemble": "mean of the clients' softmax outputs (N forward passes)",
+    "logit_ensemble": "softmax of the weighted mean of the clients' logits (N forward passes)",
+}
+Combine = Callable[["PermutationSpec | None", Sequence["StateDict"], Sequence[float]], "StateDict"]
 
 
 class ClientQueries(Protocol):
@@ -144,6 +154,18 @@ class MergeMethod:
     repair: bool = False
     needs_clients: bool = False
     clients_for_data: bool = False
+    combine: Combine | None = None
+    plain_chain_only: bool = False
+
+    def combined(
+        self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
+    ) -> StateDict:
+        """``states`` combined at ``weights`` by this method's rule (plain average by default)."""
+        if self.combine is None:
+            from fedlmc.merge import average
+
+            return average(states, weights)
+        return self.combine(spec, states, weights)
 
 
 METHODS: Registry[MergeMethod] = Registry("merge method")
@@ -159,6 +181,8 @@ def register_method(
     repair: bool = False,
     needs_clients: bool = False,
     clients_for_data: bool = False,
+    combine: Combine | None = None,
+    plain_chain_only: bool = False,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -179,6 +203,8 @@ def register_method(
             repair,
             needs_clients,
             clients_for_data,
+            combine,
+            plain_chain_only,
         )
         METHODS.add(name, entry, replace=replace)
         return align
@@ -298,7 +324,10 @@ def merge_with_info(
         clients,
     )
     alignment = entry.align(job)
-    merged = alignment.merged if alignment.merged is not None else average(alignment.aligned, w)
+    merged = alignment.merged
+    if merged is None:
+        spec = job.spec if entry.combine is None else job.permutation_spec()
+        merged = entry.combined(spec, alignment.aligned, w)
     return merged, alignment.aligned, dict(alignment.info)
 
 
@@ -428,6 +457,34 @@ register_method(
     repair=True,
     clients_for_data=True,
 )(weight_matching_to_first)
+
+
+def lewc_bias_combination(
+    spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
+) -> StateDict:
+    r""":math:`\sum_i w_i \theta_i`, but each layer's bias :math:`\sum_i w_i^{\,l} b^{(i)}_l`
+    (:func:`fedlmc.chain.depth_weighted_bias_average`; ``ValueError`` for models that are not
+    norm-free plain chains)."""
+    from fedlmc.chain import depth_weighted_bias_average, norm_free_chain
+
+    layers = norm_free_chain(spec, states[0])
+    return depth_weighted_bias_average(layers, states, weights)
+
+
+@register_method(
+    "average_lewc_bias",
+    description="plain average, but layer l's bias combined as sum_i w_i^l b_i, the way LEWC "
+    "says the signal combines (norm-free plain chains: MLP, VGG without BatchNorm)",
+    combine=lewc_bias_combination,
+    plain_chain_only=True,
+)
+def lewc_bias_average(job: MergeJob) -> Alignment:
+    r""":math:`\pi_i = \mathrm{id}`; the merge is :func:`lewc_bias_combination`. Refused (with
+    the reason) before anything is merged for models that are not norm-free plain chains."""
+    from fedlmc.chain import norm_free_chain
+
+    norm_free_chain(job.permutation_spec(), job.states[0])
+    return Alignment(list(job.states))
 
 
 AUTO_TOLERANCE = 0.05

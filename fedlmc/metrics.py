@@ -13,7 +13,7 @@ Both are >= 0 on a grid that contains the endpoints; positive means the path is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,7 @@ from fedlmc.merge import interpolate, load_state
 from fedlmc.repair import repair
 
 Data = tuple[Tensor, Tensor]
+PathRule = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], float], dict[str, Tensor]]
 CURVE_COLUMNS = ("lam", "accuracy", "nll", "ece", "temperature", "nll_calibrated", "ece_calibrated")
 
 
@@ -81,8 +82,13 @@ def interpolation_curve(
     repair_data: Tensor | None = None,
     batch_size: int = 1024,
     device: str | None = None,
+    path: PathRule | None = None,
 ) -> pd.DataFrame:
     r"""Metrics of :math:`\theta(\lambda) = \lambda\theta_a + (1-\lambda)\theta_b` along a grid.
+
+    ``path(sd_a, sd_b, lam)`` replaces the linear interpolation where a merge method combines
+    weights by its own rule (e.g. depth-weighted biases, :mod:`fedlmc.chain`); it must give the
+    endpoints at ``lam = 1`` and ``lam = 0``.
 
     ``model`` is a template (never modified); at each ``lam`` a copy is loaded with the
     interpolated weights, BN statistics are re-estimated on ``bn_data`` if given and the model has
@@ -99,9 +105,10 @@ def interpolation_curve(
     endpoints = None
     if repair_data is not None and not has_batchnorm(model):
         endpoints = [load_state(model, sd).to(target).eval() for sd in (sd_a, sd_b)]
+    state_at = interpolate if path is None else path
     rows = []
     for lam in lambda_grid(lambdas):
-        merged = load_state(model, interpolate(sd_a, sd_b, lam)).to(target)
+        merged = load_state(model, state_at(sd_a, sd_b, lam)).to(target)
         if bn_data is not None and has_batchnorm(merged):
             reset_bn_stats(merged, bn_data)
         elif endpoints is not None and 0.0 < lam < 1.0:

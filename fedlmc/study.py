@@ -53,11 +53,13 @@ import torch
 from torch import Tensor, nn
 
 from fedlmc.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
+from fedlmc.chain import chain_layers, lewc_bias_targets, residual_reason
 from fedlmc.diagnostics import (
+    bias_shares,
+    dead_unit_fractions,
     hidden_weight_keys,
     layer_names_of,
     layer_predictions,
-    lewc_cosine,
     logit_norm_ratio,
     reciprocal_orthogonality,
     relu_additivity_error,
@@ -79,10 +81,17 @@ from fedlmc.methods import (
     merge_with_info,
     study_methods,
 )
-from fedlmc.metrics import barriers, interpolation_curve, merge_gap
+from fedlmc.metrics import PathRule, barriers, interpolation_curve, merge_gap
 from fedlmc.permutation import PermutationSpec, permutation_spec
 from fedlmc.repair import repair
-from fedlmc.rows import curve_json, empty_row, endpoint_columns, finite_mean, metric_columns
+from fedlmc.rows import (
+    PREDICTION_MEAN_KEYS,
+    curve_json,
+    empty_row,
+    endpoint_columns,
+    finite_mean,
+    metric_columns,
+)
 
 if TYPE_CHECKING:
     from fedlmc.data import DataSplits
@@ -114,7 +123,9 @@ def _say(progress: Progress, message: str) -> None:
 
 @dataclass
 class Merged:
-    """A merged model with what the diagnostics need: the aligned clients and the timing."""
+    """A merged model with what the diagnostics need: the aligned clients, the weights as the
+    method combined them (``combined``: before BatchNorm re-estimation or REPAIR), the method's
+    path rule between two models (``path``) and the timing."""
 
     model: nn.Module
     state: StateDict
@@ -123,6 +134,19 @@ class Merged:
     bn_reset: bool
     repaired: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    combined: StateDict = field(default_factory=dict)
+    path: PathRule = interpolate
+
+
+def path_rule(method: str, template: nn.Module, spec: PermutationSpec | None) -> PathRule:
+    r"""The path :math:`\theta(\lambda)` between two models under ``method``'s combination rule:
+    the linear interpolation, or the method's own ``combine`` at weights
+    :math:`(\lambda, 1 - \lambda)` (e.g. depth-weighted biases at every :math:`\lambda`)."""
+    entry = merge_method(method)
+    if entry.combine is None:
+        return interpolate
+    spec = spec if spec is not None else permutation_spec(template)
+    return lambda sd_a, sd_b, lam: entry.combined(spec, [sd_a, sd_b], [lam, 1.0 - lam])
 
 
 def _merge(
@@ -152,6 +176,7 @@ def _merge(
         spec=spec,
         options=options,
     )
+    combined = merged
     model = load_state(template, merged).to(device).eval()
     bn_reset = has_batchnorm(model) and entry.reestimate_bn
     if bn_reset:
@@ -166,7 +191,8 @@ def _merge(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    return Merged(model, merged, aligned, seconds, bn_reset, repaired, info)
+    path = path_rule(method, template, spec)
+    return Merged(model, merged, aligned, seconds, bn_reset, repaired, info, combined, path)
 
 
 def merge_clients(
@@ -261,6 +287,17 @@ def _half_and_max(curve) -> dict[str, float]:
     }
 
 
+def _path_kwargs(merged: Merged, splits: DataSplits) -> dict[str, Any]:
+    """What every path of a merge is evaluated with: temperatures refitted on the server split,
+    and the merge's own post-processing at every point (BatchNorm statistics re-estimated, or
+    every interior point repaired)."""
+    return {
+        "calibration": splits.server,
+        "bn_data": splits.server if merged.bn_reset else None,
+        "repair_data": splits.server[0] if merged.repaired else None,
+    }
+
+
 def client_barrier_columns(
     template: nn.Module,
     merged: Merged,
@@ -269,7 +306,9 @@ def client_barrier_columns(
     device: torch.device,
 ) -> dict[str, float]:
     r"""Barriers on each client's path to the merge, :math:`\lambda \pi_i(\theta_i) +
-    (1-\lambda)\bar\theta`: mean and worst over clients (columns in :mod:`fedlmc.rows`)."""
+    (1-\lambda)\bar\theta` (post-processed like the merge at every point): mean and worst over
+    clients. They measure the shape of the path from a client to the merge, not the merge's
+    quality (that is ``merge_gap_*``); columns in :mod:`fedlmc.rows`."""
     per_client = [
         _half_and_max(
             interpolation_curve(
@@ -278,9 +317,8 @@ def client_barrier_columns(
                 merged.state,
                 splits.test,
                 lambdas=lambdas,
-                calibration=splits.server,
-                bn_data=splits.server if merged.bn_reset else None,
                 device=device,
+                **_path_kwargs(merged, splits),
             )
         )
         for client in merged.aligned
@@ -288,16 +326,17 @@ def client_barrier_columns(
     columns = {}
     for key in per_client[0]:
         values = [found[key] for found in per_client]
-        columns[f"client_loss_barrier_{key}_mean"] = sum(values) / len(values)
-        columns[f"client_loss_barrier_{key}_worst"] = max(values)
+        columns[f"client_to_merge_path_loss_barrier_{key}_mean"] = sum(values) / len(values)
+        columns[f"client_to_merge_path_loss_barrier_{key}_worst"] = max(values)
     return columns
 
 
 def pairwise_barrier_columns(
     template: nn.Module, merged: Merged, splits: DataSplits, device: torch.device
 ) -> dict[str, str]:
-    """The N x N loss barrier at lambda = 1/2 between the clients in the merge's basis (raw and
-    calibrated; JSON matrices, symmetric, 0 on the diagonal)."""
+    """The N x N loss barrier at lambda = 1/2 between the clients in the merge's basis, on the
+    method's path rule and post-processed like the merge (raw and calibrated; JSON matrices,
+    symmetric, 0 on the diagonal)."""
     count = len(merged.aligned)
     raw = [[0.0] * count for _ in range(count)]
     calibrated = [[0.0] * count for _ in range(count)]
@@ -309,9 +348,9 @@ def pairwise_barrier_columns(
                 merged.aligned[j],
                 splits.test,
                 lambdas=[0.0, 0.5, 1.0],
-                calibration=splits.server,
-                bn_data=splits.server if merged.bn_reset else None,
                 device=device,
+                path=merged.path,
+                **_path_kwargs(merged, splits),
             )
             found = _half_and_max(curve)
             raw[i][j] = raw[j][i] = found["half"]
@@ -350,6 +389,11 @@ def _json_list(values: Sequence[float]) -> str:
     return json.dumps([float(v) for v in values])
 
 
+LEWC_ONLY = ("lewc_cos", "lewc_error", "lewc_norm_ratio")
+"""Per-layer quantities that exist only where LEWC's depth exponents do (NaN elsewhere)."""
+LLFC_AND_MEASURED = ("llfc_cos", "llfc_scaled_error", "norm_ratio")
+
+
 def prediction_columns(
     template: nn.Module,
     states: Sequence[StateDict],
@@ -358,30 +402,70 @@ def prediction_columns(
     x: Tensor,
     layer_names: Sequence[str],
     suffix: str = "",
+    lewc_undefined: str = "",
 ) -> dict[str, Any]:
-    """LEWC and LLFC relative errors and norm ratios per layer
-    (:func:`fedlmc.diagnostics.layer_predictions`), with ``suffix`` on every column name."""
+    """LEWC and LLFC errors, cosines and norm ratios per layer
+    (:func:`fedlmc.diagnostics.layer_predictions`) and their means, with ``suffix`` on every
+    column name. Where ``lewc_undefined`` gives a reason (a residual network), the LEWC columns
+    are NaN / empty and only LLFC's and the measured ones are filled."""
     layers = layer_predictions(template, states, weights, merged_state, x, layer_names)
-    columns = {
-        f"lewc_error_mean{suffix}": finite_mean([r["lewc_error"] for r in layers]),
-        f"llfc_error_mean{suffix}": finite_mean([r["llfc_error"] for r in layers]),
-    }
-    for key in ("lewc_error", "llfc_error", "norm_ratio", "lewc_norm_ratio"):
+    keys = LLFC_AND_MEASURED if lewc_undefined else (*LEWC_ONLY, *LLFC_AND_MEASURED)
+    columns: dict[str, Any] = {}
+    for key in keys:
         columns[f"{key}_layers{suffix}"] = _json_list([r[key] for r in layers])
+    for key in PREDICTION_MEAN_KEYS:
+        if key in keys:
+            columns[f"{key}_mean{suffix}"] = finite_mean([r[key] for r in layers])
     return columns
 
 
-def _quarter_state(
-    template: nn.Module, merged: Merged, splits: DataSplits, device: torch.device
-) -> StateDict:
-    r""":math:`\theta(1/4) = \theta_a / 4 + 3 \pi(\theta_b) / 4` (BN statistics re-estimated like
-    the merge's)."""
-    state = interpolate(merged.aligned[0], merged.aligned[1], QUARTER)
-    if not merged.bn_reset:
-        return state
-    model = load_state(template, state).to(device).eval()
-    reset_bn_stats(model, splits.server)
-    return {k: v.detach().cpu().clone() for k, v in model.eval().state_dict().items()}
+def _quarter_state(merged: Merged) -> StateDict:
+    r""":math:`\theta(1/4)` on the method's path between client 0 and the aligned client 1, as
+    combined (no BatchNorm re-estimation or REPAIR: the state LEWC describes)."""
+    return merged.path(merged.aligned[0], merged.aligned[1], QUARTER)
+
+
+def lewc_measured_on(merged: Merged) -> str:
+    """Which weights the LEWC/LLFC layer columns measure (the combined weights, and what the
+    row's evaluated model adds after them)."""
+    if merged.bn_reset:
+        return "combined weights, before BatchNorm re-estimation"
+    if merged.repaired:
+        return "combined weights, before REPAIR"
+    return "combined weights (the evaluated merge)"
+
+
+def lewc_undefined_reason(
+    template: nn.Module, spec: PermutationSpec | None, x: Tensor, layer_names: Sequence[str]
+) -> str:
+    """Why LEWC's prediction is undefined for ``template`` ("" where it is defined): its
+    Linear/Conv layers are no plain chain (:func:`fedlmc.chain.residual_reason`), or no
+    permutation spec could be found to tell."""
+    try:
+        spec = spec if spec is not None else permutation_spec(template, x[:2])
+    except (ValueError, RuntimeError) as error:
+        return f"no permutation spec to find the layers' depths: {error}"
+    return residual_reason(spec, template.state_dict(), layer_names)
+
+
+def bias_mismatch(
+    spec: PermutationSpec, merged: Merged, weights: Sequence[float]
+) -> list[float] | None:
+    r"""Per biased layer of a plain chain: :math:`\|\bar b_l - \sum_i w_i^{\,l} b^{(i)}_l\| /
+    \|\sum_i w_i^{\,l} b^{(i)}_l\|`, how far the merge's bias is from the one LEWC needs (0 for
+    ``average_lewc_bias``; the plain average's grows with depth). ``None`` for non-chains."""
+    layers = chain_layers(spec, merged.combined)
+    if layers is None:
+        return None
+    targets = lewc_bias_targets(layers, merged.aligned, weights)
+    return [
+        _ratio_of_norms(merged.combined[key] - target, target) for key, target in targets.items()
+    ]
+
+
+def _ratio_of_norms(numerator: Tensor, denominator: Tensor) -> float:
+    bottom = float(denominator.double().norm())
+    return float(numerator.double().norm()) / bottom if bottom > 0 else float("nan")
 
 
 def diagnostic_columns(
@@ -392,23 +476,47 @@ def diagnostic_columns(
     x: Tensor,
     device: torch.device,
     layer_names: Sequence[str],
+    spec: PermutationSpec | None = None,
+    lewc_undefined: str = "",
 ) -> dict[str, Any]:
-    """LEWC cosine and LEWC/LLFC errors per layer (at the merge weights and, for two clients, at
-    lambda = 1/4), the logit norm ratio, and reciprocal orthogonality and ReLU additivity of
-    clients 0 and 1 (in the merged basis), all on the inputs ``x``."""
-    cos = lewc_cosine(template, merged.aligned, weights, merged.state, x, layer_names)
+    """LEWC and LLFC per layer on the combined weights (at the merge weights and, for two
+    clients, at lambda = 1/4; LEWC's columns NaN where ``lewc_undefined``), the logit norm ratio,
+    dead units and bias shares of the evaluated merge, and reciprocal orthogonality and ReLU
+    additivity of clients 0 and 1 (in the merged basis), all on the inputs ``x``."""
     columns: dict[str, Any] = {
-        "lewc_cos_mean": finite_mean(cos),
-        "lewc_cos_layers": _json_list(cos),
-        **prediction_columns(template, merged.aligned, weights, merged.state, x, layer_names),
+        "lewc_measured_on": lewc_measured_on(merged),
+        "lewc_undefined_reason": lewc_undefined,
+        **prediction_columns(
+            template,
+            merged.aligned,
+            weights,
+            merged.combined,
+            x,
+            layer_names,
+            lewc_undefined=lewc_undefined,
+        ),
         "logit_norm_ratio": logit_norm_ratio(template, merged.aligned, merged.state, x, weights),
+        "dead_unit_fraction_layers": _json_list(dead_unit_fractions(merged.model, x, layer_names)),
+        "bias_share_layers": _json_list(bias_shares(merged.model, x)),
     }
+    if not lewc_undefined:
+        ratios = json.loads(columns["lewc_norm_ratio_layers"])
+        columns["lewc_temperature_ratio"] = ratios[-1]
+        mismatch = bias_mismatch(spec or permutation_spec(template, x[:2]), merged, weights)
+        if mismatch is not None:
+            columns["lewc_bias_mismatch_layers"] = _json_list(mismatch)
     if len(merged.aligned) == 2:
-        quarter = _quarter_state(template, merged, splits, device)
         pair = [QUARTER, 1.0 - QUARTER]
         columns.update(
             prediction_columns(
-                template, merged.aligned, pair, quarter, x, layer_names, suffix="_quarter"
+                template,
+                merged.aligned,
+                pair,
+                _quarter_state(merged),
+                x,
+                layer_names,
+                suffix="_quarter",
+                lewc_undefined=lewc_undefined,
             )
         )
     model_a = load_state(template, merged.aligned[0]).to(device).eval()
@@ -444,17 +552,16 @@ def curve_columns(
     device: torch.device,
 ) -> dict[str, Any]:
     """Barriers at lambda = 1/2 (signed) and their maximum over the path between client 0 and
-    the aligned client 1 (two clients only)."""
+    the aligned client 1 (two clients only), on the method's path rule."""
     curve = interpolation_curve(
         template,
         merged.aligned[0],
         merged.aligned[1],
         splits.test,
         lambdas=lambdas,
-        calibration=splits.server,
-        bn_data=splits.server if merged.bn_reset else None,
-        repair_data=splits.server[0] if merged.repaired else None,
         device=device,
+        path=merged.path,
+        **_path_kwargs(merged, splits),
     )
     found = barriers(curve)
     columns: dict[str, Any] = {"curve": curve_json(curve)}
@@ -486,8 +593,64 @@ class _Cell:
     options: dict[str, Any]
     progress: Progress
     endpoints: list[dict[str, float]]
-    ensemble: dict[str, float]
+    references: dict[str, dict[str, Any]]
+    top1: dict[str, Tensor]
     common: dict[str, Any]
+    lewc_undefined: str = ""
+
+
+def _weighted_logits(logits: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
+    return sum(w * z for w, z in zip(weights, logits, strict=True))
+
+
+def _reference_rows(
+    predictions: Sequence[Predictions], weights: Sequence[float], splits: DataSplits
+) -> tuple[dict[str, dict[str, Any]], dict[str, Tensor]]:
+    r"""The two ensembles every merge is compared with, as row columns, and their top-1 labels:
+    ``ensemble`` :math:`\sum_i w_i\,\mathrm{softmax}(z_i)` (raw) and ``logit_ensemble``
+    :math:`\mathrm{softmax}(\sum_i w_i z_i / T)` (the scaled logit ensemble LEWC likens the merge
+    to; raw, with its server-fitted :math:`T` in the calibrated columns)."""
+    labels = splits.test[1]
+    probs = ensemble_probs([p.test for p in predictions], weights)
+    prob = metrics_from_probs(probs, labels)
+    logit = Predictions(
+        _weighted_logits([p.test for p in predictions], weights),
+        _weighted_logits([p.server for p in predictions], weights),
+        1.0,
+    )
+    logit.temperature = fit_temperature(logit.server, splits.server[1])
+    top1 = {"ensemble": probs.argmax(dim=1), "logit_ensemble": logit.test.argmax(dim=1)}
+    rows = {
+        "ensemble": {
+            "accuracy": prob["accuracy"],
+            "nll": prob["nll"],
+            "ece": prob["ece"],
+            "temperature": 1.0,
+            "nll_raw": prob["nll"],
+            "ece_raw": prob["ece"],
+        },
+        "logit_ensemble": {
+            **metric_columns(logit.metrics(labels), False, logit.temperature),
+            "logit_ensemble_temperature": logit.temperature,
+        },
+    }
+    return rows, top1
+
+
+AGREEMENT_COLUMNS = {
+    "ensemble": "agreement_prob_ensemble",
+    "logit_ensemble": "agreement_logit_ensemble",
+}
+
+
+def agreement_columns(top1: Mapping[str, Tensor], logits: Tensor) -> dict[str, float]:
+    """Top-1 agreement on the test split of a model's logits with each ensemble's prediction
+    (:data:`AGREEMENT_COLUMNS`): the fraction of test inputs with the same predicted class."""
+    predicted = logits.argmax(dim=1)
+    return {
+        AGREEMENT_COLUMNS[name]: float((predicted == labels).double().mean())
+        for name, labels in top1.items()
+    }
 
 
 def _prepare(
@@ -511,20 +674,26 @@ def _prepare(
     labels = splits.test[1]
     x = splits.test[0][:samples]
     names = layer_names_of(template, x.to(device), layer_names) if diagnostics else []
-    endpoints, logits = [], []
+    predictions = []
     for i, sd in enumerate(states):
         _say(progress, f"predicting client {i + 1}/{len(states)}")
-        pred = Predictions.of(load_state(template, sd).to(device).eval(), splits, device)
-        endpoints.append(pred.metrics(labels))
-        logits.append(pred.test)
-    ens = metrics_from_probs(ensemble_probs(logits, w), labels)
+        model = load_state(template, sd).to(device).eval()
+        predictions.append(Predictions.of(model, splits, device))
+    endpoints = [p.metrics(labels) for p in predictions]
+    references, top1 = _reference_rows(predictions, w, splits)
+    temperatures = [p.temperature for p in predictions]
     common = {
         **endpoint_columns(endpoints),
-        "ensemble_acc": ens["accuracy"],
-        "ensemble_nll": ens["nll"],
+        "ensemble_acc": references["ensemble"]["accuracy"],
+        "ensemble_nll": references["ensemble"]["nll"],
+        "logit_ensemble_acc": references["logit_ensemble"]["accuracy"],
+        "endpoint_temperature_mean": sum(temperatures) / len(temperatures),
+        "logit_ensemble_temperature": references["logit_ensemble"]["logit_ensemble_temperature"],
     }
+    undefined = ""
     if diagnostics:
         common.update(stable_rank_columns(states, head=names[-1]))
+        undefined = lewc_undefined_reason(template, spec, x.to(device), names)
     return _Cell(
         template,
         states,
@@ -540,24 +709,31 @@ def _prepare(
         dict(options or {}),
         progress,
         endpoints,
-        ens,
+        references,
+        top1,
         common,
+        undefined,
     )
 
 
-def _ensemble_row(cell: _Cell) -> dict[str, Any]:
-    row = empty_row("ensemble", len(cell.states))
+def _reference_row(cell: _Cell, method: str) -> dict[str, Any]:
+    """The row of the reference ``method`` (``ensemble`` or ``logit_ensemble``)."""
+    row = empty_row(method, len(cell.states))
     row.update(cell.common)
-    ens = cell.ensemble
+    found = cell.references[method]
+    row.update(found)
+    row["merge_gap_accuracy"] = row["endpoint_acc_mean"] - found["accuracy"]
+    row["merge_gap_loss"] = found["nll_raw"] - row["endpoint_nll_mean"]
+    if method == "logit_ensemble":
+        row["merge_gap_loss_calibrated"] = found["nll_calibrated"] - finite_mean(
+            [e["nll_calibrated"] for e in cell.endpoints]
+        )
+    own = cell.top1[method]
     row.update(
-        accuracy=ens["accuracy"],
-        nll=ens["nll"],
-        ece=ens["ece"],
-        temperature=1.0,
-        nll_raw=ens["nll"],
-        ece_raw=ens["ece"],
-        merge_gap_accuracy=row["endpoint_acc_mean"] - ens["accuracy"],
-        merge_gap_loss=ens["nll"] - row["endpoint_nll_mean"],
+        {
+            AGREEMENT_COLUMNS[name]: float((own == labels).double().mean())
+            for name, labels in cell.top1.items()
+        }
     )
     return row
 
@@ -570,6 +746,16 @@ class _BaseMerge:
     columns: dict[str, Any]
     metrics: dict[str, float]
     temperature: float
+
+
+def temperature_columns(cell: _Cell, temperature: float) -> dict[str, float]:
+    """The merge's server-fitted :math:`T` over the endpoints' mean :math:`T` and over the
+    logit ensemble's :math:`T` (LEWC predicts the latter ratio: ``lewc_temperature_ratio``)."""
+    return {
+        "merge_temperature": temperature,
+        "temperature_ratio_endpoints": temperature / cell.common["endpoint_temperature_mean"],
+        "temperature_ratio_logit_ensemble": temperature / cell.common["logit_ensemble_temperature"],
+    }
 
 
 def _base_columns(cell: _Cell, method: str) -> _BaseMerge:
@@ -590,6 +776,8 @@ def _base_columns(cell: _Cell, method: str) -> _BaseMerge:
     metrics = pred.metrics(cell.splits.test[1])
     columns: dict[str, Any] = {"merge_seconds": merged.seconds, **merged.info}
     columns.update(gap_columns(cell.endpoints, metrics))
+    columns.update(agreement_columns(cell.top1, pred.test))
+    columns.update(temperature_columns(cell, pred.temperature))
     if cell.diagnostics and len(cell.states) == 2:
         _say(cell.progress, f"interpolation curve: {method}")
         columns.update(curve_columns(cell.template, merged, cell.splits, cell.lambdas, cell.device))
@@ -613,6 +801,8 @@ def _base_columns(cell: _Cell, method: str) -> _BaseMerge:
                 cell.diagnostic_x,
                 cell.device,
                 cell.layer_names,
+                cell.spec,
+                cell.lewc_undefined,
             )
         )
     return _BaseMerge(merged, columns, metrics, pred.temperature)
@@ -680,7 +870,8 @@ def compare_methods(
     template = copy.deepcopy(template).to(dev).eval()
     aligning = any(base_method(m) != "average" for m in methods if m not in REFERENCE_METHODS)
     if spec is None and aligning and not hasattr(template, "permutation_spec"):
-        spec = permutation_spec(template)  # derived once from the graph, shared by every method
+        # derived once from the graph on two test inputs, shared by every method
+        spec = permutation_spec(template, splits.test[0][:2].to(dev))
     cell = _prepare(
         template,
         states,
@@ -700,7 +891,7 @@ def compare_methods(
     result = Comparison()
     for method in methods:
         if method in REFERENCE_METHODS:
-            result.rows.append(_ensemble_row(cell))
+            result.rows.append(_reference_row(cell, method))
             continue
         base = base_method(method)
         if base not in shared:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlmc.architectures import (
+    MODELS,
     NORMS,
     is_factory_path,
     model_entry,
@@ -48,6 +49,7 @@ from simulations.schema import (
     Key,
     at_least,
     check_value,
+    choice,
     did_you_mean,
     fraction,
     named,
@@ -68,6 +70,7 @@ __all__ = [
 ]
 
 STRATEGIES = ("compare", "average", "aligned", "fedavg")
+BIAS_VALUES = ("auto", "true", "false")
 CALIBRATIONS = ("server", "federated", "none")
 FAILURE_MODES = ("raise", "nan", "hang")
 FEDAVG = "fedavg"
@@ -169,6 +172,15 @@ def run_schema() -> dict[str, Key]:
         "norm": named(
             str, "auto", "normalisation layers (auto: the model's default)", ("auto", *NORMS)
         ),
+        "bias": Key(
+            str,
+            "auto",
+            "bias in every linear/conv layer: true, false, or auto (the model's registered "
+            "default; LEWC is derived for bias-free nets)",
+            choice(BIAS_VALUES),
+            lambda: BIAS_VALUES,
+            booleans=True,
+        ),
         "num-clients": Key(int, 2, "number of clients", at_least(2)),
         "partition": named(
             str, "iid", "partition scheme (full: every client the whole pool)", PARTITION_SCHEMES
@@ -263,6 +275,8 @@ def check_consistency(config: Mapping[str, Any], *, check_devices: bool = True) 
                 f"{config['dataset']!r}"
             )
     check_partition(config)
+    check_model_bias(config)
+    check_plain_chain_methods(config)
     if check_devices and (config["num-gpus"] > 0 or config["device"] == "cuda"):
         import torch
 
@@ -304,6 +318,61 @@ def parse_override(text: str) -> tuple[str, Any]:
     except tomllib.TOMLDecodeError:
         value = raw
     return key, value
+
+
+def resolved_norm(config: Mapping[str, Any]) -> str:
+    """The ``norm`` the model is built with (``auto``: the model's registered default)."""
+    norm = config["norm"]
+    return model_entry(config["model"]).default_norm if norm == "auto" else norm
+
+
+def resolved_bias(config: Mapping[str, Any]) -> str:
+    """``"true"``/``"false"``: the ``bias`` the model is built with (``auto``: its registered
+    default); ``"auto"`` for models without a ``bias`` option (user factories)."""
+    option = model_entry(config["model"]).options.get("bias")
+    if config["bias"] != "auto" or option is None:
+        return config["bias"]
+    return "true" if option.default else "false"
+
+
+def check_model_bias(config: Mapping[str, Any]) -> None:
+    """``bias = true/false`` needs a model with a ``bias`` option."""
+    if config["bias"] != "auto" and "bias" not in model_entry(config["model"]).options:
+        raise ConfigError(
+            f"bias = {config['bias']!r}: model {config['model']!r} has no bias option; "
+            "allowed: auto"
+        )
+
+
+def selected_methods(config: Mapping[str, Any]) -> list[str]:
+    """The merge methods the run executes: ``methods`` under ``compare``, ``align`` under
+    ``aligned``, ``average`` under ``average``, none for FedAvg."""
+    strategy = config["strategy"]
+    if strategy == "compare":
+        names = merge_method_names()
+        return [base_method(m) for m in method_list(config) if base_method(m) in names]
+    if strategy == "aligned":
+        return [config["align"]]
+    return ["average"] if strategy == "average" else []
+
+
+def check_plain_chain_methods(config: Mapping[str, Any]) -> None:
+    """Methods defined only for norm-free plain chains (``average_lewc_bias``) are refused for
+    a residual model or a model with norm layers, before any work."""
+    chain_only = [m for m in selected_methods(config) if merge_method_entry(m).plain_chain_only]
+    if not chain_only:
+        return
+    entry = model_entry(config["model"])
+    if entry.plain_chain is False:
+        raise ConfigError(
+            f"merge method {chain_only[0]!r}: model {config['model']!r} is residual; allowed "
+            f"only for plain chains ({', '.join(e.name for e in MODELS if e.plain_chain)})"
+        )
+    if resolved_norm(config) != "none":
+        raise ConfigError(
+            f"merge method {chain_only[0]!r}: norm = {resolved_norm(config)!r}; allowed only "
+            "with norm = 'none' (a norm-free chain)"
+        )
 
 
 # ----------------------------------------------------------------------------- feasibility
@@ -620,7 +689,9 @@ def canonical_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
     - ``alpha`` unless ``partition = "dirichlet"``; ``classes-per-client`` unless
       ``pathological``/``shard``;
-    - model options the chosen model does not have (``depth`` of a ``vgg11`` cell);
+    - model options the chosen model does not have (``depth`` of a ``vgg11`` cell); ``bias =
+      auto`` is resolved to the model's default (``true``/``false``), so ``auto`` and the value
+      it stands for are one cell;
     - ``methods``, ``lambdas`` and ``diagnostics`` unless ``strategy = "compare"`` (only the
       study evaluates several methods and draws the curve);
     - ``align`` unless ``strategy = "aligned"``; ``calibration`` unless the strategy is
@@ -642,6 +713,7 @@ def canonical_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
         reset("classes-per-client")
     own = model_entry(canonical["model"]).options
     reset(*(option_key(name) for name in public_options() if name not in own))
+    canonical["bias"] = resolved_bias(canonical)
     strategy = canonical["strategy"]
     if strategy != "compare":
         reset("methods", "lambdas", "diagnostics")

@@ -16,14 +16,18 @@ figures whose data exists:
   rows have it, the server split's temperature for the same merged model (dashed).
 - ``lewc_layers.png``: LEWC cosine per layer (1 = the merged layer output equals the
   exponentially weighted prediction), one line per width, one panel per method.
-- ``lewc_vs_llfc.png``: per layer, top: the measured norm ratio
-  ``||f_l(merged)|| / ||sum_i w_i f_l(theta_i)||`` (solid) against LEWC's prediction (dashed;
-  LLFC predicts 1, dotted); bottom: the relative errors of the LEWC (solid) and LLFC (dashed)
-  predictions; one line per width, one column per method.
+- ``lewc_vs_llfc.png``: per layer, on the combined weights (before BatchNorm re-estimation or
+  REPAIR), top: the measured norm ratio ``||f_l(merged)|| / ||sum_i w_i f_l(theta_i)||``
+  (solid) against LEWC's prediction of it (dashed; LLFC makes no claim about the scale);
+  bottom: the relative error of LEWC's prediction (solid) and of LLFC's at its best positive
+  scale (dashed); one line per width, one column per method and value of the other varying keys.
+- ``dead_units_and_bias_share.png``: per layer of the evaluated merge, the fraction of hidden
+  units never active on the diagnostic inputs (top) and the share of the pre-activation that
+  comes from the bias (bottom); one line per client count (or width).
 - ``accuracy_vs_alpha.png`` / ``accuracy_vs_clients.png``: when ``alpha`` / ``num-clients`` vary.
 - ``client_barriers_vs_clients.png``: cells of three or more clients, the calibrated loss
-  barrier at lambda = 1/2 on each client's path to the merge, mean (solid) and worst client
-  (dashed), against the number of clients.
+  barrier at lambda = 1/2 on each client's path to the merge (the path's shape, not the merge's
+  quality), mean (solid) and worst client (dashed), against the number of clients.
 - ``pairwise_barriers.png``: the N x N loss barrier at lambda = 1/2 between clients (raw), per
   method, for the widest width of the first cell that has the matrix.
 - ``lambda_paths.png``: test accuracy and NLL (raw and calibrated) along
@@ -46,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fedlmc.methods import REFERENCE_METHODS
 from simulations.config import run_schema
 from simulations.report_schema import REPORT_SCHEMA
 from simulations.sweep import read_results, summary_table
@@ -82,12 +87,12 @@ def has_values(rows: pd.DataFrame, column: str) -> bool:
 
 
 def accuracy_methods(rows: pd.DataFrame) -> list[str]:
-    """Methods drawn on accuracy plots: ``X_t`` left out when ``X`` is there; no ensemble."""
+    """Methods drawn on accuracy plots: ``X_t`` left out when ``X`` is there; no ensembles."""
     methods = list(dict.fromkeys(rows["method"])) if "method" in rows else []
     return [
         m
         for m in methods
-        if m not in ("ensemble",) and not (m.endswith("_t") and m[:-2] in methods)
+        if m not in REFERENCE_METHODS and not (m.endswith("_t") and m[:-2] in methods)
     ]
 
 
@@ -258,6 +263,7 @@ def draw_references(ax, rows: pd.DataFrame, x: str, kind: str) -> None:
     for column, label, colour in (
         ("endpoint_acc_mean", "endpoints (mean)", "black"),
         ("ensemble_acc", "ensemble", "grey"),
+        ("logit_ensemble_acc", "logit ensemble", "tab:brown"),
     ):
         if has_values(per_cell, column):
             table = aggregate(per_cell, [x], column, kind)
@@ -330,43 +336,71 @@ def lewc_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Pat
     return save(fig, path, settings["dpi"])
 
 
-def lewc_llfc_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path | None:
-    """Per layer: measured norm ratio vs LEWC's and LLFC's predictions (top), and the relative
-    errors of the two predictions (bottom); one line per width, one column per method."""
-    columns = ("norm_ratio_layers", "lewc_norm_ratio_layers", "lewc_error_layers")
-    data, methods = json_rows(rows, [*columns, "llfc_error_layers"])
+LayerPanel = tuple[str, str | None, str, bool]
+"""One row of a per-layer figure: solid column, dashed column (or None), y label, log scale."""
+
+LEWC_PANELS: tuple[LayerPanel, ...] = (
+    (
+        "norm_ratio_layers",
+        "lewc_norm_ratio_layers",
+        "norm ratio ||f_l(merge)|| / ||sum w_i f_l||\n(solid measured, dashed LEWC's prediction)",
+        True,
+    ),
+    (
+        "lewc_error_layers",
+        "llfc_scaled_error_layers",
+        "relative error (solid LEWC,\ndashed LLFC at its best positive scale)",
+        False,
+    ),
+)
+MECHANISM_PANELS: tuple[LayerPanel, ...] = (
+    ("dead_unit_fraction_layers", None, "fraction of hidden units\nnever active", False),
+    ("bias_share_layers", None, "bias share ||b|| / (||Wz|| + ||b||)", False),
+)
+
+
+def layer_figure(
+    rows: pd.DataFrame,
+    path: Path,
+    settings: dict[str, Any],
+    layer_panels: Sequence[LayerPanel],
+    lines: str = "width",
+) -> Path | None:
+    """Per-layer lines (mean over seeds), one line per value of ``lines``, one figure row per
+    panel of ``layer_panels`` and one column per method and value combination of the other
+    varying keys (e.g. ``bias``)."""
+    columns = [c for panel in layer_panels for c in panel[:2] if c]
+    data, methods = json_rows(rows, columns)
     if data.empty or not methods:
         return None
-    fig, axes = panel_grid(len(methods), rows=2)
+    groups = [
+        (f"{method}" + (f", {title}" if title else ""), subset[subset["method"] == method])
+        for title, subset in panels(data, exclude=[lines])
+        for method in methods
+    ]
+    groups = [(title, subset) for title, subset in groups if not subset.empty]
+    fig, axes = panel_grid(len(groups), rows=len(layer_panels))
     cmap = _pyplot().get_cmap("viridis")
-    widths = sorted(data["width"].unique())
-    panels_of = (
-        (
-            0,
-            "norm_ratio_layers",
-            "lewc_norm_ratio_layers",
-            "norm ratio (solid measured, dashed LEWC)",
-        ),
-        (1, "lewc_error_layers", "llfc_error_layers", "relative error (solid LEWC, dashed LLFC)"),
-    )
-    for col, method in enumerate(methods):
-        subset = data[data["method"] == method]
-        for j, width in enumerate(widths):
-            at_width = subset[subset["width"] == width]
-            if at_width.empty:
+    values = sorted(data[lines].unique())
+    for col, (title, subset) in enumerate(groups):
+        for j, value in enumerate(values):
+            at_value = subset[subset[lines] == value]
+            if at_value.empty:
                 continue
-            colour = cmap(j / max(1, len(widths) - 1))
-            for row, solid, dashed, _ in panels_of:
+            colour = cmap(j / max(1, len(values) - 1))
+            for row, (solid, dashed, _, _) in enumerate(layer_panels):
                 for column, style in ((solid, "-"), (dashed, "--")):
-                    mean = mean_of_lists(list(at_width[f"_{column}"]))
-                    label = f"width {width:g}" if (row, style) == (0, "-") else None
+                    if column is None:
+                        continue
+                    mean = mean_of_lists(list(at_value[f"_{column}"]))
+                    label = f"{lines} {value:g}" if (row, style) == (0, "-") else None
                     axes[row, col].plot(
                         range(1, len(mean) + 1), mean, color=colour, linestyle=style, label=label
                     )
-        axes[0, col].axhline(1.0, color="grey", linestyle=":", linewidth=1)
-        axes[0, col].set_yscale("log")
-        axes[0, col].set_title(method, fontsize=9)
-        for row, _, _, ylabel in panels_of:
+        axes[0, col].set_title(title, fontsize=9)
+        for row, (_, _, ylabel, log) in enumerate(layer_panels):
+            if log:
+                axes[row, col].set_yscale("log")
             axes[row, col].set_xlabel("layer l (last = logits)")
             axes[row, col].set_ylabel(ylabel, fontsize=8)
             axes[row, col].grid(alpha=0.3)
@@ -490,7 +524,13 @@ def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
     cells = rows.drop_duplicates("cell_id")
     columns = [
         c
-        for c in ("endpoint_acc_mean", "endpoint_acc_min", "endpoint_acc_max", "ensemble_acc")
+        for c in (
+            "endpoint_acc_mean",
+            "endpoint_acc_min",
+            "endpoint_acc_max",
+            "ensemble_acc",
+            "logit_ensemble_acc",
+        )
         if has_values(cells, c)
     ]
     if not columns:
@@ -531,18 +571,31 @@ MEAN_TABLES = (
     ("accuracy_barrier_half", "Accuracy barrier at lambda = 1/2 (signed)"),
     ("accuracy_barrier_max", "Accuracy barrier, maximum over lambda"),
     (
-        "client_loss_barrier_half_calibrated_mean",
-        "Client-to-merge barrier at 1/2, calibrated, mean",
+        "client_to_merge_path_loss_barrier_half_calibrated_mean",
+        "Barrier at 1/2 on the path client -> merge (its shape, not the merge's quality), "
+        "calibrated, mean over clients",
     ),
     (
-        "client_loss_barrier_half_calibrated_worst",
-        "Client-to-merge barrier at 1/2, calibrated, worst",
+        "client_to_merge_path_loss_barrier_half_calibrated_worst",
+        "Barrier at 1/2 on the path client -> merge, calibrated, worst client",
     ),
-    ("client_loss_barrier_max_mean", "Client-to-merge barrier, maximum over lambda, raw, mean"),
-    ("lewc_error_mean", "LEWC relative error, mean over layers"),
-    ("llfc_error_mean", "LLFC relative error, mean over layers"),
+    ("agreement_logit_ensemble", "Top-1 agreement with the logit ensemble (test split)"),
+    ("agreement_prob_ensemble", "Top-1 agreement with the probability ensemble (test split)"),
+    ("lewc_error_mean", "LEWC relative error (combined weights), mean over layers"),
+    (
+        "llfc_scaled_error_mean",
+        "LLFC relative error at its best positive scale (combined weights), mean over layers",
+    ),
     ("lewc_error_mean_quarter", "LEWC relative error at lambda = 1/4, mean over layers"),
-    ("llfc_error_mean_quarter", "LLFC relative error at lambda = 1/4, mean over layers"),
+    (
+        "llfc_scaled_error_mean_quarter",
+        "LLFC best-scaled relative error at lambda = 1/4, mean over layers",
+    ),
+    (
+        "temperature_ratio_logit_ensemble",
+        "Fitted T of the merge / fitted T of the logit ensemble (measured)",
+    ),
+    ("lewc_temperature_ratio", "LEWC's prediction of that T ratio, ||sum w^L z|| / ||sum w z||"),
     ("logit_norm_ratio", "Logit norm of the merge / endpoints' (LEWC: shrinks with depth)"),
     ("recip_orth_mean", "Reciprocal orthogonality ||W_a z_b|| / ||W_a z_a|| (0 = orthogonal)"),
 )
@@ -827,7 +880,17 @@ def draw_figures(rows: pd.DataFrame, fig_dir: Path, settings: dict[str, Any]) ->
         ),
         (
             "norm_ratio_layers" in rows,
-            lambda: lewc_llfc_figure(rows, fig_dir / "lewc_vs_llfc.png", settings),
+            lambda: layer_figure(rows, fig_dir / "lewc_vs_llfc.png", settings, LEWC_PANELS),
+        ),
+        (
+            "dead_unit_fraction_layers" in rows,
+            lambda: layer_figure(
+                rows,
+                fig_dir / "dead_units_and_bias_share.png",
+                settings,
+                MECHANISM_PANELS,
+                "num-clients" if "num-clients" in varying else "width",
+            ),
         ),
         (
             "alpha" in varying_keys(dirichlet),
@@ -843,16 +906,17 @@ def draw_figures(rows: pd.DataFrame, fig_dir: Path, settings: dict[str, Any]) ->
         ),
         (
             "num-clients" in varying
-            and has_values(rows, "client_loss_barrier_half_calibrated_mean"),
+            and has_values(rows, "client_to_merge_path_loss_barrier_half_calibrated_mean"),
             lambda: metric_vs_axis(
                 rows[pd.to_numeric(rows["num-clients"]) > 2],
                 "num-clients",
                 [
-                    ("client_loss_barrier_half_calibrated_mean", " mean"),
-                    ("client_loss_barrier_half_calibrated_worst", " worst"),
+                    ("client_to_merge_path_loss_barrier_half_calibrated_mean", " mean"),
+                    ("client_to_merge_path_loss_barrier_half_calibrated_worst", " worst"),
                 ],
                 methods,
-                "client-to-merge loss barrier at 1/2, calibrated",
+                "barrier at 1/2 on the path client -> merge,\n"
+                "calibrated (path shape, not merge quality)",
                 fig_dir / "client_barriers_vs_clients.png",
                 settings,
             ),

@@ -44,6 +44,8 @@ class Key:
     check: Check | None = None
     allowed: Callable[[], Sequence[str]] | None = None
     """For keys with named values: the allowed names (read when asked, e.g. from a registry)."""
+    booleans: bool = False
+    """A named key whose names include ``"true"``/``"false"``: TOML booleans are read as those."""
 
 
 def choice(allowed: Callable[[], Sequence[str]] | Sequence[str]) -> Check:
@@ -101,6 +103,8 @@ def check_value(key: str, value: Any, schema: Mapping[str, Key], where: str = ""
     """``value`` coerced to the type of ``schema[key]`` and checked (``where`` prefixes the key
     in messages, e.g. ``"grid."``); floats must be finite."""
     spec = schema[key]
+    if spec.booleans and isinstance(value, bool):
+        value = "true" if value else "false"
     value = coerce(f"{where}{key}", value, spec.type)
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{where}{key} = {value!r}: allowed: a finite number")

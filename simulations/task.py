@@ -34,7 +34,13 @@ from fedlmc.evaluation import resolve_device
 from fedlmc.models import build_model
 from fedlmc.splits import stratified_split
 from fedlmc.train import seed_everything
-from simulations.config import calibration_holdout, option_key, run_schema, validate_run_config
+from simulations.config import (
+    calibration_holdout,
+    option_key,
+    resolved_bias,
+    run_schema,
+    validate_run_config,
+)
 
 Data = tuple[Tensor, Tensor]
 
@@ -209,9 +215,13 @@ def model_options(config: Mapping[str, Any]) -> dict[str, Any]:
     """The configured model's public options read from their run-config keys
     (:mod:`fedlmc.architectures`), e.g. ``{"depth": 3, "base_hidden": 128}`` for the MLP."""
     entry = model_entry(config["model"])
-    return {
+    options = {
         name: config[option_key(name)] for name, option in entry.options.items() if option.public
     }
+    bias = resolved_bias(config)
+    if bias != "auto":
+        options["bias"] = bias == "true"
+    return options
 
 
 def train_options(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
         "temperature_vs_width.png",
         "lewc_layers.png",
         "lewc_vs_llfc.png",
+        "dead_units_and_bias_share.png",
         "lambda_paths.png",
         "report.md",
     }
@@ -78,9 +79,9 @@ def test_report_draws_only_what_exists(tmp_path, sweep_dir):
     shutil.copytree(sweep_dir, out)
     frame = read_results(out)
     frame = frame[frame["width"] == frame["width"].min()]
-    frame.drop(columns=["lewc_cos_layers", "lewc_cos_mean", "curve", "norm_ratio_layers"]).to_csv(
-        out / "results.csv", index=False
-    )
+    dropped = ["lewc_cos_layers", "lewc_cos_mean", "curve", "norm_ratio_layers"]
+    dropped.append("dead_unit_fraction_layers")
+    frame.drop(columns=dropped).to_csv(out / "results.csv", index=False)
     names = {p.name for p in build_report(out)}
     assert names == {
         "accuracy_vs_width.png",
@@ -126,8 +127,10 @@ def test_n_client_figures_are_drawn_from_their_columns(tmp_path):
                         "seed": seed,
                         "num-clients": clients,
                         "accuracy": 0.9 - base / clients,
-                        "client_loss_barrier_half_calibrated_mean": base * clients,
-                        "client_loss_barrier_half_calibrated_worst": 2 * base * clients,
+                        "client_to_merge_path_loss_barrier_half_calibrated_mean": base * clients,
+                        "client_to_merge_path_loss_barrier_half_calibrated_worst": 2
+                        * base
+                        * clients,
                         "pairwise_loss_barrier_half": json.dumps(matrix),
                     }
                 )

@@ -48,14 +48,15 @@ BARRIERS = (
 DIAGNOSTICS = (
     "lewc_cos_mean",
     "lewc_error_mean",
-    "llfc_error_mean",
+    "llfc_scaled_error_mean",
+    "llfc_cos_mean",
     "logit_norm_ratio",
     "recip_orth_mean",
     "relu_additivity_mean",
 )
-QUARTER = ("lewc_error_mean_quarter", "llfc_error_mean_quarter")
+QUARTER = ("lewc_error_mean_quarter", "llfc_scaled_error_mean_quarter")
 CLIENT_BARRIERS = tuple(
-    f"client_loss_barrier_{at}{cal}_{over}"
+    f"client_to_merge_path_loss_barrier_{at}{cal}_{over}"
     for at in ("half", "max")
     for cal in ("", "_calibrated")
     for over in ("mean", "worst")
@@ -140,12 +141,18 @@ def test_every_method_gives_one_complete_row(two_client_rows, template):
             assert all(math.isnan(row[c]) for c in BARRIERS + DIAGNOSTICS + QUARTER)
             assert row["curve"] == "" and row["lewc_cos_layers"] == ""
             assert (row["accuracy"], row["nll"]) == (row["ensemble_acc"], row["ensemble_nll"])
+            assert row["agreement_prob_ensemble"] == 1.0
+            continue
+        if row["method"] == "logit_ensemble":
+            assert row["accuracy"] == row["logit_ensemble_acc"] and row["temperature"] == 1.0
+            assert row["agreement_logit_ensemble"] == 1.0
+            assert row["nll_calibrated"] <= row["nll_raw"] + 1e-9
             continue
         assert all(finite(row[c]) for c in MERGED_FLOATS + BARRIERS + DIAGNOSTICS + QUARTER), row
         curve = json.loads(row["curve"])
         assert set(curve) == {"lam", "accuracy", "nll", "nll_calibrated"}
         assert curve["lam"] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
-        for column in ("lewc_cos_layers", "lewc_error_layers", "llfc_error_layers"):
+        for column in ("lewc_cos_layers", "lewc_error_layers", "llfc_scaled_error_layers"):
             assert len(json.loads(row[column])) == len(template.layer_names)
         layers = json.loads(row["lewc_cos_layers"])
         assert row["lewc_cos_mean"] == pytest.approx(sum(layers) / len(layers))
@@ -214,7 +221,7 @@ def test_weight_matching_recovers_a_permuted_copy_exactly(template, clients, spl
         assert abs(row["accuracy_barrier_half"]) < 1e-12
         assert row["lewc_cos_mean"] == pytest.approx(1.0, abs=1e-6)
         # one model merged with itself: LLFC is exact, LEWC predicts (1/2)^l + (1/2)^l
-        assert row["llfc_error_mean"] == pytest.approx(0.0, abs=1e-5)
+        assert row["llfc_scaled_error_mean"] == pytest.approx(0.0, abs=1e-5)
         assert json.loads(row["norm_ratio_layers"]) == pytest.approx([1.0] * 4, abs=1e-5)
         assert json.loads(row["lewc_error_layers"]) == pytest.approx(
             [abs(1 - 2 * 0.5**depth) for depth in range(1, 5)], abs=1e-5
@@ -240,7 +247,7 @@ def test_ensemble_of_identical_clients_equals_the_endpoint(template, clients, sp
 
 def test_half_barrier_is_the_signed_excess_of_the_midpoint_over_the_chord(two_client_rows):
     for row in two_client_rows:
-        if row["method"] == "ensemble":
+        if row["method"] in ("ensemble", "logit_ensemble"):
             continue
         curve = json.loads(row["curve"])
         half = curve["lam"].index(0.5)
@@ -285,8 +292,8 @@ def test_three_clients_get_merge_gap_barriers(template, clients, splits):
         assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS + CLIENT_BARRIERS), row
         for kind in ("half", "max", "half_calibrated", "max_calibrated"):
             assert (
-                row[f"client_loss_barrier_{kind}_worst"]
-                >= row[f"client_loss_barrier_{kind}_mean"] - 1e-12
+                row[f"client_to_merge_path_loss_barrier_{kind}_worst"]
+                >= row[f"client_to_merge_path_loss_barrier_{kind}_mean"] - 1e-12
             )
         matrix = json.loads(row["pairwise_loss_barrier_half"])
         assert len(matrix) == 3 and all(len(r) == 3 for r in matrix)
@@ -297,6 +304,24 @@ def test_three_clients_get_merge_gap_barriers(template, clients, splits):
             row["endpoint_acc_mean"] - row["accuracy"]
         )
         assert len(json.loads(row["lewc_cos_layers"])) == len(template.layer_names)
+
+
+def test_repair_is_applied_on_every_n_client_path(template, clients, splits):
+    """With three clients the REPAIR method's client-to-merge paths and pairwise paths are
+    repaired like its two-client curve: same clients, same basis as the plain average, other
+    numbers on every path."""
+    rows = evaluate_methods(
+        template, clients, None, splits, ["average", "average_repair"], lambdas=3, device="cpu"
+    )
+    plain, repaired = rows
+    for name in ("pairwise_loss_barrier_half", "pairwise_loss_barrier_half_calibrated"):
+        a, b = json.loads(plain[name]), json.loads(repaired[name])
+        assert all(a[i][j] != b[i][j] for i in range(3) for j in range(3) if i != j)
+    for column in (c for c in CLIENT_BARRIERS if "_half" in c):  # the max can be 0 for both
+        assert plain[column] != repaired[column]
+    # the LEWC columns measure the combined weights before REPAIR: the same as the average's
+    assert repaired["lewc_measured_on"] == "combined weights, before REPAIR"
+    assert repaired["lewc_error_layers"] == plain["lewc_error_layers"]
 
 
 def test_n_client_barriers_vanish_when_alignment_undoes_a_permutation(template, clients, splits):
@@ -311,10 +336,11 @@ def test_n_client_barriers_vanish_when_alignment_undoes_a_permutation(template, 
     plain, matched = rows
     aligned = json.loads(matched["pairwise_loss_barrier_half"])
     assert max(abs(v) for r in aligned for v in r) < 1e-5
-    assert abs(matched["client_loss_barrier_max_worst"]) < 1e-5
+    assert abs(matched["client_to_merge_path_loss_barrier_max_worst"]) < 1e-5
     unaligned = json.loads(plain["pairwise_loss_barrier_half"])
     assert unaligned[0][1] > 0.1 and unaligned[1][2] > 0.1 and abs(unaligned[0][2]) < 1e-6
-    assert plain["client_loss_barrier_max_worst"] > plain["client_loss_barrier_max_mean"] > 0
+    worst, mean = (plain[f"client_to_merge_path_loss_barrier_max_{k}"] for k in ("worst", "mean"))
+    assert worst > mean > 0
 
 
 def test_fast_mode_skips_diagnostics_and_is_deterministic(template, clients, splits):
