@@ -1,6 +1,7 @@
 """Benchmark: the ``auto`` merge against always aligning and never aligning.
 
-For each width, two 3-hidden-layer MLPs (hidden ``128 * width``) are trained on the quick sweep's
+For each width, two bias-free 3-hidden-layer MLPs (hidden ``128 * width``; ``--bias true`` for
+biases) are trained on the quick sweep's
 setting (the embedded MNIST digits split IID between 2 clients, 12 epochs, SGD with weight decay
 3e-3, seeds from ``--seed``); ``fedlmc.study.compare_methods`` then evaluates ``average_t``,
 ``weight_matching_t`` and ``auto_t`` on the same two models (temperatures and the auto decision on
@@ -13,6 +14,7 @@ Targets (from the issue): ``auto_t`` within 0.005 of the better of ``average_t``
 running weight matching.
 
     python benchmarks/auto_merge.py                        # widths 0.25 1 4 8 32 (32..4096 units)
+    python benchmarks/auto_merge.py --bias true            # the MLPs with biases, as before
     python benchmarks/auto_merge.py --widths 0.25 1 --epochs 2     # quick run
 """
 
@@ -36,12 +38,14 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "auto_merge.json"
 COMPARED = ["average_t", "weight_matching_t", "auto_t"]
 
 
-def train_clients(width: float, epochs: int, seed: int, splits) -> list[dict[str, torch.Tensor]]:
+def train_clients(
+    width: float, epochs: int, seed: int, splits, bias: bool
+) -> list[dict[str, torch.Tensor]]:
     """Two clients of the quick sweep: IID halves of the pool, their own initialisations."""
     states = []
     for i, data in enumerate(partition(splits.train, 2, "iid", seed=seed)):
         torch.manual_seed(1000 * seed + i)
-        model = build_model("mlp", width=width)
+        model = build_model("mlp", width=width, bias=bias)
         train_model(model, data, epochs=epochs, lr=0.05, weight_decay=3e-3, batch_size=128, seed=i)
         states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
     return states
@@ -56,12 +60,12 @@ def warm_up_solver() -> None:
     weight_matching(permutation_spec(build_model("mlp", width=0.125, depth=1)), *tiny)
 
 
-def measure(width: float, epochs: int, seed: int, tolerance: float, splits) -> dict:
+def measure(width: float, epochs: int, seed: int, tolerance: float, splits, bias: bool) -> dict:
     start = time.perf_counter()
-    states = train_clients(width, epochs, seed, splits)
+    states = train_clients(width, epochs, seed, splits, bias)
     train_seconds = time.perf_counter() - start
     rows = compare_methods(
-        build_model("mlp", width=width),
+        build_model("mlp", width=width, bias=bias),
         states,
         None,
         splits,
@@ -92,6 +96,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tolerance", type=float, default=AUTO_TOLERANCE)
+    parser.add_argument(
+        "--bias",
+        choices=("true", "false"),
+        default="false",
+        help="biases in the MLPs (default false: the bias-free nets LEWC is derived for)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
@@ -103,7 +113,7 @@ def main() -> None:
     )
     print(header)
     for width in args.widths:
-        found = measure(width, args.epochs, args.seed, args.tolerance, splits)
+        found = measure(width, args.epochs, args.seed, args.tolerance, splits, args.bias == "true")
         results.append(found)
         acc, sec = found["accuracy"], found["merge_seconds"]
         print(
@@ -122,6 +132,7 @@ def main() -> None:
             <= 0.2,
         },
         "tolerance": args.tolerance,
+        "bias": args.bias == "true",
         "epochs": args.epochs,
         "seed": args.seed,
         "machine": f"{platform.machine()} ({torch.get_num_threads()} threads)",

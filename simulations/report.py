@@ -51,9 +51,14 @@ import numpy as np
 import pandas as pd
 
 from fedlmc.methods import REFERENCE_METHODS
-from simulations.config import run_schema
 from simulations.report_schema import REPORT_SCHEMA
-from simulations.sweep import read_results, summary_table
+from simulations.sweep import (
+    read_results,
+    split_labels,
+    summary_table,
+    varying_keys,
+    with_split_methods,
+)
 
 FIGURES = "figures"
 MAX_PANELS = 12
@@ -67,11 +72,6 @@ def ok_rows(results: pd.DataFrame) -> pd.DataFrame:
     if "status" not in results:
         return results
     return results[results["status"] == "ok"].reset_index(drop=True)
-
-
-def varying_keys(rows: pd.DataFrame) -> list[str]:
-    """Run-config columns with more than one distinct value, in schema order."""
-    return [k for k in run_schema() if k in rows and rows[k].astype(str).nunique() > 1]
 
 
 def axis_rows(rows: pd.DataFrame, axis: str) -> pd.DataFrame:
@@ -501,8 +501,10 @@ def markdown_table(frame: pd.DataFrame, index_name: str = "") -> str:
 def mean_spread_table(
     rows: pd.DataFrame, value: str, methods: Sequence[str], kind: str, x: str = "width"
 ) -> pd.DataFrame:
-    """Methods x ``x`` cells ``mean ± spread`` (just the mean for one seed)."""
-    table = aggregate(rows[rows["method"].isin(methods)], ["method", x], value, kind)
+    """Methods x ``x`` cells ``mean ± spread`` (just the mean for one seed); each method split
+    by the other varying keys (``average (bias=false)``), never averaged over them."""
+    rows, methods = with_split_methods(rows[rows["method"].isin(methods)], methods, [x])
+    table = aggregate(rows, ["method", x], value, kind)
     text = table.apply(
         lambda r: (
             ""
@@ -536,7 +538,12 @@ def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
     if not columns:
         return pd.DataFrame()
     numeric = cells[["width", *columns]].apply(pd.to_numeric, errors="coerce")
-    return numeric.groupby("width").mean().T
+    labels = split_labels(cells, ["width"])
+    if labels is None:
+        return numeric.groupby("width").mean().T
+    table = numeric.drop(columns="width").groupby([cells["width"], labels]).mean().T
+    table.columns = [f"{width:g} ({label})" for width, label in table.columns]
+    return table
 
 
 TABLE1_METHODS = (("average", "no permutation"), ("weight_matching", "weight matching"))
@@ -549,14 +556,20 @@ TABLE1_COLUMNS = (
 
 def table1(rows: pd.DataFrame) -> pd.DataFrame:
     """The paper's Table 1 layout: per width, barriers at lambda = 1/2 (signed; accuracy in
-    percentage points) of plain averaging and of weight matching, mean over seeds."""
+    percentage points) of plain averaging and of weight matching, mean over seeds; one row per
+    width and value of the other varying keys (``1 (bias=false)``)."""
     columns: dict[str, pd.Series] = {}
     for method, name in TABLE1_METHODS:
         subset = rows[rows["method"] == method]
+        labels = split_labels(subset, ["width"])
+        groups = [subset["width"]] if labels is None else [subset["width"], labels]
         for column, heading, scale in TABLE1_COLUMNS:
             if has_values(subset, column):
                 values = pd.to_numeric(subset[column], errors="coerce") * scale
-                columns[f"{name}: {heading}"] = values.groupby(subset["width"]).mean()
+                found = values.groupby(groups).mean()
+                if labels is not None:
+                    found.index = [f"{width:g} ({label})" for width, label in found.index]
+                columns[f"{name}: {heading}"] = found
     return pd.DataFrame(columns)
 
 

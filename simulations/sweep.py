@@ -56,6 +56,7 @@ from simulations.config import (
     absolute_paths,
     cell_id,
     experiment_values,
+    run_schema,
     unique_cells,
 )
 from simulations.provenance import versions
@@ -259,19 +260,57 @@ def cell_summary(
     return f"{head} | {accs} ({seconds:.0f} s)"
 
 
+def varying_keys(rows: pd.DataFrame) -> list[str]:
+    """Run-config columns with more than one distinct value, in schema order."""
+    return [k for k in run_schema() if k in rows and rows[k].astype(str).nunique() > 1]
+
+
+def split_labels(rows: pd.DataFrame, exclude: Sequence[str]) -> pd.Series | None:
+    """Per row, ``"key=value, ..."`` of the varying keys not in ``exclude`` (nor ``seed``): what
+    a table averaging over ``exclude`` must keep apart (e.g. ``bias=false``); ``None`` when
+    nothing else varies."""
+    keys = [k for k in varying_keys(rows) if k not in exclude and k != "seed"]
+    if not keys:
+        return None
+    return (
+        rows[keys].astype(str).apply(lambda r: ", ".join(f"{k}={v}" for k, v in r.items()), axis=1)
+    )
+
+
+def with_split_methods(
+    rows: pd.DataFrame, methods: Sequence[str], exclude: Sequence[str]
+) -> tuple[pd.DataFrame, list[str]]:
+    """``rows`` whose ``method`` names also carry :func:`split_labels` (``"average (bias=false)"``)
+    and the labelled methods in order (each method, then its labels in sorted order)."""
+    labels = split_labels(rows, exclude)
+    if labels is None or rows.empty:
+        return rows, list(methods)
+    named = rows.assign(method=rows["method"] + " (" + labels + ")")
+    present = set(named["method"])
+    order = [f"{m} ({label})" for m in methods for label in sorted(labels.unique())]
+    return named, [m for m in order if m in present]
+
+
 def summary_table(results: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
-    """Mean ``value`` of the ok rows, methods x widths (empty frame when nothing succeeded);
-    for accuracy, a last row with the mean endpoint (client model) accuracy."""
+    """Mean ``value`` of the ok rows, methods x widths (empty frame when nothing succeeded),
+    methods kept apart by every other varying key but the seed (``average (bias=false)``); for
+    accuracy, last rows with the mean endpoint (client model) accuracy."""
     ok = results[results["status"] == "ok"] if "status" in results else results
     if ok.empty or value not in ok or "method" not in ok:
         return pd.DataFrame()
+    ok, order = with_split_methods(ok, list(dict.fromkeys(ok["method"])), ["width"])
     table = ok.pivot_table(index="method", columns="width", values=value, aggfunc="mean")
-    order = list(dict.fromkeys(ok["method"]))
     table = table.reindex([m for m in order if m in table.index])
     if value == "accuracy" and "endpoint_acc_mean" in ok:
         cells = ok.drop_duplicates("cell_id") if "cell_id" in ok else ok
-        ends = pd.to_numeric(cells["endpoint_acc_mean"], errors="coerce").groupby(cells["width"])
-        table.loc["endpoints (mean)"] = ends.mean()
+        labels = split_labels(cells, ["width"])
+        groups = [cells["width"]] if labels is None else [labels, cells["width"]]
+        ends = pd.to_numeric(cells["endpoint_acc_mean"], errors="coerce").groupby(groups).mean()
+        if labels is None:
+            table.loc["endpoints (mean)"] = ends
+        else:
+            for label, at_label in ends.groupby(level=0):
+                table.loc[f"endpoints (mean) ({label})"] = at_label.droplevel(0)
     return table
 
 
