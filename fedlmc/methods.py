@@ -477,6 +477,7 @@ def lewc_bias_combination(
     "says the signal combines (norm-free plain chains: MLP, VGG without BatchNorm)",
     combine=lewc_bias_combination,
     plain_chain_only=True,
+    reestimate_bn=False,
 )
 def lewc_bias_average(job: MergeJob) -> Alignment:
     r""":math:`\pi_i = \mathrm{id}`; the merge is :func:`lewc_bias_combination`. Refused (with

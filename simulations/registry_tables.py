@@ -60,9 +60,11 @@ def _literal(value: Any) -> str:
 def models_table() -> str:
     """Every registered model: default norm, options (run-config key) and description."""
     rows = []
+    keys = run_schema()
     for entry in MODELS:
         options = ", ".join(
-            f"`{name}={_literal(o.default)}`" + (f" (`{option_key(name)}`)" if o.public else "")
+            f"`{name}={_literal(o.default)}`"
+            + (f" (`{option_key(name)}`)" if o.public or option_key(name) in keys else "")
             for name, o in entry.options.items()
         )
         rows.append([f"`{entry.name}`", f"`{entry.default_norm}`", options, entry.description])

@@ -404,6 +404,7 @@ def layer_figure(
             axes[row, col].set_xlabel("layer l (last = logits)")
             axes[row, col].set_ylabel(ylabel, fontsize=8)
             axes[row, col].grid(alpha=0.3)
+            axes[row, col].xaxis.get_major_locator().set_params(integer=True)
         axes[0, col].legend(fontsize=7)
     return save(fig, path, settings["dpi"])
 
