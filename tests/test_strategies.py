@@ -227,6 +227,33 @@ def test_weight_matching_undoes_a_permutation_that_plain_averaging_cannot():
     assert not all(torch.allclose(averaged[k], base[k], atol=1e-3) for k in base)
 
 
+def test_the_lewc_bias_merge_runs_in_a_strategy_and_refuses_norm_layers():
+    template = tiny(0)
+    states = [tiny(1).state_dict(), tiny(2).state_dict()]
+    replies = [reply(1, states[0], 0, n=1), reply(2, states[1], 1, n=3)]
+    strategy = PermutationAlignedAverage(
+        template, num_clients=2, calibration="none", method="average_lewc_bias"
+    )
+    strategy.expect_replies(state_to_record(template.state_dict()), [1, 2])
+    merged = record_to_state(strategy.aggregate_train(1, replies)[0])
+    weights = [0.25, 0.75]
+    for depth, layer in enumerate(["hidden.0.linear", "hidden.1.linear", "classifier"], 1):
+        expected = sum(
+            w**depth * sd[f"{layer}.bias"] for w, sd in zip(weights, states, strict=True)
+        )
+        assert torch.allclose(merged[f"{layer}.bias"], expected, atol=1e-6)
+        plain = sum(w * sd[f"{layer}.weight"] for w, sd in zip(weights, states, strict=True))
+        assert torch.allclose(merged[f"{layer}.weight"], plain, atol=1e-6)
+    with_norm = tiny(0, norm="ln")
+    strategy = PermutationAlignedAverage(
+        with_norm, num_clients=2, calibration="none", method="average_lewc_bias"
+    )
+    strategy.expect_replies(state_to_record(with_norm.state_dict()), [1, 2])
+    norm_states = [tiny(1, norm="ln").state_dict(), tiny(2, norm="ln").state_dict()]
+    with pytest.raises(ValueError, match="norm-free"):
+        strategy.aggregate_train(1, [reply(1, norm_states[0], 0), reply(2, norm_states[1], 1)])
+
+
 def test_bad_strategy_arguments_name_the_value():
     template = tiny(0)
     with pytest.raises(ValueError, match="calibration = 'sometimes'"):
