@@ -67,10 +67,11 @@ from fedlmc.calibrate import (
     reset_bn_stats,
     temperature_grid,
 )
+from fedlmc.chain import norm_free_chain
 from fedlmc.evaluation import predict_logits, resolve_device
 from fedlmc.merge import load_state
 from fedlmc.methods import AUTO_TOLERANCE, merge_method, merge_with_info
-from fedlmc.permutation import PermutationSpec
+from fedlmc.permutation import PermutationSpec, permutation_spec
 from fedlmc.repair import repair
 from strategies.base import ScreenedFedAvg
 from strategies.common import ClientUpdate, RoundReport, StateDict
@@ -361,6 +362,8 @@ class PermutationAlignedAverage(OneShotAverage):
         on_clients = entry.clients_for_data and self.on_clients
         if entry.needs_server_data and self.server_data is None and not on_clients:
             raise ValueError(f"method = {method!r} needs server_data for its inputs; got None")
+        if entry.plain_chain_only:  # refused before any client trains
+            norm_free_chain(spec or permutation_spec(template), template.state_dict())
         self.merge_method = entry.name
         self.seed = int(seed)
         self.spec = spec
