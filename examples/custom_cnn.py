@@ -1,7 +1,7 @@
 """Bring your own model: a CNN with BatchNorm and a residual block, merged in a Flower simulation.
 
 No permutation spec is written by hand: fedlmc derives it from the model's torch.fx graph (and
-checks it), derives the layer outputs the LEWC diagnostics observe, and aligns the two clients by
+checks it), derives the layer outputs the diagnostics observe, and aligns the two clients by
 weight matching and by activation matching. Run from the repository root:
 
     python examples/custom_cnn.py
@@ -59,5 +59,7 @@ if __name__ == "__main__":
             "lambdas": 5,
         }
     )
-    shown = ["method", "accuracy", "nll", "loss_barrier_half_calibrated", "lewc_cos_mean"]
+    shown = ["method", "accuracy", "nll", "loss_barrier_half_calibrated", "llfc_cos_mean"]
     print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    # a residual block has no single depth exponent: the LEWC columns are NaN, and say why
+    print("LEWC:", rows["lewc_undefined_reason"].iloc[0])
