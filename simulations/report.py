@@ -21,9 +21,9 @@ figures whose data exists:
   (solid) against LEWC's prediction of it (dashed; LLFC makes no claim about the scale);
   bottom: the relative error of LEWC's prediction (solid) and of LLFC's at its best positive
   scale (dashed); one line per width, one column per method and value of the other varying keys.
-- ``dead_units_and_bias_share.png``: per layer of the evaluated merge, the fraction of hidden
-  units never active on the diagnostic inputs (top) and the share of the pre-activation that
-  comes from the bias (bottom); one line per client count (or width).
+- ``dead_units_and_bias_share.png``: per layer of the plain average (and ``average_lewc_bias``),
+  the fraction of hidden units never active on the diagnostic inputs (top) and the share of the
+  pre-activation that comes from the bias (bottom); one line per client count (or width).
 - ``accuracy_vs_alpha.png`` / ``accuracy_vs_clients.png``: when ``alpha`` / ``num-clients`` vary.
 - ``client_barriers_vs_clients.png``: cells of three or more clients, the calibrated loss
   barrier at lambda = 1/2 on each client's path to the merge (the path's shape, not the merge's
@@ -353,6 +353,8 @@ LEWC_PANELS: tuple[LayerPanel, ...] = (
         False,
     ),
 )
+MECHANISM_METHODS = ("average", "average_lewc_bias", "average_lewc_bias_t")
+"""The merges whose dead units and bias shares the mechanism figure draws."""
 MECHANISM_PANELS: tuple[LayerPanel, ...] = (
     ("dead_unit_fraction_layers", None, "fraction of hidden units\nnever active", False),
     ("bias_share_layers", None, "bias share ||b|| / (||Wz|| + ||b||)", False),
@@ -365,20 +367,22 @@ def layer_figure(
     settings: dict[str, Any],
     layer_panels: Sequence[LayerPanel],
     lines: str = "width",
+    only: Sequence[str] | None = None,
 ) -> Path | None:
     """Per-layer lines (mean over seeds), one line per value of ``lines``, one figure row per
-    panel of ``layer_panels`` and one column per method and value combination of the other
-    varying keys (e.g. ``bias``)."""
+    panel of ``layer_panels`` and one column per method (those in ``only``, if given) and value
+    combination of the other varying keys (e.g. ``bias``), at most :data:`MAX_PANELS` columns."""
     columns = [c for panel in layer_panels for c in panel[:2] if c]
     data, methods = json_rows(rows, columns)
+    methods = [m for m in methods if only is None or m in only]
     if data.empty or not methods:
         return None
     groups = [
         (f"{method}" + (f", {title}" if title else ""), subset[subset["method"] == method])
-        for title, subset in panels(data, exclude=[lines])
         for method in methods
+        for title, subset in panels(data, exclude=[lines])
     ]
-    groups = [(title, subset) for title, subset in groups if not subset.empty]
+    groups = [(title, subset) for title, subset in groups if not subset.empty][:MAX_PANELS]
     fig, axes = panel_grid(len(groups), rows=len(layer_panels))
     cmap = _pyplot().get_cmap("viridis")
     values = sorted(data[lines].unique())
@@ -904,6 +908,7 @@ def draw_figures(rows: pd.DataFrame, fig_dir: Path, settings: dict[str, Any]) ->
                 settings,
                 MECHANISM_PANELS,
                 "num-clients" if "num-clients" in varying else "width",
+                only=MECHANISM_METHODS,
             ),
         ),
         (
