@@ -53,7 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlmc.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
-from fedlmc.chain import chain_layers, lewc_bias_targets, residual_reason
+from fedlmc.chain import lewc_bias_targets, norm_free_chain, residual_reason
 from fedlmc.diagnostics import (
     bias_shares,
     dead_unit_fractions,
@@ -451,13 +451,17 @@ def lewc_undefined_reason(
 def bias_mismatch(
     spec: PermutationSpec, merged: Merged, weights: Sequence[float]
 ) -> list[float] | None:
-    r"""Per biased layer of a plain chain: :math:`\|\bar b_l - \sum_i w_i^{\,l} b^{(i)}_l\| /
-    \|\sum_i w_i^{\,l} b^{(i)}_l\|`, how far the merge's bias is from the one LEWC needs (0 for
-    ``average_lewc_bias``; the plain average's grows with depth). ``None`` for non-chains."""
-    layers = chain_layers(spec, merged.combined)
-    if layers is None:
+    r"""Per biased layer of a norm-free plain chain: :math:`\|\bar b_l - \sum_i w_i^{\,l}
+    b^{(i)}_l\| / \|\sum_i w_i^{\,l} b^{(i)}_l\|`, how far the merge's bias is from the one LEWC
+    needs (0 for ``average_lewc_bias``; the plain average's grows with depth). ``None`` for
+    bias-free models and for models other than norm-free chains, where the rule is not LEWC's."""
+    try:
+        layers = norm_free_chain(spec, merged.combined)
+    except ValueError:
         return None
     targets = lewc_bias_targets(layers, merged.aligned, weights)
+    if not targets:  # bias-free: nothing to compare
+        return None
     return [
         _ratio_of_norms(merged.combined[key] - target, target) for key, target in targets.items()
     ]
