@@ -57,7 +57,7 @@ def test_validate_lists_every_cell(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     cells = expand_grid(load_sweep_config(REPO / "configs" / "quick.toml", ["seed=[3]"]))
-    assert out.splitlines()[0] == f"quick: {len(cells)} cell(s); grid axes: seed, width"
+    assert out.splitlines()[0] == f"quick: {len(cells)} cell(s); grid axes: bias, seed, width"
     for cell in cells:
         assert cell_id(cell) in out
 
