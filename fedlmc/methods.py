@@ -471,21 +471,14 @@ def lewc_bias_combination(
     return depth_weighted_bias_average(layers, states, weights)
 
 
-@register_method(
+register_method(
     "average_lewc_bias",
     description="plain average, but layer l's bias combined as sum_i w_i^l b_i, the way LEWC "
     "says the signal combines (norm-free plain chains: MLP, VGG without BatchNorm)",
     combine=lewc_bias_combination,
     plain_chain_only=True,
     reestimate_bn=False,
-)
-def lewc_bias_average(job: MergeJob) -> Alignment:
-    r""":math:`\pi_i = \mathrm{id}`; the merge is :func:`lewc_bias_combination`. Refused (with
-    the reason) before anything is merged for models that are not norm-free plain chains."""
-    from fedlmc.chain import norm_free_chain
-
-    norm_free_chain(job.permutation_spec(), job.states[0])
-    return Alignment(list(job.states))
+)(plain_average)
 
 
 AUTO_TOLERANCE = 0.05
