@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fedlmc.io import atomic_write_text
 from fedlmc.methods import REFERENCE_METHODS
 from simulations.report_schema import REPORT_SCHEMA
 from simulations.sweep import (
@@ -961,7 +962,7 @@ def build_report(out_dir: str | os.PathLike) -> list[Path]:
     rows = ok_rows(results)
     figures = draw_figures(rows, out_dir / FIGURES, settings)
     report = out_dir / "report.md"
-    report.write_text(report_markdown(results, record, figures, out_dir, settings))
+    atomic_write_text(report, report_markdown(results, record, figures, out_dir, settings))
     return [*figures, report]
 
 

@@ -259,3 +259,29 @@ def test_a_bias_free_model_is_built_from_the_run_config():
     model = build_from_config(config, splits)
     assert not any(key.endswith("bias") for key in model.state_dict())
     assert load_state(model, model.state_dict()) is not None
+
+
+def test_a_user_module_is_aligned_and_diagnosed_with_a_spec_derived_on_test_inputs(splits):
+    """compare_methods derives the spec of a plain nn.Module (no permutation_spec method, no
+    config) on two test inputs: weight matching and the depth-weighted biases both run, and the
+    chain is found in the derived spec."""
+
+    def make(seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(784, 16),
+            nn.ReLU(),
+            nn.Linear(16, 16),
+            nn.ReLU(),
+            nn.Linear(16, 10),
+        )
+
+    states = [make(1).state_dict(), make(2).state_dict()]
+    small = replace(splits, test=(splits.test[0][:64], splits.test[1][:64]))
+    rows = compare_methods(
+        make(0), states, None, small, ["weight_matching", "average_lewc_bias"], lambdas=3
+    ).rows
+    assert [r["method"] for r in rows] == ["weight_matching", "average_lewc_bias"]
+    assert all(r["lewc_undefined_reason"] == "" for r in rows)
+    assert json.loads(rows[1]["lewc_bias_mismatch_layers"]) == pytest.approx([0.0] * 3, abs=1e-6)
