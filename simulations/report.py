@@ -622,6 +622,24 @@ MEAN_TABLES = (
 :mod:`fedlmc.rows`, whose docstring defines them."""
 
 
+def lewc_scope_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[str]:
+    """Which weights each method's LEWC/LLFC columns measure, and why LEWC's are NaN where
+    they are (``lewc_measured_on``, ``lewc_undefined_reason``)."""
+    if "lewc_measured_on" not in rows:
+        return []
+    found = rows[rows["method"].isin(methods)]
+    scope = found[["method", "lewc_measured_on", "lewc_undefined_reason"]].fillna("")
+    scope = scope[scope["lewc_measured_on"] != ""].drop_duplicates()
+    if scope.empty:
+        return []
+    lines = ["## What the LEWC and LLFC columns measure", "", "| method | weights | LEWC |"]
+    lines.append("|---|---|---|")
+    for _, row in scope.iterrows():
+        reason = row["lewc_undefined_reason"] or "defined"
+        lines.append(f"| {row['method']} | {row['lewc_measured_on']} | {reason} |")
+    return [*lines, ""]
+
+
 def temperature_series(rows: pd.DataFrame) -> list[tuple[str, str]]:
     """The temperature figure's series: the fitted T, then the server split's when present."""
     series = [("temperature", "")]
@@ -790,6 +808,7 @@ def report_markdown(
                     markdown_table(mean_spread_table(rows, column, base, kind), "method"),
                     "",
                 ]
+        lines += lewc_scope_section(rows, base)
         calibrated = [m for m in methods if m.endswith("_t")]
         if calibrated and has_values(rows[rows["method"].isin(calibrated)], "temperature"):
             lines += [

@@ -53,6 +53,9 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
     frame = read_results(out)
     assert text.startswith("# tiny\n")
     assert "## Merged test accuracy" in text and "## Fitted temperature" in text
+    # every LEWC number says which weights it measures
+    scope = text.split("## What the LEWC and LLFC columns measure")[1].split("##")[0]
+    assert "| average | combined weights (the evaluated merge) | defined |" in scope
     # the paper's Table 1: barriers at lambda = 1/2, accuracy in points, per width
     first = text.split("the paper's Table 1 layout")[1].split("##")[0]
     assert (
