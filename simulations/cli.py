@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--no-device-check",
         action="store_true",
-        help="do not check that requested GPUs are visible (for CUDA configs)",
+        help="do not check that requested GPUs are visible and that the models fit this "
+        "machine's memory (for configs meant for another machine)",
     )
     sub.add_parser("methods", help="list the registered merge methods (markdown)")
     sub.add_parser("models", help="list the registered models and their options (markdown)")
@@ -189,12 +190,20 @@ def command_run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from simulations.federation import run_federation
+    from strategies import ClientsFailedError
 
     values = dict(parse_override(text) for text in args.overrides)
     config = validate_run_config(values)
     config = absolute_paths(config)
     try:
         rows = run_federation(config, ray_address=args.ray_address)
+    except ClientsFailedError as err:  # the clients, not the configuration, failed: exit 1
+        print(
+            f"fedlmc: error: the federation failed because of its clients: "
+            f"{type(err).__name__}: {' '.join(str(err).split())}",
+            file=sys.stderr,
+        )
+        return 1
     except ValueError:
         raise
     except Exception as err:  # noqa: BLE001 - a failed federation is reported on one line

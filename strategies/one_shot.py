@@ -73,9 +73,10 @@ from fedlmc.methods import AUTO_TOLERANCE, merge_method, merge_with_info
 from fedlmc.permutation import PermutationSpec
 from fedlmc.repair import repair
 from strategies.base import ScreenedFedAvg
-from strategies.common import ClientUpdate, RoundReport, StateDict
-from strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
+from strategies.common import ClientUpdate, RoundReport, StateDict, require_survivors
+from strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
 from strategies.queries import ClientRounds
+from strategies.screening import WeightBound
 
 Data = tuple[Tensor, Tensor]
 CALIBRATIONS = ("server", "federated", "none")
@@ -130,6 +131,7 @@ class OneShotAverage(ScreenedFedAvg):
         weighted_by_key: str = NUM_EXAMPLES_KEY,
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
+        weight_bound: WeightBound | None = None,
     ) -> None:
         super().__init__(
             num_clients=num_clients,
@@ -138,6 +140,7 @@ class OneShotAverage(ScreenedFedAvg):
             weighted_by_key=weighted_by_key,
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
+            weight_bound=weight_bound,
         )
         self.template = copy.deepcopy(template).cpu().eval()
         self.calibration = _check_choice("calibration", calibration, CALIBRATIONS)
@@ -187,9 +190,13 @@ class OneShotAverage(ScreenedFedAvg):
         self.report = report
         clients = self.client_rounds(report.survivors)
         states = [u.state for u in report.survivors]
-        weights = [float(u.num_examples) for u in report.survivors]
+        weights = self.merge_weights(report)
         start = time.perf_counter()
         merged, aligned = self.merge(states, weights, clients)
+        if len(aligned) < len(states):  # clients dropped by the alignment query: not merged
+            self.drop_unaligned(report, clients)
+            states = [u.state for u in report.survivors]
+            weights = self.merge_weights(report)
         model = load_state(self.template, merged).to(self.device).eval()
         self.bn_source = self.reestimate_batchnorm(model, clients)
         model = self.repair_units(model, aligned, weights, clients)
@@ -199,6 +206,7 @@ class OneShotAverage(ScreenedFedAvg):
         arrays = state_to_record(final)
         self.temperature = self.calibrate_temperature(model, arrays, clients)
         self.query_rounds, self.query_bytes = clients.rounds, clients.bytes_received
+        report.query_failures = [f for f in clients.dropped if f.stage != ALIGN_QUERY]
         if not self.keep_client_states:
             for update in report.survivors:
                 update.state = {}
@@ -213,6 +221,15 @@ class OneShotAverage(ScreenedFedAvg):
         )
         return arrays, metric_record(self.round_metrics(report))
 
+    def drop_unaligned(self, report: RoundReport, clients: ClientRounds) -> None:
+        """Move the clients whose alignment answer was dropped out of the survivors; raises
+        :class:`~strategies.common.NotEnoughClientsError` when fewer than ``min_clients``
+        remain."""
+        for failure in clients.dropped:
+            if failure.stage == ALIGN_QUERY:
+                report.drop(failure)
+        require_survivors(report, self.min_clients)
+
     def client_rounds(self, survivors: Sequence[ClientUpdate]) -> ClientRounds:
         """The query rounds on this round's survivors (:class:`strategies.queries.ClientRounds`)."""
         return ClientRounds(
@@ -225,6 +242,8 @@ class OneShotAverage(ScreenedFedAvg):
             min_clients=self.min_clients,
             grid_points=self.temperature_grid_points,
             newton_steps=self.temperature_steps,
+            weight_bound=self.weight_bound,
+            spec=self.spec,
         )
 
     @property
