@@ -66,6 +66,7 @@ from fedlmc.study import (
 )
 from simulations.config import FEDAVG, ConfigError, method_list, validate_run_config
 from simulations.provenance import version_columns
+from simulations.results_file import check_writable_folder, refuse_mixing
 from simulations.task import (
     build_from_config,
     client_calibration_data,
@@ -387,6 +388,9 @@ def run_server(
             "server-fraction = 0.0: the ServerApp needs a server split > 0 to fit temperatures "
             "and evaluate the merged models"
         )
+    if config["out-dir"]:  # before any work: never overwrite a sweep's results.csv
+        check_writable_folder(config["out-dir"], "out-dir")
+        refuse_mixing(config["out-dir"], "run")
     outcome = ServerOutcome(config=config)
     start = time.perf_counter()
     splits = prepare_data(config)

@@ -56,7 +56,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.supercore import log
 from torch import Tensor, nn
 
@@ -181,6 +181,22 @@ class OneShotAverage(ScreenedFedAvg):
             self.calibration,
         )
         log(INFO, "\t└──> Weighted by: '%s'", self.weighted_by_key)
+
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """The train config, plus what this strategy's clients need to know whatever the
+        caller's ServerApp sends: ``calibration = "federated"`` (so that clients hold out their
+        calibration share) and, for a merge method that runs on the clients
+        (``activation_federated``), ``strategy = "aligned"`` and ``align`` (so that clients keep
+        their trained model for the align query)."""
+        config = super().round_config(server_round, config)
+        entry = merge_method(self.merge_method)
+        if entry.needs_clients or (self.on_clients and config.get("strategy") != "average"):
+            if entry.name != "average":
+                config["strategy"], config["align"] = "aligned", entry.name
+        if self.on_clients:
+            config["calibration"] = "federated"
+            config.setdefault("strategy", "average")
+        return config
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -68,6 +68,17 @@ def stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory) -> Iterator[dict]:
+    yield from start_deployment(tmp_path_factory, supernodes=2)
+
+
+@pytest.fixture(scope="module")
+def crowded_deployment(tmp_path_factory) -> Iterator[dict]:
+    """Four SuperNodes (partitions 0..3 of 4) for runs asking for fewer clients."""
+    yield from start_deployment(tmp_path_factory, supernodes=4)
+
+
+def start_deployment(tmp_path_factory, supernodes: int) -> Iterator[dict]:
+    """One SuperLink and ``supernodes`` SuperNodes on loopback; stopped when the caller ends."""
     home = tmp_path_factory.mktemp("flwr-home")
     logs = tmp_path_factory.mktemp("logs")
     env = {
@@ -108,7 +119,7 @@ def deployment(tmp_path_factory) -> Iterator[dict]:
             ],
         )
         wait_for_port(link_port, link, link_log)
-        for pid in range(2):
+        for pid in range(supernodes):
             node_port = free_port()
             node, node_log = start(
                 f"supernode-{pid}",
@@ -122,7 +133,7 @@ def deployment(tmp_path_factory) -> Iterator[dict]:
                     "--port",
                     str(node_port),
                     "--node-config",
-                    f"partition-id={pid} num-partitions=2",
+                    f"partition-id={pid} num-partitions={supernodes}",
                 ],
             )
             wait_for_port(node_port, node, node_log)
@@ -195,6 +206,13 @@ def test_client_side_activation_matching_keeps_state_in_the_supernodes(deploymen
     assert 0 < calibrated["temperature"] < 1000 and calibrated["temperature"] != 1.0
     assert 0 < calibrated["temperature_server_split"] < 1000
     assert (out / "merged-activation_federated.safetensors").exists()
+
+
+def test_more_supernodes_than_num_clients_trains_exactly_num_clients(crowded_deployment, tmp_path):
+    out = tmp_path / "crowded"
+    run = flwr_run(crowded_deployment, f'strategy="average" calibration="server" out-dir="{out}"')
+    rows = check_run(run, out, ["average", "average_t"])  # clients_survived == 2
+    assert (rows["num_clients"] == 2).all() and (rows["clients_dropped"] == 0).all()
 
 
 def test_pyproject_run_config_lists_every_schema_key_with_its_default():

@@ -320,3 +320,44 @@ def test_the_weight_bound_constant_is_documented_in_the_readme():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert f"{MAX_ABS_WEIGHT:g}" in readme and "max-client-share" in readme
+
+
+# ----------------------------------------------------------------------------- own ServerApp
+
+
+def test_a_strategy_tells_its_clients_what_they_need_in_a_users_own_server_app():
+    from flwr.app import ConfigRecord as Record
+
+    from simulations.config import calibration_holdout, keeps_trained_model
+    from simulations.task import client_run_config
+    from strategies import PermutationAlignedAverage
+
+    readme_config = {"model": "mlp", "width": 0.5, "depth": 2, "base-hidden": 64, "epochs": 2}
+    strategy = PermutationAlignedAverage(
+        tiny(0), method="activation_federated", num_clients=2, calibration="federated"
+    )
+    sent = strategy.round_config(1, Record(dict(readme_config)))
+    client = client_run_config({}, dict(sent))  # what the ClientApp works with
+    assert keeps_trained_model(client)  # kept for the align query: no LookupError
+    assert calibration_holdout(client) == pytest.approx(0.1)  # a held-out share to calibrate on
+    plain = OneShotAverage(tiny(0), num_clients=2, calibration="federated")
+    assert calibration_holdout(client_run_config({}, dict(plain.round_config(1, Record({}))))) > 0
+    server = OneShotAverage(tiny(0), num_clients=2, calibration="none")
+    assert dict(server.round_config(1, Record({"strategy": "compare"}))) == {
+        "strategy": "compare",
+        "server-round": 1,
+    }
+
+
+def test_the_model_factory_allow_list_refuses_what_it_does_not_name(monkeypatch):
+    from fedlmc.architectures import MODEL_ALLOW_VARIABLE, factory_allowed, import_factory
+
+    assert factory_allowed("os:system", None)  # unset: anything (a trusted simulation)
+    assert not factory_allowed("os:system", "")
+    assert not factory_allowed("os:system", "mypkg.nets:make_net")
+    assert factory_allowed("mypkg.nets:make_net", "mypkg.nets:make_net")
+    assert factory_allowed("mypkg.nets:other", "mypkg.nets:*")
+    monkeypatch.setenv(MODEL_ALLOW_VARIABLE, "fedlmc.models:build_model")
+    with pytest.raises(ValueError, match="'os:system' is not allowed here"):
+        import_factory("os:system")
+    assert callable(import_factory("fedlmc.models:build_model"))
