@@ -264,8 +264,12 @@ def run_schema() -> dict[str, Key]:
     }
 
 
-def validate_run_config(values: Mapping[str, Any], *, check_devices: bool = True) -> dict[str, Any]:
-    """Defaults filled in, every value type- and range-checked; raises :class:`ConfigError`."""
+def validate_run_config(
+    values: Mapping[str, Any], *, check_devices: bool = True, whole_run: bool = True
+) -> dict[str, Any]:
+    """Defaults filled in, every value type- and range-checked; raises :class:`ConfigError`.
+    ``whole_run = False`` (a client's config for one round, whose ``epochs`` may be one FedAvg
+    round's share) skips the checks about the whole run (``fedavg-rounds`` against ``epochs``)."""
     schema = run_schema()
     unknown = [k for k in values if k not in schema]
     if unknown:
@@ -275,6 +279,8 @@ def validate_run_config(values: Mapping[str, Any], *, check_devices: bool = True
     for key, value in values.items():
         config[key] = check_value(key, value, schema)
     check_consistency(config, check_devices=check_devices)
+    if whole_run:
+        check_fedavg_rounds(config)
     return config
 
 
@@ -301,7 +307,6 @@ def check_consistency(config: Mapping[str, Any], *, check_devices: bool = True) 
                 f"{config['dataset']!r}"
             )
     check_partition(config)
-    check_fedavg_rounds(config)
     if check_devices:
         check_memory(config)
     if check_devices and (config["num-gpus"] > 0 or config["device"] == "cuda"):

@@ -290,6 +290,10 @@ def test_checks_that_can_only_fail_at_run_time_fail_at_validation():
     with pytest.raises(ConfigError, match="fedavg-rounds = 6"):
         validate_run_config({"methods": "average,fedavg", "fedavg-rounds": 6, "epochs": 5})
     validate_run_config({"strategy": "average", "fedavg-rounds": 6, "epochs": 5})  # no FedAvg
+    from simulations.task import client_run_config
+
+    # one FedAvg round's client config carries that round's epochs: not a whole-run check there
+    client_run_config({}, {"strategy": "fedavg", "fedavg-rounds": 6, "epochs": 1})
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
