@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import numbers
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -133,9 +134,32 @@ def is_factory_path(name: object) -> bool:
     return isinstance(name, str) and FACTORY_PATTERN.fullmatch(name) is not None
 
 
+MODEL_ALLOW_VARIABLE = "FEDLMC_MODEL_ALLOW"
+
+
+def factory_allowed(path: str, allow: str | None) -> bool:
+    """Whether ``allow`` (the value of :data:`MODEL_ALLOW_VARIABLE`) lets ``path`` be imported:
+    unset (``None``): any factory; otherwise a comma-separated list of ``location:attribute``
+    or ``location:*`` entries (empty or ``none``: no factory at all)."""
+    if allow is None:
+        return True
+    location = path.rpartition(":")[0]
+    entries = {e.strip() for e in allow.split(",") if e.strip() and e.strip() != "none"}
+    return path in entries or f"{location}:*" in entries
+
+
 def import_factory(path: str) -> Callable[..., Any]:
     """The callable named by ``"package.module:attribute"`` or ``"path/file.py:attribute"``;
-    ``ValueError`` naming the path when it cannot be imported or is not callable."""
+    ``ValueError`` naming the path when it cannot be imported, is not callable, or is not in
+    the allow-list of the environment variable :data:`MODEL_ALLOW_VARIABLE` (when set: the
+    trust boundary of a deployment, set by whoever starts the SuperLink and SuperNodes, since
+    importing a module runs its code)."""
+    allow = os.environ.get(MODEL_ALLOW_VARIABLE)
+    if not factory_allowed(path, allow):
+        raise ValueError(
+            f"model factory {path!r} is not allowed here; allowed ({MODEL_ALLOW_VARIABLE}): "
+            f"{allow or 'none'}"
+        )
     location, _, attribute = path.rpartition(":")
     try:
         if location.endswith(".py"):

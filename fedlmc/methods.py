@@ -139,6 +139,9 @@ class Alignment:
     aligned: list[StateDict]
     merged: StateDict | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    kept: list[int] | None = None
+    """Indices of the clients in ``aligned`` when the method had to leave some out (a client
+    whose answer to a query was dropped); ``None``: all of them."""
 
 
 @dataclass(frozen=True)
@@ -324,6 +327,8 @@ def merge_with_info(
         clients,
     )
     alignment = entry.align(job)
+    if alignment.kept is not None:
+        w = normalised_weights([w[i] for i in alignment.kept], len(alignment.kept))
     merged = alignment.merged
     if merged is None:
         spec = job.spec if entry.combine is None else job.permutation_spec()
@@ -396,13 +401,16 @@ def activation_matching_on_clients(job: MergeJob) -> Alignment:
         raise ValueError(
             f"the clients returned {len(perms)} permutation sets for {len(job.states)} clients"
         )
-    aligned = [job.states[0]]
+    aligned, kept = [job.states[0]], [0]
     for index, (found, sd) in enumerate(zip(perms[1:], job.states[1:], strict=True), start=1):
+        if found is None:  # the client's answer was dropped: it is left out of the merge
+            continue
+        kept.append(index)
         missing = sorted(set(spec.perm_to_axes) - set(found))
         if missing:
             raise ValueError(f"client {index} returned no permutation for group {missing[0]!r}")
         aligned.append(apply_permutation(spec, found, sd))  # validates every permutation
-    return Alignment(aligned)
+    return Alignment(aligned, kept=None if len(kept) == len(job.states) else kept)
 
 
 @register_method(

@@ -79,6 +79,15 @@ one definition. Metrics are on the test split; :math:`A` is accuracy, :math:`L` 
   ``weight_matching``) and the calibrated-NLL gap of the plain average it measured on the server
   split (:func:`fedlmc.methods.automatic_choice`); empty/NaN for the other methods.
 - ``merge_seconds``; ``curve`` (JSON of the two-client interpolation path).
+
+**Round columns** (:data:`ROUND_COLUMNS`, added by the Flower server to every row of a
+federation): ``clients_survived`` (clients merged), ``clients_failed`` (``"node N (partition P):
+reason; ..."`` for the training-round replies dropped and the clients left out by the alignment
+query), ``clients_dropped`` (distinct clients with any reply dropped by the screen of
+:mod:`strategies.screening`, a timeout or an error: training or query round) and
+``clients_dropped_reasons`` (``"node N (partition P): [QUERY reply:] reason; ..."`` for each of
+them; a client dropped only from a query after the merge stays merged), ``bytes_sent_by_clients``,
+``rounds``, ``train_seconds``, ``round_seconds``.
 """
 
 from __future__ import annotations
@@ -93,6 +102,8 @@ __all__ = [
     "COLUMNS",
     "LAYER_COLUMNS",
     "NAN",
+    "ROUND_COLUMNS",
+    "ROUND_STRING_COLUMNS",
     "STRING_COLUMNS",
     "curve_json",
     "empty_row",
@@ -183,6 +194,17 @@ STRING_COLUMNS = (
     "auto_choice",
     "curve",
 )
+ROUND_COLUMNS = (
+    "clients_survived",
+    "clients_failed",
+    "clients_dropped",
+    "clients_dropped_reasons",
+    "bytes_sent_by_clients",
+    "rounds",
+    "train_seconds",
+    "round_seconds",
+)
+ROUND_STRING_COLUMNS = ("clients_failed", "clients_dropped_reasons")
 NAN = float("nan")
 
 

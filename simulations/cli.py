@@ -3,10 +3,14 @@
 - ``fedlmc sweep CONFIG.toml [key=value ...] [--out DIR] [--force] [--ray-address ADDR]``: run
   (or resume) a sweep in one Flower simulation (:mod:`simulations.engine`), then build its
   report; the default out dir is ``results/<name>``.
-- ``fedlmc report DIR``: (re)build the figures and ``report.md`` of a sweep's out dir.
-- ``fedlmc run [key=value ...] [--ray-address ADDR]``: one federation with the given run-config
-  keys; prints its rows.
-- ``fedlmc validate CONFIG.toml [key=value ...]``: check a sweep and print its expanded cells.
+- ``fedlmc report DIR``: (re)build the figures and ``report.md`` of a sweep's out dir (a run's
+  out dir is refused with the reason).
+- ``fedlmc run [key=value ...] [--csv FILE] [--ray-address ADDR]``: one federation with the
+  given run-config keys; prints its rows. Its ``out-dir`` and ``--csv`` are checked before any
+  work (writable; an out dir holding a sweep is refused).
+- ``fedlmc validate CONFIG.toml [key=value ...] [--out DIR]``: check a sweep (every cell, the
+  memory its models need, and that the out dir is a writable folder holding no ``fedlmc run``
+  results) and print its expanded cells.
 - ``fedlmc methods`` / ``fedlmc models``: the registered merge methods / models (markdown tables,
   as in the README); ``fedlmc keys``: every run-config key.
 - ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once
@@ -102,10 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="validate a sweep and list its cells")
     validate.add_argument("config", help="sweep TOML file")
     validate.add_argument("overrides", nargs="*", metavar="key=value", help="overrides")
+    validate.add_argument("--out", help="the output folder to check (default: results/<name>)")
     validate.add_argument(
         "--no-device-check",
         action="store_true",
-        help="do not check that requested GPUs are visible (for CUDA configs)",
+        help="do not check that requested GPUs are visible and that the models fit this "
+        "machine's memory (for configs meant for another machine)",
     )
     sub.add_parser("methods", help="list the registered merge methods (markdown)")
     sub.add_parser("models", help="list the registered models and their options (markdown)")
@@ -178,9 +184,16 @@ def print_report(out_dir: Path) -> None:
 
 
 def command_report(args: argparse.Namespace) -> int:
+    from simulations.results_file import out_dir_kind
+
     out_dir = Path(args.dir)
     if not (out_dir / "results.csv").exists():
         raise ConfigError(f"dir = {args.dir!r}: no results.csv there; allowed: a sweep out dir")
+    if out_dir_kind(out_dir) == "run":
+        raise ConfigError(
+            f"dir = {args.dir!r} holds the rows of one fedlmc run (no cell_id column): a report "
+            f"compares the cells of a sweep; the run's rows are in {str(out_dir / 'results.csv')!r}"
+        )
     print_report(out_dir)
     return 0
 
@@ -189,12 +202,21 @@ def command_run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from simulations.federation import run_federation
+    from strategies import ClientsFailedError
 
     values = dict(parse_override(text) for text in args.overrides)
     config = validate_run_config(values)
     config = absolute_paths(config)
+    check_run_outputs(config, args.csv)
     try:
         rows = run_federation(config, ray_address=args.ray_address)
+    except ClientsFailedError as err:  # the clients, not the configuration, failed: exit 1
+        print(
+            f"fedlmc: error: the federation failed because of its clients: "
+            f"{type(err).__name__}: {' '.join(str(err).split())}",
+            file=sys.stderr,
+        )
+        return 1
     except ValueError:
         raise
     except Exception as err:  # noqa: BLE001 - a failed federation is reported on one line
@@ -213,8 +235,25 @@ def command_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_run_outputs(config, csv_path: str | None) -> None:
+    """Before any work: the run's ``out-dir`` is a writable folder holding no sweep, and the
+    ``--csv`` path is writable (:mod:`simulations.results_file`)."""
+    from simulations.results_file import check_writable_file, check_writable_folder, refuse_mixing
+
+    if config["out-dir"]:
+        check_writable_folder(config["out-dir"], "out-dir")
+        refuse_mixing(config["out-dir"], "run")
+    if csv_path:
+        check_writable_file(csv_path, "--csv")
+
+
 def command_validate(args: argparse.Namespace) -> int:
+    from simulations.results_file import check_writable_folder, refuse_mixing
+
     sweep = load_sweep_config(args.config, args.overrides, check_devices=not args.no_device_check)
+    out_dir = Path(args.out) if args.out else Path("results") / sweep.name
+    check_writable_folder(out_dir, "--out")
+    refuse_mixing(out_dir, "sweep")
     cells = expand_grid(sweep)
     axes = list(sweep.grid)
     print(f"{sweep.name}: {len(cells)} cell(s); grid axes: {', '.join(axes) or 'none'}")

@@ -74,6 +74,7 @@ BIAS_VALUES = ("auto", "true", "false")
 CALIBRATIONS = ("server", "federated", "none")
 FAILURE_MODES = ("raise", "nan", "hang")
 FEDAVG = "fedavg"
+DEFAULT_MAX_SHARE = 0.5  # = strategies.screening.DEFAULT_MAX_SHARE (no Flower import here)
 
 
 def cell_methods() -> tuple[str, ...]:
@@ -125,6 +126,30 @@ def _failures(value: Any) -> str | None:
                 f"allowed: none, or MODE:PARTITION-ID[,...] with MODE in {', '.join(FAILURE_MODES)}"
             )
     return None
+
+
+MAX_LAMBDAS = 201  # every point costs a full evaluation (and a temperature fit)
+MEMORY_FACTOR_CLIENT = 4  # a training client: weights, gradients, momentum, a copy
+IN_SHAPES = {
+    "mnist5k": (1, 28, 28),
+    "mnist": (1, 28, 28),
+    "fashion_mnist": (1, 28, 28),
+    "cifar10": (3, 32, 32),
+    "cifar100": (3, 32, 32),
+}
+
+
+def _lambdas(value: Any) -> str | None:
+    if 3 <= value <= MAX_LAMBDAS and value % 2 == 1:
+        return None
+    return (
+        f"allowed: an odd number 3 .. {MAX_LAMBDAS} (the grid must hold lambda = 1/2 for the "
+        "*_barrier_half columns)"
+    )
+
+
+def _share(value: Any) -> str | None:
+    return None if 0.0 < value <= 1.0 else "allowed: a number in (0, 1]"
 
 
 def option_key(name: str) -> str:
@@ -225,21 +250,38 @@ def run_schema() -> dict[str, Key]:
         ),
         "init": named(str, "independent", "client initialisation", ("independent", "shared")),
         "fedavg-rounds": Key(int, 5, "rounds of the FedAvg baseline", at_least(1)),
-        "lambdas": Key(int, 25, "points on the interpolation grid (compare)", at_least(2)),
+        "lambdas": Key(
+            int,
+            25,
+            f"points on the interpolation grid (compare): odd, so that it holds lambda = 1/2; "
+            f"at most {MAX_LAMBDAS}",
+            _lambdas,
+        ),
         "diagnostics": Key(bool, True, "compute LEWC and orthogonality diagnostics (compare)"),
         "seed": Key(int, 0, "seed", at_least(0)),
         "device": named(str, "auto", "training device", ("auto", "cpu", "cuda")),
         "num-cpus": Key(float, 1.0, "CPUs per simulated client", at_least(0.0, strict=True)),
         "num-gpus": Key(float, 0.0, "GPUs per simulated client", at_least(0.0)),
         "min-clients": Key(int, 2, "fewest surviving clients a merge accepts", at_least(1)),
+        "max-client-share": Key(
+            float,
+            DEFAULT_MAX_SHARE,
+            "largest share of one client in a deployment's merge (simulations use the "
+            "partition sizes)",
+            _share,
+        ),
         "timeout": Key(float, 600.0, "seconds to wait for clients", at_least(0.0, strict=True)),
         "inject-failure": Key(str, "none", "test-only failure injection", _failures),
         "out-dir": Key(str, "", "folder for results.csv and merged weights"),
     }
 
 
-def validate_run_config(values: Mapping[str, Any], *, check_devices: bool = True) -> dict[str, Any]:
-    """Defaults filled in, every value type- and range-checked; raises :class:`ConfigError`."""
+def validate_run_config(
+    values: Mapping[str, Any], *, check_devices: bool = True, whole_run: bool = True
+) -> dict[str, Any]:
+    """Defaults filled in, every value type- and range-checked; raises :class:`ConfigError`.
+    ``whole_run = False`` (a client's config for one round, whose ``epochs`` may be one FedAvg
+    round's share) skips the checks about the whole run (``fedavg-rounds`` against ``epochs``)."""
     schema = run_schema()
     unknown = [k for k in values if k not in schema]
     if unknown:
@@ -249,6 +291,8 @@ def validate_run_config(values: Mapping[str, Any], *, check_devices: bool = True
     for key, value in values.items():
         config[key] = check_value(key, value, schema)
     check_consistency(config, check_devices=check_devices)
+    if whole_run:
+        check_fedavg_rounds(config)
     return config
 
 
@@ -277,6 +321,8 @@ def check_consistency(config: Mapping[str, Any], *, check_devices: bool = True) 
     check_partition(config)
     check_model_bias(config)
     check_plain_chain_methods(config)
+    if check_devices:
+        check_memory(config)
     if check_devices and (config["num-gpus"] > 0 or config["device"] == "cuda"):
         import torch
 
@@ -378,6 +424,81 @@ def check_plain_chain_methods(config: Mapping[str, Any]) -> None:
 # ----------------------------------------------------------------------------- feasibility
 
 
+def check_fedavg_rounds(config: Mapping[str, Any]) -> None:
+    """The FedAvg baseline trains ``epochs`` local epochs over ``fedavg-rounds`` rounds: every
+    round needs at least one."""
+    uses_fedavg = config["strategy"] == FEDAVG or (
+        config["strategy"] == "compare" and FEDAVG in method_list(config)
+    )
+    if uses_fedavg and config["fedavg-rounds"] > config["epochs"]:
+        raise ConfigError(
+            f"fedavg-rounds = {config['fedavg-rounds']}: allowed: 1 .. epochs "
+            f"({config['epochs']}) so that every FedAvg round trains at least one epoch"
+        )
+
+
+def _units(base: int, width: float) -> int:
+    return max(1, round(base * width))
+
+
+VGG11_CHANNELS = (64, 128, 256, 256, 512, 512, 512, 512)  # fedlmc.models.VGG11_LAYOUT's convs
+RESNET20_CHANNELS = (16, 32, 64)
+
+
+def model_parameters(config: Mapping[str, Any]) -> int | None:
+    """About how many weights the configured model has (its Linear/Conv weights, which dominate;
+    computed from the architecture without building it: validation imports no torch);
+    ``None`` for ``hf:`` data sets and user factories."""
+    if config["dataset"] not in IN_SHAPES or config["model"] not in ("mlp", "vgg11", "resnet20"):
+        return None
+    channels, height, width_px = IN_SHAPES[config["dataset"]]
+    classes, width = NUM_CLASSES[config["dataset"]], config["width"]
+    if config["model"] == "mlp":
+        units = _units(config["base-hidden"], width)
+        depth = config["depth"]
+        return channels * height * width_px * units + (depth - 1) * units**2 + units * classes
+    if config["model"] == "vgg11":
+        sizes = [channels, *(_units(c, width) for c in VGG11_CHANNELS)]
+        convs = sum(9 * a * b for a, b in zip(sizes, sizes[1:], strict=False))
+        return convs + sizes[-1] * classes
+    sizes = [_units(c, width) for c in RESNET20_CHANNELS]
+    total, previous = 9 * channels * sizes[0], sizes[0]
+    for size in sizes:
+        total += 9 * previous * size + previous * size * (previous != size) + 5 * 9 * size**2
+        previous = size
+    return total + sizes[-1] * classes
+
+
+def memory_estimate(config: Mapping[str, Any], elements: int) -> int:
+    r"""Bytes a run needs at least, float32: the server holding every client's weights, the
+    template and the merge, and one client training (weights, gradients, momentum and a copy:
+    :data:`MEMORY_FACTOR_CLIENT` copies), :math:`4 P (N + 2 + 4)` for :math:`P` weights and
+    :math:`N` clients (a lower bound: activations and concurrent clients come on top)."""
+    clients = int(config["num-clients"])
+    return 4 * int(elements) * (clients + 2 + MEMORY_FACTOR_CLIENT)
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory of this machine."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def check_memory(config: Mapping[str, Any]) -> None:
+    """:class:`ConfigError` with the bytes needed when :func:`memory_estimate` exceeds this
+    machine's memory (``width`` or ``num-clients`` too large for it)."""
+    elements = model_parameters(config)
+    if elements is None:
+        return
+    needed, have = memory_estimate(config, elements), machine_memory()
+    if needed > have:
+        raise ConfigError(
+            f"width = {config['width']:g}: the {config['model']} has about {elements:,} weights; "
+            f"{config['num-clients']} clients and the server need about {needed:,} bytes "
+            f"({needed / 2**30:.1f} GiB), this machine has {have:,} ({have / 2**30:.1f} GiB); "
+            "allowed: a smaller width or fewer clients"
+        )
+
+
 def client_pool_size(config: Mapping[str, Any]) -> int:
     """Examples left to the clients: the training set minus ``round(server-fraction * N)``."""
     total = TRAIN_SIZES[config["dataset"]]
@@ -439,6 +560,7 @@ SWEEP_KEYS = ("name", "description", "run", "grid", "report")
 SWEEP_TABLES = ("run", "grid", "report")
 RUNTIME_KEYS = (
     "out-dir",
+    "max-client-share",
     "data-root",
     "download",
     "data-mirror",

@@ -632,7 +632,7 @@ class SweepServer:
             try:
                 if self.on_start is not None:
                     self.on_start(job)
-                result.outcome = run_server(grid, job.config)
+                result.outcome = run_server(grid, job.config, simulated=True)
             except EngineStopped:
                 return
             except Exception as err:  # noqa: BLE001 - a failed cell is a result, the others go on

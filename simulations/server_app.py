@@ -56,7 +56,7 @@ from fedlmc.data import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.io import atomic_write
 from fedlmc.merge import load_state
-from fedlmc.rows import endpoint_columns
+from fedlmc.rows import ROUND_COLUMNS, endpoint_columns
 from fedlmc.study import (
     Comparison,
     Predictions,
@@ -66,10 +66,18 @@ from fedlmc.study import (
 )
 from simulations.config import FEDAVG, ConfigError, method_list, validate_run_config
 from simulations.provenance import version_columns
-from simulations.task import build_from_config, device_of, load_splits
+from simulations.results_file import check_writable_folder, refuse_mixing
+from simulations.task import (
+    build_from_config,
+    client_calibration_data,
+    client_train_data,
+    device_of,
+    load_splits,
+)
 from strategies import FedAvgBaseline, OneShotAverage, PermutationAlignedAverage
-from strategies.common import RoundReport, StateDict
+from strategies.common import Failure, RoundReport, StateDict
 from strategies.protocol import record_to_state, state_to_record
+from strategies.screening import WeightBound
 
 Sink = Callable[["ServerOutcome"], None]
 
@@ -84,6 +92,7 @@ class ServerOutcome:
     results: dict[str, Result] = field(default_factory=dict)
     reports: dict[str, RoundReport] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    weight_bound: WeightBound | None = None
 
     def table(self, with_config: bool = False) -> pd.DataFrame:
         """The rows as a DataFrame (one per method); ``with_config`` appends the run-config
@@ -100,25 +109,28 @@ def train_config_record(config: Mapping[str, Any]) -> ConfigRecord:
     return ConfigRecord({k: v for k, v in config.items()})
 
 
-def failures_text(report: RoundReport) -> str:
-    """``"partition 1: client error: ...; ..."`` on one line (empty when none failed)."""
-    if not report.failures:
-        return ""
-    return "; ".join(" ".join(f.describe().split())[:300] for f in report.failures)
+def failures_text(failures: Sequence[Failure]) -> str:
+    """``"node N (partition 1): client error: ...; ..."`` on one line (empty when none)."""
+    return "; ".join(" ".join(f.describe().split())[:300] for f in failures)
 
 
 def round_columns(
     report: RoundReport, bytes_sent: int, seconds: float, rounds: int
 ) -> dict[str, Any]:
-    """Columns describing the rounds behind a row (see the module docstring)."""
-    return {
+    """Columns describing the rounds behind a row (:data:`fedlmc.rows.ROUND_COLUMNS`)."""
+    train_seconds = [u.metrics.get("train-seconds", 0.0) for u in report.survivors]
+    columns = {
         "clients_survived": len(report.survivors),
-        "clients_failed": failures_text(report),
+        "clients_failed": failures_text(report.failures),
+        "clients_dropped": len(report.dropped_nodes),
+        "clients_dropped_reasons": failures_text(report.dropped),
         "bytes_sent_by_clients": int(bytes_sent),
         "rounds": int(rounds),
-        "train_seconds": float(sum(u.metrics.get("train-seconds", 0.0) for u in report.survivors)),
+        "train_seconds": float(sum(t for t in train_seconds if isinstance(t, int | float))),
         "round_seconds": float(seconds),
     }
+    assert tuple(columns) == ROUND_COLUMNS
+    return columns
 
 
 def merged_row(
@@ -182,10 +194,27 @@ def method_options(config: Mapping[str, Any]) -> dict[str, Any]:
     return {"auto_tolerance": config["auto-tolerance"]}
 
 
-def _kwargs(config: Mapping[str, Any], splits: DataSplits, device: torch.device) -> dict:
+def weight_bound(config: Mapping[str, Any], simulated: bool) -> WeightBound:
+    """The bound on each client's weight (:class:`strategies.screening.WeightBound`): in a
+    simulation the partition sizes the server knows (the ClientApp's own split of the same
+    data), in a deployment ``max-client-share``."""
+    if not simulated:
+        return WeightBound(max_share=config["max-client-share"])
+    n = int(config["num-clients"])
+    return WeightBound(
+        max_share=config["max-client-share"],
+        sizes={
+            "train": {p: len(client_train_data(config, p, n)[1]) for p in range(n)},
+            "calibration": {p: len(client_calibration_data(config, p, n)[1]) for p in range(n)},
+        },
+    )
+
+
+def _kwargs(config: Mapping[str, Any], splits: DataSplits, device: torch.device, outcome) -> dict:
     return {
         "num_clients": config["num-clients"],
         "min_clients": config["min-clients"],
+        "weight_bound": outcome.weight_bound,
         "server_data": splits.server if len(splits.server[1]) else None,
         "wait_timeout": config["timeout"],
         "query_timeout": config["timeout"],
@@ -224,13 +253,13 @@ def compare_cell(
 def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
     """Collect the client models once, evaluate every requested method on them (each base merge
     once, its weights kept for ``merged-<method>.safetensors``)."""
-    kwargs = _kwargs(config, splits, device)
+    kwargs = _kwargs(config, splits, device, outcome)
     strategy = OneShotAverage(template, calibration="none", keep_client_states=True, **kwargs)
     result, seconds = _start(strategy, grid, template, config, 1)
     report = strategy.report
     outcome.results["compare"], outcome.reports["compare"] = result, report
     states = [u.state for u in report.survivors]
-    weights = [float(u.num_examples) for u in report.survivors]
+    weights = strategy.merge_weights(report)
     start = time.perf_counter()
     comparison = compare_cell(config, template, states, weights, splits, device)
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
@@ -248,7 +277,7 @@ def result_bytes(result: Result) -> int:
 
 def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
     """``average`` or ``aligned``: one strategy, its merged model and temperature."""
-    kwargs = _kwargs(config, splits, device)
+    kwargs = _kwargs(config, splits, device, outcome)
     kwargs.update(calibration=config["calibration"], keep_client_states=True)
     if config["strategy"] == "average":
         strategy = OneShotAverage(template, **kwargs)
@@ -291,6 +320,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
         num_rounds=rounds,
         min_clients=config["min-clients"],
         wait_timeout=config["timeout"],
+        weight_bound=outcome.weight_bound,
     )
     result, seconds = _start(strategy, grid, template, config, rounds)
     last = strategy.reports[rounds]
@@ -346,20 +376,28 @@ def prepare_data(config: Mapping[str, Any]) -> DataSplits:
     return load_splits(config)
 
 
-def run_server(grid: Grid, run_config: Mapping[str, Any]) -> ServerOutcome:
-    """Validate the run config, run the configured mode, add columns, write the outputs."""
+def run_server(
+    grid: Grid, run_config: Mapping[str, Any], *, simulated: bool = False
+) -> ServerOutcome:
+    """Validate the run config, run the configured mode, add columns, write the outputs.
+    ``simulated``: the clients are this project's simulated ClientApps, whose partition sizes
+    the server knows (the weight bound, :func:`weight_bound`)."""
     config = validate_run_config(dict(run_config), check_devices=False)
     if config["server-fraction"] == 0.0:
         raise ConfigError(
             "server-fraction = 0.0: the ServerApp needs a server split > 0 to fit temperatures "
             "and evaluate the merged models"
         )
+    if config["out-dir"]:  # before any work: never overwrite a sweep's results.csv
+        check_writable_folder(config["out-dir"], "out-dir")
+        refuse_mixing(config["out-dir"], "run")
     outcome = ServerOutcome(config=config)
     start = time.perf_counter()
     splits = prepare_data(config)
     outcome.timings["load_seconds"] = time.perf_counter() - start
     device = device_of(config)
     template = build_from_config(config, splits)
+    outcome.weight_bound = weight_bound(config, simulated)
     MODES[config["strategy"]](grid, config, splits, template, device, outcome)
     outcome.timings["server_seconds"] = time.perf_counter() - start
     if config["out-dir"]:
@@ -384,7 +422,7 @@ def server_app_for(run_config: Mapping[str, Any], sink: Sink | None = None) -> S
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        outcome = run_server(grid, run_config)
+        outcome = run_server(grid, run_config, simulated=True)
         if sink is not None:
             sink(outcome)
 

@@ -20,7 +20,10 @@ Output folder ``out_dir``:
 Cells finish, and their rows are appended, in any order; the rows of a cell do not depend on
 what ran before or beside it.
 
-Resume: a rerun skips every cell with ``ok`` rows in ``results.csv``. Failed cells (the runner
+Resume: a rerun skips every cell with ``ok`` rows in ``results.csv``; rows that fail the schema
+on read (cut off, junk, text in a numeric column: :mod:`simulations.results_file`) are moved to
+``results.rejected.csv`` with a warning and their cells run again. A folder holding the results
+of a ``fedlmc run`` is refused. Failed cells (the runner
 raised, e.g. too few clients survived) are recorded as one row with ``status = "failed"`` and
 the reason, the sweep goes on, and a rerun retries them (``retry_failed=False`` keeps them);
 the retry's rows replace the failed row. A killed sweep, rerun, thus ends with the same rows as
@@ -60,6 +63,7 @@ from simulations.config import (
     unique_cells,
 )
 from simulations.provenance import versions
+from simulations.results_file import read_results, refuse_mixing
 
 Runner = Callable[[Mapping[str, Any]], pd.DataFrame]
 
@@ -125,26 +129,6 @@ def run_cell(runner: Runner, cid: str, config: Mapping[str, Any]) -> pd.DataFram
 # ----------------------------------------------------------------------------- results file
 
 
-def read_results(out_dir: str | os.PathLike) -> pd.DataFrame:
-    """``out_dir/results.csv`` (empty frame when absent).
-
-    Floats read back exactly (pandas writes the shortest round-trip repr and its default parser
-    reads it back bit for bit); only empty cells and ``nan`` are missing values.
-    """
-    path = Path(out_dir) / RESULTS
-    if not path.exists():
-        return pd.DataFrame(columns=list(LEAD_COLUMNS))
-    frame = pd.read_csv(
-        path,
-        keep_default_na=False,
-        na_values=["", "nan", "NaN"],
-        dtype={name: str for name in LEAD_COLUMNS},  # an id like "1234e5678901" stays text
-    )
-    for name in LEAD_COLUMNS:
-        frame[name] = frame[name].fillna("")
-    return frame
-
-
 def atomic_write_csv(frame: pd.DataFrame, path: Path) -> None:
     """Write ``frame`` to ``path`` atomically (:func:`fedlmc.io.atomic_write`)."""
     atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
@@ -203,7 +187,9 @@ def describe_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 
 
 def prepare_out_dir(out_dir: Path, record: Mapping[str, Any], *, force: bool) -> None:
-    """Create ``out_dir``, refuse a different sweep there unless ``force``, write config.json."""
+    """Create ``out_dir``, refuse a run's results or a different sweep there (unless
+    ``force``), write config.json."""
+    refuse_mixing(out_dir, "sweep")
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out_dir)
     path = out_dir / CONFIG
@@ -360,7 +346,7 @@ def run_sweep(
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive(out_dir):
         prepare_out_dir(out_dir, sweep_record(sweep, cells), force=force)
-        done = finished_cells(read_results(out_dir), retry_failed=retry_failed)
+        done = finished_cells(read_results(out_dir, set_aside_bad=True), retry_failed=retry_failed)
         todo = [i for i, cid in enumerate(ids) if cid not in done]
         say = tqdm.write if progress else (lambda _text: None)
         say(

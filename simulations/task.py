@@ -61,7 +61,7 @@ def client_run_config(
     """The validated run config a client works with: context, overlaid by the message's entries."""
     values = schema_values(context_config)
     values.update(schema_values(message_config or {}))
-    return validate_run_config(values, check_devices=False)
+    return validate_run_config(values, check_devices=False, whole_run=False)
 
 
 def device_of(config: Mapping[str, Any]) -> torch.device:

@@ -16,6 +16,7 @@ survivors' weights stay in ``strategy.report.survivors`` for ``fedlmc.study.comp
 
 from strategies.base import ScreenedFedAvg
 from strategies.common import (
+    ClientsFailedError,
     InconsistentShapesError,
     NodesUnavailableError,
     NotEnoughClientsError,
@@ -26,6 +27,7 @@ from strategies.protocol import state_to_record
 
 __all__ = [
     "AutoMerge",
+    "ClientsFailedError",
     "FedAvgBaseline",
     "InconsistentShapesError",
     "NodesUnavailableError",

@@ -2,12 +2,20 @@
 
 :class:`ScreenedFedAvg` is what the one-shot merges and the FedAvg baseline share:
 
-- ``configure_train`` waits until all ``num_clients`` nodes are connected (Flower's sampling may
-  sample before every simulated node registered in round 1) and sends every node the same
-  train message (the round's config passes through :meth:`ScreenedFedAvg.round_config`);
-- :meth:`ScreenedFedAvg.screen` drops error, malformed, wrongly shaped and non-finite replies
-  (:func:`strategies.common.screen_replies`), logs why, and raises
-  :class:`~strategies.common.NotEnoughClientsError` when fewer than ``min_clients`` survive;
+- ``configure_train`` waits until at least ``num_clients`` nodes are connected (Flower's sampling
+  may sample before every simulated node registered in round 1) and sends the same train
+  message to exactly ``num_clients`` of them: the lowest node ids (more SuperNodes than
+  ``num_clients`` are left idle, so never more clients are merged than the row says); the
+  round's config passes through :meth:`ScreenedFedAvg.round_config`;
+- :meth:`ScreenedFedAvg.screen` drops every reply that fails the screen of
+  :mod:`strategies.screening` (errors, malformed replies, wrong keys, shapes or dtypes,
+  non-finite or huge weights, bad counts, partition ids out of ``0 .. connected nodes - 1`` or
+  claimed twice; :func:`strategies.common.screen_replies`), logs why, and raises
+  :class:`~strategies.common.NotEnoughClientsError` naming the dropped clients when fewer than
+  ``min_clients`` survive;
+- :meth:`ScreenedFedAvg.merge_weights` bounds each survivor's weight
+  (:class:`strategies.screening.WeightBound`: its true share when the partition sizes are
+  known, at most ``max_share`` otherwise);
 - :meth:`ScreenedFedAvg.client_metrics` gives the survivors' num-examples-weighted training
   metrics plus ``clients-survived``, ``clients-failed``, ``bytes-received`` and
   ``num-examples``.
@@ -34,9 +42,17 @@ from strategies.common import (
     wait_for_nodes,
     weighted_metric_means,
 )
-from strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY, record_shapes
+from strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY
+from strategies.screening import Reference, WeightBound
 
 __all__ = ["ScreenedFedAvg"]
+
+
+def claimed_total(report: RoundReport) -> int | float:
+    """The survivors' claimed num-examples summed (a float beyond int64: MetricRecord's ints
+    are 64-bit; a claim that large carries no more weight than the bound allows)."""
+    total = sum(int(u.num_examples) for u in report.survivors)
+    return total if total < 2**63 else float(total)
 
 
 class ScreenedFedAvg(FedAvg):
@@ -51,6 +67,7 @@ class ScreenedFedAvg(FedAvg):
         weighted_by_key: str = NUM_EXAMPLES_KEY,
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
+        weight_bound: WeightBound | None = None,
     ) -> None:
         check_client_counts(num_clients, min_clients)
         super().__init__(
@@ -68,7 +85,9 @@ class ScreenedFedAvg(FedAvg):
         self.min_clients = int(min_clients)
         self.wait_timeout = float(wait_timeout)
         self._grid: Grid | None = None
-        self._reference: dict[str, tuple[int, ...]] | None = None
+        self.weight_bound = weight_bound if weight_bound is not None else WeightBound()
+        self._reference: Reference | None = None
+        self._num_partitions: int | None = None
         self._sent_to: list[int] = []
         self._round_config: dict[str, Any] = {}
 
@@ -80,43 +99,69 @@ class ScreenedFedAvg(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Wait for all ``num_clients`` nodes, then send every one the same train message."""
+        """Wait for ``num_clients`` nodes, then send the same train message to the
+        ``num_clients`` lowest node ids (partition ids must lie below the connected count)."""
         self._grid = grid
-        nodes = wait_for_nodes(grid, self.num_clients, self.wait_timeout)
+        connected = wait_for_nodes(grid, self.num_clients, self.wait_timeout)
+        nodes = connected[: self.num_clients]
+        if len(connected) > len(nodes):
+            log(
+                WARNING,
+                "round %d: %d nodes connected, training the %d with the lowest node ids",
+                server_round,
+                len(connected),
+                len(nodes),
+            )
         config = self.round_config(server_round, config)
-        self.expect_replies(arrays, nodes, config)
+        self.expect_replies(arrays, nodes, config, num_partitions=len(connected))
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._construct_messages(record, nodes, MessageType.TRAIN)
 
     def expect_replies(
-        self, arrays: ArrayRecord, node_ids: Sequence[int], config: Mapping[str, Any] | None = None
+        self,
+        arrays: ArrayRecord,
+        node_ids: Sequence[int],
+        config: Mapping[str, Any] | None = None,
+        num_partitions: int | None = None,
     ) -> None:
-        """Remember what a round sent: the reference shapes (``arrays``; empty = no reference,
-        then survivors must agree among themselves), the nodes asked and the round's config.
+        """Remember what a round sent: the reference shapes and dtypes (``arrays``; empty = no
+        reference, then survivors must agree among themselves), the nodes asked, the round's
+        config and the bound on partition ids (default: the number of nodes asked).
         Called by :meth:`configure_train`."""
-        self._reference = record_shapes(arrays) or None
+        self._reference = Reference.of_record(arrays)
         self._sent_to = [int(n) for n in node_ids]
+        self._num_partitions = int(num_partitions or len(self._sent_to)) or None
         self._round_config = dict(config or {})
 
     def screen(self, server_round: int, replies: Iterable[Message]) -> RoundReport:
         """The round's survivors (sorted by partition id) and failures; raises
         :class:`~strategies.common.NotEnoughClientsError` below ``min_clients``."""
-        report = screen_replies(replies, self._reference, self._sent_to, self.weighted_by_key)
+        report = screen_replies(
+            replies, self._reference, self._sent_to, self.weighted_by_key, self._num_partitions
+        )
         for failure in report.failures:
             log(WARNING, "round %d: dropped reply from %s", server_round, failure.describe())
         require_survivors(report, self.min_clients)
         return report
 
+    def merge_weights(self, report: RoundReport) -> list[float]:
+        """The survivors' bounded shares of the merge (:class:`WeightBound`, kind ``train``)."""
+        survivors = report.survivors
+        return self.weight_bound.shares(
+            [u.partition_id for u in survivors], [float(u.num_examples) for u in survivors], "train"
+        )
+
     def client_metrics(self, report: RoundReport, extra_bytes: int = 0) -> dict[str, Any]:
         """Weighted means of the survivors' scalar metrics and the round's counts."""
         skip = (self.weighted_by_key, PARTITION_KEY)
-        metrics: dict[str, Any] = weighted_metric_means(report.survivors, skip=skip)
+        weights = self.merge_weights(report) if report.survivors else []
+        metrics: dict[str, Any] = weighted_metric_means(report.survivors, skip, weights)
         metrics.update(
             {
                 "clients-survived": len(report.survivors),
                 "clients-failed": len(report.failures),
                 "bytes-received": int(report.bytes_received + extra_bytes),
-                self.weighted_by_key: int(sum(u.num_examples for u in report.survivors)),
+                self.weighted_by_key: claimed_total(report),
             }
         )
         return metrics

@@ -19,14 +19,12 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
-from torch import Tensor
 
 from strategies.protocol import (
     NUM_EXAMPLES_KEY,
@@ -38,19 +36,32 @@ from strategies.protocol import (
     single_record,
     tensor_bytes,
 )
+from strategies.screening import (
+    Reference,
+    ScreenError,
+    check_count,
+    check_partition_id,
+    check_train_arrays,
+    check_weight_values,
+    partition_problems,
+)
 
 _PARTITION_IN_REASON = re.compile(r"partition-id=(\d+)")
 
 
-class NodesUnavailableError(RuntimeError):
+class ClientsFailedError(RuntimeError):
+    """The federation failed because of its clients (the CLI exits 1, not 2)."""
+
+
+class NodesUnavailableError(ClientsFailedError):
     """Fewer nodes than expected connected before the waiting timeout."""
 
 
-class NotEnoughClientsError(RuntimeError):
+class NotEnoughClientsError(ClientsFailedError):
     """Fewer clients than ``min_clients`` survived a round."""
 
 
-class InconsistentShapesError(ValueError):
+class InconsistentShapesError(ClientsFailedError, ValueError):
     """Surviving clients sent arrays with different keys or shapes."""
 
 
@@ -74,10 +85,13 @@ class Failure:
     partition_id: int | None
     reason: str
     tensor_bytes: int = 0
+    stage: str = "train"
+    """The message type whose reply was dropped (``train`` or a query action)."""
 
     def describe(self) -> str:
         who = f"partition {self.partition_id}" if self.partition_id is not None else "unknown"
-        return f"node {self.node_id} ({who}): {self.reason}"
+        where = "" if self.stage == "train" else f"{self.stage} reply: "
+        return f"node {self.node_id} ({who}): {where}{self.reason}"
 
 
 @dataclass
@@ -86,6 +100,18 @@ class RoundReport:
 
     survivors: list[ClientUpdate] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    query_failures: list[Failure] = field(default_factory=list)
+    """Query replies dropped after the merge (the client stays merged; its answer is unused)."""
+
+    @property
+    def dropped(self) -> list[Failure]:
+        """Every dropped reply: training round (and alignment) first, then later queries."""
+        return [*self.failures, *self.query_failures]
+
+    @property
+    def dropped_nodes(self) -> list[int]:
+        """Distinct nodes with at least one dropped reply."""
+        return sorted({f.node_id for f in self.dropped})
 
     @property
     def survivor_ids(self) -> list[int]:
@@ -99,7 +125,12 @@ class RoundReport:
         )
 
     def failure_text(self) -> str:
-        return "; ".join(f.describe() for f in self.failures) or "none"
+        return "; ".join(f.describe() for f in self.dropped) or "none"
+
+    def drop(self, failure: Failure) -> None:
+        """Move the survivor of ``failure.node_id`` to the failures (e.g. its alignment failed)."""
+        self.survivors = [u for u in self.survivors if u.node_id != failure.node_id]
+        self.failures.append(failure)
 
 
 # ----------------------------------------------------------------------------- screening
@@ -115,75 +146,80 @@ def _shape_problem(shapes: Shapes, reference: Shapes) -> str | None:
     return None
 
 
-def _finite_problem(state: Mapping[str, Tensor]) -> str | None:
-    for key, tensor in state.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return f"non-finite weights in {key!r}"
-    return None
-
-
 def _partition_from_reason(reason: str | None) -> int | None:
     found = _PARTITION_IN_REASON.search(reason or "")
     return int(found.group(1)) if found else None
 
 
-def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{what} must be an integer, got {value!r}")
-    return value
-
-
 def screen_reply(
-    message: Message, reference: Shapes | None, weighted_by_key: str = NUM_EXAMPLES_KEY
+    message: Message,
+    reference: Reference | Shapes | None,
+    weighted_by_key: str = NUM_EXAMPLES_KEY,
+    num_partitions: int | None = None,
 ) -> ClientUpdate | Failure:
-    """The reply as a :class:`ClientUpdate`, or the :class:`Failure` saying why it is dropped."""
+    """The reply as a :class:`ClientUpdate`, or the :class:`Failure` saying why it is dropped
+    (the train screen of :mod:`strategies.screening`)."""
     node = int(message.metadata.src_node_id)
     if message.has_error():
         reason = message.error.reason or f"error code {message.error.code}"
         return Failure(node, _partition_from_reason(reason), f"client error: {reason}")
+    if isinstance(reference, dict):  # shapes only (older callers): any dtype of the same kind
+        reference = None if not reference else Reference(reference, {})
     content = message.content
+    partition_id = None
     try:
         record = single_record(content.array_records, "ArrayRecord")
         metrics = dict(single_record(content.metric_records, "MetricRecord"))
-        partition_id = _as_int(metrics.get(PARTITION_KEY), PARTITION_KEY)
-        num_examples = metrics.get(weighted_by_key)
-        if not isinstance(num_examples, int | float) or not num_examples > 0:
-            raise ValueError(f"{weighted_by_key} must be a positive number, got {num_examples!r}")
+        partition_id = check_partition_id(metrics.get(PARTITION_KEY), num_partitions)
+        num_examples = check_count(metrics.get(weighted_by_key), weighted_by_key)
     except ValueError as err:
-        return Failure(node, None, f"malformed reply: {err}")
+        return Failure(node, partition_id, f"malformed reply: {err}")
     size = tensor_bytes(record)
-    if reference:
-        problem = _shape_problem(record_shapes(record), reference)
-        if problem:
-            return Failure(node, partition_id, problem, size)
-    state = record_to_state(record)
-    problem = _finite_problem(state)
-    if problem:
-        return Failure(node, partition_id, problem, size)
-    return ClientUpdate(partition_id, node, state, num_examples, metrics, size)
+    try:
+        if reference is not None and not reference.dtypes:
+            problem = _shape_problem(record_shapes(record), reference.shapes)
+            if problem:
+                raise ScreenError(problem)
+        else:
+            check_train_arrays(record, reference)
+        state = record_to_state(record)
+        check_weight_values(state)
+    except ScreenError as err:
+        return Failure(node, partition_id, str(err), size)
+    metrics[weighted_by_key] = int(num_examples)
+    return ClientUpdate(partition_id, node, state, int(num_examples), metrics, size)
 
 
 def screen_replies(
     replies: Iterable[Message],
-    reference: Shapes | None,
+    reference: Reference | Shapes | None,
     sent_to: Sequence[int] = (),
     weighted_by_key: str = NUM_EXAMPLES_KEY,
+    num_partitions: int | None = None,
 ) -> RoundReport:
     """Survivors sorted by partition id (then node id) and the failures, one per bad reply.
 
-    Nodes in ``sent_to`` that sent no reply count as failures ("no reply before the timeout").
+    Nodes in ``sent_to`` that sent no reply count as failures ("no reply before the timeout");
+    replies sharing a partition id are all dropped; ids must be below ``num_partitions``.
     Without a ``reference`` the survivors must agree among themselves on keys and shapes
     (:class:`InconsistentShapesError` otherwise).
     """
     report = RoundReport()
     replied = set()
+    screened = []
     for message in replies:
         replied.add(int(message.metadata.src_node_id))
-        outcome = screen_reply(message, reference, weighted_by_key)
-        target = report.failures if isinstance(outcome, Failure) else report.survivors
-        target.append(outcome)
+        screened.append(screen_reply(message, reference, weighted_by_key, num_partitions))
+    updates = [u for u in screened if isinstance(u, ClientUpdate)]
+    report.failures.extend(f for f in screened if isinstance(f, Failure))
+    duplicated = partition_problems([u.partition_id for u in updates])
+    for index, update in enumerate(updates):
+        if index in duplicated:
+            failure = Failure(update.node_id, update.partition_id, duplicated[index])
+            failure.tensor_bytes = update.tensor_bytes
+            report.failures.append(failure)
+        else:
+            report.survivors.append(update)
     for node in sent_to:
         if int(node) not in replied:
             report.failures.append(Failure(int(node), None, "no reply before the timeout"))
@@ -225,17 +261,20 @@ def require_survivors(report: RoundReport, min_clients: int) -> None:
         )
 
 
-def weighted_metric_means(updates: Sequence[ClientUpdate], skip: Sequence[str]) -> dict:
-    r"""Per metric :math:`\sum_i w_i m_i` with :math:`w_i` = num-examples share (scalars only)."""
-    total = sum(u.num_examples for u in updates)
+def weighted_metric_means(
+    updates: Sequence[ClientUpdate], skip: Sequence[str], weights: Sequence[float] | None = None
+) -> dict:
+    r"""Per metric :math:`\sum_i w_i m_i` with :math:`w_i` = ``weights`` (default: the
+    num-examples shares; scalars only)."""
+    if weights is None:
+        weights = [float(u.num_examples) for u in updates]
+    total = math.fsum(weights)
     means: dict[str, float] = {}
     for key in updates[0].metrics if updates else []:
         values = [u.metrics.get(key) for u in updates]
         if key in skip or not all(isinstance(v, int | float) for v in values):
             continue
-        means[key] = math.fsum(
-            u.num_examples / total * float(v) for u, v in zip(updates, values, strict=True)
-        )
+        means[key] = math.fsum(w / total * float(v) for w, v in zip(weights, values, strict=True))
     return means
 
 

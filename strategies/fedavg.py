@@ -23,6 +23,7 @@ from fedlmc.merge import average
 from strategies.base import ScreenedFedAvg
 from strategies.common import RoundReport
 from strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
+from strategies.screening import WeightBound
 
 
 def epochs_per_round(total_epochs: int, num_rounds: int) -> list[int]:
@@ -48,12 +49,14 @@ class FedAvgBaseline(ScreenedFedAvg):
         min_clients: int = 2,
         wait_timeout: float = 600.0,
         weighted_by_key: str = NUM_EXAMPLES_KEY,
+        weight_bound: WeightBound | None = None,
     ) -> None:
         super().__init__(
             num_clients=num_clients,
             min_clients=min_clients,
             wait_timeout=wait_timeout,
             weighted_by_key=weighted_by_key,
+            weight_bound=weight_bound,
         )
         self.schedule = epochs_per_round(int(total_epochs), int(num_rounds))
         self.reports: dict[int, RoundReport] = {}
@@ -88,9 +91,7 @@ class FedAvgBaseline(ScreenedFedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Weighted average of the surviving replies."""
         report = self.screen(server_round, replies)
-        merged = average(
-            [u.state for u in report.survivors], [float(u.num_examples) for u in report.survivors]
-        )
+        merged = average([u.state for u in report.survivors], self.merge_weights(report))
         metrics = self.client_metrics(report)
         for update in report.survivors:
             update.state = {}

@@ -56,7 +56,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.supercore import log
 from torch import Tensor, nn
 
@@ -74,9 +74,10 @@ from fedlmc.methods import AUTO_TOLERANCE, merge_method, merge_with_info
 from fedlmc.permutation import PermutationSpec, permutation_spec
 from fedlmc.repair import repair
 from strategies.base import ScreenedFedAvg
-from strategies.common import ClientUpdate, RoundReport, StateDict
-from strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
+from strategies.common import ClientUpdate, RoundReport, StateDict, require_survivors
+from strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
 from strategies.queries import ClientRounds
+from strategies.screening import WeightBound
 
 Data = tuple[Tensor, Tensor]
 CALIBRATIONS = ("server", "federated", "none")
@@ -131,6 +132,7 @@ class OneShotAverage(ScreenedFedAvg):
         weighted_by_key: str = NUM_EXAMPLES_KEY,
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
+        weight_bound: WeightBound | None = None,
     ) -> None:
         super().__init__(
             num_clients=num_clients,
@@ -139,6 +141,7 @@ class OneShotAverage(ScreenedFedAvg):
             weighted_by_key=weighted_by_key,
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
+            weight_bound=weight_bound,
         )
         self.template = copy.deepcopy(template).cpu().eval()
         self.calibration = _check_choice("calibration", calibration, CALIBRATIONS)
@@ -180,6 +183,22 @@ class OneShotAverage(ScreenedFedAvg):
         )
         log(INFO, "\t└──> Weighted by: '%s'", self.weighted_by_key)
 
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """The train config, plus what this strategy's clients need to know whatever the
+        caller's ServerApp sends: ``calibration = "federated"`` (so that clients hold out their
+        calibration share) and, for a merge method that runs on the clients
+        (``activation_federated``), ``strategy = "aligned"`` and ``align`` (so that clients keep
+        their trained model for the align query)."""
+        config = super().round_config(server_round, config)
+        entry = merge_method(self.merge_method)
+        if entry.needs_clients or (self.on_clients and config.get("strategy") != "average"):
+            if entry.name != "average":
+                config["strategy"], config["align"] = "aligned", entry.name
+        if self.on_clients:
+            config["calibration"] = "federated"
+            config.setdefault("strategy", "average")
+        return config
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -188,9 +207,13 @@ class OneShotAverage(ScreenedFedAvg):
         self.report = report
         clients = self.client_rounds(report.survivors)
         states = [u.state for u in report.survivors]
-        weights = [float(u.num_examples) for u in report.survivors]
+        weights = self.merge_weights(report)
         start = time.perf_counter()
         merged, aligned = self.merge(states, weights, clients)
+        if len(aligned) < len(states):  # clients dropped by the alignment query: not merged
+            self.drop_unaligned(report, clients)
+            states = [u.state for u in report.survivors]
+            weights = self.merge_weights(report)
         model = load_state(self.template, merged).to(self.device).eval()
         self.bn_source = self.reestimate_batchnorm(model, clients)
         model = self.repair_units(model, aligned, weights, clients)
@@ -200,6 +223,7 @@ class OneShotAverage(ScreenedFedAvg):
         arrays = state_to_record(final)
         self.temperature = self.calibrate_temperature(model, arrays, clients)
         self.query_rounds, self.query_bytes = clients.rounds, clients.bytes_received
+        report.query_failures = [f for f in clients.dropped if f.stage != ALIGN_QUERY]
         if not self.keep_client_states:
             for update in report.survivors:
                 update.state = {}
@@ -214,6 +238,15 @@ class OneShotAverage(ScreenedFedAvg):
         )
         return arrays, metric_record(self.round_metrics(report))
 
+    def drop_unaligned(self, report: RoundReport, clients: ClientRounds) -> None:
+        """Move the clients whose alignment answer was dropped out of the survivors; raises
+        :class:`~strategies.common.NotEnoughClientsError` when fewer than ``min_clients``
+        remain."""
+        for failure in clients.dropped:
+            if failure.stage == ALIGN_QUERY:
+                report.drop(failure)
+        require_survivors(report, self.min_clients)
+
     def client_rounds(self, survivors: Sequence[ClientUpdate]) -> ClientRounds:
         """The query rounds on this round's survivors (:class:`strategies.queries.ClientRounds`)."""
         return ClientRounds(
@@ -226,6 +259,8 @@ class OneShotAverage(ScreenedFedAvg):
             min_clients=self.min_clients,
             grid_points=self.temperature_grid_points,
             newton_steps=self.temperature_steps,
+            weight_bound=self.weight_bound,
+            spec=self.spec,
         )
 
     @property

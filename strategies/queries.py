@@ -26,7 +26,7 @@ methods (``auto``, ``activation_federated``) reach the clients through it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from logging import WARNING
 from typing import Any
 
@@ -39,6 +39,7 @@ from fedlmc.calibrate import (
     BNStats,
     TemperatureStats,
     apply_bn_statistics,
+    batchnorm_layers,
     combine_bn_statistics,
     fit_temperature_federated,
     grid_minimum,
@@ -47,8 +48,16 @@ from fedlmc.calibrate import (
     temperature_grid,
 )
 from fedlmc.merge import load_state
+from fedlmc.permutation import permutation_spec
 from fedlmc.repair import UnitStats, combine_unit_statistics, repair_with_statistics
-from strategies.common import ClientUpdate, NotEnoughClientsError, StateDict, query_nodes
+from strategies.common import (
+    ClientsFailedError,
+    ClientUpdate,
+    Failure,
+    NotEnoughClientsError,
+    StateDict,
+    query_nodes,
+)
 from strategies.protocol import (
     ALIGN_QUERY,
     BN_QUERY,
@@ -65,11 +74,19 @@ from strategies.protocol import (
     temperature_stats_from_content,
     unit_stats_from_content,
 )
+from strategies.screening import (
+    UNBOUNDED,
+    ScreenError,
+    WeightBound,
+    screen_align_reply,
+    screen_moments_reply,
+    screen_temperature_reply,
+)
 
 NEWTON_TOL = 1e-4  # after the grid start one Newton round is usually within this
 
 
-class ClientQueryError(RuntimeError):
+class ClientQueryError(ClientsFailedError):
     """A client's answer cannot be used (failed alignment query, digest mismatch)."""
 
 
@@ -78,7 +95,11 @@ class ClientRounds:
 
     ``config`` is the round's train config (sent with every query, so clients see the same run
     configuration); a query round in which fewer than ``min_clients`` clients answer raises
-    :class:`~strategies.common.NotEnoughClientsError`.
+    :class:`~strategies.common.NotEnoughClientsError`. Every answer passes the screen of its
+    message type (:mod:`strategies.screening`); a client whose answer fails, errs or does not
+    come is dropped from this and every later query round and recorded in ``dropped`` (a
+    :class:`~strategies.common.Failure` with the query as its ``stage``). Counts are bounded by
+    ``weight_bound`` (:class:`~strategies.screening.WeightBound`).
     """
 
     def __init__(
@@ -93,6 +114,8 @@ class ClientRounds:
         min_clients: int,
         grid_points: int = 1001,
         newton_steps: int = 8,
+        weight_bound: WeightBound = UNBOUNDED,
+        spec: Any = None,
     ) -> None:
         self.grid = grid
         self.survivors = list(survivors)
@@ -105,6 +128,9 @@ class ClientRounds:
         self.newton_steps = int(newton_steps)
         self.rounds = 0
         self.bytes_received = 0
+        self.weight_bound = weight_bound
+        self.spec = spec
+        self.dropped: list[Failure] = []
         temperature_grid(self.grid_points)  # validates
 
     # ------------------------------------------------------------------------- one round
@@ -115,10 +141,12 @@ class ClientRounds:
         arrays: ArrayRecord | Sequence[ArrayRecord],
         extra: Mapping[str, Any] | None = None,
         clients: Sequence[ClientUpdate] | None = None,
+        screen: Callable[[RecordDict], None] | None = None,
     ) -> list[tuple[ClientUpdate, RecordDict]]:
         """One ``query.<action>`` round about ``arrays`` (one model, or a list of models sent
-        together) to ``clients`` (default: every survivor); the answers in the clients' order,
-        failures logged and left out."""
+        together) to ``clients`` (default: every survivor); the answers that pass ``screen``
+        (raising :class:`~strategies.screening.ScreenError`) in the clients' order; failures
+        are logged, recorded in ``dropped`` and left out (of later rounds too)."""
         if self.grid is None:
             raise RuntimeError(f"the {action} query needs the Grid of configure_train; got none")
         targets = self.survivors if clients is None else list(clients)
@@ -136,19 +164,33 @@ class ClientRounds:
         )
         self.rounds += 1
         self.bytes_received += sum(payload_bytes(c) for c in answers.values())
+        by_node = {u.node_id: u for u in targets}
+        for node, content in list(answers.items()):
+            try:
+                if screen is not None:
+                    screen(content)
+            except (ScreenError, ValueError, KeyError, TypeError) as err:
+                del answers[node]
+                failures.append(Failure(node, by_node[node].partition_id, str(err)))
         for failure in failures:
-            log(WARNING, "%s query failed for %s", action, failure.describe())
+            failure.stage = action
+            if failure.partition_id is None and failure.node_id in by_node:
+                failure.partition_id = by_node[failure.node_id].partition_id
+            log(WARNING, "%s query: dropped %s", action, failure.describe())
+        self.dropped.extend(failures)
+        failed = {f.node_id for f in failures}
+        self.survivors = [u for u in self.survivors if u.node_id not in failed]
         if clients is None and len(answers) < self.min_clients:
             raise NotEnoughClientsError(
                 f"only {len(answers)} client(s) answered the {action} query "
-                f"(min-clients = {self.min_clients}); failures: "
-                + "; ".join(f.describe() for f in failures)
-            )
-        if clients is not None and failures:
-            raise ClientQueryError(
-                f"the {action} query failed: " + "; ".join(f.describe() for f in failures)
+                f"(min-clients = {self.min_clients}); dropped: "
+                + "; ".join(f.describe() for f in self.dropped)
             )
         return [(u, answers[u.node_id]) for u in targets if u.node_id in answers]
+
+    def _factors(self, answers, counts: Sequence[float], kind: str) -> list[float]:
+        """The weight bound's factors for the answering clients' claimed ``counts``."""
+        return self.weight_bound.factors([u.partition_id for u, _ in answers], counts, kind)
 
     # ------------------------------------------------------------------------- temperature
 
@@ -157,8 +199,18 @@ class ClientRounds:
         clients and its sums (:func:`fedlmc.calibrate.grid_minimum`): one round for all."""
         grid = temperature_grid(self.grid_points)
         extra = {"log-t": [float(u) for u in grid]}
-        answers = self.ask(TEMPERATURE_QUERY, list(models), extra)
-        per_client = [temperature_stats_by_model(c) for _, c in answers]
+        names = [f"stats-{k}" for k in range(len(models))]
+        answers = self.ask(
+            TEMPERATURE_QUERY,
+            list(models),
+            extra,
+            screen=lambda c: screen_temperature_reply(c, names, len(grid)),
+        )
+        per_client = bound_temperature_stats(
+            [temperature_stats_by_model(c) for _, c in answers],
+            [u.partition_id for u, _ in answers],
+            self.weight_bound,
+        )
         return [
             grid_minimum([client[k] for client in per_client], grid) for k in range(len(models))
         ]
@@ -186,21 +238,61 @@ class ClientRounds:
 
     def _one_point(self, arrays: ArrayRecord, log_t: float) -> list[TemperatureStats]:
         extra = {"log-t": [float(log_t)]}
-        answers = self.ask(TEMPERATURE_QUERY, arrays, extra)
-        return [temperature_stats_from_content(c)[0] for _, c in answers]
+        answers = self.ask(
+            TEMPERATURE_QUERY,
+            arrays,
+            extra,
+            screen=lambda c: screen_temperature_reply(c, ["stats"], 1),
+        )
+        per_client = [[temperature_stats_from_content(c)] for _, c in answers]
+        return [
+            client[0][0]
+            for client in bound_temperature_stats(
+                per_client, [u.partition_id for u, _ in answers], self.weight_bound
+            )
+        ]
 
     # ------------------------------------------------------------------------- statistics
 
     def bn_statistics(self, model: nn.Module) -> dict[str, BNStats]:
         """Per-layer BatchNorm input moments summed over the clients' training data."""
-        answers = self.ask(BN_QUERY, state_to_record(model.state_dict()))
-        return combine_bn_statistics([bn_stats_from_content(c) for _, c in answers])
+        widths = {name: int(m.num_features) for name, m in batchnorm_layers(model).items()}
+        answers = self.ask(
+            BN_QUERY,
+            state_to_record(model.state_dict()),
+            screen=lambda c: screen_moments_reply(c, widths),
+        )
+        return combine_bn_statistics(
+            self._bounded_moments([bn_stats_from_content(c) for _, c in answers], answers, BNStats)
+        )
 
     def unit_statistics(self, model: nn.Module, layers: Sequence[str]) -> dict[str, UnitStats]:
         """Per-unit output moments of ``layers`` summed over the clients' training data."""
         extra = {"layers": [str(name) for name in layers]}
-        answers = self.ask(UNIT_STATS_QUERY, state_to_record(model.state_dict()), extra)
-        return combine_unit_statistics([unit_stats_from_content(c) for _, c in answers])
+        state = model.state_dict()
+        widths = {str(name): int(state[f"{name}.weight"].shape[0]) for name in layers}
+        answers = self.ask(
+            UNIT_STATS_QUERY,
+            state_to_record(state),
+            extra,
+            screen=lambda c: screen_moments_reply(c, widths),
+        )
+        decoded = [unit_stats_from_content(c) for _, c in answers]
+        return combine_unit_statistics(self._bounded_moments(decoded, answers, UnitStats))
+
+    def _bounded_moments(self, per_client, answers, kind) -> list[dict[str, Any]]:
+        """Each client's per-layer sums scaled by its bound factor (kind ``train``)."""
+        if not per_client:
+            return per_client
+        scaled: list[dict[str, Any]] = [{} for _ in per_client]
+        for layer in per_client[0]:
+            counts = [float(client[layer].count) for client in per_client]
+            for index, f in enumerate(self._factors(answers, counts, "train")):
+                st = per_client[index][layer]
+                scaled[index][layer] = kind(
+                    sum=st.sum * f, sum_sq=st.sum_sq * f, count=round(st.count * f)
+                )
+        return scaled
 
     def repair(
         self, merged: nn.Module, endpoints: Sequence[nn.Module], weights: Sequence[float]
@@ -226,23 +318,78 @@ class ClientRounds:
             records.append(state_to_record(model.state_dict()))
         return [stats.nll_sum / stats.count for _, stats in self.grid_minima(records)]
 
-    def activation_permutations(self, reference: StateDict) -> list[dict[str, Tensor]]:
+    def activation_permutations(self, reference: StateDict) -> list[dict[str, Tensor] | None]:
         """Client-side activation matching: ``reference`` goes to every survivor but the first
         (whose model it is), each returns its permutations; an empty mapping (the identity) for the
-        first. Raises
-        :class:`ClientQueryError` when a client fails or its digest does not match the weights
-        it sent in the training round."""
+        first, ``None`` for a client whose answer failed the screen (a permutation of every
+        group of the spec), did not come, or whose digest does not match the weights it sent
+        in the training round (it is in ``dropped`` and must be left out of the merge)."""
         first, others = self.survivors[0], self.survivors[1:]
         if state_digest(reference) != state_digest(first.state):
             raise ClientQueryError("the reference of client-side matching must be client 0's model")
-        answers = self.ask(ALIGN_QUERY, state_to_record(reference), clients=others)
-        perms: list[dict[str, Tensor]] = [{}]
-        for update, content in answers:
-            found, digest = permutations_from_content(content)
+        groups = _group_sizes(self.spec or permutation_spec(self.template), self.template)
+        answers = dict(
+            (u.node_id, c)
+            for u, c in self.ask(
+                ALIGN_QUERY,
+                state_to_record(reference),
+                clients=others,
+                screen=lambda c: screen_align_reply(c, groups),
+            )
+        )
+        perms: list[dict[str, Tensor] | None] = [{}]
+        for update in others:
+            if update.node_id not in answers:
+                perms.append(None)
+                continue
+            found, digest = permutations_from_content(answers[update.node_id])
             if digest != state_digest(update.state):
-                raise ClientQueryError(
-                    f"partition {update.partition_id} matched weights other than those it "
-                    "sent in the training round (digest mismatch)"
+                failure = Failure(
+                    update.node_id,
+                    update.partition_id,
+                    "matched weights other than those it sent in the training round "
+                    "(digest mismatch)",
+                    stage=ALIGN_QUERY,
                 )
+                log(WARNING, "align query: dropped %s", failure.describe())
+                self.dropped.append(failure)
+                self.survivors = [u for u in self.survivors if u.node_id != update.node_id]
+                perms.append(None)
+                continue
             perms.append(found)
         return perms
+
+
+def _group_sizes(spec: Any, template: nn.Module) -> dict[str, int]:
+    """Units of every permutation group of ``spec`` (the size of its first axis)."""
+    state = template.state_dict()
+    return {
+        group: int(state[axes[0][0]].shape[axes[0][1]]) for group, axes in spec.perm_to_axes.items()
+    }
+
+
+def bound_temperature_stats(
+    per_client: Sequence[Sequence[Sequence[TemperatureStats]]],
+    partition_ids: Sequence[int],
+    bound: WeightBound,
+) -> list[list[list[TemperatureStats]]]:
+    """``per_client[c][model][point]`` with each client's count and sums multiplied by its
+    factor of ``bound`` (:meth:`WeightBound.factors`, kind ``calibration``)."""
+    counts = [float(client[0][0].count) for client in per_client]
+    factors = bound.factors(partition_ids, counts, "calibration")
+    return [
+        [[_scaled_temperature(st, f) for st in model] for model in client]
+        for client, f in zip(per_client, factors, strict=True)
+    ]
+
+
+def _scaled_temperature(stats: TemperatureStats, factor: float) -> TemperatureStats:
+    """``stats`` with its count and sums multiplied by ``factor`` (the count rounded)."""
+    if factor == 1.0:
+        return stats
+    return TemperatureStats(
+        round(stats.count * factor),
+        stats.nll_sum * factor,
+        stats.grad_sum * factor,
+        stats.hess_sum * factor,
+    )

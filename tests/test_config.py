@@ -269,9 +269,31 @@ def test_shipped_configs_validate():
         "heterogeneity",
         "weight_decay",
     }
-    for path in configs:
-        sweep = load_sweep_config(path)
+    for path in configs:  # paper-scale widths need more memory than this machine has
+        sweep = load_sweep_config(path, check_devices=False)
         assert len(expand_grid(sweep)) >= 2, path.name
+
+
+def test_checks_that_can_only_fail_at_run_time_fail_at_validation():
+    from simulations.config import MAX_LAMBDAS, machine_memory
+
+    with pytest.raises(ConfigError, match=r"width = 10000: .* about [\d,]+ bytes"):
+        validate_run_config({"width": 10000.0})
+    validate_run_config({"width": 10000.0}, check_devices=False)  # not a machine check then
+    assert machine_memory() > 2**30
+    for lambdas in (2, 24, MAX_LAMBDAS + 2, 100000):
+        with pytest.raises(ConfigError, match=f"lambdas = {lambdas}: allowed: an odd number"):
+            validate_run_config({"lambdas": lambdas})
+    validate_run_config({"lambdas": 3})
+    with pytest.raises(ConfigError, match=r"fedavg-rounds = 6: allowed: 1 .. epochs \(5\)"):
+        validate_run_config({"strategy": "fedavg", "fedavg-rounds": 6, "epochs": 5})
+    with pytest.raises(ConfigError, match="fedavg-rounds = 6"):
+        validate_run_config({"methods": "average,fedavg", "fedavg-rounds": 6, "epochs": 5})
+    validate_run_config({"strategy": "average", "fedavg-rounds": 6, "epochs": 5})  # no FedAvg
+    from simulations.task import client_run_config
+
+    # one FedAvg round's client config carries that round's epochs: not a whole-run check there
+    client_run_config({}, {"strategy": "fedavg", "fedavg-rounds": 6, "epochs": 1})
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

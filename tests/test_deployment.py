@@ -1,4 +1,5 @@
-"""A real Flower deployment on loopback: one SuperLink, two SuperNodes, ``flwr run . <connection>``.
+"""A real Flower deployment on loopback: one SuperLink, three SuperNodes for runs of two clients
+(the lowest node ids train; the third stays idle), ``flwr run . <connection>``.
 
 Everything binds 127.0.0.1 on free ports, uses a temporary ``FLWR_HOME`` and no runtime
 dependency installation; the processes are stopped by their process-group id in a fixture
@@ -68,6 +69,13 @@ def stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory) -> Iterator[dict]:
+    """Three SuperNodes (partitions 0..2 of 3) for runs of ``num-clients = 2``: every run also
+    checks that exactly ``num-clients`` nodes train and are merged, never all connected ones."""
+    yield from start_deployment(tmp_path_factory, supernodes=3)
+
+
+def start_deployment(tmp_path_factory, supernodes: int) -> Iterator[dict]:
+    """One SuperLink and ``supernodes`` SuperNodes on loopback; stopped when the caller ends."""
     home = tmp_path_factory.mktemp("flwr-home")
     logs = tmp_path_factory.mktemp("logs")
     env = {
@@ -108,7 +116,7 @@ def deployment(tmp_path_factory) -> Iterator[dict]:
             ],
         )
         wait_for_port(link_port, link, link_log)
-        for pid in range(2):
+        for pid in range(supernodes):
             node_port = free_port()
             node, node_log = start(
                 f"supernode-{pid}",
@@ -122,7 +130,7 @@ def deployment(tmp_path_factory) -> Iterator[dict]:
                     "--port",
                     str(node_port),
                     "--node-config",
-                    f"partition-id={pid} num-partitions=2",
+                    f"partition-id={pid} num-partitions={supernodes}",
                 ],
             )
             wait_for_port(node_port, node, node_log)
@@ -157,7 +165,10 @@ def check_run(run: subprocess.CompletedProcess, out: Path, methods: list[str]) -
     assert (out / "results.csv").exists(), detail
     rows = pd.read_csv(out / "results.csv")
     assert list(rows["method"]) == methods
-    assert (rows["clients_survived"] == 2).all()
+    assert (rows["clients_survived"] == 2).all()  # 2 of the 3 SuperNodes: num-clients
+    assert (rows["num_clients"] == 2).all() and (rows["clients_dropped"] == 0).all()
+    idle = "3 nodes connected, training the 2 with the lowest node ids" in run.stdout + run.stderr
+    print(f"\ndeployment: the idle SuperNode was logged: {idle}")
     assert rows["accuracy"].between(0, 1).all()
     return rows
 

@@ -29,6 +29,7 @@ from strategies.protocol import (
     temperature_stats_from_content,
     temperature_stats_to_content,
 )
+from strategies.screening import UNBOUNDED
 
 IN_SHAPE = (1, 4, 4)
 
@@ -77,7 +78,7 @@ def constant_state(template, value: float):
 
 def test_merge_is_weighted_by_num_examples():
     template = tiny(0)
-    strategy = strategy_for(template, [11, 12])
+    strategy = strategy_for(template, [11, 12], weight_bound=UNBOUNDED)
     replies = [
         reply(11, constant_state(template, 1.0), 0, n=1),
         reply(12, constant_state(template, 4.0), 1, n=3),

@@ -1,0 +1,313 @@
+r"""The reply screen: what a client may send, checked before anything it sent is used.
+
+A client's reply is untrusted input. Every message type has one screen here; each raises
+:class:`ScreenError` with a one-line reason (the caller drops the reply and names the node):
+
+- **train** (:func:`check_train_arrays`, :func:`check_count`): the arrays' keys and shapes equal
+  the reference the server sent; a tensor is floating where the reference is floating and has
+  exactly the reference's dtype where it is an integer or bool buffer (``num_batches_tracked``);
+  every floating value is finite and at most :data:`MAX_ABS_WEIGHT` in absolute value (trained
+  weights are O(1); 1e30-scaled weights overflow the logits); ``num-examples`` an integer-valued
+  number >= 1; ``partition-id`` an integer in ``0 .. num_partitions - 1`` and unique among the
+  round's replies (:func:`partition_problems`: every reply sharing an id is dropped, since the
+  server cannot tell which one is honest).
+- **query.temperature** (:func:`screen_temperature_reply`): one ``stats`` record per model asked,
+  lists as long as the ``log-t`` values sent, counts integer-valued, >= 1 and equal over the
+  points (same data at every T), sums finite, ``nll-sum`` >= 0.
+- **query.bn_stats / query.unit_stats** (:func:`screen_moments_reply`): exactly the layers
+  expected, sums of the layer's width, floating and finite, ``sum_sq`` >= 0, counts >= 1, and a
+  non-negative variance :math:`S_2/n - (S_1/n)^2` (up to rounding).
+- **query.align** (:func:`screen_align_reply`): one integer index array per permutation group of
+  the spec, each a permutation of ``0 .. size - 1`` of that group, and a digest string.
+
+**Weight bound** (:class:`WeightBound`, :func:`bounded_shares`). A client's weight in the merge
+is its share of the claimed counts, :math:`s_i = n_i / \sum_j n_j`, capped at :math:`c_i` with
+the excess redistributed over the others in proportion to their claims (water-filling):
+
+- in a simulation the server knows every partition's size :math:`m_i`: :math:`c_i = m_i /
+  \sum_j m_j` over the replies used, so a client's weight is at most its true share whatever
+  it claims (an honest round is unchanged);
+- in a deployment :math:`c_i = \max(s_{\max}, 1/N)` for the ``N`` replies used
+  (``max-client-share``, default 0.5): no client can carry more than that share of the merge.
+
+The same rule bounds the counts in query replies: a temperature reply's sums (``count``,
+``nll-sum``, ``grad-sum``, ``hess-sum``) and a moments reply's per-layer sums are multiplied by
+:math:`f_i = s_i' / s_i \le 1` (:math:`s_i'` the bounded share), which keeps the client's
+per-sample mean and bounds its weight; honest rounds in a simulation have :math:`f_i = 1` (sums
+exact). A client within the bounds can still bias the result by at most its share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, RecordDict
+from torch import Tensor
+
+MAX_ABS_WEIGHT = 1e6
+"""Largest absolute value a floating tensor of a train reply may hold."""
+DEFAULT_MAX_SHARE = 0.5
+"""Default largest share of one client in a deployment (``max-client-share``)."""
+VARIANCE_TOLERANCE = 1e-6
+
+
+class ScreenError(ValueError):
+    """A reply fails the screen (the message is the reason, on one line)."""
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+def check_count(value: Any, what: str) -> float:
+    """``value`` as a float if it is an integer-valued, finite number >= 1 (no bools)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScreenError(f"{what} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 1 or float(value) != math.floor(value):
+        raise ScreenError(f"{what} must be an integer >= 1, got {value!r}")
+    return float(value)
+
+
+def check_partition_id(value: Any, num_partitions: int | None) -> int:
+    """``value`` as an int if it is an integer (or integer-valued float) in range."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScreenError(f"partition-id must be an integer, got {value!r}")
+    if value < 0 or (num_partitions is not None and value >= num_partitions):
+        top = "" if num_partitions is None else f" .. {num_partitions - 1}"
+        raise ScreenError(f"partition-id = {value}; allowed: 0{top}")
+    return value
+
+
+def partition_problems(partition_ids: Sequence[int]) -> dict[int, str]:
+    """Index -> reason for every reply whose partition id another reply also claims."""
+    counts: dict[int, int] = {}
+    for pid in partition_ids:
+        counts[pid] = counts.get(pid, 0) + 1
+    return {
+        index: f"partition-id {pid} claimed by {counts[pid]} replies (all dropped)"
+        for index, pid in enumerate(partition_ids)
+        if counts[pid] > 1
+    }
+
+
+# ----------------------------------------------------------------------------- train
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the server sent: every array's shape and dtype (numpy names)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, str]
+
+    @classmethod
+    def of_record(cls, record: ArrayRecord) -> Reference | None:
+        """The reference of ``record`` (``None`` for an empty record: no reference)."""
+        if not len(record):
+            return None
+        shapes = {k: tuple(int(d) for d in a.shape) for k, a in record.items()}
+        return cls(shapes, {k: str(np.dtype(a.dtype)) for k, a in record.items()})
+
+
+def _dtype_allowed(sent: np.dtype, expected: np.dtype) -> bool:
+    if np.issubdtype(expected, np.floating):
+        return bool(np.issubdtype(sent, np.floating))
+    return sent == expected
+
+
+def check_train_arrays(record: ArrayRecord, reference: Reference | None) -> None:
+    """Keys, shapes and dtypes against ``reference`` (module docstring)."""
+    if reference is None:
+        return
+    shapes = {k: tuple(int(d) for d in a.shape) for k, a in record.items()}
+    if set(shapes) != set(reference.shapes):
+        key = sorted(set(shapes) ^ set(reference.shapes))[0]
+        raise ScreenError(f"wrong arrays: key {key!r} is missing or unexpected")
+    for key, shape in reference.shapes.items():
+        if shapes[key] != shape:
+            raise ScreenError(f"wrong shape: {key!r} has {shapes[key]}, expected {shape}")
+        sent, expected = np.dtype(record[key].dtype), np.dtype(reference.dtypes[key])
+        if not _dtype_allowed(sent, expected):
+            kind = "a floating dtype" if np.issubdtype(expected, np.floating) else str(expected)
+            raise ScreenError(f"wrong dtype: {key!r} is {sent}, expected {kind}")
+
+
+def check_weight_values(state: Mapping[str, Tensor], bound: float = MAX_ABS_WEIGHT) -> None:
+    """Every floating tensor finite and at most ``bound`` in absolute value."""
+    for key, tensor in state.items():
+        if not tensor.is_floating_point() or tensor.numel() == 0:
+            continue
+        if not bool(torch.isfinite(tensor).all()):
+            raise ScreenError(f"non-finite weights in {key!r}")
+        largest = float(tensor.abs().max())
+        if largest > bound:
+            raise ScreenError(f"weights in {key!r} reach {largest:.3g}; allowed: |w| <= {bound:g}")
+
+
+# ----------------------------------------------------------------------------- the weight bound
+
+
+def bounded_shares(counts: Sequence[float], caps: Sequence[float]) -> list[float]:
+    r"""Shares :math:`n_i / \sum n` with client ``i``'s share capped at ``caps[i]`` and the
+    excess redistributed over the uncapped clients in proportion to their counts."""
+    n = [float(c) for c in counts]
+    if not n:
+        return []
+    if sum(caps) < 1 - 1e-12:
+        raise ValueError(f"caps {list(caps)} sum to less than 1: no bounded shares exist")
+    fixed: set[int] = set()
+    while True:
+        free = [i for i in range(len(n)) if i not in fixed]
+        rest = 1.0 - sum(caps[i] for i in fixed)
+        total = math.fsum(n[i] for i in free)
+        tentative = {i: rest * n[i] / total for i in free} if total > 0 else {}
+        over = {i for i, share in tentative.items() if share > caps[i] * (1 + 1e-12)}
+        if not over:
+            break
+        fixed |= over
+    shares = [caps[i] if i in fixed else tentative.get(i, 0.0) for i in range(len(n))]
+    total = math.fsum(shares)
+    return [s / total for s in shares]
+
+
+@dataclass(frozen=True)
+class WeightBound:
+    """The documented bound on a client's weight (module docstring).
+
+    ``sizes`` (simulation): per kind of count (``"train"`` for training examples and training
+    data statistics, ``"calibration"`` for temperature replies), partition id -> the size the
+    server knows; ``max_share`` is used otherwise (deployment).
+    """
+
+    max_share: float = DEFAULT_MAX_SHARE
+    sizes: Mapping[str, Mapping[int, int]] | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_share <= 1:
+            raise ValueError(f"max_client_share = {self.max_share!r}; allowed: 0 < share <= 1")
+
+    def caps(self, partition_ids: Sequence[int], kind: str) -> list[float]:
+        """Each client's largest share among ``partition_ids``."""
+        known = (self.sizes or {}).get(kind)
+        if known and all(p in known for p in partition_ids):
+            total = sum(known[p] for p in partition_ids)
+            if total > 0:
+                return [known[p] / total for p in partition_ids]
+        share = max(self.max_share, 1.0 / max(len(partition_ids), 1))
+        return [share] * len(partition_ids)
+
+    def shares(self, partition_ids: Sequence[int], counts: Sequence[float], kind: str):
+        """The bounded shares of the claimed ``counts`` (:func:`bounded_shares`)."""
+        return bounded_shares(counts, self.caps(partition_ids, kind))
+
+    def factors(self, partition_ids: Sequence[int], counts: Sequence[float], kind: str):
+        r""":math:`f_i = s'_i / s_i` (<= 1 up to rounding): what each client's sums are
+        multiplied by."""
+        total = math.fsum(float(c) for c in counts)
+        shares = self.shares(partition_ids, counts, kind)
+        return [s * total / float(c) for s, c in zip(shares, counts, strict=True)]
+
+
+UNBOUNDED = WeightBound(max_share=1.0)
+"""No bound (shares as claimed): in-process studies on trusted models."""
+
+
+# ----------------------------------------------------------------------------- query replies
+
+
+def _one(records: Mapping[str, Any], kind: str) -> Any:
+    if len(records) != 1:
+        raise ScreenError(f"expected exactly one {kind}, got {len(records)}")
+    return next(iter(records.values()))
+
+
+def _number_list(record: Mapping[str, Any], key: str, length: int) -> list[float]:
+    values = record.get(key)
+    values = [values] if isinstance(values, int | float) else values
+    if not isinstance(values, list) or len(values) != length:
+        raise ScreenError(f"{key!r} must be a list of {length} numbers, got {values!r:.80}")
+    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+        raise ScreenError(f"{key!r} must hold numbers only")
+    if not all(math.isfinite(v) for v in values):
+        raise ScreenError(f"non-finite value in {key!r}")
+    return [float(v) for v in values]
+
+
+def screen_temperature_reply(
+    content: RecordDict, record_names: Sequence[str], points: int
+) -> dict[str, tuple[float, list[tuple[float, float, float]]]]:
+    """Per stats record (``record_names``: ``["stats"]`` or ``["stats-0", ...]``): the count and
+    per point ``(nll-sum, grad-sum, hess-sum)``; raises :class:`ScreenError`."""
+    records = content.metric_records
+    if set(records) != set(record_names):
+        raise ScreenError(f"expected records {sorted(record_names)}, got {sorted(records)}")
+    decoded = {}
+    for name in record_names:
+        record = records[name]
+        counts = [check_count(c, "count") for c in _number_list(record, "count", points)]
+        if len(set(counts)) > 1:
+            raise ScreenError(f"counts differ between the log-t points of {name!r}")
+        nll = _number_list(record, "nll-sum", points)
+        if min(nll) < 0:
+            raise ScreenError(f"negative nll-sum in {name!r}")
+        grad = _number_list(record, "grad-sum", points)
+        hess = _number_list(record, "hess-sum", points)
+        decoded[name] = (counts[0], list(zip(nll, grad, hess, strict=True)))
+    if len({count for count, _ in decoded.values()}) > 1:
+        raise ScreenError("counts differ between the models of one temperature reply")
+    return decoded
+
+
+def screen_moments_reply(content: RecordDict, widths: Mapping[str, int]) -> None:
+    """A ``query.bn_stats`` / ``query.unit_stats`` reply about the layers of ``widths``
+    (layer -> units); raises :class:`ScreenError`."""
+    arrays = _one(content.array_records, "ArrayRecord")
+    counts = _one(content.metric_records, "MetricRecord")
+    expected = {f"{layer}/{part}" for layer in widths for part in ("sum", "sum_sq")}
+    if set(arrays) != expected:
+        key = sorted(set(arrays) ^ expected)[0]
+        raise ScreenError(f"wrong statistics: key {key!r} is missing or unexpected")
+    for layer, width in widths.items():
+        count = check_count(counts.get(f"{layer}/count"), f"{layer}/count")
+        moments = []
+        for part in ("sum", "sum_sq"):
+            array = arrays[f"{layer}/{part}"]
+            if not np.issubdtype(np.dtype(array.dtype), np.floating):
+                raise ScreenError(f"{layer}/{part} must be floating, got {array.dtype}")
+            if tuple(array.shape) != (width,):
+                raise ScreenError(f"{layer}/{part} has shape {tuple(array.shape)}, want ({width},)")
+            values = np.asarray(array.numpy(), dtype=np.float64)
+            if not np.isfinite(values).all():
+                raise ScreenError(f"non-finite values in {layer}/{part}")
+            moments.append(values)
+        mean, second = moments[0] / count, moments[1] / count
+        if (moments[1] < 0).any() or (
+            second - mean**2 < -VARIANCE_TOLERANCE * (1 + np.abs(second))
+        ).any():
+            raise ScreenError(f"{layer}: sums of squares below the squared sums (no variance)")
+
+
+def screen_align_reply(content: RecordDict, group_sizes: Mapping[str, int]) -> None:
+    """A ``query.align`` reply for the spec's groups (group -> units); raises
+    :class:`ScreenError`."""
+    arrays = _one(content.array_records, "ArrayRecord")
+    digest = _one(content.config_records, "ConfigRecord").get("state-digest")
+    if not isinstance(digest, str):
+        raise ScreenError("no state-digest string in the reply")
+    expected = {f"perm/{g}" for g in group_sizes}
+    if set(arrays) != expected:
+        key = sorted(set(arrays) ^ expected)[0]
+        raise ScreenError(f"wrong permutations: key {key!r} is missing or unexpected")
+    for group, size in group_sizes.items():
+        array = arrays[f"perm/{group}"]
+        if not np.issubdtype(np.dtype(array.dtype), np.integer):
+            raise ScreenError(f"permutation of {group!r} must be integers, got {array.dtype}")
+        values = np.asarray(array.numpy())
+        if values.shape != (size,) or not np.array_equal(np.sort(values), np.arange(size)):
+            raise ScreenError(f"permutation of {group!r} is not one of 0 .. {size - 1}")
