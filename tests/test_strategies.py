@@ -233,7 +233,11 @@ def test_the_lewc_bias_merge_runs_in_a_strategy_and_refuses_norm_layers():
     states = [tiny(1).state_dict(), tiny(2).state_dict()]
     replies = [reply(1, states[0], 0, n=1), reply(2, states[1], 1, n=3)]
     strategy = PermutationAlignedAverage(
-        template, num_clients=2, calibration="none", method="average_lewc_bias"
+        template,
+        num_clients=2,
+        calibration="none",
+        method="average_lewc_bias",
+        weight_bound=UNBOUNDED,
     )
     strategy.expect_replies(state_to_record(template.state_dict()), [1, 2])
     merged = record_to_state(strategy.aggregate_train(1, replies)[0])
