@@ -67,6 +67,7 @@ from fedlmc.study import (
 from simulations.config import FEDAVG, ConfigError, method_list, validate_run_config
 from simulations.provenance import version_columns
 from simulations.task import build_from_config, device_of, load_splits
+from simulations.threads import server_threads, use_threads
 from strategies import FedAvgBaseline, OneShotAverage, PermutationAlignedAverage
 from strategies.common import RoundReport, StateDict
 from strategies.protocol import record_to_state, state_to_record
@@ -396,5 +397,9 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Entry point of ``flwr run``: the run config comes from ``context.run_config``."""
+    """Entry point of ``flwr run``: the run config comes from ``context.run_config``; the
+    server computes with ``server-cpus`` threads (0: every usable core, no client slots run
+    beside a deployment's ServerApp; :mod:`simulations.threads`)."""
+    config = validate_run_config(dict(context.run_config), check_devices=False)
+    use_threads(server_threads(config["server-cpus"]))
     run_server(grid, dict(context.run_config))
