@@ -1,32 +1,38 @@
 """What a sweep costs beyond its work: ``fedlmc sweep`` against the same cells computed directly.
 
 Two pipelines, timed in the same run as fresh processes (interpreter start and imports included
-in both), on the same cells, with identical metric values checked row by row; each measurement
-is repeated (``--repeats``, alternating which pipeline goes first) and the fastest run of each
-is reported, all runs and the load average being kept in the JSON:
+in both), on the same cells, with the metric values compared row by row; each measurement is
+repeated (``--repeats``, rotating which pipeline goes first) and the **median** of each is
+reported, all runs and the load average being kept in the JSON. Single-machine wall-clock
+measurements: on a shared machine other jobs add noise.
 
 - ``sweep``: ``fedlmc sweep CONFIG ... --quiet --no-report`` (the sweep engine: one Flower
-  simulation, warm Ray actors, several cells in flight);
-- ``direct``: one process, no Flower: for each cell, train each client in turn (same seeds,
-  same data, and ``torch.set_num_threads(num-cpus)`` as in a client slot, so the numbers are
-  bit-identical), then evaluate every method with :func:`fedlmc.study.compare_methods` (what
-  the ServerApp's ``compare`` strategy calls).
+  simulation, warm Ray actors, several cells in flight, each client slot with ``num-cpus``
+  threads, the server with what the slots leave);
+- ``direct``: the fair baseline, what a user's own script would do: one process, no Flower,
+  the whole machine: for each cell, train each client in turn (same seeds, same data), then
+  evaluate every method with :func:`fedlmc.study.compare_methods` (what the ServerApp's
+  ``compare`` strategy calls), with ``T`` threads for everything; ``T`` = 1, 2, 4, ... up to
+  every usable core is measured and the fastest median is the baseline. Metric values equal the
+  sweep's bit for bit at ``T = num-cpus``; at other ``T`` float32 rounding may differ slightly
+  (the largest difference is reported).
 
 Measurements (each printed, all written to ``--json``):
 
-1. the quick sweep (``configs/quick.toml``, 8 cells): ratio sweep / direct;
-2. a 16-cell sweep of narrow models (``configs/quick.toml`` at widths 0.125 and 0.25, seeds
-   0..7) and its prefixes of 2 and 8 cells: least-squares slopes of wall time over the cell
-   count for both pipelines; ``slope(sweep) - slope(direct)`` is the fixed cost per extra cell,
-   ``intercept(sweep) - intercept(direct)`` the one-off start-up cost;
-3. client slots: the 16-cell sweep with ``num-cpus`` = 2, 1 and 0.5 (1, 2 and 4 client slots on
-   2 cores), cells per minute.
+1. the quick sweep (``configs/quick.toml``, 8 cells): ratio sweep / fair direct;
+2. start-up apart from per-cell cost: one tiny cell (:data:`STARTUP_PROBE`), sweep minus fair
+   direct = the sweep's one-off cost (imports, Ray start and stop, actors and their imports);
+   the quick sweep's per-cell time without it, against the direct loop's;
+3. with ``--full``: a 16-cell sweep of narrow models (``configs/quick.toml`` at widths 0.125
+   and 0.25, seeds 0..7) and its prefixes of 2 and 8 cells: least-squares slopes of wall time
+   over the cell count for both pipelines; and the 16-cell sweep with ``num-cpus`` = 2, 1 and
+   0.5 (1, 2 and 4 client slots on 2 cores), cells per minute.
 
 Optionally (``--per-cell``), the quick sweep run the way it was before the engine: one Flower
 simulation per cell (``run_sweep(..., runner=run_federation)``).
 
-    python benchmarks/sweep_overhead.py                 # ~20 min on 2 cores (2 repeats)
-    python benchmarks/sweep_overhead.py --per-cell      # + the one-simulation-per-cell baseline
+    python benchmarks/sweep_overhead.py                 # ~10 min on 2 cores (3 repeats)
+    python benchmarks/sweep_overhead.py --full          # + cell-count fits and slots (~40 min)
     python benchmarks/sweep_overhead.py --smoke         # a 2-cell check of the script itself
 """
 
@@ -36,12 +42,12 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,20 +61,14 @@ VOLATILE = ("seconds", "bytes")
 # ----------------------------------------------------------------------------- the direct loop
 
 
-@contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    import torch
+def direct_rows(
+    config_path: str, overrides: Sequence[str], threads: int
+) -> tuple[list[dict], dict]:
+    """Every cell of the sweep computed in this process with ``threads`` threads (training and
+    evaluation, torch and the BLAS pools): rows and timings."""
+    from simulations.threads import use_threads
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def direct_rows(config_path: str, overrides: Sequence[str]) -> tuple[list[dict], dict]:
-    """Every cell of the sweep computed in this process: rows and timings."""
+    use_threads(threads)
     from fedlmc.study import compare_methods
     from fedlmc.train import train_model
     from simulations.config import FEDAVG, cell_id, expand_grid, load_sweep_config, method_list
@@ -93,15 +93,14 @@ def direct_rows(config_path: str, overrides: Sequence[str]) -> tuple[list[dict],
         states, weights = [], []
         for pid, data in enumerate(parts):  # one client after the other
             model = build_from_config(config, splits, seed=client_seed(config["seed"], pid))
-            with torch_threads(max(1, int(config["num-cpus"]))):  # a client slot's threads
-                model, _ = train_model(
-                    model,
-                    data,
-                    **train_options(config),
-                    seed=client_seed(config["seed"], pid, 1),
-                    device=device,
-                    augment=splits.augment,
-                )
+            model, _ = train_model(
+                model,
+                data,
+                **train_options(config),
+                seed=client_seed(config["seed"], pid, 1),
+                device=device,
+                augment=splits.augment,
+            )
             states.append({k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
             weights.append(float(len(data[1])))
         trained = time.perf_counter()
@@ -132,9 +131,10 @@ def direct_main(args: argparse.Namespace) -> None:
     import pandas as pd
 
     imported = time.perf_counter()
-    rows, timings = direct_rows(args.config, args.overrides)
+    rows, timings = direct_rows(args.config, args.overrides, args.threads)
     pd.DataFrame(rows).to_csv(args.rows, index=False)
     timings["imports"] = imported - start
+    timings["threads"] = args.threads
     Path(args.timings).write_text(json.dumps(timings))
 
 
@@ -155,10 +155,22 @@ def per_cell_main(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- measuring
 
 
-def timed(command: Sequence[str], env: dict[str, str] | None = None) -> float:
-    """Wall seconds of ``command`` as a fresh process (it must succeed)."""
+class TooSlow(RuntimeError):
+    """A run stopped after exceeding its time cap (it cannot be the fastest)."""
+
+
+def timed(
+    command: Sequence[str], env: dict[str, str] | None = None, cap: float | None = None
+) -> float:
+    """Wall seconds of ``command`` as a fresh process (it must succeed); :class:`TooSlow`
+    when it runs past ``cap`` seconds."""
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=cap
+        )
+    except subprocess.TimeoutExpired:
+        raise TooSlow(f"stopped after {cap:.0f} s") from None
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
@@ -186,12 +198,15 @@ def run_per_cell(config: Path, overrides: Sequence[str], out: Path) -> tuple[flo
     return timed(command, environment()), read_results(out)
 
 
-def run_direct(config: Path, overrides: Sequence[str], work: Path) -> tuple[float, Any, dict]:
+def run_direct(
+    config: Path, overrides: Sequence[str], work: Path, threads: int, cap: float | None = None
+) -> tuple[float, Any, dict]:
     import pandas as pd
 
-    rows, timings = work / "direct.csv", work / "direct.json"
+    rows, timings = work / f"direct-{threads}.csv", work / f"direct-{threads}.json"
     command = [sys.executable, __file__, "direct", str(config), *overrides]
-    seconds = timed([*command, "--rows", str(rows), "--timings", str(timings)], environment())
+    command += ["--threads", str(threads)]
+    seconds = timed([*command, "--rows", str(rows), "--timings", str(timings)], environment(), cap)
     frame = pd.read_csv(rows, keep_default_na=False, na_values=["", "nan", "NaN"])
     return seconds, frame, json.loads(timings.read_text())
 
@@ -245,6 +260,22 @@ def seeds(count: int) -> str:
     return f"seed=[{','.join(str(s) for s in range(count))}]"
 
 
+SLOW_FACTOR = 2.0
+"""A direct run longer than this many times the fastest one so far (+ 30 s) is stopped: that
+thread count cannot be the fair baseline (on a loaded machine, oversubscribed OpenMP threads
+can run several times slower)."""
+
+
+def thread_counts() -> list[int]:
+    """Thread counts the direct loop tries: 1, 2, 4, ... up to every usable core."""
+    from simulations.threads import usable_cores
+
+    cores, counts = usable_cores(), [1]
+    while counts[-1] * 2 < cores:
+        counts.append(counts[-1] * 2)
+    return sorted({*counts, cores})
+
+
 def pair(
     label: str,
     config: Path,
@@ -253,44 +284,112 @@ def pair(
     results: dict[str, Any],
     repeats: int = 1,
 ) -> dict[str, Any]:
-    """The sweep and the direct loop on the same cells, ``repeats`` times in alternating order;
-    the headline figures are the fastest of each (the least disturbed by other jobs)."""
-    sweeps, directs, loads = [], [], []
+    """The sweep and the direct loop (at each of :func:`thread_counts`) on the same cells,
+    ``repeats`` times in rotating order; the headline figures are medians, and the fair direct
+    loop is the thread count with the smallest median (what a user's own script would pick)."""
+    counts = thread_counts()
+    pipelines = ["sweep", *(f"direct-{t}" for t in counts)]
+    runs: dict[str, list[float]] = {name: [] for name in pipelines}
+    checks: dict[str, dict] = {}
+    breakdowns: dict[str, dict] = {}
+    abandoned: dict[str, str] = {}
+    loads = []
+    sweep = None
     for r in range(repeats):
         folder = work / f"{label}-{r}"
         folder.mkdir(parents=True)
         loads.append(os.getloadavg()[0])
-        if r % 2:
-            direct_s, direct, timings = run_direct(config, overrides, folder)
-            sweep_s, sweep = run_sweep_cli(config, overrides, folder / "sweep")
-        else:
-            sweep_s, sweep = run_sweep_cli(config, overrides, folder / "sweep")
-            direct_s, direct, timings = run_direct(config, overrides, folder)
-        check = compare_rows(sweep, direct)
-        sweeps.append(sweep_s)
-        directs.append(direct_s)
-        if not check["identical"]:
-            break
+        frames = {}
+        for name in pipelines[r % len(pipelines) :] + pipelines[: r % len(pipelines)]:
+            if name == "sweep":
+                seconds, sweep = run_sweep_cli(config, overrides, folder / "sweep")
+            elif name in abandoned:
+                continue
+            else:
+                threads = int(name.split("-")[1])
+                done = [min(v) for n, v in runs.items() if n.startswith("direct") and v]
+                cap = SLOW_FACTOR * min(done) + 30 if done else None
+                try:
+                    seconds, frames[name], breakdowns[name] = run_direct(
+                        config, overrides, folder, threads, cap
+                    )
+                except TooSlow as err:  # cannot be the fastest: not measured again
+                    abandoned[name] = str(err)
+                    print(f"{label}: direct loop with {threads} threads {err}", flush=True)
+                    continue
+            runs[name].append(seconds)
+        for name, frame in frames.items():
+            checks[name] = compare_rows(sweep, frame)
+    medians = {name: statistics.median(values) for name, values in runs.items() if values}
+    pipelines = [name for name in pipelines if name in medians]
+    best = min((n for n in pipelines if n != "sweep"), key=medians.get)
     entry = {
         "cells": int(sweep["cell_id"].nunique()),
         "overrides": list(overrides),
-        "sweep_seconds": min(sweeps),
-        "direct_seconds": min(directs),
-        "ratio": min(sweeps) / min(directs),
-        "sweep_seconds_all": sweeps,
-        "direct_seconds_all": directs,
-        "direct_breakdown": timings,
+        "sweep_seconds": medians["sweep"],
+        "direct_seconds": medians[best],
+        "direct_threads": int(best.split("-")[1]),
+        "ratio": medians["sweep"] / medians[best],
+        "sweep_seconds_all": runs["sweep"],
+        "direct_seconds_all": runs[best],
+        "direct_by_threads": {
+            name.split("-")[1]: {
+                "median_seconds": medians[name],
+                "seconds_all": runs[name],
+                "breakdown": breakdowns[name],
+                "metrics_vs_sweep": checks[name],
+            }
+            for name in pipelines
+            if name != "sweep"
+        },
+        "direct_abandoned": {
+            name.split("-")[1]: f"{reason} (over {SLOW_FACTOR}x the fastest direct run + 30 s)"
+            for name, reason in abandoned.items()
+        },
         "failed_cells": int((sweep["status"] != "ok").sum()),
-        "metrics": check,
+        "metrics": checks[best],
         "load_average_before": loads,
     }
     results[label] = entry
+    others = "; ".join(
+        f"{n.split('-')[1]} thread(s) {medians[n]:.1f} s" for n in pipelines if n != "sweep"
+    )
     print(
-        f"{label:<10} {entry['cells']:>3} cells  sweep {entry['sweep_seconds']:6.1f} s  direct "
-        f"{entry['direct_seconds']:6.1f} s  ratio {entry['ratio']:.2f}x  identical metrics: "
-        f"{check['identical']} ({check['rows_compared']} rows x {check['columns_compared']} "
-        f"columns)  [all: sweep {', '.join(f'{x:.1f}' for x in sweeps)}; direct "
-        f"{', '.join(f'{x:.1f}' for x in directs)}; load {', '.join(f'{x:.1f}' for x in loads)}]",
+        f"{label:<10} {entry['cells']:>3} cells  sweep {entry['sweep_seconds']:6.1f} s  fair "
+        f"direct {entry['direct_seconds']:6.1f} s ({entry['direct_threads']} threads)  ratio "
+        f"{entry['ratio']:.2f}x  [medians of {repeats}; direct: {others}; sweep all: "
+        f"{', '.join(f'{x:.1f}' for x in runs['sweep'])}; identical metrics at the best count: "
+        f"{checks[best]['identical']} (max abs diff {checks[best]['max_abs_difference']:.2g}); "
+        f"load {', '.join(f'{x:.1f}' for x in loads)}]",
+        flush=True,
+    )
+    return entry
+
+
+STARTUP_PROBE = ("width=[0.125]", "epochs=1", "lambdas=3", "seed=[0]", "diagnostics=false")
+"""One tiny cell: its sweep's wall time minus the direct loop's is the sweep's start-up and
+shut-down (Python and Flower imports, Ray start and stop, actors and their imports)."""
+
+
+def startup(work: Path, results: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """The sweep's start-up cost, apart from its per-cell cost (see :data:`STARTUP_PROBE`)."""
+    probe = pair("startup-probe", QUICK, list(STARTUP_PROBE), work, results, repeats)
+    quick = results["quick"]
+    once = probe["sweep_seconds"] - probe["direct_seconds"]
+    per_cell_sweep = (quick["sweep_seconds"] - once) / quick["cells"]
+    per_cell_direct = quick["direct_seconds"] / quick["cells"]
+    entry = {
+        "startup_seconds": once,
+        "what": "sweep minus fair direct loop on one tiny cell: imports, Ray start and stop, "
+        "actors and their imports (data loading counts in both)",
+        "quick_sweep_per_cell_seconds_without_startup": per_cell_sweep,
+        "quick_direct_per_cell_seconds": per_cell_direct,
+        "per_cell_ratio": per_cell_sweep / per_cell_direct,
+    }
+    results["startup"] = entry
+    print(
+        f"start-up (one-off): {once:.1f} s; per quick cell without it: sweep "
+        f"{per_cell_sweep:.2f} s, direct {per_cell_direct:.2f} s ({entry['per_cell_ratio']:.2f}x)",
         flush=True,
     )
     return entry
@@ -311,7 +410,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--per-cell", action="store_true", help="also time one simulation/cell")
     parser.add_argument("--smoke", action="store_true", help="2 tiny cells, no slot study")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each measurement")
+    direct.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each measurement")
+    parser.add_argument(
+        "--full", action="store_true", help="also the 2/8/16-cell fits and the client-slot study"
+    )
     args = parser.parse_args(argv)
     if args.command == "direct":
         return direct_main(args)
@@ -327,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             prefixes: tuple[int, ...] = ()
         else:
             pair("quick", QUICK, [], work, results, args.repeats)
-            prefixes = (1, 4, 8)  # seeds: 2, 8 and 16 cells
+            startup(work, results, args.repeats)
+            prefixes = (1, 4, 8) if args.full else ()  # seeds: 2, 8 and 16 cells
         for count in prefixes:
             pair(f"narrow-{2 * count}", QUICK, [*NARROW, seeds(count)], work, results, args.repeats)
         if prefixes:

@@ -1,22 +1,32 @@
-"""Benchmark: fedlmc.align.weight_matching against a straightforward Git Re-Basin implementation.
+"""Benchmark: fedlmc.align.weight_matching against Git Re-Basin implementations a user could run.
 
 Two 3-hidden-layer MLPs (hidden ``128 * width``) are trained on disjoint halves of the embedded
-MNIST digits (``mnist5k``, seeds 0 and 1). Both matchers align model b to model a in the same
-process with the same seed, alternating run by run; for each we report the median wall-clock and
-CPU (process) time over ``--repeats`` runs, the number of sweeps, the final objective
-``sum_w <W_a, pi(W_b)>`` and the test accuracy of the midpoint ``(theta_a + pi(theta_b)) / 2``.
-The reference follows the published code: each sweep visits all groups in random order, rebuilds
-every permuted ``W_b`` from scratch for each group, solves one assignment per group and adopts
-it (progress if the gain exceeds 1e-12); it stops after a sweep without progress or 100 sweeps.
-fedlmc's version runs the same descent but updates each cost matrix by a low-rank product when a
-few neighbour units moved, skips groups whose cost matrix cannot have changed, solves
-independent groups' assignments in threads, and warm-starts each assignment from the prices of
-the group's previous solve (:mod:`fedlmc.assignment`, compiled by numba). The one-time cost of
-loading (or, on a fresh install, compiling) that solver is measured before the timed runs and
-reported separately as ``jit_seconds``. A last, untimed fedlmc run per width times its
-assignment solves alone, warm-started against scipy on the very same matrices (``solver_*``).
+MNIST digits (``mnist5k``, seeds 0 and 1). The matchers align model b to model a in the same
+process, alternating run by run, every core in use (whatever the shell's thread variables
+say); for each we report the median wall-clock and CPU (process) time over ``--repeats`` runs,
+the number of sweeps, the final objective ``J = sum_w <W_a, pi(W_b)>`` and the test accuracy of
+the midpoint ``(theta_a + pi(theta_b)) / 2``. Single-machine measurements (a shared machine:
+other jobs add noise). The matchers:
+
+- ``fedlmc``: :func:`fedlmc.align.weight_matching` (low-rank cost-matrix updates, skipped
+  groups, threads, warm-started assignments from :mod:`fedlmc.assignment`, compiled by numba;
+  its one-time load or compile is measured apart as ``jit_seconds``);
+- ``reference``: the published algorithm ported to torch (each sweep visits all groups in
+  random order, rebuilds every permuted ``W_b`` for each group, solves with scipy and adopts
+  the assignment; stops after a sweep without progress or 100 sweeps), up to
+  ``--reference-max-hidden`` units;
+- ``rebasin``: the ``rebasin`` package from PyPI (``PermutationCoordinateDescent``, its model
+  tracing included), at the widths ``--rebasin-hidden`` (``pip install fedlmc[bench]``).
+  Its coordinate descent may end at another local optimum: both objectives are reported.
+
+A last, untimed fedlmc run per width times its assignment solves alone, on the very matrices
+the warm-started solver sees, against scipy and lapx's ``lapjvs`` (float64 kernel), split into
+cold solves (a group's first) and warm ones (``solver_*``). With a CUDA GPU, fedlmc also runs
+with the models on the GPU (``cuda_*``: cost matrices built there, assignments on the CPU);
+without one the row says so.
 
     python benchmarks/weight_matching.py                       # widths 4 8 16 (hidden 512..2048)
+    python benchmarks/weight_matching.py --widths 32 --repeats 3   # hidden 4096
     python benchmarks/weight_matching.py --widths 1 2 --epochs 1 --repeats 1   # quick run
 """
 
@@ -25,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -92,28 +103,54 @@ def reference_weight_matching(
     return perms, sweeps
 
 
+def lapjvs_solve(matrix: np.ndarray) -> np.ndarray | None:
+    """Column of each row maximising ``matrix`` by lapx's ``lapjvs`` (float64 kernel), or
+    ``None`` when lapx is not installed (``pip install fedlmc[bench]``)."""
+    try:
+        import lap
+    except ImportError:
+        return None
+    reduced = matrix.max() - matrix  # lapjvs minimises; same assignment
+    x, _y = lap.lapjvs(reduced, return_cost=False, jvx_like=False, prefer_float32=False)
+    return np.asarray(x)
+
+
 def solver_comparison(spec: PermutationSpec, sd_a, sd_b, seed: int = 0) -> dict:
-    """Seconds of all assignment solves of one fedlmc run: warm-started vs scipy, same matrices.
+    """Seconds of all assignment solves of one fedlmc run: warm-started vs scipy vs lapx's
+    ``lapjvs``, on the very matrices the warm-started solver sees (cold: a group's first solve).
 
     Runs :func:`weight_matching` with its solves made sequential and, for every cost matrix it
-    solves, also times ``scipy.optimize.linear_sum_assignment(cost, maximize=True)`` and checks
-    that both reach the same value.
+    solves, also times ``scipy.optimize.linear_sum_assignment(cost, maximize=True)`` and
+    ``lapjvs`` and checks that all reach the same value.
     """
     solve_warm, solve_many = align._solve_warm, align._solve_many
-    totals = {"solves": 0, "warm_seconds": 0.0, "scipy_seconds": 0.0, "max_value_gap": 0.0}
+    totals = {"solves": 0, "max_value_gap": 0.0}
+    for kind in ("cold", "warm"):
+        totals.update({f"{kind}_solves": 0, f"{kind}_warm_seconds": 0.0})
+        totals.update({f"{kind}_scipy_seconds": 0.0, f"{kind}_lapjvs_seconds": 0.0})
 
     def timed_solve(cost, warm):
+        kind = "warm" if warm.prices.any() else "cold"
         start = time.perf_counter()
         columns, warm = solve_warm(cost, warm)
         middle = time.perf_counter()
         matrix = cost.double().cpu().numpy()
         rows, best = linear_sum_assignment(matrix, maximize=True)
         end = time.perf_counter()
-        gap = matrix[rows, best].sum() - matrix[rows, columns.numpy()].sum()
+        lapjvs_columns = lapjvs_solve(matrix)
+        last = time.perf_counter()
+        value = matrix[rows, best].sum()
+        gaps = [value - matrix[rows, columns.numpy()].sum()]
+        if lapjvs_columns is not None:
+            gaps.append(value - matrix[rows, lapjvs_columns].sum())
+            totals[f"{kind}_lapjvs_seconds"] += last - end
+        else:
+            totals[f"{kind}_lapjvs_seconds"] = float("nan")
         totals["solves"] += 1
-        totals["warm_seconds"] += middle - start
-        totals["scipy_seconds"] += end - middle
-        totals["max_value_gap"] = max(totals["max_value_gap"], float(gap))
+        totals[f"{kind}_solves"] += 1
+        totals[f"{kind}_warm_seconds"] += middle - start
+        totals[f"{kind}_scipy_seconds"] += end - middle
+        totals["max_value_gap"] = max(totals["max_value_gap"], *(abs(float(g)) for g in gaps))
         return columns, warm
 
     align._solve_warm = timed_solve
@@ -122,7 +159,22 @@ def solver_comparison(spec: PermutationSpec, sd_a, sd_b, seed: int = 0) -> dict:
         weight_matching(spec, sd_a, sd_b, seed=seed)
     finally:
         align._solve_warm, align._solve_many = solve_warm, solve_many
+    for name in ("warm", "scipy", "lapjvs"):
+        totals[f"{name}_seconds"] = totals[f"cold_{name}_seconds"] + totals[f"warm_{name}_seconds"]
     return totals
+
+
+def rebasin_weight_matching(model_a, model_b, max_iter: int = 100):
+    """``(permuted state of b, None)`` from the ``rebasin`` package (PyPI, a PyTorch port of
+    Git Re-Basin): ``PermutationCoordinateDescent(a, b, x).rebasin()``, tracing included."""
+    import copy
+
+    from rebasin import PermutationCoordinateDescent
+
+    model_b = copy.deepcopy(model_b)
+    descent = PermutationCoordinateDescent(model_a, model_b, torch.zeros(1, 1, 28, 28))
+    descent.rebasin(max_iterations=max_iter)
+    return model_b.state_dict()
 
 
 def fedlmc_weight_matching(spec: PermutationSpec, sd_a, sd_b, seed: int = 0):
@@ -137,6 +189,9 @@ def fedlmc_weight_matching(spec: PermutationSpec, sd_a, sd_b, seed: int = 0):
 def trained_mlp(width: float, seed: int, epochs: int, data, cache: Path) -> torch.nn.Module:
     """An MLP trained on ``data`` (cached on disk by width/seed/epochs/size)."""
     model = build_model("mlp", width=width, in_shape=(1, 28, 28), norm="none")
+    if epochs == 0:  # untrained: the seeded initialisation (feasibility runs at large widths)
+        torch.manual_seed(seed)
+        return build_model("mlp", width=width, in_shape=(1, 28, 28), norm="none").eval()
     path = cache / f"mlp_w{width}_s{seed}_e{epochs}_n{len(data[1])}.pt"
     if path.exists():
         model.load_state_dict(torch.load(path, map_location="cpu"))
@@ -186,49 +241,87 @@ def benchmark_width(width: float, args, splits, cache: Path) -> dict:
             load_state(model_a, interpolate(sd_a, sd_b, 0.5)), splits.test
         )["accuracy"],
     }
-    runs = {
-        "reference": lambda: reference_weight_matching(spec, sd_a, sd_b, seed=args.seed),
-        "fedlmc": lambda: fedlmc_weight_matching(spec, sd_a, sd_b, seed=args.seed),
-    }
+    runs = {"fedlmc": lambda: fedlmc_weight_matching(spec, sd_a, sd_b, seed=args.seed)}
+    if hidden <= args.reference_max_hidden:
+        runs["reference"] = lambda: reference_weight_matching(spec, sd_a, sd_b, seed=args.seed)
+    if hidden in args.rebasin_hidden:
+        runs["rebasin"] = lambda: (rebasin_weight_matching(model_a, model_b), None)
     for name, timing in timed_interleaved(runs, args.repeats).items():
         perms, sweeps = timing["result"]
-        aligned = apply_permutation(spec, perms, sd_b)
+        if name == "rebasin":  # the package permutes model b itself
+            aligned, perms = perms, None
+        else:
+            aligned = apply_permutation(spec, perms, sd_b)
         merged = load_state(model_a, interpolate(sd_a, aligned, 0.5))
         row[f"{name}_seconds"] = statistics.median(timing["wall"])
         row[f"{name}_seconds_all"] = timing["wall"]
         row[f"{name}_cpu_seconds"] = statistics.median(timing["cpu"])
         row[f"{name}_cpu_seconds_all"] = timing["cpu"]
         row[f"{name}_sweeps"] = sweeps
-        row[f"{name}_objective"] = matching_objective(spec, sd_a, sd_b, perms)
+        row[f"{name}_objective"] = matching_objective(spec, sd_a, aligned)
         row[f"{name}_merged_acc"] = evaluate(merged, splits.test)["accuracy"]
-    solves = solver_comparison(spec, sd_a, sd_b, seed=args.seed)
-    row.update({f"solver_{key}": value for key, value in solves.items()})
-    row["speedup"] = row["reference_seconds"] / row["fedlmc_seconds"]
-    row["speedup_cpu"] = row["reference_cpu_seconds"] / row["fedlmc_cpu_seconds"]
+    if hidden <= args.solver_max_hidden:
+        solves = solver_comparison(spec, sd_a, sd_b, seed=args.seed)
+        row.update({f"solver_{key}": value for key, value in solves.items()})
+    for name in ("reference", "rebasin"):
+        if name in runs:
+            row[f"speedup_vs_{name}"] = row[f"{name}_seconds"] / row["fedlmc_seconds"]
+            row[f"speedup_cpu_vs_{name}"] = row[f"{name}_cpu_seconds"] / row["fedlmc_cpu_seconds"]
+    row.update(cuda_path(spec, sd_a, sd_b, args))
+    row["peak_rss_gib_so_far"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return row
+
+
+def cuda_path(spec: PermutationSpec, sd_a, sd_b, args) -> dict:
+    """fedlmc weight matching with the models on CUDA (cost matrices built there, assignments
+    on the CPU): median wall seconds and the objective; a note when no GPU is visible."""
+    if not torch.cuda.is_available():
+        return {"cuda_seconds": float("nan"), "cuda_note": "not run: no CUDA GPU visible"}
+    cuda_a = {k: v.cuda() for k, v in sd_a.items()}
+    cuda_b = {k: v.cuda() for k, v in sd_b.items()}
+    weight_matching(spec, cuda_a, cuda_b, seed=args.seed)  # warm-up (CUDA context, kernels)
+    times, perms = [], None
+    for _ in range(args.repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        perms = dict(weight_matching(spec, cuda_a, cuda_b, seed=args.seed))
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return {
+        "cuda_seconds": statistics.median(times),
+        "cuda_seconds_all": times,
+        "cuda_objective": matching_objective(spec, sd_a, sd_b, perms),
+        "cuda_device": torch.cuda.get_device_name(0),
+    }
 
 
 def print_table(rows: list[dict]) -> None:
     print(
-        f"{'hidden':>6} {'ref s':>7} {'ours s':>7} {'speedup':>7} {'cpu x':>6} {'sweeps':>9} "
-        f"{'ref objective':>13} {'our objective':>13} {'ref acc':>7} {'our acc':>7} {'plain':>6}"
+        f"{'hidden':>6} {'fedlmc s':>8} {'sweeps':>6} {'objective':>10} {'acc':>6} "
+        f"{'reference s':>11} {'x':>6} {'rebasin s':>9} {'x':>6} {'rebasin J':>10} {'cuda s':>7}"
     )
     for r in rows:
+        ref = r.get("reference_seconds", float("nan"))
+        reb = r.get("rebasin_seconds", float("nan"))
         print(
-            f"{r['hidden']:>6} {r['reference_seconds']:>7.2f} {r['fedlmc_seconds']:>7.2f} "
-            f"{r['speedup']:>6.1f}x {r['speedup_cpu']:>5.1f}x "
-            f"{r['reference_sweeps']:>4}/{r['fedlmc_sweeps']:<4} "
-            f"{r['reference_objective']:>13.4f} {r['fedlmc_objective']:>13.4f} "
-            f"{r['reference_merged_acc']:>7.3f} {r['fedlmc_merged_acc']:>7.3f} "
-            f"{r['acc_plain_average']:>6.3f}"
+            f"{r['hidden']:>6} {r['fedlmc_seconds']:>8.2f} {r['fedlmc_sweeps']:>6} "
+            f"{r['fedlmc_objective']:>10.4f} {r['fedlmc_merged_acc']:>6.3f} {ref:>11.2f} "
+            f"{r.get('speedup_vs_reference', float('nan')):>5.1f}x {reb:>9.2f} "
+            f"{r.get('speedup_vs_rebasin', float('nan')):>5.1f}x "
+            f"{r.get('rebasin_objective', float('nan')):>10.4f} {r['cuda_seconds']:>7.2f}"
         )
-    print("\nassignment solves of one fedlmc run (sequential), same matrices:")
-    print(f"{'hidden':>6} {'solves':>6} {'scipy s':>8} {'warm s':>7} {'ratio':>6} {'value gap':>9}")
-    for r in rows:
-        ratio = r["solver_scipy_seconds"] / r["solver_warm_seconds"]
+    print("\nassignment solves of one fedlmc run (sequential), the same matrices for each solver:")
+    print(
+        f"{'hidden':>6} {'solves':>6} {'cold':>4} {'warm-started s':>14} {'scipy s':>8} "
+        f"{'lapjvs s':>8} {'cold: ours':>10} {'scipy':>6} {'lapjvs':>6} {'value gap':>9}"
+    )
+    for r in (r for r in rows if "solver_solves" in r):
         print(
-            f"{r['hidden']:>6} {r['solver_solves']:>6} {r['solver_scipy_seconds']:>8.2f} "
-            f"{r['solver_warm_seconds']:>7.2f} {ratio:>5.1f}x {r['solver_max_value_gap']:>9.1e}"
+            f"{r['hidden']:>6} {r['solver_solves']:>6} {r['solver_cold_solves']:>4} "
+            f"{r['solver_warm_seconds']:>14.2f} {r['solver_scipy_seconds']:>8.2f} "
+            f"{r['solver_lapjvs_seconds']:>8.2f} {r['solver_cold_warm_seconds']:>10.2f} "
+            f"{r['solver_cold_scipy_seconds']:>6.2f} {r['solver_cold_lapjvs_seconds']:>6.2f} "
+            f"{r['solver_max_value_gap']:>9.1e}"
         )
 
 
@@ -241,10 +334,31 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[4.0, 8.0, 16.0],
         help="MLP width multipliers of 128 hidden units (default: 4 8 16)",
     )
-    parser.add_argument("--epochs", type=int, default=5, help="training epochs per model")
+    parser.add_argument(
+        "--epochs", type=int, default=5, help="training epochs per model (0: untrained models)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per matcher (median)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the group visiting order")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
+    parser.add_argument(
+        "--reference-max-hidden",
+        type=int,
+        default=2048,
+        help="time the straightforward reference up to this width (it is slow beyond)",
+    )
+    parser.add_argument(
+        "--solver-max-hidden",
+        type=int,
+        default=4096,
+        help="compare the assignment solvers up to this width (scipy is slow beyond)",
+    )
+    parser.add_argument(
+        "--rebasin-hidden",
+        type=int,
+        nargs="*",
+        default=[2048],
+        help="widths at which the rebasin package is timed (pip install fedlmc[bench])",
+    )
     parser.add_argument(
         "--cache",
         type=Path,
@@ -252,8 +366,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="directory caching the trained models",
     )
     args = parser.parse_args(argv)
-    if args.epochs < 1 or args.repeats < 1 or any(w <= 0 for w in args.widths):
-        parser.error("--epochs and --repeats must be >= 1 and --widths > 0")
+    if args.epochs < 0 or args.repeats < 1 or any(w <= 0 for w in args.widths):
+        parser.error("--epochs must be >= 0 (0: untrained), --repeats >= 1, --widths > 0")
     return args
 
 
@@ -265,7 +379,10 @@ def jit_seconds() -> float:
 
 
 def main(argv=None) -> None:
+    from simulations.threads import usable_cores, use_threads
+
     args = parse_args(argv)
+    use_threads(usable_cores())  # every core, whatever the shell's OMP_NUM_THREADS says
     args.cache.mkdir(parents=True, exist_ok=True)
     jit = jit_seconds()
     print(f"numba solver loaded in {jit:.2f} s (not in the timings below)")
@@ -283,6 +400,7 @@ def main(argv=None) -> None:
         "repeats": args.repeats,
         "seed": args.seed,
         "torch_threads": torch.get_num_threads(),
+        "note": "single-machine wall-clock measurements on a shared machine; medians of repeats",
         "cpu_count": os.cpu_count(),
         "jit_seconds": jit,
         "rows": rows,

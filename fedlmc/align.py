@@ -255,11 +255,12 @@ class _WeightMatcher:
         self.neighbours[group] = neighbours - {group}
 
     @staticmethod
-    def _permuted_b(term: _Term, perms: Mapping[str, Tensor]) -> Tensor:
-        """``term.b`` with the other groups' current permutations applied (same layout)."""
+    def _permuted_b(term: _Term, perms: Mapping[str, Tensor], b: Tensor | None = None) -> Tensor:
+        """``term.b`` (or ``b``, laid out alike) with the other groups' current permutations
+        applied (same layout)."""
+        b = term.b if b is None else b
         if term.q_first:
-            return term.b.index_select(0, perms[term.others[0][1]])
-        b = term.b
+            return b.index_select(0, perms[term.others[0][1]])
         for axis, group in term.others:
             b = b.index_select(axis, perms[group])
         return b
@@ -279,10 +280,7 @@ class _WeightMatcher:
             x, y = a.reshape(-1, n).T, b.reshape(-1, n)
         else:
             x, y = a.reshape(n, -1), b.reshape(n, -1).T
-        product = torch.mm(x, y, out=self._buffer(n, self.dtype))
-        if product.dtype != torch.float64:
-            product = self._buffer(n, torch.float64).copy_(product)
-        cost.add_(product)
+        cost.add_(torch.mm(x, y, out=self._buffer(n, self.dtype)))  # accumulated in float64
 
     def _rebuild(self, group: str, perms: Mapping[str, Tensor]) -> Tensor:
         cost = self.cost[group]
@@ -333,15 +331,28 @@ class _WeightMatcher:
     def exact_gain(
         self, group: str, perms: Mapping[str, Tensor], old: Tensor, new: Tensor
     ) -> float:
-        r"""Float64 :math:`J(\ldots, \pi_p^{new}, \ldots) - J(\ldots, \pi_p^{old}, \ldots)`."""
-        pairs = [(a, b, 0) for a, b in self.fixed[group]]
-        pairs += [
-            (t.a, self._permuted_b(t, perms), 2 if t.q_first else 0) for t in self.terms[group]
-        ]
+        r"""Float64 :math:`J(\ldots, \pi_p^{new}, \ldots) - J(\ldots, \pi_p^{old}, \ldots)`.
+
+        Only the ``k`` units whose assignment changed contribute (the others add exact zeros),
+        so the sum runs over those slices alone: :math:`\sum_{u: new_u \ne old_u} \langle
+        W_a[u], \pi(W_b)[new_u] - \pi(W_b)[old_u] \rangle`, a ``k / n`` share of the tensors.
+        """
+        changed = (new != old).nonzero().flatten()
+        if changed.numel() == 0:
+            return 0.0
+        to_new, to_old = new.index_select(0, changed), old.index_select(0, changed)
         gain = torch.zeros((), dtype=torch.float64, device=self.device)
-        for a, b, unit_axis in pairs:
-            a, b = a.double(), b.double()
-            gain += (a * (b.index_select(unit_axis, new) - b.index_select(unit_axis, old))).sum()
+        pairs = [(a, b, 0, None) for a, b in self.fixed[group]]
+        pairs += [(t.a, t.b, 2 if t.q_first else 0, t) for t in self.terms[group]]
+        for a, b, unit_axis, term in pairs:
+            b_new, b_old = b.index_select(unit_axis, to_new), b.index_select(unit_axis, to_old)
+            if term is not None:  # the other groups' permutations, on the k slices only
+                b_new, b_old = (
+                    self._permuted_b(term, perms, b_new),
+                    self._permuted_b(term, perms, b_old),
+                )
+            a = a.index_select(unit_axis, changed).double()
+            gain += (a * (b_new.double() - b_old.double())).sum()
         return float(gain)
 
 

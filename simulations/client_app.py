@@ -12,7 +12,9 @@ Message types it answers:
   ``calibration-holdout`` share of the partition is held out and never trained on
   (:func:`simulations.task.split_for_calibration`). Replies with an ArrayRecord of the trained
   weights and a MetricRecord ``num-examples, partition-id, train-loss, train-accuracy,
-  train-seconds, load-seconds`` (data loading and model building). Any failure (exception,
+  train-seconds, load-seconds`` (data loading and model building), ``torch-threads,
+  pool-threads`` (the threads it computed with: torch's, and the largest BLAS / OpenMP pool's).
+  Any failure (exception,
   non-finite loss, non-finite weights) gives an error reply, never weights.
 - ``query.temperature``: sums of the NLL and its first two derivatives in ``log T`` of the
   received (merged) model, or of each of several received models, at each ``log-t`` the
@@ -26,6 +28,10 @@ Message types it answers:
   trained model (kept in ``context.state`` since its train round) to the received reference
   model by activation correlation on its training data, and the digest of those weights.
 - ``evaluate``: loss and accuracy of the received model on this node's data.
+
+Every message is answered with the slot's ``max(1, floor(num-cpus))`` threads, whatever the
+environment's ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` say (:mod:`simulations.threads`; on a
+SuperNode, set ``num-cpus`` to the cores the node gives its ClientApp).
 
 Nothing is kept between messages but the data and, only for client-side activation matching,
 the trained weights: the loaded data sets and partitions stay in bounded caches of
@@ -75,6 +81,7 @@ from simulations.task import (
     load_splits,
     train_options,
 )
+from simulations.threads import config_slot_threads, pool_threads, use_threads
 from strategies.protocol import (
     ALIGN_QUERY,
     BN_QUERY,
@@ -146,6 +153,15 @@ def _model_from(config: dict, record: ArrayRecord) -> nn.Module:
     return model.to(device_of(config)).eval()
 
 
+def use_slot_threads(message: Message, context: Context) -> int:
+    """Compute with this client slot's ``max(1, floor(num-cpus))`` threads (torch and the BLAS
+    pools, :mod:`simulations.threads`), whatever the environment's thread variables say."""
+    config = client_run_config(context.run_config, _message_config(message))
+    count = config_slot_threads(config)
+    use_threads(count)
+    return count
+
+
 def _non_finite_key(state: dict[str, torch.Tensor]) -> str | None:
     for key, tensor in state.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
@@ -158,6 +174,7 @@ def _guarded(code: int, handler: Callable[[Message, Context], Message]) -> Calla
 
     def run(message: Message, context: Context) -> Message:
         try:
+            use_slot_threads(message, context)
             return handler(message, context)
         except Exception as err:  # noqa: BLE001 - every failure must become an error reply
             pid = _partition_label(message, context)
@@ -232,6 +249,8 @@ def train_reply(message: Message, context: Context) -> Message:
         "train-accuracy": float(history.accuracy[-1]),
         "train-seconds": float(history.seconds),
         "load-seconds": float(load_seconds),
+        "torch-threads": int(torch.get_num_threads()),
+        "pool-threads": int(pool_threads()),
     }
     arrays = state_to_record(_checked_weights(model, poison=mode == "nan"))
     if keeps_trained_model(config):

@@ -260,8 +260,20 @@ def run_schema() -> dict[str, Key]:
         "diagnostics": Key(bool, True, "compute LEWC and orthogonality diagnostics (compare)"),
         "seed": Key(int, 0, "seed", at_least(0)),
         "device": named(str, "auto", "training device", ("auto", "cpu", "cuda")),
-        "num-cpus": Key(float, 1.0, "CPUs per simulated client", at_least(0.0, strict=True)),
+        "num-cpus": Key(
+            float,
+            1.0,
+            "CPUs per simulated client; its threads: max(1, floor(num-cpus))",
+            at_least(0.0, strict=True),
+        ),
         "num-gpus": Key(float, 0.0, "GPUs per simulated client", at_least(0.0)),
+        "server-cpus": Key(
+            float,
+            0.0,
+            "threads of the server's merges and evaluations (0: the cores the client slots "
+            "leave, at least 1)",
+            at_least(0.0),
+        ),
         "min-clients": Key(int, 2, "fewest surviving clients a merge accepts", at_least(1)),
         "max-client-share": Key(
             float,
@@ -567,6 +579,7 @@ RUNTIME_KEYS = (
     "timeout",
     "num-cpus",
     "num-gpus",
+    "server-cpus",
     "device",
 )
 NOT_SWEEPABLE = ("out-dir",)

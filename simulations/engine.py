@@ -27,6 +27,10 @@ clients) whose ServerApp (:class:`SweepServer`) runs every cell on the same Grid
   does (Flower's simulation stores a node's context after each message, so two messages on one
   node at once would lose one's update). Other cells keep sharing nodes freely; a message never
   overtakes an older waiting one for the same node;
+- threads (:mod:`simulations.threads`): each client slot computes with ``max(1,
+  floor(num-cpus))`` threads and the server's merges and evaluations with ``server-cpus``
+  threads (default: the cores the slots leave, at least one), whatever ``OMP_NUM_THREADS`` /
+  ``MKL_NUM_THREADS`` the caller's shell sets;
 - cells in flight: ``ceil(S / num-clients) + 1`` by default (``max_in_flight``), so that while
   one cell merges and evaluates on the server, the next one trains;
 - determinism: a cell gives the same numbers whatever runs before or beside it. Clients
@@ -71,6 +75,13 @@ from flwr.supercore import log
 
 from simulations.config import keeps_trained_model
 from simulations.server_app import ServerOutcome, run_server
+from simulations.threads import (
+    config_slot_threads,
+    server_threads,
+    thread_environment,
+    thread_variables,
+    threads_of_this_process,
+)
 from strategies.protocol import NUM_PARTITIONS_KEY, PARTITION_KEY
 
 PARTITION_RECORD = "partition"  # ConfigRecord a cell adds to each message it sends
@@ -118,6 +129,7 @@ class EngineStats:
     max_in_flight: int = 0
     supernodes: int = 0
     simulations: int = 0
+    server_threads: int = 0
     startup_seconds: list[float] = field(default_factory=list)
 
 
@@ -205,8 +217,17 @@ def check_ray_address(address: str) -> None:
         ) from None
 
 
-def init_ray(ray_address: str | None, ray_init_args: Mapping[str, Any] | None = None) -> None:
+def init_ray(
+    ray_address: str | None,
+    ray_init_args: Mapping[str, Any] | None = None,
+    worker_threads: int = 1,
+) -> None:
     """Start Ray locally or join the cluster at ``ray_address`` (no-op when Ray is already up).
+
+    Ray's workers (the client slots) get ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ... =
+    ``worker_threads`` (:mod:`simulations.threads`), whatever this process's environment says:
+    a local Ray's inherit them from the environment ``ray.init`` starts it in (restored
+    afterwards), a cluster's through the ``runtime_env``.
 
     As Flower's ``RayBackend.init_ray`` (which then finds Ray running): the driver's
     ``sys.path`` reaches the workers through ``PYTHONPATH``, logging at WARNING. A local Ray's
@@ -236,12 +257,14 @@ def init_ray(ray_address: str | None, ray_init_args: Mapping[str, Any] | None = 
     if os.environ.get("PYTHONPATH"):
         pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
     os.environ["PYTHONPATH"] = pythonpath
+    threads = thread_variables(worker_threads)
     if joining:
-        args.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": pythonpath}})
+        args.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": pythonpath, **threads}})
     else:
         args.setdefault("_system_config", {"worker_niceness": 0})
     try:
-        ray.init(**args)
+        with thread_environment(worker_threads):  # a local Ray's workers inherit it
+            ray.init(**args)
     except ConnectionError as err:
         raise ClusterError(f"--ray-address {ray_address}: {' '.join(str(err).split())}") from None
 
@@ -748,7 +771,7 @@ def _run_group(
     start = time.perf_counter()
     with quiet_flower(verbose):
         try:
-            init_ray(ray_address, backend["init_args"])
+            init_ray(ray_address, backend["init_args"], config_slot_threads(jobs[0].config))
             slots = client_slots(backend["client_resources"])
         except BaseException:
             if ray.is_initialized():
@@ -767,14 +790,18 @@ def _run_group(
             on_start=on_start,
             stop=stop,
         )
+        stats.server_threads = server_threads(
+            jobs[0].config["server-cpus"], slots, jobs[0].config["num-cpus"]
+        )
         try:
-            run_simulation(
-                server_app=server.app(),
-                client_app=client_app,
-                num_supernodes=pool_size,
-                backend_config=backend,
-                verbose_logging=verbose,
-            )
+            with threads_of_this_process(stats.server_threads):
+                run_simulation(
+                    server_app=server.app(),
+                    client_app=client_app,
+                    num_supernodes=pool_size,
+                    backend_config=backend,
+                    verbose_logging=verbose,
+                )
         except KeyboardInterrupt:
             exit_even_if_stuck(130, grace=0.0)
             raise

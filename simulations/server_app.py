@@ -74,6 +74,7 @@ from simulations.task import (
     device_of,
     load_splits,
 )
+from simulations.threads import server_threads, use_threads
 from strategies import FedAvgBaseline, OneShotAverage, PermutationAlignedAverage
 from strategies.common import Failure, RoundReport, StateDict
 from strategies.protocol import record_to_state, state_to_record
@@ -434,5 +435,9 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Entry point of ``flwr run``: the run config comes from ``context.run_config``."""
+    """Entry point of ``flwr run``: the run config comes from ``context.run_config``; the
+    server computes with ``server-cpus`` threads (0: every usable core, no client slots run
+    beside a deployment's ServerApp; :mod:`simulations.threads`)."""
+    config = validate_run_config(dict(context.run_config), check_devices=False)
+    use_threads(server_threads(config["server-cpus"]))
     run_server(grid, dict(context.run_config))
