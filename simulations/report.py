@@ -649,17 +649,13 @@ def temperature_series(rows: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 def temperature_gap_section(rows: pd.DataFrame, kind: str) -> list[str]:
-    """``log T - log T_server_split`` per method (and calibration-holdout when it varies) and
-    width: how far the temperature the strategy fitted (federated: on the clients' data) is
-    from the one the server split gives for the same merged model."""
+    """``log T - log T_server_split`` per method (split by every other varying key, e.g.
+    calibration-holdout) and width: how far the temperature the strategy fitted (federated: on
+    the clients' data) is from the one the server split gives for the same merged model."""
     if not has_values(rows, "temperature_server_split"):
         return []
     subset = rows[rows["temperature_server_split"].notna() & rows["temperature"].notna()].copy()
     subset["log_t_gap"] = np.log(subset["temperature"]) - np.log(subset["temperature_server_split"])
-    if "calibration-holdout" in subset and subset["calibration-holdout"].nunique() > 1:
-        subset["method"] = subset["method"] + subset["calibration-holdout"].map(
-            lambda h: f" (calibration-holdout {h:g})"
-        )
     labels = list(dict.fromkeys(subset["method"]))
     return [
         "## Temperature: log T (as calibrated) - log T (fitted on the server split)",

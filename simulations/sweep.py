@@ -258,9 +258,12 @@ def split_labels(rows: pd.DataFrame, exclude: Sequence[str]) -> pd.Series | None
     keys = [k for k in varying_keys(rows) if k not in exclude and k != "seed"]
     if not keys:
         return None
-    return (
-        rows[keys].astype(str).apply(lambda r: ", ".join(f"{k}={v}" for k, v in r.items()), axis=1)
-    )
+    return rows[keys].apply(lambda r: ", ".join(f"{k}={_text(v)}" for k, v in r.items()), axis=1)
+
+
+def _text(value: Any) -> str:
+    """A config value as a label: numbers without trailing zeros (``0.1``, ``4``)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def with_split_methods(

@@ -144,7 +144,7 @@ def test_n_client_figures_are_drawn_from_their_columns(tmp_path):
     for name in ("client_barriers_vs_clients.png", "pairwise_barriers.png"):
         assert imread(paths[name]).std() > 0
     text = report_markdown(frame, {}, list(paths.values()), tmp_path, settings)
-    assert "## Client-to-merge barrier at 1/2, calibrated, worst" in text
+    assert "## Barrier at 1/2 on the path client -> merge, calibrated, worst client" in text
 
 
 def test_report_shows_auto_choices_temperature_gaps_and_communication(tmp_path):
@@ -200,8 +200,8 @@ def test_report_shows_auto_choices_temperature_gaps_and_communication(tmp_path):
 
     gap = text.split("log T (as calibrated) - log T (fitted on the server split)")[1]
     gap = gap.split("##")[0]
-    assert f"| average_t (calibration-holdout 0) | {math.log(0.5):.4f} ± 0.0000 |" in gap
-    assert "| average_t (calibration-holdout 0.1) | 0.0000 ± 0.0000 |" in gap
+    assert f"| average_t (calibration-holdout=0) | {math.log(0.5):.4f} ± 0.0000 |" in gap
+    assert "| average_t (calibration-holdout=0.1) | 0.0000 ± 0.0000 |" in gap
 
     sent = text.split("## Communication")[1].split("##")[0]
     assert "| auto | 2.0 kB / 4 | 2.0 kB / 4 |" in sent
