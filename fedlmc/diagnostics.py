@@ -7,10 +7,13 @@ Layerwise Exponentially Weighted Connectivity predicts the merged model's layer-
 
 (for two models: :math:`\lambda^l f_l(x;\theta_a) + (1-\lambda)^l f_l(x;\theta_b)`), measured by
 the cosine similarity of the two sides (:func:`lewc_cosine`) and, since a cosine cannot tell LEWC
-from LLFC's :math:`\sum_i w_i f_l(x; \theta_i)` (Zhou et al. 2023) at equal weights, by relative
-errors and norm ratios against both predictions (:func:`layer_predictions`); the merged logits
-shrink (:func:`logit_norm_ratio`). Sufficient conditions for bias-free ReLU nets: weak additivity
-of ReLU (:func:`relu_additivity_error`, per ReLU) and reciprocal orthogonality
+from LLFC's :math:`\sum_i w_i f_l(x; \theta_i)` (Zhou et al. 2023) at equal weights, by LEWC's
+relative error against LLFC's at its best positive scale (:func:`scaled_error`: LLFC holds only up
+to a scale) and the measured against the predicted norm ratio (:func:`layer_predictions`); the
+merged logits shrink (:func:`logit_norm_ratio`). The exponent :math:`l` exists for plain chains
+only (:mod:`fedlmc.chain`). Many-client collapse: :func:`dead_unit_fractions`,
+:func:`bias_shares`. Sufficient conditions for bias-free ReLU nets: weak additivity of ReLU
+(:func:`relu_additivity_error`, per ReLU) and reciprocal orthogonality
 :math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0` (:func:`reciprocal_orthogonality`, per Linear/Conv).
 Wide, low-rank weights (weight decay) make both hold; :func:`stable_ranks` (per hidden layer),
 :func:`stable_rank` and :func:`effective_rank` measure the rank. Every per-layer function returns
