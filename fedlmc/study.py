@@ -85,6 +85,7 @@ from fedlmc.metrics import PathRule, barriers, interpolation_curve, merge_gap
 from fedlmc.permutation import PermutationSpec, permutation_spec
 from fedlmc.repair import repair
 from fedlmc.rows import (
+    PREDICTION_KEYS,
     PREDICTION_MEAN_KEYS,
     curve_json,
     empty_row,
@@ -389,9 +390,8 @@ def _json_list(values: Sequence[float]) -> str:
     return json.dumps([float(v) for v in values])
 
 
-LEWC_ONLY = ("lewc_cos", "lewc_error", "lewc_norm_ratio")
+LEWC_ONLY = tuple(key for key in PREDICTION_KEYS if key.startswith("lewc_"))
 """Per-layer quantities that exist only where LEWC's depth exponents do (NaN elsewhere)."""
-LLFC_AND_MEASURED = ("llfc_cos", "llfc_scaled_error", "norm_ratio")
 
 
 def prediction_columns(
@@ -406,11 +406,14 @@ def prediction_columns(
 ) -> dict[str, Any]:
     """LEWC and LLFC errors, cosines and norm ratios per layer
     (:func:`fedlmc.diagnostics.layer_predictions`) and their means, with ``suffix`` on every
-    column name. Where ``lewc_undefined`` gives a reason (a residual network), the LEWC columns
+    column name; without a suffix also ``lewc_temperature_ratio`` (LEWC's predicted norm ratio at
+    the logits). Where ``lewc_undefined`` gives a reason (a residual network), the LEWC columns
     are NaN / empty and only LLFC's and the measured ones are filled."""
     layers = layer_predictions(template, states, weights, merged_state, x, layer_names)
-    keys = LLFC_AND_MEASURED if lewc_undefined else (*LEWC_ONLY, *LLFC_AND_MEASURED)
+    keys = [k for k in PREDICTION_KEYS if not (lewc_undefined and k in LEWC_ONLY)]
     columns: dict[str, Any] = {}
+    if not lewc_undefined and not suffix:
+        columns["lewc_temperature_ratio"] = layers[-1]["lewc_norm_ratio"]
     for key in keys:
         columns[f"{key}_layers{suffix}"] = _json_list([r[key] for r in layers])
     for key in PREDICTION_MEAN_KEYS:
@@ -504,8 +507,6 @@ def diagnostic_columns(
         "bias_share_layers": _json_list(bias_shares(merged.model, x)),
     }
     if not lewc_undefined:
-        ratios = json.loads(columns["lewc_norm_ratio_layers"])
-        columns["lewc_temperature_ratio"] = ratios[-1]
         mismatch = bias_mismatch(spec or permutation_spec(template, x[:2]), merged, weights)
         if mismatch is not None:
             columns["lewc_bias_mismatch_layers"] = _json_list(mismatch)
@@ -647,10 +648,9 @@ AGREEMENT_COLUMNS = {
 }
 
 
-def agreement_columns(top1: Mapping[str, Tensor], logits: Tensor) -> dict[str, float]:
-    """Top-1 agreement on the test split of a model's logits with each ensemble's prediction
+def agreement_columns(top1: Mapping[str, Tensor], predicted: Tensor) -> dict[str, float]:
+    """Top-1 agreement on the test split of a model's predicted classes with each ensemble's
     (:data:`AGREEMENT_COLUMNS`): the fraction of test inputs with the same predicted class."""
-    predicted = logits.argmax(dim=1)
     return {
         AGREEMENT_COLUMNS[name]: float((predicted == labels).double().mean())
         for name, labels in top1.items()
@@ -732,13 +732,7 @@ def _reference_row(cell: _Cell, method: str) -> dict[str, Any]:
         row["merge_gap_loss_calibrated"] = found["nll_calibrated"] - finite_mean(
             [e["nll_calibrated"] for e in cell.endpoints]
         )
-    own = cell.top1[method]
-    row.update(
-        {
-            AGREEMENT_COLUMNS[name]: float((own == labels).double().mean())
-            for name, labels in cell.top1.items()
-        }
-    )
+    row.update(agreement_columns(cell.top1, cell.top1[method]))
     return row
 
 
@@ -780,7 +774,7 @@ def _base_columns(cell: _Cell, method: str) -> _BaseMerge:
     metrics = pred.metrics(cell.splits.test[1])
     columns: dict[str, Any] = {"merge_seconds": merged.seconds, **merged.info}
     columns.update(gap_columns(cell.endpoints, metrics))
-    columns.update(agreement_columns(cell.top1, pred.test))
+    columns.update(agreement_columns(cell.top1, pred.test.argmax(dim=1)))
     columns.update(temperature_columns(cell, pred.temperature))
     if cell.diagnostics and len(cell.states) == 2:
         _say(cell.progress, f"interpolation curve: {method}")

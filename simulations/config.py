@@ -854,10 +854,7 @@ def canonical_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
         reset("methods", "lambdas", "diagnostics")
     if strategy != "aligned":
         reset("align")
-    uses_auto = (strategy == "aligned" and canonical["align"] == "auto") or (
-        strategy == "compare" and "auto" in {base_method(m) for m in method_list(canonical)}
-    )
-    if not uses_auto:
+    if "auto" not in selected_methods(canonical):
         reset("auto-tolerance")
     if not federated_calibration(canonical):
         reset("calibration-holdout")

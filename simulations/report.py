@@ -527,6 +527,11 @@ def mean_spread_table(
     return pivot.reindex([m for m in methods if m in pivot.index]).fillna("")
 
 
+def width_labels(pairs: Sequence[tuple[float, str]]) -> list[str]:
+    """``(width, split label)`` pairs as table headings: ``"1 (bias=False)"``."""
+    return [f"{width:g} ({label})" for width, label in pairs]
+
+
 def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Mean endpoint accuracy (mean/min/max) and ensemble accuracy per width."""
     cells = rows.drop_duplicates("cell_id")
@@ -548,7 +553,7 @@ def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
     if labels is None:
         return numeric.groupby("width").mean().T
     table = numeric.drop(columns="width").groupby([cells["width"], labels]).mean().T
-    table.columns = [f"{width:g} ({label})" for width, label in table.columns]
+    table.columns = width_labels(table.columns)
     return table
 
 
@@ -574,7 +579,7 @@ def table1(rows: pd.DataFrame) -> pd.DataFrame:
                 values = pd.to_numeric(subset[column], errors="coerce") * scale
                 found = values.groupby(groups).mean()
                 if labels is not None:
-                    found.index = [f"{width:g} ({label})" for width, label in found.index]
+                    found.index = width_labels(found.index)
                 columns[f"{name}: {heading}"] = found
     return pd.DataFrame(columns)
 
