@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from fedlmc.data import load_dataset, partition
-from fedlmc.methods import AUTO_TOLERANCE
-from fedlmc.models import build_model
-from fedlmc.study import compare_methods
+from fedlmc.data.loading import load_dataset, partition
+from fedlmc.merging.methods import AUTO_TOLERANCE
+from fedlmc.models.classifiers import build_model
+from fedlmc.study.compare import compare_methods
 from fedlmc.train import train_model
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "auto_merge.json"
@@ -53,8 +53,8 @@ def train_clients(
 
 def warm_up_solver() -> None:
     """Load the compiled assignment solver before any timing (reported by weight_matching.py)."""
-    from fedlmc.align import weight_matching
     from fedlmc.permutation import permutation_spec
+    from fedlmc.permutation.matching import weight_matching
 
     tiny = [build_model("mlp", width=0.125, depth=1).state_dict() for _ in range(2)]
     weight_matching(permutation_spec(build_model("mlp", width=0.125, depth=1)), *tiny)

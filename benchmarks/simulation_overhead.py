@@ -5,7 +5,8 @@ Two pipelines on the embedded mnist5k digits, timed in the same run, with the sa
 
 - ``direct``: one process calls fedlmc: load the data, partition it, train client 0 then client 1
   (same seeds as the ClientApp), average them, fit the temperature, evaluate the two rows;
-- ``flower``: :func:`simulations.federation.run_federation` (Ray backend, one actor per client
+- ``flower``: :func:`fedlmc.simulations.federation.run_federation` (Ray backend, one actor per
+client
   with ``num-cpus`` CPUs, so the two clients train at the same time).
 
 ratio = flower wall time / direct wall time. The breakdown of the flower run: ``ray_init``
@@ -56,18 +57,18 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def direct(config: dict[str, Any]) -> dict[str, Any]:
     """Training + merging + evaluation by calling fedlmc in this process (no Flower)."""
-    from fedlmc.calibrate import fit_temperature
+    from fedlmc.averaging import average, load_state
     from fedlmc.evaluation import predict_logits
-    from fedlmc.merge import average, load_state
-    from fedlmc.train import train_model
-    from simulations.server_app import endpoint_metrics, merged_row
-    from simulations.task import (
+    from fedlmc.merging.calibrate import fit_temperature
+    from fedlmc.simulations.server_app import endpoint_metrics, merged_row
+    from fedlmc.simulations.task import (
         build_from_config,
         client_data,
         client_seed,
         load_splits,
         train_options,
     )
+    from fedlmc.train import train_model
 
     start = time.perf_counter()
     splits = load_splits(config)
@@ -124,7 +125,7 @@ def serialisation_seconds(state: dict[str, torch.Tensor], repeats: int = 5) -> f
 
     from flwr.app import RecordDict
 
-    from strategies.protocol import record_to_state, state_to_record
+    from fedlmc.strategies.protocol import record_to_state, state_to_record
 
     best = float("inf")
     for _ in range(repeats):
@@ -136,7 +137,7 @@ def serialisation_seconds(state: dict[str, torch.Tensor], repeats: int = 5) -> f
 
 
 def flower(config: dict[str, Any]) -> dict[str, Any]:
-    from simulations.federation import run_federation_outcome
+    from fedlmc.simulations.federation import run_federation_outcome
 
     start = time.perf_counter()
     outcome = run_federation_outcome(config)
@@ -165,7 +166,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.epochs, args.width = 2, 0.5
-    from simulations.config import validate_run_config
+    from fedlmc.simulations.config import validate_run_config
 
     config = validate_run_config(run_config(args))
     ray_seconds = ray_init_seconds()

@@ -66,13 +66,17 @@ def direct_rows(
 ) -> tuple[list[dict], dict]:
     """Every cell of the sweep computed in this process with ``threads`` threads (training and
     evaluation, torch and the BLAS pools): rows and timings."""
-    from simulations.threads import use_threads
+    from fedlmc.simulations.threads import use_threads
 
     use_threads(threads)
-    from fedlmc.study import compare_methods
-    from fedlmc.train import train_model
-    from simulations.config import FEDAVG, cell_id, expand_grid, load_sweep_config, method_list
-    from simulations.task import (
+    from fedlmc.simulations.config import (
+        FEDAVG,
+        cell_id,
+        expand_grid,
+        load_sweep_config,
+        method_list,
+    )
+    from fedlmc.simulations.task import (
         build_from_config,
         client_data,
         client_seed,
@@ -80,6 +84,8 @@ def direct_rows(
         load_splits,
         train_options,
     )
+    from fedlmc.study.compare import compare_methods
+    from fedlmc.train import train_model
 
     timings = {"load": 0.0, "train": 0.0, "evaluate": 0.0}
     rows: list[dict] = []
@@ -140,9 +146,9 @@ def direct_main(args: argparse.Namespace) -> None:
 
 def per_cell_main(args: argparse.Namespace) -> None:
     """``per-cell`` sub-command: the sweep with one Flower simulation per cell (as before)."""
-    from simulations.config import load_sweep_config
-    from simulations.federation import run_federation
-    from simulations.sweep import run_sweep
+    from fedlmc.simulations.config import load_sweep_config
+    from fedlmc.simulations.federation import run_federation
+    from fedlmc.simulations.sweep import run_sweep
 
     run_sweep(
         load_sweep_config(args.config, args.overrides),
@@ -184,15 +190,15 @@ def environment() -> dict[str, str]:
 
 
 def run_sweep_cli(config: Path, overrides: Sequence[str], out: Path) -> tuple[float, Any]:
-    from simulations.sweep import read_results
+    from fedlmc.simulations.sweep import read_results
 
-    command = [sys.executable, "-m", "simulations.cli", "sweep", str(config), *overrides]
+    command = [sys.executable, "-m", "fedlmc.simulations.cli", "sweep", str(config), *overrides]
     seconds = timed([*command, "--out", str(out), "--quiet", "--no-report"], environment())
     return seconds, read_results(out)
 
 
 def run_per_cell(config: Path, overrides: Sequence[str], out: Path) -> tuple[float, Any]:
-    from simulations.sweep import read_results
+    from fedlmc.simulations.sweep import read_results
 
     command = [sys.executable, __file__, "per-cell", str(config), *overrides, "--out", str(out)]
     return timed(command, environment()), read_results(out)
@@ -268,7 +274,7 @@ can run several times slower)."""
 
 def thread_counts() -> list[int]:
     """Thread counts the direct loop tries: 1, 2, 4, ... up to every usable core."""
-    from simulations.threads import usable_cores
+    from fedlmc.simulations.threads import usable_cores
 
     cores, counts = usable_cores(), [1]
     while counts[-1] * 2 < cores:

@@ -3,7 +3,7 @@ and ``=8`` (``MKL_NUM_THREADS`` set alike), each as a fresh ``fedlmc sweep`` pro
 
 Every client slot computes with ``max(1, floor(num-cpus))`` threads and the server with
 ``server-cpus`` (default: what the slots leave), whatever the variables say
-(:mod:`simulations.threads`), so each setting should take about the time of the unset one
+(:mod:`fedlmc.simulations.threads`), so each setting should take about the time of the unset one
 (target: within 1.1x). Each setting runs ``--repeats`` times, the settings in rotating order;
 the median of each is reported, all runs and the load average before each run kept in the JSON.
 Single-machine wall-clock measurements: on a shared machine other jobs add noise.
@@ -48,7 +48,7 @@ def environment(value: str | None) -> dict[str, str]:
 
 def sweep_seconds(overrides: Sequence[str], out: Path, env: dict[str, str]) -> float:
     """Wall seconds of ``fedlmc sweep configs/quick.toml OVERRIDES`` as a fresh process."""
-    command = [sys.executable, "-m", "simulations.cli", "sweep", str(QUICK), *overrides]
+    command = [sys.executable, "-m", "fedlmc.simulations.cli", "sweep", str(QUICK), *overrides]
     command += ["--out", str(out), "--quiet", "--no-report"]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)

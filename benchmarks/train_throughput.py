@@ -38,9 +38,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from fedlmc.data import NORMALISATION, load_dataset
+from fedlmc.data.loading import NORMALISATION, load_dataset
 from fedlmc.evaluation import resolve_device
-from fedlmc.models import build_model
+from fedlmc.models.classifiers import build_model
 from fedlmc.train import train_model
 
 LR, WEIGHT_DECAY, MOMENTUM = 0.05, 3e-3, 0.9

@@ -1,4 +1,5 @@
-"""Benchmark: fedlmc.align.weight_matching against Git Re-Basin implementations a user could run.
+"""Benchmark: fedlmc.permutation.matching.weight_matching against Git Re-Basin implementations a
+user could run.
 
 Two 3-hidden-layer MLPs (hidden ``128 * width``) are trained on disjoint halves of the embedded
 MNIST digits (``mnist5k``, seeds 0 and 1). The matchers align model b to model a in the same
@@ -8,9 +9,10 @@ the number of sweeps, the final objective ``J = sum_w <W_a, pi(W_b)>`` and the t
 the midpoint ``(theta_a + pi(theta_b)) / 2``. Single-machine measurements (a shared machine:
 other jobs add noise). The matchers:
 
-- ``fedlmc``: :func:`fedlmc.align.weight_matching` (low-rank cost-matrix updates, skipped
-  groups, threads, warm-started assignments from :mod:`fedlmc.assignment`, compiled by numba;
-  its one-time load or compile is measured apart as ``jit_seconds``);
+- ``fedlmc``: :func:`fedlmc.permutation.matching.weight_matching` (low-rank cost-matrix updates,
+skipped
+  groups, threads, warm-started assignments from :mod:`fedlmc.permutation.assignment`, compiled by
+  numba; its one-time load or compile is measured apart as ``jit_seconds``);
 - ``reference``: the published algorithm ported to torch (each sweep visits all groups in
   random order, rebuilds every permuted ``W_b`` for each group, solves with scipy and adopts
   the assignment; stops after a sweep without progress or 100 sweeps), up to
@@ -45,14 +47,14 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from fedlmc import align
-from fedlmc.align import matching_objective, weight_matching
-from fedlmc.assignment import solve_assignment
-from fedlmc.data import load_dataset
+from fedlmc.averaging import interpolate, load_state
+from fedlmc.data.loading import load_dataset
 from fedlmc.evaluation import evaluate
-from fedlmc.merge import interpolate, load_state
-from fedlmc.models import build_model
+from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import PermutationSpec, apply_permutation, permutation_spec
+from fedlmc.permutation import matching as align
+from fedlmc.permutation.assignment import solve_assignment
+from fedlmc.permutation.matching import matching_objective, weight_matching
 from fedlmc.train import train_model
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "weight_matching.json"
@@ -178,7 +180,7 @@ def rebasin_weight_matching(model_a, model_b, max_iter: int = 100):
 
 
 def fedlmc_weight_matching(spec: PermutationSpec, sd_a, sd_b, seed: int = 0):
-    """``(perms, sweeps)`` from :func:`fedlmc.align.weight_matching`."""
+    """``(perms, sweeps)`` from :func:`fedlmc.permutation.matching.weight_matching`."""
     matching = weight_matching(spec, sd_a, sd_b, seed=seed)
     return dict(matching), len(matching.objectives)
 
@@ -379,7 +381,7 @@ def jit_seconds() -> float:
 
 
 def main(argv=None) -> None:
-    from simulations.threads import usable_cores, use_threads
+    from fedlmc.simulations.threads import usable_cores, use_threads
 
     args = parse_args(argv)
     use_threads(usable_cores())  # every core, whatever the shell's OMP_NUM_THREADS says

@@ -48,7 +48,7 @@ def make_net(
 
 
 if __name__ == "__main__":
-    from simulations import run_federation
+    from fedlmc.simulations import run_federation
 
     rows = run_federation(
         {

@@ -2,15 +2,23 @@
 
 import torch
 
-from fedlmc.align import weight_matching
-from fedlmc.calibrate import fit_temperature
-from fedlmc.data import load_dataset, partition
-from fedlmc.diagnostics import lewc_cosine
-from fedlmc.evaluation import evaluate, predict_logits
-from fedlmc.merge import average, load_state
-from fedlmc.metrics import barriers, interpolation_curve
-from fedlmc.models import apply_permutation, build_model, permutation_spec
-from fedlmc.train import train_model
+from fedlmc import (
+    apply_permutation,
+    average,
+    barriers,
+    build_model,
+    evaluate,
+    fit_temperature,
+    interpolation_curve,
+    load_dataset,
+    load_state,
+    partition,
+    permutation_spec,
+    predict_logits,
+    train_model,
+    weight_matching,
+)
+from fedlmc.analysis import lewc_cosine
 
 splits = load_dataset("mnist5k")  # 3,600 train / 400 server / 1,000 test real digits
 clients = partition(splits.train, num_clients=2, scheme="iid", seed=0)

@@ -3,8 +3,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlmc.data import load_dataset
 from fedlmc.models import build_model
-from strategies import OneShotAverage  # also PermutationAlignedAverage, FedAvgBaseline
-from strategies.protocol import state_to_record
+from fedlmc.strategies import OneShotAverage  # also PermutationAlignedAverage, FedAvgBaseline
+from fedlmc.strategies.protocol import state_to_record
 
 CLIENT_CONFIG = {"model": "mlp", "width": 0.5, "depth": 2, "base-hidden": 64, "epochs": 2}
 app = ServerApp()
@@ -32,7 +32,7 @@ def main(grid: Grid, context: Context) -> None:
 if __name__ == "__main__":  # or point [tool.flwr.app.components] serverapp at this module
     from flwr.simulation import run_simulation
 
-    from simulations.client_app import app as client_app
+    from fedlmc.simulations.client_app import app as client_app
 
     run_simulation(
         server_app=app,

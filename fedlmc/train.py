@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from fedlmc.augment import apply_augment, check_augment
+from fedlmc.data.augment import apply_augment, check_augment
 from fedlmc.evaluation import resolve_device
 
 Data = tuple[Tensor, Tensor]

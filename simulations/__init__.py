@@ -1,7 +1,8 @@
 """Flower ClientApp/ServerApp, simulation driver, sweeps, reports and the command line.
 
-``simulations.run_federation`` (and ``run_sweep``, ``load_sweep_config``) are imported on first
-use, so that ``import simulations`` (and validating a sweep file) loads neither Flower nor torch.
+``fedlmc.simulations.run_federation`` (and ``run_sweep``, ``load_sweep_config``) are imported on
+first use, so that ``import fedlmc.simulations`` (and validating a sweep file) loads neither Flower
+nor torch.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "run_federation": "simulations.federation",
-    "run_federation_outcome": "simulations.federation",
-    "run_sweep": "simulations.sweep",
-    "load_sweep_config": "simulations.config",
-    "validate_run_config": "simulations.config",
+    "run_federation": "fedlmc.simulations.federation",
+    "run_federation_outcome": "fedlmc.simulations.federation",
+    "run_sweep": "fedlmc.simulations.sweep",
+    "load_sweep_config": "fedlmc.simulations.config",
+    "validate_run_config": "fedlmc.simulations.config",
 }
 
 __all__ = list(_EXPORTS)

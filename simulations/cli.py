@@ -1,7 +1,7 @@
 """The ``fedlmc`` command line.
 
 - ``fedlmc sweep CONFIG.toml [key=value ...] [--out DIR] [--force] [--ray-address ADDR]``: run
-  (or resume) a sweep in one Flower simulation (:mod:`simulations.engine`), then build its
+  (or resume) a sweep in one Flower simulation (:mod:`fedlmc.simulations.engine`), then build its
   report; the default out dir is ``results/<name>``.
 - ``fedlmc report DIR``: (re)build the figures and ``report.md`` of a sweep's out dir (a run's
   out dir is refused with the reason).
@@ -14,7 +14,8 @@
 - ``fedlmc methods`` / ``fedlmc models``: the registered merge methods / models (markdown tables,
   as in the README); ``fedlmc keys``: every run-config key.
 - ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once
-  (md5-checked, :func:`fedlmc.download.fetch_dataset`); a failed download exits 1 with one line.
+  (md5-checked, :func:`fedlmc.data.download.fetch_dataset`); a failed download exits 1 with one
+  line.
 
 Configuration errors (and ``ValueError`` from bad data or partition settings) end with one line
 ``fedlmc: error: ...`` on stderr and exit status 2, without a traceback; so does a
@@ -31,8 +32,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedlmc.datasets_catalog import DOWNLOADABLE
-from simulations.config import (
+from fedlmc.data.catalog import DOWNLOADABLE
+from fedlmc.simulations.config import (
     ConfigError,
     absolute_paths,
     cell_id,
@@ -43,7 +44,7 @@ from simulations.config import (
     parse_override,
     validate_run_config,
 )
-from simulations.registry_tables import keys_table, methods_table, models_table
+from fedlmc.simulations.registry_tables import keys_table, methods_table, models_table
 
 SHOWN_COLUMNS = (
     "method",
@@ -146,8 +147,8 @@ def positive_int(text: str) -> int:
 
 
 def command_sweep(args: argparse.Namespace) -> int:
-    from simulations.engine import EngineError
-    from simulations.sweep import run_sweep
+    from fedlmc.simulations.engine import EngineError
+    from fedlmc.simulations.sweep import run_sweep
 
     sweep = load_sweep_config(args.config, args.overrides)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
@@ -174,7 +175,7 @@ def command_sweep(args: argparse.Namespace) -> int:
 
 
 def print_report(out_dir: Path) -> None:
-    from simulations.report import build_report
+    from fedlmc.simulations.report import build_report
 
     paths = build_report(out_dir)
     figures = [p for p in paths if p.suffix == ".png"]
@@ -184,7 +185,7 @@ def print_report(out_dir: Path) -> None:
 
 
 def command_report(args: argparse.Namespace) -> int:
-    from simulations.results_file import out_dir_kind
+    from fedlmc.simulations.results_file import out_dir_kind
 
     out_dir = Path(args.dir)
     if not (out_dir / "results.csv").exists():
@@ -201,8 +202,8 @@ def command_report(args: argparse.Namespace) -> int:
 def command_run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from simulations.federation import run_federation
-    from strategies import ClientsFailedError
+    from fedlmc.simulations.federation import run_federation
+    from fedlmc.strategies import ClientsFailedError
 
     values = dict(parse_override(text) for text in args.overrides)
     config = validate_run_config(values)
@@ -237,8 +238,12 @@ def command_run(args: argparse.Namespace) -> int:
 
 def check_run_outputs(config, csv_path: str | None) -> None:
     """Before any work: the run's ``out-dir`` is a writable folder holding no sweep, and the
-    ``--csv`` path is writable (:mod:`simulations.results_file`)."""
-    from simulations.results_file import check_writable_file, check_writable_folder, refuse_mixing
+    ``--csv`` path is writable (:mod:`fedlmc.simulations.results_file`)."""
+    from fedlmc.simulations.results_file import (
+        check_writable_file,
+        check_writable_folder,
+        refuse_mixing,
+    )
 
     if config["out-dir"]:
         check_writable_folder(config["out-dir"], "out-dir")
@@ -248,7 +253,7 @@ def check_run_outputs(config, csv_path: str | None) -> None:
 
 
 def command_validate(args: argparse.Namespace) -> int:
-    from simulations.results_file import check_writable_folder, refuse_mixing
+    from fedlmc.simulations.results_file import check_writable_folder, refuse_mixing
 
     sweep = load_sweep_config(args.config, args.overrides, check_devices=not args.no_device_check)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
@@ -279,7 +284,7 @@ def command_keys(args: argparse.Namespace) -> int:
 
 
 def command_data(args: argparse.Namespace) -> int:
-    from fedlmc.download import DownloadError, fetch_dataset
+    from fedlmc.data.download import DownloadError, fetch_dataset
 
     try:
         result = fetch_dataset(args.name, args.root, mirror=args.mirror)

@@ -4,14 +4,14 @@ Message types it answers:
 
 - ``train``: trains the configured model on this node's partition: ``partition-id`` of
   ``num-partitions`` from the message's ConfigRecords when it carries them (the sweep engine,
-  :mod:`simulations.engine`, sends each cell's own), else from ``context.node_config`` (a
+  :mod:`fedlmc.simulations.engine`, sends each cell's own), else from ``context.node_config`` (a
   deployment's ``--node-config``, a plain simulation); the same split on every node. With ``init =
   "independent"`` (the paper's setting) the initial weights are drawn with a seed derived from
   ``(seed, partition-id)`` and the received arrays are ignored; with ``init = "shared"`` (FedAvg)
   the received arrays are loaded. Under federated calibration a stratified
   ``calibration-holdout`` share of the partition is held out and never trained on
-  (:func:`simulations.task.split_for_calibration`). Replies with an ArrayRecord of the trained
-  weights and a MetricRecord ``num-examples, partition-id, train-loss, train-accuracy,
+  (:func:`fedlmc.simulations.task.split_for_calibration`). Replies with an ArrayRecord of the
+  trained weights and a MetricRecord ``num-examples, partition-id, train-loss, train-accuracy,
   train-seconds, load-seconds`` (data loading and model building), ``torch-threads,
   pool-threads`` (the threads it computed with: torch's, and the largest BLAS / OpenMP pool's).
   Any failure (exception,
@@ -30,13 +30,13 @@ Message types it answers:
 - ``evaluate``: loss and accuracy of the received model on this node's data.
 
 Every message is answered with the slot's ``max(1, floor(num-cpus))`` threads, whatever the
-environment's ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` say (:mod:`simulations.threads`; on a
+environment's ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` say (:mod:`fedlmc.simulations.threads`; on a
 SuperNode, set ``num-cpus`` to the cores the node gives its ClientApp).
 
 Nothing is kept between messages but the data and, only for client-side activation matching,
 the trained weights: the loaded data sets and partitions stay in bounded caches of
-:mod:`simulations.task` (keyed by what determines them), so that a warm actor serving cell after
-cell loads each data set once; the trained weights stay in the node's ``context.state``
+:mod:`fedlmc.simulations.task` (keyed by what determines them), so that a warm actor serving cell
+after cell loads each data set once; the trained weights stay in the node's ``context.state``
 (Flower keeps it per node and run between messages, in simulation and on a SuperNode) under a
 key naming the cell and partition, at most :data:`KEPT_MODELS` of them, each removed by the
 align query that uses it. The model is rebuilt for every message and every seed is derived from
@@ -63,13 +63,12 @@ from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from fedlmc.align import activation_matching
-from fedlmc.calibrate import bn_statistics, temperature_statistics
 from fedlmc.evaluation import predict_logits
-from fedlmc.repair import unit_statistics
-from fedlmc.train import train_model
-from simulations.config import cell_id, keeps_trained_model
-from simulations.task import (
+from fedlmc.merging.calibrate import bn_statistics, temperature_statistics
+from fedlmc.merging.repair import unit_statistics
+from fedlmc.permutation.matching import activation_matching
+from fedlmc.simulations.config import cell_id, keeps_trained_model
+from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
     client_data,
@@ -81,8 +80,8 @@ from simulations.task import (
     load_splits,
     train_options,
 )
-from simulations.threads import config_slot_threads, pool_threads, use_threads
-from strategies.protocol import (
+from fedlmc.simulations.threads import config_slot_threads, pool_threads, use_threads
+from fedlmc.strategies.protocol import (
     ALIGN_QUERY,
     BN_QUERY,
     ERROR_QUERY_FAILED,
@@ -102,6 +101,7 @@ from strategies.protocol import (
     temperature_stats_to_content,
     unit_stats_to_content,
 )
+from fedlmc.train import train_model
 
 app = ClientApp()
 
@@ -155,7 +155,7 @@ def _model_from(config: dict, record: ArrayRecord) -> nn.Module:
 
 def use_slot_threads(message: Message, context: Context) -> int:
     """Compute with this client slot's ``max(1, floor(num-cpus))`` threads (torch and the BLAS
-    pools, :mod:`simulations.threads`), whatever the environment's thread variables say."""
+    pools, :mod:`fedlmc.simulations.threads`), whatever the environment's thread variables say."""
     config = client_run_config(context.run_config, _message_config(message))
     count = config_slot_threads(config)
     use_threads(count)
@@ -312,7 +312,7 @@ def bn_stats_reply(message: Message, context: Context) -> Message:
 
 def unit_stats_reply(message: Message, context: Context) -> Message:
     """Per-unit output moments of the requested ``layers`` of the received model on this node's
-    training data (REPAIR, :func:`fedlmc.repair.unit_statistics`)."""
+    training data (REPAIR, :func:`fedlmc.merging.repair.unit_statistics`)."""
     config, pid, num_partitions, model = _received_model_and_config(message, context)
     layers = _message_config(message)["layers"]
     x, _ = client_train_data(config, pid, num_partitions)
@@ -323,8 +323,8 @@ def unit_stats_reply(message: Message, context: Context) -> Message:
 def align_reply(message: Message, context: Context) -> Message:
     """Client-side activation matching: this node's trained model (kept since its train round)
     matched to the received reference by activation correlation on its training data
-    (:func:`fedlmc.align.activation_matching`); replies with the permutations and the digest of
-    the weights they permute. The kept model is removed afterwards."""
+    (:func:`fedlmc.permutation.matching.activation_matching`); replies with the permutations and the
+    digest of the weights they permute. The kept model is removed afterwards."""
     config, pid, num_partitions, reference = _received_model_and_config(message, context)
     key = _kept_key(config, pid, num_partitions)
     if key not in context.state.array_records:

@@ -3,9 +3,9 @@
 A *run config* is a flat mapping of hyphenated keys (the same keys as Flower's ``--run-config``
 and ``[tool.flwr.app.config]``) to scalars. :func:`run_schema` lists every key with its type,
 default and allowed values; the named values (data sets, models and their options, merge
-methods) are read from the registries of :mod:`fedlmc.datasets_catalog`,
-:mod:`fedlmc.architectures` and :mod:`fedlmc.methods`, so a registered model or merge method is
-a valid value with no edit here. :func:`validate_run_config` fills in defaults and rejects
+methods) are read from the registries of :mod:`fedlmc.data.catalog`,
+:mod:`fedlmc.models.registry` and :mod:`fedlmc.merging.methods`, so a registered model or merge
+method is a valid value with no edit here. :func:`validate_run_config` fills in defaults and rejects
 anything else with a :class:`ConfigError` whose one-line message names the key, the value and
 what is allowed. Nothing here imports Flower, torch, scipy or pandas.
 """
@@ -23,15 +23,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from fedlmc.architectures import (
-    MODELS,
-    NORMS,
-    is_factory_path,
-    model_entry,
-    model_names,
-    public_options,
-)
-from fedlmc.datasets_catalog import (
+from fedlmc.data.catalog import (
     DATASETS,
     DOWNLOADABLE,
     NUM_CLASSES,
@@ -41,10 +33,18 @@ from fedlmc.datasets_catalog import (
     is_hf_name,
     is_known_dataset,
 )
-from fedlmc.methods import AUTO_TOLERANCE, base_method, merge_method_names, study_methods
-from fedlmc.methods import merge_method as merge_method_entry
-from simulations.report_schema import REPORT_SCHEMA
-from simulations.schema import (
+from fedlmc.merging.methods import AUTO_TOLERANCE, base_method, merge_method_names, study_methods
+from fedlmc.merging.methods import merge_method as merge_method_entry
+from fedlmc.models.registry import (
+    MODELS,
+    NORMS,
+    is_factory_path,
+    model_entry,
+    model_names,
+    public_options,
+)
+from fedlmc.simulations.report_schema import REPORT_SCHEMA
+from fedlmc.simulations.schema import (
     ConfigError,
     Key,
     at_least,
@@ -74,12 +74,12 @@ BIAS_VALUES = ("auto", "true", "false")
 CALIBRATIONS = ("server", "federated", "none")
 FAILURE_MODES = ("raise", "nan", "hang")
 FEDAVG = "fedavg"
-DEFAULT_MAX_SHARE = 0.5  # = strategies.screening.DEFAULT_MAX_SHARE (no Flower import here)
+DEFAULT_MAX_SHARE = 0.5  # = fedlmc.strategies.screening.DEFAULT_MAX_SHARE (no Flower import here)
 
 
 def cell_methods() -> tuple[str, ...]:
-    """Every method a cell can report: the study's rows (:func:`fedlmc.methods.study_methods`)
-    and the FedAvg baseline."""
+    """Every method a cell can report: the study's rows
+    (:func:`fedlmc.merging.methods.study_methods`) and the FedAvg baseline."""
     return (*study_methods(), FEDAVG)
 
 
@@ -158,7 +158,7 @@ def option_key(name: str) -> str:
 
 
 def _model_option_keys() -> dict[str, Key]:
-    """One run-config key per public model option (:mod:`fedlmc.architectures`)."""
+    """One run-config key per public model option (:mod:`fedlmc.models.registry`)."""
     keys = {}
     for name, (option, models) in public_options().items():
         check = at_least(option.minimum) if option.minimum is not None else None

@@ -4,13 +4,14 @@ One call of :func:`run_cells` starts **one** Flower simulation (``flwr.simulatio
 one Ray session, one pool of ClientApp actors, as many virtual SuperNodes as the widest cell has
 clients) whose ServerApp (:class:`SweepServer`) runs every cell on the same Grid, several at once:
 
-- each cell is :func:`simulations.server_app.run_server` (every strategy, federated calibration
+- each cell is :func:`fedlmc.simulations.server_app.run_server` (every strategy, federated
+calibration
   queries, FedAvg, the rows and files of one federation) in a thread of its own, on a
   :class:`CellGrid`: a view of the shared Grid that shows the cell only the first
   ``num-clients`` node ids (sorted) and adds ``partition-id`` / ``num-partitions`` of that cell
   to every message it sends (a ConfigRecord named ``partition``; the ClientApp prefers it to
   its node config). The same warm actors thus serve every cell; they keep their loaded data
-  sets and partitions (:mod:`simulations.task`, bounded caches keyed by what determines them)
+  sets and partitions (:mod:`fedlmc.simulations.task`, bounded caches keyed by what determines them)
   and rebuild the model for every message;
 - client slots: Flower runs ``S = floor(resources / (num-cpus, num-gpus))`` actors (per Ray
   node; fractional GPU shares allowed) and gives each message to a free one. A
@@ -22,12 +23,12 @@ clients) whose ServerApp (:class:`SweepServer`) runs every cell on the same Grid
   in flight, so concurrent cells never see each other's replies;
 - client state: a cell whose clients keep their trained model in the node's ``context.state``
   between rounds (client-side activation matching,
-  :func:`simulations.config.keeps_trained_model`) sends *exclusive* messages: one runs on a node
-  only while no other message runs there, and no message runs on a node while an exclusive one
+  :func:`fedlmc.simulations.config.keeps_trained_model`) sends *exclusive* messages: one runs on a
+  node only while no other message runs there, and no message runs on a node while an exclusive one
   does (Flower's simulation stores a node's context after each message, so two messages on one
   node at once would lose one's update). Other cells keep sharing nodes freely; a message never
   overtakes an older waiting one for the same node;
-- threads (:mod:`simulations.threads`): each client slot computes with ``max(1,
+- threads (:mod:`fedlmc.simulations.threads`): each client slot computes with ``max(1,
   floor(num-cpus))`` threads and the server's merges and evaluations with ``server-cpus``
   threads (default: the cores the slots leave, at least one), whatever ``OMP_NUM_THREADS`` /
   ``MKL_NUM_THREADS`` the caller's shell sets;
@@ -35,8 +36,8 @@ clients) whose ServerApp (:class:`SweepServer`) runs every cell on the same Grid
   one cell merges and evaluates on the server, the next one trains;
 - determinism: a cell gives the same numbers whatever runs before or beside it. Clients
   derive every seed from ``(seed, partition-id, round)`` and a Ray actor runs one message at a
-  time; on the server, :func:`simulations.task.build_from_config` seeds and builds under a lock
-  (the only use of the global RNG) and everything else uses explicit generators.
+  time; on the server, :func:`fedlmc.simulations.task.build_from_config` seeds and builds under a
+  lock (the only use of the global RNG) and everything else uses explicit generators.
 
 Results reach the caller through ``on_done(CellResult)``, called (one at a time) as each cell
 finishes, in any order. A cell whose ServerApp raises (too few clients, timeout, NaN, ...) gives
@@ -73,16 +74,16 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from simulations.config import keeps_trained_model
-from simulations.server_app import ServerOutcome, run_server
-from simulations.threads import (
+from fedlmc.simulations.config import keeps_trained_model
+from fedlmc.simulations.server_app import ServerOutcome, run_server
+from fedlmc.simulations.threads import (
     config_slot_threads,
     server_threads,
     thread_environment,
     thread_variables,
     threads_of_this_process,
 )
-from strategies.protocol import NUM_PARTITIONS_KEY, PARTITION_KEY
+from fedlmc.strategies.protocol import NUM_PARTITIONS_KEY, PARTITION_KEY
 
 PARTITION_RECORD = "partition"  # ConfigRecord a cell adds to each message it sends
 POLL_SECONDS = 0.02  # how often the broker pulls replies and cells look for theirs
@@ -225,8 +226,8 @@ def init_ray(
     """Start Ray locally or join the cluster at ``ray_address`` (no-op when Ray is already up).
 
     Ray's workers (the client slots) get ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ... =
-    ``worker_threads`` (:mod:`simulations.threads`), whatever this process's environment says:
-    a local Ray's inherit them from the environment ``ray.init`` starts it in (restored
+    ``worker_threads`` (:mod:`fedlmc.simulations.threads`), whatever this process's environment
+    says: a local Ray's inherit them from the environment ``ray.init`` starts it in (restored
     afterwards), a cluster's through the ``runtime_env``.
 
     As Flower's ``RayBackend.init_ray`` (which then finds Ray running): the driver's
@@ -763,7 +764,7 @@ def _run_group(
     import ray
     from flwr.simulation import run_simulation
 
-    from simulations.client_app import app as client_app
+    from fedlmc.simulations.client_app import app as client_app
 
     backend = backend_config(jobs[0].config, ray_init_args)
     pool_size = max(int(job.config["num-clients"]) for job in jobs)

@@ -1,11 +1,11 @@
 """Run one federation in-process with Flower's simulation engine (Ray backend).
 
-:func:`run_federation` is a sweep of one cell through :mod:`simulations.engine`: one
+:func:`run_federation` is a sweep of one cell through :mod:`fedlmc.simulations.engine`: one
 ``flwr.simulation.run_simulation`` whose ServerApp runs
-:func:`simulations.server_app.run_server` in a thread of this process (its
-:class:`~simulations.server_app.ServerOutcome` comes back in-process), ``num-clients`` virtual
-SuperNodes running the ClientApp in Ray actors with ``client_resources = {num_cpus: num-cpus,
-num_gpus: num-gpus}`` each (Ray runs ``floor(available / requested)`` clients at once).
+:func:`fedlmc.simulations.server_app.run_server` in a thread of this process (its
+:class:`~fedlmc.simulations.server_app.ServerOutcome` comes back in-process), ``num-clients``
+virtual SuperNodes running the ClientApp in Ray actors with ``client_resources = {num_cpus:
+num-cpus, num_gpus: num-gpus}`` each (Ray runs ``floor(available / requested)`` clients at once).
 ``ray_address`` (or ``ray_init_args={"address": ...}``) joins an existing Ray cluster.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from simulations.config import validate_run_config
-from simulations.engine import CellJob, CellResult, EngineError, backend_config, run_cells
-from simulations.server_app import ServerOutcome
+from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.engine import CellJob, CellResult, EngineError, backend_config, run_cells
+from fedlmc.simulations.server_app import ServerOutcome
 
 __all__ = [
     "FederationError",
@@ -77,9 +77,9 @@ def run_federation(
     ray_init_args: Mapping[str, Any] | None = None,
     ray_address: str | None = None,
 ) -> pd.DataFrame:
-    """One row per method (see :mod:`simulations.server_app` for the columns); ``with_config``
-    appends the run-config columns (``simulations.sweep`` adds them itself and refuses
-    duplicates, hence off by default)."""
+    """One row per method (see :mod:`fedlmc.simulations.server_app` for the columns);
+    ``with_config`` appends the run-config columns (``fedlmc.simulations.sweep`` adds them itself
+    and refuses duplicates, hence off by default)."""
     outcome = run_federation_outcome(
         config, verbose=verbose, ray_init_args=ray_init_args, ray_address=ray_address
     )

@@ -8,9 +8,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from fedlmc.architectures import MODELS
-from fedlmc.methods import CALIBRATED_SUFFIX, METHODS, REFERENCE_METHODS, MergeMethod
-from simulations.config import FEDAVG, option_key, run_schema
+from fedlmc.merging.methods import CALIBRATED_SUFFIX, METHODS, REFERENCE_METHODS, MergeMethod
+from fedlmc.models.registry import MODELS
+from fedlmc.simulations.config import FEDAVG, option_key, run_schema
 
 __all__ = ["keys_table", "methods_table", "models_table"]
 

@@ -51,9 +51,9 @@ import numpy as np
 import pandas as pd
 
 from fedlmc.io import atomic_write_text
-from fedlmc.methods import REFERENCE_METHODS
-from simulations.report_schema import REPORT_SCHEMA
-from simulations.sweep import (
+from fedlmc.merging.methods import REFERENCE_METHODS
+from fedlmc.simulations.report_schema import REPORT_SCHEMA
+from fedlmc.simulations.sweep import (
     read_results,
     split_labels,
     summary_table,
@@ -624,7 +624,7 @@ MEAN_TABLES = (
     ("recip_orth_mean", "Reciprocal orthogonality ||W_a z_b|| / ||W_a z_a|| (0 = orthogonal)"),
 )
 """Per-method tables of ``report.md`` (mean over cells), in order; column names as in
-:mod:`fedlmc.rows`, whose docstring defines them."""
+:mod:`fedlmc.study.columns`, whose docstring defines them."""
 
 
 def lewc_scope_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[str]:
@@ -796,7 +796,8 @@ def report_markdown(
                 "## Barriers at lambda = 1/2, the paper's Table 1 layout",
                 "",
                 "Two-client cells, mean over seeds; signed: L(theta_1/2) - (L_a + L_b)/2, "
-                "accuracy in percentage points (chord minus midpoint). Definitions: fedlmc.rows.",
+                "accuracy in percentage points (chord minus midpoint). "
+                "Definitions: fedlmc.study.columns.",
                 "",
                 markdown_table(first, "width"),
                 "",

@@ -1,4 +1,4 @@
-"""The ``[report]`` settings of a sweep file (read by :mod:`simulations.report`).
+"""The ``[report]`` settings of a sweep file (read by :mod:`fedlmc.simulations.report`).
 
 Kept apart from the report itself so that validating a sweep file imports no pandas or
 matplotlib.
@@ -6,7 +6,7 @@ matplotlib.
 
 from __future__ import annotations
 
-from simulations.schema import Key, at_least, named
+from fedlmc.simulations.schema import Key, at_least, named
 
 __all__ = ["REPORT_SCHEMA"]
 

@@ -3,16 +3,17 @@
 ``run-config`` key ``strategy`` chooses what the server does:
 
 - ``compare`` (studies): one training round collects the client models
-  (:class:`strategies.OneShotAverage` with ``keep_client_states=True``), then
+  (:class:`fedlmc.strategies.OneShotAverage` with ``keep_client_states=True``), then
   :func:`fedlmc.study.compare_methods` evaluates every method of ``methods`` on those same
   models (temperatures fitted on the server split; each base merge computed once and its
-  weights kept). ``fedavg`` in ``methods`` additionally runs :class:`strategies.FedAvgBaseline`
-  afterwards on the same nodes.
-- ``average``: :class:`strategies.OneShotAverage` with the configured ``calibration``; rows
+  weights kept). ``fedavg`` in ``methods`` additionally runs
+  :class:`fedlmc.strategies.FedAvgBaseline` afterwards on the same nodes.
+- ``average``: :class:`fedlmc.strategies.OneShotAverage` with the configured ``calibration``; rows
   ``average`` and, unless ``calibration = none``, ``average_t`` (with the strategy's temperature).
-- ``aligned``: :class:`strategies.PermutationAlignedAverage` with the registered merge method
+- ``aligned``: :class:`fedlmc.strategies.PermutationAlignedAverage` with the registered merge method
   ``align``; rows ``<align>`` and ``<align>_t``.
-- ``fedavg``: :class:`strategies.FedAvgBaseline` over ``fedavg-rounds`` rounds; row ``fedavg``.
+- ``fedavg``: :class:`fedlmc.strategies.FedAvgBaseline` over ``fedavg-rounds`` rounds; row
+``fedavg``.
 
 Every row gets ``clients_survived``,
 ``clients_failed`` (``"partition P: reason; ..."``), ``bytes_sent_by_clients`` (what the clients
@@ -52,33 +53,33 @@ from flwr.supercore import log
 from safetensors.torch import save_file
 from torch import nn
 
-from fedlmc.data import DataSplits, fetch_dataset
+from fedlmc.averaging import load_state
+from fedlmc.data.loading import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.io import atomic_write
-from fedlmc.merge import load_state
-from fedlmc.rows import ROUND_COLUMNS, endpoint_columns
-from fedlmc.study import (
-    Comparison,
-    Predictions,
-    compare_methods,
-    evaluate_model_row,
-    gap_columns,
-)
-from simulations.config import FEDAVG, ConfigError, method_list, validate_run_config
-from simulations.provenance import version_columns
-from simulations.results_file import check_writable_folder, refuse_mixing
-from simulations.task import (
+from fedlmc.simulations.config import FEDAVG, ConfigError, method_list, validate_run_config
+from fedlmc.simulations.provenance import version_columns
+from fedlmc.simulations.results_file import check_writable_folder, refuse_mixing
+from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
     client_train_data,
     device_of,
     load_splits,
 )
-from simulations.threads import server_threads, use_threads
-from strategies import FedAvgBaseline, OneShotAverage, PermutationAlignedAverage
-from strategies.common import Failure, RoundReport, StateDict
-from strategies.protocol import record_to_state, state_to_record
-from strategies.screening import WeightBound
+from fedlmc.simulations.threads import server_threads, use_threads
+from fedlmc.strategies import FedAvgBaseline, OneShotAverage, PermutationAlignedAverage
+from fedlmc.strategies.common import Failure, RoundReport, StateDict
+from fedlmc.strategies.protocol import record_to_state, state_to_record
+from fedlmc.strategies.screening import WeightBound
+from fedlmc.study.columns import ROUND_COLUMNS, endpoint_columns
+from fedlmc.study.compare import (
+    Comparison,
+    Predictions,
+    compare_methods,
+    evaluate_model_row,
+    gap_columns,
+)
 
 Sink = Callable[["ServerOutcome"], None]
 
@@ -118,7 +119,7 @@ def failures_text(failures: Sequence[Failure]) -> str:
 def round_columns(
     report: RoundReport, bytes_sent: int, seconds: float, rounds: int
 ) -> dict[str, Any]:
-    """Columns describing the rounds behind a row (:data:`fedlmc.rows.ROUND_COLUMNS`)."""
+    """Columns describing the rounds behind a row (:data:`fedlmc.study.columns.ROUND_COLUMNS`)."""
     train_seconds = [u.metrics.get("train-seconds", 0.0) for u in report.survivors]
     columns = {
         "clients_survived": len(report.survivors),
@@ -191,12 +192,13 @@ def _start(strategy, grid: Grid, template: nn.Module, config: Mapping[str, Any],
 
 
 def method_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run-config keys that reach the merge methods (:class:`fedlmc.methods.MergeJob`)."""
+    """The run-config keys that reach the merge methods
+    (:class:`fedlmc.merging.methods.MergeJob`)."""
     return {"auto_tolerance": config["auto-tolerance"]}
 
 
 def weight_bound(config: Mapping[str, Any], simulated: bool) -> WeightBound:
-    """The bound on each client's weight (:class:`strategies.screening.WeightBound`): in a
+    """The bound on each client's weight (:class:`fedlmc.strategies.screening.WeightBound`): in a
     simulation the partition sizes the server knows (the ClientApp's own split of the same
     data), in a deployment ``max-client-share``."""
     if not simulated:
@@ -437,7 +439,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Entry point of ``flwr run``: the run config comes from ``context.run_config``; the
     server computes with ``server-cpus`` threads (0: every usable core, no client slots run
-    beside a deployment's ServerApp; :mod:`simulations.threads`)."""
+    beside a deployment's ServerApp; :mod:`fedlmc.simulations.threads`)."""
     config = validate_run_config(dict(context.run_config), check_devices=False)
     use_threads(server_threads(config["server-cpus"]))
     run_server(grid, dict(context.run_config))

@@ -1,6 +1,6 @@
 """Run every cell of a sweep as a Flower federation and keep tidy, resumable results.
 
-Engine: all unfinished cells run in **one** Flower simulation (:mod:`simulations.engine`: one
+Engine: all unfinished cells run in **one** Flower simulation (:mod:`fedlmc.simulations.engine`: one
 Ray session, one pool of warm ClientApp actors, several cells in flight so that every client
 slot stays busy while finished cells merge and evaluate on the server). ``ray_address`` joins
 an existing Ray cluster. A custom ``runner(config) -> DataFrame`` (tests, other back ends) runs
@@ -12,8 +12,8 @@ Output folder ``out_dir``:
   config with its ``cell_id``, and the versions of fedlmc, flwr, torch, Python plus the device.
 - ``results.csv``: one row per (cell, method): ``cell_id``, ``status`` (``ok`` / ``failed``),
   ``error``, the run-config columns (hyphenated keys, as in the TOML), then the metric columns of
-  :func:`simulations.federation.run_federation`. A cell's rows are appended as soon as the cell
-  finishes, atomically: the old rows plus the new ones go to a temporary file that
+  :func:`fedlmc.simulations.federation.run_federation`. A cell's rows are appended as soon as the
+  cell finishes, atomically: the old rows plus the new ones go to a temporary file that
   ``os.replace`` puts in place, so a kill at any moment leaves either the old or the new file.
 - ``cells/<cell_id>/``: the ``out-dir`` handed to each cell (merged weights, if any).
 
@@ -21,8 +21,8 @@ Cells finish, and their rows are appended, in any order; the rows of a cell do n
 what ran before or beside it.
 
 Resume: a rerun skips every cell with ``ok`` rows in ``results.csv``; rows that fail the schema
-on read (cut off, junk, text in a numeric column: :mod:`simulations.results_file`) are moved to
-``results.rejected.csv`` with a warning and their cells run again. A folder holding the results
+on read (cut off, junk, text in a numeric column: :mod:`fedlmc.simulations.results_file`) are moved
+to ``results.rejected.csv`` with a warning and their cells run again. A folder holding the results
 of a ``fedlmc run`` is refused. Failed cells (the runner
 raised, e.g. too few clients survived) are recorded as one row with ``status = "failed"`` and
 the reason, the sweep goes on, and a rerun retries them (``retry_failed=False`` keeps them);
@@ -53,7 +53,7 @@ from typing import Any
 import pandas as pd
 
 from fedlmc.io import atomic_write, atomic_write_json, remove_stale_temporaries
-from simulations.config import (
+from fedlmc.simulations.config import (
     ConfigError,
     SweepConfig,
     absolute_paths,
@@ -62,8 +62,8 @@ from simulations.config import (
     run_schema,
     unique_cells,
 )
-from simulations.provenance import versions
-from simulations.results_file import read_results, refuse_mixing
+from fedlmc.simulations.provenance import versions
+from fedlmc.simulations.results_file import read_results, refuse_mixing
 
 Runner = Callable[[Mapping[str, Any]], pd.DataFrame]
 
@@ -110,8 +110,8 @@ def failed_row(cid: str, config: Mapping[str, Any], error: BaseException | str) 
 
 def runtime_config(config: Mapping[str, Any], cell_dir: Path) -> dict[str, Any]:
     """The config a cell runs with: its own ``out-dir``, and its local paths made absolute
-    (:func:`simulations.config.absolute_paths`: Ray workers need not share the driver's working
-    directory)."""
+    (:func:`fedlmc.simulations.config.absolute_paths`: Ray workers need not share the driver's
+    working directory)."""
     return absolute_paths({**config, "out-dir": str(cell_dir)})
 
 
@@ -307,8 +307,8 @@ def summary_table(results: pd.DataFrame, value: str = "accuracy") -> pd.DataFram
 
 
 def outcome_rows(cid: str, config: Mapping[str, Any], result: Any) -> pd.DataFrame:
-    """The rows of an engine :class:`~simulations.engine.CellResult`: its table, or its failed
-    row (the ServerApp raised, or produced no rows)."""
+    """The rows of an engine :class:`~fedlmc.simulations.engine.CellResult`: its table, or its
+    failed row (the ServerApp raised, or produced no rows)."""
     if result.error is not None:
         return failed_row(cid, config, result.error)
     table = result.outcome.table()
@@ -331,15 +331,15 @@ def run_sweep(
 ) -> pd.DataFrame:
     """Run the cells of ``sweep`` not yet done in ``out_dir``; returns the whole results table.
 
-    By default every unfinished cell runs in one Flower simulation (:mod:`simulations.engine`;
-    ``ray_address`` joins a Ray cluster, ``cells_in_flight`` overrides how many cells run at
-    once). ``runner(config) -> DataFrame`` instead runs one cell at a time, in order. See the
-    module docstring for the files, resuming, failures and ``force``.
+    By default every unfinished cell runs in one Flower simulation
+    (:mod:`fedlmc.simulations.engine`; ``ray_address`` joins a Ray cluster, ``cells_in_flight``
+    overrides how many cells run at once). ``runner(config) -> DataFrame`` instead runs one cell at
+    a time, in order. See the module docstring for the files, resuming, failures and ``force``.
     """
     from tqdm.auto import tqdm
 
     if runner is None and ray_address:
-        from simulations.engine import check_ray_address
+        from fedlmc.simulations.engine import check_ray_address
 
         check_ray_address(ray_address)  # before anything is written: a clear error at once
     out_dir = Path(out_dir).resolve()
@@ -407,7 +407,7 @@ def _run_with_engine(
 ) -> None:
     """Every cell of ``todo`` (index, id, grid point, runtime config) in one engine run; each
     cell's rows are appended (atomically) and its line printed as soon as it finishes."""
-    from simulations.engine import CellJob, CellResult, run_cells
+    from fedlmc.simulations.engine import CellJob, CellResult, run_cells
 
     where = {cid: (i, point) for i, cid, point, _config in todo}
     lock = threading.Lock()

@@ -4,7 +4,7 @@ The run configuration reaches a client in two ways: ``context.run_config`` (fill
 from ``[tool.flwr.app.config]`` and ``--run-config``) and the entries of the ConfigRecord of each
 message (the server forwards its whole validated run config, and strategies override ``epochs``
 and ``init``). :func:`client_run_config` overlays the message on the context, keeps the
-:func:`simulations.config.run_schema` keys and validates them, so both ways give the same
+:func:`fedlmc.simulations.config.run_schema` keys and validates them, so both ways give the same
 config (and ``flwr.simulation.run_simulation``, whose contexts carry an empty run config,
 works too).
 
@@ -28,19 +28,19 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedlmc.architectures import model_entry
-from fedlmc.data import DataSplits, load_dataset, partition
+from fedlmc.data.loading import DataSplits, load_dataset, partition
+from fedlmc.data.splits import stratified_split
 from fedlmc.evaluation import resolve_device
-from fedlmc.models import build_model
-from fedlmc.splits import stratified_split
-from fedlmc.train import seed_everything
-from simulations.config import (
+from fedlmc.models.classifiers import build_model
+from fedlmc.models.registry import model_entry
+from fedlmc.simulations.config import (
     calibration_holdout,
     option_key,
     resolved_bias,
     run_schema,
     validate_run_config,
 )
+from fedlmc.train import seed_everything
 
 Data = tuple[Tensor, Tensor]
 
@@ -158,10 +158,10 @@ def split_for_calibration(
     config: Mapping[str, Any], data: Data, partition_id: int
 ) -> tuple[Data, Data]:
     """``(train, calibration)`` of one client's partition ``data``: a stratified
-    :func:`~simulations.config.calibration_holdout` share (seeded by ``(seed, partition-id)``) is
-    held out from training for federated calibration; with no holdout both are the whole
-    partition (in-sample calibration). ``ValueError`` when the share holds out no example or
-    all of them."""
+    :func:`~fedlmc.simulations.config.calibration_holdout` share (seeded by ``(seed,
+    partition-id)``) is held out from training for federated calibration; with no holdout both are
+    the whole partition (in-sample calibration). ``ValueError`` when the share holds out no example
+    or all of them."""
     share = calibration_holdout(config)
     if share == 0.0:
         return data, data
@@ -213,7 +213,7 @@ def build_from_config(
 
 def model_options(config: Mapping[str, Any]) -> dict[str, Any]:
     """The configured model's public options read from their run-config keys
-    (:mod:`fedlmc.architectures`), e.g. ``{"depth": 3, "base_hidden": 128}`` for the MLP."""
+    (:mod:`fedlmc.models.registry`), e.g. ``{"depth": 3, "base_hidden": 128}`` for the MLP."""
     entry = model_entry(config["model"])
     options = {
         name: config[option_key(name)] for name, option in entry.options.items() if option.public

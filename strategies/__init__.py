@@ -3,27 +3,28 @@
 - :class:`OneShotAverage`: one round, robust weighted average, BN re-estimation and temperature
   calibration (server-side or federated).
 - :class:`PermutationAlignedAverage`: the same after alignment by a registered merge method
-  (:mod:`fedlmc.methods`: weight or activation matching, MergeMany, random-permutation control).
+  (:mod:`fedlmc.merging.methods`: weight or activation matching, MergeMany, random-permutation
+  control).
 - :class:`AutoMerge`: the ``auto`` method: plain averaging when it is good enough on the server
   data, else the better of it and weight matching.
 - :class:`FedAvgBaseline`: multi-round FedAvg with the same total local epochs.
 
-All three derive from :class:`strategies.base.ScreenedFedAvg` (wait for every node, screen the
-replies); :mod:`strategies.protocol` encodes what travels between the ClientApp and the server.
-``OneShotAverage(..., keep_client_states=True)`` is the collecting mode used by studies: the
+All three derive from :class:`fedlmc.strategies.base.ScreenedFedAvg` (wait for every node, screen
+the replies); :mod:`fedlmc.strategies.protocol` encodes what travels between the ClientApp and the
+server. ``OneShotAverage(..., keep_client_states=True)`` is the collecting mode used by studies: the
 survivors' weights stay in ``strategy.report.survivors`` for ``fedlmc.study.compare_methods``.
 """
 
-from strategies.base import ScreenedFedAvg
-from strategies.common import (
+from fedlmc.strategies.base import ScreenedFedAvg
+from fedlmc.strategies.common import (
     ClientsFailedError,
     InconsistentShapesError,
     NodesUnavailableError,
     NotEnoughClientsError,
 )
-from strategies.fedavg import FedAvgBaseline, epochs_per_round
-from strategies.one_shot import AutoMerge, OneShotAverage, PermutationAlignedAverage
-from strategies.protocol import state_to_record
+from fedlmc.strategies.fedavg import FedAvgBaseline, epochs_per_round
+from fedlmc.strategies.one_shot import AutoMerge, OneShotAverage, PermutationAlignedAverage
+from fedlmc.strategies.protocol import state_to_record
 
 __all__ = [
     "AutoMerge",

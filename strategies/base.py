@@ -8,13 +8,13 @@
   ``num_clients`` are left idle, so never more clients are merged than the row says); the
   round's config passes through :meth:`ScreenedFedAvg.round_config`;
 - :meth:`ScreenedFedAvg.screen` drops every reply that fails the screen of
-  :mod:`strategies.screening` (errors, malformed replies, wrong keys, shapes or dtypes,
+  :mod:`fedlmc.strategies.screening` (errors, malformed replies, wrong keys, shapes or dtypes,
   non-finite or huge weights, bad counts, partition ids out of ``0 .. connected nodes - 1`` or
-  claimed twice; :func:`strategies.common.screen_replies`), logs why, and raises
-  :class:`~strategies.common.NotEnoughClientsError` naming the dropped clients when fewer than
-  ``min_clients`` survive;
+  claimed twice; :func:`fedlmc.strategies.common.screen_replies`), logs why, and raises
+  :class:`~fedlmc.strategies.common.NotEnoughClientsError` naming the dropped clients when fewer
+  than ``min_clients`` survive;
 - :meth:`ScreenedFedAvg.merge_weights` bounds each survivor's weight
-  (:class:`strategies.screening.WeightBound`: its true share when the partition sizes are
+  (:class:`fedlmc.strategies.screening.WeightBound`: its true share when the partition sizes are
   known, at most ``max_share`` otherwise);
 - :meth:`ScreenedFedAvg.client_metrics` gives the survivors' num-examples-weighted training
   metrics plus ``clients-survived``, ``clients-failed``, ``bytes-received`` and
@@ -34,7 +34,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
-from strategies.common import (
+from fedlmc.strategies.common import (
     RoundReport,
     check_client_counts,
     require_survivors,
@@ -42,8 +42,8 @@ from strategies.common import (
     wait_for_nodes,
     weighted_metric_means,
 )
-from strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY
-from strategies.screening import Reference, WeightBound
+from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY
+from fedlmc.strategies.screening import Reference, WeightBound
 
 __all__ = ["ScreenedFedAvg"]
 
@@ -135,7 +135,7 @@ class ScreenedFedAvg(FedAvg):
 
     def screen(self, server_round: int, replies: Iterable[Message]) -> RoundReport:
         """The round's survivors (sorted by partition id) and failures; raises
-        :class:`~strategies.common.NotEnoughClientsError` below ``min_clients``."""
+        :class:`~fedlmc.strategies.common.NotEnoughClientsError` below ``min_clients``."""
         report = screen_replies(
             replies, self._reference, self._sent_to, self.weighted_by_key, self._num_partitions
         )

@@ -10,8 +10,8 @@ reply messages of a training round into
   shapes differ from the reference the server sent, non-finite arrays, and nodes that did not
   answer before the timeout.
 
-Nothing here does science (the merging itself is in :mod:`fedlmc.methods`), and nothing here
-encodes messages (:mod:`strategies.protocol` does, for the ClientApp too).
+Nothing here does science (the merging itself is in :mod:`fedlmc.merging.methods`), and nothing here
+encodes messages (:mod:`fedlmc.strategies.protocol` does, for the ClientApp too).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.protocol import (
+from fedlmc.strategies.protocol import (
     NUM_EXAMPLES_KEY,
     PARTITION_KEY,
     Shapes,
@@ -36,7 +36,7 @@ from strategies.protocol import (
     single_record,
     tensor_bytes,
 )
-from strategies.screening import (
+from fedlmc.strategies.screening import (
     Reference,
     ScreenError,
     check_count,
@@ -158,7 +158,7 @@ def screen_reply(
     num_partitions: int | None = None,
 ) -> ClientUpdate | Failure:
     """The reply as a :class:`ClientUpdate`, or the :class:`Failure` saying why it is dropped
-    (the train screen of :mod:`strategies.screening`)."""
+    (the train screen of :mod:`fedlmc.strategies.screening`)."""
     node = int(message.metadata.src_node_id)
     if message.has_error():
         reason = message.error.reason or f"error code {message.error.code}"

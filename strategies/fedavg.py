@@ -19,11 +19,11 @@ from logging import INFO
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.supercore import log
 
-from fedlmc.merge import average
-from strategies.base import ScreenedFedAvg
-from strategies.common import RoundReport
-from strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
-from strategies.screening import WeightBound
+from fedlmc.averaging import average
+from fedlmc.strategies.base import ScreenedFedAvg
+from fedlmc.strategies.common import RoundReport
+from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
+from fedlmc.strategies.screening import WeightBound
 
 
 def epochs_per_round(total_epochs: int, num_rounds: int) -> list[int]:

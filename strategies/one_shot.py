@@ -7,7 +7,7 @@ sends its weights; the server merges the survivors in one shot,
 
 with :math:`n_i` the client's ``num-examples`` and :math:`\pi_i` the identity
 (:class:`OneShotAverage`) or the permutations of a registered merge method
-(:class:`PermutationAlignedAverage`, :mod:`fedlmc.methods`: weight or activation matching,
+(:class:`PermutationAlignedAverage`, :mod:`fedlmc.merging.methods`: weight or activation matching,
 MergeMany, the random-permutation control, ...).
 Then, for BatchNorm models, the merged model's running statistics are re-estimated, REPAIR
 methods renormalise the hidden units of models without BatchNorm, and one softmax temperature
@@ -18,11 +18,11 @@ methods renormalise the hidden units of models without BatchNorm, and one softma
 - ``"federated"``: on the clients' held-out data without moving it (each client holds out a
   share of its partition from training, the run config's ``calibration-holdout``). Every
   data-dependent step after the merge runs on the clients through query rounds
-  (:class:`strategies.queries.ClientRounds`): BatchNorm statistics (``query.bn_stats``), REPAIR's
-  per-unit statistics (``query.unit_stats``), ``auto``'s calibrated NLLs, and the temperature:
-  a grid of ``temperature_grid_points`` values of :math:`u = \log T` in one round, then Newton
-  rounds of one value each (usually one). Sums are exact, so the result equals a centralised fit
-  on the survivors' calibration data. Every message round costs a ClientApp start in a
+  (:class:`fedlmc.strategies.queries.ClientRounds`): BatchNorm statistics (``query.bn_stats``),
+  REPAIR's per-unit statistics (``query.unit_stats``), ``auto``'s calibrated NLLs, and the
+  temperature: a grid of ``temperature_grid_points`` values of :math:`u = \log T` in one round, then
+  Newton rounds of one value each (usually one). Sums are exact, so the result equals a centralised
+  fit on the survivors' calibration data. Every message round costs a ClientApp start in a
   deployment (SuperNodes start a process per message), hence the grid;
 - ``"none"``: :math:`T = 1` (BN statistics, if any, still re-estimated on ``server_data``).
 
@@ -36,11 +36,11 @@ MetricRecord with ``temperature``, ``log-temperature``, ``server-split-temperatu
 temperature fitted on the server split for the same merged model when the server holds data,
 a reference for the federated one; NaN otherwise), ``clients-survived``, ``clients-failed``,
 ``bytes-received`` (tensor bytes of the trained weights plus the payload of every query reply,
-:func:`strategies.protocol.payload_bytes`), ``query-rounds`` (message rounds after training),
+:func:`fedlmc.strategies.protocol.payload_bytes`), ``query-rounds`` (message rounds after training),
 ``merge-seconds`` (alignment with its query rounds, averaging, BN re-estimation and REPAIR),
 ``bn-reestimated`` (0/1) and the num-examples-weighted means of the clients' training metrics.
-Shared with the FedAvg baseline (:class:`strategies.base.ScreenedFedAvg`): waiting for every node,
-screening the replies, the client counts.
+Shared with the FedAvg baseline (:class:`fedlmc.strategies.base.ScreenedFedAvg`): waiting for every
+node, screening the replies, the client counts.
 The strategy object keeps the details of the last round: ``strategy.report`` (survivors sorted
 by partition id, failures with reasons), ``strategy.temperature``, ``strategy.calibration_history``
 and ``strategy.merged_state``.
@@ -60,24 +60,25 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.supercore import log
 from torch import Tensor, nn
 
-from fedlmc.calibrate import (
+from fedlmc.averaging import load_state
+from fedlmc.evaluation import predict_logits, resolve_device
+from fedlmc.merging.calibrate import (
     apply_bn_statistics,
     fit_temperature,
     has_batchnorm,
     reset_bn_stats,
     temperature_grid,
 )
-from fedlmc.chain import norm_free_chain
-from fedlmc.evaluation import predict_logits, resolve_device
-from fedlmc.merge import load_state
-from fedlmc.methods import AUTO_TOLERANCE, merge_method, merge_with_info
-from fedlmc.permutation import PermutationSpec, permutation_spec
-from fedlmc.repair import repair
-from strategies.base import ScreenedFedAvg
-from strategies.common import ClientUpdate, RoundReport, StateDict, require_survivors
-from strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
-from strategies.queries import ClientRounds
-from strategies.screening import WeightBound
+from fedlmc.merging.methods import AUTO_TOLERANCE, merge_method, merge_with_info
+from fedlmc.merging.repair import repair
+from fedlmc.permutation.chain import norm_free_chain
+from fedlmc.permutation.model_spec import permutation_spec
+from fedlmc.permutation.spec import PermutationSpec
+from fedlmc.strategies.base import ScreenedFedAvg
+from fedlmc.strategies.common import ClientUpdate, RoundReport, StateDict, require_survivors
+from fedlmc.strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
+from fedlmc.strategies.queries import ClientRounds
+from fedlmc.strategies.screening import WeightBound
 
 Data = tuple[Tensor, Tensor]
 CALIBRATIONS = ("server", "federated", "none")
@@ -113,7 +114,7 @@ class OneShotAverage(ScreenedFedAvg):
     """
 
     merge_method = "average"
-    """The registered merge method (:mod:`fedlmc.methods`) this strategy applies."""
+    """The registered merge method (:mod:`fedlmc.merging.methods`) this strategy applies."""
 
     def __init__(
         self,
@@ -240,7 +241,7 @@ class OneShotAverage(ScreenedFedAvg):
 
     def drop_unaligned(self, report: RoundReport, clients: ClientRounds) -> None:
         """Move the clients whose alignment answer was dropped out of the survivors; raises
-        :class:`~strategies.common.NotEnoughClientsError` when fewer than ``min_clients``
+        :class:`~fedlmc.strategies.common.NotEnoughClientsError` when fewer than ``min_clients``
         remain."""
         for failure in clients.dropped:
             if failure.stage == ALIGN_QUERY:
@@ -248,7 +249,8 @@ class OneShotAverage(ScreenedFedAvg):
         require_survivors(report, self.min_clients)
 
     def client_rounds(self, survivors: Sequence[ClientUpdate]) -> ClientRounds:
-        """The query rounds on this round's survivors (:class:`strategies.queries.ClientRounds`)."""
+        """The query rounds on this round's survivors
+        (:class:`fedlmc.strategies.queries.ClientRounds`)."""
         return ClientRounds(
             self._grid,
             survivors,
@@ -276,7 +278,7 @@ class OneShotAverage(ScreenedFedAvg):
         weights: Sequence[float],
         clients: ClientRounds | None = None,
     ) -> tuple[StateDict, list[StateDict]]:
-        r""":func:`fedlmc.methods.merge_with_info` with this strategy's ``merge_method``:
+        r""":func:`fedlmc.merging.methods.merge_with_info` with this strategy's ``merge_method``:
         :math:`\sum_i w_i \pi_i(\theta_i)` (plain average: :math:`\pi_i = \mathrm{id}`) and the
         clients in the merged basis. ``clients`` reach the method when it runs on the clients
         (``activation_federated``) or takes their data under federated calibration (``auto``)."""
@@ -306,7 +308,7 @@ class OneShotAverage(ScreenedFedAvg):
         """REPAIR when the merge method asks for it and the model has no BatchNorm (whose
         re-estimation is REPAIR): on the clients' training data under federated calibration
         (:meth:`ClientRounds.repair`), else on the server data's inputs
-        (:func:`fedlmc.repair.repair`)."""
+        (:func:`fedlmc.merging.repair.repair`)."""
         if not merge_method(self.merge_method).repair or has_batchnorm(model) or len(aligned) < 2:
             return model
         endpoints = [load_state(self.template, sd).to(self.device).eval() for sd in aligned]
@@ -372,7 +374,7 @@ class OneShotAverage(ScreenedFedAvg):
 class PermutationAlignedAverage(OneShotAverage):
     r"""One-shot merge after permutation alignment by a registered merge method.
 
-    ``method`` is any registered merge method but ``average`` (:mod:`fedlmc.methods`;
+    ``method`` is any registered merge method but ``average`` (:mod:`fedlmc.merging.methods`;
     built in: ``weight_matching`` and ``activation_matching`` permute every client onto client
     0, the lowest partition id, ``merge_many`` runs MergeMany, ``random_permutation`` is the
     scrambled control, ``activation_federated`` matches activations on the clients), then
@@ -406,8 +408,8 @@ class PermutationAlignedAverage(OneShotAverage):
 
 
 class AutoMerge(PermutationAlignedAverage):
-    """The ``auto`` merge (:func:`fedlmc.methods.automatic_choice`): plain averaging when its
-    calibrated NLL is within ``tolerance`` nats of the endpoints', else the better of it and
+    """The ``auto`` merge (:func:`fedlmc.merging.methods.automatic_choice`): plain averaging when
+    its calibrated NLL is within ``tolerance`` nats of the endpoints', else the better of it and
     weight matching; the NLLs are measured on the server data, or, with ``calibration =
     "federated"``, on the clients' held-out data (no server data needed).
     ``strategy.merge_info`` holds ``auto_choice`` and ``auto_nll_gap`` after the round."""

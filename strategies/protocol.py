@@ -37,8 +37,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
-from fedlmc.calibrate import BNStats, TemperatureStats
-from fedlmc.repair import UnitStats
+from fedlmc.merging.calibrate import BNStats, TemperatureStats
+from fedlmc.merging.repair import UnitStats
 
 StateDict = dict[str, Tensor]
 Shapes = dict[str, tuple[int, ...]]

@@ -1,25 +1,25 @@
 r"""The query rounds a one-shot strategy runs on its surviving clients after the training round.
 
 :class:`ClientRounds` is bound to one round's survivors; every method is one or more Flower
-message rounds (``query.<action>`` messages, :mod:`strategies.protocol`), and the object counts
-them (``rounds``) and the payload bytes of the replies (``bytes_received``,
-:func:`strategies.protocol.payload_bytes`). What the clients answer is computed on their own
+message rounds (``query.<action>`` messages, :mod:`fedlmc.strategies.protocol`), and the object
+counts them (``rounds``) and the payload bytes of the replies (``bytes_received``,
+:func:`fedlmc.strategies.protocol.payload_bytes`). What the clients answer is computed on their own
 data, and only sums, statistics or permutation indices come back:
 
 - the temperature: one query on a grid of :math:`u = \log T` values over
   ``[log T_MIN, log T_MAX]``, then Newton rounds of one value each
-  (:func:`fedlmc.calibrate.fit_temperature_federated`); sums are exact, so the result equals a
-  centralised fit on the clients' calibration data (their held-out shares);
+  (:func:`fedlmc.merging.calibrate.fit_temperature_federated`); sums are exact, so the result equals
+  a centralised fit on the clients' calibration data (their held-out shares);
 - calibrated NLLs (``auto``): the grid query alone, :math:`\min_u \sum_c \mathrm{NLL}_c(u) /
   \sum_c n_c` over the grid (steps of 0.014 in :math:`\log T` with the default 1001 points),
   for several models in one round;
 - BatchNorm statistics (``query.bn_stats``) and REPAIR's per-unit statistics
-  (``query.unit_stats``; :func:`fedlmc.repair.repair_with_statistics` asks ``N + L`` times);
+  (``query.unit_stats``; :func:`fedlmc.merging.repair.repair_with_statistics` asks ``N + L`` times);
 - client-side activation matching (``query.align``): the reference model goes to every other
   client, which returns the permutations of its own trained model and the digest of the weights
   they apply to; the digest must equal that of the weights the client sent in the training round.
 
-:class:`ClientRounds` implements :class:`fedlmc.methods.ClientQueries`, so registered merge
+:class:`ClientRounds` implements :class:`fedlmc.merging.methods.ClientQueries`, so registered merge
 methods (``auto``, ``activation_federated``) reach the clients through it.
 """
 
@@ -35,7 +35,8 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch import Tensor, nn
 
-from fedlmc.calibrate import (
+from fedlmc.averaging import load_state
+from fedlmc.merging.calibrate import (
     BNStats,
     TemperatureStats,
     apply_bn_statistics,
@@ -47,10 +48,9 @@ from fedlmc.calibrate import (
     newton_step,
     temperature_grid,
 )
-from fedlmc.merge import load_state
-from fedlmc.permutation import permutation_spec
-from fedlmc.repair import UnitStats, combine_unit_statistics, repair_with_statistics
-from strategies.common import (
+from fedlmc.merging.repair import UnitStats, combine_unit_statistics, repair_with_statistics
+from fedlmc.permutation.model_spec import permutation_spec
+from fedlmc.strategies.common import (
     ClientsFailedError,
     ClientUpdate,
     Failure,
@@ -58,7 +58,7 @@ from strategies.common import (
     StateDict,
     query_nodes,
 )
-from strategies.protocol import (
+from fedlmc.strategies.protocol import (
     ALIGN_QUERY,
     BN_QUERY,
     TEMPERATURE_QUERY,
@@ -74,7 +74,7 @@ from strategies.protocol import (
     temperature_stats_from_content,
     unit_stats_from_content,
 )
-from strategies.screening import (
+from fedlmc.strategies.screening import (
     UNBOUNDED,
     ScreenError,
     WeightBound,
@@ -95,11 +95,11 @@ class ClientRounds:
 
     ``config`` is the round's train config (sent with every query, so clients see the same run
     configuration); a query round in which fewer than ``min_clients`` clients answer raises
-    :class:`~strategies.common.NotEnoughClientsError`. Every answer passes the screen of its
-    message type (:mod:`strategies.screening`); a client whose answer fails, errs or does not
+    :class:`~fedlmc.strategies.common.NotEnoughClientsError`. Every answer passes the screen of its
+    message type (:mod:`fedlmc.strategies.screening`); a client whose answer fails, errs or does not
     come is dropped from this and every later query round and recorded in ``dropped`` (a
-    :class:`~strategies.common.Failure` with the query as its ``stage``). Counts are bounded by
-    ``weight_bound`` (:class:`~strategies.screening.WeightBound`).
+    :class:`~fedlmc.strategies.common.Failure` with the query as its ``stage``). Counts are bounded
+    by ``weight_bound`` (:class:`~fedlmc.strategies.screening.WeightBound`).
     """
 
     def __init__(
@@ -145,7 +145,7 @@ class ClientRounds:
     ) -> list[tuple[ClientUpdate, RecordDict]]:
         """One ``query.<action>`` round about ``arrays`` (one model, or a list of models sent
         together) to ``clients`` (default: every survivor); the answers that pass ``screen``
-        (raising :class:`~strategies.screening.ScreenError`) in the clients' order; failures
+        (raising :class:`~fedlmc.strategies.screening.ScreenError`) in the clients' order; failures
         are logged, recorded in ``dropped`` and left out (of later rounds too)."""
         if self.grid is None:
             raise RuntimeError(f"the {action} query needs the Grid of configure_train; got none")
@@ -196,7 +196,7 @@ class ClientRounds:
 
     def grid_minima(self, models: Sequence[ArrayRecord]) -> list[tuple[float, TemperatureStats]]:
         """Per model, the grid point of log T with the lowest NLL summed over the answering
-        clients and its sums (:func:`fedlmc.calibrate.grid_minimum`): one round for all."""
+        clients and its sums (:func:`fedlmc.merging.calibrate.grid_minimum`): one round for all."""
         grid = temperature_grid(self.grid_points)
         extra = {"log-t": [float(u) for u in grid]}
         names = [f"stats-{k}" for k in range(len(models))]
@@ -297,7 +297,7 @@ class ClientRounds:
     def repair(
         self, merged: nn.Module, endpoints: Sequence[nn.Module], weights: Sequence[float]
     ) -> nn.Module:
-        """Federated REPAIR: :func:`fedlmc.repair.repair_with_statistics` with the clients'
+        """Federated REPAIR: :func:`fedlmc.merging.repair.repair_with_statistics` with the clients'
         summed unit statistics (``N + L`` rounds for ``N`` endpoints and ``L`` layers)."""
         return repair_with_statistics(merged, endpoints, weights, self.unit_statistics)
 

@@ -1,5 +1,6 @@
-"""Tests of fedlmc.align: exact recovery of known permutations, functional equivalence of aligned
-models, monotone weight-matching objective, MergeMany on permuted copies, input validation."""
+"""Tests of fedlmc.permutation.matching: exact recovery of known permutations, functional
+equivalence of aligned models, monotone weight-matching objective, MergeMany on permuted copies,
+input validation."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedlmc.align import (
+from fedlmc.averaging import load_state
+from fedlmc.models.classifiers import build_model
+from fedlmc.permutation import (
+    apply_permutation,
+    identity_permutations,
+    invert_permutation,
+    permutation_spec,
+    random_permutations,
+)
+from fedlmc.permutation.matching import (
     ALIGNMENTS,
     Matching,
     _solve_assignment,
@@ -19,15 +29,6 @@ from fedlmc.align import (
     merge_many,
     scored_keys,
     weight_matching,
-)
-from fedlmc.merge import load_state
-from fedlmc.models import build_model
-from fedlmc.permutation import (
-    apply_permutation,
-    identity_permutations,
-    invert_permutation,
-    permutation_spec,
-    random_permutations,
 )
 
 MNIST = (1, 28, 28)

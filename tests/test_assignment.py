@@ -1,5 +1,5 @@
-"""Tests of fedlmc.assignment: the warm-startable solver finds scipy's optimum on every kind of
-matrix, from any warm start, in threads, and rejects bad input with a clear message."""
+"""Tests of fedlmc.permutation.assignment: the warm-startable solver finds scipy's optimum on every
+kind of matrix, from any warm start, in threads, and rejects bad input with a clear message."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linear_sum_assignment
 
-from fedlmc.assignment import CANDIDATES, WarmStart, solve_assignment
+from fedlmc.permutation.assignment import CANDIDATES, WarmStart, solve_assignment
 
 
 def matrix(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlmc.calibrate import (
+from fedlmc.averaging import average, load_state
+from fedlmc.evaluation import metrics_from_logits
+from fedlmc.merging.calibrate import (
     MAX_LOG_T_STEP,
     T_MAX,
     T_MIN,
@@ -22,9 +24,7 @@ from fedlmc.calibrate import (
     reset_bn_stats,
     temperature_statistics,
 )
-from fedlmc.evaluation import metrics_from_logits
-from fedlmc.merge import average, load_state
-from fedlmc.models import build_model
+from fedlmc.models.classifiers import build_model
 
 
 def _noisy_logits(n: int = 600, k: int = 10, scale: float = 4.0, seed: int = 0):

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from simulations.cli import build_parser, main
-from simulations.config import cell_id, expand_grid, load_sweep_config
+from fedlmc.simulations.cli import build_parser, main
+from fedlmc.simulations.config import cell_id, expand_grid, load_sweep_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "simulations.cli", *args],
+        [sys.executable, "-m", "fedlmc.simulations.cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -103,7 +103,7 @@ def test_an_unreachable_ray_address_is_refused_at_once_and_keeps_the_results(tmp
     nothing listens. One line, exit status 2, results.csv untouched, no minutes of retries."""
     import pandas as pd
 
-    from simulations.sweep import run_sweep
+    from fedlmc.simulations.sweep import run_sweep
 
     config = tmp_path / "two.toml"
     config.write_text(TWO_CELLS)

@@ -1,5 +1,5 @@
-"""The architecture as the folders tell it: no import cycle, a Flower-free science core, and
-configuration validation that loads no heavy library."""
+"""The architecture as the folders tell it: no import cycle, a Flower-free science core layered
+by concept, and configuration validation that loads no heavy library."""
 
 from __future__ import annotations
 
@@ -11,32 +11,73 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("fedlmc", "strategies", "simulations")
+# Source folder -> the import name it installs as (pyproject.toml's package-dir).
+PACKAGES = {
+    "fedlmc": "fedlmc",
+    "strategies": "fedlmc.strategies",
+    "simulations": "fedlmc.simulations",
+}
+APPS = ("fedlmc.strategies", "fedlmc.simulations")
+# The science core's layers, lowest first: a module may import its own layer and those below.
+LAYERS = (
+    ("fedlmc", "fedlmc._lazy", "fedlmc._app_folders", "fedlmc.registry", "fedlmc.io")
+    + ("fedlmc.evaluation", "fedlmc.averaging", "fedlmc.capture"),
+    ("fedlmc.data",),
+    ("fedlmc.permutation",),
+    ("fedlmc.models", "fedlmc.train"),
+    ("fedlmc.merging",),
+    ("fedlmc.analysis",),
+    ("fedlmc.study",),
+)
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    parts = [PACKAGES[folder], *rest]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported_modules(path: Path, known: set[str]) -> set[str]:
     """Every project module ``path`` imports, at module level or inside functions."""
     found: set[str] = set()
+    package = (
+        module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    )
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            module = node.module if node.level == 0 else _relative(package, node)
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
         else:
             continue
         found.update(name for name in names if name in known)
     return found
 
 
+def _relative(package: str, node: ast.ImportFrom) -> str:
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{base}.{node.module}"
+
+
 def import_graph() -> dict[str, set[str]]:
-    files = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    files = {module_name(p): p for folder in PACKAGES for p in (ROOT / folder).rglob("*.py")}
     known = set(files)
     return {name: imported_modules(path, known) - {name} for name, path in files.items()}
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of the longest prefix naming ``module``'s layer."""
+    best = max(
+        (
+            prefix
+            for layer in LAYERS
+            for prefix in layer
+            if module == prefix or module.startswith(prefix + ".")
+        ),
+        key=len,
+    )
+    return next(i for i, layer in enumerate(LAYERS) if best in layer)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -69,7 +110,7 @@ def test_cycle_finder_finds_a_cycle():
 
 def test_the_project_has_no_import_cycle():
     graph = import_graph()
-    assert "simulations.federation" in graph and "fedlmc.methods" in graph
+    assert "fedlmc.simulations.federation" in graph and "fedlmc.merging.methods" in graph
     assert find_cycle(graph) is None
 
 
@@ -86,6 +127,39 @@ def test_the_science_core_imports_no_framework():
             for name in names:
                 top = name.split(".")[0]
                 assert top not in ("flwr", "ray", "simulations", "strategies"), (path, name)
+                assert not name.startswith(APPS), (path, name)
+
+
+def test_the_science_core_imports_only_its_own_layer_and_those_below():
+    graph = import_graph()
+    science = {name: deps for name, deps in graph.items() if not name.startswith(APPS)}
+    assert {"fedlmc.data.catalog", "fedlmc.permutation.tracing", "fedlmc.study.compare"} <= set(
+        science
+    )
+    upward = [
+        (name, dep)
+        for name, deps in science.items()
+        for dep in deps
+        if layer_of(dep) > layer_of(name)
+    ]
+    assert upward == []
+
+
+def test_layer_check_sees_an_upward_import():
+    assert layer_of("fedlmc.merging.repair") > layer_of("fedlmc.averaging")
+    assert layer_of("fedlmc.analysis.paths") > layer_of("fedlmc.merging.repair")
+    assert layer_of("fedlmc.permutation.matching") < layer_of("fedlmc.models.classifiers")
+
+
+def test_strategies_do_not_import_the_simulations():
+    graph = import_graph()
+    assert not [
+        (name, dep)
+        for name, deps in graph.items()
+        if name.startswith("fedlmc.strategies")
+        for dep in deps
+        if dep.startswith("fedlmc.simulations")
+    ]
 
 
 def test_run_config_names_live_outside_the_science_core():
@@ -97,10 +171,10 @@ def test_run_config_names_live_outside_the_science_core():
 @pytest.mark.parametrize(
     "code",
     [
-        "from simulations.config import load_sweep_config, expand_grid;"
+        "from fedlmc.simulations.config import load_sweep_config, expand_grid;"
         "expand_grid(load_sweep_config('configs/quick.toml'))",
-        "from simulations.cli import main; main(['validate', 'configs/mnist_mlp.toml'])",
-        "from simulations.registry_tables import keys_table, methods_table; keys_table()",
+        "from fedlmc.simulations.cli import main; main(['validate', 'configs/mnist_mlp.toml'])",
+        "from fedlmc.simulations.registry_tables import keys_table, methods_table; keys_table()",
     ],
 )
 def test_validating_a_sweep_file_loads_no_heavy_library(code: str):
@@ -118,14 +192,14 @@ def test_simulations_exports_run_federation_lazily():
     probe = (
         "import sys, simulations\n"
         "assert 'flwr' not in sys.modules and 'torch' not in sys.modules\n"
-        "from simulations import run_federation, run_sweep\n"
+        "from fedlmc.simulations import run_federation, run_sweep\n"
         "print(run_federation.__module__, run_sweep.__module__)"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    assert out.stdout.split() == ["simulations.federation", "simulations.sweep"]
-    import simulations
+    assert out.stdout.split() == ["fedlmc.simulations.federation", "fedlmc.simulations.sweep"]
+    import fedlmc.simulations
 
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        simulations.nothing  # noqa: B018
+        fedlmc.simulations.nothing  # noqa: B018

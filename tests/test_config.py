@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from simulations.config import (
+from fedlmc.simulations.config import (
     ConfigError,
     cell_id,
     expand_grid,
@@ -242,7 +242,9 @@ def test_cell_id_is_stable_and_ignores_runtime_keys():
 
 
 def test_cell_id_is_the_same_in_another_process():
-    code = "from simulations.config import cell_id; print(cell_id({'width': 0.5, 'seed': 1}))"
+    code = (
+        "from fedlmc.simulations.config import cell_id; print(cell_id({'width': 0.5, 'seed': 1}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == cell_id({"width": 0.5, "seed": 1})
 
@@ -275,7 +277,7 @@ def test_shipped_configs_validate():
 
 
 def test_checks_that_can_only_fail_at_run_time_fail_at_validation():
-    from simulations.config import MAX_LAMBDAS, machine_memory
+    from fedlmc.simulations.config import MAX_LAMBDAS, machine_memory
 
     with pytest.raises(ConfigError, match=r"width = 10000: .* about [\d,]+ bytes"):
         validate_run_config({"width": 10000.0})
@@ -290,7 +292,7 @@ def test_checks_that_can_only_fail_at_run_time_fail_at_validation():
     with pytest.raises(ConfigError, match="fedavg-rounds = 6"):
         validate_run_config({"methods": "average,fedavg", "fedavg-rounds": 6, "epochs": 5})
     validate_run_config({"strategy": "average", "fedavg-rounds": 6, "epochs": 5})  # no FedAvg
-    from simulations.task import client_run_config
+    from fedlmc.simulations.task import client_run_config
 
     # one FedAvg round's client config carries that round's epochs: not a whole-run check there
     client_run_config({}, {"strategy": "fedavg", "fedavg-rounds": 6, "epochs": 1})
@@ -299,7 +301,7 @@ def test_checks_that_can_only_fail_at_run_time_fail_at_validation():
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "simulations.cli", *args],
+        [sys.executable, "-m", "fedlmc.simulations.cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -332,7 +334,7 @@ def test_cli_config_error_exits_2_with_one_line(tmp_path, command, text, overrid
 
 def test_keys_a_cell_ignores_do_not_make_new_cells():
     """A compare sweep over align/calibration, or depth of a conv net, is one experiment."""
-    from simulations.config import sweep_from_mapping
+    from fedlmc.simulations.config import sweep_from_mapping
 
     compare = sweep_from_mapping(
         {

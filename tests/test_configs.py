@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedlmc.study import compare_methods
-from fedlmc.train import train_model
-from simulations.config import expand_grid, load_sweep_config, method_list
-from simulations.task import (
+from fedlmc.simulations.config import expand_grid, load_sweep_config, method_list
+from fedlmc.simulations.task import (
     build_from_config,
     client_data,
     client_seed,
     load_splits,
     train_options,
 )
+from fedlmc.study.compare import compare_methods
+from fedlmc.train import train_model
 
 try:  # rootdir on sys.path, or tests/ itself (pytest's default import mode)
     from tests.test_data import write_cifar10, write_cifar100, write_mnist_like

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedlmc import datasets_catalog
-from fedlmc.data import (
+from fedlmc.data import catalog as datasets_catalog
+from fedlmc.data.loading import (
     DATASETS,
     DOWNLOADABLE,
     NORMALISATION,
@@ -470,7 +470,7 @@ def test_public_name_tuples():
 
 def test_catalog_imports_without_torch_and_checks_names():
     code = (
-        "import sys, fedlmc.datasets_catalog as c; "
+        "import sys, fedlmc.data.catalog as c; "
         "print('torch' in sys.modules, c.is_hf_name('hf:a/b'), c.is_known_dataset('hf:./x'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

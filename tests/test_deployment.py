@@ -211,12 +211,12 @@ def test_client_side_activation_matching_keeps_state_in_the_supernodes(deploymen
 def test_pyproject_run_config_lists_every_schema_key_with_its_default():
     import tomllib
 
-    from simulations.config import run_schema, validate_run_config
+    from fedlmc.simulations.config import run_schema, validate_run_config
 
     flwr = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     assert flwr["components"] == {
-        "serverapp": "simulations.server_app:app",
-        "clientapp": "simulations.client_app:app",
+        "serverapp": "fedlmc.simulations.server_app:app",
+        "clientapp": "fedlmc.simulations.client_app:app",
     }
     config = flwr["config"]
     assert list(config) == list(run_schema())

@@ -11,9 +11,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import Tensor, nn
 
-from fedlmc import spec_tracing
-from fedlmc.align import weight_matching
-from fedlmc.models import build_model
+from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import (
     PermutationSpec,
     apply_permutation,
@@ -26,7 +24,9 @@ from fedlmc.permutation import (
     restrict_spec,
     spec_from_groups,
 )
-from fedlmc.spec_tracing import SpecDerivationWarning
+from fedlmc.permutation import tracing as spec_tracing
+from fedlmc.permutation.matching import weight_matching
+from fedlmc.permutation.tracing import SpecDerivationWarning
 
 BUILT_IN = {
     "mlp": {"width": 0.25, "base_hidden": 16, "in_shape": (1, 6, 6)},

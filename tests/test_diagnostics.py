@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fedlmc.diagnostics import (
+from fedlmc.analysis.diagnostics import (
     apply_without_bias,
     effective_rank,
     hidden_weight_keys,
@@ -22,8 +22,8 @@ from fedlmc.diagnostics import (
     stable_ranks,
     weight_ranks,
 )
-from fedlmc.merge import average, load_state
-from fedlmc.models import build_model
+from fedlmc.averaging import average, load_state
+from fedlmc.models.classifiers import build_model
 
 
 def _mlp(seed: int, width: float = 0.125, **options):
@@ -312,7 +312,7 @@ def test_trained_mlps_shrink_with_depth_as_lewc_predicts():
     merged layer outputs shrink with depth, and the measured norm ratio is closer (in log) to
     LEWC's predicted 2^(1-l) than to 1 beyond layer 1; LLFC's best-scaled error is never above
     LEWC's at equal weights, by construction."""
-    from fedlmc.data import load_dataset
+    from fedlmc.data.loading import load_dataset
     from fedlmc.train import train_model
 
     splits = load_dataset("mnist5k")

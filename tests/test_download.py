@@ -1,4 +1,4 @@
-"""Tests of fedlmc.download: the real torchvision download path against a real HTTP server on
+"""Tests of fedlmc.data.download: the real torchvision download path against a real HTTP server on
 127.0.0.1 serving files written here in torchvision's formats, then read by load_dataset."""
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from test_data import (
 )
 from torchvision.datasets import CIFAR10, CIFAR100, MNIST
 
-from fedlmc.data import load_dataset
-from fedlmc.download import (
+from fedlmc.data.download import (
     LOCK_NAME,
     ChecksumError,
     DownloadError,
     expected_files,
     fetch_dataset,
 )
+from fedlmc.data.loading import load_dataset
 
 MNIST_GZ = [f for f, _ in MNIST.resources]
 MNIST_RAW = [f.removesuffix(".gz") for f in MNIST_GZ]
@@ -395,8 +395,8 @@ def test_the_run_config_download_fetches_once_on_the_server(tmp_path, server, de
     """``download = true``: the ServerApp's data step fetches from ``data-mirror`` (here the
     local server) through the same code; torchvision's real md5 sums reject test-written files,
     and an unreachable mirror is one clear error."""
-    from simulations.config import validate_run_config
-    from simulations.server_app import prepare_data
+    from fedlmc.simulations.config import validate_run_config
+    from fedlmc.simulations.server_app import prepare_data
 
     files, _, _ = mnist_files(tmp_path)
     server.files.update(files)
@@ -421,7 +421,7 @@ def test_fedlmc_data_fetch_command(tmp_path, server, dead_url):
     server.files.update(files)
 
     def fetch(root, mirror):
-        cmd = [sys.executable, "-m", "simulations.cli", "data", "fetch", "mnist", "--root"]
+        cmd = [sys.executable, "-m", "fedlmc.simulations.cli", "data", "fetch", "mnist", "--root"]
         return subprocess.run(
             [*cmd, str(root), "--mirror", mirror], capture_output=True, text=True, timeout=120
         )

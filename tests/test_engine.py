@@ -1,4 +1,4 @@
-"""The sweep engine (:mod:`simulations.engine`): many cells in one Flower simulation.
+"""The sweep engine (:mod:`fedlmc.simulations.engine`): many cells in one Flower simulation.
 
 - The Grid view and the slot broker against a scripted in-process Grid (no Ray, fast): each cell
   sees its own nodes and partitions, a message is pushed only when a client slot is free, a
@@ -30,8 +30,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simulations.config import validate_run_config
-from simulations.engine import (
+from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.engine import (
     PARTITION_RECORD,
     Broker,
     CellGrid,
@@ -40,9 +40,9 @@ from simulations.engine import (
     EngineStats,
     run_cells,
 )
-from simulations.federation import run_federation_outcome
-from simulations.sweep import read_results
-from strategies import NotEnoughClientsError
+from fedlmc.simulations.federation import run_federation_outcome
+from fedlmc.simulations.sweep import read_results
+from fedlmc.strategies import NotEnoughClientsError
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -417,7 +417,7 @@ def ray_head() -> Iterator[dict]:
 
 def fedlmc(*args: str, env: dict, timeout: float = 400) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "simulations.cli", *args],
+        [sys.executable, "-m", "fedlmc.simulations.cli", *args],
         env=env,
         capture_output=True,
         text=True,

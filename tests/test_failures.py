@@ -24,11 +24,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import fedlmc
-from fedlmc.merge import average
-from simulations.config import validate_run_config
-from simulations.federation import run_federation, run_federation_outcome
-from simulations.task import build_from_config, device_of, load_splits
-from strategies import NotEnoughClientsError
+from fedlmc.averaging import average
+from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.federation import run_federation, run_federation_outcome
+from fedlmc.simulations.task import build_from_config, device_of, load_splits
+from fedlmc.strategies import NotEnoughClientsError
 
 pytestmark = pytest.mark.slow
 
@@ -183,7 +183,7 @@ def test_a_hanging_client_answers_only_after_the_deadline_and_with_an_error(task
     """The ClientApp called directly (no Ray): the hang is bounded and never yields weights."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-    from simulations.client_app import HANG_MARGIN, app
+    from fedlmc.simulations.client_app import HANG_MARGIN, app
 
     timeout = 0.5
     config = {**TINY, "num-clients": 2, "timeout": timeout, "inject-failure": "hang:0"}

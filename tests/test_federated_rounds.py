@@ -9,17 +9,17 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from fedlmc.align import activation_matching
-from fedlmc.calibrate import fit_temperature
+from fedlmc.averaging import average, load_state
 from fedlmc.evaluation import metrics_from_logits, predict_logits
-from fedlmc.federated import LocalClients
-from fedlmc.merge import average, load_state
-from fedlmc.methods import merge_states, study_methods
+from fedlmc.merging.calibrate import fit_temperature
+from fedlmc.merging.clients import LocalClients
+from fedlmc.merging.methods import merge_states, study_methods
+from fedlmc.merging.repair import repair, unit_statistics
 from fedlmc.permutation import apply_permutation, permutation_spec
-from fedlmc.repair import repair, unit_statistics
-from simulations.config import ConfigError, canonical_run_config, validate_run_config
-from simulations.federation import run_federation_outcome
-from simulations.task import (
+from fedlmc.permutation.matching import activation_matching
+from fedlmc.simulations.config import ConfigError, canonical_run_config, validate_run_config
+from fedlmc.simulations.federation import run_federation_outcome
+from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
     client_data,
@@ -27,7 +27,7 @@ from simulations.task import (
     load_splits,
     split_for_calibration,
 )
-from strategies.protocol import (
+from fedlmc.strategies.protocol import (
     permutations_from_content,
     state_digest,
     state_to_record,
@@ -103,7 +103,7 @@ def node_context(pid: int) -> Context:
 
 
 def ask(context: Context, message_type: str, config: dict, arrays=None) -> Message:
-    from simulations.client_app import app
+    from fedlmc.simulations.client_app import app
 
     content = RecordDict({"arrays": arrays or ArrayRecord(), "config": ConfigRecord(config)})
     message = Message(content, dst_node_id=context.node_id, message_type=message_type)
@@ -145,9 +145,9 @@ def test_client_side_activation_matching_uses_the_model_kept_in_its_context(task
 
 
 def test_one_temperature_query_answers_for_several_models(task_identity):
-    from fedlmc.calibrate import temperature_statistics
-    from simulations.client_app import app
-    from strategies.protocol import models_query_content, temperature_stats_by_model
+    from fedlmc.merging.calibrate import temperature_statistics
+    from fedlmc.simulations.client_app import app
+    from fedlmc.strategies.protocol import models_query_content, temperature_stats_by_model
 
     config = {**FEDERATED, "align": "auto"}
     resolved = validate_run_config(config)
@@ -168,7 +168,7 @@ def test_one_temperature_query_answers_for_several_models(task_identity):
 
 
 def test_a_node_keeps_a_bounded_number_of_trained_models(task_identity):
-    from simulations.client_app import KEPT_MODELS, keep_trained_model
+    from fedlmc.simulations.client_app import KEPT_MODELS, keep_trained_model
 
     context = node_context(0)
     record = ArrayRecord({"w": torch.zeros(3)})
@@ -303,7 +303,7 @@ def test_federated_auto_measures_its_gap_on_the_clients_held_out_data():
     row = outcome.table().iloc[0]
     assert row["auto_choice"] == "average"  # within the (large) tolerance: no alignment
     assert row["auto_nll_gap"] == pytest.approx(gap, abs=2e-3)  # grid minimum vs exact fit
-    # The in-process clients (fedlmc.federated) give the federation's numbers exactly.
+    # The in-process clients (fedlmc.merging.clients) give the federation's numbers exactly.
     train = [client_train_data(config, pid, 2)[0] for pid in (0, 1)]
     local = LocalClients(template, states, train, held)
     nlls = local.calibrated_nlls([average(states, weights), *states], [True, False, False])

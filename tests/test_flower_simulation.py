@@ -9,13 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedlmc.calibrate import fit_temperature
+from fedlmc.averaging import average, load_state
 from fedlmc.evaluation import predict_logits
-from fedlmc.merge import average, load_state
-from fedlmc.train import train_model
-from simulations.config import validate_run_config
-from simulations.federation import run_federation, run_federation_outcome
-from simulations.task import (
+from fedlmc.merging.calibrate import fit_temperature
+from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.federation import run_federation, run_federation_outcome
+from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
     client_data,
@@ -24,7 +23,8 @@ from simulations.task import (
     load_splits,
     train_options,
 )
-from strategies import NotEnoughClientsError
+from fedlmc.strategies import NotEnoughClientsError
+from fedlmc.train import train_model
 
 pytestmark = pytest.mark.slow
 
@@ -183,7 +183,7 @@ def call_client(message_type: str, config: dict, pid: int, arrays=None, partitio
     adds the ConfigRecord the sweep engine sends with a cell's own partition."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-    from simulations.client_app import app
+    from fedlmc.simulations.client_app import app
 
     content = RecordDict({"arrays": arrays or ArrayRecord(), "config": ConfigRecord(config)})
     if partition is not None:
@@ -200,7 +200,7 @@ def call_client(message_type: str, config: dict, pid: int, arrays=None, partitio
 
 
 def test_client_config_comes_from_context_then_message():
-    from simulations.task import client_run_config
+    from fedlmc.simulations.task import client_run_config
 
     config = client_run_config({"epochs": 3, "lr": 0.2, "not-a-key": 1}, {"epochs": 5, "x": 0})
     assert config["epochs"] == 5 and config["lr"] == 0.2
@@ -248,8 +248,8 @@ def test_client_trains_the_partition_its_message_names(task_identity):
 
 
 def test_client_temperature_query_sums_its_own_data(task_identity):
-    from fedlmc.calibrate import temperature_statistics
-    from strategies.protocol import state_to_record, temperature_stats_from_content
+    from fedlmc.merging.calibrate import temperature_statistics
+    from fedlmc.strategies.protocol import state_to_record, temperature_stats_from_content
 
     config = validate_run_config({**TINY, "num-clients": 2})
     splits = load_splits(config)
@@ -266,8 +266,8 @@ def test_client_temperature_query_sums_its_own_data(task_identity):
 
 
 def test_client_bn_stats_query_returns_its_batchnorm_moments(task_identity):
-    from fedlmc.calibrate import bn_statistics
-    from strategies.protocol import bn_stats_from_content, state_to_record
+    from fedlmc.merging.calibrate import bn_statistics
+    from fedlmc.strategies.protocol import bn_stats_from_content, state_to_record
 
     config = validate_run_config({**TINY, "num-clients": 2, "norm": "bn"})
     model = build_from_config(config, load_splits(config), seed=4)

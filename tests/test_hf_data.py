@@ -9,8 +9,8 @@ import torch
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from PIL import Image as PILImage
 
-from fedlmc.data import label_counts, load_dataset, partition
-from fedlmc.hf_data import HF_TEST_FRACTION, detect_columns
+from fedlmc.data.hf import HF_TEST_FRACTION, detect_columns
+from fedlmc.data.loading import label_counts, load_dataset, partition
 
 CLASS_NAMES = ["cat", "dog", "frog", "ship", "unused"]  # 5 classes, the last never occurs
 
@@ -203,9 +203,9 @@ def test_detect_columns_preferences():
 
 def test_an_hf_data_set_reaches_the_clients_through_the_run_config(rgb):
     """``dataset = "hf:PATH"`` with ``image-key``/``label-key``: what a client and the server
-    load (simulations.task) is the same as load_dataset's, partitioned by the run config."""
-    from simulations.config import absolute_paths, validate_run_config
-    from simulations.task import client_data, load_splits
+    load (fedlmc.simulations.task) is the same as load_dataset's, partitioned by the run config."""
+    from fedlmc.simulations.config import absolute_paths, validate_run_config
+    from fedlmc.simulations.task import client_data, load_splits
 
     folder = rgb["folder"] / "disk"
     config = validate_run_config(

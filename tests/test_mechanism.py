@@ -17,15 +17,15 @@ import pytest
 import torch
 from torch import nn
 
-from fedlmc.chain import chain_layers, depth_weighted_bias_average, norm_free_chain
-from fedlmc.data import load_dataset
-from fedlmc.diagnostics import bias_shares, dead_unit_fractions, layer_predictions
-from fedlmc.merge import average, load_state
-from fedlmc.methods import merge_states
-from fedlmc.models import build_model
+from fedlmc.analysis.diagnostics import bias_shares, dead_unit_fractions, layer_predictions
+from fedlmc.averaging import average, load_state
+from fedlmc.data.loading import load_dataset
+from fedlmc.merging.methods import merge_states
+from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import permutation_spec
-from fedlmc.study import compare_methods
-from simulations.config import ConfigError, canonical_run_config, validate_run_config
+from fedlmc.permutation.chain import chain_layers, depth_weighted_bias_average, norm_free_chain
+from fedlmc.simulations.config import ConfigError, canonical_run_config, validate_run_config
+from fedlmc.study.compare import compare_methods
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +252,7 @@ def test_the_bias_rule_is_accepted_on_norm_free_chains():
 
 
 def test_a_bias_free_model_is_built_from_the_run_config():
-    from simulations.task import build_from_config
+    from fedlmc.simulations.task import build_from_config
 
     splits = load_dataset("mnist5k")
     config = canonical_run_config(validate_run_config({"bias": False, "width": 0.125}))

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from fedlmc.averaging import average, interpolate, load_state
 from fedlmc.evaluation import predict_logits
-from fedlmc.merge import average, interpolate, load_state
-from fedlmc.models import build_model
+from fedlmc.models.classifiers import build_model
 
 
 def _bn_state(seed: int) -> dict[str, torch.Tensor]:

@@ -5,12 +5,12 @@ import pandas as pd
 import pytest
 import torch
 
-from fedlmc.calibrate import reset_bn_stats
-from fedlmc.data import load_dataset
+from fedlmc.analysis.paths import CURVE_COLUMNS, barriers, interpolation_curve, merge_gap
+from fedlmc.averaging import interpolate, load_state
+from fedlmc.data.loading import load_dataset
 from fedlmc.evaluation import evaluate
-from fedlmc.merge import interpolate, load_state
-from fedlmc.metrics import CURVE_COLUMNS, barriers, interpolation_curve, merge_gap
-from fedlmc.models import build_model
+from fedlmc.merging.calibrate import reset_bn_stats
+from fedlmc.models.classifiers import build_model
 from fedlmc.train import train_model
 
 

@@ -12,8 +12,8 @@ import math
 import pandas as pd
 import pytest
 
-from simulations.config import validate_run_config
-from simulations.engine import backend_config
+from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.engine import backend_config
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def misbehaving_app():
     from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
 
-    from simulations import client_app as ours
+    from fedlmc.simulations import client_app as ours
 
     def pid_of(context) -> int:
         return int(context.node_config["partition-id"])
@@ -118,7 +118,7 @@ def attacked(tmp_path_factory):
     """One federation of 6 clients, 4 of them misbehaving: the outcome and results.csv."""
     from flwr.simulation import run_simulation
 
-    from simulations.server_app import server_app_for
+    from fedlmc.simulations.server_app import server_app_for
 
     out = tmp_path_factory.mktemp("attacked")
     config = validate_run_config({**CONFIG, "out-dir": str(out)})

@@ -8,7 +8,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from fedlmc.models import NORMS, apply_permutation, build_model, model_names, permutation_spec
+from fedlmc.models.classifiers import (
+    NORMS,
+    apply_permutation,
+    build_model,
+    model_names,
+    permutation_spec,
+)
 from fedlmc.permutation import (
     PermutationSpec,
     identity_permutations,

@@ -13,20 +13,20 @@ import pytest
 import torch
 from torch import nn
 
-from fedlmc.architectures import MODELS as MODEL_REGISTRY
-from fedlmc.architectures import ModelOption, model_names, register_model
-from fedlmc.data import from_arrays
+from fedlmc.averaging import average, load_state
+from fedlmc.data.loading import from_arrays
 from fedlmc.evaluation import predict_logits
-from fedlmc.merge import average, load_state
-from fedlmc.methods import METHODS, Alignment, merge_states, register_method, study_methods
-from fedlmc.models import build_model
+from fedlmc.merging.methods import METHODS, Alignment, merge_states, register_method, study_methods
+from fedlmc.models.classifiers import build_model
+from fedlmc.models.registry import MODELS as MODEL_REGISTRY
+from fedlmc.models.registry import ModelOption, model_names, register_model
 from fedlmc.registry import Registry
-from fedlmc.study import compare_methods
-from simulations.cli import main
-from simulations.config import ConfigError, run_schema, validate_run_config
-from simulations.registry_tables import keys_table, methods_table, models_table
-from simulations.task import build_from_config
-from strategies import PermutationAlignedAverage
+from fedlmc.simulations.cli import main
+from fedlmc.simulations.config import ConfigError, run_schema, validate_run_config
+from fedlmc.simulations.registry_tables import keys_table, methods_table, models_table
+from fedlmc.simulations.task import build_from_config
+from fedlmc.strategies import PermutationAlignedAverage
+from fedlmc.study.compare import compare_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -185,7 +185,7 @@ def test_cli_lists_methods_models_and_keys(capsys):
     assert main(["keys"]) == 0
     assert "`align`" in capsys.readouterr().out
     help_text = subprocess.run(
-        [sys.executable, "-m", "simulations.cli", "run", "--help"],
+        [sys.executable, "-m", "fedlmc.simulations.cli", "run", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,

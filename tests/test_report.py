@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from simulations.report import build_report, markdown_table, varying_keys
-from simulations.sweep import read_results
+from fedlmc.simulations.report import build_report, markdown_table, varying_keys
+from fedlmc.simulations.sweep import read_results
 
 try:  # rootdir on sys.path, or tests/ itself (pytest's default import mode)
     from tests.test_sweep import shared_sweep
@@ -111,7 +111,7 @@ def test_n_client_figures_are_drawn_from_their_columns(tmp_path):
     """Client-to-merge barriers against the number of clients, and the pairwise matrix."""
     import json
 
-    from simulations.report import draw_figures, report_markdown
+    from fedlmc.simulations.report import draw_figures, report_markdown
 
     rows = []
     for clients in (3, 4):
@@ -152,7 +152,7 @@ def test_report_shows_auto_choices_temperature_gaps_and_communication(tmp_path):
     per calibration-holdout; what the clients sent and the rounds per method."""
     import math
 
-    from simulations.report import report_markdown
+    from fedlmc.simulations.report import report_markdown
 
     rows = []
     for width in (1.0, 8.0):

@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simulations.cli import main
-from simulations.config import ConfigError, sweep_from_mapping
-from simulations.results_file import REJECTED, out_dir_kind, read_results, refuse_mixing
-from simulations.sweep import run_sweep
+from fedlmc.simulations.cli import main
+from fedlmc.simulations.config import ConfigError, sweep_from_mapping
+from fedlmc.simulations.results_file import REJECTED, out_dir_kind, read_results, refuse_mixing
+from fedlmc.simulations.sweep import run_sweep
 
 SWEEP = {"name": "two", "run": {"epochs": 1, "lambdas": 3}, "grid": {"seed": [0, 1]}}
 

@@ -1,5 +1,5 @@
-"""The reply screen and the weight bound (:mod:`strategies.screening`) on hand-built real Flower
-replies: every malformed train or query reply is dropped by name, the honest ones are merged,
+"""The reply screen and the weight bound (:mod:`fedlmc.strategies.screening`) on hand-built real
+Flower replies: every malformed train or query reply is dropped by name, the honest ones are merged,
 and no client's claimed counts move the merge beyond the documented bound."""
 
 from __future__ import annotations
@@ -11,19 +11,24 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedlmc.calibrate import fit_temperature, grid_minimum, temperature_grid, temperature_statistics
-from fedlmc.models import build_model
+from fedlmc.merging.calibrate import (
+    fit_temperature,
+    grid_minimum,
+    temperature_grid,
+    temperature_statistics,
+)
+from fedlmc.merging.repair import UnitStats
+from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import permutation_spec
-from fedlmc.repair import UnitStats
-from strategies import NotEnoughClientsError, OneShotAverage
-from strategies.protocol import (
+from fedlmc.strategies import NotEnoughClientsError, OneShotAverage
+from fedlmc.strategies.protocol import (
     moments_to_content,
     permutations_to_content,
     state_to_record,
     temperature_stats_to_content,
 )
-from strategies.queries import _group_sizes, bound_temperature_stats
-from strategies.screening import (
+from fedlmc.strategies.queries import _group_sizes, bound_temperature_stats
+from fedlmc.strategies.screening import (
     MAX_ABS_WEIGHT,
     ScreenError,
     WeightBound,
@@ -328,9 +333,9 @@ def test_the_weight_bound_constant_is_documented_in_the_readme():
 def test_a_strategy_tells_its_clients_what_they_need_in_a_users_own_server_app():
     from flwr.app import ConfigRecord as Record
 
-    from simulations.config import calibration_holdout, keeps_trained_model
-    from simulations.task import client_run_config
-    from strategies import PermutationAlignedAverage
+    from fedlmc.simulations.config import calibration_holdout, keeps_trained_model
+    from fedlmc.simulations.task import client_run_config
+    from fedlmc.strategies import PermutationAlignedAverage
 
     readme_config = {"model": "mlp", "width": 0.5, "depth": 2, "base-hidden": 64, "epochs": 2}
     strategy = PermutationAlignedAverage(
@@ -350,7 +355,7 @@ def test_a_strategy_tells_its_clients_what_they_need_in_a_users_own_server_app()
 
 
 def test_the_model_factory_allow_list_refuses_what_it_does_not_name(monkeypatch):
-    from fedlmc.architectures import MODEL_ALLOW_VARIABLE, factory_allowed, import_factory
+    from fedlmc.models.registry import MODEL_ALLOW_VARIABLE, factory_allowed, import_factory
 
     assert factory_allowed("os:system", None)  # unset: anything (a trusted simulation)
     assert not factory_allowed("os:system", "")

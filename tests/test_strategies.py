@@ -8,12 +8,17 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 
-from fedlmc.calibrate import bn_statistics, fit_temperature, reset_bn_stats, temperature_statistics
+from fedlmc.averaging import average, load_state
 from fedlmc.evaluation import predict_logits
-from fedlmc.merge import average, load_state
-from fedlmc.models import apply_permutation, build_model, permutation_spec
+from fedlmc.merging.calibrate import (
+    bn_statistics,
+    fit_temperature,
+    reset_bn_stats,
+    temperature_statistics,
+)
+from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
-from strategies import (
+from fedlmc.strategies import (
     FedAvgBaseline,
     InconsistentShapesError,
     NotEnoughClientsError,
@@ -21,7 +26,7 @@ from strategies import (
     PermutationAlignedAverage,
     epochs_per_round,
 )
-from strategies.protocol import (
+from fedlmc.strategies.protocol import (
     bn_stats_from_content,
     bn_stats_to_content,
     record_to_state,
@@ -29,7 +34,7 @@ from strategies.protocol import (
     temperature_stats_from_content,
     temperature_stats_to_content,
 )
-from strategies.screening import UNBOUNDED
+from fedlmc.strategies.screening import UNBOUNDED
 
 IN_SHAPE = (1, 4, 4)
 

@@ -12,15 +12,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fedlmc.calibrate import fit_temperature
-from fedlmc.data import load_dataset
+from fedlmc.averaging import average, load_state
+from fedlmc.data.loading import load_dataset
 from fedlmc.evaluation import evaluate, metrics_from_logits, predict_logits
-from fedlmc.merge import average, load_state
-from fedlmc.methods import study_methods
-from fedlmc.models import apply_permutation, build_model, permutation_spec
+from fedlmc.merging.calibrate import fit_temperature
+from fedlmc.merging.methods import study_methods
+from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
-from fedlmc.rows import COLUMNS, STRING_COLUMNS
-from fedlmc.study import evaluate_methods, evaluate_model_row, merge_clients
+from fedlmc.study.columns import COLUMNS, STRING_COLUMNS
+from fedlmc.study.compare import evaluate_methods, evaluate_model_row, merge_clients
 from fedlmc.train import train_model
 
 MERGED_FLOATS = (

@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedlmc.rows import COLUMNS
-from simulations.config import ConfigError, cell_id, expand_grid, load_sweep_config
-from simulations.sweep import exclusive, finished_cells, read_results, run_sweep
+from fedlmc.simulations.config import ConfigError, cell_id, expand_grid, load_sweep_config
+from fedlmc.simulations.sweep import exclusive, finished_cells, read_results, run_sweep
+from fedlmc.study.columns import COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,8 @@ width = [0.125, 0.25, 0.5]
 """
 WIDTHS = [0.125, 0.25, 0.5]
 
-# the lead and run-config columns, then every column of the results-row schema (fedlmc.rows)
+# the lead and run-config columns, then every column of the results-row schema
+# (fedlmc.study.columns)
 REQUIRED = ("cell_id", "status", "error", "width", "num-clients", "seed", "weight-decay", *COLUMNS)
 # timings and host-dependent byte counts differ between runs; everything else must not
 VOLATILE = ("seconds", "bytes")
@@ -50,7 +51,7 @@ VOLATILE = ("seconds", "bytes")
 def cli(*args: str, **popen) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-m", "simulations.cli", *args],
+        [sys.executable, "-m", "fedlmc.simulations.cli", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,4 +1,5 @@
-"""Tests of fedlmc.train and fedlmc.augment on tiny models and data (seconds on 2 CPU cores)."""
+"""Tests of fedlmc.train and fedlmc.data.augment on tiny models and data (seconds on 2 CPU
+cores)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedlmc.augment import apply_augment, crop_flip, crop_flip_at
+from fedlmc.data.augment import apply_augment, crop_flip, crop_flip_at
 from fedlmc.evaluation import evaluate
 from fedlmc.train import NonFiniteLossError, TrainHistory, seed_everything, train_model
 
@@ -54,7 +55,7 @@ def test_training_reduces_loss_and_beats_chance_on_synthetic_task():
 
 
 def test_training_beats_chance_on_real_digits():
-    from fedlmc.data import load_dataset
+    from fedlmc.data.loading import load_dataset
 
     splits = load_dataset("mnist5k")
     x, y = splits.train[0][:400], splits.train[1][:400]

@@ -11,7 +11,7 @@ from LLFC's :math:`\sum_i w_i f_l(x; \theta_i)` (Zhou et al. 2023) at equal weig
 relative error against LLFC's at its best positive scale (:func:`scaled_error`: LLFC holds only up
 to a scale) and the measured against the predicted norm ratio (:func:`layer_predictions`); the
 merged logits shrink (:func:`logit_norm_ratio`). The exponent :math:`l` exists for plain chains
-only (:mod:`fedlmc.chain`). Many-client collapse: :func:`dead_unit_fractions`,
+only (:mod:`fedlmc.permutation.chain`). Many-client collapse: :func:`dead_unit_fractions`,
 :func:`bias_shares`. Sufficient conditions for bias-free ReLU nets: weak additivity of ReLU
 (:func:`relu_additivity_error`, per ReLU) and reciprocal orthogonality
 :math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0` (:func:`reciprocal_orthogonality`, per Linear/Conv).
@@ -31,9 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlmc.averaging import load_state, normalised_weights
+from fedlmc.capture import linear_layers
 from fedlmc.evaluation import model_device
-from fedlmc.merge import load_state, normalised_weights
-from fedlmc.permutation import derive_layer_names
+from fedlmc.permutation.model_spec import derive_layer_names
 
 CaptureMode = Literal["output", "input"]  # forward hook or forward pre-hook
 
@@ -277,12 +278,6 @@ def logit_norm_ratio(
     merged, members = _merged_and_members(template, state_dicts, merged_state_dict, x, [""])
     endpoints = sum(wi * _sample_norms(m[""]).mean() for wi, m in zip(w, members, strict=True))
     return _ratio(_sample_norms(merged[""]).mean(), endpoints)
-
-
-def linear_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Linear and Conv1d/2d/3d modules of ``model`` in ``named_modules`` order."""
-    kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-    return {n: m for n, m in model.named_modules() if isinstance(m, kinds)}
 
 
 def apply_without_bias(module: nn.Module, z: Tensor) -> Tensor:

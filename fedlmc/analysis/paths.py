@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 from torch import Tensor, nn
 
-from fedlmc.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
+from fedlmc.averaging import interpolate, load_state
 from fedlmc.evaluation import metrics_from_logits, predict_logits, resolve_device
-from fedlmc.merge import interpolate, load_state
-from fedlmc.repair import repair
+from fedlmc.merging.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
+from fedlmc.merging.repair import repair
 
 Data = tuple[Tensor, Tensor]
 PathRule = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], float], dict[str, Tensor]]
@@ -87,13 +87,13 @@ def interpolation_curve(
     r"""Metrics of :math:`\theta(\lambda) = \lambda\theta_a + (1-\lambda)\theta_b` along a grid.
 
     ``path(sd_a, sd_b, lam)`` replaces the linear interpolation where a merge method combines
-    weights by its own rule (e.g. depth-weighted biases, :mod:`fedlmc.chain`); it must give the
-    endpoints at ``lam = 1`` and ``lam = 0``.
+    weights by its own rule (e.g. depth-weighted biases, :mod:`fedlmc.permutation.chain`); it must
+    give the endpoints at ``lam = 1`` and ``lam = 0``.
 
     ``model`` is a template (never modified); at each ``lam`` a copy is loaded with the
     interpolated weights, BN statistics are re-estimated on ``bn_data`` if given and the model has
     BatchNorm, every interior point of a model without BatchNorm is repaired on the inputs
-    ``repair_data`` if given (:func:`fedlmc.repair.repair` with endpoint weights
+    ``repair_data`` if given (:func:`fedlmc.merging.repair.repair` with endpoint weights
     ``lam, 1 - lam``: the path REPAIR reports barriers on), and the temperature is refitted on
     ``calibration = (x, y)`` if given (otherwise ``temperature = 1`` and the ``*_calibrated``
     columns equal the raw ones).

@@ -2,9 +2,10 @@
 
 - ``DATASETS``: the built-in names :func:`fedlmc.data.load_dataset` accepts; besides them any
   ``"hf:NAME"`` (:func:`is_hf_name`) loads an image-classification data set through Hugging Face
-  ``datasets`` (a hub name or a local path, see :mod:`fedlmc.hf_data`).
-- ``DOWNLOADABLE``: the names :func:`fedlmc.download.fetch_dataset` can fetch (torchvision's files).
-- ``PARTITION_SCHEMES``: the client partition schemes of :func:`fedlmc.partition.partition`.
+  ``datasets`` (a hub name or a local path, see :mod:`fedlmc.data.hf`).
+- ``DOWNLOADABLE``: the names :func:`fedlmc.data.download.fetch_dataset` can fetch (torchvision's
+files).
+- ``PARTITION_SCHEMES``: the client partition schemes of :func:`fedlmc.data.partitions.partition`.
 - ``NUM_CLASSES``, ``TRAIN_SIZES`` (training-set sizes before the server split),
   ``DATA_FOLDERS`` (where under ``root`` torchvision's loaders read each data set's files).
 

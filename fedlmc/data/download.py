@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedlmc.datasets_catalog import DATA_FOLDERS, DOWNLOADABLE
+from fedlmc.data.catalog import DATA_FOLDERS, DOWNLOADABLE
 from fedlmc.io import TEMP_SUFFIX, atomic_write
 
 __all__ = [

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedlmc.datasets_catalog import HF_PREFIX, is_hf_name
-from fedlmc.splits import DataSplits, stratified_split, with_server_split
+from fedlmc.data.catalog import HF_PREFIX, is_hf_name
+from fedlmc.data.splits import DataSplits, stratified_split, with_server_split
 
 __all__ = [
     "HF_TEST_FRACTION",

@@ -20,16 +20,16 @@ Datasets (``DATASETS``):
 - ``"mnist"``, ``"fashion_mnist"``, ``"cifar10"``, ``"cifar100"``: torchvision's dataset classes
   reading ``root`` in torchvision's layout (``root/MNIST/raw/train-images-idx3-ubyte`` ...,
   ``root/FashionMNIST/raw/...``, ``root/cifar-10-batches-py/``, ``root/cifar-100-python/``);
-  ``download=True`` first runs :func:`fedlmc.download.fetch_dataset` (torchvision's downloader,
+  ``download=True`` first runs :func:`fedlmc.data.download.fetch_dataset` (torchvision's downloader,
   md5-verified, idempotent, locked per ``root``). CIFAR files that exist but do not match
   torchvision's md5 sums for the official release (e.g. a subset written in the same pickle
   format) are read as they are, with the same parsing, after a ``UserWarning``.
 - ``"hf:NAME"``: an image-classification data set loaded with Hugging Face ``datasets`` (a hub
   name or a local ``save_to_disk`` folder / parquet files), normalised with its own training
-  statistics; see :mod:`fedlmc.hf_data`.
+  statistics; see :mod:`fedlmc.data.hf`.
 
 The names, class counts and training-set sizes live in the torch-free
-:mod:`fedlmc.datasets_catalog` (re-exported here).
+:mod:`fedlmc.data.catalog` (re-exported here).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlmc.datasets_catalog import (
+from fedlmc.data.catalog import (
     DATASETS,
     DOWNLOADABLE,
     NUM_CLASSES,
@@ -52,9 +52,8 @@ from fedlmc.datasets_catalog import (
     check_dataset_name,
     is_hf_name,
 )
-from fedlmc.download import ChecksumError, DownloadError, FetchResult, fetch_dataset
-from fedlmc.io import atomic_write
-from fedlmc.partition import (
+from fedlmc.data.download import ChecksumError, DownloadError, FetchResult, fetch_dataset
+from fedlmc.data.partitions import (
     PARTITION_SCHEMES,
     label_counts,
     label_skew,
@@ -62,7 +61,8 @@ from fedlmc.partition import (
     partition_indices,
     plot_label_distribution,
 )
-from fedlmc.splits import Data, DataSplits, stratified_split, with_server_split
+from fedlmc.data.splits import Data, DataSplits, stratified_split, with_server_split
+from fedlmc.io import atomic_write
 
 __all__ = [
     "DATASETS",
@@ -117,15 +117,15 @@ def load_dataset(
     """Load ``name`` (one of ``DATASETS``, or ``"hf:NAME"``) as normalised tensors; see the
     module docstring.
 
-    ``download=True`` first runs :func:`fedlmc.download.fetch_dataset` (``name, root,
+    ``download=True`` first runs :func:`fedlmc.data.download.fetch_dataset` (``name, root,
     mirror=mirror``) for the torchvision data sets; it is ignored for ``mnist5k`` (embedded) and
     ``hf:`` names (``datasets`` fetches those itself). ``image_key`` / ``label_key`` name the
-    columns of an ``hf:`` data set (``None``: detected); see :mod:`fedlmc.hf_data`.
+    columns of an ``hf:`` data set (``None``: detected); see :mod:`fedlmc.data.hf`.
     """
     check_dataset_name(name)
     _check_fraction(server_fraction)
     if is_hf_name(name):
-        from fedlmc.hf_data import load_hf_dataset
+        from fedlmc.data.hf import load_hf_dataset
 
         return load_hf_dataset(
             name,
@@ -278,7 +278,7 @@ def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
 
 def _torchvision_uint8(name: str, root, download: bool, mirror: str | None) -> tuple[Data, Data]:
     """(train, test) uint8 ``(N, C, H, W)`` and int64 labels from torchvision's dataset class,
-    after :func:`fedlmc.download.fetch_dataset` when ``download``."""
+    after :func:`fedlmc.data.download.fetch_dataset` when ``download``."""
     from torchvision import datasets as tvd
 
     cls = {

@@ -1,10 +1,11 @@
-r"""Clients in one process: :class:`fedlmc.methods.ClientQueries` on in-memory data, no Flower.
+r"""Clients in one process: :class:`fedlmc.merging.methods.ClientQueries` on in-memory data, no
+Flower.
 
 The merge methods that talk to the clients (``activation_federated``; ``auto`` on the clients'
-calibration data) reach them through a :class:`~fedlmc.methods.ClientQueries`. In a federation
-the strategies provide one that sends Flower query rounds
-(:class:`strategies.queries.ClientRounds`); :class:`LocalClients` computes the same answers from
-each client's data held in memory, with the same functions the ClientApp calls and the same
+calibration data) reach them through a :class:`~fedlmc.merging.methods.ClientQueries`. In a
+federation the strategies provide one that sends Flower query rounds
+(:class:`fedlmc.strategies.queries.ClientRounds`); :class:`LocalClients` computes the same answers
+from each client's data held in memory, with the same functions the ClientApp calls and the same
 combination the server makes, so a notebook can run these methods (and a test can check a
 federation against them)::
 
@@ -12,11 +13,11 @@ federation against them)::
     merged, aligned = merge_states("activation_federated", template, states, clients=clients)
 
 - :meth:`LocalClients.activation_permutations`: client ``i >= 1`` matches its own model to the
-  reference by :func:`fedlmc.align.activation_matching` on ``train_inputs[i]``;
+  reference by :func:`fedlmc.permutation.matching.activation_matching` on ``train_inputs[i]``;
 - :meth:`LocalClients.calibrated_nlls`: per model, BatchNorm statistics re-estimated on every
   client's training inputs (exact sums, as the ``query.bn_stats`` round) where asked, then
   :math:`\min_u \sum_c \mathrm{NLL}_c(u) / \sum_c n_c` over the grid of
-  :func:`fedlmc.calibrate.temperature_grid` (as the federated grid round).
+  :func:`fedlmc.merging.calibrate.temperature_grid` (as the federated grid round).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from fedlmc.align import activation_matching
-from fedlmc.calibrate import (
+from fedlmc.averaging import load_state
+from fedlmc.evaluation import predict_logits, resolve_device
+from fedlmc.merging.calibrate import (
     apply_bn_statistics,
     bn_statistics,
     combine_bn_statistics,
@@ -37,8 +39,7 @@ from fedlmc.calibrate import (
     temperature_grid,
     temperature_statistics,
 )
-from fedlmc.evaluation import predict_logits, resolve_device
-from fedlmc.merge import load_state
+from fedlmc.permutation.matching import activation_matching
 
 StateDict = dict[str, Tensor]
 Data = tuple[Tensor, Tensor]
@@ -49,7 +50,7 @@ __all__ = ["LocalClients"]
 @dataclass
 class LocalClients:
     """Clients ``0..N-1`` with their trained ``states``, the inputs they trained on and their
-    calibration data (held-out shares), answering :class:`fedlmc.methods.ClientQueries`."""
+    calibration data (held-out shares), answering :class:`fedlmc.merging.methods.ClientQueries`."""
 
     template: nn.Module
     states: Sequence[StateDict]

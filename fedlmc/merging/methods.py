@@ -12,7 +12,8 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
 - ``many_clients``: whether it accepts more than two clients;
 - ``reestimate_bn``: whether a BatchNorm model's running statistics are re-estimated after the
   merge (by the study on the server split, by the strategies on server or federated data);
-- ``repair``: whether the merge is followed by REPAIR (:mod:`fedlmc.repair`: every hidden unit
+- ``repair``: whether the merge is followed by REPAIR (:mod:`fedlmc.merging.repair`: every hidden
+unit
   rescaled so that its pre-activation mean and std match the endpoints' interpolated ones) for
   models without BatchNorm; for BatchNorm models REPAIR reduces to re-estimating the statistics;
 - ``needs_clients``: it runs a protocol with the clients (``job.clients``, a
@@ -26,7 +27,7 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   point of the study's interpolation paths use it, so a method's barriers and LEWC diagnostics
   are measured on the path its own rule defines;
 - ``plain_chain_only``: the method is defined only for norm-free plain feed-forward chains
-  (:mod:`fedlmc.chain`), and is refused for other models before any work.
+  (:mod:`fedlmc.permutation.chain`), and is refused for other models before any work.
 
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
 row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
-    from fedlmc.permutation import PermutationSpec
+    from fedlmc.permutation.spec import PermutationSpec
 
     StateDict = dict[str, Tensor]
 
@@ -83,14 +84,15 @@ Combine = Callable[["PermutationSpec | None", Sequence["StateDict"], Sequence[fl
 class ClientQueries(Protocol):
     """What a federation lets a merge method ask the clients of ``MergeJob.states`` (in that
     order), without any data leaving them. The strategies implement it with Flower query
-    rounds (:class:`strategies.queries.ClientRounds`); :class:`fedlmc.federated.LocalClients`
-    answers the same from data held in memory (notebooks, tests)."""
+    rounds (:class:`fedlmc.strategies.queries.ClientRounds`);
+    :class:`fedlmc.merging.clients.LocalClients` answers the same from data held in memory
+    (notebooks, tests)."""
 
     def calibrated_nlls(
         self, states: Sequence[StateDict], reestimate_bn: Sequence[bool]
     ) -> list[float]:
         """Per state dict, the mean NLL over the clients' calibration data at the temperature of
-        :func:`fedlmc.calibrate.temperature_grid` minimising it (BatchNorm statistics
+        :func:`fedlmc.merging.calibrate.temperature_grid` minimising it (BatchNorm statistics
         re-estimated on the clients' data first where ``reestimate_bn``)."""
         ...
 
@@ -125,7 +127,7 @@ class MergeJob:
     def permutation_spec(self) -> PermutationSpec:
         """The given spec, else the template's (:func:`fedlmc.permutation.permutation_spec`)."""
         if self.spec is None:
-            from fedlmc.permutation import permutation_spec
+            from fedlmc.permutation.model_spec import permutation_spec
 
             self.spec = permutation_spec(self.template)
         return self.spec
@@ -165,7 +167,7 @@ class MergeMethod:
     ) -> StateDict:
         """``states`` combined at ``weights`` by this method's rule (plain average by default)."""
         if self.combine is None:
-            from fedlmc.merge import average
+            from fedlmc.averaging import average
 
             return average(states, weights)
         return self.combine(spec, states, weights)
@@ -296,8 +298,8 @@ def merge_with_info(
     clients: ClientQueries | None = None,
 ) -> tuple[StateDict, list[StateDict], dict[str, Any]]:
     """:func:`merge_states` plus the method's ``Alignment.info``."""
+    from fedlmc.averaging import average, normalised_weights
     from fedlmc.evaluation import resolve_device
-    from fedlmc.merge import average, normalised_weights
 
     entry = merge_method(method)
     if not states:
@@ -351,7 +353,7 @@ def plain_average(job: MergeJob) -> Alignment:
 )
 def weight_matching_to_first(job: MergeJob) -> Alignment:
     """Every client permuted onto client 0 by weight matching (coordinate descent + LAP)."""
-    from fedlmc.align import align_to_reference
+    from fedlmc.permutation.matching import align_to_reference
 
     spec = job.permutation_spec()
     return Alignment(
@@ -366,8 +368,8 @@ def weight_matching_to_first(job: MergeJob) -> Alignment:
 )
 def activation_matching_to_first(job: MergeJob) -> Alignment:
     """Every client permuted onto client 0 by correlating activations on the server inputs."""
-    from fedlmc.align import align_to_reference
-    from fedlmc.merge import load_state
+    from fedlmc.averaging import load_state
+    from fedlmc.permutation.matching import align_to_reference
 
     models = [load_state(job.template, sd).to(job.device).eval() for sd in job.states]
     aligned = align_to_reference(
@@ -393,7 +395,7 @@ def activation_matching_on_clients(job: MergeJob) -> Alignment:
     hidden activations with its own model's on its own data, solves the assignments and returns
     only its permutations (``job.clients.activation_permutations``); the server applies them,
     :math:`\pi_i(\theta_i)`. Each permutation is checked to be one over its group's units."""
-    from fedlmc.permutation import apply_permutation
+    from fedlmc.permutation.spec import apply_permutation
 
     spec = job.permutation_spec()
     perms = job.clients.activation_permutations(job.states[0])
@@ -419,8 +421,8 @@ def activation_matching_on_clients(job: MergeJob) -> Alignment:
 )
 def merge_many_alignment(job: MergeJob) -> Alignment:
     """MergeMany's permutations and its merged weights."""
-    from fedlmc.align import merge_many
-    from fedlmc.permutation import apply_permutation
+    from fedlmc.permutation.matching import merge_many
+    from fedlmc.permutation.spec import apply_permutation
 
     spec = job.permutation_spec()
     merged, perms = merge_many(spec, list(job.states), weights=job.weights, seed=job.seed)
@@ -438,7 +440,7 @@ def random_permutation_control(job: MergeJob) -> Alignment:
     by ``(seed, i)``), so the average mixes unrelated units."""
     import numpy as np
 
-    from fedlmc.permutation import apply_permutation, random_permutations
+    from fedlmc.permutation.spec import apply_permutation, random_permutations
 
     spec = job.permutation_spec()
     aligned = [job.states[0]]
@@ -471,9 +473,9 @@ def lewc_bias_combination(
     spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
 ) -> StateDict:
     r""":math:`\sum_i w_i \theta_i`, but each layer's bias :math:`\sum_i w_i^{\,l} b^{(i)}_l`
-    (:func:`fedlmc.chain.depth_weighted_bias_average`; ``ValueError`` for models that are not
-    norm-free plain chains)."""
-    from fedlmc.chain import depth_weighted_bias_average, norm_free_chain
+    (:func:`fedlmc.permutation.chain.depth_weighted_bias_average`; ``ValueError`` for models that
+    are not norm-free plain chains)."""
+    from fedlmc.permutation.chain import depth_weighted_bias_average, norm_free_chain
 
     layers = norm_free_chain(spec, states[0])
     return depth_weighted_bias_average(layers, states, weights)
@@ -497,9 +499,9 @@ the server split is at most this much above the endpoints' mean calibrated NLL."
 def calibrated_nll(job: MergeJob, state: StateDict, *, reestimate_bn: bool = True) -> float:
     """Mean NLL on the server data of the model with ``state``, at the temperature fitted on
     that data (BatchNorm statistics re-estimated on it first when ``reestimate_bn``)."""
-    from fedlmc.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
+    from fedlmc.averaging import load_state
     from fedlmc.evaluation import metrics_from_logits, predict_logits
-    from fedlmc.merge import load_state
+    from fedlmc.merging.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
 
     x, y = job.server_data
     model = load_state(job.template, state).to(job.device).eval()
@@ -534,8 +536,8 @@ def automatic_choice(job: MergeJob) -> Alignment:
     grid temperature minimising their summed NLL): the plain average and the endpoints in one call,
     the weight-matched merge in a second one only when alignment runs.
     """
-    from fedlmc.align import align_to_reference
-    from fedlmc.merge import average
+    from fedlmc.averaging import average
+    from fedlmc.permutation.matching import align_to_reference
 
     tolerance = float(job.options.get("auto_tolerance", AUTO_TOLERANCE))
     plain_state = average(job.states, job.weights)

@@ -24,7 +24,7 @@ Standard deviations are population ones (divide by the count). Choices made here
   are corrected in depth order (``named_modules`` order), each measured after the earlier ones
   were corrected.
 - **BatchNorm** models are refused: for them REPAIR reduces to re-estimating the running
-  statistics of the merged model (:func:`fedlmc.calibrate.reset_bn_stats`).
+  statistics of the merged model (:func:`fedlmc.merging.calibrate.reset_bn_stats`).
 
 Federated use: :func:`unit_statistics` returns per-unit sums (:class:`UnitStats`) that add up
 exactly across data shards (:func:`combine_unit_statistics`), so clients return them and the
@@ -46,10 +46,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from fedlmc.calibrate import has_batchnorm
-from fedlmc.diagnostics import linear_layers
+from fedlmc.averaging import normalised_weights
+from fedlmc.capture import linear_layers
 from fedlmc.evaluation import model_device
-from fedlmc.merge import normalised_weights
+from fedlmc.merging.calibrate import has_batchnorm
 
 CONSTANT_UNIT_TOLERANCE = 1e-6
 """A unit whose std is at most this fraction of its root mean square counts as constant."""
@@ -274,7 +274,7 @@ def _check_no_batchnorm(model: nn.Module) -> None:
     if has_batchnorm(model):
         raise ValueError(
             "model has BatchNorm layers; REPAIR for them is re-estimating the running "
-            "statistics: use fedlmc.calibrate.reset_bn_stats"
+            "statistics: use fedlmc.merging.calibrate.reset_bn_stats"
         )
 
 

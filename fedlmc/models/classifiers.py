@@ -15,7 +15,7 @@ Each model carries
 
 Options are passed as keywords (``build_model("mlp", depth=2)``) or, equivalently, as one mapping
 ``options={"depth": 2}``. Which models exist, their default norm and their options are registered
-in :mod:`fedlmc.architectures` (``register_model``); :func:`build_model` reads them from there.
+in :mod:`fedlmc.models.registry` (``register_model``); :func:`build_model` reads them from there.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fedlmc.architectures import NORMS, model_entry, model_names, register_model
-from fedlmc.permutation import (
+from fedlmc.models.registry import NORMS, model_entry, model_names, register_model
+from fedlmc.permutation.model_spec import permutation_spec
+from fedlmc.permutation.spec import (
     Axis,
     PermutationSpec,
     apply_permutation,
     fan_in_axes,
-    permutation_spec,
     spec_from_groups,
     unit_axes,
 )
@@ -341,7 +341,7 @@ def build_model(
 ) -> nn.Module:
     """Build the registered model ``name`` at ``width`` with ``norm`` in {bn, ln, none}.
 
-    Built-in models (:mod:`fedlmc.architectures`): mlp (options ``depth=3`` hidden layers,
+    Built-in models (:mod:`fedlmc.models.registry`): mlp (options ``depth=3`` hidden layers,
     ``base_hidden=128``, ``bias=True``), vgg11 (``bias=True``), resnet20 (``bias=False``);
     ``bias`` applies to every conv/linear layer. ``norm`` defaults to the model's registered
     default (``none`` for the MLP, ``bn`` for the conv nets). ``ValueError`` on bad input.

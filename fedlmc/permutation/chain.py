@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from fedlmc.merge import average, normalised_weights
-from fedlmc.permutation import PermutationSpec
+from fedlmc.averaging import average, normalised_weights
+from fedlmc.permutation.spec import PermutationSpec
 
 StateDict = dict[str, Tensor]
 

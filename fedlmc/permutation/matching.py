@@ -21,8 +21,8 @@ fixed, :math:`J` is linear in the permutation matrix :math:`P_p`,
 
 where :math:`W^{(p)}` is ``W`` with the ``p`` axis moved first and the rest flattened. The best
 :math:`P_p` is a linear assignment (maximising), solved exactly by
-:func:`fedlmc.assignment.solve_assignment` warm-started from the prices and assignment of the
-group's previous solve (the matrix changes little from one sweep to the next).
+:func:`fedlmc.permutation.assignment.solve_assignment` warm-started from the prices and assignment
+of the group's previous solve (the matrix changes little from one sweep to the next).
 Groups are visited in a seeded random order; a new assignment is kept only if it raises
 :math:`J` (gains below a relative 1e-5 are recomputed exactly in float64 first); the descent
 stops after a sweep without gain (at most ``max_iter`` sweeps).
@@ -56,16 +56,16 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
-from fedlmc.assignment import WarmStart, solve_assignment
+from fedlmc.averaging import average, check_compatible, normalised_weights
 from fedlmc.evaluation import model_device
-from fedlmc.merge import average, check_compatible, normalised_weights
-from fedlmc.permutation import (
+from fedlmc.permutation.assignment import WarmStart, solve_assignment
+from fedlmc.permutation.model_spec import permutation_spec
+from fedlmc.permutation.spec import (
     PermutationSpec,
     apply_permutation,
     checked_permutations,
     identity_permutations,
     perm_sizes,
-    permutation_spec,
     restrict_spec,
 )
 

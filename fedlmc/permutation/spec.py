@@ -2,7 +2,7 @@ r"""The core of hidden-unit permutations: :class:`PermutationSpec`, applying and
 
 See :mod:`fedlmc.permutation` (the public module, which re-exports everything here) for the
 maths. This module imports nothing from the rest of fedlmc, so that both the hand-written specs
-of :mod:`fedlmc.models` and the graph derivation of :mod:`fedlmc.spec_tracing` build on it.
+of :mod:`fedlmc.models` and the graph derivation of :mod:`fedlmc.permutation.tracing` build on it.
 """
 
 from __future__ import annotations

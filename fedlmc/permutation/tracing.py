@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from fedlmc.spec_core import (
+from fedlmc.permutation.spec import (
     Axis,
     PermutationSpec,
     check_spec,

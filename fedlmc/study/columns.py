@@ -48,8 +48,8 @@ one definition. Metrics are on the test split; :math:`A` is accuracy, :math:`L` 
   \|\sum_i w_i z_i\|` (:math:`N^{1-L}` at equal weights; the last entry of
   ``lewc_norm_ratio_layers``; NaN where LEWC is undefined).
 - **LEWC and LLFC** (diagnostics on, two or more clients; per layer :math:`l` of the model's
-  ``layer_names``, on 512 test inputs, :mod:`fedlmc.diagnostics`). They measure the **combined
-  weights** :math:`\bar\theta` of the method, *before* BatchNorm re-estimation or REPAIR
+  ``layer_names``, on 512 test inputs, :mod:`fedlmc.analysis.diagnostics`). They measure the
+  **combined weights** :math:`\bar\theta` of the method, *before* BatchNorm re-estimation or REPAIR
   (which rescale what LEWC predicts); ``lewc_measured_on`` names the weights measured for each
   row. With :math:`F_l = f_l(\bar\theta)`, LEWC's prediction :math:`P_l = \sum_i w_i^l
   f_l(\theta_i)` and LLFC's :math:`Q_l = \sum_i w_i f_l(\theta_i)`, which LLFC (Zhou et al.
@@ -61,8 +61,8 @@ one definition. Metrics are on the test split; :math:`A` is accuracy, :math:`L` 
   ``lewc_norm_ratio_layers`` (LEWC's prediction of it, :math:`\|P_l\| / \|Q_l\|`): the scale
   is LEWC's content beyond LLFC. ``*_mean`` over layers. The ``*_quarter`` columns repeat them at
   :math:`\lambda = 1/4` on the two-client path (weights 1/4, 3/4), where the directions differ
-  too. LEWC's exponent :math:`l` exists only for plain chains (:mod:`fedlmc.chain`): for a
-  residual network the LEWC columns are NaN/empty and ``lewc_undefined_reason`` says why (the
+  too. LEWC's exponent :math:`l` exists only for plain chains (:mod:`fedlmc.permutation.chain`): for
+  a residual network the LEWC columns are NaN/empty and ``lewc_undefined_reason`` says why (the
   LLFC and measured columns stay). ``logit_norm_ratio``: mean logit norm of the evaluated merge
   over the endpoints' (weighted).
 - **Mechanism**: ``recip_orth_layers`` (per Linear/Conv, mean of :math:`r_{ab}, r_{ba}` of
@@ -77,14 +77,14 @@ one definition. Metrics are on the test split; :math:`A` is accuracy, :math:`L` 
   the signal), ``stable_rank_layers`` (stable rank of each hidden weight, mean over the clients).
 - ``auto_choice`` and ``auto_nll_gap``: what the ``auto`` method chose (``average`` or
   ``weight_matching``) and the calibrated-NLL gap of the plain average it measured on the server
-  split (:func:`fedlmc.methods.automatic_choice`); empty/NaN for the other methods.
+  split (:func:`fedlmc.merging.methods.automatic_choice`); empty/NaN for the other methods.
 - ``merge_seconds``; ``curve`` (JSON of the two-client interpolation path).
 
 **Round columns** (:data:`ROUND_COLUMNS`, added by the Flower server to every row of a
 federation): ``clients_survived`` (clients merged), ``clients_failed`` (``"node N (partition P):
 reason; ..."`` for the training-round replies dropped and the clients left out by the alignment
 query), ``clients_dropped`` (distinct clients with any reply dropped by the screen of
-:mod:`strategies.screening`, a timeout or an error: training or query round) and
+:mod:`fedlmc.strategies.screening`, a timeout or an error: training or query round) and
 ``clients_dropped_reasons`` (``"node N (partition P): [QUERY reply:] reason; ..."`` for each of
 them; a client dropped only from a query after the merge stays merged), ``bytes_sent_by_clients``,
 ``rounds``, ``train_seconds``, ``round_seconds``.

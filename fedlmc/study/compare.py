@@ -2,9 +2,9 @@ r"""Comparison of one-shot merge methods on the client models of one federated r
 
 Given the client state dicts :math:`\theta_1, \dots, \theta_N` of one round (same architecture)
 and their merge weights :math:`c_i` (e.g. sample counts, :math:`w_i = c_i / \sum_j c_j`), every
-method of :func:`fedlmc.methods.study_methods` is evaluated on the *same* client models and gives
-one tidy row (columns: :mod:`fedlmc.rows`). The merge methods are those registered in
-:mod:`fedlmc.methods`; the built-in ones:
+method of :func:`fedlmc.merging.methods.study_methods` is evaluated on the *same* client models and
+gives one tidy row (columns: :mod:`fedlmc.study.columns`). The merge methods are those registered in
+:mod:`fedlmc.merging.methods`; the built-in ones:
 
 - ``average``: :math:`\bar\theta = \sum_i w_i \theta_i` (no permutation).
 - ``weight_matching`` / ``activation_matching``: every client is permuted onto the reference
@@ -23,14 +23,14 @@ client: it is the server's own small data set, used to fit temperatures, to prov
 activation matching and, for BatchNorm models, to re-estimate the merged model's running
 statistics (REPAIR-style reset, Jordan et al. 2023). All reported metrics are on the test split.
 
-Every row has the merge gap (:func:`fedlmc.metrics.merge_gap`: the merged model against the mean
-of the endpoints, ``merge_gap_*``). Two clients with diagnostics on also get barriers: the
+Every row has the merge gap (:func:`fedlmc.analysis.paths.merge_gap`: the merged model against the
+mean of the endpoints, ``merge_gap_*``). Two clients with diagnostics on also get barriers: the
 interpolation curve :math:`\theta(\lambda) = \lambda \theta_1 + (1-\lambda) \pi(\theta_2)`
 (:math:`\pi` = the method's alignment, identity for ``average``) on the test split, with
 :math:`T` refitted on the server split at every :math:`\lambda`, and
-:func:`fedlmc.metrics.barriers` of it: signed at :math:`\lambda = 1/2` (``*_barrier_half``, the
-paper's Table 1) and the maximum over the path (``*_barrier_max``). Column definitions:
-:mod:`fedlmc.rows`.
+:func:`fedlmc.analysis.paths.barriers` of it: signed at :math:`\lambda = 1/2` (``*_barrier_half``,
+the paper's Table 1) and the maximum over the path (``*_barrier_max``). Column definitions:
+:mod:`fedlmc.study.columns`.
 
 For BatchNorm models every point of the curve (its endpoints included) has its statistics
 re-estimated on the server split, while the endpoint columns use each client's own statistics.
@@ -52,9 +52,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from fedlmc.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
-from fedlmc.chain import lewc_bias_targets, norm_free_chain, residual_reason
-from fedlmc.diagnostics import (
+from fedlmc.analysis.diagnostics import (
     bias_shares,
     dead_unit_fractions,
     hidden_weight_keys,
@@ -65,6 +63,8 @@ from fedlmc.diagnostics import (
     relu_additivity_error,
     stable_ranks,
 )
+from fedlmc.analysis.paths import PathRule, barriers, interpolation_curve, merge_gap
+from fedlmc.averaging import interpolate, load_state, normalised_weights
 from fedlmc.evaluation import (
     ensemble_probs,
     metrics_from_logits,
@@ -72,8 +72,8 @@ from fedlmc.evaluation import (
     predict_logits,
     resolve_device,
 )
-from fedlmc.merge import interpolate, load_state, normalised_weights
-from fedlmc.methods import (
+from fedlmc.merging.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
+from fedlmc.merging.methods import (
     CALIBRATED_SUFFIX,
     REFERENCE_METHODS,
     base_method,
@@ -81,10 +81,11 @@ from fedlmc.methods import (
     merge_with_info,
     study_methods,
 )
-from fedlmc.metrics import PathRule, barriers, interpolation_curve, merge_gap
-from fedlmc.permutation import PermutationSpec, permutation_spec
-from fedlmc.repair import repair
-from fedlmc.rows import (
+from fedlmc.merging.repair import repair
+from fedlmc.permutation.chain import lewc_bias_targets, norm_free_chain, residual_reason
+from fedlmc.permutation.model_spec import permutation_spec
+from fedlmc.permutation.spec import PermutationSpec
+from fedlmc.study.columns import (
     PREDICTION_KEYS,
     PREDICTION_MEAN_KEYS,
     curve_json,
@@ -95,7 +96,7 @@ from fedlmc.rows import (
 )
 
 if TYPE_CHECKING:
-    from fedlmc.data import DataSplits
+    from fedlmc.data.loading import DataSplits
 
 StateDict = dict[str, Tensor]
 Progress = Callable[[str], None] | None
@@ -207,8 +208,8 @@ def merge_clients(
     device: str | torch.device | None = None,
     spec: PermutationSpec | None = None,
 ) -> tuple[StateDict, dict[str, Any]]:
-    r"""Merged weights for one registered merge method (:mod:`fedlmc.methods`; a ``_t`` suffix is
-    accepted and ignored, the temperature does not change the weights).
+    r"""Merged weights for one registered merge method (:mod:`fedlmc.merging.methods`; a ``_t``
+    suffix is accepted and ignored, the temperature does not change the weights).
 
     Multi-client weight/activation matching aligns every client to client 0 and takes the
     weighted mean :math:`\sum_i w_i \pi_i(\theta_i)`; activation matching correlates activations on
@@ -269,7 +270,7 @@ class Predictions:
 
 
 def _gap_inputs(metrics: Mapping[str, float]) -> dict[str, float]:
-    """The keys :func:`fedlmc.metrics.merge_gap` reads."""
+    """The keys :func:`fedlmc.analysis.paths.merge_gap` reads."""
     return {
         "accuracy": metrics["accuracy"],
         "nll": metrics["nll_raw"],
@@ -309,7 +310,7 @@ def client_barrier_columns(
     r"""Barriers on each client's path to the merge, :math:`\lambda \pi_i(\theta_i) +
     (1-\lambda)\bar\theta` (post-processed like the merge at every point): mean and worst over
     clients. They measure the shape of the path from a client to the merge, not the merge's
-    quality (that is ``merge_gap_*``); columns in :mod:`fedlmc.rows`."""
+    quality (that is ``merge_gap_*``); columns in :mod:`fedlmc.study.columns`."""
     per_client = [
         _half_and_max(
             interpolation_curve(
@@ -366,7 +367,8 @@ def gap_columns(
     endpoints: Sequence[Mapping[str, float]], merged: Mapping[str, float]
 ) -> dict[str, float]:
     """``merge_gap_*`` columns: the merged model against the mean of the endpoints
-    (:func:`fedlmc.metrics.merge_gap`; metrics dicts as :meth:`Predictions.metrics` gives)."""
+    (:func:`fedlmc.analysis.paths.merge_gap`; metrics dicts as :meth:`Predictions.metrics`
+    gives)."""
     gap = merge_gap([_gap_inputs(e) for e in endpoints], _gap_inputs(merged))
     return {
         "merge_gap_accuracy": gap["accuracy_gap"],
@@ -405,9 +407,9 @@ def prediction_columns(
     lewc_undefined: str = "",
 ) -> dict[str, Any]:
     """LEWC and LLFC errors, cosines and norm ratios per layer
-    (:func:`fedlmc.diagnostics.layer_predictions`) and their means, with ``suffix`` on every
-    column name; without a suffix also ``lewc_temperature_ratio`` (LEWC's predicted norm ratio at
-    the logits). Where ``lewc_undefined`` gives a reason (a residual network), the LEWC columns
+    (:func:`fedlmc.analysis.diagnostics.layer_predictions`) and their means, with ``suffix`` on
+    every column name; without a suffix also ``lewc_temperature_ratio`` (LEWC's predicted norm ratio
+    at the logits). Where ``lewc_undefined`` gives a reason (a residual network), the LEWC columns
     are NaN / empty and only LLFC's and the measured ones are filled."""
     layers = layer_predictions(template, states, weights, merged_state, x, layer_names)
     keys = [k for k in PREDICTION_KEYS if not (lewc_undefined and k in LEWC_ONLY)]
@@ -442,7 +444,7 @@ def lewc_undefined_reason(
     template: nn.Module, spec: PermutationSpec | None, x: Tensor, layer_names: Sequence[str]
 ) -> str:
     """Why LEWC's prediction is undefined for ``template`` ("" where it is defined): its
-    Linear/Conv layers are no plain chain (:func:`fedlmc.chain.residual_reason`), or no
+    Linear/Conv layers are no plain chain (:func:`fedlmc.permutation.chain.residual_reason`), or no
     permutation spec could be found to tell."""
     try:
         spec = spec if spec is not None else permutation_spec(template, x[:2])
@@ -843,10 +845,10 @@ def compare_methods(
     method_options: dict[str, Any] | None = None,
     progress: Progress = None,
 ) -> Comparison:
-    """One row per requested method (columns :data:`fedlmc.rows.COLUMNS`), all on the same client
-    models, and the merged weights of each base merge (``Comparison.merged``).
+    """One row per requested method (columns :data:`fedlmc.study.columns.COLUMNS`), all on the same
+    client models, and the merged weights of each base merge (``Comparison.merged``).
 
-    ``methods`` defaults to every study method (:func:`fedlmc.methods.study_methods`).
+    ``methods`` defaults to every study method (:func:`fedlmc.merging.methods.study_methods`).
     Each base merge is computed once; its ``_t`` row reuses it with the server-fitted
     temperature. Raw rows have ``temperature = 1``; ``nll_raw``/``nll_calibrated`` (and ECE) are
     filled for both; the ``merge_gap_*`` columns compare with the unweighted mean endpoint.
@@ -914,7 +916,8 @@ def evaluate_model_row(
     num_clients: int = 1,
     device: str | torch.device | None = None,
 ) -> dict[str, Any]:
-    """A row with :data:`fedlmc.rows.COLUMNS` for a single model (e.g. FedAvg's final model).
+    """A row with :data:`fedlmc.study.columns.COLUMNS` for a single model (e.g. FedAvg's final
+    model).
 
     Test accuracy, NLL and ECE; ``temperature`` is fitted on the server split and used for
     ``nll``/``ece`` when ``calibrated`` (default: ``method`` ends with ``_t``). Endpoint,

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlmc.datasets_catalog import PARTITION_SCHEMES
+from fedlmc.data.catalog import PARTITION_SCHEMES
 
 Data = tuple[Tensor, Tensor]
 

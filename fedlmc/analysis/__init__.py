@@ -1,0 +1,19 @@
+"""Analysis: interpolation paths and barriers, and the LEWC / LLFC mechanism diagnostics.
+
+- :mod:`fedlmc.analysis.paths`: :func:`interpolation_curve`, :func:`barriers`, :func:`merge_gap`.
+- :mod:`fedlmc.analysis.diagnostics`: layerwise predictions of LEWC and LLFC and the sufficient
+  conditions (reciprocal orthogonality, ReLU additivity, stable ranks, dead units, bias shares).
+"""
+
+from fedlmc._lazy import lazy_exports
+
+_EXPORTS = {
+    **dict.fromkeys(["interpolation_curve", "barriers", "merge_gap", "lambda_grid"], ".paths"),
+    **dict.fromkeys(
+        ["layer_predictions", "lewc_cosine", "scaled_error", "reciprocal_orthogonality"]
+        + ["relu_additivity_error", "stable_ranks", "dead_unit_fractions", "bias_shares"],
+        ".diagnostics",
+    ),
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,30 @@
+"""Merging: the merge-method registry and the steps after the average.
+
+- :mod:`fedlmc.merging.methods`: :func:`register_method`, :func:`merge_states` and the built-in
+  one-shot methods (plain average, weight / activation matching, MergeMany, controls, ``auto``).
+- :mod:`fedlmc.merging.calibrate`: softmax temperature and BatchNorm statistics.
+- :mod:`fedlmc.merging.repair`: REPAIR's renormalisation of merged units.
+- :mod:`fedlmc.merging.clients`: clients in one process, for the methods that query them.
+
+The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
+:mod:`fedlmc.permutation` (MergeMany averages while it aligns).
+"""
+
+from fedlmc._lazy import lazy_exports
+
+_EXPORTS = {
+    **dict.fromkeys(
+        ["register_method", "merge_method", "merge_method_names", "merge_states"]
+        + ["merge_with_info", "MergeMethod", "MergeJob", "Alignment", "ClientQueries"],
+        ".methods",
+    ),
+    **dict.fromkeys(
+        ["fit_temperature", "fit_temperature_federated", "reset_bn_stats", "has_batchnorm"],
+        ".calibrate",
+    ),
+    # ``repair`` (the function) is fedlmc.repair; here the name is the module fedlmc.merging.repair.
+    "repair_with_statistics": ".repair",
+    "LocalClients": ".clients",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

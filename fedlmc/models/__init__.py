@@ -1,0 +1,18 @@
+"""Models: width-scalable classifiers and the registry they are built from.
+
+- :mod:`fedlmc.models.registry`: :func:`register_model` / :func:`model_entry` (no torch import).
+- :mod:`fedlmc.models.classifiers`: the MLP, VGG-11 and ResNet-20 and :func:`build_model`.
+"""
+
+from fedlmc._lazy import lazy_exports
+
+_EXPORTS = {
+    **dict.fromkeys(["register_model", "model_entry", "model_names", "NORMS"], ".registry"),
+    **dict.fromkeys(
+        ["build_model", "MLP", "VGG11", "ResNet20", "BasicBlock", "DenseBlock", "ConvBlock"]
+        + ["scaled", "norm_layer"],
+        ".classifiers",
+    ),
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
