@@ -7,8 +7,7 @@ nor torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fedlmc._lazy import lazy_exports
 
 _EXPORTS = {
     "run_federation": "fedlmc.simulations.federation",
@@ -19,9 +18,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'simulations' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -203,3 +203,37 @@ def test_simulations_exports_run_federation_lazily():
 
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         fedlmc.simulations.nothing  # noqa: B018
+
+
+def lazy_packages() -> list[str]:
+    return ["fedlmc"] + sorted(
+        module_name(init)
+        for init in (ROOT / "fedlmc").rglob("__init__.py")
+        if "lazy_exports" in init.read_text() and init.parent != ROOT / "fedlmc"
+    )
+
+
+def test_every_short_path_names_what_its_module_defines():
+    import importlib
+    import inspect
+
+    packages = lazy_packages()
+    assert {"fedlmc", "fedlmc.data", "fedlmc.permutation", "fedlmc.study"} <= set(packages)
+    for package in packages:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            value = getattr(module, name)
+            assert not isinstance(value, type(module)), (package, name, "is a module")
+            if inspect.isfunction(value) or inspect.isclass(value):
+                assert value.__module__.startswith("fedlmc."), (package, name, value.__module__)
+
+
+def test_importing_fedlmc_and_its_packages_loads_no_heavy_library():
+    probe = (
+        f"import {', '.join(lazy_packages())}, fedlmc.data.catalog, fedlmc.models.registry, sys\n"
+        "print(sorted(m for m in ('torch', 'scipy', 'pandas', 'flwr', 'ray') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
