@@ -60,6 +60,15 @@ def test_the_docs_home_page_shows_the_readme_layout() -> None:
     assert layout(PAGES["docs/index.md"]) == layout(README)
 
 
+def test_the_readme_links_to_files_that_exist() -> None:
+    """The README's relative links and images (the docs pages and figures) point at files; the
+    docs pages' own links are checked by the strict site build (``mkdocs build --strict``)."""
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    local = [t for t in targets if "://" not in t]
+    assert len(local) >= 10 and "docs/results.md" in local
+    assert [t for t in local if not (ROOT / t).is_file()] == []
+
+
 def test_data_snippet_runs_and_prints_what_the_docs_show(tmp_path: Path) -> None:
     page = PAGES["docs/library.md"]
     block = next(b for b in python_blocks(page) if "plot_label_distribution(parts" in b)
