@@ -52,12 +52,16 @@ def test_quick_start_commands_are_the_ci_commands() -> None:
     assert "\n".join(commands[:2]) in PAGES["docs/index.md"]
 
 
-def test_the_docs_home_page_shows_the_readme_layout() -> None:
+def test_the_docs_home_page_shows_the_readme_intro_and_layout() -> None:
     def layout(text: str) -> str:
         return text.split("## Layout\n", 1)[1].split("\n## ", 1)[0].strip()
 
-    assert "| `fedlmc/` |" in layout(README)
+    def intro(text: str) -> str:
+        return text.split("## Quick start\n", 1)[0].strip()
+
+    assert "| `fedlmc/` |" in layout(README) and "arXiv 2510.08023" in intro(README)
     assert layout(PAGES["docs/index.md"]) == layout(README)
+    assert intro(PAGES["docs/index.md"]) == intro(README)
 
 
 def test_the_readme_links_to_files_that_exist() -> None:
