@@ -1,5 +1,6 @@
-"""Markdown tables read from the registries: what ``fedlmc methods|models|keys`` prints and
-what the README shows (a test checks that the README holds exactly these tables).
+"""Markdown tables read from the registries and the row schema: what ``fedlmc methods|models|keys``
+prints and what the docs pages show (``docs/gen_tables.py`` writes them there; a test checks
+that the pages hold exactly these tables).
 Imports nothing heavy."""
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import Any
 from fedlmc.merging.methods import CALIBRATED_SUFFIX, METHODS, REFERENCE_METHODS, MergeMethod
 from fedlmc.models.registry import MODELS
 from fedlmc.simulations.config import FEDAVG, option_key, run_schema
+from fedlmc.study import columns as row_schema
 
-__all__ = ["keys_table", "methods_table", "models_table"]
+__all__ = ["columns_table", "keys_table", "methods_table", "models_table"]
 
 FEDAVG_DESCRIPTION = "baseline: Flower's multi-round FedAvg with the same total local epochs"
 
@@ -80,3 +82,21 @@ def keys_table() -> str:
             meaning += ": " + ", ".join(f"`{name}`" for name in spec.allowed())
         rows.append([f"`{key}`", spec.type.__name__, f"`{_literal(spec.default)}`", meaning])
     return _table(["key", "type", "default", "meaning"], rows)
+
+
+def columns_table() -> str:
+    """Every results-row column of :mod:`fedlmc.study.columns` in row order: its kind of value and
+    which rows carry it (every row of the study, or the Flower server's round columns)."""
+    json_columns = {*row_schema.LAYER_COLUMNS, "curve"}
+    text_columns = {*row_schema.STRING_COLUMNS, *row_schema.ROUND_STRING_COLUMNS}
+
+    def kind(name: str) -> str:
+        if name in json_columns:
+            return "JSON"
+        return "text" if name in text_columns else "number"
+
+    table = [[f"`{c}`", kind(c), "every row (`COLUMNS`)"] for c in row_schema.COLUMNS]
+    table += [
+        [f"`{c}`", kind(c), "federations (`ROUND_COLUMNS`)"] for c in row_schema.ROUND_COLUMNS
+    ]
+    return _table(["column", "value", "in which rows"], table)

@@ -1,4 +1,5 @@
-"""The README's code blocks are the example files, and they run as shown."""
+"""The README and the docs pages: their code blocks are the example files and run as shown, and
+every import they show works."""
 
 from __future__ import annotations
 
@@ -12,15 +13,33 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+PAGES = {
+    path.relative_to(ROOT).as_posix(): path.read_text()
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+}
+"""Every page a reader sees: the README and each Markdown page of the docs site."""
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README, flags=re.S)
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-@pytest.mark.parametrize("example", ["merge_two_mlps.py", "my_server_app.py", "custom_cnn.py"])
-def test_readme_shows_the_example_file_verbatim(example: str) -> None:
-    assert (ROOT / "examples" / example).read_text() in python_blocks()
+def output_after(text: str, block: str) -> str:
+    """The first unlabelled fenced block after ``block`` in ``text``: what the page says it
+    printed."""
+    return re.match(r"```\s*\n.*?```\n(.*?)```", text.split(block, 1)[1], flags=re.S).group(1)
+
+
+@pytest.mark.parametrize(
+    ("example", "page"),
+    [
+        ("merge_two_mlps.py", "docs/library.md"),
+        ("my_server_app.py", "docs/federation.md"),
+        ("custom_cnn.py", "docs/own_model.md"),
+    ],
+)
+def test_the_docs_show_the_example_file_verbatim(example: str, page: str) -> None:
+    assert (ROOT / "examples" / example).read_text() in python_blocks(PAGES[page])
 
 
 def test_quick_start_commands_are_the_ci_commands() -> None:
@@ -29,17 +48,77 @@ def test_quick_start_commands_are_the_ci_commands() -> None:
     assert len(commands) >= 2
     assert "fedlmc sweep configs/quick.toml" in commands[0]
     assert commands[1] in ci
+    # the docs' home page shows the same two commands
+    assert "\n".join(commands[:2]) in PAGES["docs/index.md"]
 
 
-def test_data_snippet_runs_and_prints_what_the_readme_shows(tmp_path: Path) -> None:
-    block = next(b for b in python_blocks() if "plot_label_distribution(parts" in b)
-    shown = re.match(r"```\s*```\n(.*?)```", README.split(block, 1)[1], flags=re.S).group(1)
+def test_the_docs_home_page_shows_the_readme_intro_and_layout() -> None:
+    def layout(text: str) -> str:
+        return text.split("## Layout\n", 1)[1].split("\n## ", 1)[0].strip()
+
+    def intro(text: str) -> str:
+        return text.split("## Quick start\n", 1)[0].strip()
+
+    assert "| `fedlmc/` |" in layout(README) and "arXiv 2510.08023" in intro(README)
+    assert layout(PAGES["docs/index.md"]) == layout(README)
+    assert intro(PAGES["docs/index.md"]) == intro(README)
+
+
+def test_the_readme_links_to_files_that_exist() -> None:
+    """The README's relative links and images (the docs pages and figures) point at files; the
+    docs pages' own links are checked by the strict site build (``mkdocs build --strict``)."""
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    local = [t for t in targets if "://" not in t]
+    assert len(local) >= 10 and "docs/results.md" in local
+    assert [t for t in local if not (ROOT / t).is_file()] == []
+
+
+def test_data_snippet_runs_and_prints_what_the_docs_show(tmp_path: Path) -> None:
+    page = PAGES["docs/library.md"]
+    block = next(b for b in python_blocks(page) if "plot_label_distribution(parts" in b)
+    shown = re.match(r"```\s*```\n(.*?)```", page.split(block, 1)[1], flags=re.S).group(1)
     (tmp_path / "results").mkdir()
     out = subprocess.run(
         [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == shown.strip()
     assert (tmp_path / "results" / "mnist5k_dirichlet.png").stat().st_size > 0
+
+
+IMPORT = re.compile(
+    r"^[ \t]*(?:from[ \t]+(?:fedlmc|strategies|simulations)(?:\.\w+)*[ \t]+import[ \t]+"
+    r"(?:\([^)]*\)|[^\n]*)|import[ \t]+(?:fedlmc|strategies|simulations)\b[^\n]*)",
+    flags=re.M,
+)
+
+
+def shown_imports() -> list[tuple[str, str]]:
+    """(page, statement) for every import of fedlmc, strategies or simulations in any fenced
+    code block of any page, in page order."""
+    found = []
+    for page, text in PAGES.items():
+        for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
+            found += [(page, m.group(0).strip()) for m in IMPORT.finditer(block)]
+    return found
+
+
+def test_every_import_the_pages_show_works() -> None:
+    """Each import statement of a code block runs (in one fresh interpreter, each statement on
+    its own); the failures are listed with their page."""
+    imports = shown_imports()
+    pages = {page for page, _ in imports}
+    assert len(imports) >= 15 and {"README.md", "docs/library.md", "docs/federation.md"} <= pages
+    script = (
+        f"for page, statement in {imports!r}:\n"
+        "    try:\n"
+        "        exec(statement, {})\n"
+        "    except Exception as error:\n"
+        "        print(page, '|', statement, '|', type(error).__name__, error)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout == "", out.stdout
 
 
 def test_server_app_snippet_runs_a_federation(tmp_path: Path) -> None:
@@ -59,9 +138,9 @@ def test_server_app_snippet_runs_a_federation(tmp_path: Path) -> None:
 
 
 DRIFT = 0.04
-"""How far a printed number may be from the README's: float32 training on another CPU's BLAS
+"""How far a printed number may be from the page's: float32 training on another CPU's BLAS
 drifts; on an AMD EPYC the NLL moved by 0.012 and a barrier by 0.013 after 10 epochs (the
-README's numbers were measured on one x86 CPU). Three times the largest drift seen."""
+pages' numbers were measured on one x86 CPU). Three times the largest drift seen."""
 
 
 def _merge_lines(text: str) -> dict[str, dict[str, float]]:
@@ -79,11 +158,11 @@ def _merge_lines(text: str) -> dict[str, dict[str, float]]:
     return found
 
 
-def test_merge_example_prints_what_the_readme_shows() -> None:
-    """The example prints the README's lines (same structure), the claims the README draws from
-    them hold, and every number is within the CPU drift :data:`DRIFT` of the README's."""
+def test_merge_example_prints_what_the_docs_show() -> None:
+    """The example prints the page's lines (same structure), the claims the page draws from
+    them hold, and every number is within the CPU drift :data:`DRIFT` of the page's."""
     block = (ROOT / "examples" / "merge_two_mlps.py").read_text()
-    shown = re.match(r"```\s*\n.*?```\n(.*?)```", README.split(block, 1)[1], flags=re.S).group(1)
+    shown = output_after(PAGES["docs/library.md"], block)
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "merge_two_mlps.py")],
         capture_output=True,
@@ -103,6 +182,32 @@ def test_merge_example_prints_what_the_readme_shows() -> None:
     printed, expected = re.findall(number, out), re.findall(number, shown)
     assert len(printed) == len(expected) > 20
     assert all(abs(float(a) - float(b)) <= DRIFT for a, b in zip(printed, expected, strict=True))
+
+
+def test_readme_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    """The README's one example (two clients, plain average vs weight matching vs ensemble) prints
+    one line per method as shown, weight matching beats the plain average, and every number is
+    within :data:`DRIFT` of the README's."""
+    block = python_blocks(README)[0]
+    shown = output_after(README, block)
+    out = subprocess.run(
+        [sys.executable, "-c", block],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout
+    line = r"^(\w+)\s+accuracy ([\d.]+)\s+nll ([\d.]+)$"
+    printed = {m[0]: (float(m[1]), float(m[2])) for m in re.findall(line, out, flags=re.M)}
+    expected = {m[0]: (float(m[1]), float(m[2])) for m in re.findall(line, shown, flags=re.M)}
+    assert list(printed) == list(expected) == ["average_t", "weight_matching_t", "ensemble"]
+    assert printed["weight_matching_t"][0] > printed["average_t"][0]
+    assert all(
+        abs(a - b) <= DRIFT
+        for name in printed
+        for a, b in zip(printed[name], expected[name], strict=True)
+    )
 
 
 def test_user_cnn_is_aligned_and_merged_in_simulation_without_a_hand_written_spec() -> None:

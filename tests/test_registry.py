@@ -1,9 +1,10 @@
 """One registration adds a merge method or a model everywhere: study rows, strategies, the
-run-config schema, the CLI and the README tables; the random-permutation control behaves as the
+run-config schema, the CLI and the docs tables; the random-permutation control behaves as the
 LMC literature's scrambled control."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -23,13 +24,26 @@ from fedlmc.models.registry import ModelOption, model_names, register_model
 from fedlmc.registry import Registry
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import ConfigError, run_schema, validate_run_config
-from fedlmc.simulations.registry_tables import keys_table, methods_table, models_table
+from fedlmc.simulations.registry_tables import (
+    columns_table,
+    keys_table,
+    methods_table,
+    models_table,
+)
 from fedlmc.simulations.task import build_from_config
 from fedlmc.strategies import PermutationAlignedAverage
+from fedlmc.study.columns import COLUMNS, ROUND_COLUMNS
 from fedlmc.study.compare import compare_methods
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+
+
+def docs_tables():
+    """``docs/gen_tables.py``, the script that writes the generated tables into the docs pages."""
+    spec = importlib.util.spec_from_file_location("gen_tables", ROOT / "docs" / "gen_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_states(count: int = 2) -> tuple[nn.Module, list[dict[str, torch.Tensor]]]:
@@ -172,9 +186,32 @@ def test_public_options_shared_by_models_must_agree():
     assert "deeper" not in model_names()
 
 
-def test_readme_tables_are_the_registries():
-    for table in (methods_table(), models_table(), keys_table()):
-        assert table in README
+def test_docs_tables_are_the_registries():
+    gen = docs_tables()
+    made = {"methods": methods_table, "models": models_table, "keys": keys_table}
+    made["columns"] = columns_table
+    assert {name: make for name, (_, make) in gen.BLOCKS.items()} == made
+    for name, (page, make) in gen.BLOCKS.items():
+        text = (ROOT / "docs" / page).read_text()
+        assert gen.generated_block(text, name) == make() + "\n", "run python docs/gen_tables.py"
+    assert gen.stale_blocks() == [] and gen.main(["--check"]) == 0
+
+
+def test_the_columns_table_is_the_row_schema():
+    table = columns_table()
+    assert [line.split("`")[1] for line in table.split("\n")[2:]] == [*COLUMNS, *ROUND_COLUMNS]
+    assert "| `lewc_cos_layers` | JSON |" in table and "| `method` | text |" in table
+    assert "| `accuracy` | number |" in table and "| `clients_failed` | text |" in table
+
+
+def test_the_generator_rewrites_a_stale_block_and_needs_its_markers(tmp_path):
+    gen = docs_tables()
+    page = "intro\n<!-- BEGIN GENERATED keys -->\n| old |\n<!-- END GENERATED keys -->\nend\n"
+    rewritten = gen.rewrite(page, "keys", keys_table())
+    assert gen.generated_block(rewritten, "keys") == keys_table() + "\n"
+    assert rewritten.startswith("intro\n") and rewritten.endswith("-->\nend\n")
+    with pytest.raises(ValueError, match="no generated block 'models'"):
+        gen.generated_block(page, "models")
 
 
 def test_cli_lists_methods_models_and_keys(capsys):

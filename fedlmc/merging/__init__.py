@@ -22,7 +22,7 @@ _EXPORTS = {
         ["fit_temperature", "fit_temperature_federated", "reset_bn_stats", "has_batchnorm"],
         ".calibrate",
     ),
-    # ``repair`` (the function) is fedlmc.repair; here the name is the module fedlmc.merging.repair.
+    # Not `repair`: here that name is the module; the function is the short path `repair` of fedlmc.
     "repair_with_statistics": ".repair",
     "LocalClients": ".clients",
 }

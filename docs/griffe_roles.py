@@ -1,0 +1,54 @@
+"""A griffe extension for the API pages: the docstrings' Sphinx roles as Markdown.
+
+``:func:`name``` (also ``:class:``, ``:mod:``, ``:data:``, ``:meth:``, ``:attr:``, ``:exc:``,
+``:obj:``) becomes a cross-reference to the object ``name`` resolves to in the docstring's
+scope, so that the strict build fails on a reference to nothing; ``:math:`x``` and references to
+the objects of :data:`OTHER_LIBRARIES` become code.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from typing import Any
+
+import griffe
+
+OTHER_LIBRARIES = {"flwr", "numpy", "pandas", "ray", "scipy", "threading", "torch", "torchvision"}
+"""Roles naming these libraries' objects stay plain code (no inventory of theirs is loaded)."""
+ROLE = re.compile(r":(func|class|mod|data|meth|attr|exc|obj|math):`~?([^`]+)`")
+
+
+class SphinxRoles(griffe.Extension):
+    """Rewrite the roles of every docstring once the whole package is loaded."""
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        for obj in _walk(pkg):
+            if obj.docstring is not None:
+                obj.docstring.value = ROLE.sub(partial(_markdown, obj), obj.docstring.value)
+
+
+def _walk(obj: griffe.Object):
+    yield obj
+    for member in obj.members.values():
+        if not member.is_alias:
+            yield from _walk(member)
+
+
+def _markdown(obj: griffe.Object, match: re.Match[str]) -> str:
+    role, name = match.groups()
+    target = _resolve(obj, name)
+    if role == "math" or target.split(".")[0] in OTHER_LIBRARIES:
+        return f"`{name}`"  # maths, or an object of another library: plain code
+    return f"[`{name}`][{target}]"
+
+
+def _resolve(obj: griffe.Object, name: str) -> str:
+    """The full path of ``name`` (``helper``, ``Class.method`` or a full path) as the docstring
+    of ``obj`` sees it; ``name`` itself when it resolves to nothing in that scope."""
+    head, dot, rest = name.partition(".")
+    scope = obj if obj.is_class or obj.is_module else obj.parent
+    try:
+        return scope.resolve(head) + dot + rest
+    except griffe.NameResolutionError:
+        return name
