@@ -12,7 +12,7 @@ from typing import Any
 from fedlmc.merging.methods import CALIBRATED_SUFFIX, METHODS, REFERENCE_METHODS, MergeMethod
 from fedlmc.models.registry import MODELS
 from fedlmc.simulations.config import FEDAVG, option_key, run_schema
-from fedlmc.study import columns as row_schema
+from fedlmc.study import rows as row_schema
 
 __all__ = ["columns_table", "keys_table", "methods_table", "models_table"]
 
@@ -85,7 +85,7 @@ def keys_table() -> str:
 
 
 def columns_table() -> str:
-    """Every results-row column of :mod:`fedlmc.study.columns` in row order: its kind of value and
+    """Every results-row column of :mod:`fedlmc.study.rows` in row order: its kind of value and
     which rows carry it (every row of the study, or the Flower server's round columns)."""
     json_columns = {*row_schema.LAYER_COLUMNS, "curve"}
     text_columns = {*row_schema.STRING_COLUMNS, *row_schema.ROUND_STRING_COLUMNS}

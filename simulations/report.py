@@ -624,7 +624,7 @@ MEAN_TABLES = (
     ("recip_orth_mean", "Reciprocal orthogonality ||W_a z_b|| / ||W_a z_a|| (0 = orthogonal)"),
 )
 """Per-method tables of ``report.md`` (mean over cells), in order; column names as in
-:mod:`fedlmc.study.columns`, whose docstring defines them."""
+:mod:`fedlmc.study.rows`, whose docstring defines them."""
 
 
 def lewc_scope_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[str]:
@@ -797,7 +797,7 @@ def report_markdown(
                 "",
                 "Two-client cells, mean over seeds; signed: L(theta_1/2) - (L_a + L_b)/2, "
                 "accuracy in percentage points (chord minus midpoint). "
-                "Definitions: fedlmc.study.columns.",
+                "Definitions: fedlmc.study.rows.",
                 "",
                 markdown_table(first, "width"),
                 "",

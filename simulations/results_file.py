@@ -4,7 +4,7 @@
 when its number of fields differs from the header's (a junk row, an unclosed quote), when it is
 the last row and the file does not end with a line end (cut off mid-line: pandas always writes
 one), when its ``cell_id`` is not 12 hex digits or its ``status`` not ``ok``/``failed``, or when
-an ``ok`` row holds text in a numeric column of :data:`fedlmc.study.columns.COLUMNS`. Bad rows are
+an ``ok`` row holds text in a numeric column of :data:`fedlmc.study.rows.COLUMNS`. Bad rows are
 left out of the table with a warning naming the file and the rows; with ``set_aside`` (a sweep about
 to run) they are moved to ``results.rejected.csv`` beside it (appended, never overwritten) and
 ``results.csv`` is rewritten without them, so their cells run again.
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from fedlmc.io import atomic_write
 from fedlmc.simulations.schema import ConfigError
-from fedlmc.study.columns import COLUMNS, STRING_COLUMNS
+from fedlmc.study.rows import COLUMNS, STRING_COLUMNS
 
 RESULTS = "results.csv"
 REJECTED = "results.rejected.csv"

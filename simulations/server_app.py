@@ -72,7 +72,6 @@ from fedlmc.strategies import FedAvgBaseline, OneShotAverage, PermutationAligned
 from fedlmc.strategies.common import Failure, RoundReport, StateDict
 from fedlmc.strategies.protocol import record_to_state, state_to_record
 from fedlmc.strategies.screening import WeightBound
-from fedlmc.study.columns import ROUND_COLUMNS, endpoint_columns
 from fedlmc.study.compare import (
     Comparison,
     Predictions,
@@ -80,6 +79,7 @@ from fedlmc.study.compare import (
     evaluate_model_row,
     gap_columns,
 )
+from fedlmc.study.rows import ROUND_COLUMNS, endpoint_columns
 
 Sink = Callable[["ServerOutcome"], None]
 
@@ -119,7 +119,7 @@ def failures_text(failures: Sequence[Failure]) -> str:
 def round_columns(
     report: RoundReport, bytes_sent: int, seconds: float, rounds: int
 ) -> dict[str, Any]:
-    """Columns describing the rounds behind a row (:data:`fedlmc.study.columns.ROUND_COLUMNS`)."""
+    """Columns describing the rounds behind a row (:data:`fedlmc.study.rows.ROUND_COLUMNS`)."""
     train_seconds = [u.metrics.get("train-seconds", 0.0) for u in report.survivors]
     columns = {
         "clients_survived": len(report.survivors),

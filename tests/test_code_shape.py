@@ -21,7 +21,7 @@ APPS = ("fedlmc.strategies", "fedlmc.simulations")
 # The science core's layers, lowest first: a module may import its own layer and those below.
 LAYERS = (
     ("fedlmc", "fedlmc._lazy", "fedlmc._app_folders", "fedlmc.registry", "fedlmc.io")
-    + ("fedlmc.evaluation", "fedlmc.averaging", "fedlmc.capture"),
+    + ("fedlmc.evaluation", "fedlmc.averaging", "fedlmc.capture", "fedlmc.columns"),
     ("fedlmc.data",),
     ("fedlmc.permutation",),
     ("fedlmc.models", "fedlmc.train"),

@@ -32,8 +32,8 @@ from fedlmc.simulations.registry_tables import (
 )
 from fedlmc.simulations.task import build_from_config
 from fedlmc.strategies import PermutationAlignedAverage
-from fedlmc.study.columns import COLUMNS, ROUND_COLUMNS
 from fedlmc.study.compare import compare_methods
+from fedlmc.study.rows import COLUMNS, ROUND_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 

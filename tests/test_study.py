@@ -19,8 +19,8 @@ from fedlmc.merging.calibrate import fit_temperature
 from fedlmc.merging.methods import study_methods
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
-from fedlmc.study.columns import COLUMNS, STRING_COLUMNS
 from fedlmc.study.compare import evaluate_methods, evaluate_model_row, merge_clients
+from fedlmc.study.rows import COLUMNS, STRING_COLUMNS
 from fedlmc.train import train_model
 
 MERGED_FLOATS = (

@@ -23,7 +23,7 @@ import pytest
 
 from fedlmc.simulations.config import ConfigError, cell_id, expand_grid, load_sweep_config
 from fedlmc.simulations.sweep import exclusive, finished_cells, read_results, run_sweep
-from fedlmc.study.columns import COLUMNS
+from fedlmc.study.rows import COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ width = [0.125, 0.25, 0.5]
 WIDTHS = [0.125, 0.25, 0.5]
 
 # the lead and run-config columns, then every column of the results-row schema
-# (fedlmc.study.columns)
+# (fedlmc.study.rows)
 REQUIRED = ("cell_id", "status", "error", "width", "num-clients", "seed", "weight-decay", *COLUMNS)
 # timings and host-dependent byte counts differ between runs; everything else must not
 VOLATILE = ("seconds", "bytes")

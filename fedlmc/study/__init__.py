@@ -1,7 +1,7 @@
 """Study: one-shot merge methods compared on the clients of one round, as tidy result rows.
 
 - :mod:`fedlmc.study.compare`: :func:`compare_methods` and the rows' computations.
-- :mod:`fedlmc.study.columns`: the results-row schema, one declaration per column.
+- :mod:`fedlmc.study.rows`: the results-row schema.
 """
 
 from fedlmc._lazy import lazy_exports
@@ -12,7 +12,7 @@ _EXPORTS = {
         + ["merge_clients", "check_methods", "Merged"],
         ".compare",
     ),
-    "COLUMNS": ".columns",
+    "COLUMNS": ".rows",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

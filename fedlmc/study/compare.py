@@ -3,7 +3,7 @@ r"""Comparison of one-shot merge methods on the client models of one federated r
 Given the client state dicts :math:`\theta_1, \dots, \theta_N` of one round (same architecture)
 and their merge weights :math:`c_i` (e.g. sample counts, :math:`w_i = c_i / \sum_j c_j`), every
 method of :func:`fedlmc.merging.methods.study_methods` is evaluated on the *same* client models and
-gives one tidy row (columns: :mod:`fedlmc.study.columns`). The merge methods are those registered in
+gives one tidy row (columns: :mod:`fedlmc.study.rows`). The merge methods are those registered in
 :mod:`fedlmc.merging.methods`; the built-in ones:
 
 - ``average``: :math:`\bar\theta = \sum_i w_i \theta_i` (no permutation).
@@ -30,7 +30,7 @@ interpolation curve :math:`\theta(\lambda) = \lambda \theta_1 + (1-\lambda) \pi(
 :math:`T` refitted on the server split at every :math:`\lambda`, and
 :func:`fedlmc.analysis.paths.barriers` of it: signed at :math:`\lambda = 1/2` (``*_barrier_half``,
 the paper's Table 1) and the maximum over the path (``*_barrier_max``). Column definitions:
-:mod:`fedlmc.study.columns`.
+:mod:`fedlmc.study.rows`.
 
 For BatchNorm models every point of the curve (its endpoints included) has its statistics
 re-estimated on the server split, while the endpoint columns use each client's own statistics.
@@ -85,7 +85,7 @@ from fedlmc.merging.repair import repair
 from fedlmc.permutation.chain import lewc_bias_targets, norm_free_chain, residual_reason
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
-from fedlmc.study.columns import (
+from fedlmc.study.rows import (
     PREDICTION_KEYS,
     PREDICTION_MEAN_KEYS,
     curve_json,
@@ -310,7 +310,7 @@ def client_barrier_columns(
     r"""Barriers on each client's path to the merge, :math:`\lambda \pi_i(\theta_i) +
     (1-\lambda)\bar\theta` (post-processed like the merge at every point): mean and worst over
     clients. They measure the shape of the path from a client to the merge, not the merge's
-    quality (that is ``merge_gap_*``); columns in :mod:`fedlmc.study.columns`."""
+    quality (that is ``merge_gap_*``); columns in :mod:`fedlmc.study.rows`."""
     per_client = [
         _half_and_max(
             interpolation_curve(
@@ -845,7 +845,7 @@ def compare_methods(
     method_options: dict[str, Any] | None = None,
     progress: Progress = None,
 ) -> Comparison:
-    """One row per requested method (columns :data:`fedlmc.study.columns.COLUMNS`), all on the same
+    """One row per requested method (columns :data:`fedlmc.study.rows.COLUMNS`), all on the same
     client models, and the merged weights of each base merge (``Comparison.merged``).
 
     ``methods`` defaults to every study method (:func:`fedlmc.merging.methods.study_methods`).
@@ -916,7 +916,7 @@ def evaluate_model_row(
     num_clients: int = 1,
     device: str | torch.device | None = None,
 ) -> dict[str, Any]:
-    """A row with :data:`fedlmc.study.columns.COLUMNS` for a single model (e.g. FedAvg's final
+    """A row with :data:`fedlmc.study.rows.COLUMNS` for a single model (e.g. FedAvg's final
     model).
 
     Test accuracy, NLL and ECE; ``temperature`` is fitted on the server split and used for
