@@ -843,7 +843,7 @@ def compare_methods(
     method_options: dict[str, Any] | None = None,
     progress: Progress = None,
 ) -> Comparison:
-    """One row per requested method (columns :data:`fedlmc.rows.COLUMNS`), all on the same client
+    """One row per requested method (columns :func:`fedlmc.rows.row_columns`), all on the same client
     models, and the merged weights of each base merge (``Comparison.merged``).
 
     ``methods`` defaults to every study method (:func:`fedlmc.methods.study_methods`).
@@ -914,7 +914,7 @@ def evaluate_model_row(
     num_clients: int = 1,
     device: str | torch.device | None = None,
 ) -> dict[str, Any]:
-    """A row with :data:`fedlmc.rows.COLUMNS` for a single model (e.g. FedAvg's final model).
+    """A row with :func:`fedlmc.rows.row_columns` for a single model (e.g. FedAvg's final model).
 
     Test accuracy, NLL and ECE; ``temperature`` is fitted on the server split and used for
     ``nll``/``ece`` when ``calibrated`` (default: ``method`` ends with ``_t``). Endpoint,
