@@ -843,8 +843,8 @@ def compare_methods(
     method_options: dict[str, Any] | None = None,
     progress: Progress = None,
 ) -> Comparison:
-    """One row per requested method (columns :func:`fedlmc.rows.row_columns`), all on the same client
-    models, and the merged weights of each base merge (``Comparison.merged``).
+    """One row per requested method (columns :func:`fedlmc.rows.row_columns`), all on the same
+    client models, and the merged weights of each base merge (``Comparison.merged``).
 
     ``methods`` defaults to every study method (:func:`fedlmc.methods.study_methods`).
     Each base merge is computed once; its ``_t`` row reuses it with the server-fitted
