@@ -22,6 +22,7 @@ __all__ = [
     "methods_table",
     "models_table",
     "pyproject_config",
+    "pyproject_config_of",
     "with_pyproject_config",
 ]
 
