@@ -12,7 +12,9 @@
   memory its models need, and that the out dir is a writable folder holding no ``fedlmc run``
   results) and print its expanded cells.
 - ``fedlmc methods`` / ``fedlmc models``: the registered merge methods / models (markdown tables,
-  as in the README); ``fedlmc keys``: every run-config key.
+  as in the README); ``fedlmc keys``: every run-config key (``--pyproject``: the
+  ``[tool.flwr.app.config]`` block of ``pyproject.toml``; ``--write-pyproject PATH``: rewrite that
+  block in the file); ``fedlmc columns``: every results column with its definition.
 - ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once
   (md5-checked, :func:`fedlmc.data.download.fetch_dataset`); a failed download exits 1 with one
   line.
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedlmc.data.catalog import DOWNLOADABLE
+from fedlmc.io import atomic_write_text
 from fedlmc.simulations.config import (
     ConfigError,
     absolute_paths,
@@ -44,7 +47,14 @@ from fedlmc.simulations.config import (
     parse_override,
     validate_run_config,
 )
-from fedlmc.simulations.registry_tables import keys_table, methods_table, models_table
+from fedlmc.simulations.registry_tables import (
+    columns_table,
+    keys_table,
+    methods_table,
+    models_table,
+    pyproject_config,
+    with_pyproject_config,
+)
 
 SHOWN_COLUMNS = (
     "method",
@@ -116,7 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("methods", help="list the registered merge methods (markdown)")
     sub.add_parser("models", help="list the registered models and their options (markdown)")
-    sub.add_parser("keys", help="list every run-config key with its default (markdown)")
+    keys = sub.add_parser("keys", help="list every run-config key with its default (markdown)")
+    keys.add_argument(
+        "--pyproject",
+        action="store_true",
+        help="print pyproject.toml's [tool.flwr.app.config] block instead (every key's default)",
+    )
+    keys.add_argument(
+        "--write-pyproject",
+        metavar="PATH",
+        help="replace the [tool.flwr.app.config] block of the pyproject.toml at PATH",
+    )
+    sub.add_parser("columns", help="list every results column with its definition (markdown)")
 
     data = sub.add_parser("data", help="data sets: fetch one into a folder")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -279,7 +300,24 @@ def command_models(args: argparse.Namespace) -> int:
 
 
 def command_keys(args: argparse.Namespace) -> int:
-    print(keys_table())
+    if args.write_pyproject:
+        path = Path(args.write_pyproject)
+        try:
+            text = path.read_text(encoding="utf-8")
+            updated = with_pyproject_config(text)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"--write-pyproject {str(path)!r}: {err}") from None
+        atomic_write_text(path, updated)
+        print(f"{path}: [tool.flwr.app.config] {'unchanged' if updated == text else 'updated'}")
+    elif args.pyproject:
+        print(pyproject_config(), end="")
+    else:
+        print(keys_table())
+    return 0
+
+
+def command_columns(args: argparse.Namespace) -> int:
+    print(columns_table())
     return 0
 
 
@@ -303,6 +341,7 @@ COMMANDS = {
     "methods": command_methods,
     "models": command_models,
     "keys": command_keys,
+    "columns": command_columns,
     "data": command_data,
 }
 

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
@@ -47,6 +47,7 @@ from fedlmc.simulations.report_schema import REPORT_SCHEMA
 from fedlmc.simulations.schema import (
     ConfigError,
     Key,
+    Rule,
     at_least,
     check_value,
     choice,
@@ -56,7 +57,6 @@ from fedlmc.simulations.schema import (
 )
 
 __all__ = [
-    "RUNTIME_KEYS",
     "ConfigError",
     "SweepConfig",
     "canonical_run_config",
@@ -66,6 +66,7 @@ __all__ = [
     "load_sweep_config",
     "method_list",
     "run_schema",
+    "runtime_keys",
     "validate_run_config",
 ]
 
@@ -157,28 +158,55 @@ def option_key(name: str) -> str:
     return name.replace("_", "-")
 
 
+def _has_option(name: str) -> Rule:
+    return Rule(
+        f"the model has a `{option_key(name)}` option",
+        lambda config: name in model_entry(config["model"]).options,
+    )
+
+
 def _model_option_keys() -> dict[str, Key]:
-    """One run-config key per public model option (:mod:`fedlmc.models.registry`)."""
+    """One run-config key per public model option (:mod:`fedlmc.models.registry`); a cell ignores
+    it when its model has no such option."""
     keys = {}
     for name, (option, models) in public_options().items():
         check = at_least(option.minimum) if option.minimum is not None else None
         doc = f"{option.doc} ({', '.join(models)})"
-        keys[option_key(name)] = Key(type(option.default), option.default, doc, check)
+        kind = type(option.default)
+        keys[option_key(name)] = Key(kind, option.default, doc, check, applies=_has_option(name))
     return keys
 
 
-def run_schema() -> dict[str, Key]:
-    """Every run-config key in documentation order (built from the registries when called)."""
+def _strategy_is(*names: str) -> Rule:
+    text = " or ".join(f'`"{name}"`' for name in names)
+    return Rule(
+        f"`strategy` {'=' if len(names) == 1 else 'is'} {text}",
+        lambda config: config["strategy"] in names,
+    )
+
+
+def declared_keys() -> dict[str, Key]:
+    """Every run-config key but the model options, each declared once, in documentation order
+    (:data:`RUN_KEYS`)."""
     return {
         "dataset": Key(str, "mnist5k", "data set name", _dataset, dataset_names),
         "data-root": Key(
-            str, "", "folder of the torchvision files (mnist, cifar10, ...) or the hf: cache"
+            str,
+            "",
+            "folder of the torchvision files (mnist, cifar10, ...) or the hf: cache",
+            runtime=True,
         ),
         "download": Key(
-            bool, False, "fetch a torchvision data set into data-root first (once, on the server)"
+            bool,
+            False,
+            "fetch a torchvision data set into data-root first (once, on the server)",
+            runtime=True,
         ),
         "data-mirror": Key(
-            str, "", "base URL of a mirror for download (empty: torchvision's own URLs)"
+            str,
+            "",
+            "base URL of a mirror for download (empty: torchvision's own URLs)",
+            runtime=True,
         ),
         "image-key": Key(str, "", "image column of an hf: data set (empty: detected)"),
         "label-key": Key(str, "", "label column of an hf: data set (empty: detected)"),
@@ -193,7 +221,6 @@ def run_schema() -> dict[str, Key]:
             model_names,
         ),
         "width": Key(float, 1.0, "width multiplier", at_least(0.0, strict=True)),
-        **_model_option_keys(),
         "norm": named(
             str, "auto", "normalisation layers (auto: the model's default)", ("auto", *NORMS)
         ),
@@ -205,13 +232,29 @@ def run_schema() -> dict[str, Key]:
             choice(BIAS_VALUES),
             lambda: BIAS_VALUES,
             booleans=True,
+            resolve=Rule("`auto` counts as the model's default", lambda c: resolved_bias(c)),
         ),
         "num-clients": Key(int, 2, "number of clients", at_least(2)),
         "partition": named(
             str, "iid", "partition scheme (full: every client the whole pool)", PARTITION_SCHEMES
         ),
-        "alpha": Key(float, 0.5, "Dirichlet concentration", at_least(0.0, strict=True)),
-        "classes-per-client": Key(int, 2, "classes per client (pathological, shard)", at_least(1)),
+        "alpha": Key(
+            float,
+            0.5,
+            "Dirichlet concentration",
+            at_least(0.0, strict=True),
+            applies=Rule('`partition = "dirichlet"`', lambda c: c["partition"] == "dirichlet"),
+        ),
+        "classes-per-client": Key(
+            int,
+            2,
+            "classes per client (pathological, shard)",
+            at_least(1),
+            applies=Rule(
+                '`partition` is `"pathological"` or `"shard"`',
+                lambda c: c["partition"] in ("pathological", "shard"),
+            ),
+        ),
         "epochs": Key(int, 10, "local epochs per client", at_least(1)),
         "lr": Key(float, 0.05, "peak learning rate", at_least(0.0, strict=True)),
         "weight-decay": Key(float, 3e-3, "weight decay", at_least(0.0)),
@@ -228,18 +271,28 @@ def run_schema() -> dict[str, Key]:
             "rows evaluated by the compare strategy (comma-separated)",
             _methods,
             cell_methods,
+            applies=_strategy_is("compare"),
         ),
         "align": named(
-            str, "weight_matching", "merge method of the aligned strategy", aligning_methods
+            str,
+            "weight_matching",
+            "merge method of the aligned strategy",
+            aligning_methods,
+            applies=_strategy_is("aligned"),
         ),
         "auto-tolerance": Key(
             float,
             AUTO_TOLERANCE,
             "nats: the auto method keeps the plain average within this calibrated-NLL gap",
             at_least(0.0),
+            applies=Rule("the `auto` method runs", lambda c: "auto" in selected_methods(c)),
         ),
         "calibration": named(
-            str, "server", "temperature calibration of the average/aligned strategies", CALIBRATIONS
+            str,
+            "server",
+            "temperature calibration of the average/aligned strategies",
+            CALIBRATIONS,
+            applies=_strategy_is("average", "aligned"),
         ),
         "calibration-holdout": Key(
             float,
@@ -247,32 +300,53 @@ def run_schema() -> dict[str, Key]:
             "share of each client's partition held out from training for calibration = federated "
             "(0: calibrate in-sample on the training data)",
             fraction,
+            applies=Rule(
+                '`calibration = "federated"` with `strategy` `"average"` or `"aligned"`',
+                lambda c: federated_calibration(c),
+            ),
         ),
         "init": named(str, "independent", "client initialisation", ("independent", "shared")),
-        "fedavg-rounds": Key(int, 5, "rounds of the FedAvg baseline", at_least(1)),
+        "fedavg-rounds": Key(
+            int,
+            5,
+            "rounds of the FedAvg baseline",
+            at_least(1),
+            applies=Rule(
+                'the FedAvg baseline runs (`strategy = "fedavg"`, or `fedavg` in `methods`)',
+                lambda c: uses_fedavg(c),
+            ),
+        ),
         "lambdas": Key(
             int,
             25,
             f"points on the interpolation grid (compare): odd, so that it holds lambda = 1/2; "
             f"at most {MAX_LAMBDAS}",
             _lambdas,
+            applies=_strategy_is("compare"),
         ),
-        "diagnostics": Key(bool, True, "compute LEWC and orthogonality diagnostics (compare)"),
+        "diagnostics": Key(
+            bool,
+            True,
+            "compute LEWC and orthogonality diagnostics (compare)",
+            applies=_strategy_is("compare"),
+        ),
         "seed": Key(int, 0, "seed", at_least(0)),
-        "device": named(str, "auto", "training device", ("auto", "cpu", "cuda")),
+        "device": named(str, "auto", "training device", ("auto", "cpu", "cuda"), runtime=True),
         "num-cpus": Key(
             float,
             1.0,
             "CPUs per simulated client; its threads: max(1, floor(num-cpus))",
             at_least(0.0, strict=True),
+            runtime=True,
         ),
-        "num-gpus": Key(float, 0.0, "GPUs per simulated client", at_least(0.0)),
+        "num-gpus": Key(float, 0.0, "GPUs per simulated client", at_least(0.0), runtime=True),
         "server-cpus": Key(
             float,
             0.0,
             "threads of the server's merges and evaluations (0: the cores the client slots "
             "leave, at least 1)",
             at_least(0.0),
+            runtime=True,
         ),
         "min-clients": Key(int, 2, "fewest surviving clients a merge accepts", at_least(1)),
         "max-client-share": Key(
@@ -281,11 +355,40 @@ def run_schema() -> dict[str, Key]:
             "largest share of one client in a deployment's merge (simulations use the "
             "partition sizes)",
             _share,
+            runtime=True,
         ),
-        "timeout": Key(float, 600.0, "seconds to wait for clients", at_least(0.0, strict=True)),
+        "timeout": Key(
+            float, 600.0, "seconds to wait for clients", at_least(0.0, strict=True), runtime=True
+        ),
         "inject-failure": Key(str, "none", "test-only failure injection", _failures),
-        "out-dir": Key(str, "", "folder for results.csv and merged weights"),
+        "out-dir": Key(str, "", "folder for results.csv and merged weights", runtime=True),
     }
+
+
+RUN_KEYS: dict[str, Key] = declared_keys()
+"""Every run-config key but the model options, each declared once, in documentation order:
+type, default, meaning, check, allowed names, and for a sweep whether it is a runtime key (left
+out of a cell's identity) and when it can affect a run (``applies``; elsewhere
+:func:`canonical_run_config` resets it). ``pyproject.toml``'s ``[tool.flwr.app.config]`` is
+generated from it (``fedlmc keys --pyproject``)."""
+MODEL_OPTIONS_AFTER = "width"
+"""The model options' keys (:func:`_model_option_keys`) follow this key in :func:`run_schema`."""
+
+
+def run_schema() -> dict[str, Key]:
+    """Every run-config key in documentation order: :data:`RUN_KEYS` with the public model
+    options' keys after ``width`` (built from the registries when called)."""
+    schema: dict[str, Key] = {}
+    for name, key in RUN_KEYS.items():
+        schema[name] = key
+        if name == MODEL_OPTIONS_AFTER:
+            schema.update(_model_option_keys())
+    return schema
+
+
+def runtime_keys() -> tuple[str, ...]:
+    """The keys declared ``runtime``: left out of a cell's identity (:func:`cell_id`)."""
+    return tuple(name for name, key in run_schema().items() if key.runtime)
 
 
 def validate_run_config(
@@ -302,21 +405,40 @@ def validate_run_config(
     config = {k: spec.default for k, spec in schema.items()}
     for key, value in values.items():
         config[key] = check_value(key, value, schema)
-    check_consistency(config, check_devices=check_devices)
-    if whole_run:
-        check_fedavg_rounds(config)
+    check_consistency(config, check_devices=check_devices, whole_run=whole_run)
     return config
 
 
-def check_consistency(config: Mapping[str, Any], *, check_devices: bool = True) -> None:
-    """Checks that involve several keys or the machine."""
+def check_consistency(
+    config: Mapping[str, Any], *, check_devices: bool = True, whole_run: bool = True
+) -> None:
+    """The checks that involve several keys (:data:`CONSISTENCY_CHECKS`), those about this
+    machine (:data:`DEVICE_CHECKS`) and those about the whole run (:data:`WHOLE_RUN_CHECKS`)."""
+    checks = list(CONSISTENCY_CHECKS)
+    checks += DEVICE_CHECKS if check_devices else []
+    checks += WHOLE_RUN_CHECKS if whole_run else []
+    for check in checks:
+        check(config)
+
+
+def check_min_clients(config: Mapping[str, Any]) -> None:
+    """``min-clients`` at most ``num-clients``."""
     if config["min-clients"] > config["num-clients"]:
         raise ConfigError(
             f"min-clients = {config['min-clients']}: allowed: at most num-clients "
             f"({config['num-clients']})"
         )
+
+
+def check_server_split(config: Mapping[str, Any]) -> None:
+    """Calibration on the server split needs one."""
     if config["calibration"] == "server" and config["server-fraction"] == 0.0:
         raise ConfigError("server-fraction = 0.0: calibration = 'server' needs a server split > 0")
+
+
+def check_data_source(config: Mapping[str, Any]) -> None:
+    """``download`` needs a ``data-root`` and a downloadable data set; ``image-key`` and
+    ``label-key`` need an ``hf:`` data set."""
     if config["download"] and not config["data-root"]:
         raise ConfigError("download = true: allowed only with a data-root to fetch into")
     if config["download"] and config["dataset"] not in DOWNLOADABLE:
@@ -330,12 +452,11 @@ def check_consistency(config: Mapping[str, Any], *, check_devices: bool = True) 
                 f"{key} = {config[key]!r}: allowed only with an hf:NAME dataset, not "
                 f"{config['dataset']!r}"
             )
-    check_partition(config)
-    check_model_bias(config)
-    check_plain_chain_methods(config)
-    if check_devices:
-        check_memory(config)
-    if check_devices and (config["num-gpus"] > 0 or config["device"] == "cuda"):
+
+
+def check_cuda(config: Mapping[str, Any]) -> None:
+    """``num-gpus > 0`` or ``device = "cuda"`` needs a visible CUDA GPU."""
+    if config["num-gpus"] > 0 or config["device"] == "cuda":
         import torch
 
         if not torch.cuda.is_available():
@@ -436,13 +557,18 @@ def check_plain_chain_methods(config: Mapping[str, Any]) -> None:
 # ----------------------------------------------------------------------------- feasibility
 
 
+def uses_fedavg(config: Mapping[str, Any]) -> bool:
+    """Whether the FedAvg baseline runs: ``strategy = "fedavg"``, or ``fedavg`` in the
+    ``methods`` of ``compare``."""
+    return config["strategy"] == FEDAVG or (
+        config["strategy"] == "compare" and FEDAVG in method_list(config)
+    )
+
+
 def check_fedavg_rounds(config: Mapping[str, Any]) -> None:
     """The FedAvg baseline trains ``epochs`` local epochs over ``fedavg-rounds`` rounds: every
     round needs at least one."""
-    uses_fedavg = config["strategy"] == FEDAVG or (
-        config["strategy"] == "compare" and FEDAVG in method_list(config)
-    )
-    if uses_fedavg and config["fedavg-rounds"] > config["epochs"]:
+    if uses_fedavg(config) and config["fedavg-rounds"] > config["epochs"]:
         raise ConfigError(
             f"fedavg-rounds = {config['fedavg-rounds']}: allowed: 1 .. epochs "
             f"({config['epochs']}) so that every FedAvg round trains at least one epoch"
@@ -543,6 +669,23 @@ def check_partition(config: Mapping[str, Any]) -> None:
         )
 
 
+Check = Callable[[Mapping[str, Any]], None]
+CONSISTENCY_CHECKS: list[Check] = [
+    check_min_clients,
+    check_server_split,
+    check_data_source,
+    check_partition,
+    check_model_bias,
+    check_plain_chain_methods,
+]
+"""The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
+about a new key joins this list (run by :func:`validate_run_config`)."""
+WHOLE_RUN_CHECKS: list[Check] = [check_fedavg_rounds]
+"""Checks about the whole run, skipped for a client's one-round config (``whole_run=False``)."""
+DEVICE_CHECKS: list[Check] = [check_memory, check_cuda]
+"""Checks about this machine, skipped with ``check_devices=False``."""
+
+
 # ----------------------------------------------------------------------------- sweeps
 #
 # A sweep file is TOML with four parts:
@@ -570,18 +713,6 @@ def check_partition(config: Mapping[str, Any]) -> None:
 
 SWEEP_KEYS = ("name", "description", "run", "grid", "report")
 SWEEP_TABLES = ("run", "grid", "report")
-RUNTIME_KEYS = (
-    "out-dir",
-    "max-client-share",
-    "data-root",
-    "download",
-    "data-mirror",
-    "timeout",
-    "num-cpus",
-    "num-gpus",
-    "server-cpus",
-    "device",
-)
 NOT_SWEEPABLE = ("out-dir",)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -820,58 +951,30 @@ def keeps_trained_model(config: Mapping[str, Any]) -> bool:
 
 
 def canonical_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` with the keys that cannot affect the run reset to their defaults:
-
-    - ``alpha`` unless ``partition = "dirichlet"``; ``classes-per-client`` unless
-      ``pathological``/``shard``;
-    - model options the chosen model does not have (``depth`` of a ``vgg11`` cell); ``bias =
-      auto`` is resolved to the model's default (``true``/``false``), so ``auto`` and the value
-      it stands for are one cell;
-    - ``methods``, ``lambdas`` and ``diagnostics`` unless ``strategy = "compare"`` (only the
-      study evaluates several methods and draws the curve);
-    - ``align`` unless ``strategy = "aligned"``; ``calibration`` unless the strategy is
-      ``average`` or ``aligned`` (compare fits temperatures on the server split, FedAvg none);
-      ``auto-tolerance`` unless the ``auto`` method runs; ``calibration-holdout`` unless
-      calibration is federated (:func:`federated_calibration`);
-    - ``fedavg-rounds`` unless the FedAvg baseline runs.
-    """
-    schema = run_schema()
+    """``config`` (validated) with the keys that cannot affect the run reset to their defaults
+    and the keys that stand for another value resolved, as each key declares (:data:`RUN_KEYS`:
+    ``applies`` and ``resolve``, every rule read on ``config`` itself): e.g. ``alpha`` unless
+    ``partition = "dirichlet"``, model options the chosen model does not have, ``methods``,
+    ``lambdas`` and ``diagnostics`` unless ``strategy = "compare"``, and ``bias = auto``
+    resolved to the model's default, so ``auto`` and the value it stands for are one cell.
+    ``fedlmc keys`` lists every rule."""
     canonical = dict(config)
-
-    def reset(*keys: str) -> None:
-        for key in keys:
-            canonical[key] = schema[key].default
-
-    if canonical["partition"] != "dirichlet":
-        reset("alpha")
-    if canonical["partition"] not in ("pathological", "shard"):
-        reset("classes-per-client")
-    own = model_entry(canonical["model"]).options
-    reset(*(option_key(name) for name in public_options() if name not in own))
-    canonical["bias"] = resolved_bias(canonical)
-    strategy = canonical["strategy"]
-    if strategy != "compare":
-        reset("methods", "lambdas", "diagnostics")
-    if strategy != "aligned":
-        reset("align")
-    if "auto" not in selected_methods(canonical):
-        reset("auto-tolerance")
-    if not federated_calibration(canonical):
-        reset("calibration-holdout")
-    if strategy not in ("average", "aligned"):
-        reset("calibration")
-    if strategy != FEDAVG and FEDAVG not in method_list(canonical):
-        reset("fedavg-rounds")
+    for name, key in run_schema().items():
+        if key.applies is not None and not key.applies.of(config):
+            canonical[name] = key.default
+        elif key.resolve is not None:
+            canonical[name] = key.resolve.of(config)
     return canonical
 
 
 def experiment_values(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys that define the experiment: the run config minus :data:`RUNTIME_KEYS`."""
-    return {k: config[k] for k in sorted(config) if k not in RUNTIME_KEYS}
+    """The keys that define the experiment: the run config minus :func:`runtime_keys`."""
+    runtime = runtime_keys()
+    return {k: config[k] for k in sorted(config) if k not in runtime}
 
 
 def cell_id(config: Mapping[str, Any]) -> str:
-    """12 hex digits of SHA-256 over the resolved run config minus :data:`RUNTIME_KEYS`.
+    """12 hex digits of SHA-256 over the resolved run config minus :func:`runtime_keys`.
 
     Stable across processes and key order; any default filled in by
     :func:`validate_run_config` is part of the hash, runtime-only keys and keys without effect

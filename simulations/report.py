@@ -60,6 +60,7 @@ from fedlmc.simulations.sweep import (
     varying_keys,
     with_split_methods,
 )
+from fedlmc.study.rows import ReportTables
 
 FIGURES = "figures"
 MAX_PANELS = 12
@@ -584,47 +585,10 @@ def table1(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
-MEAN_TABLES = (
-    ("merge_gap_accuracy", "Merge gap, accuracy (mean endpoint accuracy - merged accuracy)"),
-    ("merge_gap_loss", "Merge gap, loss (merged NLL - mean endpoint NLL), raw logits"),
-    ("merge_gap_loss_calibrated", "Merge gap, loss, each model with its fitted temperature"),
-    ("loss_barrier_half", "Loss barrier at lambda = 1/2 (signed), raw logits"),
-    ("loss_barrier_half_calibrated", "Loss barrier at lambda = 1/2 (signed), calibrated"),
-    ("loss_barrier_max", "Loss barrier, maximum over lambda, raw logits"),
-    ("loss_barrier_max_calibrated", "Loss barrier, maximum over lambda, calibrated"),
-    ("accuracy_barrier_half", "Accuracy barrier at lambda = 1/2 (signed)"),
-    ("accuracy_barrier_max", "Accuracy barrier, maximum over lambda"),
-    (
-        "client_to_merge_path_loss_barrier_half_calibrated_mean",
-        "Barrier at 1/2 on the path client -> merge (its shape, not the merge's quality), "
-        "calibrated, mean over clients",
-    ),
-    (
-        "client_to_merge_path_loss_barrier_half_calibrated_worst",
-        "Barrier at 1/2 on the path client -> merge, calibrated, worst client",
-    ),
-    ("agreement_logit_ensemble", "Top-1 agreement with the logit ensemble (test split)"),
-    ("agreement_prob_ensemble", "Top-1 agreement with the probability ensemble (test split)"),
-    ("lewc_error_mean", "LEWC relative error (combined weights), mean over layers"),
-    (
-        "llfc_scaled_error_mean",
-        "LLFC relative error at its best positive scale (combined weights), mean over layers",
-    ),
-    ("lewc_error_mean_quarter", "LEWC relative error at lambda = 1/4, mean over layers"),
-    (
-        "llfc_scaled_error_mean_quarter",
-        "LLFC best-scaled relative error at lambda = 1/4, mean over layers",
-    ),
-    (
-        "temperature_ratio_logit_ensemble",
-        "Fitted T of the merge / fitted T of the logit ensemble (measured)",
-    ),
-    ("lewc_temperature_ratio", "LEWC's prediction of that T ratio, ||sum w^L z|| / ||sum w z||"),
-    ("logit_norm_ratio", "Logit norm of the merge / endpoints' (LEWC: shrinks with depth)"),
-    ("recip_orth_mean", "Reciprocal orthogonality ||W_a z_b|| / ||W_a z_a|| (0 = orthogonal)"),
-)
-"""Per-method tables of ``report.md`` (mean over cells), in order; column names as in
-:mod:`fedlmc.study.rows`, whose docstring defines them."""
+MEAN_TABLES = ReportTables()
+"""Per-method tables of ``report.md`` (mean over cells), in order: ``(column, heading)`` of every
+column declared with a ``report_table`` (:func:`fedlmc.study.rows.report_tables`; the heading is
+what the column measures; definitions in :mod:`fedlmc.columns`), read on every use."""
 
 
 def lewc_scope_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[str]:

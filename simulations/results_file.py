@@ -4,7 +4,7 @@
 when its number of fields differs from the header's (a junk row, an unclosed quote), when it is
 the last row and the file does not end with a line end (cut off mid-line: pandas always writes
 one), when its ``cell_id`` is not 12 hex digits or its ``status`` not ``ok``/``failed``, or when
-an ``ok`` row holds text in a numeric column of :data:`fedlmc.study.rows.COLUMNS`. Bad rows are
+an ``ok`` row holds text in a numeric column of :func:`fedlmc.study.rows.column_table`. Bad rows are
 left out of the table with a warning naming the file and the rows; with ``set_aside`` (a sweep about
 to run) they are moved to ``results.rejected.csv`` beside it (appended, never overwritten) and
 ``results.csv`` is rewritten without them, so their cells run again.
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from fedlmc.io import atomic_write
 from fedlmc.simulations.schema import ConfigError
-from fedlmc.study.rows import COLUMNS, STRING_COLUMNS
+from fedlmc.study.rows import column_table
 
 RESULTS = "results.csv"
 REJECTED = "results.rejected.csv"
@@ -38,7 +38,11 @@ if TYPE_CHECKING:
     import pandas as pd
 LEAD_COLUMNS = ("cell_id", "status", "error")
 CELL_ID = re.compile(r"[0-9a-f]{12}")
-NUMERIC_COLUMNS = tuple(c for c in COLUMNS if c not in STRING_COLUMNS)
+
+
+def numeric_columns() -> tuple[str, ...]:
+    """The results columns that hold numbers (:func:`fedlmc.study.rows.column_table`)."""
+    return tuple(c.name for c in column_table() if not c.is_string)
 
 
 def _is_number(text: str) -> bool:
@@ -65,7 +69,7 @@ def row_problem(
     if values.get("status") not in ("ok", "failed"):
         return f"status {values.get('status', '')[:20]!r}; allowed: ok, failed"
     if values["status"] == "ok":
-        for column in NUMERIC_COLUMNS:
+        for column in numeric_columns():
             if column in values and not _is_number(values[column]):
                 return f"{column} = {values[column][:20]!r} is not a number"
     return None

@@ -1,8 +1,11 @@
 """Typed configuration keys and their checks, shared by the run config and the report settings.
 
 A :class:`Key` holds a type, a default, a one-line meaning and a check returning an error text
-(``"allowed: ..."``) or ``None``; :func:`check_value` coerces and checks one value and raises
-:class:`ConfigError`, whose one-line message names the key, the value and what is allowed.
+(``"allowed: ..."``) or ``None``; a run-config key also says whether it is a runtime key
+(excluded from a cell's identity) and when it can affect a run (:class:`Rule`: elsewhere the
+canonical config resets it to its default). :func:`check_value` coerces and checks one value and
+raises :class:`ConfigError`, whose one-line message names the key, the value and what is
+allowed.
 Imports nothing heavy (no torch, scipy or pandas).
 """
 
@@ -18,6 +21,7 @@ __all__ = [
     "Check",
     "ConfigError",
     "Key",
+    "Rule",
     "at_least",
     "check_value",
     "choice",
@@ -35,6 +39,15 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class Rule:
+    """A function of a validated configuration with its text for the docs: a condition
+    (``applies``) or the value a key stands for (``resolve``)."""
+
+    text: str
+    of: Callable[[Mapping[str, Any]], Any]
+
+
+@dataclass(frozen=True)
 class Key:
     """One configuration key: its type, default, meaning, and a check (error text or ``None``)."""
 
@@ -46,6 +59,13 @@ class Key:
     """For keys with named values: the allowed names (read when asked, e.g. from a registry)."""
     booleans: bool = False
     """A named key whose names include ``"true"``/``"false"``: TOML booleans are read as those."""
+    runtime: bool = False
+    """Where or how a run executes, not what it computes: left out of a cell's identity."""
+    applies: Rule | None = None
+    """When the key can affect a run (``None``: always); elsewhere the canonical config resets
+    it to its default, so cells differing only in it are one cell."""
+    resolve: Rule | None = None
+    """The value the key stands for in a cell's identity (e.g. ``auto`` -> the model's default)."""
 
 
 def choice(allowed: Callable[[], Sequence[str]] | Sequence[str]) -> Check:
@@ -59,12 +79,16 @@ def choice(allowed: Callable[[], Sequence[str]] | Sequence[str]) -> Check:
 
 
 def named(
-    kind: type, default: str, doc: str, allowed: Callable[[], Sequence[str]] | Sequence[str]
+    kind: type,
+    default: str,
+    doc: str,
+    allowed: Callable[[], Sequence[str]] | Sequence[str],
+    **fields: Any,
 ) -> Key:
     """A key whose value is one of ``allowed`` (a sequence, or a function read at check time,
-    e.g. a registry's names)."""
+    e.g. a registry's names); ``fields``: the other :class:`Key` fields (``runtime``, ...)."""
     names = allowed if callable(allowed) else (lambda: tuple(allowed))
-    return Key(kind, default, doc, choice(names), names)
+    return Key(kind, default, doc, choice(names), names, **fields)
 
 
 def at_least(low: float, *, strict: bool = False) -> Check:

@@ -20,7 +20,7 @@ from fedlmc.merging.methods import study_methods
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
 from fedlmc.study.compare import evaluate_methods, evaluate_model_row, merge_clients
-from fedlmc.study.rows import COLUMNS, STRING_COLUMNS
+from fedlmc.study.rows import row_columns, string_columns
 from fedlmc.train import train_model
 
 MERGED_FLOATS = (
@@ -125,9 +125,9 @@ def finite(value) -> bool:
 def test_every_method_gives_one_complete_row(two_client_rows, template):
     assert [r["method"] for r in two_client_rows] == list(study_methods())
     for row in two_client_rows:
-        assert tuple(row) == COLUMNS
+        assert tuple(row) == row_columns()
         assert row["num_clients"] == 2
-        assert all(isinstance(row[c], str) for c in STRING_COLUMNS)
+        assert all(isinstance(row[c], str) for c in string_columns())
         assert all(finite(row[c]) for c in COMMON + ("accuracy", "nll", "ece"))
         assert row["merge_gap_accuracy"] == pytest.approx(
             row["endpoint_acc_mean"] - row["accuracy"]
@@ -171,8 +171,8 @@ def test_calibrated_row_shares_the_merge_and_changes_only_nll_and_ece(two_client
         assert (cal["nll"], cal["ece"]) == (cal["nll_calibrated"], cal["ece_calibrated"])
         assert cal["temperature"] > 0
         different = {"method", "nll", "ece", "temperature"}
-        assert {c: raw[c] for c in COLUMNS if c not in different} == {
-            c: cal[c] for c in COLUMNS if c not in different
+        assert {c: raw[c] for c in row_columns() if c not in different} == {
+            c: cal[c] for c in row_columns() if c not in different
         }
 
 
@@ -285,7 +285,7 @@ def test_three_clients_get_merge_gap_barriers(template, clients, splits):
     methods = ["average", "weight_matching_t", "merge_many", "activation_matching", "ensemble"]
     rows = evaluate_methods(template, clients, [1, 2, 3], splits, methods, lambdas=5, device="cpu")
     for row in rows:
-        assert row["num_clients"] == 3 and tuple(row) == COLUMNS
+        assert row["num_clients"] == 3 and tuple(row) == row_columns()
         if row["method"] == "ensemble":
             continue
         assert row["curve"] == "" and all(math.isnan(row[c]) for c in BARRIERS + QUARTER)
@@ -392,7 +392,7 @@ def test_single_model_row(template, clients, splits):
     raw = evaluate_model_row("fedavg", model, splits, device="cpu")
     cal = evaluate_model_row("fedavg_t", model, splits, device="cpu")
     expected = evaluate(model, splits.test)
-    assert tuple(raw) == COLUMNS and raw["num_clients"] == 1
+    assert tuple(raw) == row_columns() and raw["num_clients"] == 1
     assert raw["accuracy"] == cal["accuracy"] == expected["accuracy"]
     assert raw["nll"] == pytest.approx(expected["nll"]) and raw["temperature"] == 1.0
     assert cal["nll"] == cal["nll_calibrated"] and cal["temperature"] != 1.0

@@ -23,7 +23,7 @@ import pytest
 
 from fedlmc.simulations.config import ConfigError, cell_id, expand_grid, load_sweep_config
 from fedlmc.simulations.sweep import exclusive, finished_cells, read_results, run_sweep
-from fedlmc.study.rows import COLUMNS
+from fedlmc.study.rows import ROUND_COLUMNS, row_columns
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,9 +41,13 @@ width = [0.125, 0.25, 0.5]
 """
 WIDTHS = [0.125, 0.25, 0.5]
 
-# the lead and run-config columns, then every column of the results-row schema
-# (fedlmc.study.rows)
-REQUIRED = ("cell_id", "status", "error", "width", "num-clients", "seed", "weight-decay", *COLUMNS)
+# the lead and run-config columns, then every row and round column of the column table
+# (fedlmc.columns, the merge methods' own columns included)
+REQUIRED = (
+    *("cell_id", "status", "error", "width", "num-clients", "seed", "weight-decay"),
+    *row_columns(),
+    *ROUND_COLUMNS,
+)
 # timings and host-dependent byte counts differ between runs; everything else must not
 VOLATILE = ("seconds", "bytes")
 

@@ -27,7 +27,11 @@ unit
   point of the study's interpolation paths use it, so a method's barriers and LEWC diagnostics
   are measured on the path its own rule defines;
 - ``plain_chain_only``: the method is defined only for norm-free plain feed-forward chains
-  (:mod:`fedlmc.permutation.chain`), and is refused for other models before any work.
+  (:mod:`fedlmc.permutation.chain`), and is refused for other models before any work;
+- ``columns``: the results columns only this method fills (:class:`fedlmc.columns.Column`,
+  from its ``Alignment.info``; NaN or empty on the other rows). They join the results schema
+  (:func:`fedlmc.study.rows.row_columns`), the docs' columns table and, with a ``report_table``, the
+  report; an ``info`` key the method did not declare is an error.
 
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
 row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
@@ -45,6 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
 from fedlmc.registry import Registry
 
 if TYPE_CHECKING:
@@ -161,6 +166,7 @@ class MergeMethod:
     clients_for_data: bool = False
     combine: Combine | None = None
     plain_chain_only: bool = False
+    columns: tuple[Column, ...] = ()
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
@@ -188,6 +194,7 @@ def register_method(
     clients_for_data: bool = False,
     combine: Combine | None = None,
     plain_chain_only: bool = False,
+    columns: Sequence[Column] = (),
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -196,6 +203,7 @@ def register_method(
             f"merge method name {name!r}: allowed: a name not ending in "
             f"{CALIBRATED_SUFFIX!r} and not {', '.join(REFERENCE_METHODS)}"
         )
+    check_own_columns(name, tuple(columns), replace=replace)
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
         entry = MergeMethod(
@@ -210,11 +218,32 @@ def register_method(
             clients_for_data,
             combine,
             plain_chain_only,
+            tuple(columns),
         )
         METHODS.add(name, entry, replace=replace)
         return align
 
     return decorator
+
+
+def check_own_columns(method: str, columns: Sequence[Column], *, replace: bool = False) -> None:
+    """A method's own columns must be :class:`Column` rows of ``source = "row"`` whose names are
+    new: not a common column, not another method's different column."""
+    taken = {c.name for c in COMMON_COLUMNS}
+    others = {c.name: c for m in METHODS if not (replace and m.name == method) for c in m.columns}
+    for column in columns:
+        if not isinstance(column, Column) or column.source != "row":
+            what = column.name if isinstance(column, Column) else column
+            raise ValueError(
+                f"merge method {method!r}: column {what!r}; allowed: a "
+                "fedlmc.columns.Column with source 'row'"
+            )
+        if column.name in taken or others.get(column.name, column) != column:
+            raise ValueError(
+                f"merge method {method!r}: column {column.name!r} is already declared; allowed: "
+                "a new column name"
+            )
+    check_unique(columns)
 
 
 def merge_method(name: str) -> MergeMethod:
@@ -329,6 +358,12 @@ def merge_with_info(
         clients,
     )
     alignment = entry.align(job)
+    undeclared = sorted(set(alignment.info) - {c.name for c in entry.columns})
+    if undeclared:
+        raise ValueError(
+            f"merge method {entry.name!r} reports column {undeclared[0]!r} it does not declare; "
+            "allowed: the names in its register_method(columns=...)"
+        )
     if alignment.kept is not None:
         w = normalised_weights([w[i] for i in alignment.kept], len(alignment.kept))
     merged = alignment.merged
@@ -512,6 +547,28 @@ def calibrated_nll(job: MergeJob, state: StateDict, *, reestimate_bn: bool = Tru
     return float(metrics_from_logits(logits, y, fit_temperature(logits, y))["nll"])
 
 
+AUTO_COLUMNS = (
+    Column(
+        "auto_choice",
+        "the merge the auto method picked",
+        "`auto`, `auto_t` rows",
+        "`average` or `weight_matching`: the plain average when its calibrated-NLL gap "
+        "`auto_nll_gap` is at most `auto-tolerance`, else the one of the two with the lower "
+        "calibrated NLL (on the server split, or the clients' held-out data when calibration is "
+        "federated)",
+        kind="text",
+    ),
+    Column(
+        "auto_nll_gap",
+        "the plain average's calibrated-NLL gap the auto method measured",
+        "`auto`, `auto_t` rows",
+        "`L_T(sum_i w_i theta_i) - mean_i L_T(theta_i)`, with `L_T` the NLL at the temperature "
+        "fitted on the same data (BatchNorm statistics of the average re-estimated), nats",
+    ),
+)
+"""The columns the ``auto`` method fills (:func:`automatic_choice`'s ``info``)."""
+
+
 @register_method(
     "auto",
     description="plain average if its calibrated NLL is within auto-tolerance of the endpoints', "
@@ -519,6 +576,7 @@ def calibrated_nll(job: MergeJob, state: StateDict, *, reestimate_bn: bool = Tru
     "when calibration is federated)",
     needs_server_data=True,
     clients_for_data=True,
+    columns=AUTO_COLUMNS,
 )
 def automatic_choice(job: MergeJob) -> Alignment:
     r"""Decide whether permutation alignment is worth its cost.

@@ -845,7 +845,7 @@ def compare_methods(
     method_options: dict[str, Any] | None = None,
     progress: Progress = None,
 ) -> Comparison:
-    """One row per requested method (columns :data:`fedlmc.study.rows.COLUMNS`), all on the same
+    """One row per requested method (columns :func:`fedlmc.study.rows.row_columns`), all on the same
     client models, and the merged weights of each base merge (``Comparison.merged``).
 
     ``methods`` defaults to every study method (:func:`fedlmc.merging.methods.study_methods`).
@@ -916,7 +916,7 @@ def evaluate_model_row(
     num_clients: int = 1,
     device: str | torch.device | None = None,
 ) -> dict[str, Any]:
-    """A row with :data:`fedlmc.study.rows.COLUMNS` for a single model (e.g. FedAvg's final
+    """A row with :func:`fedlmc.study.rows.row_columns` for a single model (e.g. FedAvg's final
     model).
 
     Test accuracy, NLL and ECE; ``temperature`` is fitted on the server split and used for
