@@ -315,8 +315,11 @@ def check_consistency(config: Mapping[str, Any], *, check_devices: bool = True) 
             f"min-clients = {config['min-clients']}: allowed: at most num-clients "
             f"({config['num-clients']})"
         )
-    if config["calibration"] == "server" and config["server-fraction"] == 0.0:
-        raise ConfigError("server-fraction = 0.0: calibration = 'server' needs a server split > 0")
+    if config["server-fraction"] == 0.0:  # every strategy and calibration: see run_server
+        raise ConfigError(
+            "server-fraction = 0.0: allowed: a number in (0, 1); the server fits each model's "
+            "temperature for the calibrated columns on its split, whatever the calibration"
+        )
     if config["download"] and not config["data-root"]:
         raise ConfigError("download = true: allowed only with a data-root to fetch into")
     if config["download"] and config["dataset"] not in DOWNLOADABLE:
