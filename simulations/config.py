@@ -431,9 +431,13 @@ def check_min_clients(config: Mapping[str, Any]) -> None:
 
 
 def check_server_split(config: Mapping[str, Any]) -> None:
-    """Calibration on the server split needs one."""
-    if config["calibration"] == "server" and config["server-fraction"] == 0.0:
-        raise ConfigError("server-fraction = 0.0: calibration = 'server' needs a server split > 0")
+    """Every strategy and calibration needs a server split: the server fits each model's
+    temperature for the calibrated columns on it."""
+    if config["server-fraction"] == 0.0:
+        raise ConfigError(
+            "server-fraction = 0.0: allowed: a number in (0, 1); the server fits each model's "
+            "temperature for the calibrated columns on its split, whatever the calibration"
+        )
 
 
 def check_data_source(config: Mapping[str, Any]) -> None:

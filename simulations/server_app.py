@@ -57,7 +57,7 @@ from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.io import atomic_write
-from fedlmc.simulations.config import FEDAVG, ConfigError, method_list, validate_run_config
+from fedlmc.simulations.config import FEDAVG, method_list, validate_run_config
 from fedlmc.simulations.provenance import version_columns
 from fedlmc.simulations.results_file import check_writable_folder, refuse_mixing
 from fedlmc.simulations.task import (
@@ -385,12 +385,7 @@ def run_server(
     """Validate the run config, run the configured mode, add columns, write the outputs.
     ``simulated``: the clients are this project's simulated ClientApps, whose partition sizes
     the server knows (the weight bound, :func:`weight_bound`)."""
-    config = validate_run_config(dict(run_config), check_devices=False)
-    if config["server-fraction"] == 0.0:
-        raise ConfigError(
-            "server-fraction = 0.0: the ServerApp needs a server split > 0 to fit temperatures "
-            "and evaluate the merged models"
-        )
+    config = validate_run_config(dict(run_config), check_devices=False)  # server-fraction > 0
     if config["out-dir"]:  # before any work: never overwrite a sweep's results.csv
         check_writable_folder(config["out-dir"], "out-dir")
         refuse_mixing(config["out-dir"], "run")
@@ -420,7 +415,9 @@ def run_server(
 
 def server_app_for(run_config: Mapping[str, Any], sink: Sink | None = None) -> ServerApp:
     """A ServerApp running ``run_config`` (ignoring ``context.run_config``) that hands its
-    :class:`ServerOutcome` to ``sink``: used by ``run_federation`` in-process."""
+    :class:`ServerOutcome` to ``sink``: for a ``run_simulation`` of your own beside a ClientApp
+    of your own (``tests/test_misbehaving_clients.py``); ``run_federation`` does not use it, it
+    runs through the sweep engine (:mod:`fedlmc.simulations.engine`)."""
     server = ServerApp()
 
     @server.main()

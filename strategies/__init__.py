@@ -9,8 +9,8 @@
   data, else the better of it and weight matching.
 - :class:`FedAvgBaseline`: multi-round FedAvg with the same total local epochs.
 
-All three derive from :class:`fedlmc.strategies.base.ScreenedFedAvg` (wait for every node, screen
-the replies); :mod:`fedlmc.strategies.protocol` encodes what travels between the ClientApp and the
+All four derive from :class:`fedlmc.strategies.base.ScreenedFedAvg` (wait for every node, screen the
+replies); :mod:`fedlmc.strategies.protocol` encodes what travels between the ClientApp and the
 server. ``OneShotAverage(..., keep_client_states=True)`` is the collecting mode used by studies: the
 survivors' weights stay in ``strategy.report.survivors`` for ``fedlmc.study.compare_methods``.
 """

@@ -42,6 +42,7 @@ from fedlmc.strategies.common import (
     wait_for_nodes,
     weighted_metric_means,
 )
+from fedlmc.strategies.flower_compat import construct_messages
 from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY
 from fedlmc.strategies.screening import Reference, WeightBound
 
@@ -115,7 +116,7 @@ class ScreenedFedAvg(FedAvg):
         config = self.round_config(server_round, config)
         self.expect_replies(arrays, nodes, config, num_partitions=len(connected))
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        return self._construct_messages(record, nodes, MessageType.TRAIN)
+        return construct_messages(self, record, nodes, MessageType.TRAIN)
 
     def expect_replies(
         self,

@@ -147,6 +147,18 @@ BAD_INPUTS = [
         ["server-fraction=0"],
         ["server-fraction", "0.0", "calibration"],
     ),
+    (
+        "no server split without calibration (the calibrated columns need it)",
+        None,
+        ["server-fraction=0", "strategy=average", "calibration=none"],
+        ["server-fraction", "0.0", "allowed", "(0, 1)"],
+    ),
+    (
+        "no server split with federated calibration",
+        None,
+        ["server-fraction=0", "strategy=aligned", "calibration=federated"],
+        ["server-fraction", "0.0", "allowed", "(0, 1)"],
+    ),
     ("report dpi too low", None, ["report.dpi=10"], ["report.dpi", "10", ">= 50"]),
     ("report error bars", None, ["report.error-bars=iqr"], ["report.error-bars", "'iqr'", "sem"]),
     ("missing name", GOOD.replace('name = "good"\n', ""), [], ["name", "missing"]),

@@ -34,7 +34,7 @@ from fedlmc.simulations.registry_tables import (
     pyproject_config_of,
     with_pyproject_config,
 )
-from fedlmc.simulations.report import MEAN_TABLES
+from fedlmc.simulations.report_data import MEAN_TABLES
 from fedlmc.simulations.results_file import numeric_columns
 from fedlmc.simulations.schema import Key, Rule, at_least
 from fedlmc.study.compare import compare_methods

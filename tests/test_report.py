@@ -107,6 +107,20 @@ def test_markdown_table_and_varying_keys():
     assert varying_keys(rows) == ["width"]
 
 
+def test_figures_come_from_one_table_in_the_documented_order():
+    import re
+
+    import fedlmc.simulations.report as report
+    from fedlmc.simulations.figure_table import FIGURE_TABLE, figure
+
+    documented = list(dict.fromkeys(re.findall(r"``(\w+)\.png``", report.__doc__)))
+    assert [f.name for f in FIGURE_TABLE] == documented
+    assert [f.file for f in FIGURE_TABLE] == [f"{name}.png" for name in documented]
+    with pytest.raises(ValueError, match="'lambda_paths' is registered already"):
+        figure("lambda_paths", lambda inputs: True)(lambda inputs, path: None)
+    assert len(FIGURE_TABLE) == len(documented)
+
+
 def test_n_client_figures_are_drawn_from_their_columns(tmp_path):
     """Client-to-merge barriers against the number of clients, and the pairwise matrix."""
     import json

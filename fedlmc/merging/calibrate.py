@@ -289,10 +289,6 @@ def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _as_float64(value: Tensor | float) -> Tensor:
-    return torch.as_tensor(value, dtype=torch.float64)
-
-
 @torch.no_grad()
 def bn_statistics(model: nn.Module, x: Tensor, batch_size: int = 256) -> dict[str, BNStats]:
     r"""Per-channel :math:`\sum x`, :math:`\sum x^2` and count of every BN layer's input over ``x``.

@@ -1,0 +1,228 @@
+"""The text of ``report.md``: markdown tables (:func:`markdown_table`) and the sections of
+the report (:func:`report_markdown`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fedlmc.simulations.report_data import (
+    MEAN_TABLES,
+    accuracy_methods,
+    aggregate,
+    auto_table,
+    axis_rows,
+    has_values,
+    mean_spread_table,
+    ok_rows,
+    reference_table,
+    table1,
+)
+from fedlmc.simulations.sweep import varying_keys
+
+
+def fmt(value: Any) -> str:
+    """A table cell: 4 significant decimals for floats, '' for NaN."""
+    if isinstance(value, float | np.floating):
+        return "" if not math.isfinite(value) else f"{value:.4f}"
+    return str(value)
+
+
+def label(value: Any) -> str:
+    """A header or index label: numbers in their shortest form (``0.125``, ``8``)."""
+    if isinstance(value, float | np.floating | int | np.integer) and not isinstance(value, bool):
+        return f"{value:g}"
+    return str(value)
+
+
+def markdown_table(frame: pd.DataFrame, index_name: str = "") -> str:
+    """``frame`` (index included) as a GitHub markdown table."""
+    header = [index_name or (frame.index.name or "")] + [label(c) for c in frame.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for index, row in frame.iterrows():
+        lines.append("| " + " | ".join([label(index)] + [fmt(v) for v in row]) + " |")
+    return "\n".join(lines)
+
+
+def lewc_scope_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[str]:
+    """Which weights each method's LEWC/LLFC columns measure, and why LEWC's are NaN where
+    they are (``lewc_measured_on``, ``lewc_undefined_reason``)."""
+    if "lewc_measured_on" not in rows:
+        return []
+    found = rows[rows["method"].isin(methods)]
+    scope = found[["method", "lewc_measured_on", "lewc_undefined_reason"]].fillna("")
+    scope = scope[scope["lewc_measured_on"] != ""].drop_duplicates()
+    if scope.empty:
+        return []
+    lines = ["## What the LEWC and LLFC columns measure", "", "| method | weights | LEWC |"]
+    lines.append("|---|---|---|")
+    for _, row in scope.iterrows():
+        reason = row["lewc_undefined_reason"] or "defined"
+        lines.append(f"| {row['method']} | {row['lewc_measured_on']} | {reason} |")
+    return [*lines, ""]
+
+
+def temperature_gap_section(rows: pd.DataFrame, kind: str) -> list[str]:
+    """``log T - log T_server_split`` per method (split by every other varying key, e.g.
+    calibration-holdout) and width: how far the temperature the strategy fitted (federated: on
+    the clients' data) is from the one the server split gives for the same merged model."""
+    if not has_values(rows, "temperature_server_split"):
+        return []
+    subset = rows[rows["temperature_server_split"].notna() & rows["temperature"].notna()].copy()
+    subset["log_t_gap"] = np.log(subset["temperature"]) - np.log(subset["temperature_server_split"])
+    labels = list(dict.fromkeys(subset["method"]))
+    return [
+        "## Temperature: log T (as calibrated) - log T (fitted on the server split)",
+        "",
+        "Same merged model; 0 = the calibration agrees with the server split; negative = a "
+        "lower (sharper) temperature. Federated calibration fits on the clients' data: their "
+        "held-out shares (calibration-holdout > 0) or their training data (= 0).",
+        "",
+        markdown_table(mean_spread_table(subset, "log_t_gap", labels, kind), "method"),
+        "",
+    ]
+
+
+def communication_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[str]:
+    """Per method and width: mean ``bytes_sent_by_clients`` (kB) / mean ``rounds``."""
+    if not has_values(rows, "bytes_sent_by_clients") or not has_values(rows, "rounds"):
+        return []
+    subset = rows[rows["method"].isin(methods)]
+    sent = aggregate(subset, ["method", "width"], "bytes_sent_by_clients", "none")
+    rounds = aggregate(subset, ["method", "width"], "rounds", "none")
+    text = [
+        f"{b / 1e3:,.1f} kB / {r:g}" if math.isfinite(b) and math.isfinite(r) else ""
+        for b, r in zip(sent["mean"], rounds["mean"], strict=True)
+    ]
+    table = sent.assign(text=text).pivot(index="method", columns="width", values="text")
+    table = table.reindex([m for m in methods if m in table.index]).fillna("")
+    return [
+        "## Communication: what the clients sent / message rounds, mean over cells",
+        "",
+        "bytes_sent_by_clients (their trained weights plus every query reply) in kB, then the "
+        "rounds (training plus query rounds).",
+        "",
+        markdown_table(table, "method"),
+        "",
+    ]
+
+
+def auto_section(rows: pd.DataFrame) -> list[str]:
+    """The ``auto`` table (:func:`auto_table`) with its heading, when there are auto rows."""
+    table = auto_table(rows)
+    if table.empty:
+        return []
+    return [
+        "## auto: the merge it picked and its cost against always weight matching",
+        "",
+        "Per width, over cells: auto_nll_gap = the plain average's calibrated NLL minus the "
+        "endpoints' mean on the calibration data; merge seconds include the alignment, its "
+        "query rounds, averaging, BN re-estimation and REPAIR.",
+        "",
+        markdown_table(table, "width"),
+        "",
+    ]
+
+
+def report_markdown(
+    results: pd.DataFrame,
+    record: dict[str, Any],
+    figures: Sequence[Path],
+    out_dir: Path,
+    settings: dict[str, Any],
+) -> str:
+    """The text of ``report.md``."""
+    rows = ok_rows(results)
+    title = settings.get("title") or record.get("name") or out_dir.name
+    kind = settings["error-bars"]
+    cells = results["cell_id"].nunique() if "cell_id" in results else 0
+    failed = results.loc[results.get("status", pd.Series(dtype=str)) == "failed"]
+    lines = [f"# {title}", ""]
+    if record.get("description"):
+        lines += [record["description"], ""]
+    lines += [
+        f"{cells} cell(s), {failed['cell_id'].nunique() if len(failed) else 0} failed; "
+        f"varying: {', '.join(varying_keys(rows)) or 'nothing'}.",
+        "",
+    ]
+    versions = record.get("versions", {})
+    if versions:
+        lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
+    if not rows.empty and "method" in rows:
+        methods = list(dict.fromkeys(rows["method"]))
+        spread_note = "" if kind == "none" else f" (mean ± {kind} over seeds)"
+        lines += [
+            f"## Merged test accuracy{spread_note}",
+            "",
+            markdown_table(mean_spread_table(rows, "accuracy", methods, kind), "method"),
+            "",
+        ]
+        refs = reference_table(rows)
+        if not refs.empty:
+            lines += [
+                "## Reference accuracies (mean over cells)",
+                "",
+                markdown_table(refs, "width"),
+                "",
+            ]
+        base = accuracy_methods(rows)
+        first = table1(rows)
+        if not first.empty:
+            lines += [
+                "## Barriers at lambda = 1/2, the paper's Table 1 layout",
+                "",
+                "Two-client cells, mean over seeds; signed: L(theta_1/2) - (L_a + L_b)/2, "
+                "accuracy in percentage points (chord minus midpoint). "
+                "Definitions: fedlmc.study.rows.",
+                "",
+                markdown_table(first, "width"),
+                "",
+            ]
+        for column, heading in MEAN_TABLES:
+            if has_values(rows[rows["method"].isin(base)], column):
+                lines += [
+                    f"## {heading}",
+                    "",
+                    markdown_table(mean_spread_table(rows, column, base, kind), "method"),
+                    "",
+                ]
+        lines += lewc_scope_section(rows, base)
+        calibrated = [m for m in methods if m.endswith("_t")]
+        if calibrated and has_values(rows[rows["method"].isin(calibrated)], "temperature"):
+            lines += [
+                "## Fitted temperature",
+                "",
+                markdown_table(mean_spread_table(rows, "temperature", calibrated, kind), "method"),
+                "",
+            ]
+        lines += auto_section(rows)
+        lines += temperature_gap_section(rows, kind)
+        lines += communication_section(rows, methods)
+        for axis in ("alpha", "num-clients", "weight-decay", "partition", "calibration-holdout"):
+            subset = axis_rows(rows, axis)
+            if axis in varying_keys(subset):
+                lines += [
+                    f"## Merged test accuracy by {axis}",
+                    "",
+                    markdown_table(
+                        mean_spread_table(subset, "accuracy", methods, kind, x=axis), "method"
+                    ),
+                    "",
+                ]
+    if len(failed):
+        lines += ["## Failed cells", "", "| cell_id | error |", "|---|---|"]
+        for _, row in failed.drop_duplicates("cell_id").iterrows():
+            lines.append(f"| {row['cell_id']} | {str(row['error']).replace('|', '/')} |")
+        lines.append("")
+    if figures:
+        lines += ["## Figures", ""]
+        for path in figures:
+            rel = os.path.relpath(path, out_dir)
+            lines += [f"### {path.stem.replace('_', ' ')}", "", f"![{path.stem}]({rel})", ""]
+    return "\n".join(lines)
