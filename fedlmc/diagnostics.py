@@ -24,38 +24,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlmc.evaluation import model_device
+from fedlmc.capture import HookKind, forward_capture, linear_layers
 from fedlmc.merge import load_state, normalised_weights
 from fedlmc.permutation import derive_layer_names
 
-CaptureMode = Literal["output", "input"]  # forward hook or forward pre-hook
 
-
-@torch.no_grad()
 def capture(
     model: nn.Module,
     names: Sequence[str],
     x: Tensor,
     *,
-    mode: CaptureMode = "output",
+    mode: HookKind = "output",
     batch_size: int = 1024,
 ) -> dict[str, Tensor]:
     """Outputs (``mode="output"``) or first inputs (``mode="input"``) of the named modules on ``x``.
 
-    Runs ``model`` in eval mode in batches; tensors are returned on the CPU as float64,
-    concatenated over the batch dimension.
+    Runs ``model`` in eval mode in batches (:func:`fedlmc.capture.forward_capture`); tensors are
+    returned on the CPU as float64, concatenated over the batch dimension.
     """
-    modules = dict(model.named_modules())
-    missing = [n for n in names if n not in modules]
-    if missing:
-        raise ValueError(f"module {missing[0]!r} not found in the model")
     store: dict[str, list[Tensor]] = {n: [] for n in names}
 
     def make_hook(name: str) -> Callable:
@@ -63,22 +55,9 @@ def capture(
             return lambda _m, _inputs, out: store[name].append(out.detach().double().cpu())
         return lambda _m, inputs: store[name].append(inputs[0].detach().double().cpu())
 
-    if mode == "output":
-        handles = [modules[n].register_forward_hook(make_hook(n)) for n in names]
-    elif mode == "input":
-        handles = [modules[n].register_forward_pre_hook(make_hook(n)) for n in names]
-    else:
-        raise ValueError(f"mode must be 'output' or 'input', got {mode!r}")
-    device = model_device(model)
-    was_training = model.training
-    try:
-        model.eval()
+    with forward_capture(model, {n: make_hook(n) for n in names}, kind=mode) as forward:
         for i in range(0, len(x), batch_size):
-            model(x[i : i + batch_size].to(device))
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
+            forward(x[i : i + batch_size])
     return {n: torch.cat(chunks) for n, chunks in store.items()}
 
 
@@ -277,12 +256,6 @@ def logit_norm_ratio(
     merged, members = _merged_and_members(template, state_dicts, merged_state_dict, x, [""])
     endpoints = sum(wi * _sample_norms(m[""]).mean() for wi, m in zip(w, members, strict=True))
     return _ratio(_sample_norms(merged[""]).mean(), endpoints)
-
-
-def linear_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Linear and Conv1d/2d/3d modules of ``model`` in ``named_modules`` order."""
-    kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-    return {n: m for n, m in model.named_modules() if isinstance(m, kinds)}
 
 
 def apply_without_bias(module: nn.Module, z: Tensor) -> Tensor:
