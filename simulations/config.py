@@ -43,6 +43,7 @@ from fedlmc.datasets_catalog import (
 )
 from fedlmc.methods import AUTO_TOLERANCE, base_method, merge_method_names, study_methods
 from fedlmc.methods import merge_method as merge_method_entry
+from fedlmc.post_merge import CALIBRATIONS
 from simulations.report_schema import REPORT_SCHEMA
 from simulations.schema import (
     ConfigError,
@@ -71,7 +72,6 @@ __all__ = [
 
 STRATEGIES = ("compare", "average", "aligned", "fedavg")
 BIAS_VALUES = ("auto", "true", "false")
-CALIBRATIONS = ("server", "federated", "none")
 FAILURE_MODES = ("raise", "nan", "hang")
 FEDAVG = "fedavg"
 DEFAULT_MAX_SHARE = 0.5  # = strategies.screening.DEFAULT_MAX_SHARE (no Flower import here)

@@ -8,10 +8,12 @@
   data, else the better of it and weight matching.
 - :class:`FedAvgBaseline`: multi-round FedAvg with the same total local epochs.
 
-All three derive from :class:`strategies.base.ScreenedFedAvg` (wait for every node, screen the
+All four derive from :class:`strategies.base.ScreenedFedAvg` (wait for every node, screen the
 replies); :mod:`strategies.protocol` encodes what travels between the ClientApp and the server.
-``OneShotAverage(..., keep_client_states=True)`` is the collecting mode used by studies: the
-survivors' weights stay in ``strategy.report.survivors`` for ``fedlmc.study.compare_methods``.
+The one-shot strategies' ``start`` returns a :class:`OneShotResult` (Flower's ``Result``
+records plus the round's details). ``OneShotAverage(..., keep_client_states=True)`` is the
+collecting mode used by studies: the survivors' weights stay in ``result.report.survivors``
+for ``fedlmc.study.compare_methods``.
 """
 
 from strategies.base import ScreenedFedAvg
@@ -22,7 +24,13 @@ from strategies.common import (
     NotEnoughClientsError,
 )
 from strategies.fedavg import FedAvgBaseline, epochs_per_round
-from strategies.one_shot import AutoMerge, OneShotAverage, PermutationAlignedAverage
+from strategies.one_shot import (
+    AutoMerge,
+    OneShotAverage,
+    OneShotResult,
+    OneShotRound,
+    PermutationAlignedAverage,
+)
 from strategies.protocol import state_to_record
 
 __all__ = [
@@ -33,6 +41,8 @@ __all__ = [
     "NodesUnavailableError",
     "NotEnoughClientsError",
     "OneShotAverage",
+    "OneShotResult",
+    "OneShotRound",
     "PermutationAlignedAverage",
     "ScreenedFedAvg",
     "epochs_per_round",

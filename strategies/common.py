@@ -244,6 +244,13 @@ def check_same_shapes(updates: Sequence[ClientUpdate]) -> None:
             )
 
 
+def check_choice(what: str, value: Any, allowed: Sequence[str]) -> str:
+    """``value`` if it is one of ``allowed``, else ``ValueError`` naming it and the choices."""
+    if value not in allowed:
+        raise ValueError(f"{what} = {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
 def check_client_counts(num_clients: int, min_clients: int) -> None:
     """``ValueError`` unless ``1 <= min_clients <= num_clients``."""
     if int(num_clients) < 1:

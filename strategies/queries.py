@@ -20,7 +20,9 @@ data, and only sums, statistics or permutation indices come back:
   they apply to; the digest must equal that of the weights the client sent in the training round.
 
 :class:`ClientRounds` implements :class:`fedlmc.methods.ClientQueries`, so registered merge
-methods (``auto``, ``activation_federated``) reach the clients through it.
+methods (``auto``, ``activation_federated``) reach the clients through it, and
+:class:`fedlmc.post_merge.StatisticsSource` (``bn_statistics``, ``unit_statistics``,
+``temperature``), so the post-merge pipeline takes the clients' data through it.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from fedlmc.calibrate import (
 )
 from fedlmc.merge import load_state
 from fedlmc.permutation import permutation_spec
-from fedlmc.repair import UnitStats, combine_unit_statistics, repair_with_statistics
+from fedlmc.repair import UnitStats, combine_unit_statistics
 from strategies.common import (
     ClientsFailedError,
     ClientUpdate,
@@ -101,6 +103,9 @@ class ClientRounds:
     :class:`~strategies.common.Failure` with the query as its ``stage``). Counts are bounded by
     ``weight_bound`` (:class:`~strategies.screening.WeightBound`).
     """
+
+    name = "federated"
+    """The :class:`fedlmc.post_merge.StatisticsSource` name: the clients' data."""
 
     def __init__(
         self,
@@ -294,12 +299,9 @@ class ClientRounds:
                 )
         return scaled
 
-    def repair(
-        self, merged: nn.Module, endpoints: Sequence[nn.Module], weights: Sequence[float]
-    ) -> nn.Module:
-        """Federated REPAIR: :func:`fedlmc.repair.repair_with_statistics` with the clients'
-        summed unit statistics (``N + L`` rounds for ``N`` endpoints and ``L`` layers)."""
-        return repair_with_statistics(merged, endpoints, weights, self.unit_statistics)
+    def temperature(self, model: nn.Module) -> tuple[float, list[dict[str, float]]]:
+        """:meth:`fit_temperature` of ``model``'s weights (the post-merge pipeline's step)."""
+        return self.fit_temperature(state_to_record(model.state_dict()))
 
     # ------------------------------------------------------------------------- ClientQueries
 
