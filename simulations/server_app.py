@@ -47,7 +47,6 @@ import pandas as pd
 import torch
 from flwr.app import ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 from safetensors.torch import save_file
 from torch import nn
@@ -75,7 +74,13 @@ from simulations.task import (
     load_splits,
 )
 from simulations.threads import server_threads, use_threads
-from strategies import FedAvgBaseline, OneShotAverage, OneShotResult, PermutationAlignedAverage
+from strategies import (
+    FedAvgBaseline,
+    FedAvgResult,
+    OneShotAverage,
+    OneShotResult,
+    PermutationAlignedAverage,
+)
 from strategies.common import Failure, RoundReport, StateDict
 from strategies.protocol import record_to_state, state_to_record
 from strategies.screening import WeightBound
@@ -90,7 +95,7 @@ class ServerOutcome:
     config: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
     merged: dict[str, StateDict] = field(default_factory=dict)
-    results: dict[str, Result | OneShotResult] = field(default_factory=dict)
+    results: dict[str, OneShotResult | FedAvgResult] = field(default_factory=dict)
     reports: dict[str, RoundReport] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     weight_bound: WeightBound | None = None
@@ -271,7 +276,7 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
         run_fedavg(grid, config, splits, template, device, outcome)
 
 
-def result_bytes(result: Result | OneShotResult) -> int:
+def result_bytes(result: OneShotResult | FedAvgResult) -> int:
     """Sum of ``bytes-received`` over the rounds of ``result``."""
     return int(sum(m.get("bytes-received", 0) for m in result.train_metrics_clientapp.values()))
 
@@ -320,7 +325,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
         weight_bound=outcome.weight_bound,
     )
     result, seconds = _start(strategy, grid, template, config, rounds)
-    last = strategy.reports[rounds]
+    last = result.reports[rounds]
     outcome.results[FEDAVG], outcome.reports[FEDAVG] = result, last
     merged = record_to_state(result.arrays)
     outcome.merged[FEDAVG] = merged
@@ -330,7 +335,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     columns["train_seconds"] = float(
         sum(
             u.metrics.get("train-seconds", 0.0)
-            for r in strategy.reports.values()
+            for r in result.reports.values()
             for u in r.survivors
         )
     )

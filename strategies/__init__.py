@@ -10,8 +10,9 @@
 
 All four derive from :class:`strategies.base.ScreenedFedAvg` (wait for every node, screen the
 replies); :mod:`strategies.protocol` encodes what travels between the ClientApp and the server.
-The one-shot strategies' ``start`` returns a :class:`OneShotResult` (Flower's ``Result``
-records plus the round's details). ``OneShotAverage(..., keep_client_states=True)`` is the
+Their ``start`` returns a frozen result object holding Flower's ``Result`` records plus the
+strategy's details: :class:`OneShotResult` (the round's merge, temperature and report) and
+:class:`FedAvgResult` (each round's report). ``OneShotAverage(..., keep_client_states=True)`` is the
 collecting mode used by studies: the survivors' weights stay in ``result.report.survivors``
 for ``fedlmc.study.compare_methods``.
 """
@@ -23,7 +24,7 @@ from strategies.common import (
     NodesUnavailableError,
     NotEnoughClientsError,
 )
-from strategies.fedavg import FedAvgBaseline, epochs_per_round
+from strategies.fedavg import FedAvgBaseline, FedAvgResult, epochs_per_round
 from strategies.one_shot import (
     AutoMerge,
     OneShotAverage,
@@ -37,6 +38,7 @@ __all__ = [
     "AutoMerge",
     "ClientsFailedError",
     "FedAvgBaseline",
+    "FedAvgResult",
     "InconsistentShapesError",
     "NodesUnavailableError",
     "NotEnoughClientsError",

@@ -25,6 +25,7 @@ from typing import Any
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 
 from strategies.protocol import (
     NUM_EXAMPLES_KEY,
@@ -283,6 +284,17 @@ def weighted_metric_means(
             continue
         means[key] = math.fsum(w / total * float(v) for w, v in zip(weights, values, strict=True))
     return means
+
+
+def flower_records(result: Result) -> dict[str, Any]:
+    """The records of Flower's ``Result`` by field name (``arrays`` and the per-round metric
+    records), for the strategies' own result objects, which hold them too."""
+    return {
+        "arrays": result.arrays,
+        "train_metrics_clientapp": result.train_metrics_clientapp,
+        "evaluate_metrics_clientapp": result.evaluate_metrics_clientapp,
+        "evaluate_metrics_serverapp": result.evaluate_metrics_serverapp,
+    }
 
 
 # ----------------------------------------------------------------------------- nodes

@@ -57,7 +57,7 @@ import copy
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from logging import INFO
 from typing import Any
 
@@ -86,6 +86,7 @@ from strategies.common import (
     RoundReport,
     StateDict,
     check_choice,
+    flower_records,
     require_survivors,
 )
 from strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
@@ -136,9 +137,9 @@ class OneShotResult(OneShotRound):
     records Flower's ``Result`` holds (``arrays`` is the merged weights), so code written for
     Flower's ``Result`` reads it unchanged."""
 
-    train_metrics_clientapp: dict[int, MetricRecord] = field(default_factory=dict)
-    evaluate_metrics_clientapp: dict[int, MetricRecord] = field(default_factory=dict)
-    evaluate_metrics_serverapp: dict[int, MetricRecord] = field(default_factory=dict)
+    train_metrics_clientapp: dict[int, MetricRecord]
+    evaluate_metrics_clientapp: dict[int, MetricRecord]
+    evaluate_metrics_serverapp: dict[int, MetricRecord]
 
 
 class OneShotAverage(ScreenedFedAvg):
@@ -252,13 +253,8 @@ class OneShotAverage(ScreenedFedAvg):
         flower = super().start(grid, initial_arrays, *args, **kwargs)
         if self._last_round is None:
             raise RuntimeError("start ran no training round (num_rounds = 0); allowed: 1")
-        last = self._last_round
-        return OneShotResult(
-            **{f.name: getattr(last, f.name) for f in fields(OneShotRound)},
-            train_metrics_clientapp=flower.train_metrics_clientapp,
-            evaluate_metrics_clientapp=flower.evaluate_metrics_clientapp,
-            evaluate_metrics_serverapp=flower.evaluate_metrics_serverapp,
-        )
+        last = {f.name: getattr(self._last_round, f.name) for f in fields(OneShotRound)}
+        return OneShotResult(**{**last, **flower_records(flower)})
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
