@@ -11,8 +11,9 @@ from flwr.app import Message, MetricRecord, RecordDict
 
 from fedlmc.calibrate import fit_temperature, reset_bn_stats
 from fedlmc.evaluation import predict_logits
+from fedlmc.federated import LocalClients
 from fedlmc.merge import average, load_state
-from fedlmc.methods import merge_method
+from fedlmc.methods import METHODS, Alignment, merge_method, register_method
 from fedlmc.models import build_model
 from fedlmc.post_merge import (
     ServerData,
@@ -152,6 +153,30 @@ def test_repair_needs_two_endpoints_no_batchnorm_and_the_method_asking_for_it():
     assert not reestimates_batchnorm(bn, merge_method("average_lewc_bias"))
 
 
+@pytest.fixture
+def opted_out_repair():
+    """A registered method asking for REPAIR but opting out of BatchNorm re-estimation."""
+    register_method(
+        "kept_statistics_repair",
+        description="plain average, REPAIR asked, BatchNorm statistics kept (test)",
+        reestimate_bn=False,
+        repair=True,
+    )(lambda job: Alignment(list(job.states)))
+    yield "kept_statistics_repair"
+    METHODS.remove("kept_statistics_repair")
+
+
+def test_a_batchnorm_merge_opting_out_is_neither_reset_nor_repaired_by_either(opted_out_repair):
+    """The study's former guard (REPAIR unless BatchNorm was re-estimated) handed this BatchNorm
+    model to REPAIR, which refuses it; the one guard keeps its statistics in both callers."""
+    cells, template, states = splits(), tiny(0, "bn"), client_states("bn")
+    comparison = study(template, states, opted_out_repair, cells)
+    found = strategy_round(template, states, opted_out_repair, cells.server)
+    assert (found.bn_source, found.repaired) == ("none", False)
+    assert_same_state(comparison.merged[opted_out_repair], found.merged_state)
+    assert_same_state(found.merged_state, average(states, WEIGHTS))
+
+
 def test_one_endpoint_is_left_as_it_is():
     states = client_states("none")[:1]
     source = ServerData(*data(96, 1))
@@ -188,3 +213,29 @@ def test_the_clients_query_rounds_are_a_statistics_source():
     for method in ("bn_statistics", "unit_statistics", "temperature"):
         assert callable(getattr(ClientRounds, method)) and callable(getattr(ServerData, method))
     assert ClientRounds.name == "federated" and ServerData(*data(4, 0)).name == "server"
+
+
+def test_in_memory_clients_are_a_statistics_source_equal_to_their_union():
+    """The clients' summed statistics (fedlmc.federated.LocalClients, what the query rounds
+    compute) finish a merge as the server data of their union would (whole batches each)."""
+    train = [data(256, 20), data(256, 21)]
+    calibration = [data(40, 30), data(50, 31)]
+    union = ServerData(
+        torch.cat([x for x, _ in train]), torch.cat([y for _, y in train])
+    )  # BatchNorm batches of 256: the same batches as the clients'
+    for norm, method in (("bn", "average"), ("none", "average_repair")):
+        template, states = tiny(0, norm), client_states(norm)
+        clients = LocalClients(template, states, [x for x, _ in train], calibration, device="cpu")
+        merged = average(states, WEIGHTS)
+        on_clients = post_merge(template, merged, states, WEIGHTS, method, clients, device="cpu")
+        central = post_merge(template, merged, states, WEIGHTS, method, union, device="cpu")
+        assert on_clients.bn_source == ("federated" if norm == "bn" else "none")
+        assert on_clients.repaired == central.repaired == (norm == "none")
+        for key, value in central.state.items():
+            assert torch.allclose(on_clients.state[key], value, rtol=1e-5, atol=1e-6), key
+        assert any(not torch.equal(on_clients.state[k], merged[k]) for k in merged)  # it did work
+    x = torch.cat([x for x, _ in calibration])
+    y = torch.cat([y for _, y in calibration])
+    model = on_clients.model
+    expected = fit_temperature(predict_logits(model, x), y)
+    assert calibrate(model, clients).temperature == pytest.approx(expected, rel=1e-9)
