@@ -9,9 +9,10 @@ with :math:`n_i` the client's ``num-examples`` and :math:`\pi_i` the identity
 (:class:`OneShotAverage`) or the permutations of a registered merge method
 (:class:`PermutationAlignedAverage`, :mod:`fedlmc.methods`: weight or activation matching,
 MergeMany, the random-permutation control, ...).
-Then, for BatchNorm models, the merged model's running statistics are re-estimated, REPAIR
-methods renormalise the hidden units of models without BatchNorm, and one softmax temperature
-:math:`T` is fitted (``calibration``):
+Then the post-merge pipeline (:mod:`fedlmc.post_merge`, the same the study runs): for BatchNorm
+models the merged model's running statistics are re-estimated, REPAIR methods renormalise the
+hidden units of models without BatchNorm, and one softmax temperature :math:`T` is fitted
+(``calibration``, one of :data:`fedlmc.post_merge.CALIBRATIONS`):
 
 - ``"server"``: on the server's own held-out data (``server_data``); BatchNorm and REPAIR
   statistics come from it too;
