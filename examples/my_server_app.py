@@ -22,11 +22,10 @@ def main(grid: Grid, context: Context) -> None:
         initial_arrays=state_to_record(template.state_dict()),
         num_rounds=1,
         train_config=ConfigRecord(CLIENT_CONFIG),
-    )
-    merged = result.arrays.to_torch_state_dict()  # merged (BN-re-estimated) weights
-    metrics = result.train_metrics_clientapp[1]  # temperature, clients-survived, ...
-    print("temperature", metrics["temperature"], "survivors", strategy.report.survivor_ids)
-    print("merged tensors", len(merged))
+    )  # a OneShotResult: Flower's Result records (arrays, train_metrics_clientapp) + details
+    merged = result.merged_state  # merged (BN-re-estimated) weights, as in result.arrays
+    print("temperature", result.temperature, "survivors", result.report.survivor_ids)
+    print("merged tensors", len(merged), "merge seconds", round(result.merge_seconds, 3))
 
 
 if __name__ == "__main__":  # or point [tool.flwr.app.components] serverapp at this module

@@ -35,6 +35,7 @@ from fedlmc.data.catalog import (
 )
 from fedlmc.merging.methods import AUTO_TOLERANCE, base_method, merge_method_names, study_methods
 from fedlmc.merging.methods import merge_method as merge_method_entry
+from fedlmc.merging.post_merge import CALIBRATIONS
 from fedlmc.models.registry import (
     MODELS,
     NORMS,
@@ -72,7 +73,6 @@ __all__ = [
 
 STRATEGIES = ("compare", "average", "aligned", "fedavg")
 BIAS_VALUES = ("auto", "true", "false")
-CALIBRATIONS = ("server", "federated", "none")
 FAILURE_MODES = ("raise", "nan", "hang")
 FEDAVG = "fedavg"
 DEFAULT_MAX_SHARE = 0.5  # = fedlmc.strategies.screening.DEFAULT_MAX_SHARE (no Flower import here)

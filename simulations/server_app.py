@@ -48,7 +48,6 @@ import pandas as pd
 import torch
 from flwr.app import ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 from safetensors.torch import save_file
 from torch import nn
@@ -68,7 +67,13 @@ from fedlmc.simulations.task import (
     load_splits,
 )
 from fedlmc.simulations.threads import server_threads, use_threads
-from fedlmc.strategies import FedAvgBaseline, OneShotAverage, PermutationAlignedAverage
+from fedlmc.strategies import (
+    FedAvgBaseline,
+    FedAvgResult,
+    OneShotAverage,
+    OneShotResult,
+    PermutationAlignedAverage,
+)
 from fedlmc.strategies.common import Failure, RoundReport, StateDict
 from fedlmc.strategies.protocol import record_to_state, state_to_record
 from fedlmc.strategies.screening import WeightBound
@@ -91,7 +96,7 @@ class ServerOutcome:
     config: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
     merged: dict[str, StateDict] = field(default_factory=dict)
-    results: dict[str, Result] = field(default_factory=dict)
+    results: dict[str, OneShotResult | FedAvgResult] = field(default_factory=dict)
     reports: dict[str, RoundReport] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     weight_bound: WeightBound | None = None
@@ -259,10 +264,10 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     kwargs = _kwargs(config, splits, device, outcome)
     strategy = OneShotAverage(template, calibration="none", keep_client_states=True, **kwargs)
     result, seconds = _start(strategy, grid, template, config, 1)
-    report = strategy.report
+    report = result.report
     outcome.results["compare"], outcome.reports["compare"] = result, report
     states = [u.state for u in report.survivors]
-    weights = strategy.merge_weights(report)
+    weights = list(result.weights)
     start = time.perf_counter()
     comparison = compare_cell(config, template, states, weights, splits, device)
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
@@ -273,7 +278,7 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
         run_fedavg(grid, config, splits, template, device, outcome)
 
 
-def result_bytes(result: Result) -> int:
+def result_bytes(result: OneShotResult | FedAvgResult) -> int:
     """Sum of ``bytes-received`` over the rounds of ``result``."""
     return int(sum(m.get("bytes-received", 0) for m in result.train_metrics_clientapp.values()))
 
@@ -294,24 +299,20 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
         )
     base = strategy.merge_method
     result, seconds = _start(strategy, grid, template, config, 1)
-    report = strategy.report
+    report = result.report
     outcome.results[base], outcome.reports[base] = result, report
-    merged = record_to_state(result.arrays)
-    outcome.merged[base] = merged
-    model = load_state(template, merged).to(device).eval()
+    outcome.merged[base] = result.merged_state
+    model = load_state(template, result.merged_state).to(device).eval()
     endpoints = endpoint_metrics(template, [u.state for u in report.survivors], splits, device)
-    metrics = result.train_metrics_clientapp[1]
-    rounds = 1 + int(metrics["query-rounds"])
-    columns = round_columns(report, result_bytes(result), seconds, rounds)
-    columns["merge_seconds"] = float(metrics["merge-seconds"])
+    columns = round_columns(report, result_bytes(result), seconds, 1 + result.query_rounds)
+    columns["merge_seconds"] = result.merge_seconds
     n = len(report.survivors)
     rows = [merged_row(base, model, splits, None, endpoints, n, device)]
     if config["calibration"] != "none":
-        temperature = float(metrics["temperature"])
-        row = merged_row(f"{base}_t", model, splits, temperature, endpoints, n, device)
-        row["temperature_server_split"] = float(metrics["server-split-temperature"])
+        row = merged_row(f"{base}_t", model, splits, result.temperature, endpoints, n, device)
+        row["temperature_server_split"] = result.server_split_temperature
         rows.append(row)
-    outcome.rows.extend({**row, **strategy.merge_info, **columns} for row in rows)
+    outcome.rows.extend({**row, **result.merge_info, **columns} for row in rows)
 
 
 def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
@@ -326,7 +327,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
         weight_bound=outcome.weight_bound,
     )
     result, seconds = _start(strategy, grid, template, config, rounds)
-    last = strategy.reports[rounds]
+    last = result.reports[rounds]
     outcome.results[FEDAVG], outcome.reports[FEDAVG] = result, last
     merged = record_to_state(result.arrays)
     outcome.merged[FEDAVG] = merged
@@ -336,7 +337,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     columns["train_seconds"] = float(
         sum(
             u.metrics.get("train-seconds", 0.0)
-            for r in strategy.reports.values()
+            for r in result.reports.values()
             for u in r.survivors
         )
     )

@@ -11,8 +11,11 @@
 
 All four derive from :class:`fedlmc.strategies.base.ScreenedFedAvg` (wait for every node, screen the
 replies); :mod:`fedlmc.strategies.protocol` encodes what travels between the ClientApp and the
-server. ``OneShotAverage(..., keep_client_states=True)`` is the collecting mode used by studies: the
-survivors' weights stay in ``strategy.report.survivors`` for ``fedlmc.study.compare_methods``.
+server. Their ``start`` returns a frozen result object holding Flower's ``Result`` records plus the
+strategy's details: :class:`OneShotResult` (the round's merge, temperature and report) and
+:class:`FedAvgResult` (each round's report). ``OneShotAverage(..., keep_client_states=True)`` is the
+collecting mode used by studies: the survivors' weights stay in ``result.report.survivors``
+for ``fedlmc.study.compare_methods``.
 """
 
 from fedlmc.strategies.base import ScreenedFedAvg
@@ -22,18 +25,27 @@ from fedlmc.strategies.common import (
     NodesUnavailableError,
     NotEnoughClientsError,
 )
-from fedlmc.strategies.fedavg import FedAvgBaseline, epochs_per_round
-from fedlmc.strategies.one_shot import AutoMerge, OneShotAverage, PermutationAlignedAverage
+from fedlmc.strategies.fedavg import FedAvgBaseline, FedAvgResult, epochs_per_round
+from fedlmc.strategies.one_shot import (
+    AutoMerge,
+    OneShotAverage,
+    OneShotResult,
+    OneShotRound,
+    PermutationAlignedAverage,
+)
 from fedlmc.strategies.protocol import state_to_record
 
 __all__ = [
     "AutoMerge",
     "ClientsFailedError",
     "FedAvgBaseline",
+    "FedAvgResult",
     "InconsistentShapesError",
     "NodesUnavailableError",
     "NotEnoughClientsError",
     "OneShotAverage",
+    "OneShotResult",
+    "OneShotRound",
     "PermutationAlignedAverage",
     "ScreenedFedAvg",
     "epochs_per_round",

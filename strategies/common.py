@@ -25,6 +25,7 @@ from typing import Any
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 
 from fedlmc.strategies.protocol import (
     NUM_EXAMPLES_KEY,
@@ -244,6 +245,13 @@ def check_same_shapes(updates: Sequence[ClientUpdate]) -> None:
             )
 
 
+def check_choice(what: str, value: Any, allowed: Sequence[str]) -> str:
+    """``value`` if it is one of ``allowed``, else ``ValueError`` naming it and the choices."""
+    if value not in allowed:
+        raise ValueError(f"{what} = {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
 def check_client_counts(num_clients: int, min_clients: int) -> None:
     """``ValueError`` unless ``1 <= min_clients <= num_clients``."""
     if int(num_clients) < 1:
@@ -276,6 +284,17 @@ def weighted_metric_means(
             continue
         means[key] = math.fsum(w / total * float(v) for w, v in zip(weights, values, strict=True))
     return means
+
+
+def flower_records(result: Result) -> dict[str, Any]:
+    """The records of Flower's ``Result`` by field name (``arrays`` and the per-round metric
+    records), for the strategies' own result objects, which hold them too."""
+    return {
+        "arrays": result.arrays,
+        "train_metrics_clientapp": result.train_metrics_clientapp,
+        "evaluate_metrics_clientapp": result.evaluate_metrics_clientapp,
+        "evaluate_metrics_serverapp": result.evaluate_metrics_serverapp,
+    }
 
 
 # ----------------------------------------------------------------------------- nodes

@@ -13,15 +13,18 @@ survivors end the run with a clear error).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from logging import INFO
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fedlmc.averaging import average
 from fedlmc.strategies.base import ScreenedFedAvg
-from fedlmc.strategies.common import RoundReport
+from fedlmc.strategies.common import RoundReport, flower_records
 from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
 from fedlmc.strategies.screening import WeightBound
 
@@ -37,8 +40,22 @@ def epochs_per_round(total_epochs: int, num_rounds: int) -> list[int]:
     return [base + (1 if r < rest else 0) for r in range(int(num_rounds))]
 
 
+@dataclass(frozen=True)
+class FedAvgResult:
+    """What :meth:`FedAvgBaseline.start` returns: Flower's ``Result`` records (``arrays``: the
+    final global weights; the per-round metric records) and ``reports``, each round's
+    survivors and failures by round number."""
+
+    arrays: ArrayRecord
+    train_metrics_clientapp: dict[int, MetricRecord]
+    evaluate_metrics_clientapp: dict[int, MetricRecord]
+    evaluate_metrics_serverapp: dict[int, MetricRecord]
+    reports: Mapping[int, RoundReport]
+
+
 class FedAvgBaseline(ScreenedFedAvg):
-    """Flower ``FedAvg`` over ``num_rounds`` rounds, ``total_epochs`` local epochs in all."""
+    """Flower ``FedAvg`` over ``num_rounds`` rounds, ``total_epochs`` local epochs in all;
+    ``start`` returns a :class:`FedAvgResult`."""
 
     def __init__(
         self,
@@ -59,7 +76,7 @@ class FedAvgBaseline(ScreenedFedAvg):
             weight_bound=weight_bound,
         )
         self.schedule = epochs_per_round(int(total_epochs), int(num_rounds))
-        self.reports: dict[int, RoundReport] = {}
+        self._reports: dict[int, RoundReport] = {}
 
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -86,14 +103,23 @@ class FedAvgBaseline(ScreenedFedAvg):
         config["init"] = "shared"
         return config
 
+    def start(
+        self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any
+    ) -> FedAvgResult:
+        """Flower's ``Strategy.start`` (same arguments), returning a :class:`FedAvgResult`."""
+        self._reports = {}
+        flower = super().start(grid, initial_arrays, *args, **kwargs)
+        return FedAvgResult(**flower_records(flower), reports=dict(self._reports))
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Weighted average of the surviving replies."""
+        """Weighted average of the surviving replies (the round's report is kept for the
+        result of :meth:`start`)."""
         report = self.screen(server_round, replies)
         merged = average([u.state for u in report.survivors], self.merge_weights(report))
         metrics = self.client_metrics(report)
         for update in report.survivors:
             update.state = {}
-        self.reports[server_round] = report
+        self._reports[server_round] = report
         return state_to_record(merged), metric_record(metrics)

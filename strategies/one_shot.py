@@ -9,9 +9,10 @@ with :math:`n_i` the client's ``num-examples`` and :math:`\pi_i` the identity
 (:class:`OneShotAverage`) or the permutations of a registered merge method
 (:class:`PermutationAlignedAverage`, :mod:`fedlmc.merging.methods`: weight or activation matching,
 MergeMany, the random-permutation control, ...).
-Then, for BatchNorm models, the merged model's running statistics are re-estimated, REPAIR
-methods renormalise the hidden units of models without BatchNorm, and one softmax temperature
-:math:`T` is fitted (``calibration``):
+Then the post-merge pipeline (:mod:`fedlmc.merging.post_merge`, the same the study runs): for
+BatchNorm models the merged model's running statistics are re-estimated, REPAIR methods renormalise
+the hidden units of models without BatchNorm, and one softmax temperature :math:`T` is fitted
+(``calibration``, one of :data:`fedlmc.merging.post_merge.CALIBRATIONS`):
 
 - ``"server"``: on the server's own held-out data (``server_data``); BatchNorm and REPAIR
   statistics come from it too;
@@ -30,20 +31,25 @@ The ``activation_federated`` method aligns on the clients whatever the calibrati
 ``query.align`` round in which every client but the first matches its own model to client 0's
 on its own data and returns only permutation indices.
 
-Where the results travel. ``strategy.start(...)`` returns Flower's ``Result``: ``result.arrays``
-holds the merged (BN-re-estimated) weights and ``result.train_metrics_clientapp[1]`` is a
-MetricRecord with ``temperature``, ``log-temperature``, ``server-split-temperature`` (the
-temperature fitted on the server split for the same merged model when the server holds data,
-a reference for the federated one; NaN otherwise), ``clients-survived``, ``clients-failed``,
-``bytes-received`` (tensor bytes of the trained weights plus the payload of every query reply,
+Where the results travel. ``strategy.start(...)`` returns a :class:`OneShotResult`, a frozen
+record of the round that holds what Flower's ``Result`` holds (``arrays``: the merged, finished
+weights; ``train_metrics_clientapp``, ``evaluate_metrics_clientapp``,
+``evaluate_metrics_serverapp``) and the round's details: ``merged_state``, ``weights``,
+``report`` (survivors sorted by partition id, failures with reasons), ``temperature``,
+``server_split_temperature``, ``calibration_history``, ``bn_source``, ``repaired``,
+``query_rounds``, ``query_bytes``, ``merge_seconds`` and ``merge_info`` (see
+:class:`OneShotRound`). ``result.train_metrics_clientapp[1]`` is the round's MetricRecord with
+``temperature``, ``log-temperature``, ``server-split-temperature`` (the temperature fitted on
+the server split for the same merged model when the server holds data, a reference for the
+federated one; NaN otherwise), ``clients-survived``, ``clients-failed``, ``bytes-received``
+(tensor bytes of the trained weights plus the payload of every query reply,
 :func:`fedlmc.strategies.protocol.payload_bytes`), ``query-rounds`` (message rounds after training),
 ``merge-seconds`` (alignment with its query rounds, averaging, BN re-estimation and REPAIR),
 ``bn-reestimated`` (0/1) and the num-examples-weighted means of the clients' training metrics.
+:meth:`OneShotAverage.merge_round` computes one round's :class:`OneShotRound` from the replies
+(what Flower's ``aggregate_train`` hook returns the arrays and metrics of).
 Shared with the FedAvg baseline (:class:`fedlmc.strategies.base.ScreenedFedAvg`): waiting for every
 node, screening the replies, the client counts.
-The strategy object keeps the details of the last round: ``strategy.report`` (survivors sorted
-by partition id, failures with reasons), ``strategy.temperature``, ``strategy.calibration_history``
-and ``strategy.merged_state``.
 """
 
 from __future__ import annotations
@@ -52,42 +58,90 @@ import copy
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from logging import INFO, WARNING
+from dataclasses import dataclass, fields
+from logging import INFO
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch import Tensor, nn
 
-from fedlmc.averaging import load_state
-from fedlmc.evaluation import predict_logits, resolve_device
-from fedlmc.merging.calibrate import (
-    apply_bn_statistics,
-    fit_temperature,
-    has_batchnorm,
-    reset_bn_stats,
-    temperature_grid,
-)
+from fedlmc.evaluation import resolve_device
+from fedlmc.merging.calibrate import temperature_grid
 from fedlmc.merging.methods import AUTO_TOLERANCE, merge_method, merge_with_info
-from fedlmc.merging.repair import repair
+from fedlmc.merging.post_merge import (
+    CALIBRATIONS,
+    Calibration,
+    ServerData,
+    StatisticsSource,
+    calibrate,
+    post_merge,
+)
 from fedlmc.permutation.chain import norm_free_chain
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
 from fedlmc.strategies.base import ScreenedFedAvg
-from fedlmc.strategies.common import ClientUpdate, RoundReport, StateDict, require_survivors
+from fedlmc.strategies.common import (
+    ClientUpdate,
+    RoundReport,
+    StateDict,
+    check_choice,
+    flower_records,
+    require_survivors,
+)
 from fedlmc.strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
 from fedlmc.strategies.queries import ClientRounds
 from fedlmc.strategies.screening import WeightBound
 
 Data = tuple[Tensor, Tensor]
-CALIBRATIONS = ("server", "federated", "none")
 
 
-def _check_choice(what: str, value: Any, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{what} = {value!r}; allowed: {', '.join(allowed)}")
-    return value
+@dataclass(frozen=True)
+class OneShotRound:
+    """What one one-shot round produced (:meth:`OneShotAverage.merge_round`).
+
+    ``arrays`` and ``metrics`` are what ``aggregate_train`` hands Flower (the merged weights as
+    an ArrayRecord, the round's MetricRecord: module docstring); ``merged_state`` the same
+    weights as a state dict; ``weights`` the survivors' merge weights (bounded shares, in
+    ``report.survivors`` order); ``report`` the survivors and failures (the survivors' states
+    are kept only with ``keep_client_states``); ``temperature`` the fitted :math:`T` (1 for
+    ``calibration = "none"``); ``server_split_temperature`` the :math:`T` fitted on the server
+    data for the same model (NaN without server data or with ``"none"``);
+    ``calibration_history`` the federated fit's rounds (empty otherwise); ``bn_source`` where
+    the BatchNorm statistics came from (``server``, ``federated`` or ``none``: not
+    re-estimated); ``repaired`` whether REPAIR ran; ``query_rounds`` and ``query_bytes`` the
+    message rounds after training and their reply payload; ``merge_seconds`` alignment,
+    averaging, BN re-estimation and REPAIR; ``merge_info`` what the merge method reported
+    (e.g. ``auto_choice``, ``auto_nll_gap``).
+    """
+
+    arrays: ArrayRecord
+    metrics: MetricRecord
+    merged_state: StateDict
+    weights: tuple[float, ...]
+    report: RoundReport
+    temperature: float
+    server_split_temperature: float
+    calibration_history: tuple[Mapping[str, float], ...]
+    bn_source: str
+    repaired: bool
+    query_rounds: int
+    query_bytes: int
+    merge_seconds: float
+    merge_info: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class OneShotResult(OneShotRound):
+    """What ``strategy.start(...)`` returns: the (last) round's :class:`OneShotRound` and the
+    records Flower's ``Result`` holds (``arrays`` is the merged weights), so code written for
+    Flower's ``Result`` reads it unchanged."""
+
+    train_metrics_clientapp: dict[int, MetricRecord]
+    evaluate_metrics_clientapp: dict[int, MetricRecord]
+    evaluate_metrics_serverapp: dict[int, MetricRecord]
 
 
 class OneShotAverage(ScreenedFedAvg):
@@ -107,10 +161,11 @@ class OneShotAverage(ScreenedFedAvg):
         The server's held-out data; required for ``calibration="server"`` and used for BN
         re-estimation unless calibration is federated.
     keep_client_states : bool
-        Keep the survivors' state dicts in ``strategy.report`` (for studies comparing methods).
+        Keep the survivors' state dicts in the result's ``report`` (for studies comparing
+        methods).
 
     Calibration queries carry the round's train config, so clients see the same run
-    configuration.
+    configuration. ``start`` returns a :class:`OneShotResult`.
     """
 
     merge_method = "average"
@@ -145,7 +200,7 @@ class OneShotAverage(ScreenedFedAvg):
             weight_bound=weight_bound,
         )
         self.template = copy.deepcopy(template).cpu().eval()
-        self.calibration = _check_choice("calibration", calibration, CALIBRATIONS)
+        self.calibration = check_choice("calibration", calibration, CALIBRATIONS)
         if calibration == "server" and server_data is None:
             raise ValueError("calibration = 'server' needs server_data (x, y); got None")
         self.server_data = server_data
@@ -155,19 +210,10 @@ class OneShotAverage(ScreenedFedAvg):
         self.temperature_grid_points = int(temperature_grid_points)
         temperature_grid(self.temperature_grid_points)  # validates
         self.device = resolve_device(device)
-        self.report = RoundReport()
-        self.temperature = 1.0
-        self.calibration_history: list[dict[str, float]] = []
-        self.bn_source = "none"
-        self.query_bytes = 0
-        self.query_rounds = 0
-        self.merge_seconds = math.nan
-        self.server_split_temperature = math.nan
-        self.merged_state: StateDict | None = None
         self.seed = 0
         self.spec: PermutationSpec | None = None
         self.method_options: dict[str, Any] = {}
-        self.merge_info: dict[str, Any] = {}
+        self._last_round: OneShotRound | None = None
 
     # ------------------------------------------------------------------------- Flower hooks
 
@@ -200,30 +246,52 @@ class OneShotAverage(ScreenedFedAvg):
             config.setdefault("strategy", "average")
         return config
 
+    def start(
+        self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any
+    ) -> OneShotResult:
+        """Flower's ``Strategy.start`` (same arguments), returning a :class:`OneShotResult`
+        of the last round."""
+        self._last_round = None
+        flower = super().start(grid, initial_arrays, *args, **kwargs)
+        if self._last_round is None:
+            raise RuntimeError("start ran no training round (num_rounds = 0); allowed: 1")
+        last = {f.name: getattr(self._last_round, f.name) for f in fields(OneShotRound)}
+        return OneShotResult(**{**last, **flower_records(flower)})
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Screen the replies, merge the survivors, re-estimate BN, REPAIR, fit the temperature."""
+        """Flower's hook: :meth:`merge_round`'s arrays and metrics (the round is kept for the
+        result of :meth:`start`)."""
+        self._last_round = self.merge_round(server_round, replies)
+        return self._last_round.arrays, self._last_round.metrics
+
+    # ------------------------------------------------------------------------- the round
+
+    def merge_round(self, server_round: int, replies: Iterable[Message]) -> OneShotRound:
+        """Screen the replies, merge the survivors, then the post-merge pipeline
+        (:mod:`fedlmc.merging.post_merge`: BN re-estimation, REPAIR, temperature)."""
         report = self.screen(server_round, replies)
-        self.report = report
         clients = self.client_rounds(report.survivors)
         states = [u.state for u in report.survivors]
         weights = self.merge_weights(report)
         start = time.perf_counter()
-        merged, aligned = self.merge(states, weights, clients)
+        merged, aligned, info = self.merge(states, weights, clients)
         if len(aligned) < len(states):  # clients dropped by the alignment query: not merged
             self.drop_unaligned(report, clients)
-            states = [u.state for u in report.survivors]
             weights = self.merge_weights(report)
-        model = load_state(self.template, merged).to(self.device).eval()
-        self.bn_source = self.reestimate_batchnorm(model, clients)
-        model = self.repair_units(model, aligned, weights, clients)
-        self.merge_seconds = time.perf_counter() - start
-        final = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-        self.merged_state = final
-        arrays = state_to_record(final)
-        self.temperature = self.calibrate_temperature(model, arrays, clients)
-        self.query_rounds, self.query_bytes = clients.rounds, clients.bytes_received
+        finished = post_merge(
+            self.template,
+            merged,
+            aligned,
+            weights,
+            self.merge_method,
+            self.statistics_source(clients),
+            device=self.device,
+        )
+        merge_seconds = time.perf_counter() - start
+        arrays = state_to_record(finished.state)
+        fitted, server_split = self.calibrate_temperature(finished.model, clients)
         report.query_failures = [f for f in clients.dropped if f.stage != ALIGN_QUERY]
         if not self.keep_client_states:
             for update in report.survivors:
@@ -231,13 +299,39 @@ class OneShotAverage(ScreenedFedAvg):
         log(
             INFO,
             "aggregate_train: merged %d clients %s (%s), temperature %.4f, %d query rounds",
-            len(states),
+            len(report.survivors),
             report.survivor_ids,
             self.merge_method,
-            self.temperature,
-            self.query_rounds,
+            fitted.temperature,
+            clients.rounds,
         )
-        return arrays, metric_record(self.round_metrics(report))
+        metrics = self.client_metrics(report, extra_bytes=clients.bytes_received)
+        metrics.update(
+            {
+                "temperature": fitted.temperature,
+                "log-temperature": math.log(fitted.temperature),
+                "server-split-temperature": server_split,
+                "bn-reestimated": int(finished.bn_reestimated),
+                "query-rounds": int(clients.rounds),
+                "merge-seconds": float(merge_seconds),
+            }
+        )
+        return OneShotRound(
+            arrays=arrays,
+            metrics=metric_record(metrics),
+            merged_state=finished.state,
+            weights=tuple(weights),
+            report=report,
+            temperature=fitted.temperature,
+            server_split_temperature=server_split,
+            calibration_history=fitted.history,
+            bn_source=finished.bn_source,
+            repaired=finished.repaired,
+            query_rounds=int(clients.rounds),
+            query_bytes=int(clients.bytes_received),
+            merge_seconds=float(merge_seconds),
+            merge_info=dict(info),
+        )
 
     def drop_unaligned(self, report: RoundReport, clients: ClientRounds) -> None:
         """Move the clients whose alignment answer was dropped out of the survivors; raises
@@ -277,14 +371,15 @@ class OneShotAverage(ScreenedFedAvg):
         states: Sequence[StateDict],
         weights: Sequence[float],
         clients: ClientRounds | None = None,
-    ) -> tuple[StateDict, list[StateDict]]:
+    ) -> tuple[StateDict, list[StateDict], dict[str, Any]]:
         r""":func:`fedlmc.merging.methods.merge_with_info` with this strategy's ``merge_method``:
-        :math:`\sum_i w_i \pi_i(\theta_i)` (plain average: :math:`\pi_i = \mathrm{id}`) and the
-        clients in the merged basis. ``clients`` reach the method when it runs on the clients
-        (``activation_federated``) or takes their data under federated calibration (``auto``)."""
+        :math:`\sum_i w_i \pi_i(\theta_i)` (plain average: :math:`\pi_i = \mathrm{id}`), the
+        clients in the merged basis and the method's info. ``clients`` reach the method when it
+        runs on the clients (``activation_federated``) or takes their data under federated
+        calibration (``auto``)."""
         entry = merge_method(self.merge_method)
         uses_clients = entry.needs_clients or (entry.clients_for_data and self.on_clients)
-        merged, aligned, self.merge_info = merge_with_info(
+        return merge_with_info(
             self.merge_method,
             self.template,
             states,
@@ -296,79 +391,29 @@ class OneShotAverage(ScreenedFedAvg):
             options=self.method_options,
             clients=clients if uses_clients else None,
         )
-        return merged, aligned
 
-    def repair_units(
-        self,
-        model: nn.Module,
-        aligned: Sequence[StateDict],
-        weights: Sequence[float],
-        clients: ClientRounds | None = None,
-    ) -> nn.Module:
-        """REPAIR when the merge method asks for it and the model has no BatchNorm (whose
-        re-estimation is REPAIR): on the clients' training data under federated calibration
-        (:meth:`ClientRounds.repair`), else on the server data's inputs
-        (:func:`fedlmc.merging.repair.repair`)."""
-        if not merge_method(self.merge_method).repair or has_batchnorm(model) or len(aligned) < 2:
-            return model
-        endpoints = [load_state(self.template, sd).to(self.device).eval() for sd in aligned]
+    # ------------------------------------------------------------------------- post-merge
+
+    def statistics_source(self, clients: ClientRounds) -> StatisticsSource | None:
+        """Where BN re-estimation and REPAIR take their statistics: the clients' query rounds
+        under federated calibration, else the server data (``None`` without any)."""
         if self.on_clients:
-            return clients.repair(model, endpoints, weights).eval()
-        return repair(model, endpoints, weights, self.server_data[0]).eval()
-
-    # ------------------------------------------------------------------------- calibration
-
-    def reestimate_batchnorm(self, model: nn.Module, clients: ClientRounds | None = None) -> str:
-        """Reset BN running statistics in place (unless the merge method opts out); returns where
-        they came from."""
-        if not has_batchnorm(model) or not merge_method(self.merge_method).reestimate_bn:
-            return "none"
-        if self.on_clients:
-            apply_bn_statistics(model, clients.bn_statistics(model))
-            model.eval()
-            return "federated"
-        if self.server_data is not None:
-            reset_bn_stats(model, self.server_data)
-            model.eval()
-            return "server"
-        log(WARNING, "BatchNorm model merged without server data: running statistics kept")
-        return "none"
+            return clients
+        return None if self.server_data is None else ServerData(*self.server_data)
 
     def calibrate_temperature(
-        self, model: nn.Module, arrays: ArrayRecord, clients: ClientRounds | None = None
-    ) -> float:
-        """:math:`T` by the configured calibration; fills ``calibration_history`` and, when the
-        server holds data, ``server_split_temperature`` (the temperature fitted on the server
-        split for the same model, a reference for the federated one)."""
-        self.calibration_history = []
-        self.server_split_temperature = math.nan
-        if self.server_data is not None and self.calibration != "none":
-            x, y = self.server_data
-            logits = predict_logits(model, x, device=self.device)
-            self.server_split_temperature = float(fit_temperature(logits, y))
+        self, model: nn.Module, clients: ClientRounds
+    ) -> tuple[Calibration, float]:
+        """:math:`T` by the configured calibration (:func:`fedlmc.merging.post_merge.calibrate`)
+        and, when the server holds data and calibration is not ``none``, the temperature fitted on
+        the server data for the same model (a reference for the federated one; NaN else)."""
+        server = None if self.server_data is None else ServerData(*self.server_data)
         if self.calibration == "none":
-            return 1.0
+            return calibrate(model, None), math.nan
+        reference = math.nan if server is None else calibrate(model, server).temperature
         if self.calibration == "server":
-            return self.server_split_temperature
-        temperature, self.calibration_history = clients.fit_temperature(arrays)
-        return temperature
-
-    # ------------------------------------------------------------------------- metrics
-
-    def round_metrics(self, report: RoundReport) -> dict[str, float | int]:
-        """Weighted client metrics plus the merge's own numbers (see the module docstring)."""
-        metrics = self.client_metrics(report, extra_bytes=self.query_bytes)
-        metrics.update(
-            {
-                "temperature": float(self.temperature),
-                "log-temperature": float(math.log(self.temperature)),
-                "server-split-temperature": float(self.server_split_temperature),
-                "bn-reestimated": int(self.bn_source != "none"),
-                "query-rounds": int(self.query_rounds),
-                "merge-seconds": float(self.merge_seconds),
-            }
-        )
-        return metrics
+            return Calibration(reference), reference
+        return calibrate(model, clients), reference
 
 
 class PermutationAlignedAverage(OneShotAverage):
@@ -412,7 +457,7 @@ class AutoMerge(PermutationAlignedAverage):
     its calibrated NLL is within ``tolerance`` nats of the endpoints', else the better of it and
     weight matching; the NLLs are measured on the server data, or, with ``calibration =
     "federated"``, on the clients' held-out data (no server data needed).
-    ``strategy.merge_info`` holds ``auto_choice`` and ``auto_nll_gap`` after the round."""
+    The result's ``merge_info`` holds ``auto_choice`` and ``auto_nll_gap``."""
 
     def __init__(
         self, template: nn.Module, *, tolerance: float = AUTO_TOLERANCE, **kwargs: Any

@@ -20,7 +20,9 @@ data, and only sums, statistics or permutation indices come back:
   they apply to; the digest must equal that of the weights the client sent in the training round.
 
 :class:`ClientRounds` implements :class:`fedlmc.merging.methods.ClientQueries`, so registered merge
-methods (``auto``, ``activation_federated``) reach the clients through it.
+methods (``auto``, ``activation_federated``) reach the clients through it, and
+:class:`fedlmc.merging.post_merge.StatisticsSource` (``bn_statistics``, ``unit_statistics``,
+``temperature``), so the post-merge pipeline takes the clients' data through it.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from fedlmc.merging.calibrate import (
     newton_step,
     temperature_grid,
 )
-from fedlmc.merging.repair import UnitStats, combine_unit_statistics, repair_with_statistics
+from fedlmc.merging.repair import UnitStats, combine_unit_statistics
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.strategies.common import (
     ClientsFailedError,
@@ -101,6 +103,9 @@ class ClientRounds:
     :class:`~fedlmc.strategies.common.Failure` with the query as its ``stage``). Counts are bounded
     by ``weight_bound`` (:class:`~fedlmc.strategies.screening.WeightBound`).
     """
+
+    name = "federated"
+    """The :class:`fedlmc.merging.post_merge.StatisticsSource` name: the clients' data."""
 
     def __init__(
         self,
@@ -294,12 +299,9 @@ class ClientRounds:
                 )
         return scaled
 
-    def repair(
-        self, merged: nn.Module, endpoints: Sequence[nn.Module], weights: Sequence[float]
-    ) -> nn.Module:
-        """Federated REPAIR: :func:`fedlmc.merging.repair.repair_with_statistics` with the clients'
-        summed unit statistics (``N + L`` rounds for ``N`` endpoints and ``L`` layers)."""
-        return repair_with_statistics(merged, endpoints, weights, self.unit_statistics)
+    def temperature(self, model: nn.Module) -> tuple[float, list[dict[str, float]]]:
+        """:meth:`fit_temperature` of ``model``'s weights (the post-merge pipeline's step)."""
+        return self.fit_temperature(state_to_record(model.state_dict()))
 
     # ------------------------------------------------------------------------- ClientQueries
 

@@ -144,8 +144,12 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
     y = torch.cat([p[1] for p in parts])
     assert len(y) == sum(round(0.1 * len(client_data(config, p, 4)[1])) for p in (0, 3))
     expected = fit_temperature(predict_logits(model, x), y)
-    metrics = outcome.results["average"].train_metrics_clientapp[1]
+    result = outcome.results["average"]  # the strategy's OneShotResult
+    metrics = result.train_metrics_clientapp[1]
     assert metrics["temperature"] == pytest.approx(expected, rel=1e-5)
+    assert result.temperature == metrics["temperature"] and result.bn_source == "federated"
+    assert result.calibration_history[0]["round"] == -1  # the grid round, then Newton rounds
+    assert result.report is report and result.query_rounds == metrics["query-rounds"]
     calibrated = rows[rows.method == "average_t"].iloc[0]
     assert calibrated["temperature"] == pytest.approx(metrics["temperature"])
     on_server = fit_temperature(predict_logits(model, splits.server[0]), splits.server[1])

@@ -113,8 +113,8 @@ def test_every_malformed_train_reply_is_dropped_by_node_and_reason_and_the_rest_
         honest(13, 10, template, 1.0),
         *[b[2] for b in bad],
     ]
-    arrays, metrics = strategy.aggregate_train(1, replies)
-    report = strategy.report
+    found = strategy.merge_round(1, replies)
+    arrays, metrics, report = found.arrays, found.metrics, found.report
     assert report.survivor_ids == [0, 10]  # partition 1 was claimed twice: both dropped
     failures = {f.node_id: f for f in report.failures}
     for node, _pid, _reply, words in bad:
@@ -131,15 +131,15 @@ def test_integer_buffers_must_keep_their_exact_dtype():
     strategy = strategy_for(template, [1, 2], min_clients=1)
     state = template.state_dict()
     wrong = {k: (v.to(torch.int32) if not v.is_floating_point() else v) for k, v in state.items()}
-    strategy.aggregate_train(
+    report = strategy.merge_round(
         1,
         [
             reply(1, state, {"num-examples": 5, "partition-id": 0}),
             reply(2, wrong, {"num-examples": 5, "partition-id": 1}),
         ],
-    )
-    assert strategy.report.survivor_ids == [0]
-    assert "expected int64" in strategy.report.failures[0].reason
+    ).report
+    assert report.survivor_ids == [0]
+    assert "expected int64" in report.failures[0].reason
 
 
 def test_too_few_honest_clients_is_an_error_naming_the_dropped_ones():

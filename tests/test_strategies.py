@@ -102,14 +102,16 @@ def test_replies_are_sorted_by_partition_id_not_arrival_or_node_id():
     nodes = {0: 900, 1: 5, 2: 40}
     strategy = strategy_for(template, list(nodes.values()), keep_client_states=True)
     arrival = [reply(nodes[p], states[p], p, n=10 + p) for p in (2, 0, 1)]
-    arrays, _ = strategy.aggregate_train(1, arrival)
-    assert strategy.report.survivor_ids == [0, 1, 2]
-    assert [u.node_id for u in strategy.report.survivors] == [900, 5, 40]
-    for update, pid in zip(strategy.report.survivors, range(3), strict=True):
+    found = strategy.merge_round(1, arrival)
+    assert found.report.survivor_ids == [0, 1, 2]
+    assert [u.node_id for u in found.report.survivors] == [900, 5, 40]
+    for update, pid in zip(found.report.survivors, range(3), strict=True):
         assert all(torch.equal(update.state[k], states[pid][k]) for k in states[pid])
     expected = average([states[p] for p in range(3)], [10, 11, 12])
-    merged = record_to_state(arrays)
+    merged = record_to_state(found.arrays)
     assert all(torch.equal(merged[k], expected[k]) for k in expected)
+    assert all(torch.equal(found.merged_state[k], expected[k]) for k in expected)
+    assert found.weights == pytest.approx((10 / 33, 11 / 33, 12 / 33))
 
 
 def test_error_and_nan_replies_are_dropped_and_recorded():
@@ -118,8 +120,8 @@ def test_error_and_nan_replies_are_dropped_and_recorded():
     nan = {k: torch.full_like(v, math.nan) for k, v in tiny(3).state_dict().items()}
     strategy = strategy_for(template, [1, 2, 3, 4])
     replies = [reply(4, good[3], 3), error_reply(2, 1), reply(3, nan, 2), reply(1, good[0], 0)]
-    arrays, metrics = strategy.aggregate_train(1, replies)
-    report = strategy.report
+    found = strategy.merge_round(1, replies)
+    arrays, metrics, report = found.arrays, found.metrics, found.report
     assert report.survivor_ids == [0, 3]
     assert [f.partition_id for f in report.failures] == [1, 2]
     assert "boom" in report.failures[0].reason
@@ -135,11 +137,11 @@ def test_error_and_nan_replies_are_dropped_and_recorded():
 def test_missing_reply_counts_as_failure():
     template = tiny(0)
     strategy = strategy_for(template, [1, 2, 3])
-    strategy.aggregate_train(
+    found = strategy.merge_round(
         1, [reply(1, tiny(1).state_dict(), 0), reply(2, tiny(2).state_dict(), 1)]
     )
-    assert strategy.report.survivor_ids == [0, 1]
-    assert [(f.node_id, f.reason) for f in strategy.report.failures] == [
+    assert found.report.survivor_ids == [0, 1]
+    assert [(f.node_id, f.reason) for f in found.report.failures] == [
         (3, "no reply before the timeout")
     ]
 
@@ -162,10 +164,10 @@ def test_wrong_shape_is_dropped_against_the_reference():
         reply(2, wide.state_dict(), 1),
         reply(3, tiny(3).state_dict(), 2),
     ]
-    strategy.aggregate_train(1, replies)
-    assert strategy.report.survivor_ids == [0, 2]
-    assert "wrong shape" in strategy.report.failures[0].reason
-    assert strategy.report.failures[0].partition_id == 1
+    report = strategy.merge_round(1, replies).report
+    assert report.survivor_ids == [0, 2]
+    assert "wrong shape" in report.failures[0].reason
+    assert report.failures[0].partition_id == 1
 
 
 def test_shape_disagreement_without_reference_raises():
@@ -184,12 +186,14 @@ def test_server_calibration_fits_the_merged_model_on_server_data():
     server = data(128, seed=5)
     states = [tiny(1).state_dict(), tiny(2).state_dict()]
     strategy = strategy_for(template, [1, 2], calibration="server", server_data=server)
-    arrays, metrics = strategy.aggregate_train(1, [reply(1, states[0], 0), reply(2, states[1], 1)])
+    found = strategy.merge_round(1, [reply(1, states[0], 0), reply(2, states[1], 1)])
     model = load_state(template, average(states, [1, 1]))
     expected = fit_temperature(predict_logits(model, server[0]), server[1])
+    metrics = found.metrics
     assert metrics["temperature"] == pytest.approx(expected, rel=1e-9)
     assert metrics["log-temperature"] == pytest.approx(math.log(expected), rel=1e-9)
-    assert strategy.temperature == metrics["temperature"]
+    assert found.temperature == metrics["temperature"] == found.server_split_temperature
+    assert found.calibration_history == () and found.bn_source == "none"
 
 
 def test_batchnorm_statistics_are_reestimated_on_server_data():

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
 
 import pandas as pd
 import torch
@@ -32,31 +31,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlmc.averaging import load_state, normalised_weights
-from fedlmc.capture import linear_layers
-from fedlmc.evaluation import model_device
+from fedlmc.capture import HookKind, forward_capture, linear_layers
 from fedlmc.permutation.model_spec import derive_layer_names
 
-CaptureMode = Literal["output", "input"]  # forward hook or forward pre-hook
 
-
-@torch.no_grad()
 def capture(
     model: nn.Module,
     names: Sequence[str],
     x: Tensor,
     *,
-    mode: CaptureMode = "output",
+    mode: HookKind = "output",
     batch_size: int = 1024,
 ) -> dict[str, Tensor]:
     """Outputs (``mode="output"``) or first inputs (``mode="input"``) of the named modules on ``x``.
 
-    Runs ``model`` in eval mode in batches; tensors are returned on the CPU as float64,
-    concatenated over the batch dimension.
+    Runs ``model`` in eval mode in batches (:func:`fedlmc.capture.forward_capture`); tensors are
+    returned on the CPU as float64, concatenated over the batch dimension.
     """
-    modules = dict(model.named_modules())
-    missing = [n for n in names if n not in modules]
-    if missing:
-        raise ValueError(f"module {missing[0]!r} not found in the model")
     store: dict[str, list[Tensor]] = {n: [] for n in names}
 
     def make_hook(name: str) -> Callable:
@@ -64,22 +55,9 @@ def capture(
             return lambda _m, _inputs, out: store[name].append(out.detach().double().cpu())
         return lambda _m, inputs: store[name].append(inputs[0].detach().double().cpu())
 
-    if mode == "output":
-        handles = [modules[n].register_forward_hook(make_hook(n)) for n in names]
-    elif mode == "input":
-        handles = [modules[n].register_forward_pre_hook(make_hook(n)) for n in names]
-    else:
-        raise ValueError(f"mode must be 'output' or 'input', got {mode!r}")
-    device = model_device(model)
-    was_training = model.training
-    try:
-        model.eval()
+    with forward_capture(model, {n: make_hook(n) for n in names}, kind=mode) as forward:
         for i in range(0, len(x), batch_size):
-            model(x[i : i + batch_size].to(device))
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
+            forward(x[i : i + batch_size])
     return {n: torch.cat(chunks) for n, chunks in store.items()}
 
 

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from scipy.optimize import brentq
 from torch import Tensor, nn
 
-from fedlmc.evaluation import model_device
+from fedlmc.capture import forward_capture
 
 T_MIN = 1e-3
 T_MAX = 1e3
@@ -289,15 +289,15 @@ def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
     return bounds
 
 
-@torch.no_grad()
 def bn_statistics(model: nn.Module, x: Tensor, batch_size: int = 256) -> dict[str, BNStats]:
     r"""Per-channel :math:`\sum x`, :math:`\sum x^2` and count of every BN layer's input over ``x``.
 
     The model runs in train mode (each BN normalises with its batch statistics, as during
     training) in batches of ``batch_size`` (see :func:`batch_bounds`) without gradients, so the
     sums over several clients equal those over their union when each client's data is a whole
-    number of batches. Its running buffers and its
-    train/eval mode are restored afterwards, and its parameters are untouched.
+    number of batches. Its running buffers and every module's train/eval flag
+    (:func:`fedlmc.capture.forward_capture`) are restored afterwards, and its parameters are
+    untouched.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -307,7 +307,6 @@ def bn_statistics(model: nn.Module, x: Tensor, batch_size: int = 256) -> dict[st
         name: {k: b.clone() for k, b in m.named_buffers(recurse=False)}
         for name, m in layers.items()
     }
-    modes = {name: m.training for name, m in model.named_modules()}
 
     def make_hook(name: str) -> Callable:
         def hook(_module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
@@ -317,20 +316,15 @@ def bn_statistics(model: nn.Module, x: Tensor, batch_size: int = 256) -> dict[st
 
         return hook
 
-    handles = [m.register_forward_pre_hook(make_hook(name)) for name, m in layers.items()]
-    device = model_device(model)
+    hooks = {name: make_hook(name) for name in layers}
     try:
-        model.train()
-        for start, stop in batch_bounds(len(x), batch_size):
-            model(x[start:stop].to(device))
+        with forward_capture(model, hooks, kind="input", training=True) as forward:
+            for start, stop in batch_bounds(len(x), batch_size):
+                forward(x[start:stop])
     finally:
-        for handle in handles:
-            handle.remove()
         for name, m in layers.items():
             for key, value in saved[name].items():
                 getattr(m, key).copy_(value)
-        for name, m in model.named_modules():
-            m.training = modes[name]
     return {
         name: BNStats(
             torch.as_tensor(s1, dtype=torch.float64), torch.as_tensor(s2, dtype=torch.float64), n

@@ -18,6 +18,13 @@ federation against them)::
   client's training inputs (exact sums, as the ``query.bn_stats`` round) where asked, then
   :math:`\min_u \sum_c \mathrm{NLL}_c(u) / \sum_c n_c` over the grid of
   :func:`fedlmc.merging.calibrate.temperature_grid` (as the federated grid round).
+
+:class:`LocalClients` is also a :class:`fedlmc.merging.post_merge.StatisticsSource` (``name =
+"federated"``), so the post-merge pipeline runs on in-memory clients as a federation runs it
+on its clients: :meth:`~LocalClients.bn_statistics` and :meth:`~LocalClients.unit_statistics`
+sum every client's statistics over its training inputs (as ``query.bn_stats`` and
+``query.unit_stats``), :meth:`~LocalClients.temperature` fits :math:`T` on the union of the
+clients' calibration data (the optimum the federated grid and Newton rounds converge to).
 """
 
 from __future__ import annotations
@@ -31,14 +38,17 @@ from torch import Tensor, nn
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import predict_logits, resolve_device
 from fedlmc.merging.calibrate import (
+    BNStats,
     apply_bn_statistics,
     bn_statistics,
     combine_bn_statistics,
+    fit_temperature,
     grid_minimum,
     has_batchnorm,
     temperature_grid,
     temperature_statistics,
 )
+from fedlmc.merging.repair import UnitStats, combine_unit_statistics, unit_statistics
 from fedlmc.permutation.matching import activation_matching
 
 StateDict = dict[str, Tensor]
@@ -90,8 +100,7 @@ class LocalClients:
         for state, reestimate in zip(states, reestimate_bn, strict=True):
             model = self._model(state)
             if reestimate and has_batchnorm(model):
-                stats = [bn_statistics(model, x) for x in self.train_inputs]
-                apply_bn_statistics(model, combine_bn_statistics(stats))
+                apply_bn_statistics(model, self.bn_statistics(model))
                 model.eval()
             per_client = []
             for x, y in self.calibration:
@@ -100,3 +109,22 @@ class LocalClients:
             _, best = grid_minimum(per_client, grid)
             nlls.append(best.nll_sum / best.count)
         return nlls
+
+    # ------------------------------------------------------------------------- StatisticsSource
+
+    name = "federated"
+
+    def bn_statistics(self, model: nn.Module) -> dict[str, BNStats]:
+        """Per BatchNorm layer, the clients' input sums over their training inputs, added."""
+        return combine_bn_statistics([bn_statistics(model, x) for x in self.train_inputs])
+
+    def unit_statistics(self, model: nn.Module, layers: Sequence[str]) -> dict[str, UnitStats]:
+        """Per layer, the clients' per-unit output sums over their training inputs, added."""
+        per_client = [unit_statistics(model, x, layers) for x in self.train_inputs]
+        return combine_unit_statistics(per_client)
+
+    def temperature(self, model: nn.Module) -> tuple[float, list[dict[str, float]]]:
+        """:math:`T` minimising the mean NLL over the union of the clients' calibration data."""
+        logits = [predict_logits(model, x, device=self.device) for x, _ in self.calibration]
+        labels = torch.cat([y for _, y in self.calibration])
+        return float(fit_temperature(torch.cat(logits), labels)), []

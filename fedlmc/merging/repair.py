@@ -47,8 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlmc.averaging import normalised_weights
-from fedlmc.capture import linear_layers
-from fedlmc.evaluation import model_device
+from fedlmc.capture import StopForward, forward_capture, linear_layers
 from fedlmc.merging.calibrate import has_batchnorm
 
 CONSTANT_UNIT_TOLERANCE = 1e-6
@@ -139,10 +138,6 @@ def checked_layers(model: nn.Module, layers: Sequence[str] | None) -> list[str]:
 # ----------------------------------------------------------------------------- statistics
 
 
-class _Done(Exception):
-    """Raised by a hook once every requested layer has seen the batch (ends the forward pass)."""
-
-
 def _unit_moments(output: Tensor, channel_dim: int) -> tuple[Tensor, Tensor, int]:
     """Per-unit sum and sum of squares (float64, CPU) over every other dim, and the count."""
     z = output.detach().double().movedim(channel_dim, -1)
@@ -150,7 +145,6 @@ def _unit_moments(output: Tensor, channel_dim: int) -> tuple[Tensor, Tensor, int
     return z.sum(0).cpu(), (z * z).sum(0).cpu(), z.shape[0]
 
 
-@torch.no_grad()
 def unit_statistics(
     model: nn.Module, x: Tensor, layers: Sequence[str] | None = None, batch_size: int = 1024
 ) -> dict[str, UnitStats]:
@@ -158,8 +152,9 @@ def unit_statistics(
 
     ``layers`` are Linear/Conv modules (default :func:`repair_layers`); units are the last dim of
     a Linear output and dim 1 of a Conv output (spatial positions are samples). The model runs in
-    eval mode in batches of ``batch_size``, each forward pass stopped once every layer has fired;
-    its mode is restored. Sums over data shards equal the sums over their union.
+    eval mode in batches of ``batch_size``, each forward pass stopped once every layer has fired
+    (:func:`fedlmc.capture.forward_capture`, which restores every module's mode). Sums over data
+    shards equal the sums over their union.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -176,25 +171,15 @@ def unit_statistics(
             sums[name] = stats if sums[name] is None else sums[name] + stats
             fired.add(name)
             if len(fired) == len(names):
-                raise _Done
+                raise StopForward
 
         return hook
 
-    handles = [modules[name].register_forward_hook(make_hook(name)) for name in names]
-    device = model_device(model)
-    was_training = model.training
-    try:
-        model.eval()
+    hooks = {name: make_hook(name) for name in names}
+    with forward_capture(model, hooks) as forward:
         for start in range(0, len(x), batch_size):
             fired.clear()
-            try:
-                model(x[start : start + batch_size].to(device))
-            except _Done:
-                pass
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
+            forward(x[start : start + batch_size])
     missing = [name for name, stats in sums.items() if stats is None]
     if missing:
         raise ValueError(f"layer {missing[0]!r} saw no data (x has {len(x)} samples)")

@@ -57,7 +57,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
 from fedlmc.averaging import average, check_compatible, normalised_weights
-from fedlmc.evaluation import model_device
+from fedlmc.capture import forward_capture
 from fedlmc.permutation.assignment import WarmStart, solve_assignment
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import (
@@ -537,10 +537,11 @@ def _channels_last(output: Tensor) -> Tensor:
     return output.detach().movedim(1, -1).reshape(-1, output.shape[1])
 
 
-def _capture(model: nn.Module, names: Mapping[str, str], store: dict[str, Tensor]) -> list:
-    """Forward hooks writing the output of module ``names[group]`` into ``store[group]``."""
+def _capture(model: nn.Module, names: Mapping[str, str], store: dict[str, Tensor]):
+    """:func:`fedlmc.capture.forward_capture` of ``model`` (eval mode) whose hooks write the
+    output of module ``names[group]`` into ``store[group]``."""
     modules = dict(model.named_modules())
-    handles = []
+    hooks = {}
     for group, name in names.items():
         if name not in modules:
             raise ValueError(f"activation module {name!r} of group {group!r} not in the model")
@@ -548,8 +549,8 @@ def _capture(model: nn.Module, names: Mapping[str, str], store: dict[str, Tensor
         def hook(_module, _inputs, output, group=group):
             store[group] = _channels_last(output)
 
-        handles.append(modules[name].register_forward_hook(hook))
-    return handles
+        hooks[name] = hook
+    return forward_capture(model, hooks)
 
 
 def activation_matching(
@@ -582,24 +583,16 @@ def activation_matching(
     moments = {group: _CrossMoments() for group in names}
     store_a: dict[str, Tensor] = {}
     store_b: dict[str, Tensor] = {}
-    handles = _capture(model_a, names, store_a) + _capture(model_b, names, store_b)
-    modes = (model_a.training, model_b.training)
-    device_a, device_b = model_device(model_a), model_device(model_b)
-    try:
-        model_a.eval()
-        model_b.eval()
-        with torch.no_grad():
-            for start in range(0, len(x), batch_size):
-                batch = x[start : start + batch_size]
-                model_a(batch.to(device_a))
-                model_b(batch.to(device_b))
-                for group, stats in moments.items():
-                    stats.update(store_a[group], store_b[group].to(store_a[group].device))
-    finally:
-        for handle in handles:
-            handle.remove()
-        model_a.train(modes[0])
-        model_b.train(modes[1])
+    with (
+        _capture(model_a, names, store_a) as forward_a,
+        _capture(model_b, names, store_b) as forward_b,
+    ):
+        for start in range(0, len(x), batch_size):
+            batch = x[start : start + batch_size]
+            forward_a(batch)
+            forward_b(batch)
+            for group, stats in moments.items():
+                stats.update(store_a[group], store_b[group].to(store_a[group].device))
     perms, total = {}, 0.0
     for group in names:
         corr = moments[group].correlation()

@@ -72,7 +72,7 @@ from fedlmc.evaluation import (
     predict_logits,
     resolve_device,
 )
-from fedlmc.merging.calibrate import fit_temperature, has_batchnorm, reset_bn_stats
+from fedlmc.merging.calibrate import fit_temperature
 from fedlmc.merging.methods import (
     CALIBRATED_SUFFIX,
     REFERENCE_METHODS,
@@ -81,7 +81,7 @@ from fedlmc.merging.methods import (
     merge_with_info,
     study_methods,
 )
-from fedlmc.merging.repair import repair
+from fedlmc.merging.post_merge import ServerData, post_merge
 from fedlmc.permutation.chain import lewc_bias_targets, norm_free_chain, residual_reason
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
@@ -162,10 +162,10 @@ def _merge(
     spec: PermutationSpec | None = None,
     options: dict[str, Any] | None = None,
 ) -> Merged:
-    """The registered merge of ``method``, then BN statistics re-estimated on the server split
-    (BatchNorm models) or, for REPAIR methods, every hidden unit repaired on its inputs."""
+    """The registered merge of ``method``, then the post-merge pipeline on the server split
+    (:func:`fedlmc.merging.post_merge.post_merge`: BatchNorm statistics re-estimated, or, for REPAIR
+    methods, every hidden unit repaired)."""
     start = time.perf_counter()
-    entry = merge_method(method)
     server_data = splits.server if len(splits.server[1]) else None
     merged, aligned, info = merge_with_info(
         method,
@@ -178,23 +178,23 @@ def _merge(
         spec=spec,
         options=options,
     )
-    combined = merged
-    model = load_state(template, merged).to(device).eval()
-    bn_reset = has_batchnorm(model) and entry.reestimate_bn
-    if bn_reset:
-        reset_bn_stats(model, splits.server)
-        model.eval()
-    repaired = not bn_reset and entry.repair and len(aligned) > 1
-    if repaired:
-        endpoints = [load_state(template, sd).to(device).eval() for sd in aligned]
-        model = repair(model, endpoints, weights, splits.server[0]).eval()
-    if bn_reset or entry.repair:
-        merged = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    source = None if server_data is None else ServerData(*server_data)
+    finished = post_merge(template, merged, aligned, weights, method, source, device=device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     path = path_rule(method, template, spec)
-    return Merged(model, merged, aligned, seconds, bn_reset, repaired, info, combined, path)
+    return Merged(
+        finished.model,
+        finished.state,
+        aligned,
+        seconds,
+        finished.bn_reestimated,
+        finished.repaired,
+        info,
+        merged,
+        path,
+    )
 
 
 def merge_clients(
