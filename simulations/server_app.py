@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
 from pathlib import Path
@@ -85,8 +85,6 @@ from fedlmc.study.compare import (
     gap_columns,
 )
 from fedlmc.study.rows import ROUND_COLUMNS, endpoint_columns
-
-Sink = Callable[["ServerOutcome"], None]
 
 
 @dataclass
@@ -412,22 +410,6 @@ def run_server(
             row["clients_survived"],
         )
     return outcome
-
-
-def server_app_for(run_config: Mapping[str, Any], sink: Sink | None = None) -> ServerApp:
-    """A ServerApp running ``run_config`` (ignoring ``context.run_config``) that hands its
-    :class:`ServerOutcome` to ``sink``: for a ``run_simulation`` of your own beside a ClientApp
-    of your own (``tests/test_misbehaving_clients.py``); ``run_federation`` does not use it, it
-    runs through the sweep engine (:mod:`fedlmc.simulations.engine`)."""
-    server = ServerApp()
-
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:
-        outcome = run_server(grid, run_config, simulated=True)
-        if sink is not None:
-            sink(outcome)
-
-    return server
 
 
 app = ServerApp()

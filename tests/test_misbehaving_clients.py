@@ -8,12 +8,16 @@ counts keeps no more than its true share (``tests/test_screening.py`` checks the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pandas as pd
 import pytest
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
 
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.engine import backend_config
+from fedlmc.simulations.server_app import ServerOutcome, run_server
 
 pytestmark = pytest.mark.slow
 
@@ -113,12 +117,22 @@ def misbehaving_app():
     return app
 
 
+def server_app_for(run_config: dict, sink: Callable[[ServerOutcome], None]) -> ServerApp:
+    """A ServerApp running ``run_config`` (not ``context.run_config``) that hands its outcome
+    to ``sink``: the product's server beside this test's own ClientApp."""
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        sink(run_server(grid, run_config, simulated=True))
+
+    return server
+
+
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory):
     """One federation of 6 clients, 4 of them misbehaving: the outcome and results.csv."""
     from flwr.simulation import run_simulation
-
-    from fedlmc.simulations.server_app import server_app_for
 
     out = tmp_path_factory.mktemp("attacked")
     config = validate_run_config({**CONFIG, "out-dir": str(out)})
