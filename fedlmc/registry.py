@@ -1,7 +1,7 @@
 """A name -> entry table, the extension point behind models and merge methods.
 
 Like torchvision's ``register_model`` / ``get_model``: an entry is registered once, by name, and
-every list of names (the run-config schema, the CLI help, the README tables) is read from the
+every list of names (the run-config schema, the CLI help, the docs' tables) is read from the
 registry instead of being written out again. Imports nothing heavy.
 """
 

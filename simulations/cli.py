@@ -12,7 +12,7 @@
   memory its models need, and that the out dir is a writable folder holding no ``fedlmc run``
   results) and print its expanded cells.
 - ``fedlmc methods`` / ``fedlmc models``: the registered merge methods / models (markdown tables,
-  as in the README); ``fedlmc keys``: every run-config key (``--pyproject``: the
+  as in the docs pages); ``fedlmc keys``: every run-config key (``--pyproject``: the
   ``[tool.flwr.app.config]`` block of ``pyproject.toml``; ``--write-pyproject PATH``: rewrite that
   block in the file); ``fedlmc columns``: every results column with its definition.
 - ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once

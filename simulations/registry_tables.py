@@ -1,5 +1,5 @@
 """Tables read from the registries and declarations: what ``fedlmc methods|models|keys|columns``
-prints and what the docs show (a test checks that the README holds exactly these tables), and
+prints and what the docs show (a test checks that the docs pages hold exactly these tables), and
 ``pyproject.toml``'s ``[tool.flwr.app.config]`` block (``fedlmc keys --pyproject``; a test checks
 that the file holds exactly it). Imports nothing heavy."""
 

@@ -36,7 +36,7 @@ unit
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
 row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
 strategies (``PermutationAlignedAverage(method=...)``), the run-config schema, ``fedlmc
-methods`` and the README table. :func:`merge_states` is the one function the study and the
+methods`` and the docs' methods table. :func:`merge_states` is the one function the study and the
 strategies call.
 
 This module imports no torch at import time (the run-config validation reads the method names
