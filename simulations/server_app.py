@@ -74,9 +74,9 @@ from fedlmc.strategies import (
     OneShotResult,
     PermutationAlignedAverage,
 )
-from fedlmc.strategies.common import Failure, RoundReport, StateDict
 from fedlmc.strategies.protocol import record_to_state, state_to_record
 from fedlmc.strategies.screening import WeightBound
+from fedlmc.strategies.strategy_utils import Failure, RoundReport, StateDict
 from fedlmc.study.compare import (
     Comparison,
     Predictions,

@@ -19,12 +19,6 @@ for ``fedlmc.study.compare_methods``.
 """
 
 from fedlmc.strategies.base import ScreenedFedAvg
-from fedlmc.strategies.common import (
-    ClientsFailedError,
-    InconsistentShapesError,
-    NodesUnavailableError,
-    NotEnoughClientsError,
-)
 from fedlmc.strategies.fedavg import FedAvgBaseline, FedAvgResult, epochs_per_round
 from fedlmc.strategies.one_shot import (
     AutoMerge,
@@ -34,6 +28,12 @@ from fedlmc.strategies.one_shot import (
     PermutationAlignedAverage,
 )
 from fedlmc.strategies.protocol import state_to_record
+from fedlmc.strategies.strategy_utils import (
+    ClientsFailedError,
+    InconsistentShapesError,
+    NodesUnavailableError,
+    NotEnoughClientsError,
+)
 
 __all__ = [
     "AutoMerge",

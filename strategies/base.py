@@ -10,9 +10,9 @@
 - :meth:`ScreenedFedAvg.screen` drops every reply that fails the screen of
   :mod:`fedlmc.strategies.screening` (errors, malformed replies, wrong keys, shapes or dtypes,
   non-finite or huge weights, bad counts, partition ids out of ``0 .. connected nodes - 1`` or
-  claimed twice; :func:`fedlmc.strategies.common.screen_replies`), logs why, and raises
-  :class:`~fedlmc.strategies.common.NotEnoughClientsError` naming the dropped clients when fewer
-  than ``min_clients`` survive;
+  claimed twice; :func:`fedlmc.strategies.strategy_utils.screen_replies`), logs why, and raises
+  :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError` naming the dropped clients when
+  fewer than ``min_clients`` survive;
 - :meth:`ScreenedFedAvg.merge_weights` bounds each survivor's weight
   (:class:`fedlmc.strategies.screening.WeightBound`: its true share when the partition sizes are
   known, at most ``max_share`` otherwise);
@@ -34,7 +34,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
-from fedlmc.strategies.common import (
+from fedlmc.strategies.flower_compat import construct_messages
+from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY
+from fedlmc.strategies.screening import Reference, WeightBound
+from fedlmc.strategies.strategy_utils import (
     RoundReport,
     check_client_counts,
     require_survivors,
@@ -42,9 +45,6 @@ from fedlmc.strategies.common import (
     wait_for_nodes,
     weighted_metric_means,
 )
-from fedlmc.strategies.flower_compat import construct_messages
-from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY
-from fedlmc.strategies.screening import Reference, WeightBound
 
 __all__ = ["ScreenedFedAvg"]
 
@@ -136,7 +136,7 @@ class ScreenedFedAvg(FedAvg):
 
     def screen(self, server_round: int, replies: Iterable[Message]) -> RoundReport:
         """The round's survivors (sorted by partition id) and failures; raises
-        :class:`~fedlmc.strategies.common.NotEnoughClientsError` below ``min_clients``."""
+        :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError` below ``min_clients``."""
         report = screen_replies(
             replies, self._reference, self._sent_to, self.weighted_by_key, self._num_partitions
         )

@@ -24,9 +24,9 @@ from flwr.supercore import log
 
 from fedlmc.averaging import average
 from fedlmc.strategies.base import ScreenedFedAvg
-from fedlmc.strategies.common import RoundReport, flower_records
 from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
 from fedlmc.strategies.screening import WeightBound
+from fedlmc.strategies.strategy_utils import RoundReport, flower_records
 
 
 def epochs_per_round(total_epochs: int, num_rounds: int) -> list[int]:

@@ -83,7 +83,10 @@ from fedlmc.permutation.chain import norm_free_chain
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
 from fedlmc.strategies.base import ScreenedFedAvg
-from fedlmc.strategies.common import (
+from fedlmc.strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
+from fedlmc.strategies.queries import ClientRounds
+from fedlmc.strategies.screening import WeightBound
+from fedlmc.strategies.strategy_utils import (
     ClientUpdate,
     RoundReport,
     StateDict,
@@ -91,9 +94,6 @@ from fedlmc.strategies.common import (
     flower_records,
     require_survivors,
 )
-from fedlmc.strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
-from fedlmc.strategies.queries import ClientRounds
-from fedlmc.strategies.screening import WeightBound
 
 Data = tuple[Tensor, Tensor]
 
@@ -335,8 +335,8 @@ class OneShotAverage(ScreenedFedAvg):
 
     def drop_unaligned(self, report: RoundReport, clients: ClientRounds) -> None:
         """Move the clients whose alignment answer was dropped out of the survivors; raises
-        :class:`~fedlmc.strategies.common.NotEnoughClientsError` when fewer than ``min_clients``
-        remain."""
+        :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError` when fewer than
+        ``min_clients`` remain."""
         for failure in clients.dropped:
             if failure.stage == ALIGN_QUERY:
                 report.drop(failure)

@@ -52,14 +52,6 @@ from fedlmc.merging.calibrate import (
 )
 from fedlmc.merging.repair import UnitStats, combine_unit_statistics
 from fedlmc.permutation.model_spec import permutation_spec
-from fedlmc.strategies.common import (
-    ClientsFailedError,
-    ClientUpdate,
-    Failure,
-    NotEnoughClientsError,
-    StateDict,
-    query_nodes,
-)
 from fedlmc.strategies.protocol import (
     ALIGN_QUERY,
     BN_QUERY,
@@ -84,6 +76,14 @@ from fedlmc.strategies.screening import (
     screen_moments_reply,
     screen_temperature_reply,
 )
+from fedlmc.strategies.strategy_utils import (
+    ClientsFailedError,
+    ClientUpdate,
+    Failure,
+    NotEnoughClientsError,
+    StateDict,
+    query_nodes,
+)
 
 NEWTON_TOL = 1e-4  # after the grid start one Newton round is usually within this
 
@@ -97,11 +97,11 @@ class ClientRounds:
 
     ``config`` is the round's train config (sent with every query, so clients see the same run
     configuration); a query round in which fewer than ``min_clients`` clients answer raises
-    :class:`~fedlmc.strategies.common.NotEnoughClientsError`. Every answer passes the screen of its
-    message type (:mod:`fedlmc.strategies.screening`); a client whose answer fails, errs or does not
-    come is dropped from this and every later query round and recorded in ``dropped`` (a
-    :class:`~fedlmc.strategies.common.Failure` with the query as its ``stage``). Counts are bounded
-    by ``weight_bound`` (:class:`~fedlmc.strategies.screening.WeightBound`).
+    :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError`. Every answer passes the screen
+    of its message type (:mod:`fedlmc.strategies.screening`); a client whose answer fails, errs or
+    does not come is dropped from this and every later query round and recorded in ``dropped`` (a
+    :class:`~fedlmc.strategies.strategy_utils.Failure` with the query as its ``stage``). Counts are
+    bounded by ``weight_bound`` (:class:`~fedlmc.strategies.screening.WeightBound`).
     """
 
     name = "federated"

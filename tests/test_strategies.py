@@ -354,8 +354,8 @@ class TemperatureGrid:
 
 
 def test_federated_temperature_history_counts_the_clients_that_answered_the_grid_query():
-    from fedlmc.strategies.common import ClientUpdate
     from fedlmc.strategies.queries import ClientRounds
+    from fedlmc.strategies.strategy_utils import ClientUpdate
 
     model = tiny(0).eval()
     data_by_node = {node: data(48, seed=node) for node in (0, 1, 2)}
