@@ -123,7 +123,7 @@ def solver_comparison(spec: PermutationSpec, sd_a, sd_b, seed: int = 0) -> dict:
     solves, also times ``scipy.optimize.linear_sum_assignment(cost, maximize=True)`` and
     ``lapjvs`` and checks that all reach the same value.
     """
-    solve_warm, solve_many = align._solve_warm, align._solve_many
+    solve_warm, solve_run = align._solve_warm, align._solve_run
     totals = {"solves": 0, "max_value_gap": 0.0}
     for kind in ("cold", "warm"):
         totals.update({f"{kind}_solves": 0, f"{kind}_warm_seconds": 0.0})
@@ -154,11 +154,11 @@ def solver_comparison(spec: PermutationSpec, sd_a, sd_b, seed: int = 0) -> dict:
         return columns, warm
 
     align._solve_warm = timed_solve
-    align._solve_many = lambda costs, warm, pool: solve_many(costs, warm, None)
+    align._solve_run = lambda run, matrix, warm, pool: solve_run(run, matrix, warm, None)
     try:
         weight_matching(spec, sd_a, sd_b, seed=seed)
     finally:
-        align._solve_warm, align._solve_many = solve_warm, solve_many
+        align._solve_warm, align._solve_run = solve_warm, solve_run
     for name in ("warm", "scipy", "lapjvs"):
         totals[f"{name}_seconds"] = totals[f"cold_{name}_seconds"] + totals[f"warm_{name}_seconds"]
     return totals

@@ -46,7 +46,7 @@ models until no permutation changes, then averages the aligned models.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -56,6 +56,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
+from fedlmc.accumulate import accumulate, dot64
 from fedlmc.assignment import WarmStart, solve_assignment
 from fedlmc.evaluation import model_device
 from fedlmc.merge import average, check_compatible, normalised_weights
@@ -143,14 +144,14 @@ def matching_objective(
     out), in float64. ``perms=None`` is the identity (the objective before alignment).
     """
     _check_pair(spec, sd_a, sd_b)
-    total = torch.zeros((), dtype=torch.float64)
+    total = 0.0
     for key in scored_keys(spec):
         groups = spec.axes_to_perm[key]
         w_a, w_b = sd_a[key], sd_b[key].to(sd_a[key].device)
         for axis, group in enumerate(groups):
             if group is not None and perms is not None and group in perms:
                 w_b = w_b.index_select(axis, perms[group].to(w_b.device))
-        total += (w_a.double() * w_b.double()).sum().cpu()
+        total += dot64(w_a.contiguous(), w_b.contiguous())
     return float(total)
 
 
@@ -280,7 +281,7 @@ class _WeightMatcher:
             x, y = a.reshape(-1, n).T, b.reshape(-1, n)
         else:
             x, y = a.reshape(n, -1), b.reshape(n, -1).T
-        cost.add_(torch.mm(x, y, out=self._buffer(n, self.dtype)))  # accumulated in float64
+        accumulate(cost, torch.mm(x, y, out=self._buffer(n, self.dtype)))  # in float64
 
     def _rebuild(self, group: str, perms: Mapping[str, Tensor]) -> Tensor:
         cost = self.cost[group]
@@ -409,13 +410,30 @@ def _independent_runs(
         yield run
 
 
-def _solve_many(
-    costs: Sequence[Tensor], warm: Sequence[WarmStart], pool: ThreadPoolExecutor | None
-) -> list[tuple[Tensor, WarmStart]]:
-    """:func:`_solve_warm` of each cost matrix, in threads when a pool is given."""
-    if pool is None or len(costs) < 2:
-        return [_solve_warm(cost, start) for cost, start in zip(costs, warm, strict=True)]
-    return list(pool.map(_solve_warm, costs, warm))
+def _solve_run(
+    run: Sequence[str],
+    matrix: Callable[[str], Tensor],
+    warm: Mapping[str, WarmStart],
+    pool: ThreadPoolExecutor | None,
+) -> list[tuple[Tensor, Tensor, WarmStart]]:
+    """``(cost, columns, next warm start)`` of each group of ``run``: :func:`_solve_warm` of
+    ``matrix(group)``.
+
+    With a pool the matrices are built one after the other and each is solved in a thread while
+    the next is built (the matrix products use the cores the solver leaves; the groups of a run
+    share no tensor, so the result is the sequential one).
+    """
+    if pool is None or len(run) < 2:
+        solved = []
+        for group in run:
+            cost = matrix(group)
+            solved.append((cost, *_solve_warm(cost, warm[group])))
+        return solved
+    costs, futures = [], []
+    for group in run:
+        costs.append(matrix(group))
+        futures.append(pool.submit(_solve_warm, costs[-1], warm[group]))
+    return [(cost, *future.result()) for cost, future in zip(costs, futures, strict=True)]
 
 
 def weight_matching(
@@ -478,10 +496,8 @@ def weight_matching(
             improved = False
             order = [groups[i] for i in rng.permutation(len(groups))]
             for run in _independent_runs(order, matcher.neighbours, stale):
-                costs = [matcher.matrix(group, perms) for group in run]
-                solutions = _solve_many(costs, [warm[group] for group in run], pool)
-                for group, cost, solution in zip(run, costs, solutions, strict=True):
-                    candidate, warm[group] = solution
+                solved = _solve_run(run, lambda g: matcher.matrix(g, perms), warm, pool)
+                for group, (cost, candidate, warm[group]) in zip(run, solved, strict=True):
                     gain = gain_of(group, cost, candidate.to(matcher.device))
                     if gain > 0:
                         perms[group] = candidate.to(matcher.device)
