@@ -8,9 +8,10 @@ the number of sweeps, the final objective ``J = sum_w <W_a, pi(W_b)>`` and the t
 the midpoint ``(theta_a + pi(theta_b)) / 2``. Single-machine measurements (a shared machine:
 other jobs add noise). The matchers:
 
-- ``fedlmc``: :func:`fedlmc.align.weight_matching` (low-rank cost-matrix updates, skipped
-  groups, threads, warm-started assignments from :mod:`fedlmc.assignment`, compiled by numba;
-  its one-time load or compile is measured apart as ``jit_seconds``);
+- ``fedlmc``: :func:`fedlmc.align.weight_matching` (float32 cost matrices with low-rank
+  updates, skipped groups, solves in threads while the next matrix is built, warm-started
+  assignments from :mod:`fedlmc.assignment`, compiled by numba; the one-time load or compile of
+  its numba kernels is measured apart as ``jit_seconds``);
 - ``reference``: the published algorithm ported to torch (each sweep visits all groups in
   random order, rebuilds every permuted ``W_b`` for each group, solves with scipy and adopts
   the assignment; stops after a sweep without progress or 100 sweeps), up to
