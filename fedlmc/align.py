@@ -469,10 +469,9 @@ def weight_matching(
     Consecutive groups of the order that share no tensor are solved concurrently (the solver
     releases the GIL; the result is the sequential one). ``init_perms`` starts the descent from
     given permutations (omitted groups: identity). ``float64_costs`` holds the cost matrices in
-    float64 instead of the products' dtype (twice the memory; the gains are float64 either way).
-    Returns a :class:`Matching` whose
-    ``objectives`` are :math:`J` after each sweep (non-decreasing: the value at the start plus
-    the float64 gains of the kept assignments).
+    float64 instead of the products' dtype (twice the memory; small gains are checked in float64
+    either way). Returns a :class:`Matching` whose ``objectives`` are :math:`J` after each sweep
+    (non-decreasing: the value at the start plus the gains of the kept assignments).
     """
     max_iter = _check_max_iter(max_iter)
     if not spec.perm_to_axes:  # nothing to permute (e.g. a derived spec that kept no group)
