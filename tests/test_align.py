@@ -191,6 +191,30 @@ def test_weight_matching_follows_the_textbook_algorithm(name, width, in_shape, n
         assert torch.equal(found[group], expected[group]), group
 
 
+@pytest.mark.parametrize(
+    ("name", "width", "in_shape", "norm"),
+    [("mlp", 1.0, MNIST, "none"), ("vgg11", 0.125, CIFAR, "bn"), ("resnet20", 0.25, CIFAR, "ln")],
+)
+def test_float32_cost_matrices_take_the_float64_path(name, width, in_shape, norm):
+    """Cost matrices held in float32 (the default) give the float64 matrices' permutations and
+    objectives, on a planted permutation (recovered exactly) and on independent models."""
+    model_a = make(name, width, in_shape, norm, seed=0)
+    spec, sd, permuted, applied = permuted_copy(model_a, seed=2)
+    for float64_costs in (False, True):
+        found = weight_matching(spec, sd, permuted, float64_costs=float64_costs)
+        assert_recovers(spec, sd, permuted, applied, found)
+    sd_b = make(name, width, in_shape, norm, seed=1).state_dict()
+    single = weight_matching(spec, sd, sd_b, seed=3)
+    double = weight_matching(spec, sd, sd_b, seed=3, float64_costs=True)
+    for group in single:
+        assert torch.equal(single[group], double[group]), group
+    assert single.objectives == pytest.approx(double.objectives, rel=1e-7)  # gains from A_p
+    perms = identity_permutations(spec, sd)
+    group = next(iter(spec.perm_to_axes))
+    assert _WeightMatcher(spec, sd, sd_b).matrix(group, perms).dtype == torch.float32
+    assert _WeightMatcher(spec, sd, sd_b, True).matrix(group, perms).dtype == torch.float64
+
+
 @pytest.mark.parametrize("name", ["mlp", "resnet20"])
 def test_cost_matrices_and_exact_gain_match_the_objective(name):
     """The incrementally updated A_p gives J's change for any new perm of group p."""

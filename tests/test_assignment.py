@@ -108,6 +108,22 @@ def test_threads_give_the_sequential_results():
     assert all(np.array_equal(a, b) for a, b in zip(sequential, threaded, strict=True))
 
 
+@pytest.mark.parametrize("kind", ["gaussian", "ties", "low_rank"])
+def test_float32_matrix_is_solved_as_its_float64_copy(kind):
+    """float32 entries are read as they are and converted exactly: the float64 copy's solve,
+    prices and assignment alike, cold and warm-started."""
+    rng = np.random.default_rng(5)
+    single = matrix(kind, 120, rng).astype(np.float32)
+    warm32 = warm64 = None
+    for step in range(3):
+        if step:
+            single = single + (0.1 * rng.normal(size=single.shape)).astype(np.float32)
+        cols32, warm32 = solve_assignment(single, maximize=True, warm=warm32)
+        cols64, warm64 = solve_assignment(single.astype(np.float64), maximize=True, warm=warm64)
+        assert np.array_equal(cols32, cols64) and np.array_equal(warm32.prices, warm64.prices)
+        assert_optimal(single.astype(np.float64), cols32, maximize=True)
+
+
 def test_empty_matrix():
     columns, warm = solve_assignment(np.zeros((0, 0)))
     assert columns.shape == (0,) and warm.prices.shape == (0,)

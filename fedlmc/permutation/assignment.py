@@ -231,13 +231,15 @@ def solve_assignment(
     Same optimum as ``scipy.optimize.linear_sum_assignment(cost, maximize)[1]`` (ties may be
     broken differently). ``warm``: the :class:`WarmStart` returned by a previous solve of a matrix
     of the same size (any values; the closer the matrices, the faster). Returns the columns and
-    the warm start for the next solve.
+    the warm start for the next solve. A float32 ``cost`` is read as it is (no float64 copy:
+    half the memory traffic); prices, reduced costs and sums are float64 either way.
     """
-    cost = np.ascontiguousarray(cost, dtype=np.float64)
+    dtype = np.float32 if np.asarray(cost).dtype == np.float32 else np.float64
+    cost = np.ascontiguousarray(cost, dtype=dtype)
     if cost.ndim != 2 or cost.shape[0] != cost.shape[1]:
         raise ValueError(f"cost must be a square matrix, got shape {cost.shape}")
     with np.errstate(over="ignore"):
-        total = cost.sum()
+        total = cost.sum(dtype=np.float64)
     if not np.isfinite(total):  # the fast check: NaN and inf entries make the sum non-finite
         if not np.isfinite(cost).all():
             raise ValueError("cost must be finite; it has NaN or infinite entries")
