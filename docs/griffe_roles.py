@@ -23,6 +23,8 @@ class SphinxRoles(griffe.Extension):
     """Rewrite the roles of every docstring once the whole package is loaded."""
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        if pkg.name in ("strategies", "simulations"):
+            return  # loaded for fedlmc (griffe_app_folders): rewritten there, under their paths
         for obj in _walk(pkg):
             if obj.docstring is not None:
                 obj.docstring.value = ROLE.sub(partial(_markdown, obj), obj.docstring.value)
@@ -45,10 +47,21 @@ def _markdown(obj: griffe.Object, match: re.Match[str]) -> str:
 
 def _resolve(obj: griffe.Object, name: str) -> str:
     """The full path of ``name`` (``helper``, ``Class.method`` or a full path) as the docstring
-    of ``obj`` sees it; ``name`` itself when it resolves to nothing in that scope."""
+    of ``obj`` sees it, through aliases (a package's short path, an import) to the object that
+    is documented; ``name`` itself when it resolves to nothing in that scope."""
     head, dot, rest = name.partition(".")
     scope = obj if obj.is_class or obj.is_module else obj.parent
     try:
-        return scope.resolve(head) + dot + rest
+        path = scope.resolve(head) + dot + rest
     except griffe.NameResolutionError:
         return name
+    return _documented(obj, path)
+
+
+def _documented(obj: griffe.Object, path: str) -> str:
+    """``path``, or the path of the object it aliases when it is an alias."""
+    try:
+        found = obj.modules_collection[path]
+        return found.final_target.path if found.is_alias else path
+    except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+        return path

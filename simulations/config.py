@@ -372,7 +372,7 @@ out of a cell's identity) and when it can affect a run (``applies``; elsewhere
 :func:`canonical_run_config` resets it). ``pyproject.toml``'s ``[tool.flwr.app.config]`` is
 generated from it (``fedlmc keys --pyproject``)."""
 MODEL_OPTIONS_AFTER = "width"
-"""The model options' keys (:func:`_model_option_keys`) follow this key in :func:`run_schema`."""
+"""The model options' keys (``_model_option_keys``) follow this key in :func:`run_schema`."""
 
 
 def run_schema() -> dict[str, Key]:

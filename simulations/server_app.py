@@ -171,7 +171,8 @@ def merged_row(
 def endpoint_metrics(
     template: nn.Module, states: Sequence[StateDict], splits: DataSplits, device: torch.device
 ) -> list[dict[str, float]]:
-    """Test metrics of the clients' own models (:meth:`fedlmc.study.Predictions.metrics`)."""
+    """Test metrics of the clients' own models
+    (:meth:`fedlmc.study.compare.Predictions.metrics`)."""
     if not states or not states[0]:
         return []
     return [

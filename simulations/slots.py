@@ -35,7 +35,8 @@ class _Ticket:
 
 
 class Broker:
-    """The shared Grid of one simulation, used by every cell through a :class:`CellGrid`.
+    """The shared Grid of one simulation, used by every cell through a
+    :class:`~fedlmc.simulations.grid_view.CellGrid`.
 
     Hands out ``slots`` tokens (one per client slot, oldest cell first), pushes a message once
     its token is granted (setting its ``created_at`` then), and pulls the replies of every

@@ -41,13 +41,16 @@ model's outputs on the example input unchanged (:func:`fedlmc.permutation.check_
 
 The code, by concern:
 
-- :mod:`~fedlmc.permutation.tracing.axes`: the union-find of axes (:class:`AxisClasses`),
-  :class:`TensorAxes`, :class:`SpecDerivationWarning`.
+- :mod:`~fedlmc.permutation.tracing.axes`: the union-find of axes
+(:class:`~fedlmc.permutation.tracing.axes.AxisClasses`),
+  :class:`~fedlmc.permutation.tracing.axes.TensorAxes`, :class:`SpecDerivationWarning`.
 - :mod:`~fedlmc.permutation.tracing.operations`: the tables of supported modules, functions and
   tensor methods, and the handler kind of each.
 - :mod:`~fedlmc.permutation.tracing.recording`: the ``torch.fx`` trace, the run that records
-  every node's output, and :class:`ModuleOutputs` (which module returns a node's output).
-- :mod:`~fedlmc.permutation.tracing.walk`: :class:`GraphWalk`, the walk over the graph's nodes
+  every node's output, and :class:`~fedlmc.permutation.tracing.recording.ModuleOutputs` (which
+  module returns a node's output).
+- :mod:`~fedlmc.permutation.tracing.walk`: :class:`~fedlmc.permutation.tracing.walk.GraphWalk`, the
+walk over the graph's nodes
   (state, dispatch by node kind, inputs, outputs, unknown operations).
 - :mod:`~fedlmc.permutation.tracing.shape_rules`: the rules of the operations that move, pool,
   reshape or join axes (activations, broadcasting, reshapes, permutes, reductions, cat ...).
