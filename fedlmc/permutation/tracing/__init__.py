@@ -42,7 +42,7 @@ model's outputs on the example input unchanged (:func:`fedlmc.permutation.check_
 The code, by concern:
 
 - :mod:`~fedlmc.permutation.tracing.axes`: the union-find of axes
-(:class:`~fedlmc.permutation.tracing.axes.AxisClasses`),
+  (:class:`~fedlmc.permutation.tracing.axes.AxisClasses`),
   :class:`~fedlmc.permutation.tracing.axes.TensorAxes`, :class:`SpecDerivationWarning`.
 - :mod:`~fedlmc.permutation.tracing.operations`: the tables of supported modules, functions and
   tensor methods, and the handler kind of each.
