@@ -26,7 +26,7 @@ from fedlmc._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-mount_app_folders(__path__)  # noqa: F821 (the package's own path)
+mount_app_folders(__path__)
 
 _EXPORTS = {
     "build_model": "fedlmc.models.classifiers",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+import tomllib
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from pathlib import Path
@@ -25,18 +26,27 @@ APP_FOLDERS = ("strategies", "simulations")
 def sibling_app_root(package_dir: Path) -> Path | None:
     """The project root beside ``package_dir`` when it holds the app folders, else None.
 
-    A root counts only if it has a ``pyproject.toml`` and every app folder is a package, and the
-    installed subpackages are absent: an installed ``fedlmc`` never looks at its neighbours in
-    site-packages.
+    A root counts only if its ``pyproject.toml`` is fedlmc's (``[project] name = "fedlmc"``),
+    every app folder is a package, and the installed subpackages are absent: an installed
+    ``fedlmc`` never looks at its neighbours in site-packages, and a vendored copy never mounts
+    another project's folders.
     """
     root = package_dir.parent
     if any((package_dir / name).is_dir() for name in APP_FOLDERS):
         return None
-    if not (root / "pyproject.toml").is_file():
+    if _project_name(root / "pyproject.toml") != "fedlmc":
         return None
     if not all((root / name / "__init__.py").is_file() for name in APP_FOLDERS):
         return None
     return root
+
+
+def _project_name(pyproject: Path) -> str | None:
+    """``[project] name`` of ``pyproject``; None when the file is missing or unreadable."""
+    try:
+        return tomllib.loads(pyproject.read_text()).get("project", {}).get("name")
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
 
 
 class AppFolderFinder(importlib.abc.MetaPathFinder):

@@ -86,7 +86,9 @@ def test_only_a_project_root_with_both_folders_is_mounted(tmp_path: Path) -> Non
         (site / name).mkdir()
         (site / name / "__init__.py").write_text("")
     assert sibling_app_root(site / "fedlmc") is None  # no pyproject.toml: site-packages
-    (site / "pyproject.toml").write_text("")
+    (site / "pyproject.toml").write_text('[project]\nname = "their-app"\n')
+    assert sibling_app_root(site / "fedlmc") is None  # another project's folders
+    (site / "pyproject.toml").write_text('[project]\nname = "fedlmc"\n')
     assert sibling_app_root(site / "fedlmc") == site
     (site / "fedlmc" / "strategies").mkdir()  # installed subpackage: never look beside
     assert sibling_app_root(site / "fedlmc") is None
