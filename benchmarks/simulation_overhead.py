@@ -5,9 +5,8 @@ Two pipelines on the embedded mnist5k digits, timed in the same run, with the sa
 
 - ``direct``: one process calls fedlmc: load the data, partition it, train client 0 then client 1
   (same seeds as the ClientApp), average them, fit the temperature, evaluate the two rows;
-- ``flower``: :func:`fedlmc.simulations.federation.run_federation` (Ray backend, one actor per
-client
-  with ``num-cpus`` CPUs, so the two clients train at the same time).
+- ``flower``: :func:`fedlmc.simulations.federation.run_federation` (Ray backend, one actor
+  per client with ``num-cpus`` CPUs, so the two clients train at the same time).
 
 ratio = flower wall time / direct wall time. The breakdown of the flower run: ``ray_init``
 (``ray.init`` + ``ray.shutdown`` measured on its own before the run), the clients' data loading

@@ -5,14 +5,13 @@ one Ray session, one pool of ClientApp actors, as many virtual SuperNodes as the
 clients) whose ServerApp (:class:`SweepServer`) runs every cell on the same Grid, several at once:
 
 - each cell is :func:`fedlmc.simulations.server_app.run_server` (every strategy, federated
-calibration
-  queries, FedAvg, the rows and files of one federation) in a thread of its own, on a
-  :class:`CellGrid`: a view of the shared Grid that shows the cell only the first
-  ``num-clients`` node ids (sorted) and adds ``partition-id`` / ``num-partitions`` of that cell
-  to every message it sends (a ConfigRecord named ``partition``; the ClientApp prefers it to
-  its node config). The same warm actors thus serve every cell; they keep their loaded data
-  sets and partitions (:mod:`fedlmc.simulations.task`, bounded caches keyed by what determines them)
-  and rebuild the model for every message;
+  calibration queries, FedAvg, the rows and files of one federation) in a thread of its own, on a
+  :class:`CellGrid`: a view of the shared Grid that shows the cell only the first ``num-clients``
+  node ids (sorted) and adds ``partition-id`` / ``num-partitions`` of that cell to every message it
+  sends (a ConfigRecord named ``partition``; the ClientApp prefers it to its node config). The same
+  warm actors thus serve every cell; they keep their loaded data sets and partitions
+  (:mod:`fedlmc.simulations.task`, bounded caches keyed by what determines them) and rebuild the
+  model for every message;
 - client slots: Flower runs ``S = floor(resources / (num-cpus, num-gpus))`` actors (per Ray
   node; fractional GPU shares allowed) and gives each message to a free one. A
   :class:`Broker` hands out ``S`` slot tokens, oldest cell first: a message is pushed only when

@@ -13,8 +13,7 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
 - ``reestimate_bn``: whether a BatchNorm model's running statistics are re-estimated after the
   merge (by the study on the server split, by the strategies on server or federated data);
 - ``repair``: whether the merge is followed by REPAIR (:mod:`fedlmc.merging.repair`: every hidden
-unit
-  rescaled so that its pre-activation mean and std match the endpoints' interpolated ones) for
+  unit rescaled so that its pre-activation mean and std match the endpoints' interpolated ones) for
   models without BatchNorm; for BatchNorm models REPAIR reduces to re-estimating the statistics;
 - ``needs_clients``: it runs a protocol with the clients (``job.clients``, a
   :class:`ClientQueries`), so it exists only inside a federation (the strategies), never in the

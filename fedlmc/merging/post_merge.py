@@ -5,9 +5,8 @@ A merge method (:mod:`fedlmc.merging.methods`) turns the clients :math:`\theta_i
 :math:`\pi_i(\theta_i)`. Three data-dependent steps then finish the merged model, in this order:
 
 1. **BatchNorm re-estimation** (:func:`fedlmc.merging.calibrate.apply_bn_statistics`): every
-BatchNorm
-   layer's running mean and variance are set from the per-channel sums of its inputs over the
-   data, the merged model running in train mode (Jordan et al. 2023: averaging breaks the
+   BatchNorm layer's running mean and variance are set from the per-channel sums of its inputs over
+   the data, the merged model running in train mode (Jordan et al. 2023: averaging breaks the
    running statistics; for BatchNorm models this reset *is* REPAIR).
 2. **REPAIR** (:func:`fedlmc.merging.repair.repair_with_statistics`): every hidden unit of a model
    without BatchNorm is rescaled so that its pre-activation mean and std match the weighted

@@ -50,8 +50,7 @@ The code, by concern:
   every node's output, and :class:`~fedlmc.permutation.tracing.recording.ModuleOutputs` (which
   module returns a node's output).
 - :mod:`~fedlmc.permutation.tracing.walk`: :class:`~fedlmc.permutation.tracing.walk.GraphWalk`, the
-walk over the graph's nodes
-  (state, dispatch by node kind, inputs, outputs, unknown operations).
+  walk over the graph's nodes (state, dispatch by node kind, inputs, outputs, unknown operations).
 - :mod:`~fedlmc.permutation.tracing.shape_rules`: the rules of the operations that move, pool,
   reshape or join axes (activations, broadcasting, reshapes, permutes, reductions, cat ...).
 - :mod:`~fedlmc.permutation.tracing.layer_rules`: the rules of the layers (Linear, Conv,
