@@ -2,7 +2,7 @@
 :func:`axis_rows`), means and spreads over seeds (:func:`aggregate`), panels by the other
 varying keys (:func:`panels`), JSON columns parsed (:func:`json_rows`), and the tables that
 ``report.md`` shows (:func:`mean_spread_table`, :func:`reference_table`, :func:`table1`,
-:data:`MEAN_TABLES`, :func:`auto_table`)."""
+:func:`auto_table`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pandas as pd
 
 from fedlmc.merging.methods import REFERENCE_METHODS
 from fedlmc.simulations.sweep import split_labels, varying_keys, with_split_methods
-from fedlmc.study.rows import ReportTables
 
 MAX_PANELS = 12
 
@@ -197,12 +196,6 @@ def table1(rows: pd.DataFrame) -> pd.DataFrame:
                     found.index = width_labels(found.index)
                 columns[f"{name}: {heading}"] = found
     return pd.DataFrame(columns)
-
-
-MEAN_TABLES = ReportTables()
-"""Per-method tables of ``report.md`` (mean over cells), in order: ``(column, heading)`` of every
-column declared with a ``report_table`` (:func:`fedlmc.study.rows.report_tables`; the heading is
-what the column measures; definitions in :mod:`fedlmc.columns`), read on every use."""
 
 
 AUTO_METHODS = ("auto", "auto_t")

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from fedlmc.simulations.report_data import (
-    MEAN_TABLES,
     accuracy_methods,
     aggregate,
     auto_table,
@@ -25,6 +24,7 @@ from fedlmc.simulations.report_data import (
     table1,
 )
 from fedlmc.simulations.sweep import varying_keys
+from fedlmc.study.rows import report_tables
 
 
 def fmt(value: Any) -> str:
@@ -184,7 +184,7 @@ def report_markdown(
                 markdown_table(first, "width"),
                 "",
             ]
-        for column, heading in MEAN_TABLES:
+        for column, heading in report_tables():
             if has_values(rows[rows["method"].isin(base)], column):
                 lines += [
                     f"## {heading}",

@@ -397,8 +397,10 @@ class OneShotAverage(ScreenedFedAvg):
     def statistics_source(self, clients: ClientRounds) -> StatisticsSource | None:
         """Where BN re-estimation and REPAIR take their statistics: the clients' query rounds
         under federated calibration, else the server data (``None`` without any)."""
-        if self.on_clients:
-            return clients
+        return clients if self.on_clients else self.server_source()
+
+    def server_source(self) -> ServerData | None:
+        """The server data as a statistics source (``None`` without server data)."""
         return None if self.server_data is None else ServerData(*self.server_data)
 
     def calibrate_temperature(
@@ -407,7 +409,7 @@ class OneShotAverage(ScreenedFedAvg):
         """:math:`T` by the configured calibration (:func:`fedlmc.merging.post_merge.calibrate`)
         and, when the server holds data and calibration is not ``none``, the temperature fitted on
         the server data for the same model (a reference for the federated one; NaN else)."""
-        server = None if self.server_data is None else ServerData(*self.server_data)
+        server = self.server_source()
         if self.calibration == "none":
             return calibrate(model, None), math.nan
         reference = math.nan if server is None else calibrate(model, server).temperature

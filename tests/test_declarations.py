@@ -34,7 +34,6 @@ from fedlmc.simulations.registry_tables import (
     pyproject_config_of,
     with_pyproject_config,
 )
-from fedlmc.simulations.report_data import MEAN_TABLES
 from fedlmc.simulations.results_file import numeric_columns
 from fedlmc.simulations.schema import Key, Rule, at_least
 from fedlmc.study.compare import compare_methods
@@ -90,7 +89,7 @@ def test_a_method_column_is_one_declaration_that_reaches_every_list(halfway_with
     assert "halfway_shift" in empty_row("average", 2)
     assert "| `halfway_shift` | number |" in columns_markdown()
     assert "declared by the `halfway` method" in columns_table()
-    assert ("halfway_shift", SHIFT.measures) in list(MEAN_TABLES)  # report_table = mechanism
+    assert ("halfway_shift", SHIFT.measures) in report_tables()  # report_table = mechanism
     mechanism = [c for c, _ in report_tables() if c in ("recip_orth_mean", "halfway_shift")]
     assert mechanism == ["recip_orth_mean", "halfway_shift"]  # its section, in table order
     template, states = tiny_states()
@@ -102,7 +101,7 @@ def test_a_method_column_is_one_declaration_that_reaches_every_list(halfway_with
     METHODS.remove("halfway")
     try:
         assert "halfway_shift" not in row_columns() and "halfway_shift" not in columns_markdown()
-        assert all(column != "halfway_shift" for column, _ in MEAN_TABLES)
+        assert all(column != "halfway_shift" for column, _ in report_tables())
     finally:
         register_method("halfway", description="again", columns=(SHIFT,))(halfway_with_column)
 
@@ -162,12 +161,13 @@ def test_the_docs_table_has_one_row_per_column_and_escapes_pipes():
 
 def test_the_report_tables_are_the_declared_numeric_columns():
     reported = [c for c in COMMON_COLUMNS if c.report_table]
-    assert len(list(MEAN_TABLES)) == len(reported) and len(MEAN_TABLES) == len(reported)
-    assert {name for name, _ in MEAN_TABLES} == {c.name for c in reported}
+    tables = report_tables()
+    assert len(tables) == len(reported)
+    assert {name for name, _ in tables} == {c.name for c in reported}
     assert all(not c.is_string for c in reported)
     section = {c.name: REPORT_SECTIONS.index(c.report_table) for c in reported}
-    order = [section[name] for name, _ in MEAN_TABLES]
-    assert order == sorted(order) and MEAN_TABLES[0][0] == "merge_gap_accuracy"
+    order = [section[name] for name, _ in tables]
+    assert order == sorted(order) and tables[0][0] == "merge_gap_accuracy"
 
 
 def _literal_keys(tree: ast.AST, names: set[str]) -> set[str]:

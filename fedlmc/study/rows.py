@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedlmc.columns import (
@@ -40,7 +40,6 @@ __all__ = [
     "ROUND_COLUMNS",
     "ROUND_STRING_COLUMNS",
     "STRING_COLUMNS",
-    "ReportTables",
     "column_table",
     "columns_markdown",
     "curve_json",
@@ -104,19 +103,6 @@ def report_tables() -> tuple[tuple[str, str], ...]:
         for c in table
         if c.report_table == section
     )
-
-
-class ReportTables(Sequence[tuple[str, str]]):
-    """:func:`report_tables` read again on every use (a method registered later counts)."""
-
-    def __getitem__(self, index: Any) -> Any:
-        return report_tables()[index]
-
-    def __len__(self) -> int:
-        return len(report_tables())
-
-    def __iter__(self) -> Iterator[tuple[str, str]]:
-        return iter(report_tables())
 
 
 def _cell(text: str) -> str:
