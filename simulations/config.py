@@ -100,6 +100,17 @@ def _dataset(value: Any) -> str | None:
     return f"allowed: {', '.join(DATASETS)}, or hf:NAME (a Hugging Face hub name or local path)"
 
 
+def server_split_share(value: Any) -> str | None:
+    """``server-fraction`` in (0, 1): every strategy and calibration needs a server split, since
+    the server fits each model's temperature for the calibrated columns on it."""
+    if 0.0 < value < 1.0:
+        return None
+    return (
+        "allowed: a number in (0, 1); the server fits each model's temperature for the "
+        "calibrated columns on its split, whatever the calibration"
+    )
+
+
 def _model(value: Any) -> str | None:
     if value in model_names() or is_factory_path(value):
         return None
@@ -211,7 +222,7 @@ def declared_keys() -> dict[str, Key]:
         "image-key": Key(str, "", "image column of an hf: data set (empty: detected)"),
         "label-key": Key(str, "", "label column of an hf: data set (empty: detected)"),
         "server-fraction": Key(
-            float, 0.1, "share of the training data kept by the server", fraction
+            float, 0.1, "share of the training data kept by the server", server_split_share
         ),
         "model": Key(
             str,
@@ -427,16 +438,6 @@ def check_min_clients(config: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"min-clients = {config['min-clients']}: allowed: at most num-clients "
             f"({config['num-clients']})"
-        )
-
-
-def check_server_split(config: Mapping[str, Any]) -> None:
-    """Every strategy and calibration needs a server split: the server fits each model's
-    temperature for the calibrated columns on it."""
-    if config["server-fraction"] == 0.0:
-        raise ConfigError(
-            "server-fraction = 0.0: allowed: a number in (0, 1); the server fits each model's "
-            "temperature for the calibrated columns on its split, whatever the calibration"
         )
 
 
@@ -676,7 +677,6 @@ def check_partition(config: Mapping[str, Any]) -> None:
 Check = Callable[[Mapping[str, Any]], None]
 CONSISTENCY_CHECKS: list[Check] = [
     check_min_clients,
-    check_server_split,
     check_data_source,
     check_partition,
     check_model_bias,
