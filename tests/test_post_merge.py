@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 from flwr.app import Message, MetricRecord, RecordDict
+from test_strategies import IN_SHAPE, tiny
 
 from fedlmc.averaging import average, load_state
 from fedlmc.data.splits import DataSplits
@@ -23,25 +24,18 @@ from fedlmc.merging.post_merge import (
     repairs,
 )
 from fedlmc.merging.repair import repair
-from fedlmc.models.classifiers import build_model
 from fedlmc.strategies import OneShotAverage, PermutationAlignedAverage
 from fedlmc.strategies.protocol import state_to_record
 from fedlmc.strategies.queries import ClientRounds
 from fedlmc.strategies.screening import UNBOUNDED
 from fedlmc.study.compare import compare_methods
 
-IN_SHAPE = (1, 4, 4)
 WEIGHTS = [0.25, 0.75]
 
 
 @pytest.fixture(autouse=True)
 def _messages_need_a_task_identity(task_identity):
     yield
-
-
-def tiny(seed: int, norm: str = "none"):
-    torch.manual_seed(seed)
-    return build_model("mlp", width=1.0, in_shape=IN_SHAPE, depth=2, base_hidden=8, norm=norm)
 
 
 def data(n: int, seed: int):
