@@ -1,8 +1,9 @@
 r"""Float64 sums of float32 data: :math:`C \mathrel{+}= P` in place, and
 :math:`\langle a, b \rangle` accumulated in float64.
 
-Weight matching (:mod:`fedlmc.permutation.matching`) keeps its cost matrices in float64 and adds
-float32 matrix products to them; its objective is a float64 sum of float32 products. On the CPU,
+Weight matching (:mod:`fedlmc.permutation.matching`) adds float32 matrix products to float64
+cost matrices when asked to hold them in float64 (``float64_costs=True``; by default they stay
+in the products' dtype), and its objective is always a float64 sum of float32 products. On the CPU,
 torch's type-promoting ``add_`` (float64 += float32) runs about ten times slower than the same
 loop compiled by numba (4,096 x 4,096: about 85 ms against 8 ms on the 2-core benchmark
 machine), which made these additions a third of a weight-matching run; the objective went
