@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from fedlmc.registry import Registry
 from fedlmc.simulations.figures import (
     LEWC_PANELS,
     MECHANISM_METHODS,
@@ -68,7 +69,7 @@ class Figure:
         return f"{self.name}.png"
 
 
-FIGURE_TABLE: list[Figure] = []
+FIGURE_TABLE: Registry[Figure] = Registry("figure")
 """Every figure, in the order they are drawn and listed in ``report.md``."""
 
 
@@ -77,9 +78,7 @@ def figure(name: str, drawn_when: Callable[[FigureInputs], bool]) -> Callable[[D
     drawn only when ``drawn_when(inputs)``."""
 
     def register(draw: Draw) -> Draw:
-        if any(f.name == name for f in FIGURE_TABLE):
-            raise ValueError(f"figure {name!r} is registered already")
-        FIGURE_TABLE.append(Figure(name, drawn_when, draw))
+        FIGURE_TABLE.add(name, Figure(name, drawn_when, draw))
         return draw
 
     return register

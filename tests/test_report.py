@@ -116,7 +116,7 @@ def test_figures_come_from_one_table_in_the_documented_order():
     documented = list(dict.fromkeys(re.findall(r"``(\w+)\.png``", report.__doc__)))
     assert [f.name for f in FIGURE_TABLE] == documented
     assert [f.file for f in FIGURE_TABLE] == [f"{name}.png" for name in documented]
-    with pytest.raises(ValueError, match="'lambda_paths' is registered already"):
+    with pytest.raises(ValueError, match="figure 'lambda_paths' is already registered"):
         figure("lambda_paths", lambda inputs: True)(lambda inputs, path: None)
     assert len(FIGURE_TABLE) == len(documented)
 
