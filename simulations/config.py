@@ -839,12 +839,12 @@ DEVICE_CHECKS: list[Check] = [check_memory, check_cuda]
 # values is a list of one value per key, e.g. "num-clients+client-widths" = [[2, "0.5,4"],
 # [4, "0.5,1,2,4"]] (width mixes of different client counts, which a product would pair wrongly).
 #
-# A key may be in [run] or in [grid] (on one axis), not both. The cells are the Cartesian product
-# of the grid axes in the order they are written, the last axis varying fastest; every cell (base values +
-# one value per axis, defaults filled in) is validated before any work starts. Keys that cannot
-# affect a cell are reset to their defaults (alpha unless partition = "dirichlet", ...; see
-# canonical_run_config), and cells that then coincide are run once (so partition = ["iid",
-# "dirichlet"] x alpha = [0.1, 1.0] is 3 cells).
+# A key may be in [run] or in [grid] (on one axis), not both. The cells are the Cartesian
+# product of the grid axes in the order they are written, the last axis varying fastest; every
+# cell (base values + one value per axis, defaults filled in) is validated before any work
+# starts. Keys that cannot affect a cell are reset to their defaults (alpha unless partition =
+# "dirichlet", ...; see canonical_run_config), and cells that then coincide are run once (so
+# partition = ["iid", "dirichlet"] x alpha = [0.1, 1.0] is 3 cells).
 #
 # Overrides ``key=value`` (value read as TOML, else as a string) are applied in order:
 #   name=..., description=...   set those strings;
