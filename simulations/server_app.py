@@ -56,7 +56,14 @@ from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.io import atomic_write
-from fedlmc.simulations.config import FEDAVG, method_list, validate_run_config
+from fedlmc.simulations.config import (
+    FEDAVG,
+    client_widths,
+    method_list,
+    server_width,
+    validate_run_config,
+    widths_text,
+)
 from fedlmc.simulations.provenance import version_columns
 from fedlmc.simulations.results_file import check_writable_folder, refuse_mixing
 from fedlmc.simulations.task import (
@@ -119,10 +126,24 @@ def failures_text(failures: Sequence[Failure]) -> str:
     return "; ".join(" ".join(f.describe().split())[:300] for f in failures)
 
 
+def width_columns(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``client_widths`` (every client's width, in partition order) and ``server_width`` (the
+    merged model's), resolved from the run config."""
+    return {
+        "client_widths": widths_text(client_widths(config)),
+        "server_width": server_width(config),
+    }
+
+
 def round_columns(
-    report: RoundReport, bytes_sent: int, seconds: float, rounds: int
+    report: RoundReport,
+    bytes_sent: int,
+    seconds: float,
+    rounds: int,
+    config: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Columns describing the rounds behind a row (:data:`fedlmc.study.rows.ROUND_COLUMNS`)."""
+    """Columns describing the rounds behind a row (:data:`fedlmc.study.rows.ROUND_COLUMNS`),
+    the width columns (:func:`width_columns`) included."""
     train_seconds = [u.metrics.get("train-seconds", 0.0) for u in report.survivors]
     columns = {
         "clients_survived": len(report.survivors),
@@ -133,6 +154,7 @@ def round_columns(
         "rounds": int(rounds),
         "train_seconds": float(sum(t for t in train_seconds if isinstance(t, int | float))),
         "round_seconds": float(seconds),
+        **width_columns(config),
     }
     assert tuple(columns) == ROUND_COLUMNS
     return columns
@@ -270,7 +292,7 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     start = time.perf_counter()
     comparison = compare_cell(config, template, states, weights, splits, device)
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
-    columns = round_columns(report, result_bytes(result), seconds, rounds=1)
+    columns = round_columns(report, result_bytes(result), seconds, 1, config)
     outcome.rows.extend({**row, **columns} for row in comparison.rows)
     outcome.merged.update(comparison.merged)
     if FEDAVG in method_list(config):
@@ -303,7 +325,9 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     outcome.merged[base] = result.merged_state
     model = load_state(template, result.merged_state).to(device).eval()
     endpoints = endpoint_metrics(template, [u.state for u in report.survivors], splits, device)
-    columns = round_columns(report, result_bytes(result), seconds, 1 + result.query_rounds)
+    columns = round_columns(
+        report, result_bytes(result), seconds, 1 + result.query_rounds, config
+    )
     columns["merge_seconds"] = result.merge_seconds
     n = len(report.survivors)
     rows = [merged_row(base, model, splits, None, endpoints, n, device)]
@@ -332,7 +356,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     outcome.merged[FEDAVG] = merged
     model = load_state(template, merged).to(device).eval()
     row = merged_row(FEDAVG, model, splits, None, [], len(last.survivors), device)
-    columns = round_columns(last, result_bytes(result), seconds, rounds)
+    columns = round_columns(last, result_bytes(result), seconds, rounds, config)
     columns["train_seconds"] = float(
         sum(
             u.metrics.get("train-seconds", 0.0)
