@@ -615,7 +615,8 @@ def widths_text(widths: Sequence[float]) -> str:
 def check_widths(config: Mapping[str, Any]) -> None:
     """``client-widths`` has one width per client; ``server-width`` is 0 or at least the widest
     client's; mixed widths (:func:`mixed_widths`) only with what can merge them: not the FedAvg
-    baseline and not client-side activation matching (both need every client at one width)."""
+    baseline, only the merge methods registered ``mixed_widths`` (:func:`mixed_width_methods`),
+    and no norm across units (``ln``: the embedding would change it)."""
     given = parse_widths(config["client-widths"])
     if given and len(given) != config["num-clients"]:
         raise ConfigError(
@@ -636,12 +637,28 @@ def check_widths(config: Mapping[str, Any]) -> None:
             f"{server_width(config):g}: the FedAvg baseline needs every client at the server "
             "width; allowed: fedavg only with equal client and server widths"
         )
-    on_clients = [m for m in selected_methods(config) if merge_method_entry(m).needs_clients]
-    if on_clients:
+    one_width = [m for m in selected_methods(config) if not merge_method_entry(m).mixed_widths]
+    if one_width:
+        average = config["strategy"] == "average"
+        where = "strategy = 'average'" if average else f"merge method {one_width[0]!r}"
         raise ConfigError(
-            f"merge method {on_clients[0]!r}: matches on the clients, whose models have "
-            "different widths here; allowed only with equal client and server widths"
+            f"{where}: needs clients of one width (client widths "
+            f"{widths_text(client_widths(config))}, server width {server_width(config):g}); "
+            f"allowed for mixed widths: {', '.join(mixed_width_methods())}"
+            + (" (strategy = 'aligned', align = ...)" if average else "")
         )
+    if resolved_norm(config) == "ln":
+        raise ConfigError(
+            f"norm = 'ln' with client widths {widths_text(client_widths(config))} and server "
+            f"width {server_width(config):g}: a norm across units (LayerNorm, GroupNorm) changes "
+            "when a narrow model is embedded in a wider one; allowed for mixed widths: bn, none"
+        )
+
+
+def mixed_width_methods() -> tuple[str, ...]:
+    """The registered merge methods that merge clients of different widths
+    (``mixed_widths``, :mod:`fedlmc.merging.widths`)."""
+    return tuple(m for m in merge_method_names() if merge_method_entry(m).mixed_widths)
 
 
 def check_model_bias(config: Mapping[str, Any]) -> None:

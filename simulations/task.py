@@ -35,6 +35,7 @@ from fedlmc.models.classifiers import build_model
 from fedlmc.models.registry import model_entry
 from fedlmc.simulations.config import (
     calibration_holdout,
+    client_widths,
     option_key,
     resolved_bias,
     run_schema,
@@ -215,6 +216,14 @@ def build_from_config(
             norm=None if config["norm"] == "auto" else config["norm"],
             **options,
         )
+
+
+def client_templates(config: Mapping[str, Any], splits: DataSplits) -> dict[int, nn.Module]:
+    """Per partition id, a model at that client's width
+    (:func:`~fedlmc.simulations.config.client_widths`; its weights are not used): the arrays the
+    server expects from the client, and the architecture its trained weights load into."""
+    widths = client_widths(config)
+    return {p: build_from_config(config, splits, width=w) for p, w in enumerate(widths)}
 
 
 def model_options(config: Mapping[str, Any]) -> dict[str, Any]:

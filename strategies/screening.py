@@ -5,7 +5,8 @@ A client's reply is untrusted input. Every message type has one screen here; eac
 
 - **train** (:func:`check_train_arrays`, :func:`check_count`): the arrays' keys and shapes equal
   the reference the server sent, or, with clients of different widths, the reference of the
-  reply's partition (:class:`ClientReferences`: the shapes of that client's width); a tensor is floating where the reference is floating and has
+  reply's partition (:class:`ClientReferences`: the shapes of that client's width); a tensor is
+  floating where the reference is floating and has
   exactly the reference's dtype where it is an integer or bool buffer (``num_batches_tracked``);
   every floating value is finite and at most :data:`MAX_ABS_WEIGHT` in absolute value (trained
   weights are O(1); 1e30-scaled weights overflow the logits); ``num-examples`` an integer-valued
@@ -124,6 +125,21 @@ class ClientReferences:
     references: Mapping[int, Reference]
     labels: Mapping[int, str]
 
+    @classmethod
+    def of_states(
+        cls, states: Mapping[int, Mapping[str, Tensor]], labels: Mapping[int, str] | None = None
+    ) -> ClientReferences:
+        """Per partition id, the reference of a state dict of the architecture that client
+        trains (e.g. a model built at its width; the values are not used)."""
+        references = {
+            int(pid): Reference(
+                {k: tuple(int(d) for d in v.shape) for k, v in state.items()},
+                {k: str(v.detach().cpu().numpy().dtype) for k, v in state.items()},
+            )
+            for pid, state in states.items()
+        }
+        return cls(references, dict(labels or {}))
+
     def of(self, partition_id: int) -> Reference:
         """The reference of ``partition_id``'s client; :class:`ScreenError` when it has none."""
         if partition_id not in self.references:
@@ -141,7 +157,8 @@ class ClientReferences:
             check_train_arrays(record, self.of(partition_id))
         except ScreenError as err:
             label = self.labels.get(partition_id, "")
-            raise ScreenError(f"{err} ({label} for partition {partition_id})" if label else str(err))
+            where = f" ({label} for partition {partition_id})" if label else ""
+            raise ScreenError(f"{err}{where}") from None
 
 
 def _dtype_allowed(sent: np.dtype, expected: np.dtype) -> bool:
