@@ -32,6 +32,7 @@ from fedlmc.simulations.figures import (
 )
 from fedlmc.simulations.report_data import accuracy_methods, axis_rows, has_values
 from fedlmc.simulations.sweep import varying_keys
+from fedlmc.simulations.width_figures import has_mixed_widths, width_mix_figure
 
 
 @dataclass(frozen=True)
@@ -229,3 +230,8 @@ def pairwise_barriers(d: FigureInputs, path: Path) -> Path | None:
 @figure("lambda_paths", lambda d: "curve" in d.rows)
 def lambda_paths(d: FigureInputs, path: Path) -> Path | None:
     return lambda_path_figure(d.rows, path, d.settings)
+
+
+@figure("width_mix", lambda d: has_mixed_widths(d.rows))
+def width_mix(d: FigureInputs, path: Path) -> Path | None:
+    return width_mix_figure(d.rows, d.methods, path, d.settings)

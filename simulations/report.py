@@ -32,6 +32,11 @@ figures whose data exists:
   method, for the widest width of the first cell that has the matrix.
 - ``lambda_paths.png``: test accuracy and NLL (raw and calibrated) along
   ``theta(lam) = lam theta_a + (1 - lam) theta_b`` for two-client cells, one line per width.
+- ``width_mix.png``: when some cell's clients differ in width from the server
+  (``client-widths``, ``server-width``): merged accuracy (with the clients' mean and the
+  ensemble) and the calibrated barrier at lambda = 1/2 against the width mix ``"client widths ->
+  server width"``, solid for ``init = independent``, dashed for ``shared``
+  (:mod:`fedlmc.simulations.width_figures`).
 
 When a config key other than the x axis and ``seed`` varies too, figures get one panel per
 value combination of those keys. ``report.md`` holds the tables (markdown) and links to the
