@@ -3,8 +3,8 @@ against the width mix (:mod:`fedlmc.simulations.figure_table` registers it as ``
 
 A cell's *width mix* is its ``client_widths`` results column (every client's width multiplier,
 in partition order) and its ``server_width`` (the merged model's): the x axis has one category
-per mix, labelled ``"0.5,4 -> 8"`` (clients -> server), in the order the mixes first occur in
-the rows (the sweep's grid order). A mix is *mixed* when some client's width differs from the
+per mix, labelled ``"0.5,4 -> 8"`` (clients -> server), sorted by client count, client widths
+and server width. A mix is *mixed* when some client's width differs from the
 server's. Lines: one colour per method, solid for ``init = independent`` and dashed for ``init =
 shared`` (nested sub-models of one initialisation); each point is the mean over the cell's seeds
 with the report's error bars.
@@ -57,6 +57,17 @@ def with_mix(rows: pd.DataFrame) -> pd.DataFrame:
     return known
 
 
+def mix_order(data: pd.DataFrame) -> list[str]:
+    """The mixes' labels sorted by client count, then client widths, then server width."""
+    pairs = dict.fromkeys(zip(data["client_widths"], data["server_width"], strict=True))
+
+    def key(pair: tuple[str, float]) -> tuple:
+        widths = [float(w) for w in str(pair[0]).split(",")]
+        return (len(widths), widths, float(pair[1]))
+
+    return [mix_label(c, s) for c, s in sorted(pairs, key=key)]
+
+
 def _series(rows: pd.DataFrame, column: str, order: Sequence[str], kind: str):
     """Mean and spread of ``column`` per mix, in ``order`` (NaN where a mix has no value)."""
     values = rows.assign(**{column: pd.to_numeric(rows[column], errors="coerce")})
@@ -74,7 +85,7 @@ def width_mix_figure(
     data = with_mix(rows)
     if data.empty:
         return None
-    order = list(dict.fromkeys(data[MIX]))
+    order = mix_order(data)
     x = list(range(len(order)))
     fig, axes = panel_grid(len(PANELS), width=max(5.0, 0.7 * len(order) + 2), height=4.2)
     colours = _pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
