@@ -341,6 +341,8 @@ def merge_with_info(
     entry = merge_method(method)
     if not states:
         raise ValueError("need at least one client state dict, got none")
+    if not entry.mixed_widths:
+        check_one_width(entry.name, states)
     if entry.needs_clients and clients is None:
         raise ValueError(
             f"merge method {entry.name!r} runs on the clients: allowed only in a federation "
@@ -351,8 +353,6 @@ def merge_with_info(
         raise ValueError(f"merge method {entry.name!r} needs server data; got none")
     if not entry.many_clients and len(states) > 2:
         raise ValueError(f"merge method {entry.name!r}: allowed: at most 2 clients")
-    if not entry.mixed_widths:
-        check_one_width(entry.name, states)
     w = normalised_weights(weights, len(states))
     if len(states) == 1 and not entry.mixed_widths:
         return average(states, w), list(states), {}
