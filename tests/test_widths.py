@@ -28,7 +28,12 @@ def _function(template: nn.Module, state, x) -> torch.Tensor:
 
 
 def test_the_registry_lists_the_mixed_width_methods_with_calibrated_rows():
-    assert MIXED == ["embed_average", "embed_weight_matching", "heterofl"]
+    assert MIXED == [
+        "embed_average",
+        "embed_weight_matching",
+        "embed_weight_matching_repair",
+        "heterofl",
+    ]
     assert set(MIXED) <= set(merge_method_names())
     assert {f"{m}_t" for m in MIXED} <= set(study_methods())
 
@@ -41,7 +46,8 @@ def test_a_narrow_model_merged_with_itself_keeps_its_function(method, norm):
     with torch.no_grad():
         expected = narrow(x)
     for states, weights in (([narrow.state_dict()], [1.0]), ([narrow.state_dict()] * 2, [1, 3])):
-        merged, aligned = merge_states(method, server, states, weights)
+        data = (x, torch.zeros(4, dtype=torch.long))
+        merged, aligned = merge_states(method, server, states, weights, server_data=data)
         assert merged["hidden.0.linear.weight"].shape == (32, 16)
         torch.testing.assert_close(_function(server, merged, x), expected, rtol=1e-5, atol=1e-6)
         assert len(aligned) == len(states)
@@ -131,3 +137,26 @@ def test_mixed_methods_name_the_client_wider_than_the_server():
     narrow, wide = _mlp(0.125), _mlp(0.25)
     with pytest.raises(ValueError, match="^client 1: cannot embed: group 'hidden.0' has 32"):
         merge_states("heterofl", narrow, [narrow.state_dict(), wide.state_dict()])
+
+
+@pytest.mark.parametrize(
+    ("method", "norm"), [("embed_weight_matching_repair", "none"), ("heterofl", "bn")]
+)
+def test_batchnorm_and_repair_finish_a_mixed_width_merge_as_for_equal_widths(method, norm):
+    from fedlmc.merging.post_merge import ServerData, post_merge
+
+    narrow, wide = _mlp(0.125, 1, norm=norm), _mlp(0.25, 2, norm=norm)
+    data = ServerData(torch.randn(64, *FLAT), torch.randint(0, 10, (64,)))
+    x = torch.randn(4, *FLAT)
+    merged, aligned = merge_states(method, wide, [narrow.state_dict()] * 2, server_data=data)
+    done = post_merge(wide, merged, aligned, [0.5, 0.5], method, data, device="cpu")
+    assert (done.repaired, done.bn_source != "none") == (norm == "none", norm == "bn")
+    if norm == "none":  # the clients are one model: REPAIR's targets are its own statistics
+        with torch.no_grad():
+            torch.testing.assert_close(done.model(x), narrow(x), rtol=1e-4, atol=1e-5)
+    merged, aligned = merge_states(
+        method, wide, [narrow.state_dict(), wide.state_dict()], server_data=data
+    )
+    done = post_merge(wide, merged, aligned, [0.5, 0.5], method, data, device="cpu")
+    with torch.no_grad():
+        assert torch.isfinite(done.model(x)).all()

@@ -683,6 +683,17 @@ def embed_matched_slots(job: MergeJob) -> Alignment:
     return Alignment(matched)
 
 
+register_method(
+    "embed_weight_matching_repair",
+    description="mixed widths: embed_weight_matching, then REPAIR of every hidden unit's "
+    "statistics (server split, or the clients' data when calibration is federated)",
+    needs_server_data=True,
+    repair=True,
+    clients_for_data=True,
+    mixed_widths=True,
+)(embed_matched_slots)
+
+
 def holder_combination(
     spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
 ) -> StateDict:
