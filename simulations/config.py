@@ -770,6 +770,11 @@ def width_key(config: Mapping[str, Any]) -> str:
     return "client-widths" if config["client-widths"] else "width"
 
 
+def _shown(value: Any) -> str:
+    """A number as ``10000`` (``:g``), text as ``'0.5,4'``."""
+    return f"{value:g}" if isinstance(value, float) else repr(value)
+
+
 def machine_memory() -> int:
     """Bytes of physical memory of this machine."""
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -785,7 +790,7 @@ def check_memory(config: Mapping[str, Any]) -> None:
     needed, have = memory_estimate(config, elements), machine_memory()
     if needed > have:
         raise ConfigError(
-            f"{width_key(config)} = {config[width_key(config)]!r}: the {config['model']} at "
+            f"{width_key(config)} = {_shown(config[width_key(config)])}: the {config['model']} at "
             f"width {server_width(config):g} has about {elements:,} weights; "
             f"{config['num-clients']} clients and the server need about {needed:,} bytes "
             f"({needed / 2**30:.1f} GiB), this machine has {have:,} ({have / 2**30:.1f} GiB); "
@@ -990,7 +995,7 @@ def apply_override(raw: dict[str, Any], text: str) -> None:
             )
     if table == "grid":
         for key in axis_keys(name):
-            _drop_key(raw, key)
+            _drop_key(raw, key, keep=name)
         raw["grid"][name] = value if isinstance(value, list) else [value]
     elif table == "run":
         _drop_key(raw, name)
@@ -1004,10 +1009,11 @@ def axis_keys(axis: str) -> list[str]:
     return [key.strip() for key in axis.split(LINK)]
 
 
-def _drop_key(raw: dict[str, Any], key: str) -> None:
-    """Remove ``key`` from ``[run]`` and every grid axis that sets it (an override replaces it)."""
+def _drop_key(raw: dict[str, Any], key: str, keep: str = "") -> None:
+    """Remove ``key`` from ``[run]`` and every grid axis that sets it but ``keep`` (the axis an
+    override replaces in place)."""
     raw["run"].pop(key, None)
-    for axis in [a for a in raw["grid"] if key in axis_keys(a)]:
+    for axis in [a for a in raw["grid"] if key in axis_keys(a) and a != keep]:
         del raw["grid"][axis]
 
 
