@@ -277,7 +277,9 @@ def declared_keys() -> dict[str, Key]:
             0.0,
             "width of the merged model: at least the widest client's (0: the widest client's)",
             at_least(0.0),
-            resolve=Rule("`0` counts as the widest client's width", lambda c: server_width(c)),
+            resolve=Rule(
+                "the widest client's width counts as `0`", lambda c: explicit_server_width(c)
+            ),
         ),
         "norm": named(
             str, "auto", "normalisation layers (auto: the model's default)", ("auto", *NORMS)
@@ -598,6 +600,14 @@ def server_width(config: Mapping[str, Any]) -> float:
     """The width of the merged model (and of the server's template): ``server-width``, or the
     widest client's when it is 0."""
     return float(config["server-width"]) or max(client_widths(config))
+
+
+def explicit_server_width(config: Mapping[str, Any]) -> float:
+    """``server-width`` in a cell's identity: 0 when it is the widest client's width (the
+    default's meaning), so that both spellings are one cell and a sweep over ``width`` does not
+    vary it."""
+    wide = server_width(config)
+    return 0.0 if wide == max(client_widths(config)) else wide
 
 
 def mixed_widths(config: Mapping[str, Any]) -> bool:

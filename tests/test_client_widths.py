@@ -81,7 +81,7 @@ def test_widths_resolve_to_one_cell_per_experiment():
     assert cell_id(config) != cell_id({**mixed, "server-width": 4.0})
     plain = validate_run_config({"width": 0.5}, check_devices=False)
     assert client_widths(plain) == (0.5, 0.5) and not mixed_widths(plain)
-    assert canonical_run_config(plain)["server-width"] == 0.5
+    assert canonical_run_config({**plain, "server-width": 0.5})["server-width"] == 0.0
     wider = {"width": 0.5, "server-width": 1, "strategy": "aligned", "align": "embed_average"}
     assert mixed_widths(validate_run_config(wider, check_devices=False))  # embedded: 0.5 -> 1
 
@@ -101,9 +101,9 @@ def test_a_linked_grid_axis_moves_a_width_mix_with_its_client_count():
     cells = expand_grid(sweep)
     keys = ("init", "num-clients", "client-widths", "server-width")
     assert [tuple(c[k] for k in keys) for c in cells] == [
-        ("independent", 2, "0.5,4", 4.0),
+        ("independent", 2, "0.5,4", 0.0),  # the widest client's width counts as 0
         ("independent", 4, "0.5,1,2,4", 8.0),
-        ("shared", 2, "0.5,4", 4.0),
+        ("shared", 2, "0.5,4", 0.0),
         ("shared", 4, "0.5,1,2,4", 8.0),
     ]
     # an override of one of its keys replaces the whole linked axis

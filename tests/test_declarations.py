@@ -314,7 +314,6 @@ def test_the_canonical_resets_are_the_declared_rules():
     )
     canonical = canonical_run_config(config)
     changed = {k for k in config if canonical[k] != config[k]}
-    # bias: auto -> "true"; server-width: 0 -> the widest client's width (1)
-    assert changed == {"alpha", "lambdas", "calibration", "bias", "server-width"}
+    assert changed == {"alpha", "lambdas", "calibration", "bias"}  # bias: auto -> "true"
     resnet = canonical_run_config(validate_run_config({"model": "resnet20", "depth": 2}))
     assert resnet["depth"] == run_schema()["depth"].default and resnet["bias"] == "false"
