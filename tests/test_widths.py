@@ -36,6 +36,12 @@ def test_the_registry_lists_the_mixed_width_methods_with_calibrated_rows():
     ]
     assert set(MIXED) <= set(merge_method_names())
     assert {f"{m}_t" for m in MIXED} <= set(study_methods())
+    from fedlmc.simulations.registry_tables import methods_table
+
+    lines = {line.split(" | ")[0]: line for line in methods_table().splitlines()}
+    assert "| mixed widths |" in methods_table()
+    assert " | yes | yes | yes | mixed widths: " in lines["| `heterofl`, `heterofl_t`"]
+    assert " | yes | yes | no | plain weighted" in lines["| `average`, `average_t`"]
 
 
 @pytest.mark.parametrize("method", MIXED)

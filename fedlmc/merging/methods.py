@@ -298,11 +298,12 @@ def merge_states(
 
     ``merged`` is the method's own merge or :math:`\sum_i w_i \pi_i(\theta_i)`; no BatchNorm
     re-estimation and no temperature here (the callers add them). A single client is returned
-    unchanged. ``ValueError`` when the method is unknown, needs ``server_data`` (or, for
+    unchanged (a ``mixed_widths`` method embeds it into ``template``'s shapes). ``ValueError``
+    when the method is unknown, needs ``server_data`` (or, for
     methods that take the clients' data instead, ``clients``) that is missing, needs the
     ``clients`` of a federation that are missing, or does not accept this many clients, and
     when the clients' state dicts differ in shape for a method that is not ``mixed_widths``
-    (those embed every client into ``template``'s shapes, the server width, also a single one).
+    (those embed every client into ``template``'s shapes, the server width).
     :func:`merge_with_info` also returns what the
     method reports (e.g. ``auto``'s choice).
     """
