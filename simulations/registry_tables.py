@@ -55,13 +55,16 @@ def methods_table() -> str:
             _data_source(m),
             _yes(m.many_clients),
             _yes(m.reestimate_bn),
+            _yes(m.mixed_widths),
             m.description,
         ]
         for m in METHODS
     ]
-    rows += [[f"`{name}`", "none", "yes", "-", text] for name, text in REFERENCE_METHODS.items()]
-    rows.append([f"`{FEDAVG}`", "none", "yes", "no", FEDAVG_DESCRIPTION])
-    header = ["method (rows)", "data it needs", "N > 2", "BN re-estimated", "what"]
+    rows += [
+        [f"`{name}`", "none", "yes", "-", "-", text] for name, text in REFERENCE_METHODS.items()
+    ]
+    rows.append([f"`{FEDAVG}`", "none", "yes", "no", "no", FEDAVG_DESCRIPTION])
+    header = ["method (rows)", "data it needs", "N > 2", "BN re-estimated", "mixed widths", "what"]
     return _table(header, rows)
 
 

@@ -5,6 +5,8 @@
 - :mod:`fedlmc.merging.calibrate`: softmax temperature and BatchNorm statistics.
 - :mod:`fedlmc.merging.repair`: REPAIR's renormalisation of merged units.
 - :mod:`fedlmc.merging.clients`: clients in one process, for the methods that query them.
+- :mod:`fedlmc.merging.widths`: merging clients of different widths (embedding, rectangular
+  matching onto the widest client, HeteroFL's holder average, width weights).
 
 The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
 :mod:`fedlmc.permutation` (MergeMany averages while it aligns).
@@ -25,6 +27,7 @@ _EXPORTS = {
     # Not `repair`: here that name is the module; the function is the short path `repair` of fedlmc.
     "repair_with_statistics": ".repair",
     "LocalClients": ".clients",
+    **dict.fromkeys(["holder_average", "match_to_widest", "width_weights"], ".widths"),
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -27,6 +27,10 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   are measured on the path its own rule defines;
 - ``plain_chain_only``: the method is defined only for norm-free plain feed-forward chains
   (:mod:`fedlmc.permutation.chain`), and is refused for other models before any work;
+- ``mixed_widths``: it accepts clients of different widths (:mod:`fedlmc.merging.widths`): it
+  embeds every client into the shapes of ``template``, the *server* model (at least as wide as
+  every client), so its merge and its aligned clients have the server's shapes. Every other
+  method refuses clients whose state dicts differ in shape, before any work;
 - ``columns``: the results columns only this method fills (:class:`fedlmc.columns.Column`,
   from its ``Alignment.info``; NaN or empty on the other rows). They join the results schema
   (:func:`fedlmc.study.rows.row_columns`), the docs' columns table and, with a ``report_table``, the
@@ -166,6 +170,7 @@ class MergeMethod:
     combine: Combine | None = None
     plain_chain_only: bool = False
     columns: tuple[Column, ...] = ()
+    mixed_widths: bool = False
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
@@ -194,6 +199,7 @@ def register_method(
     combine: Combine | None = None,
     plain_chain_only: bool = False,
     columns: Sequence[Column] = (),
+    mixed_widths: bool = False,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -218,6 +224,7 @@ def register_method(
             combine,
             plain_chain_only,
             tuple(columns),
+            mixed_widths,
         )
         METHODS.add(name, entry, replace=replace)
         return align
@@ -291,9 +298,12 @@ def merge_states(
 
     ``merged`` is the method's own merge or :math:`\sum_i w_i \pi_i(\theta_i)`; no BatchNorm
     re-estimation and no temperature here (the callers add them). A single client is returned
-    unchanged. ``ValueError`` when the method is unknown, needs ``server_data`` (or, for
+    unchanged (a ``mixed_widths`` method embeds it into ``template``'s shapes). ``ValueError``
+    when the method is unknown, needs ``server_data`` (or, for
     methods that take the clients' data instead, ``clients``) that is missing, needs the
-    ``clients`` of a federation that are missing, or does not accept this many clients.
+    ``clients`` of a federation that are missing, or does not accept this many clients, and
+    when the clients' state dicts differ in shape for a method that is not ``mixed_widths``
+    (those embed every client into ``template``'s shapes, the server width).
     :func:`merge_with_info` also returns what the
     method reports (e.g. ``auto``'s choice).
     """
@@ -332,6 +342,8 @@ def merge_with_info(
     entry = merge_method(method)
     if not states:
         raise ValueError("need at least one client state dict, got none")
+    if not entry.mixed_widths:
+        check_one_width(entry.name, states)
     if entry.needs_clients and clients is None:
         raise ValueError(
             f"merge method {entry.name!r} runs on the clients: allowed only in a federation "
@@ -343,7 +355,7 @@ def merge_with_info(
     if not entry.many_clients and len(states) > 2:
         raise ValueError(f"merge method {entry.name!r}: allowed: at most 2 clients")
     w = normalised_weights(weights, len(states))
-    if len(states) == 1:
+    if len(states) == 1 and not entry.mixed_widths:
         return average(states, w), list(states), {}
     job = MergeJob(
         template,
@@ -370,6 +382,24 @@ def merge_with_info(
         spec = job.spec if entry.combine is None else job.permutation_spec()
         merged = entry.combined(spec, alignment.aligned, w)
     return merged, alignment.aligned, dict(alignment.info)
+
+
+def check_one_width(method: str, states: Sequence[StateDict]) -> None:
+    """``ValueError`` naming ``method`` and the first key whose shape differs between client 0
+    and another client (or that one of them lacks): the method needs clients of one width."""
+    reference = states[0]
+    for index, sd in enumerate(states[1:], start=1):
+        for key in dict.fromkeys([*reference, *sd]):
+            a, b = reference.get(key), sd.get(key)
+            shape_a = "no such key" if a is None else tuple(a.shape)
+            shape_b = "no such key" if b is None else tuple(b.shape)
+            if shape_a != shape_b:
+                allowed = ", ".join(m.name for m in METHODS if m.mixed_widths) or "none"
+                raise ValueError(
+                    f"merge method {method!r} needs clients of one width: {key!r} has shape "
+                    f"{shape_a} in client 0 and {shape_b} in client {index}; allowed for mixed "
+                    f"widths: {allowed}"
+                )
 
 
 # ----------------------------------------------------------------------------- built-in methods
@@ -620,3 +650,65 @@ def automatic_choice(job: MergeJob) -> Alignment:
     if aligned_nll < plain:
         return Alignment(aligned, info={**info, "auto_choice": "weight_matching"})
     return Alignment(list(job.states), info=info)
+
+
+# ----------------------------------------------------------------------------- mixed widths
+
+
+@register_method(
+    "embed_average",
+    description="mixed widths: every client embedded at the first units of the server width "
+    "(HeteroFL's nesting), then the plain weighted average",
+    mixed_widths=True,
+)
+def embed_first_slots(job: MergeJob) -> Alignment:
+    """Every client embedded into the server shapes at its first units
+    (:func:`fedlmc.merging.widths.embed_clients`)."""
+    from fedlmc.merging.widths import embed_clients
+
+    return Alignment(embed_clients(job.template, job.states, job.permutation_spec(), "first"))
+
+
+@register_method(
+    "embed_weight_matching",
+    description="mixed widths: the widest client at the first units of the server width, every "
+    "other client weight-matched onto its units (rectangular assignments), then average",
+    mixed_widths=True,
+)
+def embed_matched_slots(job: MergeJob) -> Alignment:
+    """Every client embedded at the slots that weight-match it onto the widest client
+    (:func:`fedlmc.merging.widths.match_to_widest`)."""
+    from fedlmc.merging.widths import match_to_widest
+
+    matched, _ = match_to_widest(job.template, job.states, job.permutation_spec(), seed=job.seed)
+    return Alignment(matched)
+
+
+register_method(
+    "embed_weight_matching_repair",
+    description="mixed widths: embed_weight_matching, then REPAIR of every hidden unit's "
+    "statistics (server split, or the clients' data when calibration is federated)",
+    needs_server_data=True,
+    repair=True,
+    clients_for_data=True,
+    mixed_widths=True,
+)(embed_matched_slots)
+
+
+def holder_combination(
+    spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
+) -> StateDict:
+    """HeteroFL's rule: every entry averaged over the clients that hold it
+    (:func:`fedlmc.merging.widths.holder_average`)."""
+    from fedlmc.merging.widths import holder_average
+
+    return holder_average(spec, states, weights)
+
+
+register_method(
+    "heterofl",
+    description="mixed widths: every client embedded at the first units of the server width, "
+    "each entry averaged over the clients that hold it (HeteroFL's aggregation)",
+    combine=holder_combination,
+    mixed_widths=True,
+)(embed_first_slots)

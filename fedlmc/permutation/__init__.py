@@ -26,6 +26,7 @@ The package's modules:
 - :mod:`fedlmc.permutation.matching`: weight matching, activation matching, MergeMany.
 - :mod:`fedlmc.permutation.assignment`: the warm-started linear-assignment solver.
 - :mod:`fedlmc.permutation.chain`: the plain chain of a spec, where LEWC's depths are defined.
+- :mod:`fedlmc.permutation.embed`: a narrow model embedded into a wider one, and sliced back.
 """
 
 from fedlmc._lazy import lazy_exports
@@ -39,6 +40,8 @@ _EXPORTS = {
     "checked_permutations": ".spec",
     "derive_layer_names": ".model_spec",
     "derive_spec": ".model_spec",
+    "embed_state": ".embed",
+    "EmbeddedState": ".embed",
     "example_args": ".spec",
     "fan_in_axes": ".spec",
     "identity_permutations": ".spec",
@@ -50,6 +53,7 @@ _EXPORTS = {
     "PermutationSpec": ".spec",
     "random_permutations": ".spec",
     "restrict_spec": ".spec",
+    "slice_state": ".embed",
     "spec_from_groups": ".spec",
     "SpecDerivationWarning": ".tracing",
     "StateDict": ".spec",
