@@ -61,7 +61,8 @@ class Tracker:
 
     ``modules``: the import names that must be installed; ``extra``: the pip extra installing
     them; ``option``: the CLI option naming the destination (``--track-dir`` /
-    ``--tracking-uri``); ``default_destination(out_dir)``: the destination without that option;
+    ``--tracking-uri``) and ``option_help`` its help; ``default_destination(out_dir)``: the
+    destination without that option;
     ``export(out_dir, destination) -> (written, skipped)``: write the folder's runs.
     """
 
@@ -69,6 +70,7 @@ class Tracker:
     modules: tuple[str, ...]
     extra: str
     option: str
+    option_help: str
     default_destination: Callable[[Path], str]
     export: Callable[[Path, str], tuple[list[str], list[str]]]
 
@@ -162,6 +164,7 @@ def _builtin_trackers() -> Sequence[Tracker]:
             modules=("tensorboard",),
             extra="tensorboard",
             option="--track-dir",
+            option_help="TensorBoard log dir, one sub-folder per run (default: <out>/tensorboard)",
             default_destination=lambda folder: str(folder / "tensorboard"),
             export=_tensorboard_export,
         ),
@@ -170,6 +173,8 @@ def _builtin_trackers() -> Sequence[Tracker]:
             modules=("mlflow",),
             extra="mlflow",
             option="--tracking-uri",
+            option_help="MLflow tracking URI (default: sqlite:///<out>/mlflow.db, artefacts in "
+            "<out>/mlartifacts)",
             default_destination=_mlflow_default,
             export=_mlflow_export,
         ),
