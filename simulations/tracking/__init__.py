@@ -4,7 +4,7 @@ or MLflow, each an optional extra.
 The trackers are a registry (:data:`TRACKERS`, :func:`register_tracker`), like the models and
 merge methods: ``fedlmc sweep/run --track NAME`` and ``fedlmc track DIR --to NAME`` take their
 names, the CLI's help lists them, and :func:`check_tracker` refuses an unknown name or an extra
-that is not installed (:func:`importlib.util.find_spec`, nothing imported) before any work.
+that is not installed (``importlib.util.find_spec``, nothing imported) before any work.
 
 What a run holds (params, step metrics, row metrics, figures) is read from the folder by
 :func:`fedlmc.simulations.tracking.runs.tracked_runs`; each backend writes it in its own terms
