@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,13 +81,17 @@ def export_runs(
 
 @contextmanager
 def quiet_loggers() -> Iterator[None]:
-    """MLflow's database set-up logs (table creation, migrations) at WARNING and above only."""
+    """MLflow's database set-up logs (table creation, migrations) at WARNING and above only, and
+    no deprecation warnings raised inside MLflow (e.g. SQLAlchemy's about MLflow's own mappers:
+    nothing a fedlmc user can act on)."""
     loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.WARNING)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow\.")
+            yield
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
