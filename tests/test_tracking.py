@@ -249,6 +249,13 @@ def test_mlflow_store_queried_through_its_client(tmp_path):
     runs = client.search_runs([experiment.experiment_id])
     assert sorted(r.data.tags["fedlmc.cell_id"] for r in runs) == sorted([*CELLS, "report"])
 
+    # an export killed before its last tag: that run is deleted and written again
+    client.delete_tag(cell.info.run_id, "fedlmc.exported")
+    assert export_folder(folder, "mlflow").written == (CELLS[0],)
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.data.tags["fedlmc.cell_id"] for r in runs) == sorted([*CELLS, "report"])
+    assert cell.info.run_id not in {r.info.run_id for r in runs}
+
 
 # ----------------------------------------------------------------------------- CLI
 
