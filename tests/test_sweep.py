@@ -81,7 +81,10 @@ def shared_sweep(tmp_path_factory) -> Path:
     """The uninterrupted tiny sweep, run once per session (a rerun only resumes it)."""
     base = tmp_path_factory.getbasetemp()
     out = base / "shared-sweep"
-    code, _out, err = finish(cli("sweep", str(tiny_config(base)), "--out", str(out), "--quiet"))
+    track = ("--track", "tensorboard")  # test_tracking reads its runs back
+    code, _out, err = finish(
+        cli("sweep", str(tiny_config(base)), "--out", str(out), "--quiet", *track)
+    )
     assert code == 0, err
     return out
 
