@@ -227,9 +227,7 @@ def screen_replies(
     screened = []
     for message in replies:
         replied.add(int(message.metadata.src_node_id))
-        screened.append(
-            screen_reply(message, reference, weighted_by_key, num_partitions, epochs)
-        )
+        screened.append(screen_reply(message, reference, weighted_by_key, num_partitions, epochs))
     updates = [u for u in screened if isinstance(u, ClientUpdate)]
     report.failures.extend(f for f in screened if isinstance(f, Failure))
     duplicated = partition_problems([u.partition_id for u in updates])

@@ -23,8 +23,10 @@ from fedlmc.simulations.task import (
     load_splits,
     train_options,
 )
+from fedlmc.simulations.training_file import read_training
 from fedlmc.strategies import NotEnoughClientsError
 from fedlmc.train import train_model
+from fedlmc.training_columns import TRAINING_COLUMNS
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +110,35 @@ def test_compare_round_end_to_end(tmp_path):
     assert (one_shot["bytes_sent_by_clients"] == 2 * tensor_bytes(expected)).all()
     fedavg = rows[rows.method == "fedavg"].iloc[0]
     assert fedavg["bytes_sent_by_clients"] == 2 * 2 * tensor_bytes(expected)  # 2 rounds
+
+    # training.csv: the run-config columns as results.csv names them (no cell_id in a run's
+    # file), then the declared columns; one row per client x epoch, one per FedAvg round.
+    training = read_training(tmp_path)
+    config_names = [c for c in saved.columns if c in config]
+    declared = [c.name for c in TRAINING_COLUMNS]
+    assert list(training.columns) == [*config_names, *declared]
+    clients = training[training["phase"] == "client_epoch"]
+    assert clients[["client", "step"]].values.tolist() == [[0, 1], [0, 2], [1, 1], [1, 2]]
+    # the history is the one train_model returns: redo client 0's by hand (same seeds)
+    _, history = train_model(
+        build_from_config(config, splits, seed=client_seed(config["seed"], 0)),
+        client_data(config, 0, 2),
+        **train_options(config),
+        seed=client_seed(config["seed"], 0, 1),
+        device="cpu",
+    )
+    first_client = clients[clients["client"] == 0]
+    assert first_client["train_loss"].tolist() == pytest.approx(history.loss, rel=1e-5)
+    assert first_client["train_accuracy"].tolist() == pytest.approx(history.accuracy, rel=1e-5)
+    assert clients["calibration_loss"].isna().all()  # compare calibrates on the server
+    assert clients["merged_test_loss"].isna().all()
+    rounds = training[training["phase"] == "fedavg_round"]
+    assert rounds["step"].tolist() == [1, 2] and rounds["client"].isna().all()
+    assert rounds[["train_loss", "train_accuracy"]].isna().all().all()
+    last = rounds.iloc[-1]  # the global model after the last round is the fedavg row's model
+    assert last["merged_test_accuracy"] == pytest.approx(fedavg["accuracy"], abs=1e-12)
+    assert last["merged_test_loss"] == pytest.approx(fedavg["nll"], rel=1e-9)
+    assert rounds["clients_train_loss"].gt(0).all()
 
 
 def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp_path):
