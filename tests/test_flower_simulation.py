@@ -186,6 +186,16 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
     on_server = fit_temperature(predict_logits(model, splits.server[0]), splits.server[1])
     assert calibrated["temperature_server_split"] == pytest.approx(on_server, rel=1e-5)
     assert metrics["bn-reestimated"] == 1
+    # Each survivor's per-epoch loss on its held-out share is in training.csv; the last one is
+    # its trained model's loss on that share (eval mode: BatchNorm running statistics).
+    curves = read_training(tmp_path)
+    assert sorted(set(curves["client"])) == [0, 3]  # the failed clients sent no history
+    for update in report.survivors:
+        held_x, held_y = client_calibration_data(config, update.partition_id, 4)
+        own = load_state(build_from_config(config, splits), update.state).eval()
+        loss = torch.nn.functional.cross_entropy(predict_logits(own, held_x), held_y)
+        mine = curves[curves["client"] == update.partition_id]
+        assert mine["calibration_loss"].iloc[-1] == pytest.approx(float(loss), rel=1e-5)
     # Clients trained on the rest: num-examples counts what they trained on.
     trained = [len(client_train_data(config, pid, 4)[1]) for pid in (0, 3)]
     assert [u.num_examples for u in report.survivors] == trained
@@ -251,6 +261,10 @@ def test_client_train_reply_and_failure_injection(task_identity):
     assert metrics["partition-id"] == 1
     assert metrics["num-examples"] == len(client_data(validate_run_config(config), 1, 2)[1])
     assert all(isinstance(metrics[k], float) for k in ("train-loss", "train-seconds"))
+    # the per-epoch history, one value per configured epoch; no held-out share, no held-out loss
+    assert metrics["epoch-train-loss"] == [metrics["train-loss"]]
+    assert metrics["epoch-train-accuracy"] == [metrics["train-accuracy"]]
+    assert "epoch-calibration-loss" not in metrics
 
     failed = call_client("train", {**config, "inject-failure": "raise:1"}, pid=1)
     assert failed.has_error() and "partition-id=1" in failed.error.reason
