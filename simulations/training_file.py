@@ -22,6 +22,7 @@ as ``results.csv`` names them, then ``phase``, ``client``, ``step`` and the metr
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -127,41 +128,75 @@ def write_training(frame: pd.DataFrame, out_dir: str | os.PathLike) -> Path | No
     return path
 
 
+def _as_text(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame``'s cells as the text ``to_csv`` writes for them (NaN as an empty string)."""
+    buffer = io.StringIO()
+    typed(frame).to_csv(buffer, index=False)
+    buffer.seek(0)
+    return pd.read_csv(buffer, dtype=str, keep_default_na=False)
+
+
+def _raw_rows(path: Path) -> pd.DataFrame:
+    """The rows of a sweep's ``path`` as text, exactly as written, less those
+    :func:`read_training` would leave out (an empty frame when absent or unreadable)."""
+    empty = pd.DataFrame(columns=["cell_id"])
+    checked = read_training(path.parent) if path.exists() else None
+    if checked is None or "cell_id" not in checked:
+        return empty
+    raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    return raw[raw.index.isin(checked.attrs["kept"])].reset_index(drop=True)
+
+
+def _text_sorted(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows held as text, sorted like :func:`sorted_rows` (client and step as numbers)."""
+    keys = pd.DataFrame(
+        {
+            "cell_id": frame["cell_id"],
+            "phase": frame["phase"].map({p: i for i, p in enumerate(PHASES)}),
+            "client": pd.to_numeric(frame["client"], errors="coerce"),
+            "step": pd.to_numeric(frame["step"], errors="coerce"),
+        }
+    )
+    order = keys.sort_values(["cell_id", *ORDER], kind="stable", na_position="first").index
+    return frame.loc[order].reset_index(drop=True)
+
+
 def replace_cell_rows(out_dir: str | os.PathLike, cid: str, rows: pd.DataFrame) -> pd.DataFrame:
     """``training.csv`` with cell ``cid``'s rows replaced by ``rows`` (possibly none), written
-    atomically and sorted (module docstring); returns the whole table."""
+    atomically and sorted (module docstring); returns the whole table as text. The other cells'
+    rows are kept as they were written, so a file's bytes depend only on its cells' values."""
     path = Path(out_dir) / TRAINING_FILE
-    old = read_training(out_dir)
-    old = pd.DataFrame(columns=["cell_id"]) if old is None else old
+    old = _raw_rows(path)
     keep = old[old["cell_id"] != cid]
     if rows.empty and keep.empty:
         if path.exists():
             path.unlink()
         return keep
-    new = rows.assign(cell_id=cid) if not rows.empty else rows
-    if not new.empty:
-        new = new[["cell_id", *[c for c in new.columns if c != "cell_id"]]]
-    parts = [p for p in (keep, new) if not p.empty]
+    parts = [keep] if not keep.empty else []
+    if not rows.empty:
+        new = _as_text(rows.assign(cell_id=cid))
+        parts.append(new[["cell_id", *[c for c in new.columns if c != "cell_id"]]])
     table = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].copy()
-    columns = list(dict.fromkeys([*keep.columns, *new.columns]))
+    columns = list(dict.fromkeys(c for part in parts for c in part.columns))
     tail = [c.name for c in TRAINING_COLUMNS]
-    table = table.reindex(columns=[*[c for c in columns if c not in tail], *tail])
-    table = sorted_rows(typed(table))
+    table = table.reindex(columns=[*[c for c in columns if c not in tail], *tail]).fillna("")
+    table = _text_sorted(table)
     _write(table, path)
     return table
 
 
 def keep_cells(out_dir: str | os.PathLike, keep_ids: Sequence[str] | set[str]) -> None:
     """Move ``training.csv`` to ``training.previous.csv`` and carry over the rows of the cells
-    in ``keep_ids`` (a sweep superseded with ``--force``)."""
+    in ``keep_ids`` as they were written (a sweep superseded with ``--force``)."""
     folder = Path(out_dir)
-    old = read_training(folder)
-    if old is None:
+    path = folder / TRAINING_FILE
+    if not path.exists():
         return
-    os.replace(folder / TRAINING_FILE, folder / "training.previous.csv")
-    kept = old[old["cell_id"].isin(set(keep_ids))] if "cell_id" in old else old.iloc[0:0]
+    old = _raw_rows(path)
+    os.replace(path, folder / "training.previous.csv")
+    kept = old[old["cell_id"].isin(set(keep_ids))]
     if len(kept):
-        _write(kept, folder / TRAINING_FILE)
+        _write(kept, path)
 
 
 def read_training(out_dir: str | os.PathLike) -> pd.DataFrame | None:
@@ -188,7 +223,9 @@ def read_training(out_dir: str | os.PathLike) -> pd.DataFrame | None:
             f"fedlmc: warning: {int(bad.sum())} bad row(s) in {str(path)!r} left out (rows {rows})",
             file=sys.stderr,
         )
-    return typed(frame[~bad]).reset_index(drop=True)
+    kept = typed(frame[~bad]).reset_index(drop=True)
+    kept.attrs["kept"] = list(frame.index[~bad])  # the file's row numbers (0 = first row)
+    return kept
 
 
 __all__ = [
