@@ -7,7 +7,7 @@ Its columns, in order:
 
 1. ``cell_id`` (a sweep's file only; 12 hex digits, as in ``results.csv``);
 2. the cell's run-config columns, named and ordered exactly as in ``results.csv`` (hyphenated
-   keys; a sweep's file leaves out ``out-dir`` as its ``results.csv`` does);
+   keys; a sweep's file leaves out the cell's output folder, as its ``results.csv`` does);
 3. :data:`TRAINING_COLUMNS`: ``phase``, ``client``, ``step``, then the float metric columns
    (empty = NaN: the column does not apply to the row's phase, or the value was not measured).
 
@@ -105,7 +105,7 @@ TRAINING_COLUMNS: tuple[TrainingColumn, ...] = (
         _CLIENT,
         "Mean cross-entropy (T = 1) of the client's model at the end of the epoch on its "
         "held-out calibration share (eval mode, no augmentation); NaN when the client holds none "
-        "out (`calibration-holdout = 0` or calibration not federated: no held-out data exists)",
+        "out (calibration not federated, or a holdout share of 0: no held-out data exists)",
     ),
     TrainingColumn(
         "merged_test_loss",
@@ -125,15 +125,16 @@ TRAINING_COLUMNS: tuple[TrainingColumn, ...] = (
         "clients_train_loss",
         "number",
         _FEDAVG,
-        "Num-examples-weighted mean over the round's surviving clients of their last local "
-        "epoch's `train_loss`",
+        "Mean over the round's surviving clients of their last local epoch's `train_loss`, "
+        "weighted by their merge weights (num-examples shares, bounded as in "
+        "`fedlmc.strategies.screening`)",
     ),
     TrainingColumn(
         "clients_train_accuracy",
         "number",
         _FEDAVG,
-        "Num-examples-weighted mean over the round's surviving clients of their last local "
-        "epoch's `train_accuracy`",
+        "Mean over the round's surviving clients of their last local epoch's `train_accuracy`, "
+        "weighted by their merge weights",
     ),
 )
 """The columns after the run-config columns, in file order."""

@@ -13,8 +13,9 @@ survivors end the run with a clear error).
 Per-round curve (:meth:`FedAvgResult.round_curve`): for every round, the global model's test loss
 and accuracy as the caller's ``evaluate_fn`` measured them after the round (Flower's
 server-side evaluation, stored under :data:`MERGED_TEST_LOSS` / :data:`MERGED_TEST_ACCURACY` in
-``evaluate_metrics_serverapp[r]``; NaN when none ran) and the num-examples-weighted mean of the
-round's survivors' last-local-epoch training loss and accuracy (``train_metrics_clientapp[r]``).
+``evaluate_metrics_serverapp[r]``; NaN when none ran) and the mean of the round's survivors'
+last-local-epoch training loss and accuracy weighted by their merge weights
+(``train_metrics_clientapp[r]``).
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ class FedAvgResult:
     def round_curve(self) -> list[dict[str, float]]:
         """Per round (1-based ``round``): ``merged_test_loss``, ``merged_test_accuracy`` (the
         global model after the round, on the test split, as ``evaluate_fn`` measured it; NaN
-        without one) and ``clients_train_loss``, ``clients_train_accuracy`` (num-examples-weighted
-        mean over the round's survivors of their last local epoch's training loss/accuracy)."""
+        without one) and ``clients_train_loss``, ``clients_train_accuracy`` (the mean over the round's
+        survivors of their last local epoch's training loss/accuracy, weighted by their merge
+        weights)."""
         curve = []
         for server_round in sorted(self.reports):
             evaluated = self.evaluate_metrics_serverapp.get(server_round) or {}
