@@ -132,7 +132,9 @@ def training_curves_figure(
     styles = ["-", "--", ":", "-."]
     for ax, group in zip(axes.flat, groups, strict=False):
         part = curves[curves["_group"] == group]
-        for index, (key, curve) in enumerate(part.groupby(keys, sort=True)):
+        order = [c for c in ("seed", *keys, "step") if c in part]
+        part = part.sort_values(order, kind="stable")
+        for index, (key, curve) in enumerate(part.groupby(keys, sort=False)):
             key = key if isinstance(key, tuple) else (key,)
             client = int(key[-1])
             seed = curve["seed"].iloc[0] if "seed" in curve else ""
