@@ -68,9 +68,9 @@ class FedAvgResult:
     def round_curve(self) -> list[dict[str, float]]:
         """Per round (1-based ``round``): ``merged_test_loss``, ``merged_test_accuracy`` (the
         global model after the round, on the test split, as ``evaluate_fn`` measured it; NaN
-        without one) and ``clients_train_loss``, ``clients_train_accuracy`` (the mean over the round's
-        survivors of their last local epoch's training loss/accuracy, weighted by their merge
-        weights)."""
+        without one) and ``clients_train_loss``, ``clients_train_accuracy`` (the mean over the
+        round's survivors of their last local epoch's training loss/accuracy, weighted by their
+        merge weights)."""
         curve = []
         for server_round in sorted(self.reports):
             evaluated = self.evaluate_metrics_serverapp.get(server_round) or {}

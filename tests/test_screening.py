@@ -382,8 +382,9 @@ def with_history(node: int, pid: int, template, history: dict) -> Message:
 
 def test_a_bad_training_history_drops_only_the_history_by_name():
     """Histories are screened apart from the weights: a bad one (wrong length, infinity, a
-    number for a list, an accuracy above 1, a loss list without its accuracy list) leaves the client merged with
-    no history and the reason kept; an honest one (NaN allowed) survives as sent."""
+    number for a list, an accuracy above 1, a loss list without its accuracy list) leaves the
+    client merged with no history and the reason kept; an honest one (NaN allowed) survives as
+    sent."""
     template = tiny(0)
     good = history_metrics([2.0, 1.5], [0.25, 0.5], [2.1, math.nan])
     bad = {
