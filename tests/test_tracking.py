@@ -346,6 +346,11 @@ def test_the_tiny_sweep_exported_by_fedlmc_sweep_track(tmp_path_factory, tmp_pat
     (accuracy,) = events.Scalars("average/accuracy")
     assert accuracy.value == float(np.float32(row["accuracy"]))
     assert hparams_of(events)["width"] == row["width"]
+    training = pd.read_csv(folder / "training.csv", dtype={"cell_id": str})
+    curve = training[(training["cell_id"] == ids[0]) & (training["client"] == 0)]
+    logged = events.Scalars("client_epoch/client-0/train_loss")  # the real clients' curves
+    assert [e.step for e in logged] == curve["step"].tolist() and len(logged) >= 1
+    assert [e.value for e in logged] == [float(np.float32(v)) for v in curve["train_loss"]]
 
     assert main(["track", str(folder), "--to", "mlflow"]) == 0
     from mlflow.tracking import MlflowClient
