@@ -28,6 +28,7 @@ from fedlmc.simulations.registry_tables import (  # noqa: E402
     keys_table,
     methods_table,
     models_table,
+    training_columns_table,
 )
 
 BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
@@ -35,6 +36,7 @@ BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "models": ("library.md", models_table),
     "keys": ("reference/keys.md", keys_table),
     "columns": ("reference/columns.md", columns_table),
+    "training-columns": ("reference/columns.md", training_columns_table),
 }
 """Block name -> (page under docs/, the function that makes its table)."""
 

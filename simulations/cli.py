@@ -15,6 +15,11 @@
   as in the docs pages); ``fedlmc keys``: every run-config key (``--pyproject``: the
   ``[tool.flwr.app.config]`` block of ``pyproject.toml``; ``--write-pyproject PATH``: rewrite that
   block in the file); ``fedlmc columns``: every results column with its definition.
+- ``fedlmc track DIR --to NAME [--track-dir DIR] [--tracking-uri URI]``: export a sweep's or a
+  run's out dir to a tracker (:mod:`fedlmc.simulations.tracking`: ``tensorboard``, ``mlflow``,
+  each an optional extra); ``sweep`` and ``run`` take ``--track NAME`` to export when they
+  finish (a run needs an ``out-dir``). The tracker's name and its extra being installed are
+  checked before any work; exporting again skips the runs already there.
 - ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once
   (md5-checked, :func:`fedlmc.data.download.fetch_dataset`); a failed download exits 1 with one
   line.
@@ -101,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="cells run at once (default: ceil(client slots / num-clients) + 1)",
     )
     sweep.add_argument("--quiet", action="store_true", help="no progress bar or cell lines")
+    add_track_options(sweep, "--track")
 
     report = sub.add_parser("report", help="build figures and report.md from a sweep folder")
     report.add_argument("dir", help="a sweep output folder (holding results.csv)")
@@ -113,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", metavar="key=value", help="run-config values")
     run.add_argument("--csv", help="also write the rows to this CSV file")
     add_ray_address(run)
+    add_track_options(run, "--track")
+
+    track = sub.add_parser("track", help="export a sweep's or a run's out dir to a tracker")
+    track.add_argument("dir", help="a sweep's or a fedlmc run's out dir (holding results.csv)")
+    add_track_options(track, "--to", required=True)
 
     validate = sub.add_parser("validate", help="validate a sweep and list its cells")
     validate.add_argument("config", help="sweep TOML file")
@@ -160,6 +171,73 @@ def add_ray_address(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_track_options(parser: argparse.ArgumentParser, flag: str, required: bool = False) -> None:
+    """``flag`` naming a tracker, and each tracker's destination option (its registry entry)."""
+    from fedlmc.simulations.tracking import TRACKERS
+
+    names = ", ".join(TRACKERS.names())
+    parser.add_argument(
+        flag,
+        dest="track",
+        metavar="NAME",
+        required=required,
+        help=f"export the results to a tracker: {names} (each an optional extra)",
+    )
+    for tracker in TRACKERS:
+        parser.add_argument(tracker.option, metavar="DEST", help=tracker.option_help)
+
+
+def track_request(args: argparse.Namespace, out_dir: Path | str, flag: str = "--track"):
+    """Before any work: ``(tracker name, destination or None)`` asked for by ``args``, or
+    ``None``; :class:`ConfigError` for an unknown tracker, one whose extra is missing, or a
+    destination option of another tracker."""
+    from fedlmc.simulations.results_file import check_writable_folder
+    from fedlmc.simulations.tracking import TRACKERS, check_tracker
+
+    given = {t.option: getattr(args, dest_name(t.option)) for t in TRACKERS}
+    if args.track is None:
+        stray = [option for option, value in given.items() if value]
+        if stray:
+            raise ConfigError(f"{stray[0]} is a tracker's option; allowed with {flag} NAME only")
+        return None
+    tracker = check_tracker(args.track, flag)
+    for option, value in given.items():
+        if value and option != tracker.option:
+            raise ConfigError(
+                f"{option} is not an option of {flag} {tracker.name}; allowed: {tracker.option}"
+            )
+    destination = given[tracker.option]
+    if tracker.option == "--track-dir":
+        check_writable_folder(destination or Path(out_dir) / "tensorboard", "--track-dir")
+    return tracker.name, destination
+
+
+def dest_name(option: str) -> str:
+    """argparse's attribute name of ``option``."""
+    return option.lstrip("-").replace("-", "_")
+
+
+def export_to_tracker(out_dir: Path | str, request) -> int:
+    """Export ``out_dir`` to the tracker of ``request`` (:func:`track_request`); 0, or 1 with
+    one line on stderr when the tracker fails."""
+    from fedlmc.simulations.tracking import export_folder
+
+    name, destination = request
+    try:
+        summary = export_folder(out_dir, name, destination)
+    except ValueError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a failed export is reported on one line
+        print(
+            f"fedlmc: error: export to {name} failed: {type(err).__name__}: "
+            f"{' '.join(str(err).split())}",
+            file=sys.stderr,
+        )
+        return 1
+    print(summary.line())
+    return 0
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -173,6 +251,7 @@ def command_sweep(args: argparse.Namespace) -> int:
 
     sweep = load_sweep_config(args.config, args.overrides)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
+    tracking = track_request(args, out_dir)
     try:
         results = run_sweep(
             sweep,
@@ -192,7 +271,10 @@ def command_sweep(args: argparse.Namespace) -> int:
     print(f"results: {out_dir / 'results.csv'} ({len(results)} rows)")
     if not args.no_report:
         print_report(out_dir)
-    return 0 if (results["status"] == "ok").any() else 1
+    code = 0 if (results["status"] == "ok").any() else 1
+    if tracking is not None:
+        code = max(code, export_to_tracker(out_dir, tracking))
+    return code
 
 
 def print_report(out_dir: Path) -> None:
@@ -230,6 +312,12 @@ def command_run(args: argparse.Namespace) -> int:
     config = validate_run_config(values)
     config = absolute_paths(config)
     check_run_outputs(config, args.csv)
+    if args.track is not None and not config["out-dir"]:
+        raise ConfigError(
+            f"--track {args.track}: the run's out dir is what is exported; allowed: with "
+            "out-dir=DIR"
+        )
+    tracking = track_request(args, config["out-dir"])
     try:
         rows = run_federation(config, ray_address=args.ray_address)
     except ClientsFailedError as err:  # the clients, not the configuration, failed: exit 1
@@ -254,6 +342,8 @@ def command_run(args: argparse.Namespace) -> int:
     if args.csv:
         rows.to_csv(args.csv, index=False)
         print(f"rows written to {args.csv}")
+    if tracking is not None:
+        return export_to_tracker(config["out-dir"], tracking)
     return 0
 
 
@@ -271,6 +361,16 @@ def check_run_outputs(config, csv_path: str | None) -> None:
         refuse_mixing(config["out-dir"], "run")
     if csv_path:
         check_writable_file(csv_path, "--csv")
+
+
+def command_track(args: argparse.Namespace) -> int:
+    out_dir = Path(args.dir)
+    if not (out_dir / "results.csv").is_file():
+        raise ConfigError(
+            f"dir = {args.dir!r}: no results.csv there; allowed: a sweep's or a fedlmc run's "
+            "out dir"
+        )
+    return export_to_tracker(out_dir, track_request(args, out_dir, "--to"))
 
 
 def command_validate(args: argparse.Namespace) -> int:
@@ -337,6 +437,7 @@ COMMANDS = {
     "sweep": command_sweep,
     "report": command_report,
     "run": command_run,
+    "track": command_track,
     "validate": command_validate,
     "methods": command_methods,
     "models": command_models,

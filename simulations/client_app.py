@@ -16,8 +16,11 @@ Message types it answers:
   ArrayRecord of the trained weights and a MetricRecord ``num-examples, partition-id,
   train-loss, train-accuracy, train-seconds, load-seconds`` (data loading and model building),
   ``torch-threads, pool-threads`` (the threads it computed with: torch's, and the largest BLAS
-  / OpenMP pool's). Any failure (exception, non-finite loss, non-finite weights) gives an error
-  reply, never weights.
+  / OpenMP pool's), and the per-epoch history as float lists ``epoch-train-loss,
+  epoch-train-accuracy`` plus, when it holds out a calibration share, ``epoch-calibration-loss``
+  (the loss on that share after each epoch, :func:`fedlmc.train.train_model`'s ``held_out``;
+  :data:`fedlmc.strategies.protocol.HISTORY_KEYS`). Any failure (exception, non-finite loss,
+  non-finite weights) gives an error reply, never weights.
 - ``query.temperature``: sums of the NLL and its first two derivatives in ``log T`` of the
   received (merged) model, or of each of several received models, at each ``log-t`` the
   server sends (one value or a list), on the held-out share (on the training data when
@@ -70,7 +73,12 @@ from fedlmc.merging.calibrate import bn_statistics, temperature_statistics
 from fedlmc.merging.repair import unit_statistics
 from fedlmc.permutation.embed import slice_state
 from fedlmc.permutation.matching import activation_matching
-from fedlmc.simulations.config import cell_id, client_width, keeps_trained_model
+from fedlmc.simulations.config import (
+    calibration_holdout,
+    cell_id,
+    client_width,
+    keeps_trained_model,
+)
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
@@ -95,6 +103,7 @@ from fedlmc.strategies.protocol import (
     TEMPERATURE_QUERY,
     UNIT_STATS_QUERY,
     bn_stats_to_content,
+    history_metrics,
     metric_record,
     permutations_to_content,
     query_models,
@@ -248,6 +257,9 @@ def train_reply(message: Message, context: Context) -> Message:
     start = time.perf_counter()
     splits = load_splits(config)
     data = client_train_data(config, pid, num_partitions)
+    held_out = None
+    if calibration_holdout(config) > 0:  # its loss after every epoch (the reply's history)
+        held_out = client_calibration_data(config, pid, num_partitions)
     model = _initial_model(config, splits, pid, message)
     load_seconds = time.perf_counter() - start
     model, history = train_model(
@@ -257,6 +269,7 @@ def train_reply(message: Message, context: Context) -> Message:
         seed=client_seed(config["seed"], pid, server_round),
         device=device_of(config),
         augment=splits.augment,
+        held_out=held_out,
     )
     metrics = {
         "num-examples": int(len(data[1])),
@@ -271,7 +284,12 @@ def train_reply(message: Message, context: Context) -> Message:
     arrays = state_to_record(_checked_weights(model, poison=mode == "nan"))
     if keeps_trained_model(config):
         keep_trained_model(context, _kept_key(config, pid, num_partitions), arrays)
-    content = RecordDict({"arrays": arrays, "metrics": metric_record(metrics)})
+    record = metric_record(metrics)
+    for key, values in history_metrics(
+        history.loss, history.accuracy, history.held_out_loss
+    ).items():
+        record[key] = values
+    content = RecordDict({"arrays": arrays, "metrics": record})
     return Message(content, reply_to=message)
 
 

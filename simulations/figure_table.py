@@ -11,7 +11,7 @@ through :data:`FIGURE_TABLE` in registration order, which is also the order of t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from fedlmc.simulations.figures import (
     temperature_series,
 )
 from fedlmc.simulations.report_data import accuracy_methods, axis_rows, has_values
+from fedlmc.simulations.report_training import has_client_curves, training_curves_figure
 from fedlmc.simulations.sweep import varying_keys
 from fedlmc.simulations.width_figures import has_mixed_widths, width_mix_figure
 
@@ -39,18 +40,27 @@ from fedlmc.simulations.width_figures import has_mixed_widths, width_mix_figure
 class FigureInputs:
     """What the figures read: the ``ok`` rows, the ``[report]`` settings, the methods drawn on
     accuracy plots (:func:`~fedlmc.simulations.report_data.accuracy_methods`), the varying config
-    keys and the Dirichlet rows (those where ``alpha`` matters)."""
+    keys, the Dirichlet rows (those where ``alpha`` matters) and the folder's ``training.csv``
+    (``None`` when it has none)."""
 
     rows: pd.DataFrame
     settings: dict[str, Any]
     methods: list[str]
     varying: list[str]
     dirichlet: pd.DataFrame
+    training: pd.DataFrame | None = field(default=None)
 
     @classmethod
-    def of(cls, rows: pd.DataFrame, settings: dict[str, Any]) -> FigureInputs:
+    def of(
+        cls, rows: pd.DataFrame, settings: dict[str, Any], training: pd.DataFrame | None = None
+    ) -> FigureInputs:
         return cls(
-            rows, settings, accuracy_methods(rows), varying_keys(rows), axis_rows(rows, "alpha")
+            rows,
+            settings,
+            accuracy_methods(rows),
+            varying_keys(rows),
+            axis_rows(rows, "alpha"),
+            training,
         )
 
 
@@ -85,12 +95,18 @@ def figure(name: str, drawn_when: Callable[[FigureInputs], bool]) -> Callable[[D
     return register
 
 
-def draw_figures(rows: pd.DataFrame, fig_dir: Path, settings: dict[str, Any]) -> list[Path]:
-    """Every figure of :data:`FIGURE_TABLE` whose data exists, written under ``fig_dir``."""
+def draw_figures(
+    rows: pd.DataFrame,
+    fig_dir: Path,
+    settings: dict[str, Any],
+    training: pd.DataFrame | None = None,
+) -> list[Path]:
+    """Every figure of :data:`FIGURE_TABLE` whose data exists, written under ``fig_dir``
+    (``training``: the folder's ``training.csv``, for the training curves)."""
     if rows.empty or "method" not in rows or "width" not in rows:
         return []
     fig_dir.mkdir(parents=True, exist_ok=True)
-    inputs = FigureInputs.of(rows, settings)
+    inputs = FigureInputs.of(rows, settings, training)
     wanted = [f for f in FIGURE_TABLE if f.drawn_when(inputs)]
     drawn = [f.draw(inputs, fig_dir / f.file) for f in wanted]
     return [p for p in drawn if p is not None]
@@ -230,6 +246,11 @@ def pairwise_barriers(d: FigureInputs, path: Path) -> Path | None:
 @figure("lambda_paths", lambda d: "curve" in d.rows)
 def lambda_paths(d: FigureInputs, path: Path) -> Path | None:
     return lambda_path_figure(d.rows, path, d.settings)
+
+
+@figure("training_curves", lambda d: has_client_curves(d.training))
+def training_curves(d: FigureInputs, path: Path) -> Path | None:
+    return training_curves_figure(d.training, path, d.settings)
 
 
 @figure("width_mix", lambda d: has_mixed_widths(d.rows))

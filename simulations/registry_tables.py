@@ -14,6 +14,7 @@ from fedlmc.models.registry import MODELS
 from fedlmc.simulations.config import FEDAVG, option_key, run_schema
 from fedlmc.simulations.schema import Key
 from fedlmc.study.rows import columns_markdown
+from fedlmc.training_columns import training_columns_markdown
 
 __all__ = [
     "PYPROJECT_TABLE",
@@ -113,6 +114,12 @@ def columns_table() -> str:
     """Every results column (:func:`fedlmc.study.rows.columns_markdown`): what it measures, where it
     applies, its definition; the merge methods' own columns included."""
     return columns_markdown()
+
+
+def training_columns_table() -> str:
+    """Every column of ``training.csv`` after ``cell_id`` and the run-config columns
+    (:func:`fedlmc.training_columns.training_columns_markdown`)."""
+    return training_columns_markdown()
 
 
 PYPROJECT_TABLE = "[tool.flwr.app.config]"

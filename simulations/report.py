@@ -32,6 +32,9 @@ figures whose data exists:
   method, for the widest width of the first cell that has the matrix.
 - ``lambda_paths.png``: test accuracy and NLL (raw and calibrated) along
   ``theta(lam) = lam theta_a + (1 - lam) theta_b`` for two-client cells, one line per width.
+- ``training_curves.png``: from ``training.csv``, each client's training loss per epoch (log
+  scale), one panel per width, one line per client and seed; not drawn for a folder without
+  ``training.csv``, whose ``report.md`` convergence section says so.
 - ``width_mix.png``: when some cell's clients differ in width from the server
   (``client-widths``, ``server-width``): merged accuracy (with the clients' mean and the
   ensemble) and the calibrated barrier at lambda = 1/2 against the width mix ``"client widths ->
@@ -62,6 +65,7 @@ from fedlmc.simulations.report_data import ok_rows
 from fedlmc.simulations.report_markdown import markdown_table, report_markdown
 from fedlmc.simulations.report_schema import REPORT_SCHEMA
 from fedlmc.simulations.sweep import read_results, summary_table, varying_keys
+from fedlmc.simulations.training_file import read_training
 
 FIGURES = "figures"
 
@@ -82,9 +86,11 @@ def build_report(out_dir: str | os.PathLike) -> list[Path]:
     record = read_record(out_dir)
     settings = report_settings(record)
     rows = ok_rows(results)
-    figures = draw_figures(rows, out_dir / FIGURES, settings)
+    training = read_training(out_dir)
+    figures = draw_figures(rows, out_dir / FIGURES, settings, training)
     report = out_dir / "report.md"
-    atomic_write_text(report, report_markdown(results, record, figures, out_dir, settings))
+    text = report_markdown(results, record, figures, out_dir, settings, training)
+    atomic_write_text(report, text)
     return [*figures, report]
 
 

@@ -23,8 +23,15 @@ from fedlmc.simulations.report_data import (
     reference_table,
     table1,
 )
+from fedlmc.simulations.report_training import (
+    convergence_rule_text,
+    convergence_summary,
+    not_converged_cells,
+    per_width_table,
+)
 from fedlmc.simulations.sweep import varying_keys
 from fedlmc.study.rows import report_tables
+from fedlmc.training_columns import TRAINING_FILE
 
 
 def fmt(value: Any) -> str:
@@ -130,14 +137,56 @@ def auto_section(rows: pd.DataFrame) -> list[str]:
     ]
 
 
+CONVERGENCE_HEADING = "## Convergence of the clients' training"
+
+
+def convergence_section(training: pd.DataFrame | None) -> list[str]:
+    """Per width, the clients' final-epoch training loss, settled epoch and the not-converged
+    count, then the cells with a client that had not converged
+    (:mod:`fedlmc.simulations.report_training`); without ``training.csv``, a line saying so."""
+    if training is None:
+        return [
+            CONVERGENCE_HEADING,
+            "",
+            f"No {TRAINING_FILE} in this folder (results written before the clients' per-epoch "
+            "curves were recorded): no convergence table and no training_curves figure; rerun "
+            "the sweep into a new folder to get them.",
+            "",
+        ]
+    summary = convergence_summary(training)
+    if summary.empty:
+        return [CONVERGENCE_HEADING, "", f"{TRAINING_FILE} holds no client curves.", ""]
+    lines = [
+        CONVERGENCE_HEADING,
+        "",
+        convergence_rule_text(),
+        "",
+        markdown_table(per_width_table(summary), "width"),
+        "",
+    ]
+    flagged = not_converged_cells(summary)
+    if flagged.empty:
+        return [*lines, "Every client had converged by this rule.", ""]
+    lines += [
+        "Cells with a client that had not converged (client: drop over the last epochs):",
+        "",
+        "| cell_id | width | clients |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {r.cell_id} | {r.width} | {r.clients} |" for r in flagged.itertuples()]
+    return [*lines, ""]
+
+
 def report_markdown(
     results: pd.DataFrame,
     record: dict[str, Any],
     figures: Sequence[Path],
     out_dir: Path,
     settings: dict[str, Any],
+    training: pd.DataFrame | None = None,
 ) -> str:
-    """The text of ``report.md``."""
+    """The text of ``report.md`` (``training``: the folder's ``training.csv``, ``None`` when it
+    has none)."""
     rows = ok_rows(results)
     title = settings.get("title") or record.get("name") or out_dir.name
     kind = settings["error-bars"]
@@ -204,6 +253,7 @@ def report_markdown(
         lines += auto_section(rows)
         lines += temperature_gap_section(rows, kind)
         lines += communication_section(rows, methods)
+        lines += convergence_section(training)
         for axis in ("alpha", "num-clients", "weight-decay", "partition", "calibration-holdout"):
             subset = axis_rows(rows, axis)
             if axis in varying_keys(subset):

@@ -31,6 +31,9 @@ weights ``merged-<method>.safetensors`` (one file per merge, shared by a method 
 (:meth:`ServerOutcome.table`, ``run_federation``) only on request (the sweep adds them itself),
 and, last, ``fedlmc_version``, ``flwr_version``, ``torch_version`` and ``device_used`` (the
 resolved server device, e.g. ``cpu: x86_64 (2 cores)``; ``device`` is the run-config key).
+Beside it, ``training.csv``: the clients' per-epoch training curves and FedAvg's per-round
+curve (:mod:`fedlmc.simulations.training_file`; FedAvg evaluates its global model on the test
+split after every round for it, :func:`merged_test_evaluation`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-from flwr.app import ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 from safetensors.torch import save_file
@@ -77,6 +80,7 @@ from fedlmc.simulations.task import (
     load_splits,
 )
 from fedlmc.simulations.threads import server_threads, use_threads
+from fedlmc.simulations.training_file import training_rows, write_training
 from fedlmc.strategies import (
     FedAvgBaseline,
     FedAvgResult,
@@ -84,6 +88,7 @@ from fedlmc.strategies import (
     OneShotResult,
     PermutationAlignedAverage,
 )
+from fedlmc.strategies.fedavg import MERGED_TEST_ACCURACY, MERGED_TEST_LOSS
 from fedlmc.strategies.protocol import record_to_state, state_to_record
 from fedlmc.strategies.screening import ClientReferences, WeightBound
 from fedlmc.strategies.strategy_utils import Failure, RoundReport, StateDict
@@ -225,7 +230,14 @@ def endpoint_metrics(
     ]
 
 
-def _start(strategy, grid: Grid, template: nn.Module, config: Mapping[str, Any], rounds: int):
+def _start(
+    strategy,
+    grid: Grid,
+    template: nn.Module,
+    config: Mapping[str, Any],
+    rounds: int,
+    evaluate_fn=None,
+):
     start = time.perf_counter()
     result = strategy.start(
         grid=grid,
@@ -233,8 +245,28 @@ def _start(strategy, grid: Grid, template: nn.Module, config: Mapping[str, Any],
         num_rounds=rounds,
         timeout=config["timeout"],
         train_config=train_config_record(config),
+        evaluate_fn=evaluate_fn,
     )
     return result, time.perf_counter() - start
+
+
+def merged_test_evaluation(template: nn.Module, splits: DataSplits, device: torch.device):
+    """Flower's ``evaluate_fn`` for FedAvg's per-round curve: after each round ``r >= 1``, the
+    global model's test accuracy and mean cross-entropy at T = 1
+    (:data:`~fedlmc.strategies.fedavg.MERGED_TEST_ACCURACY`,
+    :data:`~fedlmc.strategies.fedavg.MERGED_TEST_LOSS`); round 0 (the initial model) is skipped."""
+    x, y = splits.test
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if server_round < 1:
+            return None
+        model = load_state(template, record_to_state(arrays)).to(device).eval()
+        found = metrics_from_logits(predict_logits(model, x, device=device), y, 1.0)
+        return MetricRecord(
+            {MERGED_TEST_ACCURACY: found["accuracy"], MERGED_TEST_LOSS: found["nll"]}
+        )
+
+    return evaluate
 
 
 def method_options(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -387,7 +419,8 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
         wait_timeout=config["timeout"],
         weight_bound=outcome.weight_bound,
     )
-    result, seconds = _start(strategy, grid, template, config, rounds)
+    evaluate = merged_test_evaluation(template, splits, device)
+    result, seconds = _start(strategy, grid, template, config, rounds, evaluate)
     last = result.reports[rounds]
     outcome.results[FEDAVG], outcome.reports[FEDAVG] = result, last
     merged = record_to_state(result.arrays)
@@ -419,13 +452,15 @@ MODES = {
 def write_outputs(
     outcome: ServerOutcome, out_dir: str | os.PathLike, device: torch.device | None = None
 ) -> None:
-    """``results.csv`` and ``merged-<method>.safetensors`` under ``out_dir`` (atomic writes)."""
+    """``results.csv``, ``training.csv`` and ``merged-<method>.safetensors`` under ``out_dir``
+    (atomic writes)."""
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     table = outcome.table(with_config=True)
     device = device_of(outcome.config) if device is None else device
     for column, value in version_columns(device).items():
         table[column] = value
+    write_training(training_rows(outcome, outcome.config), folder)
     atomic_write(folder / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
     for method, state in outcome.merged.items():
         tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}

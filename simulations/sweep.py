@@ -15,6 +15,10 @@ Output folder ``out_dir``:
   :func:`fedlmc.simulations.federation.run_federation`. A cell's rows are appended as soon as the
   cell finishes, atomically: the old rows plus the new ones go to a temporary file that
   ``os.replace`` puts in place, so a kill at any moment leaves either the old or the new file.
+- ``training.csv``: the clients' per-epoch training curves and FedAvg's per-round curve, one
+  row per cell x client x epoch (:mod:`fedlmc.simulations.training_file`), written (atomically,
+  sorted by cell) just before the cell's rows are appended to ``results.csv``; a re-run cell's
+  rows replace its old ones. A custom ``runner`` returns no curves: its cells get none.
 - ``cells/<cell_id>/``: the ``out-dir`` handed to each cell (merged weights, if any).
 
 Cells finish, and their rows are appended, in any order; the rows of a cell do not depend on
@@ -64,6 +68,7 @@ from fedlmc.simulations.config import (
 )
 from fedlmc.simulations.provenance import versions
 from fedlmc.simulations.results_file import read_results, refuse_mixing
+from fedlmc.simulations.training_file import keep_cells, replace_cell_rows, training_rows
 
 Runner = Callable[[Mapping[str, Any]], pd.DataFrame]
 
@@ -221,6 +226,7 @@ def supersede(out_dir: Path, keep_ids: set[str]) -> None:
     kept = old[old["cell_id"].isin(keep_ids)]
     if len(kept):
         atomic_write_csv(kept, results)
+    keep_cells(out_dir, keep_ids)
 
 
 # ----------------------------------------------------------------------------- progress
@@ -370,6 +376,7 @@ def run_sweep(
                 for i in todo:
                     start = time.perf_counter()
                     rows = run_cell(runner, ids[i], configs[i])
+                    replace_cell_rows(out_dir, ids[i], pd.DataFrame())  # a runner sends none
                     append_rows(out_dir, rows)
                     seconds = time.perf_counter() - start
                     summary = cell_summary(points[i], configs[i], rows, seconds)
@@ -424,7 +431,11 @@ def _run_with_engine(
 
     def finished(result: CellResult) -> None:
         rows = outcome_rows(result.key, result.config, result)
+        curves = pd.DataFrame()
+        if result.error is None and rows["status"].iloc[0] == "ok":
+            curves = training_rows(result.outcome, config_columns(result.config))
         with lock:
+            replace_cell_rows(out_dir, result.key, curves)  # first: results.csv marks it done
             append_rows(out_dir, rows)
             running.discard(result.key)
             i, point = where[result.key]

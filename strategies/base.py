@@ -11,7 +11,8 @@
   :mod:`fedlmc.strategies.screening` (errors, malformed replies, wrong keys, shapes or dtypes
   (against the sent arrays, or with ``client_references`` against each partition's own),
   non-finite or huge weights, bad counts, partition ids out of ``0 .. connected nodes - 1`` or
-  claimed twice; :func:`fedlmc.strategies.strategy_utils.screen_replies`), logs why, and raises
+  claimed twice; :func:`fedlmc.strategies.strategy_utils.screen_replies`), logs why (and why a
+  survivor's per-epoch history was dropped, if it was), and raises
   :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError` naming the dropped clients when
   fewer than ``min_clients`` survive;
 - :meth:`ScreenedFedAvg.merge_weights` bounds each survivor's weight
@@ -55,6 +56,15 @@ def claimed_total(report: RoundReport) -> int | float:
     are 64-bit; a claim that large carries no more weight than the bound allows)."""
     total = sum(int(u.num_examples) for u in report.survivors)
     return total if total < 2**63 else float(total)
+
+
+def configured_epochs(config: Mapping[str, Any]) -> int | None:
+    """The local epochs a round's config asks for (the length of every client's per-epoch
+    history), ``None`` when it names none."""
+    epochs = config.get("epochs")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        return None
+    return int(epochs)
 
 
 class ScreenedFedAvg(FedAvg):
@@ -143,10 +153,25 @@ class ScreenedFedAvg(FedAvg):
         """The round's survivors (sorted by partition id) and failures; raises
         :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError` below ``min_clients``."""
         report = screen_replies(
-            replies, self._reference, self._sent_to, self.weighted_by_key, self._num_partitions
+            replies,
+            self._reference,
+            self._sent_to,
+            self.weighted_by_key,
+            self._num_partitions,
+            epochs=configured_epochs(self._round_config),
         )
         for failure in report.failures:
             log(WARNING, "round %d: dropped reply from %s", server_round, failure.describe())
+        for update in report.survivors:
+            if update.history_problem:
+                log(
+                    WARNING,
+                    "round %d: dropped the training history of node %d (partition %d): %s",
+                    server_round,
+                    update.node_id,
+                    update.partition_id,
+                    update.history_problem,
+                )
         require_survivors(report, self.min_clients)
         return report
 

@@ -9,10 +9,18 @@ Each round's train ConfigRecord carries ``epochs = E_r`` and ``init = "shared"``
 the received weights instead of its own initialisation). Replies are screened as in the one-shot
 strategies (errors, non-finite or wrongly shaped arrays are dropped; fewer than ``min_clients``
 survivors end the run with a clear error).
+
+Per-round curve (:meth:`FedAvgResult.round_curve`): for every round, the global model's test loss
+and accuracy as the caller's ``evaluate_fn`` measured them after the round (Flower's
+server-side evaluation, stored under :data:`MERGED_TEST_LOSS` / :data:`MERGED_TEST_ACCURACY` in
+``evaluate_metrics_serverapp[r]``; NaN when none ran) and the mean of the round's survivors'
+last-local-epoch training loss and accuracy weighted by their merge weights
+(``train_metrics_clientapp[r]``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO
@@ -27,6 +35,11 @@ from fedlmc.strategies.base import ScreenedFedAvg
 from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
 from fedlmc.strategies.screening import WeightBound
 from fedlmc.strategies.strategy_utils import RoundReport, flower_records
+
+MERGED_TEST_LOSS = "merged-test-loss"
+"""``evaluate_fn``'s key for the global model's mean test cross-entropy after a round (T = 1)."""
+MERGED_TEST_ACCURACY = "merged-test-accuracy"
+"""``evaluate_fn``'s key for the global model's test accuracy after a round."""
 
 
 def epochs_per_round(total_epochs: int, num_rounds: int) -> list[int]:
@@ -51,6 +64,34 @@ class FedAvgResult:
     evaluate_metrics_clientapp: dict[int, MetricRecord]
     evaluate_metrics_serverapp: dict[int, MetricRecord]
     reports: Mapping[int, RoundReport]
+
+    def round_curve(self) -> list[dict[str, float]]:
+        """Per round (1-based ``round``): ``merged_test_loss``, ``merged_test_accuracy`` (the
+        global model after the round, on the test split, as ``evaluate_fn`` measured it; NaN
+        without one) and ``clients_train_loss``, ``clients_train_accuracy`` (the mean over the
+        round's survivors of their last local epoch's training loss/accuracy, weighted by their
+        merge weights)."""
+        curve = []
+        for server_round in sorted(self.reports):
+            evaluated = self.evaluate_metrics_serverapp.get(server_round) or {}
+            trained = self.train_metrics_clientapp.get(server_round) or {}
+            curve.append(
+                {
+                    "round": server_round,
+                    "merged_test_loss": _number(evaluated.get(MERGED_TEST_LOSS)),
+                    "merged_test_accuracy": _number(evaluated.get(MERGED_TEST_ACCURACY)),
+                    "clients_train_loss": _number(trained.get("train-loss")),
+                    "clients_train_accuracy": _number(trained.get("train-accuracy")),
+                }
+            )
+        return curve
+
+
+def _number(value: object) -> float:
+    """``value`` as a float, NaN when it is not a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return math.nan
+    return float(value)
 
 
 class FedAvgBaseline(ScreenedFedAvg):

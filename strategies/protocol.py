@@ -4,7 +4,9 @@ Both sides import this module: the ClientApp encodes, the strategies decode. Mes
 
 - ``train`` (Flower's): ``RecordDict({"arrays": ArrayRecord, "config": ConfigRecord})`` in; the
   reply carries one ArrayRecord (the trained weights) and one MetricRecord with at least
-  ``num-examples`` and ``partition-id`` (:data:`NUM_EXAMPLES_KEY`, :data:`PARTITION_KEY`).
+  ``num-examples`` and ``partition-id`` (:data:`NUM_EXAMPLES_KEY`, :data:`PARTITION_KEY`), and,
+  from fedlmc's ClientApp, the per-epoch training history as float lists in the same record
+  (:data:`HISTORY_KEYS`, :func:`history_metrics`: 8 bytes per epoch and list).
 - ``query.temperature`` (:data:`TEMPERATURE_QUERY`): the merged weights and a ``log-t`` list in;
   per value, the client's sample count and summed NLL, dNLL/du, d2NLL/du2
   (:func:`temperature_stats_to_content`). Several models may travel in one query
@@ -54,6 +56,14 @@ UNIT_STATS_QUERY = "unit_stats"
 ALIGN_QUERY = "align"
 DIGEST_KEY = "state-digest"
 MODEL_PREFIX = "model-"
+HISTORY_KEYS = {
+    "train_loss": "epoch-train-loss",
+    "train_accuracy": "epoch-train-accuracy",
+    "calibration_loss": "epoch-calibration-loss",
+}
+"""Per-epoch history field -> its list-valued key in a train reply's MetricRecord: mean training
+loss and accuracy of each epoch (required together), and the mean loss on the client's held-out
+calibration share after each epoch (only when the client holds one out)."""
 
 
 def state_to_record(state: Mapping[str, Tensor]) -> ArrayRecord:
@@ -142,6 +152,19 @@ def metric_record(values: Mapping[str, Any]) -> MetricRecord:
         else:
             clean[key] = float(value)
     return MetricRecord(clean)
+
+
+def history_metrics(
+    train_loss: Sequence[float],
+    train_accuracy: Sequence[float],
+    calibration_loss: Sequence[float] = (),
+) -> dict[str, list[float]]:
+    """The per-epoch history of a train reply as MetricRecord list values (:data:`HISTORY_KEYS`);
+    ``calibration_loss`` is left out when empty (no held-out share)."""
+    values = {"train_loss": train_loss, "train_accuracy": train_accuracy}
+    if len(calibration_loss):
+        values["calibration_loss"] = calibration_loss
+    return {HISTORY_KEYS[name]: [float(v) for v in seq] for name, seq in values.items()}
 
 
 # ----------------------------------------------------------------------------- query payloads

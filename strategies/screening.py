@@ -13,6 +13,13 @@ A client's reply is untrusted input. Every message type has one screen here; eac
   number >= 1; ``partition-id`` an integer in ``0 .. num_partitions - 1`` and unique among the
   round's replies (:func:`partition_problems`: every reply sharing an id is dropped, since the
   server cannot tell which one is honest).
+- **train history** (:func:`screen_history`): the per-epoch lists of
+  :data:`fedlmc.strategies.protocol.HISTORY_KEYS`: training loss and accuracy both or neither,
+  each a list of numbers (no bools) as long as the round's configured ``epochs`` (at most
+  :data:`MAX_HISTORY_EPOCHS` when unknown), every value finite or NaN (no infinity), losses >= 0,
+  accuracies in [0, 1]. A bad history drops **only the history** (the weights passed their own
+  screen and are merged; the history is a diagnostic): the client's training rows are left
+  out, and the reason is logged naming the node and partition.
 - **query.temperature** (:func:`screen_temperature_reply`): one ``stats`` record per model asked,
   lists as long as the ``log-t`` values sent, counts integer-valued, >= 1 and equal over the
   points (same data at every T), sums finite, ``nll-sum`` >= 0.
@@ -51,6 +58,8 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import Tensor
 
+MAX_HISTORY_EPOCHS = 100_000
+"""Longest per-epoch history accepted when the round's epochs are not known."""
 MAX_ABS_WEIGHT = 1e6
 """Largest absolute value a floating tensor of a train reply may hold."""
 DEFAULT_MAX_SHARE = 0.5
@@ -194,6 +203,46 @@ def check_weight_values(state: Mapping[str, Tensor], bound: float = MAX_ABS_WEIG
         largest = float(tensor.abs().max())
         if largest > bound:
             raise ScreenError(f"weights in {key!r} reach {largest:.3g}; allowed: |w| <= {bound:g}")
+
+
+# ----------------------------------------------------------------------------- train history
+
+
+def _history_list(values: Any, key: str, length: int | None) -> list[float]:
+    if not isinstance(values, list) or not values:
+        raise ScreenError(f"{key!r} must be a non-empty list of numbers, got {values!r:.60}")
+    if length is not None and len(values) != length:
+        raise ScreenError(f"{key!r} has {len(values)} values; allowed: {length} (the epochs)")
+    if len(values) > MAX_HISTORY_EPOCHS:
+        raise ScreenError(f"{key!r} has {len(values)} values; allowed: <= {MAX_HISTORY_EPOCHS}")
+    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+        raise ScreenError(f"{key!r} must hold numbers only")
+    if any(math.isinf(v) for v in values):
+        raise ScreenError(f"infinite value in {key!r}; allowed: finite numbers or NaN")
+    return [float(v) for v in values]
+
+
+def screen_history(
+    metrics: Mapping[str, Any], keys: Mapping[str, str], epochs: int | None
+) -> dict[str, list[float]] | None:
+    """The per-epoch history of a train reply's metrics (``keys``: field -> metric key, the
+    ``train_loss`` and ``train_accuracy`` fields required together, others optional), or
+    ``None`` when the reply sends none; raises :class:`ScreenError` (module docstring)."""
+    present = {name: key for name, key in keys.items() if key in metrics}
+    if not present:
+        return None
+    missing = [keys[n] for n in ("train_loss", "train_accuracy") if n not in present]
+    if missing:
+        raise ScreenError(f"history without {missing[0]!r}")
+    history = {name: _history_list(metrics[key], key, epochs) for name, key in present.items()}
+    lengths = {len(v) for v in history.values()}
+    if len(lengths) > 1:
+        raise ScreenError(f"history lists of different lengths {sorted(lengths)}")
+    for name, values in history.items():
+        low, high = (0.0, 1.0) if "accuracy" in name else (0.0, math.inf)
+        if any(not low <= v <= high for v in values if not math.isnan(v)):
+            raise ScreenError(f"{keys[name]!r} outside [{low:g}, {high:g}]")
+    return history
 
 
 # ----------------------------------------------------------------------------- the weight bound

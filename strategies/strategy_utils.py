@@ -28,6 +28,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from fedlmc.strategies.protocol import (
+    HISTORY_KEYS,
     NUM_EXAMPLES_KEY,
     PARTITION_KEY,
     Shapes,
@@ -46,6 +47,7 @@ from fedlmc.strategies.screening import (
     check_train_arrays,
     check_weight_values,
     partition_problems,
+    screen_history,
 )
 
 _PARTITION_IN_REASON = re.compile(r"partition-id=(\d+)")
@@ -77,6 +79,11 @@ class ClientUpdate:
     num_examples: int
     metrics: dict[str, Any]
     tensor_bytes: int
+    history: dict[str, list[float]] | None = None
+    """The screened per-epoch history (field of
+    :data:`~fedlmc.strategies.protocol.HISTORY_KEYS` -> one value per epoch); ``None`` when the
+    client sent none or it failed the screen (``history_problem`` says why)."""
+    history_problem: str = ""
 
 
 @dataclass
@@ -158,11 +165,13 @@ def screen_reply(
     reference: Reference | ClientReferences | Shapes | None,
     weighted_by_key: str = NUM_EXAMPLES_KEY,
     num_partitions: int | None = None,
+    epochs: int | None = None,
 ) -> ClientUpdate | Failure:
     """The reply as a :class:`ClientUpdate`, or the :class:`Failure` saying why it is dropped
     (the train screen of :mod:`fedlmc.strategies.screening`; with
     :class:`~fedlmc.strategies.screening.ClientReferences`, against the shapes expected of the
-    reply's partition)."""
+    reply's partition); its per-epoch history (lists as long as ``epochs`` when given) is
+    screened apart: a bad one drops only the history."""
     node = int(message.metadata.src_node_id)
     if message.has_error():
         reason = message.error.reason or f"error code {message.error.code}"
@@ -193,7 +202,13 @@ def screen_reply(
     except ScreenError as err:
         return Failure(node, partition_id, str(err), size)
     metrics[weighted_by_key] = int(num_examples)
-    return ClientUpdate(partition_id, node, state, int(num_examples), metrics, size)
+    sent = {key: metrics.pop(key) for key in HISTORY_KEYS.values() if key in metrics}
+    update = ClientUpdate(partition_id, node, state, int(num_examples), metrics, size)
+    try:
+        update.history = screen_history(sent, HISTORY_KEYS, epochs)
+    except ScreenError as err:
+        update.history_problem = str(err)
+    return update
 
 
 def screen_replies(
@@ -202,6 +217,7 @@ def screen_replies(
     sent_to: Sequence[int] = (),
     weighted_by_key: str = NUM_EXAMPLES_KEY,
     num_partitions: int | None = None,
+    epochs: int | None = None,
 ) -> RoundReport:
     """Survivors sorted by partition id (then node id) and the failures, one per bad reply.
 
@@ -210,14 +226,15 @@ def screen_replies(
     Without a ``reference`` the survivors must agree among themselves on keys and shapes
     (:class:`InconsistentShapesError` otherwise); with
     :class:`~fedlmc.strategies.screening.ClientReferences` each reply is checked against its
-    partition's (clients of different widths).
+    partition's (clients of different widths). ``epochs``: the length the per-epoch histories
+    must have (:func:`screen_reply`).
     """
     report = RoundReport()
     replied = set()
     screened = []
     for message in replies:
         replied.add(int(message.metadata.src_node_id))
-        screened.append(screen_reply(message, reference, weighted_by_key, num_partitions))
+        screened.append(screen_reply(message, reference, weighted_by_key, num_partitions, epochs))
     updates = [u for u in screened if isinstance(u, ClientUpdate)]
     report.failures.extend(f for f in screened if isinstance(f, Failure))
     duplicated = partition_problems([u.partition_id for u in updates])

@@ -181,6 +181,11 @@ def test_one_shot_average_with_federated_calibration(deployment, tmp_path):
     temperature = rows.loc[rows.method == "average_t", "temperature"].item()
     assert 0 < temperature < 1000 and temperature != 1.0
     assert (out / "merged-average.safetensors").exists()
+    # the per-epoch histories crossed the deployment: one row per client and epoch, each with
+    # its loss on the client's held-out calibration share
+    curves = pd.read_csv(out / "training.csv")
+    assert sorted(curves["client"]) == [0, 1] and (curves["phase"] == "client_epoch").all()
+    assert curves["calibration_loss"].gt(0).all() and curves["train_loss"].gt(0).all()
 
 
 def test_permutation_aligned_average(deployment, tmp_path):

@@ -23,8 +23,10 @@ from fedlmc.simulations.task import (
     load_splits,
     train_options,
 )
+from fedlmc.simulations.training_file import read_training
 from fedlmc.strategies import NotEnoughClientsError
 from fedlmc.train import train_model
+from fedlmc.training_columns import TRAINING_COLUMNS
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +111,35 @@ def test_compare_round_end_to_end(tmp_path):
     fedavg = rows[rows.method == "fedavg"].iloc[0]
     assert fedavg["bytes_sent_by_clients"] == 2 * 2 * tensor_bytes(expected)  # 2 rounds
 
+    # training.csv: the run-config columns as results.csv names them (no cell_id in a run's
+    # file), then the declared columns; one row per client x epoch, one per FedAvg round.
+    training = read_training(tmp_path)
+    config_names = [c for c in saved.columns if c in config]
+    declared = [c.name for c in TRAINING_COLUMNS]
+    assert list(training.columns) == [*config_names, *declared]
+    clients = training[training["phase"] == "client_epoch"]
+    assert clients[["client", "step"]].values.tolist() == [[0, 1], [0, 2], [1, 1], [1, 2]]
+    # the history is the one train_model returns: redo client 0's by hand (same seeds)
+    _, history = train_model(
+        build_from_config(config, splits, seed=client_seed(config["seed"], 0)),
+        client_data(config, 0, 2),
+        **train_options(config),
+        seed=client_seed(config["seed"], 0, 1),
+        device="cpu",
+    )
+    first_client = clients[clients["client"] == 0]
+    assert first_client["train_loss"].tolist() == pytest.approx(history.loss, rel=1e-5)
+    assert first_client["train_accuracy"].tolist() == pytest.approx(history.accuracy, rel=1e-5)
+    assert clients["calibration_loss"].isna().all()  # compare calibrates on the server
+    assert clients["merged_test_loss"].isna().all()
+    rounds = training[training["phase"] == "fedavg_round"]
+    assert rounds["step"].tolist() == [1, 2] and rounds["client"].isna().all()
+    assert rounds[["train_loss", "train_accuracy"]].isna().all().all()
+    last = rounds.iloc[-1]  # the global model after the last round is the fedavg row's model
+    assert last["merged_test_accuracy"] == pytest.approx(fedavg["accuracy"], abs=1e-12)
+    assert last["merged_test_loss"] == pytest.approx(fedavg["nll"], rel=1e-9)
+    assert rounds["clients_train_loss"].gt(0).all()
+
 
 def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp_path):
     """Clients of different widths too (client-widths): the survivors 0 and 3 (widths 0.25 and
@@ -164,6 +195,16 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
     on_server = fit_temperature(predict_logits(model, splits.server[0]), splits.server[1])
     assert calibrated["temperature_server_split"] == pytest.approx(on_server, rel=1e-5)
     assert metrics["bn-reestimated"] == 1
+    # Each survivor's per-epoch loss on its held-out share is in training.csv; the last one is
+    # its trained model's loss on that share (eval mode: BatchNorm running statistics).
+    curves = read_training(tmp_path)
+    assert sorted(set(curves["client"])) == [0, 3]  # the failed clients sent no history
+    for update in report.survivors:
+        held_x, held_y = client_calibration_data(config, update.partition_id, 4)
+        own = load_state(build_from_config(config, splits), update.state).eval()
+        loss = torch.nn.functional.cross_entropy(predict_logits(own, held_x), held_y)
+        mine = curves[curves["client"] == update.partition_id]
+        assert mine["calibration_loss"].iloc[-1] == pytest.approx(float(loss), rel=1e-5)
     # Clients trained on the rest: num-examples counts what they trained on.
     trained = [len(client_train_data(config, pid, 4)[1]) for pid in (0, 3)]
     assert [u.num_examples for u in report.survivors] == trained
@@ -229,6 +270,10 @@ def test_client_train_reply_and_failure_injection(task_identity):
     assert metrics["partition-id"] == 1
     assert metrics["num-examples"] == len(client_data(validate_run_config(config), 1, 2)[1])
     assert all(isinstance(metrics[k], float) for k in ("train-loss", "train-seconds"))
+    # the per-epoch history, one value per configured epoch; no held-out share, no held-out loss
+    assert metrics["epoch-train-loss"] == [metrics["train-loss"]]
+    assert metrics["epoch-train-accuracy"] == [metrics["train-accuracy"]]
+    assert "epoch-calibration-loss" not in metrics
 
     failed = call_client("train", {**config, "inject-failure": "raise:1"}, pid=1)
     assert failed.has_error() and "partition-id=1" in failed.error.reason

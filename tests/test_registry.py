@@ -29,6 +29,7 @@ from fedlmc.simulations.registry_tables import (
     keys_table,
     methods_table,
     models_table,
+    training_columns_table,
 )
 from fedlmc.simulations.task import build_from_config
 from fedlmc.strategies import PermutationAlignedAverage
@@ -190,6 +191,7 @@ def test_docs_tables_are_the_registries():
     gen = docs_tables()
     made = {"methods": methods_table, "models": models_table, "keys": keys_table}
     made["columns"] = columns_table
+    made["training-columns"] = training_columns_table
     assert {name: make for name, (_, make) in gen.BLOCKS.items()} == made
     for name, (page, make) in gen.BLOCKS.items():
         text = (ROOT / "docs" / page).read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from matplotlib.image import imread
 
 from fedlmc.simulations.report import build_report, markdown_table, varying_keys
 from fedlmc.simulations.sweep import read_results
+from fedlmc.simulations.training_file import read_training
 
 try:  # rootdir on sys.path, or tests/ itself (pytest's default import mode)
     from tests.test_sweep import shared_sweep
@@ -41,6 +43,7 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
         "lewc_vs_llfc.png",
         "dead_units_and_bias_share.png",
         "lambda_paths.png",
+        "training_curves.png",
         "report.md",
     }
     for path in paths:
@@ -74,6 +77,11 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
     for method in ("average", "weight_matching", "ensemble"):
         accs = frame[frame["method"] == method].sort_values("width")["accuracy"]
         assert f"| {method} | " + " | ".join(f"{a:.4f}" for a in accs) + " |" in table
+    # the convergence section: per width, the clients' final-epoch loss from training.csv
+    convergence = text.split("## Convergence of the clients' training")[1].split("##")[0]
+    training = read_training(out)
+    for width, losses in training.groupby("width")["train_loss"]:
+        assert f"| {width:g} | 1 | {losses.mean():.4f} |" in convergence
 
 
 def test_report_draws_only_what_exists(tmp_path, sweep_dir):
@@ -85,6 +93,7 @@ def test_report_draws_only_what_exists(tmp_path, sweep_dir):
     dropped = ["lewc_cos_layers", "lewc_cos_mean", "curve", "norm_ratio_layers"]
     dropped.append("dead_unit_fraction_layers")
     frame.drop(columns=dropped).to_csv(out / "results.csv", index=False)
+    (out / "training.csv").unlink()  # a results folder from before training curves existed
     names = {p.name for p in build_report(out)}
     assert names == {
         "accuracy_vs_width.png",
@@ -93,6 +102,8 @@ def test_report_draws_only_what_exists(tmp_path, sweep_dir):
         "temperature_vs_width.png",
         "report.md",
     }
+    text = (out / "report.md").read_text()
+    assert "No training.csv in this folder" in text.split("## Convergence")[1]
 
 
 def test_report_of_missing_results_is_a_value_error(tmp_path):
@@ -220,3 +231,66 @@ def test_report_shows_auto_choices_temperature_gaps_and_communication(tmp_path):
     sent = text.split("## Communication")[1].split("##")[0]
     assert "| auto | 2.0 kB / 4 | 2.0 kB / 4 |" in sent
     assert "| weight_matching | 1.0 kB / 1 | 1.0 kB / 1 |" in sent
+
+
+def curve_rows(cid: str, width: float, seed: int, losses: dict[int, list[float]]) -> list[dict]:
+    return [
+        {
+            "cell_id": cid,
+            "width": width,
+            "seed": seed,
+            "phase": "client_epoch",
+            "client": client,
+            "step": step,
+            "train_loss": loss,
+            "train_accuracy": 0.5,
+        }
+        for client, curve in losses.items()
+        for step, loss in enumerate(curve, start=1)
+    ]
+
+
+def test_convergence_rules_on_hand_built_curves():
+    from fedlmc.analysis.convergence import last_epochs_drop, settled_epoch, still_falling
+
+    settling = [2.0, 1.0, 0.5, 0.498, 0.497, 0.4965]  # changes 50 %, 50 %, then below 1 %
+    assert settled_epoch(settling) == 3.0 and not still_falling(settling)
+    falling = [2.0, 1.5, 1.2, 1.0, 0.9, 0.8]  # 20 % over the last 2 epochs
+    assert math.isnan(settled_epoch(falling)) and still_falling(falling)
+    assert last_epochs_drop(falling) == pytest.approx(0.2)
+    assert not still_falling([1.0, 1.0, 1.0, 0.96])  # 4 %: below the 5 % threshold
+    assert math.isnan(last_epochs_drop([1.0, 0.5]))  # two epochs: undefined, never flagged
+    assert settled_epoch([1.0, 0.999, 0.5, 0.4999]) == 3.0  # a late jump resets it
+
+
+def test_convergence_section_flags_a_falling_client_and_the_curves_are_drawn(tmp_path):
+    from fedlmc.simulations.report import draw_figures, report_markdown
+
+    settled = [2.0, 1.0, 0.5, 0.498, 0.497, 0.4965]
+    falling = [2.0, 1.5, 1.2, 1.0, 0.9, 0.8]
+    curves = pd.DataFrame(
+        curve_rows("aaaaaaaaaaaa", 1.0, 0, {0: settled, 1: settled})
+        + curve_rows("bbbbbbbbbbbb", 2.0, 0, {0: settled, 1: falling})
+        + curve_rows("cccccccccccc", 2.0, 1, {0: settled, 1: settled})
+    )
+    rows = pd.DataFrame(
+        {
+            "cell_id": ["aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"],
+            "status": "ok",
+            "method": "average",
+            "width": [1.0, 2.0, 2.0],
+            "seed": [0, 0, 1],
+            "accuracy": [0.8, 0.85, 0.86],
+        }
+    )
+    settings = {"dpi": 60, "error-bars": "std", "title": ""}
+    paths = {p.name: p for p in draw_figures(rows, tmp_path, settings, curves)}
+    assert imread(paths["training_curves.png"]).std() > 0
+    assert "training_curves.png" not in {p.name for p in draw_figures(rows, tmp_path, settings)}
+    text = report_markdown(rows, {}, list(paths.values()), tmp_path, settings, curves)
+    section = text.split("## Convergence of the clients' training")[1].split("## ")[0]
+    final = (0.4965 * 3 + 0.8) / 4
+    assert "| 1 | 6 | 0.4965 | 0.4965 | 0.4965 | 3.0000 | 3.0000 | 0 / 2 | 0 / 2 |" in section
+    assert f"| 2 | 6 | {final:.4f} | 0.4965 | 0.8000 | 3.0000 | 3.0000 | 1 / 4 | 1 / 4 |" in section
+    assert "| bbbbbbbbbbbb | 2 | 1 (20.0%) |" in section
+    assert "aaaaaaaaaaaa" not in section and "cccccccccccc" not in section

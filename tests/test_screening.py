@@ -20,8 +20,11 @@ from fedlmc.merging.calibrate import (
 from fedlmc.merging.repair import UnitStats
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import permutation_spec
+from fedlmc.simulations.training_file import client_epoch_rows
 from fedlmc.strategies import NotEnoughClientsError, OneShotAverage
 from fedlmc.strategies.protocol import (
+    HISTORY_KEYS,
+    history_metrics,
     moments_to_content,
     permutations_to_content,
     state_to_record,
@@ -366,3 +369,51 @@ def test_the_model_factory_allow_list_refuses_what_it_does_not_name(monkeypatch)
     with pytest.raises(ValueError, match="'os:system' is not allowed here"):
         import_factory("os:system")
     assert callable(import_factory("fedlmc.models:build_model"))
+
+
+# ----------------------------------------------------------------------------- train histories
+
+
+def with_history(node: int, pid: int, template, history: dict) -> Message:
+    return reply(
+        node, constant(template, 1.0), {"num-examples": 10, "partition-id": pid, **history}
+    )
+
+
+def test_a_bad_training_history_drops_only_the_history_by_name():
+    """Histories are screened apart from the weights: a bad one (wrong length, infinity, a
+    number for a list, an accuracy above 1, a loss list without its accuracy list) leaves the
+    client merged with no history and the reason kept; an honest one (NaN allowed) survives as
+    sent."""
+    template = tiny(0)
+    good = history_metrics([2.0, 1.5], [0.25, 0.5], [2.1, math.nan])
+    bad = {
+        21: ({**good, HISTORY_KEYS["train_loss"]: [2.0, 1.5, 1.0]}, "allowed: 2 (the epochs)"),
+        22: ({**good, HISTORY_KEYS["train_loss"]: [2.0, math.inf]}, "infinite value"),
+        23: ({**good, HISTORY_KEYS["train_accuracy"]: 0.5}, "must be a non-empty list"),
+        24: ({**good, HISTORY_KEYS["train_accuracy"]: [0.5, 1.5]}, "outside [0, 1]"),
+        25: ({HISTORY_KEYS["train_loss"]: [2.0, 1.5]}, "history without"),
+    }
+    nodes = [11, *bad]
+    strategy = OneShotAverage(template, num_clients=len(nodes), calibration="none")
+    strategy.expect_replies(state_to_record(template.state_dict()), nodes, {"epochs": 2})
+    replies = [with_history(11, 0, template, good)]
+    replies += [
+        with_history(node, i + 1, template, h) for i, (node, (h, _)) in enumerate(bad.items())
+    ]
+    report = strategy.merge_round(1, replies).report
+    assert report.survivor_ids == [0, 1, 2, 3, 4, 5] and not report.failures
+    by_node = {u.node_id: u for u in report.survivors}
+    honest_history = by_node[11].history
+    assert honest_history["train_loss"] == [2.0, 1.5] and honest_history["train_accuracy"] == [
+        0.25,
+        0.5,
+    ]
+    assert honest_history["calibration_loss"][0] == 2.1
+    assert math.isnan(honest_history["calibration_loss"][1])
+    for node, (_history, words) in bad.items():
+        assert by_node[node].history is None
+        assert words in by_node[node].history_problem, (node, by_node[node].history_problem)
+    # the history lists never reach the round's scalar metrics; a client's rows need a history
+    assert not any(key in by_node[11].metrics for key in HISTORY_KEYS.values())
+    assert [r["client"] for r in client_epoch_rows(report)] == [0, 0]

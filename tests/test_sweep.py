@@ -21,9 +21,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedlmc.simulations.config import ConfigError, cell_id, expand_grid, load_sweep_config
+from fedlmc.simulations.config import (
+    ConfigError,
+    cell_id,
+    expand_grid,
+    load_sweep_config,
+    run_schema,
+)
 from fedlmc.simulations.sweep import exclusive, finished_cells, read_results, run_sweep
+from fedlmc.simulations.training_file import read_training
 from fedlmc.study.rows import ROUND_COLUMNS, row_columns
+from fedlmc.training_columns import TRAINING_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,7 +89,10 @@ def shared_sweep(tmp_path_factory) -> Path:
     """The uninterrupted tiny sweep, run once per session (a rerun only resumes it)."""
     base = tmp_path_factory.getbasetemp()
     out = base / "shared-sweep"
-    code, _out, err = finish(cli("sweep", str(tiny_config(base)), "--out", str(out), "--quiet"))
+    track = ("--track", "tensorboard")  # test_tracking reads its runs back
+    code, _out, err = finish(
+        cli("sweep", str(tiny_config(base)), "--out", str(out), "--quiet", *track)
+    )
     assert code == 0, err
     return out
 
@@ -147,6 +158,8 @@ def test_killed_and_resumed_sweep_equals_uninterrupted(tmp_path, uninterrupted):
     )
     pd.testing.assert_frame_equal(sorted_rows(resumed), sorted_rows(full), check_exact=True)
     assert not list(out.glob(".*.tmp"))
+    # training.csv too: the resumed file is byte for byte the uninterrupted one
+    assert (out / "training.csv").read_bytes() == (uninterrupted / "training.csv").read_bytes()
 
 
 def test_ctrl_c_exits_130_at_once_and_a_rerun_resumes(tmp_path, uninterrupted):
@@ -190,6 +203,7 @@ def test_ctrl_c_exits_130_at_once_and_a_rerun_resumes(tmp_path, uninterrupted):
     pd.testing.assert_frame_equal(
         sorted_rows(read_results(out)), sorted_rows(read_results(uninterrupted)), check_exact=True
     )
+    assert (out / "training.csv").read_bytes() == (uninterrupted / "training.csv").read_bytes()
 
 
 def test_results_schema(uninterrupted):
@@ -215,14 +229,30 @@ def test_results_schema(uninterrupted):
     assert {"fedlmc", "flwr", "torch", "device"} <= set(record["versions"])
     assert {c["cell_id"] for c in record["cells"]} == set(frame["cell_id"])
 
+    # training.csv: cell_id, the run-config columns as results.csv has them, the declared ones;
+    # one row per cell x client x epoch (epochs = 1), sorted by cell
+    training = read_training(uninterrupted)
+    config_names = [c for c in frame.columns if c in run_schema()]
+    declared = [c.name for c in TRAINING_COLUMNS]
+    assert list(training.columns) == ["cell_id", *config_names, *declared]
+    assert training["cell_id"].tolist() == sorted(frame["cell_id"].unique().tolist() * 2)
+    assert (training["phase"] == "client_epoch").all() and (training["step"] == 1).all()
+    assert training["client"].tolist() == [0, 1] * len(WIDTHS)
+    assert training["train_loss"].gt(0).all() and training["train_accuracy"].between(0, 1).all()
+    assert training["calibration_loss"].isna().all()  # no held-out share in these cells
+    by_cell = frame.drop_duplicates("cell_id").set_index("cell_id")
+    expected = by_cell.loc[training["cell_id"], config_names].reset_index(drop=True)
+    pd.testing.assert_frame_equal(training[config_names], expected, check_dtype=False)
+
 
 def test_changed_config_is_refused_without_force(tmp_path, uninterrupted):
     out = tmp_path / "copy"
     out.mkdir()
-    for name in ("results.csv", "config.json"):
+    for name in ("results.csv", "config.json", "training.csv"):
         (out / name).write_bytes((uninterrupted / name).read_bytes())
     config = tiny_config(tmp_path)
     before = (out / "results.csv").read_bytes()
+    curves = (out / "training.csv").read_bytes()
 
     code, _out, err = finish(cli("sweep", str(config), "epochs=2", "--out", str(out)))
     assert code == 2
@@ -244,6 +274,8 @@ def test_changed_config_is_refused_without_force(tmp_path, uninterrupted):
     assert list(result["cell_id"].unique()) == [kept]
     assert (out / "results.previous.csv").read_bytes() == before
     assert (out / "config.previous.json").exists()
+    assert (out / "training.previous.csv").read_bytes() == curves
+    assert read_training(out)["cell_id"].unique().tolist() == [kept]
 
 
 def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
@@ -266,6 +298,8 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert failed["method"].isna().all()
     ok = results[results["status"] == "ok"]
     assert ok["cell_id"].nunique() == 1 and len(ok) == 4
+    # training curves of the ok cell only (a failed cell has none)
+    assert read_training(out)["cell_id"].unique().tolist() == ok["cell_id"].unique().tolist()
 
     # a rerun retries the failed cell only (retry_failed=True, the default); with
     # retry_failed=False it leaves the failed row as it is and runs nothing

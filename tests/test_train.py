@@ -264,3 +264,18 @@ def test_model_is_trained_in_place_and_returned():
     trained, _ = train_model(model, linear_task(64, 0), **TRAIN_ARGS)
     assert trained is model
     assert not torch.equal(before[1].weight, model[1].weight)
+
+
+def test_held_out_loss_per_epoch_leaves_training_bit_identical():
+    """The per-epoch held-out loss (BatchNorm model: eval mode, running statistics) changes no
+    weight, running statistic or random draw; the last value is the trained model's loss."""
+    data, held = linear_task(200, 0), linear_task(50, 1)
+    plain, plain_history = train_model(mlp(0, norm=True), data, **TRAIN_ARGS)
+    model, history = train_model(mlp(0, norm=True), data, **TRAIN_ARGS, held_out=held)
+    assert all(torch.equal(a, b) for a, b in zip(weights(plain), weights(model), strict=True))
+    assert history.loss == plain_history.loss and plain_history.held_out_loss == []
+    assert len(history.held_out_loss) == 4 and history.held_out_seconds > 0
+    with torch.no_grad():
+        expected = float(nn.functional.cross_entropy(model.eval()(held[0]), held[1]))
+    assert history.held_out_loss[-1] == pytest.approx(expected, rel=1e-6)
+    assert history.held_out_loss[0] != pytest.approx(history.held_out_loss[-1])

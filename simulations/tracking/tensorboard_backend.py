@@ -1,0 +1,111 @@
+"""Tracker runs as TensorBoard event files (torch's ``SummaryWriter``; the ``tensorboard`` extra).
+
+Each run gets its own log dir ``<track dir>/<key>/`` (a cell id, ``run-<12 hex>`` or ``report``),
+so TensorBoard lists one run per cell:
+
+- **HParams**: the run's params (the hparams plugin's session start info, written with
+  :func:`torch.utils.tensorboard.summary.hparams`); the HParams table's metric columns are the
+  ``<method>/<column>`` tags of :data:`HPARAM_COLUMNS`;
+- **Scalars**: the step metrics at their step (epoch or round), the ``<method>/<column>`` row
+  metrics at step 0 (TensorBoard keeps scalars as float32);
+- **Images**: each figure under ``figures/<file stem>``, its PNG bytes stored as they are (no
+  re-encoding); **Text**: ``report.md`` under ``report``.
+
+Idempotency: a file ``.fedlmc-exported`` holding the run's digest is written last. A log dir
+whose marker holds the run's digest is skipped; one without it (an export that was killed) or
+with another digest (a changed run) is deleted and written again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedlmc.io import atomic_write_text
+from fedlmc.simulations.tracking.runs import TrackedRun
+
+__all__ = ["HPARAM_COLUMNS", "MARKER", "export_runs", "png_size"]
+
+MARKER = ".fedlmc-exported"
+HPARAM_COLUMNS = ("accuracy", "nll", "ece", "loss_barrier_half")
+"""The results columns shown as metric columns of TensorBoard's HParams table (every row metric
+is a scalar whatever this says)."""
+PNG_COLORSPACE = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}  # PNG colour type -> channels
+
+
+def export_runs(runs: Sequence[TrackedRun], track_dir: str | Path) -> tuple[list[str], list[str]]:
+    """Write every run not yet in ``track_dir``; ``(written keys, skipped keys)``."""
+    root = Path(track_dir)
+    written, skipped = [], []
+    for run in runs:
+        log_dir = root / run.key
+        digest = run.digest
+        if is_exported(log_dir, digest):
+            skipped.append(run.key)
+            continue
+        if log_dir.exists():
+            shutil.rmtree(log_dir)
+        write_run(run, log_dir)
+        atomic_write_text(log_dir / MARKER, digest + "\n")
+        written.append(run.key)
+    return written, skipped
+
+
+def is_exported(log_dir: Path, digest: str) -> bool:
+    """Whether ``log_dir`` holds a finished export of the run with ``digest``."""
+    marker = log_dir / MARKER
+    return marker.is_file() and marker.read_text(encoding="utf-8").strip() == digest
+
+
+def write_run(run: TrackedRun, log_dir: Path) -> None:
+    """One event file in ``log_dir`` with everything ``run`` holds (module docstring)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with SummaryWriter(log_dir=str(log_dir)) as writer:
+        if run.params:
+            headline = {
+                tag: value for tag, value in run.row_metrics if tag.split("/")[-1] in HPARAM_COLUMNS
+            }
+            write_hparams(writer, run.params, headline)
+        for tag, step, value in run.step_metrics:
+            writer.add_scalar(tag, value, global_step=step)
+        for tag, value in run.row_metrics:
+            writer.add_scalar(tag, value, global_step=0)
+        for path in run.figures:
+            writer.file_writer.add_summary(png_summary(f"figures/{path.stem}", path), 0)
+        for path in run.texts:
+            writer.add_text(path.stem, path.read_text(encoding="utf-8"), global_step=0)
+
+
+def write_hparams(writer, params: dict, metrics: dict) -> None:
+    """The hparams plugin's three summaries (experiment, session start, session end)."""
+    from torch.utils.tensorboard.summary import hparams
+
+    for summary in hparams(dict(params), dict(metrics)):
+        writer.file_writer.add_summary(summary)
+
+
+def png_size(data: bytes) -> tuple[int, int, int]:
+    """``(width, height, channels)`` from a PNG file's IHDR chunk; ValueError for non-PNG."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        raise ValueError("not a PNG file")
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height, PNG_COLORSPACE.get(data[25], 4)
+
+
+def png_summary(tag: str, path: Path):
+    """An image ``Summary`` holding the PNG file's bytes as they are."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    data = path.read_bytes()
+    try:
+        width, height, channels = png_size(data)
+    except ValueError:
+        raise ValueError(f"figure {str(path)!r} is not a PNG file") from None
+    image = Summary.Image(
+        height=height, width=width, colorspace=channels, encoded_image_string=data
+    )
+    return Summary(value=[Summary.Value(tag=tag, image=image)])
