@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from fedlmc.averaging import average, load_state
 from fedlmc.evaluation import predict_logits
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.config import client_width, validate_run_config
 from fedlmc.simulations.federation import run_federation, run_federation_outcome
 from fedlmc.simulations.task import (
     build_from_config,
@@ -201,7 +201,8 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
     assert sorted(set(curves["client"])) == [0, 3]  # the failed clients sent no history
     for update in report.survivors:
         held_x, held_y = client_calibration_data(config, update.partition_id, 4)
-        own = load_state(build_from_config(config, splits), update.state).eval()
+        width = client_width(config, update.partition_id)  # its own width (0.25 or 0.5)
+        own = load_state(build_from_config(config, splits, width=width), update.state).eval()
         loss = torch.nn.functional.cross_entropy(predict_logits(own, held_x), held_y)
         mine = curves[curves["client"] == update.partition_id]
         assert mine["calibration_loss"].iloc[-1] == pytest.approx(float(loss), rel=1e-5)
