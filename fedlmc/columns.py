@@ -279,6 +279,16 @@ def _endpoint_columns() -> tuple[Column, ...]:
     columns.append(
         Column("endpoint_nll_mean", "mean test NLL of the clients", every, f"{own}; raw logits")
     )
+    columns.append(
+        Column(
+            "endpoint_acc_clients",
+            "test accuracy of each client",
+            every,
+            f"{own}, one per merged client in partition order (JSON list; with mixed widths "
+            "client `i` has the `i`-th width of `client_widths`)",
+            kind="JSON",
+        )
+    )
     return tuple(columns)
 
 
@@ -621,6 +631,24 @@ ROUND_COLUMNS_DECLARED = (
         "wall time of the strategy",
         "federation rows",
         "seconds from the strategy's start to its result",
+        source="round",
+    ),
+    Column(
+        "client_widths",
+        "every client's width multiplier",
+        "federation rows",
+        "the width multiplier of each client, in partition order, comma-separated (e.g. "
+        '`"0.5,1,2,4"`): the run config\'s `client-widths`, or `width` for every client when it is '
+        "empty",
+        kind="text",
+        source="round",
+    ),
+    Column(
+        "server_width",
+        "width multiplier of the merged model",
+        "federation rows",
+        "the run config's `server-width`, or the widest client's width when it is 0; clients "
+        "narrower than it are embedded into it before the merge",
         source="round",
     ),
     Column(

@@ -7,18 +7,20 @@ Message types it answers:
   :mod:`fedlmc.simulations.engine`, sends each cell's own), else from ``context.node_config`` (a
   deployment's ``--node-config``, a plain simulation); the same split on every node. With ``init =
   "independent"`` (the paper's setting) the initial weights are drawn with a seed derived from
-  ``(seed, partition-id)`` and the received arrays are ignored; with ``init = "shared"`` (FedAvg)
-  the received arrays are loaded. Under federated calibration a stratified
-  ``calibration-holdout`` share of the partition is held out and never trained on
-  (:func:`fedlmc.simulations.task.split_for_calibration`). Replies with an ArrayRecord of the
-  trained weights and a MetricRecord ``num-examples, partition-id, train-loss, train-accuracy,
-  train-seconds, load-seconds`` (data loading and model building), ``torch-threads,
-  pool-threads`` (the threads it computed with: torch's, and the largest BLAS / OpenMP pool's),
-  and the per-epoch history as float lists ``epoch-train-loss, epoch-train-accuracy`` plus, when
-  it holds out a calibration share, ``epoch-calibration-loss`` (the loss on that share after each
-  epoch, :func:`fedlmc.train.train_model`'s ``held_out``;
-  :data:`fedlmc.strategies.protocol.HISTORY_KEYS`). Any failure (exception,
-  non-finite loss, non-finite weights) gives an error reply, never weights.
+  ``(seed, partition-id)`` and the received arrays are ignored; with ``init = "shared"`` the
+  received arrays (the server's initialisation; FedAvg: the global model) are loaded, sliced to
+  the client's width when it is narrower than the server's (nested sub-models, HeteroFL). Every
+  client builds its own width (``client-widths``: one per partition; else ``width``). Under
+  federated calibration a stratified ``calibration-holdout`` share of the partition is held out
+  and never trained on (:func:`fedlmc.simulations.task.split_for_calibration`). Replies with an
+  ArrayRecord of the trained weights and a MetricRecord ``num-examples, partition-id,
+  train-loss, train-accuracy, train-seconds, load-seconds`` (data loading and model building),
+  ``torch-threads, pool-threads`` (the threads it computed with: torch's, and the largest BLAS
+  / OpenMP pool's), and the per-epoch history as float lists ``epoch-train-loss,
+  epoch-train-accuracy`` plus, when it holds out a calibration share, ``epoch-calibration-loss``
+  (the loss on that share after each epoch, :func:`fedlmc.train.train_model`'s ``held_out``;
+  :data:`fedlmc.strategies.protocol.HISTORY_KEYS`). Any failure (exception, non-finite loss,
+  non-finite weights) gives an error reply, never weights.
 - ``query.temperature``: sums of the NLL and its first two derivatives in ``log T`` of the
   received (merged) model, or of each of several received models, at each ``log-t`` the
   server sends (one value or a list), on the held-out share (on the training data when
@@ -69,8 +71,14 @@ from torch import nn
 from fedlmc.evaluation import predict_logits
 from fedlmc.merging.calibrate import bn_statistics, temperature_statistics
 from fedlmc.merging.repair import unit_statistics
+from fedlmc.permutation.embed import slice_state
 from fedlmc.permutation.matching import activation_matching
-from fedlmc.simulations.config import calibration_holdout, cell_id, keeps_trained_model
+from fedlmc.simulations.config import (
+    calibration_holdout,
+    cell_id,
+    client_width,
+    keeps_trained_model,
+)
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
@@ -195,12 +203,25 @@ def _guarded(code: int, handler: Callable[[Message, Context], Message]) -> Calla
 
 
 def _initial_model(config: dict, splits, pid: int, message: Message) -> nn.Module:
-    """The per-client seeded initialisation, or the received weights when ``init = shared``."""
-    model = build_from_config(config, splits, seed=client_seed(config["seed"], pid))
+    """The per-client seeded initialisation at this client's width, or, when ``init = shared``,
+    the received weights (:func:`shared_start`)."""
+    width = client_width(config, pid)
+    model = build_from_config(config, splits, seed=client_seed(config["seed"], pid), width=width)
     if config["init"] == "shared":
         record = next(iter(message.content.array_records.values()))
-        model.load_state_dict(record_to_state(record), strict=True)
+        model.load_state_dict(shared_start(record_to_state(record), model), strict=True)
     return model
+
+
+def shared_start(received: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """What an ``init = shared`` client starts from: the received weights (the server's
+    initialisation at the server width, seeded by the cell's seed; in FedAvg's later rounds the
+    global model), sliced to ``model``'s width when it is narrower (HeteroFL's nested sub-model:
+    every hidden group's first units, :func:`fedlmc.permutation.embed.slice_state`)."""
+    own = model.state_dict()
+    if all(tuple(received[k].shape) == tuple(v.shape) for k, v in own.items() if k in received):
+        return received
+    return slice_state(received, model, "first")
 
 
 def _checked_weights(model: nn.Module, poison: bool) -> dict[str, torch.Tensor]:

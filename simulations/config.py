@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import tomllib
@@ -75,6 +76,7 @@ STRATEGIES = ("compare", "average", "aligned", "fedavg")
 BIAS_VALUES = ("auto", "true", "false")
 FAILURE_MODES = ("raise", "nan", "hang")
 FEDAVG = "fedavg"
+INITS = ("independent", "shared")
 DEFAULT_MAX_SHARE = 0.5  # = fedlmc.strategies.screening.DEFAULT_MAX_SHARE (no Flower import here)
 
 
@@ -125,6 +127,31 @@ def _methods(value: Any) -> str | None:
     allowed = cell_methods()
     if not names or any(m not in allowed for m in names):
         return f"allowed: a comma-separated list of {', '.join(allowed)}"
+    return None
+
+
+def parse_widths(text: str) -> tuple[float, ...]:
+    """``"0.5, 1,2"`` -> ``(0.5, 1.0, 2.0)``; ``ValueError`` naming the first item that is not a
+    finite number > 0 (empty text: no widths)."""
+    if not text.strip():
+        return ()
+    widths = []
+    for item in text.split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"width {item.strip()!r} is not a number > 0")
+        widths.append(value)
+    return tuple(widths)
+
+
+def _widths_list(value: Any) -> str | None:
+    try:
+        parse_widths(value)
+    except ValueError as err:
+        return f"{err}; allowed: empty, or comma-separated width multipliers > 0 ('0.5,1,2,4')"
     return None
 
 
@@ -231,7 +258,29 @@ def declared_keys() -> dict[str, Key]:
             _model,
             model_names,
         ),
-        "width": Key(float, 1.0, "width multiplier", at_least(0.0, strict=True)),
+        "width": Key(
+            float,
+            1.0,
+            "width multiplier (of every client when client-widths is empty)",
+            at_least(0.0, strict=True),
+            applies=Rule("`client-widths` is empty", lambda c: not c["client-widths"]),
+        ),
+        "client-widths": Key(
+            str,
+            "",
+            "one width multiplier per client, in partition order, e.g. '0.5,1,2,4' (empty: "
+            "every client uses width); as many as num-clients",
+            _widths_list,
+        ),
+        "server-width": Key(
+            float,
+            0.0,
+            "width of the merged model: at least the widest client's (0: the widest client's)",
+            at_least(0.0),
+            resolve=Rule(
+                "the widest client's width counts as `0`", lambda c: explicit_server_width(c)
+            ),
+        ),
         "norm": named(
             str, "auto", "normalisation layers (auto: the model's default)", ("auto", *NORMS)
         ),
@@ -316,7 +365,13 @@ def declared_keys() -> dict[str, Key]:
                 lambda c: federated_calibration(c),
             ),
         ),
-        "init": named(str, "independent", "client initialisation", ("independent", "shared")),
+        "init": named(
+            str,
+            "independent",
+            "client initialisation: independent (seeded per client), or shared (the server's "
+            "initialisation at server-width, sliced to each client's width: nested sub-models)",
+            INITS,
+        ),
         "fedavg-rounds": Key(
             int,
             5,
@@ -519,6 +574,103 @@ def resolved_bias(config: Mapping[str, Any]) -> str:
     return "true" if option.default else "false"
 
 
+def client_widths(config: Mapping[str, Any]) -> tuple[float, ...]:
+    """Every client's width multiplier in partition order: ``client-widths``, or ``width`` for
+    each of the ``num-clients`` clients when it is empty."""
+    widths = parse_widths(config["client-widths"])
+    return widths or (float(config["width"]),) * int(config["num-clients"])
+
+
+def client_width(config: Mapping[str, Any], partition_id: int) -> float:
+    """The width multiplier of partition ``partition_id``'s client (:func:`client_widths`; any
+    partition gets ``width`` when ``client-widths`` is empty); ``ValueError`` for a partition
+    without a width."""
+    if not config["client-widths"]:
+        return float(config["width"])
+    widths = client_widths(config)
+    if not 0 <= partition_id < len(widths):
+        raise ValueError(
+            f"partition-id = {partition_id}: client-widths = {config['client-widths']!r} gives "
+            f"widths to partitions 0 .. {len(widths) - 1} only"
+        )
+    return widths[partition_id]
+
+
+def server_width(config: Mapping[str, Any]) -> float:
+    """The width of the merged model (and of the server's template): ``server-width``, or the
+    widest client's when it is 0."""
+    return float(config["server-width"]) or max(client_widths(config))
+
+
+def explicit_server_width(config: Mapping[str, Any]) -> float:
+    """``server-width`` in a cell's identity: 0 when it is the widest client's width (the
+    default's meaning), so that both spellings are one cell and a sweep over ``width`` does not
+    vary it."""
+    wide = server_width(config)
+    return 0.0 if wide == max(client_widths(config)) else wide
+
+
+def mixed_widths(config: Mapping[str, Any]) -> bool:
+    """Whether some client's width differs from the server's (the server embeds the narrower
+    clients before merging); ``False`` for the classic cell, every client at the merged width."""
+    wide = server_width(config)
+    return any(w != wide for w in client_widths(config))
+
+
+def widths_text(widths: Sequence[float]) -> str:
+    """``(0.5, 1.0, 2.0)`` -> ``"0.5,1,2"`` (the ``client_widths`` results column)."""
+    return ",".join(f"{w:g}" for w in widths)
+
+
+def check_widths(config: Mapping[str, Any]) -> None:
+    """``client-widths`` has one width per client; ``server-width`` is 0 or at least the widest
+    client's; mixed widths (:func:`mixed_widths`) only with what can merge them: not the FedAvg
+    baseline, only the merge methods registered ``mixed_widths`` (:func:`mixed_width_methods`),
+    and no norm across units (``ln``: the embedding would change it)."""
+    given = parse_widths(config["client-widths"])
+    if given and len(given) != config["num-clients"]:
+        raise ConfigError(
+            f"client-widths = {config['client-widths']!r}: {len(given)} widths; allowed: one "
+            f"per client, num-clients = {config['num-clients']}"
+        )
+    widest = max(client_widths(config))
+    if config["server-width"] and config["server-width"] < widest:
+        raise ConfigError(
+            f"server-width = {config['server-width']:g}: allowed: 0 (the widest client) or at "
+            f"least the widest client's width {widest:g}"
+        )
+    if not mixed_widths(config):
+        return
+    if uses_fedavg(config):
+        raise ConfigError(
+            f"client-widths = {config['client-widths']!r} with server-width "
+            f"{server_width(config):g}: the FedAvg baseline needs every client at the server "
+            "width; allowed: fedavg only with equal client and server widths"
+        )
+    one_width = [m for m in selected_methods(config) if not merge_method_entry(m).mixed_widths]
+    if one_width:
+        average = config["strategy"] == "average"
+        where = "strategy = 'average'" if average else f"merge method {one_width[0]!r}"
+        raise ConfigError(
+            f"{where}: needs clients of one width (client widths "
+            f"{widths_text(client_widths(config))}, server width {server_width(config):g}); "
+            f"allowed for mixed widths: {', '.join(mixed_width_methods())}"
+            + (" (strategy = 'aligned', align = ...)" if average else "")
+        )
+    if resolved_norm(config) == "ln":
+        raise ConfigError(
+            f"norm = 'ln' with client widths {widths_text(client_widths(config))} and server "
+            f"width {server_width(config):g}: a norm across units (LayerNorm, GroupNorm) changes "
+            "when a narrow model is embedded in a wider one; allowed for mixed widths: bn, none"
+        )
+
+
+def mixed_width_methods() -> tuple[str, ...]:
+    """The registered merge methods that merge clients of different widths
+    (``mixed_widths``, :mod:`fedlmc.merging.widths`)."""
+    return tuple(m for m in merge_method_names() if merge_method_entry(m).mixed_widths)
+
+
 def check_model_bias(config: Mapping[str, Any]) -> None:
     """``bias = true/false`` needs a model with a ``bias`` option."""
     if config["bias"] != "auto" and "bias" not in model_entry(config["model"]).options:
@@ -595,7 +747,7 @@ def model_parameters(config: Mapping[str, Any]) -> int | None:
     if config["dataset"] not in IN_SHAPES or config["model"] not in ("mlp", "vgg11", "resnet20"):
         return None
     channels, height, width_px = IN_SHAPES[config["dataset"]]
-    classes, width = NUM_CLASSES[config["dataset"]], config["width"]
+    classes, width = NUM_CLASSES[config["dataset"]], server_width(config)
     if config["model"] == "mlp":
         units = _units(config["base-hidden"], width)
         depth = config["depth"]
@@ -621,6 +773,18 @@ def memory_estimate(config: Mapping[str, Any], elements: int) -> int:
     return 4 * int(elements) * (clients + 2 + MEMORY_FACTOR_CLIENT)
 
 
+def width_key(config: Mapping[str, Any]) -> str:
+    """The key that sets the server's width: ``server-width``, ``client-widths`` or ``width``."""
+    if config["server-width"]:
+        return "server-width"
+    return "client-widths" if config["client-widths"] else "width"
+
+
+def _shown(value: Any) -> str:
+    """A number as ``10000`` (``:g``), text as ``'0.5,4'``."""
+    return f"{value:g}" if isinstance(value, float) else repr(value)
+
+
 def machine_memory() -> int:
     """Bytes of physical memory of this machine."""
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -628,14 +792,16 @@ def machine_memory() -> int:
 
 def check_memory(config: Mapping[str, Any]) -> None:
     """:class:`ConfigError` with the bytes needed when :func:`memory_estimate` exceeds this
-    machine's memory (``width`` or ``num-clients`` too large for it)."""
+    machine's memory (the server's width, :func:`server_width`, or ``num-clients`` too large
+    for it)."""
     elements = model_parameters(config)
     if elements is None:
         return
     needed, have = memory_estimate(config, elements), machine_memory()
     if needed > have:
         raise ConfigError(
-            f"width = {config['width']:g}: the {config['model']} has about {elements:,} weights; "
+            f"{width_key(config)} = {_shown(config[width_key(config)])}: the {config['model']} at "
+            f"width {server_width(config):g} has about {elements:,} weights; "
             f"{config['num-clients']} clients and the server need about {needed:,} bytes "
             f"({needed / 2**30:.1f} GiB), this machine has {have:,} ({have / 2**30:.1f} GiB); "
             "allowed: a smaller width or fewer clients"
@@ -681,6 +847,7 @@ CONSISTENCY_CHECKS: list[Check] = [
     check_partition,
     check_model_bias,
     check_plain_chain_methods,
+    check_widths,
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
 about a new key joins this list (run by :func:`validate_run_config`)."""
@@ -700,12 +867,16 @@ DEVICE_CHECKS: list[Check] = [check_memory, check_cuda]
 #   [grid]                       # axis = [values, ...] for any run_schema() key but out-dir
 #   [report]                     # optional REPORT_SCHEMA settings
 #
-# A key may be in [run] or in [grid], not both. The cells are the Cartesian product of the grid
-# axes in the order they are written, the last axis varying fastest; every cell (base values +
-# one value per axis, defaults filled in) is validated before any work starts. Keys that cannot
-# affect a cell are reset to their defaults (alpha unless partition = "dirichlet", ...; see
-# canonical_run_config), and cells that then coincide are run once (so partition = ["iid",
-# "dirichlet"] x alpha = [0.1, 1.0] is 3 cells).
+# A linked axis moves several keys together: its name joins them with "+" and each of its
+# values is a list of one value per key, e.g. "num-clients+client-widths" = [[2, "0.5,4"],
+# [4, "0.5,1,2,4"]] (width mixes of different client counts, which a product would pair wrongly).
+#
+# A key may be in [run] or in [grid] (on one axis), not both. The cells are the Cartesian
+# product of the grid axes in the order they are written, the last axis varying fastest; every
+# cell (base values + one value per axis, defaults filled in) is validated before any work
+# starts. Keys that cannot affect a cell are reset to their defaults (alpha unless partition =
+# "dirichlet", ...; see canonical_run_config), and cells that then coincide are run once (so
+# partition = ["iid", "dirichlet"] x alpha = [0.1, 1.0] is 3 cells).
 #
 # Overrides ``key=value`` (value read as TOML, else as a string) are applied in order:
 #   name=..., description=...   set those strings;
@@ -715,6 +886,8 @@ DEVICE_CHECKS: list[Check] = [check_memory, check_cuda]
 #   KEY=v                       same as run.KEY=v (so a plain value replaces an axis);
 #   report.KEY=v                set a report setting.
 
+LINK = "+"
+"""Joins the keys of a linked grid axis (``"num-clients+client-widths"``)."""
 SWEEP_KEYS = ("name", "description", "run", "grid", "report")
 SWEEP_TABLES = ("run", "grid", "report")
 NOT_SWEEPABLE = ("out-dir",)
@@ -824,18 +997,34 @@ def apply_override(raw: dict[str, Any], text: str) -> None:
             f"allowed: KEY=..., run.KEY=..., grid.KEY=..., report.KEY=..."
         )
     schema = REPORT_SCHEMA if table == "report" else run_schema()
-    if name not in schema:
-        raise ConfigError(
-            f"override {text!r}: unknown key {name!r}{did_you_mean(name, list(schema))}"
-        )
+    linked = table == "grid" and LINK in name
+    for part in axis_keys(name) if linked else [name]:
+        if part not in schema:
+            raise ConfigError(
+                f"override {text!r}: unknown key {part!r}{did_you_mean(part, list(schema))}"
+            )
     if table == "grid":
+        for key in axis_keys(name):
+            _drop_key(raw, key, keep=name)
         raw["grid"][name] = value if isinstance(value, list) else [value]
-        raw["run"].pop(name, None)
     elif table == "run":
+        _drop_key(raw, name)
         raw["run"][name] = value
-        raw["grid"].pop(name, None)
     else:
         raw["report"][name] = value
+
+
+def axis_keys(axis: str) -> list[str]:
+    """The run-config keys a grid axis sets: ``"a+b"`` -> ``["a", "b"]``, ``"a"`` -> ``["a"]``."""
+    return [key.strip() for key in axis.split(LINK)]
+
+
+def _drop_key(raw: dict[str, Any], key: str, keep: str = "") -> None:
+    """Remove ``key`` from ``[run]`` and every grid axis that sets it but ``keep`` (the axis an
+    override replaces in place)."""
+    raw["run"].pop(key, None)
+    for axis in [a for a in raw["grid"] if key in axis_keys(a) and a != keep]:
+        del raw["grid"][axis]
 
 
 def _check_name(name: Any) -> str:
@@ -871,26 +1060,45 @@ def _check_run_table(run: Mapping[str, Any]) -> dict[str, Any]:
 
 def _check_grid_table(grid: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, list[Any]]:
     schema = run_schema()
-    _check_known("grid", list(grid), schema)
+    _check_known("grid", [k for axis in grid for k in axis_keys(axis)], schema)
     axes: dict[str, list[Any]] = {}
-    for key, values in grid.items():
-        type_name = schema[key].type.__name__
-        if key in NOT_SWEEPABLE:
-            raise ConfigError(f"grid.{key}: not sweepable; set it in [run] or with --out")
-        if key in run:
-            raise ConfigError(
-                f"grid.{key} = {values!r}: {key} is also set in [run]; allowed: one of the two"
-            )
+    seen: set[str] = set()
+    for axis, values in grid.items():
+        for key in axis_keys(axis):
+            if key in NOT_SWEEPABLE:
+                raise ConfigError(f"grid.{key}: not sweepable; set it in [run] or with --out")
+            if key in run:
+                raise ConfigError(
+                    f"grid.{axis} = {values!r}: {key} is also set in [run]; allowed: one of the two"
+                )
+            if key in seen:
+                raise ConfigError(f"grid.{axis}: {key} is on two grid axes; allowed: one")
+            seen.add(key)
         if not isinstance(values, list) or not values:
-            raise ConfigError(f"grid.{key} = {values!r}: expected a non-empty list of {type_name}")
-        checked = [check_value(key, v, schema, where="grid.") for v in values]
+            kind = " or ".join(schema[k].type.__name__ for k in axis_keys(axis))
+            raise ConfigError(f"grid.{axis} = {values!r}: expected a non-empty list of {kind}")
+        checked = [_axis_value(axis, v, schema) for v in values]
         repeated = [v for i, v in enumerate(checked) if v in checked[:i]]
         if repeated:
             raise ConfigError(
-                f"grid.{key} = {values!r}: {repeated[0]!r} is repeated; allowed: distinct values"
+                f"grid.{axis} = {values!r}: {repeated[0]!r} is repeated; allowed: distinct values"
             )
-        axes[key] = checked
+        axes[axis] = checked
     return axes
+
+
+def _axis_value(axis: str, value: Any, schema: Mapping[str, Key]) -> Any:
+    """One value of a grid axis, checked: a scalar, or for a linked axis a list of one value
+    per key (kept as a list, the shape of the TOML)."""
+    keys = axis_keys(axis)
+    if len(keys) == 1:
+        return check_value(axis, value, schema, where="grid.")
+    if not isinstance(value, list) or len(value) != len(keys):
+        raise ConfigError(
+            f"grid.{axis}: value {value!r}: allowed: a list of {len(keys)} values, one per key "
+            f"({', '.join(keys)})"
+        )
+    return [check_value(k, v, schema, where="grid.") for k, v in zip(keys, value, strict=True)]
 
 
 def _check_report_table(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -909,7 +1117,14 @@ def grid_points(sweep: SweepConfig) -> list[dict[str, Any]]:
 def product_points(sweep: SweepConfig) -> list[dict[str, Any]]:
     """The product of the axes, the last varying fastest (before duplicates are dropped)."""
     axes = list(sweep.grid)
-    return [dict(zip(axes, values, strict=True)) for values in product(*sweep.grid.values())]
+    points = []
+    for values in product(*sweep.grid.values()):
+        point: dict[str, Any] = {}
+        for axis, value in zip(axes, values, strict=True):
+            keys = axis_keys(axis)
+            point.update(zip(keys, value, strict=True) if len(keys) > 1 else {axis: value})
+        points.append(point)
+    return points
 
 
 def expand_grid(sweep: SweepConfig) -> list[dict[str, Any]]:

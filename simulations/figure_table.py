@@ -33,6 +33,7 @@ from fedlmc.simulations.figures import (
 from fedlmc.simulations.report_data import accuracy_methods, axis_rows, has_values
 from fedlmc.simulations.report_training import has_client_curves, training_curves_figure
 from fedlmc.simulations.sweep import varying_keys
+from fedlmc.simulations.width_figures import has_mixed_widths, width_mix_figure
 
 
 @dataclass(frozen=True)
@@ -250,3 +251,8 @@ def lambda_paths(d: FigureInputs, path: Path) -> Path | None:
 @figure("training_curves", lambda d: has_client_curves(d.training))
 def training_curves(d: FigureInputs, path: Path) -> Path | None:
     return training_curves_figure(d.training, path, d.settings)
+
+
+@figure("width_mix", lambda d: has_mixed_widths(d.rows))
+def width_mix(d: FigureInputs, path: Path) -> Path | None:
+    return width_mix_figure(d.rows, d.methods, path, d.settings)

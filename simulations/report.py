@@ -35,6 +35,11 @@ figures whose data exists:
 - ``training_curves.png``: from ``training.csv``, each client's training loss per epoch (log
   scale), one panel per width, one line per client and seed; not drawn for a folder without
   ``training.csv``, whose ``report.md`` convergence section says so.
+- ``width_mix.png``: when some cell's clients differ in width from the server
+  (``client-widths``, ``server-width``): merged accuracy (with the clients' mean and the
+  ensemble) and the calibrated barrier at lambda = 1/2 against the width mix ``"client widths ->
+  server width"``, solid for ``init = independent``, dashed for ``shared``
+  (:mod:`fedlmc.simulations.width_figures`).
 
 When a config key other than the x axis and ``seed`` varies too, figures get one panel per
 value combination of those keys. ``report.md`` holds the tables (markdown) and links to the

@@ -59,12 +59,22 @@ from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.io import atomic_write
-from fedlmc.simulations.config import FEDAVG, method_list, validate_run_config
+from fedlmc.simulations.config import (
+    FEDAVG,
+    client_width,
+    client_widths,
+    method_list,
+    mixed_widths,
+    server_width,
+    validate_run_config,
+    widths_text,
+)
 from fedlmc.simulations.provenance import version_columns
 from fedlmc.simulations.results_file import check_writable_folder, refuse_mixing
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
+    client_templates,
     client_train_data,
     device_of,
     load_splits,
@@ -80,7 +90,7 @@ from fedlmc.strategies import (
 )
 from fedlmc.strategies.fedavg import MERGED_TEST_ACCURACY, MERGED_TEST_LOSS
 from fedlmc.strategies.protocol import record_to_state, state_to_record
-from fedlmc.strategies.screening import WeightBound
+from fedlmc.strategies.screening import ClientReferences, WeightBound
 from fedlmc.strategies.strategy_utils import Failure, RoundReport, StateDict
 from fedlmc.study.compare import (
     Comparison,
@@ -103,6 +113,16 @@ class ServerOutcome:
     reports: dict[str, RoundReport] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     weight_bound: WeightBound | None = None
+    client_templates: dict[int, nn.Module] | None = None
+    """Clients of different widths: per partition id a model at that client's width (``None``:
+    every client at the server's width, :func:`fedlmc.simulations.config.mixed_widths`)."""
+
+    def templates_of(self, report: RoundReport, template: nn.Module) -> list[nn.Module]:
+        """The architecture each survivor's weights load into: its own width's, or
+        ``template`` when every client has the server's width."""
+        if self.client_templates is None:
+            return [template] * len(report.survivors)
+        return [self.client_templates[u.partition_id] for u in report.survivors]
 
     def table(self, with_config: bool = False) -> pd.DataFrame:
         """The rows as a DataFrame (one per method); ``with_config`` appends the run-config
@@ -110,6 +130,10 @@ class ServerOutcome:
         rows = [{**row, **self.config} for row in self.rows] if with_config else self.rows
         return pd.DataFrame(rows)
 
+
+MIXED_COLLECT = "embed_average"
+"""The merge of the ``compare`` strategy's collecting round when the clients' widths differ (the
+study's rows are computed afterwards from the collected models; this merge is not a row)."""
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -124,10 +148,24 @@ def failures_text(failures: Sequence[Failure]) -> str:
     return "; ".join(" ".join(f.describe().split())[:300] for f in failures)
 
 
+def width_columns(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``client_widths`` (every client's width, in partition order) and ``server_width`` (the
+    merged model's), resolved from the run config."""
+    return {
+        "client_widths": widths_text(client_widths(config)),
+        "server_width": server_width(config),
+    }
+
+
 def round_columns(
-    report: RoundReport, bytes_sent: int, seconds: float, rounds: int
+    report: RoundReport,
+    bytes_sent: int,
+    seconds: float,
+    rounds: int,
+    config: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Columns describing the rounds behind a row (:data:`fedlmc.study.rows.ROUND_COLUMNS`)."""
+    """Columns describing the rounds behind a row (:data:`fedlmc.study.rows.ROUND_COLUMNS`),
+    the width columns (:func:`width_columns`) included."""
     train_seconds = [u.metrics.get("train-seconds", 0.0) for u in report.survivors]
     columns = {
         "clients_survived": len(report.survivors),
@@ -138,6 +176,7 @@ def round_columns(
         "rounds": int(rounds),
         "train_seconds": float(sum(t for t in train_seconds if isinstance(t, int | float))),
         "round_seconds": float(seconds),
+        **width_columns(config),
     }
     assert tuple(columns) == ROUND_COLUMNS
     return columns
@@ -174,17 +213,20 @@ def merged_row(
 
 
 def endpoint_metrics(
-    template: nn.Module, states: Sequence[StateDict], splits: DataSplits, device: torch.device
+    templates: Sequence[nn.Module],
+    states: Sequence[StateDict],
+    splits: DataSplits,
+    device: torch.device,
 ) -> list[dict[str, float]]:
-    """Test metrics of the clients' own models
+    """Test metrics of the clients' own models, each loaded into its template (its width's)
     (:meth:`fedlmc.study.compare.Predictions.metrics`)."""
     if not states or not states[0]:
         return []
     return [
-        Predictions.of(load_state(template, sd).to(device).eval(), splits, device).metrics(
+        Predictions.of(load_state(model, sd).to(device).eval(), splits, device).metrics(
             splits.test[1]
         )
-        for sd in states
+        for model, sd in zip(templates, states, strict=True)
     ]
 
 
@@ -258,7 +300,18 @@ def _kwargs(config: Mapping[str, Any], splits: DataSplits, device: torch.device,
         "wait_timeout": config["timeout"],
         "query_timeout": config["timeout"],
         "device": device,
+        "client_references": client_references(config, outcome),
     }
+
+
+def client_references(config: Mapping[str, Any], outcome: ServerOutcome) -> ClientReferences | None:
+    """Clients of different widths: the arrays the server expects of each partition (its
+    width's model), for the train screen; ``None`` when every client has the server's width."""
+    if outcome.client_templates is None:
+        return None
+    states = {p: model.state_dict() for p, model in outcome.client_templates.items()}
+    labels = {p: f"width {client_width(config, p):g}" for p in states}
+    return ClientReferences.of_states(states, labels)
 
 
 # ----------------------------------------------------------------------------- modes
@@ -271,10 +324,12 @@ def compare_cell(
     weights: Sequence[float],
     splits: DataSplits,
     device: torch.device,
+    client_templates: Sequence[nn.Module] | None = None,
 ) -> Comparison:
     """:func:`fedlmc.study.compare_methods` with the run config's settings: its ``methods``
     (FedAvg aside: it is a run of its own), ``lambdas``, ``seed``, ``diagnostics`` and the
-    merge methods' options."""
+    merge methods' options; ``client_templates``: each client's architecture (its width's)
+    when it differs from ``template``'s."""
     return compare_methods(
         template,
         states,
@@ -286,6 +341,7 @@ def compare_cell(
         diagnostics=config["diagnostics"],
         device=device,
         method_options=method_options(config),
+        client_templates=client_templates,
     )
 
 
@@ -293,16 +349,21 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     """Collect the client models once, evaluate every requested method on them (each base merge
     once, its weights kept for ``merged-<method>.safetensors``)."""
     kwargs = _kwargs(config, splits, device, outcome)
-    strategy = OneShotAverage(template, calibration="none", keep_client_states=True, **kwargs)
+    kwargs.update(calibration="none", keep_client_states=True)
+    if outcome.client_templates is None:
+        strategy = OneShotAverage(template, **kwargs)
+    else:  # the collecting round's own merge must take clients of different widths
+        strategy = PermutationAlignedAverage(template, method=MIXED_COLLECT, **kwargs)
     result, seconds = _start(strategy, grid, template, config, 1)
     report = result.report
     outcome.results["compare"], outcome.reports["compare"] = result, report
     states = [u.state for u in report.survivors]
     weights = list(result.weights)
     start = time.perf_counter()
-    comparison = compare_cell(config, template, states, weights, splits, device)
+    own = None if outcome.client_templates is None else outcome.templates_of(report, template)
+    comparison = compare_cell(config, template, states, weights, splits, device, own)
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
-    columns = round_columns(report, result_bytes(result), seconds, rounds=1)
+    columns = round_columns(report, result_bytes(result), seconds, 1, config)
     outcome.rows.extend({**row, **columns} for row in comparison.rows)
     outcome.merged.update(comparison.merged)
     if FEDAVG in method_list(config):
@@ -334,8 +395,9 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     outcome.results[base], outcome.reports[base] = result, report
     outcome.merged[base] = result.merged_state
     model = load_state(template, result.merged_state).to(device).eval()
-    endpoints = endpoint_metrics(template, [u.state for u in report.survivors], splits, device)
-    columns = round_columns(report, result_bytes(result), seconds, 1 + result.query_rounds)
+    states = [u.state for u in report.survivors]
+    endpoints = endpoint_metrics(outcome.templates_of(report, template), states, splits, device)
+    columns = round_columns(report, result_bytes(result), seconds, 1 + result.query_rounds, config)
     columns["merge_seconds"] = result.merge_seconds
     n = len(report.survivors)
     rows = [merged_row(base, model, splits, None, endpoints, n, device)]
@@ -365,7 +427,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     outcome.merged[FEDAVG] = merged
     model = load_state(template, merged).to(device).eval()
     row = merged_row(FEDAVG, model, splits, None, [], len(last.survivors), device)
-    columns = round_columns(last, result_bytes(result), seconds, rounds)
+    columns = round_columns(last, result_bytes(result), seconds, rounds, config)
     columns["train_seconds"] = float(
         sum(
             u.metrics.get("train-seconds", 0.0)
@@ -430,6 +492,8 @@ def run_server(
     outcome.timings["load_seconds"] = time.perf_counter() - start
     device = device_of(config)
     template = build_from_config(config, splits)
+    if mixed_widths(config):
+        outcome.client_templates = client_templates(config, splits)
     outcome.weight_bound = weight_bound(config, simulated)
     MODES[config["strategy"]](grid, config, splits, template, device, outcome)
     outcome.timings["server_seconds"] = time.perf_counter() - start

@@ -241,7 +241,8 @@ def cell_summary(
         for k, v in point.items()
         if k not in ("width", "num-clients")
     ]
-    head = " ".join([f"width={config['width']:g}", f"clients={config['num-clients']}", *others])
+    width = [] if config.get("client-widths") else [f"width={config['width']:g}"]  # mixed: others
+    head = " ".join([*width, f"clients={config['num-clients']}", *others])
     if rows["status"].iloc[0] != "ok":
         return f"{head} | FAILED: {rows['error'].iloc[0]} ({seconds:.0f} s)"
     accs = " ".join(

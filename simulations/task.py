@@ -35,9 +35,11 @@ from fedlmc.models.classifiers import build_model
 from fedlmc.models.registry import model_entry
 from fedlmc.simulations.config import (
     calibration_holdout,
+    client_widths,
     option_key,
     resolved_bias,
     run_schema,
+    server_width,
     validate_run_config,
 )
 from fedlmc.train import seed_everything
@@ -193,22 +195,35 @@ def client_calibration_data(
 
 
 def build_from_config(
-    config: Mapping[str, Any], splits: DataSplits, seed: int | None = None
+    config: Mapping[str, Any],
+    splits: DataSplits,
+    seed: int | None = None,
+    width: float | None = None,
 ) -> nn.Module:
     """The configured model for ``splits`` (``norm = auto`` = the model's default; the model's
-    registered options read from their run-config keys); its initial weights are drawn after
+    registered options read from their run-config keys) at ``width`` (default: the server's,
+    :func:`~fedlmc.simulations.config.server_width`; a client builds its own,
+    :func:`~fedlmc.simulations.config.client_width`); its initial weights are drawn after
     seeding every RNG with ``seed`` (default: the config seed)."""
     options = model_options(config)
     with _BUILD_LOCK:
         seed_everything(config["seed"] if seed is None else seed)
         return build_model(
             config["model"],
-            width=config["width"],
+            width=server_width(config) if width is None else width,
             num_classes=splits.num_classes,
             in_shape=splits.in_shape,
             norm=None if config["norm"] == "auto" else config["norm"],
             **options,
         )
+
+
+def client_templates(config: Mapping[str, Any], splits: DataSplits) -> dict[int, nn.Module]:
+    """Per partition id, a model at that client's width
+    (:func:`~fedlmc.simulations.config.client_widths`; its weights are not used): the arrays the
+    server expects from the client, and the architecture its trained weights load into."""
+    widths = client_widths(config)
+    return {p: build_from_config(config, splits, width=w) for p, w in enumerate(widths)}
 
 
 def model_options(config: Mapping[str, Any]) -> dict[str, Any]:

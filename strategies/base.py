@@ -8,7 +8,8 @@
   ``num_clients`` are left idle, so never more clients are merged than the row says); the
   round's config passes through :meth:`ScreenedFedAvg.round_config`;
 - :meth:`ScreenedFedAvg.screen` drops every reply that fails the screen of
-  :mod:`fedlmc.strategies.screening` (errors, malformed replies, wrong keys, shapes or dtypes,
+  :mod:`fedlmc.strategies.screening` (errors, malformed replies, wrong keys, shapes or dtypes
+  (against the sent arrays, or with ``client_references`` against each partition's own),
   non-finite or huge weights, bad counts, partition ids out of ``0 .. connected nodes - 1`` or
   claimed twice; :func:`fedlmc.strategies.strategy_utils.screen_replies`), logs why (and why a
   survivor's per-epoch history was dropped, if it was), and raises
@@ -37,7 +38,7 @@ from flwr.supercore import log
 
 from fedlmc.strategies.flower_compat import construct_messages
 from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY
-from fedlmc.strategies.screening import Reference, WeightBound
+from fedlmc.strategies.screening import ClientReferences, Reference, WeightBound
 from fedlmc.strategies.strategy_utils import (
     RoundReport,
     check_client_counts,
@@ -79,6 +80,7 @@ class ScreenedFedAvg(FedAvg):
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
         weight_bound: WeightBound | None = None,
+        client_references: ClientReferences | None = None,
     ) -> None:
         check_client_counts(num_clients, min_clients)
         super().__init__(
@@ -97,7 +99,8 @@ class ScreenedFedAvg(FedAvg):
         self.wait_timeout = float(wait_timeout)
         self._grid: Grid | None = None
         self.weight_bound = weight_bound if weight_bound is not None else WeightBound()
-        self._reference: Reference | None = None
+        self.client_references = client_references
+        self._reference: Reference | ClientReferences | None = None
         self._num_partitions: int | None = None
         self._sent_to: list[int] = []
         self._round_config: dict[str, Any] = {}
@@ -136,10 +139,12 @@ class ScreenedFedAvg(FedAvg):
         num_partitions: int | None = None,
     ) -> None:
         """Remember what a round sent: the reference shapes and dtypes (``arrays``; empty = no
-        reference, then survivors must agree among themselves), the nodes asked, the round's
+        reference, then survivors must agree among themselves; with ``client_references``,
+        clients of different widths, each reply is checked against its partition's
+        instead), the nodes asked, the round's
         config and the bound on partition ids (default: the number of nodes asked).
         Called by :meth:`configure_train`."""
-        self._reference = Reference.of_record(arrays)
+        self._reference = self.client_references or Reference.of_record(arrays)
         self._sent_to = [int(n) for n in node_ids]
         self._num_partitions = int(num_partitions or len(self._sent_to)) or None
         self._round_config = dict(config or {})

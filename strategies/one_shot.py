@@ -85,7 +85,7 @@ from fedlmc.permutation.spec import PermutationSpec
 from fedlmc.strategies.base import ScreenedFedAvg
 from fedlmc.strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
 from fedlmc.strategies.queries import ClientRounds
-from fedlmc.strategies.screening import WeightBound
+from fedlmc.strategies.screening import ClientReferences, WeightBound
 from fedlmc.strategies.strategy_utils import (
     ClientUpdate,
     RoundReport,
@@ -163,6 +163,11 @@ class OneShotAverage(ScreenedFedAvg):
     keep_client_states : bool
         Keep the survivors' state dicts in the result's ``report`` (for studies comparing
         methods).
+    client_references : ClientReferences, optional
+        Clients of different widths: the arrays expected of each partition
+        (:class:`fedlmc.strategies.screening.ClientReferences`; a reply of other shapes is
+        dropped by name). ``template`` is then the merged model's (server) width and the merge
+        method must be a mixed-width one (``mixed_widths`` in :mod:`fedlmc.merging.methods`).
 
     Calibration queries carry the round's train config, so clients see the same run
     configuration. ``start`` returns a :class:`OneShotResult`.
@@ -189,6 +194,7 @@ class OneShotAverage(ScreenedFedAvg):
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
         weight_bound: WeightBound | None = None,
+        client_references: ClientReferences | None = None,
     ) -> None:
         super().__init__(
             num_clients=num_clients,
@@ -198,6 +204,7 @@ class OneShotAverage(ScreenedFedAvg):
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
             weight_bound=weight_bound,
+            client_references=client_references,
         )
         self.template = copy.deepcopy(template).cpu().eval()
         self.calibration = check_choice("calibration", calibration, CALIBRATIONS)

@@ -4,7 +4,9 @@ A client's reply is untrusted input. Every message type has one screen here; eac
 :class:`ScreenError` with a one-line reason (the caller drops the reply and names the node):
 
 - **train** (:func:`check_train_arrays`, :func:`check_count`): the arrays' keys and shapes equal
-  the reference the server sent; a tensor is floating where the reference is floating and has
+  the reference the server sent, or, with clients of different widths, the reference of the
+  reply's partition (:class:`ClientReferences`: the shapes of that client's width); a tensor is
+  floating where the reference is floating and has
   exactly the reference's dtype where it is an integer or bool buffer (``num_batches_tracked``);
   every floating value is finite and at most :data:`MAX_ABS_WEIGHT` in absolute value (trained
   weights are O(1); 1e30-scaled weights overflow the logits); ``num-examples`` an integer-valued
@@ -122,6 +124,50 @@ class Reference:
             return None
         shapes = {k: tuple(int(d) for d in a.shape) for k, a in record.items()}
         return cls(shapes, {k: str(np.dtype(a.dtype)) for k, a in record.items()})
+
+
+@dataclass(frozen=True)
+class ClientReferences:
+    """What the server expects from each client when the clients differ (e.g. in width): per
+    partition id a :class:`Reference` and a label naming what it is (``"width 0.5"``)."""
+
+    references: Mapping[int, Reference]
+    labels: Mapping[int, str]
+
+    @classmethod
+    def of_states(
+        cls, states: Mapping[int, Mapping[str, Tensor]], labels: Mapping[int, str] | None = None
+    ) -> ClientReferences:
+        """Per partition id, the reference of a state dict of the architecture that client
+        trains (e.g. a model built at its width; the values are not used)."""
+        references = {
+            int(pid): Reference(
+                {k: tuple(int(d) for d in v.shape) for k, v in state.items()},
+                {k: str(v.detach().cpu().numpy().dtype) for k, v in state.items()},
+            )
+            for pid, state in states.items()
+        }
+        return cls(references, dict(labels or {}))
+
+    def of(self, partition_id: int) -> Reference:
+        """The reference of ``partition_id``'s client; :class:`ScreenError` when it has none."""
+        if partition_id not in self.references:
+            known = sorted(self.references)
+            raise ScreenError(
+                f"partition-id = {partition_id}: no expected arrays for it; allowed: "
+                f"{', '.join(str(p) for p in known)}"
+            )
+        return self.references[partition_id]
+
+    def check(self, record: ArrayRecord, partition_id: int) -> None:
+        """:func:`check_train_arrays` against ``partition_id``'s reference, the reason naming
+        what the client should have sent (its label)."""
+        try:
+            check_train_arrays(record, self.of(partition_id))
+        except ScreenError as err:
+            label = self.labels.get(partition_id, "")
+            where = f" ({label} for partition {partition_id})" if label else ""
+            raise ScreenError(f"{err}{where}") from None
 
 
 def _dtype_allowed(sent: np.dtype, expected: np.dtype) -> bool:

@@ -39,6 +39,7 @@ from fedlmc.strategies.protocol import (
     tensor_bytes,
 )
 from fedlmc.strategies.screening import (
+    ClientReferences,
     Reference,
     ScreenError,
     check_count,
@@ -161,14 +162,16 @@ def _partition_from_reason(reason: str | None) -> int | None:
 
 def screen_reply(
     message: Message,
-    reference: Reference | Shapes | None,
+    reference: Reference | ClientReferences | Shapes | None,
     weighted_by_key: str = NUM_EXAMPLES_KEY,
     num_partitions: int | None = None,
     epochs: int | None = None,
 ) -> ClientUpdate | Failure:
     """The reply as a :class:`ClientUpdate`, or the :class:`Failure` saying why it is dropped
-    (the train screen of :mod:`fedlmc.strategies.screening`); its per-epoch history (lists as
-    long as ``epochs`` when given) is screened apart: a bad one drops only the history."""
+    (the train screen of :mod:`fedlmc.strategies.screening`; with
+    :class:`~fedlmc.strategies.screening.ClientReferences`, against the shapes expected of the
+    reply's partition); its per-epoch history (lists as long as ``epochs`` when given) is
+    screened apart: a bad one drops only the history."""
     node = int(message.metadata.src_node_id)
     if message.has_error():
         reason = message.error.reason or f"error code {message.error.code}"
@@ -186,7 +189,9 @@ def screen_reply(
         return Failure(node, partition_id, f"malformed reply: {err}")
     size = tensor_bytes(record)
     try:
-        if reference is not None and not reference.dtypes:
+        if isinstance(reference, ClientReferences):
+            reference.check(record, partition_id)
+        elif reference is not None and not reference.dtypes:
             problem = _shape_problem(record_shapes(record), reference.shapes)
             if problem:
                 raise ScreenError(problem)
@@ -208,7 +213,7 @@ def screen_reply(
 
 def screen_replies(
     replies: Iterable[Message],
-    reference: Reference | Shapes | None,
+    reference: Reference | ClientReferences | Shapes | None,
     sent_to: Sequence[int] = (),
     weighted_by_key: str = NUM_EXAMPLES_KEY,
     num_partitions: int | None = None,
@@ -219,8 +224,10 @@ def screen_replies(
     Nodes in ``sent_to`` that sent no reply count as failures ("no reply before the timeout");
     replies sharing a partition id are all dropped; ids must be below ``num_partitions``.
     Without a ``reference`` the survivors must agree among themselves on keys and shapes
-    (:class:`InconsistentShapesError` otherwise). ``epochs``: the length the per-epoch
-    histories must have (:func:`screen_reply`).
+    (:class:`InconsistentShapesError` otherwise); with
+    :class:`~fedlmc.strategies.screening.ClientReferences` each reply is checked against its
+    partition's (clients of different widths). ``epochs``: the length the per-epoch histories
+    must have (:func:`screen_reply`).
     """
     report = RoundReport()
     replied = set()

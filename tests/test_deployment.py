@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
 
@@ -140,7 +141,7 @@ def start_deployment(tmp_path_factory, supernodes: int) -> Iterator[dict]:
             stop(process)
 
 
-def flwr_run(deployment: dict, overrides: str) -> subprocess.CompletedProcess:
+def flwr_run(deployment: dict, overrides: str, base: str = TINY) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             str(BIN / "flwr"),
@@ -148,7 +149,7 @@ def flwr_run(deployment: dict, overrides: str) -> subprocess.CompletedProcess:
             ".",
             "loopback",
             "--run-config",
-            f"{TINY} {overrides}",
+            f"{base} {overrides}",
             "--stream",
         ],
         cwd=REPO,
@@ -211,6 +212,29 @@ def test_client_side_activation_matching_keeps_state_in_the_supernodes(deploymen
     assert 0 < calibrated["temperature"] < 1000 and calibrated["temperature"] != 1.0
     assert 0 < calibrated["temperature_server_split"] < 1000
     assert (out / "merged-activation_federated.safetensors").exists()
+
+
+def test_supernodes_of_different_widths_are_merged_at_the_server_width(deployment, tmp_path):
+    """All three SuperNodes train, each its partition's width (``client-widths``: 16, 32 and 16
+    hidden units); the server checks each reply against its partition's shapes and merges them
+    at the widest client's width."""
+    out = tmp_path / "widths"
+    base = TINY.replace("num-clients=2 min-clients=2", "num-clients=3 min-clients=3")
+    run = flwr_run(
+        deployment,
+        'client-widths="0.25,0.5,0.25" strategy="aligned" align="embed_weight_matching" '
+        f'calibration="server" out-dir="{out}"',
+        base=base,
+    )
+    detail = f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
+    assert run.returncode == 0 and (out / "results.csv").exists(), detail
+    rows = pd.read_csv(out / "results.csv")
+    assert list(rows["method"]) == ["embed_weight_matching", "embed_weight_matching_t"]
+    assert (rows["clients_survived"] == 3).all() and (rows["clients_dropped"] == 0).all()
+    assert (rows["client_widths"] == "0.25,0.5,0.25").all() and (rows["server_width"] == 0.5).all()
+    assert rows["accuracy"].between(0, 1).all()
+    merged = load_file(str(out / "merged-embed_weight_matching.safetensors"))
+    assert merged["hidden.0.linear.weight"].shape[0] == 32  # base-hidden 64 at width 0.5
 
 
 def test_pyproject_run_config_lists_every_schema_key_with_its_default():

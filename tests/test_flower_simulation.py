@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from fedlmc.averaging import average, load_state
 from fedlmc.evaluation import predict_logits
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.config import client_width, validate_run_config
 from fedlmc.simulations.federation import run_federation, run_federation_outcome
 from fedlmc.simulations.task import (
     build_from_config,
@@ -142,13 +142,17 @@ def test_compare_round_end_to_end(tmp_path):
 
 
 def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp_path):
+    """Clients of different widths too (client-widths): the survivors 0 and 3 (widths 0.25 and
+    0.5) are merged at the server width 0.5 by ``embed_average``, and every query runs on it."""
     config = validate_run_config(
         {
             **TINY,
             "norm": "bn",
             "num-clients": 4,
+            "client-widths": "0.25,0.25,0.5,0.5",
             "min-clients": 2,
-            "strategy": "average",
+            "strategy": "aligned",
+            "align": "embed_average",
             "calibration": "federated",
             "inject-failure": "raise:1,nan:2",
             "out-dir": str(tmp_path),
@@ -156,10 +160,15 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
     )
     outcome = run_federation_outcome(config)
     rows = outcome.table()
-    assert list(rows["method"]) == ["average", "average_t"]
+    assert list(rows["method"]) == ["embed_average", "embed_average_t"]
     assert (rows["clients_survived"] == 2).all()
-    report = outcome.reports["average"]
+    assert (rows["client_widths"] == "0.25,0.25,0.5,0.5").all() and (
+        rows["server_width"] == 0.5
+    ).all()
+    report = outcome.reports["embed_average"]
     assert report.survivor_ids == [0, 3]
+    first = [u.state["hidden.0.linear.weight"].shape[0] for u in report.survivors]
+    assert first == [16, 32]  # each client trained its own width (base-hidden 64)
     assert [f.partition_id for f in report.failures] == [1, 2]
     assert "injected failure" in report.failures[0].reason
     assert "non-finite" in report.failures[1].reason
@@ -167,7 +176,7 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
 
     # The federated temperature equals the centralised fit on the survivors' held-out shares
     # (calibration-holdout = 0.1 of each partition, never trained on).
-    merged = load_file(str(tmp_path / "merged-average.safetensors"))
+    merged = load_file(str(tmp_path / "merged-embed_average.safetensors"))
     splits = load_splits(config)
     model = load_state(build_from_config(config, splits), merged).eval()
     parts = [client_calibration_data(config, pid, 4) for pid in (0, 3)]
@@ -175,13 +184,13 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
     y = torch.cat([p[1] for p in parts])
     assert len(y) == sum(round(0.1 * len(client_data(config, p, 4)[1])) for p in (0, 3))
     expected = fit_temperature(predict_logits(model, x), y)
-    result = outcome.results["average"]  # the strategy's OneShotResult
+    result = outcome.results["embed_average"]  # the strategy's OneShotResult
     metrics = result.train_metrics_clientapp[1]
     assert metrics["temperature"] == pytest.approx(expected, rel=1e-5)
     assert result.temperature == metrics["temperature"] and result.bn_source == "federated"
     assert result.calibration_history[0]["round"] == -1  # the grid round, then Newton rounds
     assert result.report is report and result.query_rounds == metrics["query-rounds"]
-    calibrated = rows[rows.method == "average_t"].iloc[0]
+    calibrated = rows[rows.method == "embed_average_t"].iloc[0]
     assert calibrated["temperature"] == pytest.approx(metrics["temperature"])
     on_server = fit_temperature(predict_logits(model, splits.server[0]), splits.server[1])
     assert calibrated["temperature_server_split"] == pytest.approx(on_server, rel=1e-5)
@@ -192,7 +201,8 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
     assert sorted(set(curves["client"])) == [0, 3]  # the failed clients sent no history
     for update in report.survivors:
         held_x, held_y = client_calibration_data(config, update.partition_id, 4)
-        own = load_state(build_from_config(config, splits), update.state).eval()
+        width = client_width(config, update.partition_id)  # its own width (0.25 or 0.5)
+        own = load_state(build_from_config(config, splits, width=width), update.state).eval()
         loss = torch.nn.functional.cross_entropy(predict_logits(own, held_x), held_y)
         mine = curves[curves["client"] == update.partition_id]
         assert mine["calibration_loss"].iloc[-1] == pytest.approx(float(loss), rel=1e-5)

@@ -674,22 +674,25 @@ def _prepare(
     layer_names: Sequence[str] | None,
     options: dict[str, Any] | None,
     progress: Progress,
+    client_templates: Sequence[nn.Module] | None = None,
 ) -> _Cell:
     states = list(states)
     w = normalised_weights(weights, len(states))
     labels = splits.test[1]
     x = splits.test[0][:samples]
     names = layer_names_of(template, x.to(device), layer_names) if diagnostics else []
+    own = _client_templates(template, client_templates, len(states))
     predictions = []
     for i, sd in enumerate(states):
         _say(progress, f"predicting client {i + 1}/{len(states)}")
-        model = load_state(template, sd).to(device).eval()
+        model = load_state(own[i], sd).to(device).eval()
         predictions.append(Predictions.of(model, splits, device))
     endpoints = [p.metrics(labels) for p in predictions]
     references, top1 = _reference_rows(predictions, w, splits)
     temperatures = [p.temperature for p in predictions]
     common = {
         **endpoint_columns(endpoints),
+        "endpoint_acc_clients": _json_list([e["accuracy"] for e in endpoints]),
         "ensemble_acc": references["ensemble"]["accuracy"],
         "ensemble_nll": references["ensemble"]["nll"],
         "logit_ensemble_acc": references["logit_ensemble"]["accuracy"],
@@ -720,6 +723,21 @@ def _prepare(
         common,
         undefined,
     )
+
+
+def _client_templates(
+    template: nn.Module, given: Sequence[nn.Module] | None, count: int
+) -> list[nn.Module]:
+    """The model each client's weights load into: ``given`` (one per client, e.g. each at its own
+    width), else ``template`` for every client."""
+    if given is None:
+        return [template] * count
+    if len(given) != count:
+        raise ValueError(
+            f"client_templates: {len(given)} models for {count} client state dicts; allowed: "
+            "one per client"
+        )
+    return list(given)
 
 
 def _reference_row(cell: _Cell, method: str) -> dict[str, Any]:
@@ -844,6 +862,7 @@ def compare_methods(
     layer_names: Sequence[str] | None = None,
     method_options: dict[str, Any] | None = None,
     progress: Progress = None,
+    client_templates: Sequence[nn.Module] | None = None,
 ) -> Comparison:
     """One row per requested method (columns :func:`fedlmc.study.rows.row_columns`), all on the same
     client models, and the merged weights of each base merge (``Comparison.merged``).
@@ -858,7 +877,10 @@ def compare_methods(
     hand-written one) and ``layer_names`` (default: ``template.layer_names``, else derived from
     the graph) make any traceable model work. ``method_options`` reach every merge method
     (e.g. ``{"auto_tolerance": 0.05}``). ``progress`` (optional) receives one-line status
-    messages.
+    messages. ``client_templates`` (one model per client) are the architectures the clients'
+    weights load into when they differ from ``template`` (clients of different widths, merged
+    at ``template``'s width by a mixed-width merge method); default: ``template`` for every
+    client.
     """
     methods = check_methods(study_methods() if methods is None else methods)
     _check_states(states)
@@ -886,6 +908,7 @@ def compare_methods(
         layer_names=layer_names,
         options=method_options,
         progress=progress,
+        client_templates=client_templates,
     )
     shared: dict[str, _BaseMerge] = {}
     result = Comparison()
