@@ -651,11 +651,16 @@ def check_widths(config: Mapping[str, Any]) -> None:
     if one_width:
         average = config["strategy"] == "average"
         where = "strategy = 'average'" if average else f"merge method {one_width[0]!r}"
+        hint = (
+            " (strategy = 'aligned', align = ...)"
+            if average
+            else ", each also with _t (set methods, e.g. methods = "
+            '"embed_average_t,embed_weight_matching_t,heterofl_t,ensemble")'
+        )
         raise ConfigError(
             f"{where}: needs clients of one width (client widths "
             f"{widths_text(client_widths(config))}, server width {server_width(config):g}); "
-            f"allowed for mixed widths: {', '.join(mixed_width_methods())}"
-            + (" (strategy = 'aligned', align = ...)" if average else "")
+            f"allowed for mixed widths: {', '.join(mixed_width_methods())}{hint}"
         )
     if resolved_norm(config) == "ln":
         raise ConfigError(
