@@ -107,7 +107,8 @@ def json_rows(
     when a column is missing."""
     if any(column not in rows for column in columns):
         return rows.iloc[0:0], []
-    data = rows.assign(**{f"_{c}": parse_json_column(rows, c) for c in columns})
+    parsed = pd.DataFrame({f"_{c}": parse_json_column(rows, c) for c in columns}, index=rows.index)
+    data = pd.concat([rows, parsed], axis=1)  # one join: ``assign`` on a wide frame fragments it
     data = data[data[f"_{columns[0]}"].map(valid)]
     return data, accuracy_methods(data)
 

@@ -63,7 +63,8 @@ def lewc_scope_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[str]:
     if "lewc_measured_on" not in rows:
         return []
     found = rows[rows["method"].isin(methods)]
-    scope = found[["method", "lewc_measured_on", "lewc_undefined_reason"]].fillna("")
+    scope = found[["method", "lewc_measured_on", "lewc_undefined_reason"]].astype(object)
+    scope = scope.fillna("")  # an all-empty column reads as float64 NaN
     scope = scope[scope["lewc_measured_on"] != ""].drop_duplicates()
     if scope.empty:
         return []
