@@ -72,6 +72,7 @@ def per_width_table(summary: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for group, part in summary.groupby("group", sort=False):
         settled = part["settled_epoch"]
+        none = "NaN (none settled)"  # a mean over no settled curve is undefined, not empty
         rows.append(
             {
                 "width": group,
@@ -79,8 +80,12 @@ def per_width_table(summary: pd.DataFrame) -> pd.DataFrame:
                 "final train loss, mean": part["final_train_loss"].mean(),
                 "min": part["final_train_loss"].min(),
                 "max": part["final_train_loss"].max(),
-                "settled epoch, mean": settled.mean(),
-                "settled epoch, max": settled.max(),
+                "settled epoch of the settled, mean": settled.mean()
+                if settled.notna().any()
+                else none,
+                "settled epoch of the settled, max": settled.max()
+                if settled.notna().any()
+                else none,
                 "never settled": f"{int(settled.isna().sum())} / {len(part)}",
                 "not converged": f"{int(part['not_converged'].sum())} / {len(part)}",
             }
