@@ -18,7 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write", "atomic_write_json", "atomic_write_text", "remove_stale_temporaries"]
+__all__ = [
+    "atomic_write",
+    "atomic_write_csv",
+    "atomic_write_json",
+    "atomic_write_text",
+    "remove_stale_temporaries",
+]
 
 TEMP_SUFFIX = ".tmp"
 
@@ -66,6 +72,12 @@ def atomic_write(
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """:func:`atomic_write` of a UTF-8 text."""
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def atomic_write_csv(path: str | os.PathLike, frame: Any) -> Path:
+    """:func:`atomic_write` of a pandas DataFrame as CSV without its index (pandas is not
+    imported here: ``frame`` brings its own ``to_csv``)."""
+    return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:

@@ -217,6 +217,17 @@ def dest_name(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
+def print_error(message: object, status: int = 1) -> int:
+    """``fedlmc: error: <message on one line>`` on stderr; returns ``status`` (the exit code)."""
+    print(f"fedlmc: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return status
+
+
+def failure(what: str, err: BaseException) -> int:
+    """:func:`print_error` of ``what failed: <error type>: <error>``; returns 1."""
+    return print_error(f"{what} failed: {type(err).__name__}: {err}")
+
+
 def export_to_tracker(out_dir: Path | str, request) -> int:
     """Export ``out_dir`` to the tracker of ``request`` (:func:`track_request`); 0, or 1 with
     one line on stderr when the tracker fails."""
@@ -228,12 +239,7 @@ def export_to_tracker(out_dir: Path | str, request) -> int:
     except ValueError:
         raise
     except Exception as err:  # noqa: BLE001 - a failed export is reported on one line
-        print(
-            f"fedlmc: error: export to {name} failed: {type(err).__name__}: "
-            f"{' '.join(str(err).split())}",
-            file=sys.stderr,
-        )
-        return 1
+        return failure(f"export to {name}", err)
     print(summary.line())
     return 0
 
@@ -263,11 +269,7 @@ def command_sweep(args: argparse.Namespace) -> int:
             cells_in_flight=args.cells_in_flight,
         )
     except EngineError as err:
-        print(
-            f"fedlmc: error: {' '.join(str(err).split())}; rerun the same command to resume",
-            file=sys.stderr,
-        )
-        return 1
+        return print_error(f"{err}; rerun the same command to resume")
     print(f"results: {out_dir / 'results.csv'} ({len(results)} rows)")
     if not args.no_report:
         print_report(out_dir)
@@ -321,21 +323,13 @@ def command_run(args: argparse.Namespace) -> int:
     try:
         rows = run_federation(config, ray_address=args.ray_address)
     except ClientsFailedError as err:  # the clients, not the configuration, failed: exit 1
-        print(
-            f"fedlmc: error: the federation failed because of its clients: "
-            f"{type(err).__name__}: {' '.join(str(err).split())}",
-            file=sys.stderr,
+        return print_error(
+            f"the federation failed because of its clients: {type(err).__name__}: {err}"
         )
-        return 1
     except ValueError:
         raise
     except Exception as err:  # noqa: BLE001 - a failed federation is reported on one line
-        print(
-            f"fedlmc: error: the federation failed: {type(err).__name__}: "
-            f"{' '.join(str(err).split())}",
-            file=sys.stderr,
-        )
-        return 1
+        return failure("the federation", err)
     shown = [c for c in SHOWN_COLUMNS if c in rows.columns]
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -427,8 +421,7 @@ def command_data(args: argparse.Namespace) -> int:
     try:
         result = fetch_dataset(args.name, args.root, mirror=args.mirror)
     except DownloadError as err:  # the network, not the command, failed
-        print(f"fedlmc: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 1
+        return print_error(err)
     print(result.summary())
     return 0
 
@@ -454,15 +447,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except ValueError as err:  # ConfigError is a ValueError
-        message = " ".join(str(err).split())
-        print(f"fedlmc: error: {message}", file=sys.stderr)
-        return 2
+        return print_error(err, status=2)
     except BrokenPipeError:  # e.g. `fedlmc validate ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as err:  # e.g. an out dir that cannot be created
-        print(f"fedlmc: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 1
+        return print_error(err)
     except KeyboardInterrupt:
         print("fedlmc: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedlmc.io import atomic_write
+from fedlmc.io import atomic_write_csv
 from fedlmc.simulations.schema import ConfigError
 from fedlmc.study.rows import column_table
 
@@ -153,7 +153,7 @@ def read_results(out_dir: str | os.PathLike, *, set_aside_bad: bool = False) -> 
         more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
         if set_aside_bad:
             target = set_aside(path, header, [row for row, _ in bad])
-            atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+            atomic_write_csv(path, frame)
             where = f"moved to {str(target)!r}; their cells run again"
         else:
             where = "left out"

@@ -58,7 +58,7 @@ from torch import nn
 from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
-from fedlmc.io import atomic_write
+from fedlmc.io import atomic_write, atomic_write_csv
 from fedlmc.simulations.config import (
     FEDAVG,
     client_width,
@@ -461,7 +461,7 @@ def write_outputs(
     for column, value in version_columns(device).items():
         table[column] = value
     write_training(training_rows(outcome, outcome.config), folder)
-    atomic_write(folder / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
+    atomic_write_csv(folder / "results.csv", table)
     for method, state in outcome.merged.items():
         tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
         path = folder / f"merged-{method}.safetensors"

@@ -56,7 +56,7 @@ from typing import Any
 
 import pandas as pd
 
-from fedlmc.io import atomic_write, atomic_write_json, remove_stale_temporaries
+from fedlmc.io import atomic_write_csv, atomic_write_json, remove_stale_temporaries
 from fedlmc.simulations.config import (
     ConfigError,
     SweepConfig,
@@ -134,11 +134,6 @@ def run_cell(runner: Runner, cid: str, config: Mapping[str, Any]) -> pd.DataFram
 # ----------------------------------------------------------------------------- results file
 
 
-def atomic_write_csv(frame: pd.DataFrame, path: Path) -> None:
-    """Write ``frame`` to ``path`` atomically (:func:`fedlmc.io.atomic_write`)."""
-    atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
-
-
 def merge_columns(old: Sequence[str], new: Sequence[str]) -> list[str]:
     """``old`` columns in order, then the columns of ``new`` not yet seen."""
     return list(dict.fromkeys([*old, *new]))
@@ -150,7 +145,7 @@ def append_rows(out_dir: Path, rows: pd.DataFrame) -> pd.DataFrame:
     keep = old[old["cell_id"] != rows["cell_id"].iloc[0]]
     table = pd.concat([keep, rows], ignore_index=True) if len(keep) else rows.copy()
     table = table.reindex(columns=merge_columns(old.columns, rows.columns))
-    atomic_write_csv(table, out_dir / RESULTS)
+    atomic_write_csv(out_dir / RESULTS, table)
     return table
 
 
@@ -225,7 +220,7 @@ def supersede(out_dir: Path, keep_ids: set[str]) -> None:
         os.replace(config, out_dir / "config.previous.json")
     kept = old[old["cell_id"].isin(keep_ids)]
     if len(kept):
-        atomic_write_csv(kept, results)
+        atomic_write_csv(results, kept)
     keep_cells(out_dir, keep_ids)
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from fedlmc.io import atomic_write
+from fedlmc.io import atomic_write_csv
 from fedlmc.training_columns import (
     CLIENT_EPOCH,
     FEDAVG_ROUND,
@@ -115,16 +115,12 @@ def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.loc[ordered.index].reset_index(drop=True)
 
 
-def _write(frame: pd.DataFrame, path: Path) -> None:
-    atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
-
-
 def write_training(frame: pd.DataFrame, out_dir: str | os.PathLike) -> Path | None:
     """A run's ``training.csv`` (atomic); nothing when ``frame`` is empty."""
     if frame.empty:
         return None
     path = Path(out_dir) / TRAINING_FILE
-    _write(sorted_rows(frame), path)
+    atomic_write_csv(path, sorted_rows(frame))
     return path
 
 
@@ -181,7 +177,7 @@ def replace_cell_rows(out_dir: str | os.PathLike, cid: str, rows: pd.DataFrame) 
     tail = [c.name for c in TRAINING_COLUMNS]
     table = table.reindex(columns=[*[c for c in columns if c not in tail], *tail]).fillna("")
     table = _text_sorted(table)
-    _write(table, path)
+    atomic_write_csv(path, table)
     return table
 
 
@@ -196,7 +192,7 @@ def keep_cells(out_dir: str | os.PathLike, keep_ids: Sequence[str] | set[str]) -
     os.replace(path, folder / "training.previous.csv")
     kept = old[old["cell_id"].isin(set(keep_ids))]
     if len(kept):
-        _write(kept, path)
+        atomic_write_csv(path, kept)
 
 
 def read_training(out_dir: str | os.PathLike) -> pd.DataFrame | None:
