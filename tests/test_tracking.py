@@ -133,14 +133,20 @@ def hparams_of(events) -> dict:
     return {k: getattr(v, v.WhichOneof("kind")) for k, v in values.items()}
 
 
+def run_dir(cid: str, width: float) -> str:
+    """A cell's TensorBoard run (log dir) name: its grid values, then its cell id."""
+    return f"width={width} cell={cid}"
+
+
 def test_tensorboard_event_files_read_back(tmp_path):
     folder = sweep_folder(tmp_path / "sweep")
     summary = export_folder(folder, "tensorboard")
     track_dir = folder / "tensorboard"
     assert summary.written == (*CELLS, "report") and summary.skipped == ()
-    assert sorted(p.name for p in track_dir.iterdir()) == sorted([*CELLS, "report"])  # no failed
+    dirs = {cid: run_dir(cid, w) for cid, w in zip(CELLS, (0.25, 0.5), strict=True)}
+    assert sorted(p.name for p in track_dir.iterdir()) == sorted([*dirs.values(), "report"])
     for cid in CELLS:
-        events = accumulator(track_dir / cid)
+        events = accumulator(track_dir / dirs[cid])
         steps, rows = expected_steps(folder, cid), expected_rows(folder, cid)
         assert set(events.Tags()["scalars"]) == set(steps) | set(rows)  # NaN: no tag
         for tag, points in steps.items():
@@ -183,7 +189,28 @@ def test_tensorboard_export_is_idempotent_and_adds_new_cells(tmp_path):
     third = export_folder(folder, "tensorboard")
     assert third.written == (CELLS[1], "report") and third.skipped == (CELLS[0],)
     assert len(list((track_dir / "report").glob("events.out.tfevents.*"))) == 1  # replaced
-    assert len(list((track_dir / CELLS[0]).glob("events.out.tfevents.*"))) == 1
+    first = track_dir / run_dir(CELLS[0], 0.25)
+    assert len(list(first.glob("events.out.tfevents.*"))) == 1
+
+
+def test_tensorboard_run_names_carry_the_grid_values_and_replace_older_names(tmp_path):
+    """A cell's run is named by its grid keys (a linked axis gives each of its keys), as in
+    MLflow; a log dir an older export named by the cell id alone is replaced, not duplicated."""
+    folder = sweep_folder(tmp_path / "sweep")
+    record = {"name": "t", "grid": {"seed": [0], "width+epochs": [[0.25, 2], [0.5, 2]]}}
+    (folder / "config.json").write_text(json.dumps(record))
+    old = folder / "tensorboard" / CELLS[0]  # how fedlmc named it before
+    old.mkdir(parents=True)
+    (old / ".fedlmc-exported").write_text("0123\n")
+    runs = {run.key: run for run in tracked_runs(folder)}
+    assert runs[CELLS[1]].name == f"{CELLS[1]} seed=0 width=0.5 epochs=2"  # MLflow's name
+    export_folder(folder, "tensorboard")
+    names = sorted(p.name for p in (folder / "tensorboard").iterdir())
+    assert names == [
+        "report",
+        f"seed=0 width=0.25 epochs=2 cell={CELLS[0]}",
+        f"seed=0 width=0.5 epochs=2 cell={CELLS[1]}",
+    ]
 
 
 def test_a_run_folder_is_one_run(tmp_path):
@@ -339,9 +366,10 @@ def test_the_tiny_sweep_exported_by_fedlmc_sweep_track(tmp_path_factory, tmp_pat
     shutil.copytree(sweep, folder, ignore=shutil.ignore_patterns("cells"))
     frame = read_results(folder)
     ids = sorted(frame["cell_id"].unique())
-    names = sorted(p.name for p in (folder / "tensorboard").iterdir())
-    assert names == sorted([*ids, "report"])
-    events = accumulator(folder / "tensorboard" / ids[0])
+    dirs = {p.name.rsplit("cell=", 1)[-1]: p for p in (folder / "tensorboard").iterdir()}
+    assert sorted(dirs) == sorted([*ids, "report"])
+    assert dirs[ids[0]].name.startswith("width=")  # named by the grid values, then the cell id
+    events = accumulator(dirs[ids[0]])
     row = frame[(frame["cell_id"] == ids[0]) & (frame["method"] == "average")].iloc[0]
     (accuracy,) = events.Scalars("average/accuracy")
     assert accuracy.value == float(np.float32(row["accuracy"]))

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedlmc.simulations.config import run_schema
+from fedlmc.simulations.config import LINK, run_schema
 from fedlmc.simulations.results_file import CONFIG, RESULTS, out_dir_kind, read_results
 from fedlmc.simulations.schema import ConfigError
 
@@ -62,6 +62,7 @@ class TrackedRun:
 
     key: str
     name: str
+    label: str = ""
     params: dict[str, ParamValue] = field(default_factory=dict)
     step_metrics: tuple[tuple[str, int, float], ...] = ()
     row_metrics: tuple[tuple[str, float], ...] = ()
@@ -109,11 +110,12 @@ def sweep_runs(folder: Path) -> list[TrackedRun]:
         rows = ok[ok["cell_id"] == cid]
         curves = training[training["cell_id"] == cid] if "cell_id" in training else training[:0]
         params = key_params(rows)
-        label = " ".join(f"{k}={params[k]}" for k in axes if k in params)
+        label = varying_label(params, axes)
         runs.append(
             TrackedRun(
                 key=cid,
                 name=f"{cid} {label}".strip(),
+                label=label,
                 params=params,
                 step_metrics=step_metrics(curves),
                 row_metrics=row_metrics(rows),
@@ -124,11 +126,19 @@ def sweep_runs(folder: Path) -> list[TrackedRun]:
 
 
 def grid_axes(folder: Path) -> list[str]:
-    """The sweep's grid keys (``config.json``), for the runs' display names; [] without one."""
+    """The sweep's grid keys (``config.json``; a linked axis ``a+b`` gives ``a`` and ``b``), for
+    the runs' display names; [] without one."""
     try:
-        return list(json.loads((folder / CONFIG).read_text(encoding="utf-8")).get("grid", {}))
+        grid = json.loads((folder / CONFIG).read_text(encoding="utf-8")).get("grid", {})
     except (OSError, ValueError, AttributeError):
         return []
+    return [key for axis in grid for key in str(axis).split(LINK)]
+
+
+def varying_label(params: Mapping[str, ParamValue], axes: Sequence[str]) -> str:
+    """``"k=v k=v"``: the cell's value of every grid key, in the grid's order (what tells the
+    sweep's cells apart: width, seed, ...)."""
+    return " ".join(f"{k}={params[k]}" for k in axes if k in params)
 
 
 def report_run(folder: Path) -> TrackedRun | None:

@@ -1,7 +1,9 @@
 """Tracker runs as TensorBoard event files (torch's ``SummaryWriter``; the ``tensorboard`` extra).
 
-Each run gets its own log dir ``<track dir>/<key>/`` (a cell id, ``run-<12 hex>`` or ``report``),
-so TensorBoard lists one run per cell:
+Each run gets its own log dir, whose name is the run's name in TensorBoard's run list
+(:func:`log_dir_name`): a sweep's cell is ``<grid key>=<value> ... cell=<cell id>`` (e.g.
+``bias=False seed=0 width=4 cell=b9eff02d7d78``: the grid keys, which tell the cells apart, as
+in MLflow's run names), a ``fedlmc run`` folder ``run-<12 hex>``, the figures ``report``:
 
 - **HParams**: the run's params (the hparams plugin's session start info, written with
   :func:`torch.utils.tensorboard.summary.hparams`); the HParams table's metric columns are the
@@ -13,11 +15,13 @@ so TensorBoard lists one run per cell:
 
 Idempotency: a file ``.fedlmc-exported`` holding the run's digest is written last. A log dir
 whose marker holds the run's digest is skipped; one without it (an export that was killed) or
-with another digest (a changed run) is deleted and written again.
+with another digest (a changed run) is deleted and written again, and so is a log dir of the
+same run under another name (an export by an older fedlmc, named by the cell id alone).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 from collections.abc import Sequence
@@ -26,13 +30,35 @@ from pathlib import Path
 from fedlmc.io import atomic_write_text
 from fedlmc.simulations.tracking.runs import TrackedRun
 
-__all__ = ["HPARAM_COLUMNS", "MARKER", "export_runs", "png_size"]
+__all__ = ["HPARAM_COLUMNS", "MARKER", "export_runs", "log_dir_name", "png_size"]
 
 MARKER = ".fedlmc-exported"
 HPARAM_COLUMNS = ("accuracy", "nll", "ece", "loss_barrier_half")
 """The results columns shown as metric columns of TensorBoard's HParams table (every row metric
 is a scalar whatever this says)."""
 PNG_COLORSPACE = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}  # PNG colour type -> channels
+UNSAFE = re.compile(r'[/\\:*?"<>|\x00-\x1f]')  # what a folder name may not hold (any OS)
+
+
+def log_dir_name(run: TrackedRun) -> str:
+    """The run's log dir name: ``<label> cell=<key>`` for a run with a label (characters a
+    folder name cannot hold replaced by ``_``), else its key."""
+    if not run.label:
+        return run.key
+    return UNSAFE.sub("_", f"{run.label} cell={run.key}")
+
+
+def stale_dirs(root: Path, run: TrackedRun, name: str) -> list[Path]:
+    """Earlier log dirs of ``run`` under another name (its key alone, or another label)."""
+    if not root.is_dir():
+        return []
+    return [
+        p
+        for p in root.iterdir()
+        if p.is_dir()
+        and p.name != name
+        and (p.name == run.key or p.name.endswith(f"cell={run.key}"))
+    ]
 
 
 def export_runs(runs: Sequence[TrackedRun], track_dir: str | Path) -> tuple[list[str], list[str]]:
@@ -40,7 +66,9 @@ def export_runs(runs: Sequence[TrackedRun], track_dir: str | Path) -> tuple[list
     root = Path(track_dir)
     written, skipped = [], []
     for run in runs:
-        log_dir = root / run.key
+        log_dir = root / log_dir_name(run)
+        for old in stale_dirs(root, run, log_dir.name):
+            shutil.rmtree(old)
         digest = run.digest
         if is_exported(log_dir, digest):
             skipped.append(run.key)
