@@ -2,21 +2,36 @@
 
 ``:func:`name``` (also ``:class:``, ``:mod:``, ``:data:``, ``:meth:``, ``:attr:``, ``:exc:``,
 ``:obj:``) becomes a cross-reference to the object ``name`` resolves to in the docstring's
-scope, so that the strict build fails on a reference to nothing; ``:math:`x``` and references to
-the objects of :data:`OTHER_LIBRARIES` become code.
+scope, so that the strict build fails on a reference to nothing; references to the objects of
+:data:`OTHER_LIBRARIES` become code. Maths (``:math:`x``` and ``.. math::`` displays) becomes
+the site's maths markup first (``docstring_math.py`` beside this file), which KaTeX renders.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import griffe
 
+
+def _load_docstring_math():
+    """``docstring_math.py`` beside this file (mkdocs loads this extension by its path)."""
+    path = Path(__file__).with_name("docstring_math.py")
+    spec = importlib.util.spec_from_file_location("fedlmc_docs_docstring_math", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+math_to_markdown = _load_docstring_math().math_to_markdown
+
 OTHER_LIBRARIES = {"flwr", "numpy", "pandas", "ray", "scipy", "threading", "torch", "torchvision"}
 """Roles naming these libraries' objects stay plain code (no inventory of theirs is loaded)."""
-ROLE = re.compile(r":(func|class|mod|data|meth|attr|exc|obj|math):`~?([^`]+)`")
+ROLE = re.compile(r":(func|class|mod|data|meth|attr|exc|obj):`~?([^`]+)`")
 
 
 class SphinxRoles(griffe.Extension):
@@ -27,7 +42,8 @@ class SphinxRoles(griffe.Extension):
             return  # loaded for fedlmc (griffe_app_folders): rewritten there, under their paths
         for obj in _walk(pkg):
             if obj.docstring is not None:
-                obj.docstring.value = ROLE.sub(partial(_markdown, obj), obj.docstring.value)
+                text = math_to_markdown(obj.docstring.value)
+                obj.docstring.value = ROLE.sub(partial(_markdown, obj), text)
 
 
 def _walk(obj: griffe.Object):
@@ -40,8 +56,8 @@ def _walk(obj: griffe.Object):
 def _markdown(obj: griffe.Object, match: re.Match[str]) -> str:
     role, name = match.groups()
     target = _resolve(obj, name)
-    if role == "math" or target.split(".")[0] in OTHER_LIBRARIES:
-        return f"`{name}`"  # maths, or an object of another library: plain code
+    if target.split(".")[0] in OTHER_LIBRARIES:
+        return f"`{name}`"  # an object of another library: plain code
     return f"[`{name}`][{target}]"
 
 

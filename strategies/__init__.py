@@ -35,19 +35,19 @@ from fedlmc.strategies.strategy_utils import (
     NotEnoughClientsError,
 )
 
-__all__ = [
-    "AutoMerge",
-    "ClientsFailedError",
-    "FedAvgBaseline",
-    "FedAvgResult",
-    "InconsistentShapesError",
-    "NodesUnavailableError",
-    "NotEnoughClientsError",
+__all__ = [  # what a ServerApp instantiates first (the API page follows this order)
     "OneShotAverage",
+    "PermutationAlignedAverage",
+    "AutoMerge",
+    "FedAvgBaseline",
     "OneShotResult",
     "OneShotRound",
-    "PermutationAlignedAverage",
-    "ScreenedFedAvg",
-    "epochs_per_round",
+    "FedAvgResult",
     "state_to_record",
+    "epochs_per_round",
+    "NotEnoughClientsError",
+    "ClientsFailedError",
+    "InconsistentShapesError",
+    "NodesUnavailableError",
+    "ScreenedFedAvg",
 ]

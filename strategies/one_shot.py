@@ -147,6 +147,9 @@ class OneShotResult(OneShotRound):
 class OneShotAverage(ScreenedFedAvg):
     """Flower ``FedAvg`` turned into a robust one-shot merge with temperature calibration.
 
+    Calibration queries carry the round's train config, so clients see the same run
+    configuration. ``start`` returns a :class:`OneShotResult`.
+
     Parameters
     ----------
     template : nn.Module
@@ -168,9 +171,6 @@ class OneShotAverage(ScreenedFedAvg):
         (:class:`fedlmc.strategies.screening.ClientReferences`; a reply of other shapes is
         dropped by name). ``template`` is then the merged model's (server) width and the merge
         method must be a mixed-width one (``mixed_widths`` in :mod:`fedlmc.merging.methods`).
-
-    Calibration queries carry the round's train config, so clients see the same run
-    configuration. ``start`` returns a :class:`OneShotResult`.
     """
 
     merge_method = "average"
