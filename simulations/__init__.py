@@ -15,6 +15,7 @@ _EXPORTS = {
     "run_sweep": "fedlmc.simulations.sweep",
     "load_sweep_config": "fedlmc.simulations.config",
     "validate_run_config": "fedlmc.simulations.config",
+    "load_merged": "fedlmc.simulations.merged_file",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,20 +1,31 @@
-"""A real Flower deployment on loopback: one SuperLink, three SuperNodes for runs of two clients
-(the lowest node ids train; the third stays idle), ``flwr run . <connection>``.
+"""A real Flower deployment on loopback, **as docs/federation.md prints it**: one SuperLink,
+three SuperNodes for runs of two clients (the lowest node ids train; the third stays idle),
+``flwr run . loopback``.
 
-Everything binds 127.0.0.1 on free ports, uses a temporary ``FLWR_HOME`` and no runtime
-dependency installation; the processes are stopped by their process-group id in a fixture
-finaliser, also when a test fails.
+The page's loopback blocks (the ``toml`` connection and the ``bash`` commands after the
+``<!-- deployment-test: ... -->`` marker) are parsed and run as written, with three documented
+substitutions: every port becomes a free one (the same page port, the same free port), the
+``out-dir`` a temporary folder, and the run config gets a tiny model's keys (:data:`TINY_MODEL`,
+none of which the page sets). ``export`` lines set the processes' environment, ``&`` lines start
+the SuperLink and the SuperNodes, the ``flwr run`` line is the first run; ``kill`` is what the
+fixture's finaliser does (by process group, also when a test fails). Everything binds 127.0.0.1
+and uses a temporary ``FLWR_HOME``. The other runs reuse the page's SuperLink and SuperNodes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -24,12 +35,64 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "federation.md"
+MARKER = "<!-- deployment-test:"
 BIN = Path(sys.executable).parent
 RUN_TIMEOUT = 240
-TINY = (
+TINY_MODEL = (
     'dataset="mnist5k" model="mlp" width=0.25 depth=2 base-hidden=64 epochs=1 '
-    "num-clients=2 min-clients=2 lambdas=3 diagnostics=false timeout=120.0"
+    "lambdas=3 diagnostics=false timeout=120.0"
 )
+TINY = f"{TINY_MODEL} num-clients=2 min-clients=2"
+
+
+@dataclass(frozen=True)
+class PageDeployment:
+    """The loopback blocks of docs/federation.md, parsed."""
+
+    connection: str  # the toml block
+    env: dict[str, str]  # export lines
+    background: list[list[str]]  # `&` lines: the SuperLink, then the SuperNodes
+    run: list[str]  # the flwr run line
+
+
+def page_deployment(text: str) -> PageDeployment:
+    """The ``toml`` and ``bash`` blocks after the page's marker, each line split as a shell
+    would (comments dropped)."""
+    after = text[text.index(MARKER) :]
+    toml = re.search(r"^```toml\n(.*?)^```", after, flags=re.S | re.M).group(1)
+    bash = re.search(r"^```bash\n(.*?)^```", after, flags=re.S | re.M).group(1)
+    env, background, run = {}, [], []
+    for line in bash.splitlines():
+        words = shlex.split(line, comments=True)
+        if not words or words[0] == "kill":
+            continue
+        if words[0] == "export":
+            env.update(word.split("=", 1) for word in words[1:])
+        elif words[-1] == "&":
+            background.append(words[:-1])
+        elif words[:2] == ["flwr", "run"]:
+            run = words
+        else:
+            raise AssertionError(f"docs/federation.md: unexpected deployment line {line!r}")
+    return PageDeployment(toml, env, background, run)
+
+
+PORT = re.compile(r"(?<=127\.0\.0\.1:)\d+|(?<=--port )\d+")
+
+
+def with_free_ports(text: str, ports: dict[str, str]) -> str:
+    """``text`` with every port replaced by its free port (one is taken for each new port)."""
+    return PORT.sub(lambda m: ports.setdefault(m.group(0), str(free_port())), text)
+
+
+def with_test_run_config(run: list[str], out: Path) -> list[str]:
+    """The page's ``flwr run``: its ``out-dir`` replaced by ``out``, :data:`TINY_MODEL` added."""
+    at = run.index("--run-config") + 1
+    page_keys = {item.split("=", 1)[0] for item in shlex.split(run[at])}
+    assert not page_keys & {item.split("=", 1)[0] for item in shlex.split(TINY_MODEL)}
+    config = re.sub(r'out-dir="[^"]*"', f'out-dir="{out}"', run[at])
+    return [*run[:at], f"{config} {TINY_MODEL}", *run[at + 1 :]]
 
 
 def free_port() -> int:
@@ -70,28 +133,26 @@ def stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory) -> Iterator[dict]:
-    """Three SuperNodes (partitions 0..2 of 3) for runs of ``num-clients = 2``: every run also
-    checks that exactly ``num-clients`` nodes train and are merged, never all connected ones."""
-    yield from start_deployment(tmp_path_factory, supernodes=3)
+    """The page's SuperLink and three SuperNodes (partitions 0..2 of 3) for runs of
+    ``num-clients = 2``: every run also checks that exactly ``num-clients`` nodes train and are
+    merged, never all connected ones."""
+    yield from start_deployment(tmp_path_factory, page_deployment(PAGE.read_text()))
 
 
-def start_deployment(tmp_path_factory, supernodes: int) -> Iterator[dict]:
-    """One SuperLink and ``supernodes`` SuperNodes on loopback; stopped when the caller ends."""
+def start_deployment(tmp_path_factory, page: PageDeployment) -> Iterator[dict]:
+    """The page's background commands on free ports; stopped when the caller ends."""
     home = tmp_path_factory.mktemp("flwr-home")
     logs = tmp_path_factory.mktemp("logs")
     env = {
         **os.environ,
+        **page.env,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "FLWR_HOME": str(home),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "OMP_NUM_THREADS": "1",
     }
-    link_port = free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-        f'address = "127.0.0.1:{link_port}"\ninsecure = true\n'
-    )
+    ports: dict[str, str] = {}
+    (home / "config.toml").write_text(with_free_ports(page.connection, ports))
     processes: list[subprocess.Popen] = []
 
     def start(name: str, args: list[str]) -> tuple[subprocess.Popen, Path]:
@@ -104,45 +165,19 @@ def start_deployment(tmp_path_factory, supernodes: int) -> Iterator[dict]:
         return process, log
 
     try:
-        link, link_log = start(
-            "superlink",
-            [
-                str(BIN / "flower-superlink"),
-                "--insecure",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(link_port),
-                "--disable-runtime-dependency-installation",
-            ],
-        )
-        wait_for_port(link_port, link, link_log)
-        for pid in range(supernodes):
-            node_port = free_port()
-            node, node_log = start(
-                f"supernode-{pid}",
-                [
-                    str(BIN / "flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{link_port}",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(node_port),
-                    "--node-config",
-                    f"partition-id={pid} num-partitions={supernodes}",
-                ],
-            )
-            wait_for_port(node_port, node, node_log)
-        yield {"env": env, "logs": logs}
+        for i, words in enumerate(page.background):
+            args = shlex.split(with_free_ports(shlex.join(words), ports))
+            process, log = start(f"{i}-{args[0]}", [str(BIN / args[0]), *args[1:]])
+            wait_for_port(int(args[args.index("--port") + 1]), process, log)
+        yield {"env": env, "logs": logs, "page": page, "ports": ports}
     finally:
         for process in reversed(processes):
             stop(process)
 
 
 def flwr_run(deployment: dict, overrides: str, base: str = TINY) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return run_flwr(
+        deployment,
         [
             str(BIN / "flwr"),
             "run",
@@ -152,11 +187,12 @@ def flwr_run(deployment: dict, overrides: str, base: str = TINY) -> subprocess.C
             f"{base} {overrides}",
             "--stream",
         ],
-        cwd=REPO,
-        env=deployment["env"],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
+    )
+
+
+def run_flwr(deployment: dict, args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        args, cwd=REPO, env=deployment["env"], capture_output=True, text=True, timeout=RUN_TIMEOUT
     )
 
 
@@ -174,9 +210,31 @@ def check_run(run: subprocess.CompletedProcess, out: Path, methods: list[str]) -
     return rows
 
 
-def test_one_shot_average_with_federated_calibration(deployment, tmp_path):
+def test_the_pages_deployment_blocks_are_parsed_as_written():
+    """What the fixture runs: the page's three SuperNodes, each on its own port (one port for
+    two fails with [Errno 98]), the SuperLink's port in the connection, runtime dependency
+    installation disabled, and the page's run of two clients."""
+    page = page_deployment(PAGE.read_text())
+    link, *nodes = page.background
+    assert link[0] == "flower-superlink" and "--disable-runtime-dependency-installation" in link
+    assert [n[0] for n in nodes] == ["flower-supernode"] * 3
+    node_ports = [n[n.index("--port") + 1] for n in nodes]
+    assert len(set(node_ports)) == 3
+    link_port = link[link.index("--port") + 1]
+    assert f'address = "127.0.0.1:{link_port}"' in page.connection
+    assert all(n[n.index("--superlink") + 1] == f"127.0.0.1:{link_port}" for n in nodes)
+    assert page.env == {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    assert page.run[:4] == ["flwr", "run", ".", "loopback"] and "--stream" in page.run
+    ports: dict[str, str] = {}
+    moved = with_free_ports(shlex.join(link + nodes[0]), ports)
+    assert set(ports) == {link_port, node_ports[0]} and link_port not in moved.split()
+
+
+def test_the_pages_run_one_shot_average_with_federated_calibration(deployment, tmp_path):
+    """The page's ``flwr run`` line (average, federated calibration), with a tiny model."""
     out = tmp_path / "average"
-    run = flwr_run(deployment, f'strategy="average" calibration="federated" out-dir="{out}"')
+    args = with_test_run_config(deployment["page"].run, out)
+    run = run_flwr(deployment, [str(BIN / args[0]), *args[1:]])
     rows = check_run(run, out, ["average", "average_t"])
     temperature = rows.loc[rows.method == "average_t", "temperature"].item()
     assert 0 < temperature < 1000 and temperature != 1.0
@@ -189,6 +247,27 @@ def test_one_shot_average_with_federated_calibration(deployment, tmp_path):
     assert len(steps) == 2 and set(steps.index) <= {0, 1, 2}
     assert all(s == list(range(1, len(s) + 1)) for s in steps) and steps.map(len).nunique() == 1
     assert curves["calibration_loss"].gt(0).all() and curves["train_loss"].gt(0).all()
+    check_the_pages_load_merged_block(out, rows)
+
+
+def check_the_pages_load_merged_block(out: Path, rows: pd.DataFrame) -> None:
+    """The page's "Loading a merged model back" block, run on this run's out dir (the page's
+    out-dir path replaced), prints the rows' numbers: the loaded model is the merge."""
+    text = PAGE.read_text()
+    after = text[text.index("<!-- load-merged-test:") :]
+    code = re.search(r"^```python\n(.*?)^```", after, flags=re.S | re.M).group(1)
+    page_out = re.search(r'out-dir="([^"]*)"', shlex.join(page_deployment(text).run)).group(1)
+    assert f'"{page_out}"' in code  # the block loads what the page's run wrote
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code.replace(f'"{page_out}"', repr(str(out))), {})
+    words = printed.getvalue().split()
+    assert words[:2] == ["average", "temperature"], printed.getvalue()
+    temperature, accuracy, nll = (float(words[i]) for i in (2, 4, 6))
+    calibrated = rows[rows.method == "average_t"].iloc[0]
+    assert temperature == pytest.approx(calibrated["temperature"], rel=1e-9)
+    assert accuracy == pytest.approx(rows[rows.method == "average"]["accuracy"].item(), abs=1e-3)
+    assert nll == pytest.approx(calibrated["nll"], abs=1e-3)
 
 
 def test_permutation_aligned_average(deployment, tmp_path):
@@ -222,7 +301,7 @@ def test_supernodes_of_different_widths_are_merged_at_the_server_width(deploymen
     hidden units); the server checks each reply against its partition's shapes and merges them
     at the widest client's width."""
     out = tmp_path / "widths"
-    base = TINY.replace("num-clients=2 min-clients=2", "num-clients=3 min-clients=3")
+    base = f"{TINY_MODEL} num-clients=3 min-clients=3"
     run = flwr_run(
         deployment,
         'client-widths="0.25,0.5,0.25" strategy="aligned" align="embed_weight_matching" '
