@@ -76,7 +76,7 @@ def scalar(value: Any, kind: type) -> Any:
         value = value.item()
     if isinstance(value, float) and math.isnan(value):
         return ""
-    if kind is str and not isinstance(value, str):
+    if kind is str and not isinstance(value, str | bool):  # bool: a named key's true/false
         return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
     return value
 
