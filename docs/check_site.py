@@ -23,6 +23,7 @@ PROSE_MATH = re.compile(r"\\\(|^\s*\$\$|^\s*\\\[", re.MULTILINE)
 RST_MATH = re.compile(r"\.\. math::|:math:`")
 MARKUP = re.compile(r'<(span|div) class="arithmatex">(.*?)</\1>', re.DOTALL)
 DELIMITERS = {"span": ("\\(", "\\)"), "div": ("\\[", "\\]")}
+MD_CODE = re.compile(r"^```.*?^```|``.*?``|`[^`\n]*`", re.DOTALL | re.MULTILINE)
 CODE = re.compile(r"<code>.*?</code>", re.DOTALL)  # code may show reST maths on purpose
 FONT = re.compile(r"url\((fonts/[^)]+\.woff2)\)")
 
@@ -41,7 +42,8 @@ def pages_with_math(docs: Path) -> list[str]:
     for path in sorted(docs.rglob("*.md")):
         text = path.read_text(encoding="utf-8")
         modules = re.findall(r"^::: ([\w.]+)", text, re.MULTILINE)
-        if PROSE_MATH.search(text) or any(module_has_math(m) for m in modules):
+        prose = MD_CODE.sub("", text)  # maths shown as code is not maths
+        if PROSE_MATH.search(prose) or any(module_has_math(m) for m in modules):
             pages.append(path.relative_to(docs).as_posix())
     return pages
 

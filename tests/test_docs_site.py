@@ -105,6 +105,8 @@ def site(tmp_path) -> tuple[Path, Path]:
     docs.mkdir()
     (docs / "index.md").write_text("# Home\n")
     (docs / "maths.md").write_text("Path \\(\\theta\\)\n\n$$\nB = 1\n$$\n")
+    shown = "Write `\\(x\\)` or `` :math:`x` ``:\n\n```text\n$$\nx\n$$\n```\n"
+    (docs / "development.md").write_text(shown)  # maths shown as code: no maths expected
     (site / "maths").mkdir(parents=True)
     (site / "index.html").write_text("<html></html>")
     (site / "maths" / "index.html").write_text(PAGE)
