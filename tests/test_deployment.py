@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "federation.md"
 MARKER = "<!-- deployment-test:"
 BIN = Path(sys.executable).parent
-RUN_TIMEOUT = 420  # a run takes 30-60 s on a quiet 2-core machine, over 200 s under load
+RUN_TIMEOUT = 420  # runs took 175-240 s on the 2-core machine under a load average of 25-35
 TINY_MODEL = (
     'dataset="mnist5k" model="mlp" width=0.25 depth=2 base-hidden=64 epochs=1 '
     "lambdas=3 diagnostics=false timeout=120.0"
