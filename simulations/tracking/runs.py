@@ -132,7 +132,7 @@ def grid_axes(folder: Path) -> list[str]:
         grid = json.loads((folder / CONFIG).read_text(encoding="utf-8")).get("grid", {})
     except (OSError, ValueError, AttributeError):
         return []
-    return [key for axis in grid for key in str(axis).split(LINK)]
+    return [key.strip() for axis in grid for key in str(axis).split(LINK)]
 
 
 def varying_label(params: Mapping[str, ParamValue], axes: Sequence[str]) -> str:
