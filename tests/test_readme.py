@@ -3,11 +3,11 @@ every import they show works."""
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -254,19 +254,31 @@ def test_user_cnn_is_aligned_and_merged_in_simulation_without_a_hand_written_spe
     assert_prints_what_is_shown(out.stdout, output_after(PAGES["docs/own_model.md"], block))
 
 
-def test_derived_spec_snippet_prints_what_its_comments_show() -> None:
+def test_derived_spec_snippet_computes_what_its_comments_show() -> None:
     """docs/own_model.md's first block: torchvision's ResNet-18 has the group count and the
     layer names its comments show."""
     page = PAGES["docs/own_model.md"]
     block = re.search(r"```\n(import torch, torchvision\n.*?)```", page, flags=re.S).group(1)
     groups = int(re.search(r"# (\d+) groups", block).group(1))
     shown = re.search(r"# (\[.*\])", block).group(1).strip("[]").split(", ")
-    script = block + "print(len(spec.perm_to_axes))\nprint(layers)\n"
-    out = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, check=True
-    ).stdout.splitlines()
-    layers = ast.literal_eval(out[1])
-    assert int(out[0]) == groups == 12
+    namespace: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(block, namespace)  # the page's own snippet, as shown
+    layers = namespace["layers"]
+    assert len(namespace["spec"].perm_to_axes) == groups == 12
     first, last = shown[: shown.index("...")], shown[shown.index("...") + 1 :]
     assert [f"'{n}'" for n in layers[: len(first)]] == first
     assert [f"'{n}'" for n in layers[-len(last) :]] == last
+
+
+def test_the_cell_counts_next_to_sweep_commands_are_the_configs() -> None:
+    """A ``fedlmc sweep configs/x.toml  # N cells`` comment on any page is what ``fedlmc
+    validate`` counts for that file (no training: the grid is only expanded)."""
+    from fedlmc.simulations.config import expand_grid, load_sweep_config
+
+    pattern = r"fedlmc sweep (configs/\S+\.toml)\s+# (\d+) cells"
+    shown = [(m[0], int(m[1])) for text in PAGES.values() for m in re.findall(pattern, text)]
+    assert ("configs/widths_quick.toml", 32) in shown
+    for path, count in shown:
+        assert len(expand_grid(load_sweep_config(ROOT / path, check_devices=False))) == count

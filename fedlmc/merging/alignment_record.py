@@ -63,9 +63,9 @@ ALIGNMENT_COLUMNS = (
         "hidden units the alignment moved, summed over clients and groups",
         "rows of the methods whose merge permutes hidden units (`auto`: when it kept weight "
         "matching)",
-        "`sum_i sum_p #{j : pi_ip(j) != j}`: over every merged client `i` (the reference client's "
-        "permutation is the identity) and every group `p`, the positions its permutation `pi_ip` "
-        "does not fix; for a client embedded into a wider server model, its units placed at a "
+        "`sum_i sum_p #{j : pi_ip(j) != j}`: over every merged client `i` (the identity for a "
+        "reference client, such as client 0 of weight matching; MergeMany permutes every client) "
+        "and every group `p`, the positions its permutation `pi_ip` does not fix; for a client embedded into a wider server model, its units placed at a "
         "slot other than their own index. 0 with `aligned_groups > 0`: every permutation found "
         "was the identity",
     ),

@@ -428,7 +428,9 @@ def weight_matching_to_first(job: MergeJob) -> Alignment:
     return permuted(spec, job.states, perms)
 
 
-def permuted(spec: PermutationSpec, states: Sequence[StateDict], perms: Sequence) -> Alignment:
+def permuted(
+    spec: PermutationSpec, states: Sequence[StateDict], perms: Sequence[dict[str, Tensor]]
+) -> Alignment:
     """``states`` with their ``perms`` applied (an empty mapping leaves a client as it is), and
     what the alignment did (:func:`fedlmc.merging.alignment_record.alignment_info`)."""
     from fedlmc.permutation.spec import apply_permutation
