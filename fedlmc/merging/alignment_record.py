@@ -65,9 +65,9 @@ ALIGNMENT_COLUMNS = (
         "matching)",
         "`sum_i sum_p #{j : pi_ip(j) != j}`: over every merged client `i` (the identity for a "
         "reference client, such as client 0 of weight matching; MergeMany permutes every client) "
-        "and every group `p`, the positions its permutation `pi_ip` does not fix; for a client embedded into a wider server model, its units placed at a "
-        "slot other than their own index. 0 with `aligned_groups > 0`: every permutation found "
-        "was the identity",
+        "and every group `p`, the positions its permutation `pi_ip` does not fix; for a client "
+        "embedded into a wider server model, its units placed at a slot other than their own "
+        "index. 0 with `aligned_groups > 0`: every permutation found was the identity",
     ),
 )
 """The columns every permuting merge method declares and fills with :func:`alignment_info`."""
