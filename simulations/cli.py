@@ -38,6 +38,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedlmc.data.catalog import DOWNLOADABLE
 from fedlmc.io import atomic_write_text
@@ -60,6 +61,9 @@ from fedlmc.simulations.registry_tables import (
     pyproject_config,
     with_pyproject_config,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SHOWN_COLUMNS = (
     "method",
@@ -342,7 +346,7 @@ def command_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_alignment_flags(rows) -> None:
+def print_alignment_flags(rows: pd.DataFrame) -> None:
     """One ``warning:`` line per method that aligned nothing (``aligned_groups == 0``: its rows
     are the plain average; :func:`fedlmc.merging.alignment_record.nothing_aligned_lines`)."""
     from fedlmc.merging.alignment_record import nothing_aligned_lines
