@@ -63,3 +63,6 @@ if __name__ == "__main__":
     print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     # a residual block has no single depth exponent: the LEWC columns are NaN, and say why
     print("LEWC:", rows["lewc_undefined_reason"].iloc[0])
+    # what the alignment did (0 groups: nothing was permuted, the row is the plain average)
+    aligned = rows.set_index("method")["aligned_groups"].dropna().astype(int)
+    print("permutation groups aligned:", aligned.to_dict())

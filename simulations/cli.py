@@ -38,6 +38,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedlmc.data.catalog import DOWNLOADABLE
 from fedlmc.io import atomic_write_text
@@ -60,6 +61,9 @@ from fedlmc.simulations.registry_tables import (
     pyproject_config,
     with_pyproject_config,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SHOWN_COLUMNS = (
     "method",
@@ -333,12 +337,22 @@ def command_run(args: argparse.Namespace) -> int:
     shown = [c for c in SHOWN_COLUMNS if c in rows.columns]
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    print_alignment_flags(rows)
     if args.csv:
         rows.to_csv(args.csv, index=False)
         print(f"rows written to {args.csv}")
     if tracking is not None:
         return export_to_tracker(config["out-dir"], tracking)
     return 0
+
+
+def print_alignment_flags(rows: pd.DataFrame) -> None:
+    """One ``warning:`` line per method that aligned nothing (``aligned_groups == 0``: its rows
+    are the plain average; :func:`fedlmc.merging.alignment_record.nothing_aligned_lines`)."""
+    from fedlmc.merging.alignment_record import nothing_aligned_lines
+
+    for line in nothing_aligned_lines(rows.to_dict("records")):
+        print(f"warning: {line}")
 
 
 def check_run_outputs(config, csv_path: str | None) -> None:

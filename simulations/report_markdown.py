@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fedlmc.merging.alignment_record import nothing_aligned_lines
 from fedlmc.simulations.report_data import (
     accuracy_methods,
     aggregate,
@@ -55,6 +56,13 @@ def markdown_table(frame: pd.DataFrame, index_name: str = "") -> str:
     for index, row in frame.iterrows():
         lines.append("| " + " | ".join([label(index)] + [fmt(v) for v in row]) + " |")
     return "\n".join(lines)
+
+
+def nothing_aligned_section(rows: pd.DataFrame) -> list[str]:
+    """A warning per method that aligned 0 permutation groups (its rows are the plain average:
+    :func:`fedlmc.merging.alignment_record.nothing_aligned_lines`); nothing when none did."""
+    flagged = nothing_aligned_lines(rows.to_dict("records"))
+    return [line for text in flagged for line in (f"**Warning**: {text}.", "")]
 
 
 def lewc_scope_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[str]:
@@ -204,6 +212,7 @@ def report_markdown(
     versions = record.get("versions", {})
     if versions:
         lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
+    lines += nothing_aligned_section(rows)
     if not rows.empty and "method" in rows:
         methods = list(dict.fromkeys(rows["method"]))
         spread_note = "" if kind == "none" else f" (mean ± {kind} over seeds)"

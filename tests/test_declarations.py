@@ -108,7 +108,8 @@ def test_a_method_column_is_one_declaration_that_reaches_every_list(halfway_with
 
 def test_the_auto_columns_are_declared_by_the_auto_method():
     auto = {c.name for c in METHODS.get("auto").columns}
-    assert auto == {"auto_choice", "auto_nll_gap"}
+    # its own two, and what the alignment did when it kept weight matching
+    assert auto == {"auto_choice", "auto_nll_gap", "aligned_groups", "aligned_units_moved"}
     assert not auto & set(COLUMNS) and auto <= set(row_columns())
     assert "auto_choice" in string_columns() and "auto_nll_gap" in numeric_columns()
     assert "declared by the `auto` method" in columns_markdown()

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,23 @@ DRIFT = 0.04
 drifts; on an AMD EPYC the NLL moved by 0.012 and a barrier by 0.013 after 10 epochs (the
 pages' numbers were measured on one x86 CPU). Three times the largest drift seen."""
 
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+"""A number as the pages print it (``0.756``, ``-0.013``, ``2``), not a digit inside a name."""
+
+
+def assert_prints_what_is_shown(printed: str, shown: str, tolerance: float = DRIFT) -> None:
+    """``printed`` (a command's stdout) is the page's output block ``shown``: as many non-empty
+    lines, the same words in each (columns, methods, ``NaN``, messages; spacing aside) and every
+    number within ``tolerance`` of the page's."""
+    got = [line for line in printed.splitlines() if line.strip()]
+    want = [line for line in shown.splitlines() if line.strip()]
+    assert len(got) == len(want), f"{len(got)} lines printed, {len(want)} shown:\n{printed}"
+    for line, page_line in zip(got, want, strict=True):
+        words = NUMBER.sub("#", line).split()
+        assert words == NUMBER.sub("#", page_line).split(), (line, page_line)
+        pairs = zip(NUMBER.findall(line), NUMBER.findall(page_line), strict=True)
+        assert all(abs(float(a) - float(b)) <= tolerance for a, b in pairs), (line, page_line)
+
 
 def _merge_lines(text: str) -> dict[str, dict[str, float]]:
     """The example's two merge lines as {name: {acc, nll, nll_t, t, ece, ece_t, bar, bar_t}}."""
@@ -178,10 +196,8 @@ def test_merge_example_prints_what_the_docs_show() -> None:
         assert line["bar_t"] < line["bar"]
     assert plain["t"] < 1.0  # the plain average's logits shrink: T < 1 sharpens them
     assert matched["bar"] < plain["bar"] and matched["bar_t"] < plain["bar_t"]
-    number = r"-?\d+\.\d+"
-    printed, expected = re.findall(number, out), re.findall(number, shown)
-    assert len(printed) == len(expected) > 20
-    assert all(abs(float(a) - float(b)) <= DRIFT for a, b in zip(printed, expected, strict=True))
+    assert len(NUMBER.findall(shown)) > 20
+    assert_prints_what_is_shown(out, shown)
 
 
 def test_readme_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
@@ -203,17 +219,14 @@ def test_readme_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
     expected = {m[0]: (float(m[1]), float(m[2])) for m in re.findall(line, shown, flags=re.M)}
     assert list(printed) == list(expected) == ["average_t", "weight_matching_t", "ensemble"]
     assert printed["weight_matching_t"][0] > printed["average_t"][0]
-    assert all(
-        abs(a - b) <= DRIFT
-        for name in printed
-        for a, b in zip(printed[name], expected[name], strict=True)
-    )
+    assert_prints_what_is_shown(out, shown)
 
 
 def test_user_cnn_is_aligned_and_merged_in_simulation_without_a_hand_written_spec() -> None:
     """examples/custom_cnn.py: a user CNN (BatchNorm, a residual block) named by its file in the
     run config goes through training on Ray actors, weight and activation matching with a derived
-    spec, and the diagnostics with derived layer names; aligning beats plain averaging."""
+    spec, and the diagnostics with derived layer names; aligning beats plain averaging, both
+    alignments aligned the spec's 2 groups, and it prints what docs/own_model.md shows."""
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "custom_cnn.py")],
         capture_output=True,
@@ -234,3 +247,38 @@ def test_user_cnn_is_aligned_and_merged_in_simulation_without_a_hand_written_spe
         assert 0.0 < rows[method][3] <= 1.0  # LLFC cosine over the derived layer names
     # the residual block: LEWC's columns are NaN with the reason, never a number
     assert "LEWC: no single depth exponent" in out.stdout
+    # the residual stream and the block's inner convolution, aligned by both methods
+    groups = "permutation groups aligned: {'weight_matching_t': 2, 'activation_matching_t': 2}"
+    assert groups in out.stdout
+    block = (ROOT / "examples" / "custom_cnn.py").read_text()
+    assert_prints_what_is_shown(out.stdout, output_after(PAGES["docs/own_model.md"], block))
+
+
+def test_derived_spec_snippet_computes_what_its_comments_show() -> None:
+    """docs/own_model.md's first block: torchvision's ResNet-18 has the group count and the
+    layer names its comments show."""
+    page = PAGES["docs/own_model.md"]
+    block = re.search(r"```\n(import torch, torchvision\n.*?)```", page, flags=re.S).group(1)
+    groups = int(re.search(r"# (\d+) groups", block).group(1))
+    shown = re.search(r"# (\[.*\])", block).group(1).strip("[]").split(", ")
+    namespace: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(block, namespace)  # the page's own snippet, as shown
+    layers = namespace["layers"]
+    assert len(namespace["spec"].perm_to_axes) == groups == 12
+    first, last = shown[: shown.index("...")], shown[shown.index("...") + 1 :]
+    assert [f"'{n}'" for n in layers[: len(first)]] == first
+    assert [f"'{n}'" for n in layers[-len(last) :]] == last
+
+
+def test_the_cell_counts_next_to_sweep_commands_are_the_configs() -> None:
+    """A ``fedlmc sweep configs/x.toml  # N cells`` comment on any page is what ``fedlmc
+    validate`` counts for that file (no training: the grid is only expanded)."""
+    from fedlmc.simulations.config import expand_grid, load_sweep_config
+
+    pattern = r"fedlmc sweep (configs/\S+\.toml)\s+# (\d+) cells"
+    shown = [(m[0], int(m[1])) for text in PAGES.values() for m in re.findall(pattern, text)]
+    assert ("configs/widths_quick.toml", 32) in shown
+    for path, count in shown:
+        assert len(expand_grid(load_sweep_config(ROOT / path, check_devices=False))) == count

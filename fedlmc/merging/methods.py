@@ -34,7 +34,9 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
 - ``columns``: the results columns only this method fills (:class:`fedlmc.columns.Column`,
   from its ``Alignment.info``; NaN or empty on the other rows). They join the results schema
   (:func:`fedlmc.study.rows.row_columns`), the docs' columns table and, with a ``report_table``, the
-  report; an ``info`` key the method did not declare is an error.
+  report; an ``info`` key the method did not declare is an error. A method whose merge permutes
+  hidden units declares :data:`fedlmc.merging.alignment_record.ALIGNMENT_COLUMNS` and fills them
+  with :func:`~fedlmc.merging.alignment_record.alignment_info` (groups aligned, units moved).
 
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
 row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
@@ -53,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
+from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS, alignment_info
 from fedlmc.registry import Registry
 
 if TYPE_CHECKING:
@@ -414,38 +417,48 @@ def plain_average(job: MergeJob) -> Alignment:
 @register_method(
     "weight_matching",
     description="Git Re-Basin weight matching of every client onto client 0, then average",
+    columns=ALIGNMENT_COLUMNS,
 )
 def weight_matching_to_first(job: MergeJob) -> Alignment:
     """Every client permuted onto client 0 by weight matching (coordinate descent + LAP)."""
-    from fedlmc.permutation.matching import align_to_reference
+    from fedlmc.permutation.matching import reference_permutations
 
     spec = job.permutation_spec()
-    return Alignment(
-        align_to_reference(spec, job.states, reference=0, method="weight", seed=job.seed)
-    )
+    perms = reference_permutations(spec, job.states, reference=0, method="weight", seed=job.seed)
+    return permuted(spec, job.states, perms)
+
+
+def permuted(
+    spec: PermutationSpec, states: Sequence[StateDict], perms: Sequence[dict[str, Tensor]]
+) -> Alignment:
+    """``states`` with their ``perms`` applied (an empty mapping leaves a client as it is), and
+    what the alignment did (:func:`fedlmc.merging.alignment_record.alignment_info`)."""
+    from fedlmc.permutation.spec import apply_permutation
+
+    aligned = [
+        apply_permutation(spec, p, sd) if p else dict(sd)
+        for p, sd in zip(perms, states, strict=True)
+    ]
+    return Alignment(aligned, info=alignment_info(spec, perms))
 
 
 @register_method(
     "activation_matching",
     description="activation matching onto client 0 on the server split's inputs, then average",
     needs_server_data=True,
+    columns=ALIGNMENT_COLUMNS,
 )
 def activation_matching_to_first(job: MergeJob) -> Alignment:
     """Every client permuted onto client 0 by correlating activations on the server inputs."""
     from fedlmc.averaging import load_state
-    from fedlmc.permutation.matching import align_to_reference
+    from fedlmc.permutation.matching import reference_permutations
 
+    spec = job.permutation_spec()
     models = [load_state(job.template, sd).to(job.device).eval() for sd in job.states]
-    aligned = align_to_reference(
-        job.permutation_spec(),
-        job.states,
-        reference=0,
-        method="activation",
-        models=models,
-        x=job.server_inputs,
-        seed=job.seed,
+    perms = reference_permutations(
+        spec, job.states, 0, "activation", models=models, x=job.server_inputs, seed=job.seed
     )
-    return Alignment(aligned)
+    return permuted(spec, job.states, perms)
 
 
 @register_method(
@@ -453,6 +466,7 @@ def activation_matching_to_first(job: MergeJob) -> Alignment:
     description="activation matching onto client 0 computed by each client on its own data; "
     "only permutation indices leave the clients",
     needs_clients=True,
+    columns=ALIGNMENT_COLUMNS,
 )
 def activation_matching_on_clients(job: MergeJob) -> Alignment:
     r"""Client-side activation matching: every client receives client 0's model, correlates its
@@ -467,7 +481,7 @@ def activation_matching_on_clients(job: MergeJob) -> Alignment:
         raise ValueError(
             f"the clients returned {len(perms)} permutation sets for {len(job.states)} clients"
         )
-    aligned, kept = [job.states[0]], [0]
+    aligned, kept, applied = [job.states[0]], [0], [{}]
     for index, (found, sd) in enumerate(zip(perms[1:], job.states[1:], strict=True), start=1):
         if found is None:  # the client's answer was dropped: it is left out of the merge
             continue
@@ -476,12 +490,15 @@ def activation_matching_on_clients(job: MergeJob) -> Alignment:
         if missing:
             raise ValueError(f"client {index} returned no permutation for group {missing[0]!r}")
         aligned.append(apply_permutation(spec, found, sd))  # validates every permutation
-    return Alignment(aligned, kept=None if len(kept) == len(job.states) else kept)
+        applied.append(found)
+    kept_all = len(kept) == len(job.states)
+    return Alignment(aligned, kept=None if kept_all else kept, info=alignment_info(spec, applied))
 
 
 @register_method(
     "merge_many",
     description="MergeMany: each client matched to the weighted mean of the others, repeated",
+    columns=ALIGNMENT_COLUMNS,
 )
 def merge_many_alignment(job: MergeJob) -> Alignment:
     """MergeMany's permutations and its merged weights."""
@@ -491,12 +508,13 @@ def merge_many_alignment(job: MergeJob) -> Alignment:
     spec = job.permutation_spec()
     merged, perms = merge_many(spec, list(job.states), weights=job.weights, seed=job.seed)
     aligned = [apply_permutation(spec, p, sd) for p, sd in zip(perms, job.states, strict=True)]
-    return Alignment(aligned, merged)
+    return Alignment(aligned, merged, info=alignment_info(spec, perms))
 
 
 @register_method(
     "random_permutation",
     description="control: every client but the first randomly permuted, then average",
+    columns=ALIGNMENT_COLUMNS,
 )
 def random_permutation_control(job: MergeJob) -> Alignment:
     r"""The scrambled control of the LMC literature: :math:`\pi_0 = \mathrm{id}` and, for
@@ -504,15 +522,14 @@ def random_permutation_control(job: MergeJob) -> Alignment:
     by ``(seed, i)``), so the average mixes unrelated units."""
     import numpy as np
 
-    from fedlmc.permutation.spec import apply_permutation, random_permutations
+    from fedlmc.permutation.spec import random_permutations
 
     spec = job.permutation_spec()
-    aligned = [job.states[0]]
+    perms: list[dict[str, Tensor]] = [{}]
     for i, sd in enumerate(job.states[1:], start=1):
         seed = int(np.random.SeedSequence([job.seed, i]).generate_state(1)[0])
-        perms = random_permutations(spec, sd, seed=seed)
-        aligned.append(apply_permutation(spec, perms, sd))
-    return Alignment(aligned)
+        perms.append(random_permutations(spec, sd, seed=seed))
+    return permuted(spec, job.states, perms)
 
 
 register_method(
@@ -530,6 +547,7 @@ register_method(
     needs_server_data=True,
     repair=True,
     clients_for_data=True,
+    columns=ALIGNMENT_COLUMNS,
 )(weight_matching_to_first)
 
 
@@ -605,7 +623,7 @@ AUTO_COLUMNS = (
     "when calibration is federated)",
     needs_server_data=True,
     clients_for_data=True,
-    columns=AUTO_COLUMNS,
+    columns=(*AUTO_COLUMNS, *ALIGNMENT_COLUMNS),
 )
 def automatic_choice(job: MergeJob) -> Alignment:
     r"""Decide whether permutation alignment is worth its cost.
@@ -616,7 +634,8 @@ def automatic_choice(job: MergeJob) -> Alignment:
     :math:`g \le` ``auto_tolerance`` (``job.options``, default :data:`AUTO_TOLERANCE` nats) the
     plain average is kept and no alignment runs; otherwise every client is weight-matched onto
     client 0 and the merge with the lower calibrated NLL is kept. ``info``: ``auto_choice``
-    (``average`` or ``weight_matching``) and ``auto_nll_gap`` (:math:`g`).
+    (``average`` or ``weight_matching``), ``auto_nll_gap`` (:math:`g`) and, when it kept weight
+    matching, what that alignment did (``aligned_groups``, ``aligned_units_moved``).
 
     With ``job.clients`` set (federated calibration) the same NLLs are measured on the clients'
     held-out data by :meth:`ClientQueries.calibrated_nlls` (exact sums over the clients, at the
@@ -624,7 +643,7 @@ def automatic_choice(job: MergeJob) -> Alignment:
     the weight-matched merge in a second one only when alignment runs.
     """
     from fedlmc.averaging import average
-    from fedlmc.permutation.matching import align_to_reference
+    from fedlmc.permutation.matching import reference_permutations
 
     tolerance = float(job.options.get("auto_tolerance", AUTO_TOLERANCE))
     plain_state = average(job.states, job.weights)
@@ -641,14 +660,16 @@ def automatic_choice(job: MergeJob) -> Alignment:
     if gap <= tolerance:
         return Alignment(list(job.states), info=info)
     spec = job.permutation_spec()
-    aligned = align_to_reference(spec, job.states, reference=0, method="weight", seed=job.seed)
-    aligned_state = average(aligned, job.weights)
+    perms = reference_permutations(spec, job.states, reference=0, method="weight", seed=job.seed)
+    matched = permuted(spec, job.states, perms)
+    aligned_state = average(matched.aligned, job.weights)
     if job.clients is not None:
         aligned_nll = job.clients.calibrated_nlls([aligned_state], [True])[0]
     else:
         aligned_nll = calibrated_nll(job, aligned_state)
     if aligned_nll < plain:
-        return Alignment(aligned, info={**info, "auto_choice": "weight_matching"})
+        info.update(matched.info, auto_choice="weight_matching")
+        return Alignment(matched.aligned, info=info)
     return Alignment(list(job.states), info=info)
 
 
@@ -674,14 +695,16 @@ def embed_first_slots(job: MergeJob) -> Alignment:
     description="mixed widths: the widest client at the first units of the server width, every "
     "other client weight-matched onto its units (rectangular assignments), then average",
     mixed_widths=True,
+    columns=ALIGNMENT_COLUMNS,
 )
 def embed_matched_slots(job: MergeJob) -> Alignment:
     """Every client embedded at the slots that weight-match it onto the widest client
     (:func:`fedlmc.merging.widths.match_to_widest`)."""
     from fedlmc.merging.widths import match_to_widest
 
-    matched, _ = match_to_widest(job.template, job.states, job.permutation_spec(), seed=job.seed)
-    return Alignment(matched)
+    spec = job.permutation_spec()
+    matched, _ = match_to_widest(job.template, job.states, spec, seed=job.seed)
+    return Alignment(matched, info=alignment_info(spec, [m.slots for m in matched]))
 
 
 register_method(
@@ -692,6 +715,7 @@ register_method(
     repair=True,
     clients_for_data=True,
     mixed_widths=True,
+    columns=ALIGNMENT_COLUMNS,
 )(embed_matched_slots)
 
 

@@ -52,6 +52,7 @@ _EXPORTS = {
     "permutation_spec": ".model_spec",
     "PermutationSpec": ".spec",
     "random_permutations": ".spec",
+    "reference_permutations": ".matching",
     "restrict_spec": ".spec",
     "slice_state": ".embed",
     "spec_from_groups": ".spec",

@@ -657,8 +657,28 @@ def align_to_reference(
 
     ``method="weight"`` uses :func:`weight_matching`; ``"activation"`` uses
     :func:`activation_matching` on ``models`` (one per state dict, holding those weights) and
-    inputs ``x``.
+    inputs ``x``. The permutations themselves: :func:`reference_permutations`.
     """
+    perms = reference_permutations(spec, state_dicts, reference, method, models, x, max_iter, seed)
+    return [
+        dict(sd) if index == reference else apply_permutation(spec, p, sd)
+        for index, (p, sd) in enumerate(zip(perms, state_dicts, strict=True))
+    ]
+
+
+def reference_permutations(
+    spec: PermutationSpec,
+    state_dicts: Sequence[Mapping[str, Tensor]],
+    reference: int = 0,
+    method: str = "weight",
+    models: Sequence[nn.Module] | None = None,
+    x: Tensor | None = None,
+    max_iter: int = 100,
+    seed: int = 0,
+) -> list[Perms]:
+    """The permutations :func:`align_to_reference` applies (same arguments): per state dict,
+    the one matching it to ``state_dicts[reference]``, and an empty mapping (the identity) for
+    the reference itself."""
     if method not in ALIGNMENTS:
         raise ValueError(f"method must be one of {ALIGNMENTS}, got {method!r}")
     if len(state_dicts) == 0:
@@ -670,17 +690,17 @@ def align_to_reference(
         raise ValueError("method 'activation' needs models and x; got None")
     if method == "activation" and len(models) != len(state_dicts):
         raise ValueError(f"models has {len(models)} entries, expected {len(state_dicts)}")
-    aligned = []
+    found: list[Perms] = []
     for index, sd in enumerate(state_dicts):
         if index == reference:
-            aligned.append(dict(sd))
-            continue
-        if method == "weight":
-            perms = weight_matching(spec, state_dicts[reference], sd, max_iter=max_iter, seed=seed)
+            found.append({})
+        elif method == "weight":
+            matched = weight_matching(spec, state_dicts[reference], sd, max_iter, seed)
+            found.append(dict(matched))
         else:
-            perms = activation_matching(models[reference], models[index], x, spec=spec, seed=seed)
-        aligned.append(apply_permutation(spec, perms, sd))
-    return aligned
+            matched = activation_matching(models[reference], models[index], x, spec=spec, seed=seed)
+            found.append(dict(matched))
+    return found
 
 
 def _same_perms(p: Mapping[str, Tensor], q: Mapping[str, Tensor]) -> bool:

@@ -131,7 +131,8 @@ def columns_markdown() -> str:
         applies = column.applies
         if column.name in declared:
             methods = ", ".join(f"`{m}`" for m in declared[column.name])
-            applies += f" (declared by the {methods} method)"
+            plural = "s" if len(declared[column.name]) > 1 else ""
+            applies += f" (declared by the {methods} method{plural})"
         texts = (_cell(applies), _cell(column.measures), _cell(column.definition))
         lines.append(f"| `{column.name}` | {column.kind} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
