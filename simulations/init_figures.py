@@ -101,6 +101,15 @@ def what_was_run(rows: pd.DataFrame, x: str) -> str:
     return ", ".join(p for p in parts if p)
 
 
+def width_label(rows: pd.DataFrame, width: float) -> str:
+    """``"width 4 (512 units)"`` when one ``base-hidden`` holds for the rows, else ``"width 4"``."""
+    bases = set(pd.to_numeric(rows.get("base-hidden", pd.Series(dtype=float)), errors="coerce"))
+    bases = {b for b in bases if b == b}
+    if len(bases) == 1:
+        return f"width {width:g} ({round(bases.pop() * width):d} units)"
+    return f"width {width:g}"
+
+
 def merge_gap_by_init_figure(
     rows: pd.DataFrame, x: str, path: Path, settings: dict[str, Any], log_base: int
 ) -> Path | None:
@@ -142,7 +151,7 @@ def merge_gap_by_init_figure(
                         marker="o",
                         ms=4,
                         color=colour,
-                        label=f"width {width:g}: {what}",
+                        label=f"{width_label(rows, width)}: {what}",
                     )
             ax.axhline(0.0, color="black", linewidth=0.8)
             log_axis(ax, list(labels), log_base)

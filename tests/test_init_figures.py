@@ -119,3 +119,26 @@ def test_the_skew_figure_is_drawn_from_dirichlet_and_iid_cells(tmp_path):
     assert has_init_panels(rows, "alpha")
     assert what_was_run(rows, "alpha") == "mnist5k, mlp, 4 clients, 12 local epochs, bias-free"
     assert drawn(rows, tmp_path) == {"merge_gap_by_init_vs_alpha.png"}
+
+
+def test_keys_vary_only_where_they_apply_and_methods_never_split_rows():
+    from fedlmc.simulations.config import validate_run_config
+    from fedlmc.simulations.sweep import split_labels, varying_keys
+
+    shared = validate_run_config(
+        {"init": "shared", "methods": "average,fedavg", "fedavg-rounds": 4}, check_devices=False
+    )
+    independent = validate_run_config({"methods": "average"}, check_devices=False)
+    rows = pd.DataFrame(
+        [
+            {**config, "method": method, "client-widths": float("nan")}  # "" read back as NaN
+            for config in (shared, independent)
+            for method in ("average", "fedavg")
+            if method in config["methods"]
+        ]
+    )
+    assert list(rows["fedavg-rounds"]) == [4, 4, 5]  # the default where FedAvg does not run
+    assert varying_keys(rows) == ["init"]
+    assert list(split_labels(rows, [])) == ["init=shared"] * 2 + ["init=independent"]
+    rows["width"] = [1.0, 1.0, 2.0]  # width applies: client-widths is empty (NaN in the file)
+    assert varying_keys(rows) == ["width", "init"]
