@@ -382,6 +382,15 @@ def declared_keys() -> dict[str, Key]:
                 lambda c: uses_fedavg(c),
             ),
         ),
+        "warmup-rounds": Key(
+            int,
+            0,
+            "FedAvg rounds of one local epoch each from the shared initialisation before the "
+            "one-shot round, which then trains epochs - warmup-rounds epochs (0: pure one-shot; "
+            'needs init = "shared")',
+            at_least(0),
+            applies=_strategy_is("compare", "average", "aligned"),
+        ),
         "lambdas": Key(
             int,
             25,
@@ -462,7 +471,8 @@ def validate_run_config(
 ) -> dict[str, Any]:
     """Defaults filled in, every value type- and range-checked; raises :class:`ConfigError`.
     ``whole_run = False`` (a client's config for one round, whose ``epochs`` may be one FedAvg
-    round's share) skips the checks about the whole run (``fedavg-rounds`` against ``epochs``)."""
+    round's share) skips the checks about the whole run (``fedavg-rounds`` and ``warmup-rounds``
+    against ``epochs``)."""
     schema = run_schema()
     unknown = [k for k in values if k not in schema]
     if unknown:
@@ -737,6 +747,31 @@ def check_fedavg_rounds(config: Mapping[str, Any]) -> None:
         )
 
 
+def check_warmup_rounds(config: Mapping[str, Any]) -> None:
+    """``warmup-rounds = k > 0`` needs ``init = "shared"`` (the rounds start from the server's
+    initialisation, and the one-shot round from their global model), clients of one width (a
+    FedAvg round averages equal shapes) and ``k < epochs`` (the one-shot round trains the
+    remaining ``epochs - k``)."""
+    k = config["warmup-rounds"]
+    if not k or config["strategy"] == FEDAVG:
+        return
+    if config["init"] != "shared":
+        raise ConfigError(
+            f"warmup-rounds = {k} with init = {config['init']!r}: allowed only with "
+            "init = 'shared' (or warmup-rounds = 0)"
+        )
+    if mixed_widths(config):
+        raise ConfigError(
+            f"warmup-rounds = {k} with client widths {widths_text(client_widths(config))}: "
+            "allowed only with every client at the server width (or warmup-rounds = 0)"
+        )
+    if k >= config["epochs"]:
+        raise ConfigError(
+            f"warmup-rounds = {k}: allowed: 0 .. epochs - 1 ({config['epochs'] - 1}) so that "
+            "the one-shot round trains at least one epoch"
+        )
+
+
 def _units(base: int, width: float) -> int:
     return max(1, round(base * width))
 
@@ -856,7 +891,7 @@ CONSISTENCY_CHECKS: list[Check] = [
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
 about a new key joins this list (run by :func:`validate_run_config`)."""
-WHOLE_RUN_CHECKS: list[Check] = [check_fedavg_rounds]
+WHOLE_RUN_CHECKS: list[Check] = [check_fedavg_rounds, check_warmup_rounds]
 """Checks about the whole run, skipped for a client's one-round config (``whole_run=False``)."""
 DEVICE_CHECKS: list[Check] = [check_memory, check_cuda]
 """Checks about this machine, skipped with ``check_devices=False``."""

@@ -30,6 +30,7 @@ from fedlmc.simulations.figures import (
     pairwise_figure,
     temperature_series,
 )
+from fedlmc.simulations.init_figures import has_init_panels, merge_gap_by_init_figure
 from fedlmc.simulations.report_data import accuracy_methods, axis_rows, has_values
 from fedlmc.simulations.report_training import has_client_curves, training_curves_figure
 from fedlmc.simulations.sweep import varying_keys
@@ -214,6 +215,16 @@ def accuracy_vs_alpha(d: FigureInputs, path: Path) -> Path | None:
 @figure("accuracy_vs_clients", lambda d: "num-clients" in d.varying)
 def accuracy_vs_clients(d: FigureInputs, path: Path) -> Path | None:
     return accuracy_by_width_lines(d.rows, "num-clients", d.methods, path, d.settings, 2)
+
+
+@figure("merge_gap_by_init_vs_clients", lambda d: has_init_panels(d.rows, "num-clients"))
+def merge_gap_by_init_vs_clients(d: FigureInputs, path: Path) -> Path | None:
+    return merge_gap_by_init_figure(d.rows, "num-clients", path, d.settings, 2)
+
+
+@figure("merge_gap_by_init_vs_alpha", lambda d: has_init_panels(d.rows, "alpha"))
+def merge_gap_by_init_vs_alpha(d: FigureInputs, path: Path) -> Path | None:
+    return merge_gap_by_init_figure(d.rows, "alpha", path, d.settings, 10)
 
 
 @figure(

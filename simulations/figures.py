@@ -16,9 +16,11 @@ from fedlmc.simulations.report_data import (
     MAX_PANELS,
     aggregate,
     has_values,
+    init_setting,
     json_rows,
     mean_of_lists,
     panels,
+    setting_order,
 )
 
 
@@ -138,13 +140,25 @@ def accuracy_by_width_lines(
     settings: dict[str, Any],
     log_base: int,
 ) -> Path:
-    """Merged accuracy against config key ``x``: one panel per method, one line per width
-    (mean over seeds and any other varying key), the mean endpoint accuracy dotted."""
-    fig, axes = panel_grid(len(methods))
+    """Merged accuracy against config key ``x``: one panel per method and initialisation
+    setting (:func:`~fedlmc.simulations.report_data.init_setting`, when it varies), one line per
+    width (mean over seeds and any other varying key), the mean endpoint accuracy dotted."""
+    setting = init_setting(rows)
+    several = setting.nunique() > 1
+    groups = [
+        (
+            f"{method}, init = {label}" if several else method,
+            (rows["method"] == method) & (setting == label),
+        )
+        for method in methods
+        for label in setting_order(setting)
+        if ((rows["method"] == method) & (setting == label)).any()
+    ][:MAX_PANELS]
+    fig, axes = panel_grid(len(groups))
     cmap = _pyplot().get_cmap("viridis")
     widths = sorted(rows["width"].unique())
-    for ax, method in zip(axes.flat, methods, strict=False):
-        subset = rows[rows["method"] == method]
+    for ax, (title, chosen) in zip(axes.flat, groups, strict=False):
+        subset = rows[chosen]
         for j, width in enumerate(widths):
             at_width = subset[subset["width"] == width]
             if not has_values(at_width, "accuracy"):
@@ -158,7 +172,7 @@ def accuracy_by_width_lines(
         log_axis(ax, rows[x], log_base)
         ax.set_xlabel(x)
         ax.set_ylabel("merged test accuracy (dotted: endpoints)")
-        ax.set_title(method, fontsize=9)
+        ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return save(fig, path, settings["dpi"])

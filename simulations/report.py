@@ -25,6 +25,11 @@ figures whose data exists:
   the fraction of hidden units never active on the diagnostic inputs (top) and the share of the
   pre-activation that comes from the bias (bottom); one line per client count (or width).
 - ``accuracy_vs_alpha.png`` / ``accuracy_vs_clients.png``: when ``alpha`` / ``num-clients`` vary.
+- ``merge_gap_by_init_vs_clients.png`` / ``merge_gap_by_init_vs_alpha.png``: when the
+  initialisation (``init``, ``warmup-rounds``) and ``num-clients`` / ``alpha`` vary: the accuracy
+  gap of ``average_t`` and ``merge_many_t`` to the clients' mean (solid) and to the ensemble
+  (dashed), one line per width, one panel per method and initialisation setting, one y axis
+  (:mod:`fedlmc.simulations.init_figures`; the IID cells right of the largest alpha).
 - ``client_barriers_vs_clients.png``: cells of three or more clients, the calibrated loss
   barrier at lambda = 1/2 on each client's path to the merge (the path's shape, not the merge's
   quality), mean (solid) and worst client (dashed), against the number of clients.

@@ -230,3 +230,31 @@ def auto_table(rows: pd.DataFrame) -> pd.DataFrame:
             entry["auto / weight matching time"] = entry["auto merge s"] / seconds
         table.append(entry)
     return pd.DataFrame(table).set_index("width")
+
+
+def init_setting(rows: pd.DataFrame) -> pd.Series:
+    """Each row's initialisation setting: ``shared``, ``shared + k warm-up rounds`` or
+    ``independent`` (``init`` and ``warmup-rounds``; ``independent`` when ``init`` is absent,
+    the default)."""
+    init = rows["init"] if "init" in rows else pd.Series("independent", index=rows.index)
+    warm = pd.to_numeric(rows.get("warmup-rounds", 0), errors="coerce")
+    warm = pd.Series(warm, index=rows.index).fillna(0).astype(int)
+    return pd.Series(
+        [
+            f"{i} + {k} warm-up round{'s' if k > 1 else ''}" if k and i == "shared" else str(i)
+            for i, k in zip(init, warm, strict=True)
+        ],
+        index=rows.index,
+    )
+
+
+def setting_order(settings: pd.Series) -> list[str]:
+    """``shared`` first, then the warm-up settings by rounds, ``independent`` last."""
+
+    def key(label: str) -> tuple[int, int]:
+        if label == "independent":
+            return (2, 0)
+        rounds = int(label.split(" + ")[1].split()[0]) if " + " in label else 0
+        return (0 if label.startswith("shared") else 1, rounds)
+
+    return sorted(set(settings), key=key)

@@ -15,6 +15,11 @@
 - ``fedavg``: :class:`fedlmc.strategies.FedAvgBaseline` over ``fedavg-rounds`` rounds; row
 ``fedavg``.
 
+``warmup-rounds = k > 0`` (``init = "shared"``; the one-shot strategies): first ``k`` FedAvg
+rounds of one local epoch each from the server's initialisation (:func:`warm_up`), then the
+one-shot round trains ``epochs - k`` epochs from their global model; the rows' ``rounds``,
+``bytes_sent_by_clients``, ``train_seconds`` and ``round_seconds`` include the warm-up rounds.
+
 Every row gets ``clients_survived``,
 ``clients_failed`` (``"partition P: reason; ..."``), ``bytes_sent_by_clients`` (what the clients
 sent: the tensor bytes of their trained weights, every round, plus the payload of every query
@@ -237,11 +242,12 @@ def _start(
     config: Mapping[str, Any],
     rounds: int,
     evaluate_fn=None,
+    initial: StateDict | None = None,
 ):
     start = time.perf_counter()
     result = strategy.start(
         grid=grid,
-        initial_arrays=state_to_record(template.state_dict()),
+        initial_arrays=state_to_record(template.state_dict() if initial is None else initial),
         num_rounds=rounds,
         timeout=config["timeout"],
         train_config=train_config_record(config),
@@ -314,6 +320,77 @@ def client_references(config: Mapping[str, Any], outcome: ServerOutcome) -> Clie
     return ClientReferences.of_states(states, labels)
 
 
+# ----------------------------------------------------------------------------- warm-up
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What the ``warmup-rounds`` FedAvg rounds before a one-shot round produced: the global
+    model the one-shot round starts from (``state``; ``None`` without warm-up), and what they
+    cost, added to the one-shot round's columns (:meth:`columns`)."""
+
+    state: StateDict | None = None
+    rounds: int = 0
+    bytes_sent: int = 0
+    seconds: float = 0.0
+    train_seconds: float = 0.0
+
+    def one_shot_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The one-shot round's train config: after ``k`` warm-up rounds, ``epochs - k`` local
+        epochs from the received global model (``init = "shared"``)."""
+        if self.state is None:
+            return dict(config)
+        return {**config, "epochs": config["epochs"] - self.rounds, "init": "shared"}
+
+    def columns(self, columns: Mapping[str, Any]) -> dict[str, Any]:
+        """The one-shot round's round columns with the warm-up's rounds, bytes and times
+        added."""
+        return {
+            **columns,
+            "rounds": columns["rounds"] + self.rounds,
+            "bytes_sent_by_clients": columns["bytes_sent_by_clients"] + self.bytes_sent,
+            "round_seconds": columns["round_seconds"] + self.seconds,
+            "train_seconds": columns["train_seconds"] + self.train_seconds,
+        }
+
+
+def survivors_train_seconds(result: FedAvgResult) -> float:
+    """Sum of the survivors' training times over every round of a FedAvg run."""
+    return float(
+        sum(
+            u.metrics.get("train-seconds", 0.0)
+            for r in result.reports.values()
+            for u in r.survivors
+        )
+    )
+
+
+def warm_up(grid, config, template, outcome: ServerOutcome) -> WarmUp:
+    """``warmup-rounds = k`` FedAvg rounds of one local epoch each from the server's
+    initialisation (:class:`fedlmc.strategies.FedAvgBaseline`, ``epochs = k``); no rounds for
+    ``k = 0``."""
+    k = config["warmup-rounds"]
+    if not k:
+        return WarmUp()
+    strategy = FedAvgBaseline(
+        num_clients=config["num-clients"],
+        total_epochs=k,
+        num_rounds=k,
+        min_clients=config["min-clients"],
+        wait_timeout=config["timeout"],
+        weight_bound=outcome.weight_bound,
+    )
+    result, seconds = _start(strategy, grid, template, config, k)
+    outcome.results["warmup"] = result
+    return WarmUp(
+        record_to_state(result.arrays),
+        k,
+        result_bytes(result),
+        seconds,
+        survivors_train_seconds(result),
+    )
+
+
 # ----------------------------------------------------------------------------- modes
 
 
@@ -354,7 +431,9 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
         strategy = OneShotAverage(template, **kwargs)
     else:  # the collecting round's own merge must take clients of different widths
         strategy = PermutationAlignedAverage(template, method=MIXED_COLLECT, **kwargs)
-    result, seconds = _start(strategy, grid, template, config, 1)
+    warm = warm_up(grid, config, template, outcome)
+    one_shot = warm.one_shot_config(config)
+    result, seconds = _start(strategy, grid, template, one_shot, 1, initial=warm.state)
     report = result.report
     outcome.results["compare"], outcome.reports["compare"] = result, report
     states = [u.state for u in report.survivors]
@@ -363,7 +442,7 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     own = None if outcome.client_templates is None else outcome.templates_of(report, template)
     comparison = compare_cell(config, template, states, weights, splits, device, own)
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
-    columns = round_columns(report, result_bytes(result), seconds, 1, config)
+    columns = warm.columns(round_columns(report, result_bytes(result), seconds, 1, config))
     outcome.rows.extend({**row, **columns} for row in comparison.rows)
     outcome.merged.update(comparison.merged)
     if FEDAVG in method_list(config):
@@ -390,14 +469,17 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
             **kwargs,
         )
     base = strategy.merge_method
-    result, seconds = _start(strategy, grid, template, config, 1)
+    warm = warm_up(grid, config, template, outcome)
+    one_shot = warm.one_shot_config(config)
+    result, seconds = _start(strategy, grid, template, one_shot, 1, initial=warm.state)
     report = result.report
     outcome.results[base], outcome.reports[base] = result, report
     outcome.merged[base] = result.merged_state
     model = load_state(template, result.merged_state).to(device).eval()
     states = [u.state for u in report.survivors]
     endpoints = endpoint_metrics(outcome.templates_of(report, template), states, splits, device)
-    columns = round_columns(report, result_bytes(result), seconds, 1 + result.query_rounds, config)
+    rounds = 1 + result.query_rounds
+    columns = warm.columns(round_columns(report, result_bytes(result), seconds, rounds, config))
     columns["merge_seconds"] = result.merge_seconds
     n = len(report.survivors)
     rows = [merged_row(base, model, splits, None, endpoints, n, device)]
@@ -428,13 +510,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     model = load_state(template, merged).to(device).eval()
     row = merged_row(FEDAVG, model, splits, None, [], len(last.survivors), device)
     columns = round_columns(last, result_bytes(result), seconds, rounds, config)
-    columns["train_seconds"] = float(
-        sum(
-            u.metrics.get("train-seconds", 0.0)
-            for r in result.reports.values()
-            for u in r.survivors
-        )
-    )
+    columns["train_seconds"] = survivors_train_seconds(result)
     outcome.rows.append({**row, **columns})
 
 

@@ -248,9 +248,45 @@ def cell_summary(
     return f"{head} | {accs} ({seconds:.0f} s)"
 
 
+NOT_SPLIT_KEYS = ("methods",)
+"""Config keys that never keep rows apart: each row's ``method`` already names what it is."""
+
+
 def varying_keys(rows: pd.DataFrame) -> list[str]:
-    """Run-config columns with more than one distinct value, in schema order."""
-    return [k for k in run_schema() if k in rows and rows[k].astype(str).nunique() > 1]
+    """Run-config columns with more than one distinct value among the rows where the key
+    applies (its ``applies`` rule, e.g. ``fedavg-rounds`` only where FedAvg runs), in schema
+    order; never :data:`NOT_SPLIT_KEYS`."""
+    schema = run_schema()
+    some = [k for k in schema if k in rows and k not in NOT_SPLIT_KEYS]
+    candidates = [k for k in some if rows[k].astype(str).nunique() > 1]
+    applies = applicable(rows, {k: schema[k] for k in candidates})
+    return [k for k in candidates if rows[k][applies[k]].astype(str).nunique() > 1]
+
+
+def applicable(rows: pd.DataFrame, keys: Mapping[str, Any]) -> dict[str, list[bool]]:
+    """Per key, per row: whether the key's ``applies`` rule holds for the row's config columns
+    (true without a rule, or where the columns cannot answer it). Empty text read back from
+    ``results.csv`` as NaN counts as ``""``."""
+    ruled = {k: key for k, key in keys.items() if key.applies is not None}
+    if not ruled:
+        return {k: [True] * len(rows) for k in keys}
+    schema = run_schema()
+    text = {k for k, key in schema.items() if key.type is str}
+    configs = [
+        {k: "" if k in text and isinstance(v, float) and math.isnan(v) else v for k, v in r.items()}
+        for r in rows[[c for c in rows.columns if c in schema]].to_dict("records")
+    ]
+    return {
+        k: [_holds(ruled[k], c) for c in configs] if k in ruled else [True] * len(rows)
+        for k in keys
+    }
+
+
+def _holds(key: Any, config: Mapping[str, Any]) -> bool:
+    try:
+        return bool(key.applies.of(config))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return True
 
 
 def split_labels(rows: pd.DataFrame, exclude: Sequence[str]) -> pd.Series | None:
