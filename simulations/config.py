@@ -428,7 +428,7 @@ def declared_keys() -> dict[str, Key]:
             float,
             DEFAULT_OUTLIER_FACTOR,
             "robust screen (3+ clients): a client whose weight norms, BatchNorm/REPAIR "
-            "statistics or calibration NLL lie outside this factor of the median over the "
+            "statistics or calibration NLL exceed this factor times the median over the "
             "clients is dropped",
             at_least(1.0, strict=True),
             runtime=True,
