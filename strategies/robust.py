@@ -14,7 +14,7 @@ default :data:`DEFAULT_OUTLIER_FACTOR`). For a statistic :math:`x_i \ge 0` of ev
 
 Only values far *above* the median are refused: an honest client with a small partition trains
 few steps and its BatchNorm running statistics stay near their start (in the calibration runs
-such a client's norm fell to 0.29 of the median), and a client sending weights shrunk towards 0
+such a client's norm fell to 0.07 of the median), and a client sending weights shrunk towards 0
 moves the merge by at most its share towards 0.
 
 The statistics:
@@ -26,7 +26,8 @@ The statistics:
   And the direction: the cosine between the client's weights (every floating tensor, concatenated)
   and the coordinate-wise median of all clients' must be at least :data:`MIN_COSINE` (a negated
   model under a shared initialisation; independently initialised honest clients all have a
-  positive cosine with the median they are part of);
+  positive cosine with the median they are part of; clients of different widths have no
+  coordinate-wise median, so only their norms are compared);
 - **moments replies** (``query.bn_stats``, ``query.unit_stats``, :func:`moments_outliers`): per
   layer, the RMS over units of the per-unit root mean square :math:`\sqrt{S_2/n}` (a mean shifted
   to 1e4 gives 1e4);
@@ -62,7 +63,7 @@ from torch import Tensor, nn
 
 DEFAULT_OUTLIER_FACTOR = 10.0
 """Default ``outlier-factor``: a statistic more than 10 times the median over the clients drops
-the client (honest clients stayed within 2.5 in the calibration runs, docs/reliability.md)."""
+the client (honest clients stayed within 4.2 in the calibration runs, docs/reliability.md)."""
 MIN_CLIENTS = 3
 """Fewest clients the relative rule needs (the median of two cannot tell which one is wrong)."""
 MIN_COSINE = 0.0
@@ -157,9 +158,9 @@ def weight_outliers(states: Sequence[Mapping[str, Tensor]], screen: RobustScreen
         norms = [row_norm(state[key]) for state in states]
         for index, reason in ratio_outliers(norms, screen.factor, f"the norm of {key!r}").items():
             found.setdefault(index, reason)
-    same_shape = [k for k in keys if len({tuple(s[k].shape) for s in states}) == 1]
-    if same_shape:
-        for index, cosine in enumerate(median_cosines(states, same_shape)):
+    same_shape = all(len({tuple(s[k].shape) for s in states}) == 1 for k in keys)
+    if keys and same_shape:  # clients of different widths: no coordinate-wise median
+        for index, cosine in enumerate(median_cosines(states, keys)):
             if cosine < MIN_COSINE:
                 found.setdefault(
                     index,
