@@ -15,6 +15,8 @@ from flwr.app import Message, MetricRecord, RecordDict
 from fedlmc.merging.calibrate import temperature_grid, temperature_statistics
 from fedlmc.merging.repair import UnitStats
 from fedlmc.models.classifiers import build_model
+from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.schema import ConfigError
 from fedlmc.strategies import OneShotAverage
 from fedlmc.strategies.protocol import HISTORY_KEYS, state_to_record
 from fedlmc.strategies.queries import ClientRounds
@@ -124,6 +126,9 @@ def test_the_factor_is_validated_once():
         with pytest.raises(ValueError, match="outlier_factor"):
             RobustScreen(bad)
     assert RobustScreen(2.0).applies(3) and not RobustScreen(2.0).applies(2)
+    with pytest.raises(ConfigError, match=r"outlier-factor = 1.0: allowed: a number > 1.0"):
+        validate_run_config({"outlier-factor": 1.0})
+    assert validate_run_config({})["outlier-factor"] == 10.0
 
 
 # ----------------------------------------------------------------------------- query replies
