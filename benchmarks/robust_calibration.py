@@ -24,7 +24,7 @@ from fedlmc.simulations.task import (
     load_splits,
     train_options,
 )
-from fedlmc.strategies.robust import _floating_keys, median_cosines, row_norm
+from fedlmc.strategies.robust import floating_keys, median_cosines, row_norm
 from fedlmc.train import train_model
 
 BASE = {"dataset": "mnist5k", "model": "mlp", "width": 0.5, "depth": 2, "epochs": 3}
@@ -53,7 +53,7 @@ def client_states(config: dict) -> list[dict[str, torch.Tensor]]:
 
 def spread(states: list[dict[str, torch.Tensor]]) -> tuple[float, float, float]:
     """(largest ratio to the median, smallest ratio, smallest cosine with the median)."""
-    keys = _floating_keys(states)
+    keys = floating_keys(states)
     high, low = 0.0, float("inf")
     for key in keys:
         norms = torch.tensor([row_norm(s[key]) for s in states], dtype=torch.float64)

@@ -119,7 +119,8 @@ def row_norm(tensor: Tensor) -> float:
     return float(tensor.detach().double().norm()) / math.sqrt(max(rows, 1))
 
 
-def _floating_keys(states: Sequence[Mapping[str, Tensor]]) -> list[str]:
+def floating_keys(states: Sequence[Mapping[str, Tensor]]) -> list[str]:
+    """The keys of non-empty tensors that are floating in every state (first state's order)."""
     first = states[0]
     return [
         key
@@ -152,7 +153,7 @@ def weight_outliers(states: Sequence[Mapping[str, Tensor]], screen: RobustScreen
     median, or whose direction opposes the clients' coordinate-wise median (module docstring)."""
     if not states or not screen.applies(len(states)):
         return {}
-    keys = _floating_keys(states)
+    keys = floating_keys(states)
     found: dict[int, str] = {}
     for key in keys:
         norms = [row_norm(state[key]) for state in states]
