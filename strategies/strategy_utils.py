@@ -53,7 +53,7 @@ from fedlmc.strategies.screening import (
 
 _PARTITION_IN_REASON = re.compile(r"partition-id=(\d+)")
 _TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
-_OBJECT_REPR = re.compile(r"<(?:class ')?([\w.()]+?)'?(?: object)?(?: at 0x[0-9a-fA-F]+)?>")
+_OBJECT_REPR = re.compile(r"<class '([\w.()]+)'>|<([\w.()]+?)(?: object)? at 0x[0-9a-fA-F]+>")
 _TRACEBACK_NOISE = re.compile(
     r"\s*(Traceback \(most recent call last\):|[\^~]+|The above exception was the direct "
     r"cause of the following exception:|During handling of the above exception.*)\s*"
@@ -88,7 +88,7 @@ def plain_text(reason: str) -> str:
     logs, errors and results.csv hold the same plain text."""
     text = _TERMINAL_ESCAPE.sub("", str(reason))
     text = " ".join(_without_traceback(text))
-    text = _OBJECT_REPR.sub(lambda m: m.group(1).rsplit(".", 1)[-1], text)
+    text = _OBJECT_REPR.sub(lambda m: (m.group(1) or m.group(2)).rsplit(".", 1)[-1], text)
     text = " ".join(_CONTROL.sub(" ", text).split())
     if len(text) > MAX_REASON_CHARS:
         text = text[: MAX_REASON_CHARS - 3].rstrip() + "..."
