@@ -7,6 +7,8 @@ coordinate-wise median (:mod:`fedlmc.strategies.robust`). The ``outlier-factor``
 must stay above every ratio printed here (docs/reliability.md).
 
     nice -n 10 .venv/bin/python benchmarks/robust_calibration.py
+    nice -n 10 .venv/bin/python benchmarks/robust_calibration.py configs/clients_quick.toml \
+        num-clients=16      # the cells of a shipped sweep whose grid point has these values
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 
 import torch
 
-from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.config import load_sweep_config, unique_cells, validate_run_config
 from fedlmc.simulations.task import (
     build_from_config,
     client_seed,
@@ -62,9 +64,31 @@ def spread(states: list[dict[str, torch.Tensor]]) -> tuple[float, float, float]:
     return high, low, min(median_cosines(states, keys))
 
 
+def print_row(config: dict) -> None:
+    """One table row: the setting and :func:`spread` of its honest clients."""
+    high, low, cosine = spread(client_states(config))
+    setting = (config["num-clients"], config["partition"], config["init"], config["norm"])
+    numbers = f"{high:.2f} | {low:.2f} | {cosine:.2f}"
+    print("| " + " | ".join(str(v) for v in setting) + f" | {numbers} |")
+    sys.stdout.flush()
+
+
+def shipped(path: str, selection: list[str]) -> None:
+    """The cells of the sweep at ``path`` whose grid point has every ``key=value`` of
+    ``selection`` (values compared as text)."""
+    wanted = dict(item.split("=", 1) for item in selection)
+    for point, config in unique_cells(load_sweep_config(path, check_devices=False)):
+        if all(str(point.get(k, config.get(k))) == v for k, v in wanted.items()):
+            print(f"<!-- {path}: {point} -->")
+            print_row(config)
+
+
 def main() -> None:
     print("| clients | partition | init | norm | max ratio | min ratio | min cosine |")
     print("|---|---|---|---|---|---|---|")
+    if len(sys.argv) > 1:
+        shipped(sys.argv[1], sys.argv[2:])
+        return
     settings = itertools.product(
         (3, 4, 8, 16), ("iid", "dirichlet"), ("independent", "shared"), ("none", "bn")
     )
@@ -79,11 +103,7 @@ def main() -> None:
                 "norm": norm,
             }
         )
-        high, low, cosine = spread(client_states(config))
-        print(
-            f"| {clients} | {partition} | {init} | {norm} | {high:.2f} | {low:.2f} | {cosine:.2f} |"
-        )
-        sys.stdout.flush()
+        print_row(config)
 
 
 if __name__ == "__main__":
