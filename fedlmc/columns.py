@@ -623,7 +623,8 @@ ROUND_COLUMNS_DECLARED = (
         "train_seconds",
         "the clients' training time",
         "federation rows",
-        "sum of the surviving clients' training times (every round for FedAvg)",
+        "sum of the surviving clients' training times (every round for FedAvg); NaN when the "
+        "screen removed a client's reported time (not finite, below 0 or above 1e7 s)",
         source="round",
     ),
     Column(

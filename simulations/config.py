@@ -78,6 +78,7 @@ FAILURE_MODES = ("raise", "nan", "hang")
 FEDAVG = "fedavg"
 INITS = ("independent", "shared")
 DEFAULT_MAX_SHARE = 0.5  # = fedlmc.strategies.screening.DEFAULT_MAX_SHARE (no Flower import here)
+DEFAULT_OUTLIER_FACTOR = 10.0  # = fedlmc.strategies.robust.DEFAULT_OUTLIER_FACTOR
 
 
 def cell_methods() -> tuple[str, ...]:
@@ -430,6 +431,15 @@ def declared_keys() -> dict[str, Key]:
             "largest share of one client in a deployment's merge (simulations use the "
             "partition sizes)",
             _share,
+            runtime=True,
+        ),
+        "outlier-factor": Key(
+            float,
+            DEFAULT_OUTLIER_FACTOR,
+            "robust screen (3+ clients): a client whose weight norms, BatchNorm/REPAIR "
+            "statistics or calibration NLL exceed this factor times the median over the "
+            "clients is dropped",
+            at_least(1.0, strict=True),
             runtime=True,
         ),
         "timeout": Key(

@@ -51,6 +51,12 @@ class CellGrid(Grid):
         """The first ``num-clients`` node ids of the pool (sorted), once all have registered."""
         return self.broker.nodes()[: self.num_clients]
 
+    def assigned_partitions(self) -> dict[int, int]:
+        """Node id -> the partition id this cell sends it (the strategies trust this, not the
+        partition id a reply claims:
+        :func:`fedlmc.strategies.strategy_utils.assigned_partitions`)."""
+        return {node: index for index, node in enumerate(self.get_node_ids())}
+
     def get_nodes(self) -> Iterable[Any]:
         mine = set(self.get_node_ids())
         return [n for n in self.broker.grid.get_nodes() if int(n.node_id) in mine]

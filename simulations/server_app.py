@@ -95,6 +95,7 @@ from fedlmc.strategies import (
 )
 from fedlmc.strategies.fedavg import MERGED_TEST_ACCURACY, MERGED_TEST_LOSS
 from fedlmc.strategies.protocol import record_to_state, state_to_record
+from fedlmc.strategies.robust import RobustScreen
 from fedlmc.strategies.screening import ClientReferences, WeightBound
 from fedlmc.strategies.strategy_utils import Failure, RoundReport, StateDict
 from fedlmc.study.compare import (
@@ -150,7 +151,7 @@ def train_config_record(config: Mapping[str, Any]) -> ConfigRecord:
 
 def failures_text(failures: Sequence[Failure]) -> str:
     """``"node N (partition 1): client error: ...; ..."`` on one line (empty when none)."""
-    return "; ".join(" ".join(f.describe().split())[:300] for f in failures)
+    return "; ".join(f.describe() for f in failures)  # plain text: Failure sanitises reasons
 
 
 def width_columns(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,6 +163,14 @@ def width_columns(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _train_seconds(update: Any) -> float:
+    """A survivor's ``train-seconds`` (0 when it reports none; NaN when the screen removed the
+    value it sent: the column is then undefined, and the log names the client)."""
+    if "train-seconds" in update.dropped_metrics:
+        return math.nan
+    return float(update.metrics.get("train-seconds", 0.0))
+
+
 def round_columns(
     report: RoundReport,
     bytes_sent: int,
@@ -171,7 +180,7 @@ def round_columns(
 ) -> dict[str, Any]:
     """Columns describing the rounds behind a row (:data:`fedlmc.study.rows.ROUND_COLUMNS`),
     the width columns (:func:`width_columns`) included."""
-    train_seconds = [u.metrics.get("train-seconds", 0.0) for u in report.survivors]
+    train_seconds = [_train_seconds(u) for u in report.survivors]
     columns = {
         "clients_survived": len(report.survivors),
         "clients_failed": failures_text(report.failures),
@@ -179,7 +188,7 @@ def round_columns(
         "clients_dropped_reasons": failures_text(report.dropped),
         "bytes_sent_by_clients": int(bytes_sent),
         "rounds": int(rounds),
-        "train_seconds": float(sum(t for t in train_seconds if isinstance(t, int | float))),
+        "train_seconds": float(sum(train_seconds)),
         "round_seconds": float(seconds),
         **width_columns(config),
     }
@@ -302,6 +311,7 @@ def _kwargs(config: Mapping[str, Any], splits: DataSplits, device: torch.device,
         "num_clients": config["num-clients"],
         "min_clients": config["min-clients"],
         "weight_bound": outcome.weight_bound,
+        "robust": RobustScreen(config["outlier-factor"]),
         "server_data": splits.server if len(splits.server[1]) else None,
         "wait_timeout": config["timeout"],
         "query_timeout": config["timeout"],
@@ -356,13 +366,7 @@ class WarmUp:
 
 def survivors_train_seconds(result: FedAvgResult) -> float:
     """Sum of the survivors' training times over every round of a FedAvg run."""
-    return float(
-        sum(
-            u.metrics.get("train-seconds", 0.0)
-            for r in result.reports.values()
-            for u in r.survivors
-        )
-    )
+    return float(sum(_train_seconds(u) for r in result.reports.values() for u in r.survivors))
 
 
 def warm_up(grid, config, template, outcome: ServerOutcome) -> WarmUp:
@@ -500,6 +504,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
         min_clients=config["min-clients"],
         wait_timeout=config["timeout"],
         weight_bound=outcome.weight_bound,
+        robust=RobustScreen(config["outlier-factor"]),
     )
     evaluate = merged_test_evaluation(template, splits, device)
     result, seconds = _start(strategy, grid, template, config, rounds, evaluate)

@@ -11,7 +11,8 @@
   :mod:`fedlmc.strategies.screening` (errors, malformed replies, wrong keys, shapes or dtypes
   (against the sent arrays, or with ``client_references`` against each partition's own),
   non-finite or huge weights, bad counts, partition ids out of ``0 .. connected nodes - 1`` or
-  claimed twice; :func:`fedlmc.strategies.strategy_utils.screen_replies`), logs why (and why a
+  claimed twice; :func:`fedlmc.strategies.strategy_utils.screen_replies`) and every reply far
+  outside the other clients' (``robust``, :mod:`fedlmc.strategies.robust`), logs why (and why a
   survivor's per-epoch history was dropped, if it was), and raises
   :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError` naming the dropped clients when
   fewer than ``min_clients`` survive;
@@ -38,9 +39,12 @@ from flwr.supercore import log
 
 from fedlmc.strategies.flower_compat import construct_messages
 from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY
+from fedlmc.strategies.robust import RobustScreen, weight_outliers
 from fedlmc.strategies.screening import ClientReferences, Reference, WeightBound
 from fedlmc.strategies.strategy_utils import (
+    Failure,
     RoundReport,
+    assigned_partitions,
     check_client_counts,
     require_survivors,
     screen_replies,
@@ -81,6 +85,7 @@ class ScreenedFedAvg(FedAvg):
         configrecord_key: str = "config",
         weight_bound: WeightBound | None = None,
         client_references: ClientReferences | None = None,
+        robust: RobustScreen | None = None,
     ) -> None:
         check_client_counts(num_clients, min_clients)
         super().__init__(
@@ -100,10 +105,12 @@ class ScreenedFedAvg(FedAvg):
         self._grid: Grid | None = None
         self.weight_bound = weight_bound if weight_bound is not None else WeightBound()
         self.client_references = client_references
+        self.robust = robust if robust is not None else RobustScreen()
         self._reference: Reference | ClientReferences | None = None
         self._num_partitions: int | None = None
         self._sent_to: list[int] = []
         self._round_config: dict[str, Any] = {}
+        self._assigned: dict[int, int] | None = None
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """The train config of ``server_round`` (adds ``server-round``; subclasses add more)."""
@@ -116,6 +123,7 @@ class ScreenedFedAvg(FedAvg):
         """Wait for ``num_clients`` nodes, then send the same train message to the
         ``num_clients`` lowest node ids (partition ids must lie below the connected count)."""
         self._grid = grid
+        self._assigned = assigned_partitions(grid)
         connected = wait_for_nodes(grid, self.num_clients, self.wait_timeout)
         nodes = connected[: self.num_clients]
         if len(connected) > len(nodes):
@@ -159,10 +167,21 @@ class ScreenedFedAvg(FedAvg):
             self.weighted_by_key,
             self._num_partitions,
             epochs=configured_epochs(self._round_config),
+            assigned=self._assigned,
         )
+        self.drop_outliers(report)
         for failure in report.failures:
             log(WARNING, "round %d: dropped reply from %s", server_round, failure.describe())
         for update in report.survivors:
+            for problem in update.metric_problems:
+                log(
+                    WARNING,
+                    "round %d: dropped a metric of node %d (partition %d): %s",
+                    server_round,
+                    update.node_id,
+                    update.partition_id,
+                    problem,
+                )
             if update.history_problem:
                 log(
                     WARNING,
@@ -174,6 +193,16 @@ class ScreenedFedAvg(FedAvg):
                 )
         require_survivors(report, self.min_clients)
         return report
+
+    def drop_outliers(self, report: RoundReport) -> None:
+        """Move the survivors whose weights fail the robust screen (far outside the other
+        clients', :func:`fedlmc.strategies.robust.weight_outliers`) to the failures."""
+        outliers = weight_outliers([u.state for u in report.survivors], self.robust)
+        for index, update in enumerate(list(report.survivors)):
+            if index in outliers:
+                failure = Failure(update.node_id, update.partition_id, outliers[index])
+                failure.tensor_bytes = update.tensor_bytes
+                report.drop(failure)
 
     def merge_weights(self, report: RoundReport) -> list[float]:
         """The survivors' bounded shares of the merge (:class:`WeightBound`, kind ``train``)."""

@@ -33,6 +33,7 @@ from flwr.supercore import log
 from fedlmc.averaging import average
 from fedlmc.strategies.base import ScreenedFedAvg
 from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
+from fedlmc.strategies.robust import RobustScreen
 from fedlmc.strategies.screening import WeightBound
 from fedlmc.strategies.strategy_utils import RoundReport, flower_records
 
@@ -108,6 +109,7 @@ class FedAvgBaseline(ScreenedFedAvg):
         wait_timeout: float = 600.0,
         weighted_by_key: str = NUM_EXAMPLES_KEY,
         weight_bound: WeightBound | None = None,
+        robust: RobustScreen | None = None,
     ) -> None:
         super().__init__(
             num_clients=num_clients,
@@ -115,6 +117,7 @@ class FedAvgBaseline(ScreenedFedAvg):
             wait_timeout=wait_timeout,
             weighted_by_key=weighted_by_key,
             weight_bound=weight_bound,
+            robust=robust,
         )
         self.schedule = epochs_per_round(int(total_epochs), int(num_rounds))
         self._reports: dict[int, RoundReport] = {}

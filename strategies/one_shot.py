@@ -85,6 +85,7 @@ from fedlmc.permutation.spec import PermutationSpec
 from fedlmc.strategies.base import ScreenedFedAvg
 from fedlmc.strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
 from fedlmc.strategies.queries import ClientRounds
+from fedlmc.strategies.robust import RobustScreen
 from fedlmc.strategies.screening import ClientReferences, WeightBound
 from fedlmc.strategies.strategy_utils import (
     ClientUpdate,
@@ -171,6 +172,10 @@ class OneShotAverage(ScreenedFedAvg):
         (:class:`fedlmc.strategies.screening.ClientReferences`; a reply of other shapes is
         dropped by name). ``template`` is then the merged model's (server) width and the merge
         method must be a mixed-width one (``mixed_widths`` in :mod:`fedlmc.merging.methods`).
+    robust : RobustScreen, optional
+        The robust screen of the replies against each other (default factor 10;
+        :class:`fedlmc.strategies.robust.RobustScreen`): weights, BatchNorm and REPAIR statistics
+        and temperature replies far outside the other clients' drop the client by name.
     """
 
     merge_method = "average"
@@ -195,6 +200,7 @@ class OneShotAverage(ScreenedFedAvg):
         configrecord_key: str = "config",
         weight_bound: WeightBound | None = None,
         client_references: ClientReferences | None = None,
+        robust: RobustScreen | None = None,
     ) -> None:
         super().__init__(
             num_clients=num_clients,
@@ -205,6 +211,7 @@ class OneShotAverage(ScreenedFedAvg):
             configrecord_key=configrecord_key,
             weight_bound=weight_bound,
             client_references=client_references,
+            robust=robust,
         )
         self.template = copy.deepcopy(template).cpu().eval()
         self.calibration = check_choice("calibration", calibration, CALIBRATIONS)
@@ -364,6 +371,7 @@ class OneShotAverage(ScreenedFedAvg):
             newton_steps=self.temperature_steps,
             weight_bound=self.weight_bound,
             spec=self.spec,
+            robust=self.robust,
         )
 
     @property

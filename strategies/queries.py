@@ -68,6 +68,14 @@ from fedlmc.strategies.protocol import (
     temperature_stats_from_content,
     unit_stats_from_content,
 )
+from fedlmc.strategies.robust import (
+    OFF,
+    RobustScreen,
+    check_temperature_bounds,
+    moments_outliers,
+    nll_outliers,
+    num_classes_of,
+)
 from fedlmc.strategies.screening import (
     UNBOUNDED,
     ScreenError,
@@ -121,6 +129,7 @@ class ClientRounds:
         newton_steps: int = 8,
         weight_bound: WeightBound = UNBOUNDED,
         spec: Any = None,
+        robust: RobustScreen = OFF,
     ) -> None:
         self.grid = grid
         self.survivors = list(survivors)
@@ -135,6 +144,8 @@ class ClientRounds:
         self.bytes_received = 0
         self.weight_bound = weight_bound
         self.spec = spec
+        self.robust = robust
+        self.num_classes = num_classes_of(template)
         self.dropped: list[Failure] = []
         temperature_grid(self.grid_points)  # validates
 
@@ -147,11 +158,14 @@ class ClientRounds:
         extra: Mapping[str, Any] | None = None,
         clients: Sequence[ClientUpdate] | None = None,
         screen: Callable[[RecordDict], None] | None = None,
+        compare: Callable[[list[RecordDict]], dict[int, str]] | None = None,
     ) -> list[tuple[ClientUpdate, RecordDict]]:
         """One ``query.<action>`` round about ``arrays`` (one model, or a list of models sent
         together) to ``clients`` (default: every survivor); the answers that pass ``screen``
-        (raising :class:`~fedlmc.strategies.screening.ScreenError`) in the clients' order; failures
-        are logged, recorded in ``dropped`` and left out (of later rounds too)."""
+        (raising :class:`~fedlmc.strategies.screening.ScreenError`) and then ``compare`` (the
+        robust screen of the answers against each other, :mod:`fedlmc.strategies.robust`: index
+        -> reason) in the clients' order; failures are logged, recorded in ``dropped`` and left
+        out (of later rounds too)."""
         if self.grid is None:
             raise RuntimeError(f"the {action} query needs the Grid of configure_train; got none")
         targets = self.survivors if clients is None else list(clients)
@@ -177,6 +191,11 @@ class ClientRounds:
             except (ScreenError, ValueError, KeyError, TypeError) as err:
                 del answers[node]
                 failures.append(Failure(node, by_node[node].partition_id, str(err)))
+        if compare is not None and answers:
+            nodes = [u.node_id for u in targets if u.node_id in answers]
+            for index, reason in compare([answers[n] for n in nodes]).items():
+                del answers[nodes[index]]
+                failures.append(Failure(nodes[index], by_node[nodes[index]].partition_id, reason))
         for failure in failures:
             failure.stage = action
             if failure.partition_id is None and failure.node_id in by_node:
@@ -209,7 +228,8 @@ class ClientRounds:
             TEMPERATURE_QUERY,
             list(models),
             extra,
-            screen=lambda c: screen_temperature_reply(c, names, len(grid)),
+            screen=lambda c: self._screen_temperature(c, names, len(grid)),
+            compare=self._compare_temperature,
         )
         per_client = bound_temperature_stats(
             [temperature_stats_by_model(c) for _, c in answers],
@@ -241,13 +261,32 @@ class ClientRounds:
         )
         return float(temperature), [first, *history]
 
+    def _screen_temperature(self, content: RecordDict, names: Sequence[str], points: int) -> None:
+        """The per-reply screen of a temperature reply and its exact bounds
+        (:func:`fedlmc.strategies.robust.check_temperature_bounds`)."""
+        for count, values in screen_temperature_reply(content, names, points).values():
+            for nll, grad, hess in values:
+                check_temperature_bounds(count, nll, grad, hess, self.num_classes)
+
+    def _compare_temperature(self, contents: list[RecordDict]) -> dict[int, str]:
+        """The relative rule on the answers' per-sample NLLs
+        (:func:`fedlmc.strategies.robust.nll_outliers`)."""
+        decoded = [temperature_stats_by_model(c) for c in contents]
+        return nll_outliers(decoded, self.robust, self.num_classes or 2)
+
+    def _compare_moments(self, decode) -> Callable[[list[RecordDict]], dict[int, str]]:
+        """The relative rule on moments replies decoded by ``decode``
+        (:func:`fedlmc.strategies.robust.moments_outliers`)."""
+        return lambda contents: moments_outliers([decode(c) for c in contents], self.robust)
+
     def _one_point(self, arrays: ArrayRecord, log_t: float) -> list[TemperatureStats]:
         extra = {"log-t": [float(log_t)]}
         answers = self.ask(
             TEMPERATURE_QUERY,
             arrays,
             extra,
-            screen=lambda c: screen_temperature_reply(c, ["stats"], 1),
+            screen=lambda c: self._screen_temperature(c, ["stats"], 1),
+            compare=self._compare_temperature,
         )
         per_client = [[temperature_stats_from_content(c)] for _, c in answers]
         return [
@@ -266,6 +305,7 @@ class ClientRounds:
             BN_QUERY,
             state_to_record(model.state_dict()),
             screen=lambda c: screen_moments_reply(c, widths),
+            compare=self._compare_moments(bn_stats_from_content),
         )
         return combine_bn_statistics(
             self._bounded_moments([bn_stats_from_content(c) for _, c in answers], answers, BNStats)
@@ -281,6 +321,7 @@ class ClientRounds:
             state_to_record(state),
             extra,
             screen=lambda c: screen_moments_reply(c, widths),
+            compare=self._compare_moments(unit_stats_from_content),
         )
         decoded = [unit_stats_from_content(c) for _, c in answers]
         return combine_unit_statistics(self._bounded_moments(decoded, answers, UnitStats))
@@ -346,13 +387,8 @@ class ClientRounds:
                 continue
             found, digest = permutations_from_content(answers[update.node_id])
             if digest != state_digest(update.state):
-                failure = Failure(
-                    update.node_id,
-                    update.partition_id,
-                    "matched weights other than those it sent in the training round "
-                    "(digest mismatch)",
-                    stage=ALIGN_QUERY,
-                )
+                reason = self._digest_reason(update)
+                failure = Failure(update.node_id, update.partition_id, reason, stage=ALIGN_QUERY)
                 log(WARNING, "align query: dropped %s", failure.describe())
                 self.dropped.append(failure)
                 self.survivors = [u for u in self.survivors if u.node_id != update.node_id]
@@ -360,6 +396,21 @@ class ClientRounds:
                 continue
             perms.append(found)
         return perms
+
+    def _digest_reason(self, update: ClientUpdate) -> str:
+        """Why ``update``'s permutations do not apply to the weights it sent: a dtype other than
+        the model's (e.g. float64 weights: the client matched its float32 model), else another
+        model altogether."""
+        expected = self.template.state_dict()
+        for key, tensor in update.state.items():
+            if key in expected and tensor.dtype != expected[key].dtype:
+                sent = str(tensor.dtype).removeprefix("torch.")
+                want = str(expected[key].dtype).removeprefix("torch.")
+                return (
+                    f"sent {sent} weights ({key!r}) where the model is {want}: client-side "
+                    f"matching needs the exact {want} weights it trained (digest mismatch)"
+                )
+        return "matched weights other than those it sent in the training round (digest mismatch)"
 
 
 def _group_sizes(spec: Any, template: nn.Module) -> dict[str, int]:

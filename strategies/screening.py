@@ -10,16 +10,19 @@ A client's reply is untrusted input. Every message type has one screen here; eac
   exactly the reference's dtype where it is an integer or bool buffer (``num_batches_tracked``);
   every floating value is finite and at most :data:`MAX_ABS_WEIGHT` in absolute value (trained
   weights are O(1); 1e30-scaled weights overflow the logits); ``num-examples`` an integer-valued
-  number >= 1; ``partition-id`` an integer in ``0 .. num_partitions - 1`` and unique among the
-  round's replies (:func:`partition_problems`: every reply sharing an id is dropped, since the
-  server cannot tell which one is honest).
+  number >= 1; ``partition-id`` an integer in ``0 .. num_partitions - 1``, the partition the
+  server assigned the node where it assigned one (a simulation), and unique among the round's
+  replies (:func:`partition_problems`: the first reply to arrive keeps the id, every later
+  claimant is dropped by node id).
 - **train history** (:func:`screen_history`): the per-epoch lists of
   :data:`fedlmc.strategies.protocol.HISTORY_KEYS`: training loss and accuracy both or neither,
   each a list of numbers (no bools) as long as the round's configured ``epochs`` (at most
-  :data:`MAX_HISTORY_EPOCHS` when unknown), every value finite or NaN (no infinity), losses >= 0,
-  accuracies in [0, 1]. A bad history drops **only the history** (the weights passed their own
-  screen and are merged; the history is a diagnostic): the client's training rows are left
-  out, and the reason is logged naming the node and partition.
+  :data:`MAX_HISTORY_EPOCHS` when unknown), every value finite or NaN (no infinity), losses in
+  [0, :data:`MAX_LOSS`], accuracies in [0, 1]. The scalar metrics of :data:`SCALAR_METRICS`
+  (``train-seconds`` ...) the same way (:func:`screen_scalar_metrics`: a bad value is removed
+  and named, the weights stay merged). A bad history drops **only the history** (the weights
+  passed their own screen and are merged; the history is a diagnostic): the client's training
+  rows are left out, and the reason is logged naming the node and partition.
 - **query.temperature** (:func:`screen_temperature_reply`): one ``stats`` record per model asked,
   lists as long as the ``log-t`` values sent, counts integer-valued, >= 1 and equal over the
   points (same data at every T), sums finite, ``nll-sum`` >= 0.
@@ -62,6 +65,19 @@ MAX_HISTORY_EPOCHS = 100_000
 """Longest per-epoch history accepted when the round's epochs are not known."""
 MAX_ABS_WEIGHT = 1e6
 """Largest absolute value a floating tensor of a train reply may hold."""
+MAX_LOSS = 1e6
+"""Largest training loss (nats) a reply's history or ``train-loss`` may hold (as large as the
+largest weight; a finite 1e308 is no loss a model trained)."""
+MAX_SECONDS = 1e7
+"""Largest ``train-seconds`` / ``load-seconds`` a reply may report (about 116 days)."""
+SCALAR_METRICS = {
+    "train-loss": (0.0, MAX_LOSS),
+    "train-accuracy": (0.0, 1.0),
+    "train-seconds": (0.0, MAX_SECONDS),
+    "load-seconds": (0.0, MAX_SECONDS),
+}
+"""The train reply's scalar metrics the server uses, with their allowed closed ranges (finite,
+no NaN: :func:`screen_scalar_metrics`)."""
 DEFAULT_MAX_SHARE = 0.5
 """Default largest share of one client in a deployment (``max-client-share``)."""
 VARIANCE_TOLERANCE = 1e-6
@@ -95,16 +111,20 @@ def check_partition_id(value: Any, num_partitions: int | None) -> int:
     return value
 
 
-def partition_problems(partition_ids: Sequence[int]) -> dict[int, str]:
-    """Index -> reason for every reply whose partition id another reply also claims."""
-    counts: dict[int, int] = {}
-    for pid in partition_ids:
-        counts[pid] = counts.get(pid, 0) + 1
-    return {
-        index: f"partition-id {pid} claimed by {counts[pid]} replies (all dropped)"
-        for index, pid in enumerate(partition_ids)
-        if counts[pid] > 1
-    }
+def partition_problems(claims: Sequence[tuple[int, int]]) -> dict[int, str]:
+    """Index -> reason for every ``(partition id, node id)`` claim (in arrival order) whose
+    partition id an earlier claim already took: the first claimant keeps it, each later one is
+    dropped and named by its node (one client cannot veto another by claiming its id)."""
+    first: dict[int, int] = {}
+    problems: dict[int, str] = {}
+    for index, (pid, node) in enumerate(claims):
+        if pid in first and first[pid] != node:
+            problems[index] = (
+                f"claims partition-id {pid}, which node {first[pid]}'s earlier reply holds "
+                "(the later claim is dropped)"
+            )
+        first.setdefault(pid, node)
+    return problems
 
 
 # ----------------------------------------------------------------------------- train
@@ -239,10 +259,27 @@ def screen_history(
     if len(lengths) > 1:
         raise ScreenError(f"history lists of different lengths {sorted(lengths)}")
     for name, values in history.items():
-        low, high = (0.0, 1.0) if "accuracy" in name else (0.0, math.inf)
+        low, high = (0.0, 1.0) if "accuracy" in name else (0.0, MAX_LOSS)
         if any(not low <= v <= high for v in values if not math.isnan(v)):
             raise ScreenError(f"{keys[name]!r} outside [{low:g}, {high:g}]")
     return history
+
+
+def screen_scalar_metrics(metrics: dict[str, Any]) -> list[str]:
+    """Remove from ``metrics`` every :data:`SCALAR_METRICS` value that is not a finite number in
+    its range (no bools, no NaN); one reason per removed key (the client stays merged: its
+    weights passed their own screen)."""
+    problems = []
+    for key, (low, high) in SCALAR_METRICS.items():
+        if key not in metrics:
+            continue
+        value = metrics[key]
+        number = not isinstance(value, bool) and isinstance(value, int | float)
+        if not number or not math.isfinite(value) or not low <= value <= high:
+            del metrics[key]
+            shown = f"{value:.3g}" if number else f"{type(value).__name__}"
+            problems.append(f"{key} = {shown}; allowed: a number in [{low:g}, {high:g}]")
+    return problems
 
 
 # ----------------------------------------------------------------------------- the weight bound

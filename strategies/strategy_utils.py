@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,9 +48,51 @@ from fedlmc.strategies.screening import (
     check_weight_values,
     partition_problems,
     screen_history,
+    screen_scalar_metrics,
 )
 
 _PARTITION_IN_REASON = re.compile(r"partition-id=(\d+)")
+_TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
+_OBJECT_REPR = re.compile(r"<class '([\w.()]+)'>|<([\w.()]+?)(?: object)? at 0x[0-9a-fA-F]+>")
+_TRACEBACK_NOISE = re.compile(
+    r"\s*(Traceback \(most recent call last\):|[\^~]+|The above exception was the direct "
+    r"cause of the following exception:|During handling of the above exception.*)\s*"
+)
+_FRAME = re.compile(r'\s*File ".*", line \d+.*')
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+MAX_REASON_CHARS = 300
+"""Longest drop reason kept (the rest is cut, marked by an ellipsis)."""
+
+
+def _without_traceback(text: str) -> list[str]:
+    """The lines of ``text`` without traceback headers, frames (``File ...`` and the source
+    line under it) and caret markers."""
+    kept: list[str] = []
+    after_frame = False
+    for line in text.splitlines():
+        if _FRAME.fullmatch(line):
+            after_frame = True
+            continue
+        if (after_frame and line.startswith("    ")) or _TRACEBACK_NOISE.fullmatch(line):
+            continue
+        after_frame = False
+        kept.append(line)
+    return kept
+
+
+def plain_text(reason: str) -> str:
+    """``reason`` as one plain line: no terminal escape codes or control characters, no
+    traceback frames, an object or class repr (``<ray.actor.ActorHandle object at 0x7f...>``)
+    reduced to its class name, runs of whitespace as one space, at most
+    :data:`MAX_REASON_CHARS` characters. Every drop reason passes here (:class:`Failure`), so
+    logs, errors and results.csv hold the same plain text."""
+    text = _TERMINAL_ESCAPE.sub("", str(reason))
+    text = " ".join(_without_traceback(text))
+    text = _OBJECT_REPR.sub(lambda m: (m.group(1) or m.group(2)).rsplit(".", 1)[-1], text)
+    text = " ".join(_CONTROL.sub(" ", text).split())
+    if len(text) > MAX_REASON_CHARS:
+        text = text[: MAX_REASON_CHARS - 3].rstrip() + "..."
+    return text
 
 
 class ClientsFailedError(RuntimeError):
@@ -84,6 +126,13 @@ class ClientUpdate:
     :data:`~fedlmc.strategies.protocol.HISTORY_KEYS` -> one value per epoch); ``None`` when the
     client sent none or it failed the screen (``history_problem`` says why)."""
     history_problem: str = ""
+    metric_problems: tuple[str, ...] = ()
+    """Scalar metrics removed by the screen (``"train-seconds = 1e+300; allowed: ..."``)."""
+
+    @property
+    def dropped_metrics(self) -> tuple[str, ...]:
+        """The keys of the scalar metrics the screen removed."""
+        return tuple(problem.split(" = ", 1)[0] for problem in self.metric_problems)
 
 
 @dataclass
@@ -97,8 +146,17 @@ class Failure:
     stage: str = "train"
     """The message type whose reply was dropped (``train`` or a query action)."""
 
+    def __post_init__(self) -> None:
+        self.reason = plain_text(self.reason)
+
     def describe(self) -> str:
-        who = f"partition {self.partition_id}" if self.partition_id is not None else "unknown"
+        """``node N (partition P): [stage reply: ]reason`` (``partition not known`` when the
+        reply named none and the server assigned none)."""
+        who = (
+            f"partition {self.partition_id}"
+            if self.partition_id is not None
+            else "partition not known"
+        )
         where = "" if self.stage == "train" else f"{self.stage} reply: "
         return f"node {self.node_id} ({who}): {where}{self.reason}"
 
@@ -166,24 +224,35 @@ def screen_reply(
     weighted_by_key: str = NUM_EXAMPLES_KEY,
     num_partitions: int | None = None,
     epochs: int | None = None,
+    assigned: Mapping[int, int] | None = None,
 ) -> ClientUpdate | Failure:
     """The reply as a :class:`ClientUpdate`, or the :class:`Failure` saying why it is dropped
     (the train screen of :mod:`fedlmc.strategies.screening`; with
     :class:`~fedlmc.strategies.screening.ClientReferences`, against the shapes expected of the
-    reply's partition); its per-epoch history (lists as long as ``epochs`` when given) is
-    screened apart: a bad one drops only the history."""
+    reply's partition); its per-epoch history (lists as long as ``epochs`` when given) and its
+    scalar metrics are screened apart: a bad one drops only itself. ``assigned`` (node id ->
+    partition id, a simulation's own assignment): the partition the reply must claim, and the
+    one a failure is named by."""
     node = int(message.metadata.src_node_id)
+    known = None if assigned is None else assigned.get(node)
     if message.has_error():
         reason = message.error.reason or f"error code {message.error.code}"
-        return Failure(node, _partition_from_reason(reason), f"client error: {reason}")
+        pid = known if known is not None else _partition_from_reason(reason)
+        return Failure(node, pid, f"client error: {reason}")
     if isinstance(reference, dict):  # shapes only (older callers): any dtype of the same kind
         reference = None if not reference else Reference(reference, {})
     content = message.content
-    partition_id = None
+    partition_id = known
     try:
         record = single_record(content.array_records, "ArrayRecord")
         metrics = dict(single_record(content.metric_records, "MetricRecord"))
         partition_id = check_partition_id(metrics.get(PARTITION_KEY), num_partitions)
+        if known is not None and partition_id != known:
+            partition_id = known
+            raise ScreenError(
+                f"claims partition-id {metrics.get(PARTITION_KEY)!r}; the server assigned "
+                f"partition {known} to node {node}"
+            )
         num_examples = check_count(metrics.get(weighted_by_key), weighted_by_key)
     except ValueError as err:
         return Failure(node, partition_id, f"malformed reply: {err}")
@@ -203,7 +272,9 @@ def screen_reply(
         return Failure(node, partition_id, str(err), size)
     metrics[weighted_by_key] = int(num_examples)
     sent = {key: metrics.pop(key) for key in HISTORY_KEYS.values() if key in metrics}
+    problems = tuple(screen_scalar_metrics(metrics))
     update = ClientUpdate(partition_id, node, state, int(num_examples), metrics, size)
+    update.metric_problems = problems
     try:
         update.history = screen_history(sent, HISTORY_KEYS, epochs)
     except ScreenError as err:
@@ -218,11 +289,16 @@ def screen_replies(
     weighted_by_key: str = NUM_EXAMPLES_KEY,
     num_partitions: int | None = None,
     epochs: int | None = None,
+    assigned: Mapping[int, int] | None = None,
 ) -> RoundReport:
     """Survivors sorted by partition id (then node id) and the failures, one per bad reply.
 
     Nodes in ``sent_to`` that sent no reply count as failures ("no reply before the timeout");
-    replies sharing a partition id are all dropped; ids must be below ``num_partitions``.
+    ids must be below ``num_partitions``. With ``assigned`` (a simulation: node id -> the
+    partition the server assigned it) a reply must claim its node's partition; without it (a
+    deployment) a partition id claimed by several replies stays with the first reply to arrive
+    and every later claimant is dropped, named by its node id
+    (:func:`~fedlmc.strategies.screening.partition_problems`).
     Without a ``reference`` the survivors must agree among themselves on keys and shapes
     (:class:`InconsistentShapesError` otherwise); with
     :class:`~fedlmc.strategies.screening.ClientReferences` each reply is checked against its
@@ -234,10 +310,12 @@ def screen_replies(
     screened = []
     for message in replies:
         replied.add(int(message.metadata.src_node_id))
-        screened.append(screen_reply(message, reference, weighted_by_key, num_partitions, epochs))
+        screened.append(
+            screen_reply(message, reference, weighted_by_key, num_partitions, epochs, assigned)
+        )
     updates = [u for u in screened if isinstance(u, ClientUpdate)]
     report.failures.extend(f for f in screened if isinstance(f, Failure))
-    duplicated = partition_problems([u.partition_id for u in updates])
+    duplicated = partition_problems([(u.partition_id, u.node_id) for u in updates])
     for index, update in enumerate(updates):
         if index in duplicated:
             failure = Failure(update.node_id, update.partition_id, duplicated[index])
@@ -247,7 +325,8 @@ def screen_replies(
             report.survivors.append(update)
     for node in sent_to:
         if int(node) not in replied:
-            report.failures.append(Failure(int(node), None, "no reply before the timeout"))
+            pid = None if assigned is None else assigned.get(int(node))
+            report.failures.append(Failure(int(node), pid, "no reply before the timeout"))
     report.survivors.sort(key=lambda u: (u.partition_id, u.node_id))
     report.failures.sort(key=lambda f: (f.partition_id is None, f.partition_id or 0, f.node_id))
     if not reference:
@@ -322,6 +401,16 @@ def flower_records(result: Result) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- nodes
+
+
+def assigned_partitions(grid: Grid | None) -> dict[int, int] | None:
+    """Node id -> the partition id the simulation assigned it, when the grid says
+    (``grid.assigned_partitions()``: fedlmc's sweep engine, which sends every node its
+    partition); ``None`` in a deployment, where only the replies name partitions."""
+    method = getattr(grid, "assigned_partitions", None)
+    if not callable(method):
+        return None
+    return {int(node): int(pid) for node, pid in method().items()}
 
 
 def wait_for_nodes(

@@ -257,6 +257,7 @@ def test_runtime_keys_are_the_declared_ones():
     assert set(runtime_keys()) == {
         "out-dir",
         "max-client-share",
+        "outlier-factor",
         "data-root",
         "download",
         "data-mirror",

@@ -115,7 +115,8 @@ def test_a_hung_client_is_dropped_and_the_merge_uses_the_survivors(hang_run):
     assert rows["clients_failed"].str.contains("no reply before the timeout").all()
     report = outcome.reports["average"]
     assert report.survivor_ids == [0, 1]
-    assert len(report.failures) == 1 and report.failures[0].partition_id is None
+    assert len(report.failures) == 1 and report.failures[0].partition_id == 2  # as assigned
+    assert "(partition 2)" in rows["clients_failed"].iloc[0]
     # The survivors are the only clients in the merge: the num-examples average of their weights.
     merged = load_file(str(out_dir / "merged-average.safetensors"))
     expected = average(

@@ -1,0 +1,247 @@
+r"""The robust screen: each client's reply against the other clients' (poisoned but well-formed).
+
+The per-reply screen (:mod:`fedlmc.strategies.screening`) refuses what no honest client can send;
+this one refuses what is far outside what the *other* clients sent. A one-shot merge is decided by
+one reply per client, so a client sending a well-formed but poisoned model (weights scaled by 100,
+every weight 9.9e5, BatchNorm statistics shifted to 1e4, ...) must be refused on its own reply.
+
+**Relative rule** (:class:`RobustScreen`, factor :math:`k`, run-config ``outlier-factor``,
+default :data:`DEFAULT_OUTLIER_FACTOR`). For a statistic :math:`x_i \ge 0` of every client
+:math:`i` and its median :math:`m = \mathrm{median}_j x_j` over the clients of the round, client
+:math:`i` is dropped when
+
+.. math:: x_i > k\,m .
+
+Only values far *above* the median are refused: an honest client with a small partition trains
+few steps and its BatchNorm running statistics stay near their start (in the calibration runs
+such a client's norm fell to 0.07 of the median), and a client sending weights shrunk towards 0
+moves the merge by at most its share towards 0.
+
+The statistics:
+
+- **train replies** (:func:`weight_outliers`): per floating tensor, the norm per output row
+  :math:`\lVert W \rVert / \sqrt{\text{rows}}` (the RMS for a vector; with Kaiming's
+  initialisation it does not depend on the width, so clients of different widths compare);
+  BatchNorm running statistics are tensors of the state, so they are screened with the weights.
+  And the direction: the cosine between the client's weights (every floating tensor, concatenated)
+  and the coordinate-wise median of all clients' must be at least :data:`MIN_COSINE` (a negated
+  model under a shared initialisation; independently initialised honest clients all have a
+  positive cosine with the median they are part of; clients of different widths have no
+  coordinate-wise median, so only their norms are compared);
+- **moments replies** (``query.bn_stats``, ``query.unit_stats``, :func:`moments_outliers`): per
+  layer, the RMS over units of the per-unit root mean square :math:`\sqrt{S_2/n}` (a mean shifted
+  to 1e4 gives 1e4);
+- **temperature replies** (:func:`nll_outliers`): the per-sample NLL at each :math:`\log T` asked
+  may not exceed :math:`k (m + \log K)` (:math:`K` classes; no lower limit: an NLL near 0 is
+  honest at small :math:`T`).
+
+The median of two values is their mean and cannot tell which of two clients is the attacker, so
+the relative rule runs only with at least :data:`MIN_CLIENTS` (3) clients, and it protects only
+while fewer than half of them are poisoned (else the median is the attackers'). A client within
+the factor still moves the merge by its share (at most :math:`k` times an honest norm).
+
+**Exact bounds** (:func:`check_temperature_bounds`, any number of clients). With :math:`a = z/T`,
+:math:`p = \mathrm{softmax}(a)` and :math:`\ell = \mathrm{lse}(a) - a_y`, the derivative in
+:math:`u = \log T` is :math:`\ell_u = a_y - E_p[a] = H(p) - \ell` with :math:`0 \le H(p) \le \log
+K`, and :math:`\ell_{uu} = \mathrm{Var}_p(a) - \ell_u`. So every honest reply satisfies
+
+.. math:: -\textstyle\sum\ell \;\le\; \sum\ell_u \;\le\; n\log K - \sum\ell,
+          \qquad \sum\ell_{uu} + \sum\ell_u \ge 0,
+
+and a gradient sum of 1e300 cannot pass whatever the other clients sent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+DEFAULT_OUTLIER_FACTOR = 10.0
+"""Default ``outlier-factor``: a statistic more than 10 times the median over the clients drops
+the client (honest clients stayed within 4.2 in the calibration runs, docs/reliability.md)."""
+MIN_CLIENTS = 3
+"""Fewest clients the relative rule needs (the median of two cannot tell which one is wrong)."""
+MIN_COSINE = 0.0
+"""Smallest cosine between a client's weights and the coordinate-wise median of all clients'."""
+ROUNDING = 1e-6
+"""Relative slack of the exact temperature bounds (float64 sums over many samples)."""
+
+
+class OutlierError(ValueError):
+    """A statistic is outside the relative rule (the message is the reason)."""
+
+
+@dataclass(frozen=True)
+class RobustScreen:
+    """The relative rule's factor (``math.inf`` turns the relative rule off; the exact
+    temperature bounds stay)."""
+
+    factor: float = DEFAULT_OUTLIER_FACTOR
+
+    def __post_init__(self) -> None:
+        if isinstance(self.factor, bool) or not self.factor > 1:
+            raise ValueError(f"outlier_factor = {self.factor!r}; allowed: a number > 1 (or inf)")
+
+    def applies(self, clients: int) -> bool:
+        """Whether the relative rule runs on ``clients`` replies."""
+        return math.isfinite(self.factor) and clients >= MIN_CLIENTS
+
+
+OFF = RobustScreen(math.inf)
+"""No relative rule (in-process studies on trusted models)."""
+
+
+def ratio_outliers(values: Sequence[float], factor: float, what: str) -> dict[int, str]:
+    r"""Index -> reason for every ``values[i]`` above ``factor`` times their median (module
+    docstring); none below :data:`MIN_CLIENTS`."""
+    if len(values) < MIN_CLIENTS or not math.isfinite(factor):
+        return {}
+    centre = float(torch.tensor(values, dtype=torch.float64).median())
+    found = {}
+    for index, value in enumerate(values):
+        if value > factor * centre:
+            ratio = value / centre if centre > 0 else math.inf
+            found[index] = (
+                f"{what} is {value:.3g}, {ratio:.3g} x the median over clients ({centre:.3g}); "
+                f"allowed: at most {factor:g} x the median"
+            )
+    return found
+
+
+def row_norm(tensor: Tensor) -> float:
+    r""":math:`\lVert W\rVert / \sqrt{\text{rows}}` in float64 (the RMS of a vector)."""
+    rows = tensor.shape[0] if tensor.ndim >= 2 else tensor.numel()
+    return float(tensor.detach().double().norm()) / math.sqrt(max(rows, 1))
+
+
+def floating_keys(states: Sequence[Mapping[str, Tensor]]) -> list[str]:
+    """The keys of non-empty tensors that are floating in every state (first state's order)."""
+    first = states[0]
+    return [
+        key
+        for key, tensor in first.items()
+        if tensor.is_floating_point()
+        and tensor.numel() > 0
+        and all(key in state and state[key].is_floating_point() for state in states)
+    ]
+
+
+def median_cosines(states: Sequence[Mapping[str, Tensor]], keys: Sequence[str]) -> list[float]:
+    """Per client, the cosine of its weights (``keys`` of equal shape in every state,
+    concatenated) with the coordinate-wise median of all clients' weights."""
+    dots = [0.0] * len(states)
+    norms = [0.0] * len(states)
+    centre_norm = 0.0
+    for key in keys:
+        stacked = torch.stack([s[key].detach().double().reshape(-1) for s in states])
+        centre = stacked.median(dim=0).values
+        centre_norm += float(centre @ centre)
+        for index, row in enumerate(stacked):
+            dots[index] += float(row @ centre)
+            norms[index] += float(row @ row)
+    scale = [math.sqrt(n * centre_norm) for n in norms]
+    return [d / s if s > 0 else 1.0 for d, s in zip(dots, scale, strict=True)]
+
+
+def weight_outliers(states: Sequence[Mapping[str, Tensor]], screen: RobustScreen) -> dict[int, str]:
+    """Index -> reason for every state whose per-tensor row norm is above the factor times the
+    median, or whose direction opposes the clients' coordinate-wise median (module docstring)."""
+    if not states or not screen.applies(len(states)):
+        return {}
+    keys = floating_keys(states)
+    found: dict[int, str] = {}
+    for key in keys:
+        norms = [row_norm(state[key]) for state in states]
+        for index, reason in ratio_outliers(norms, screen.factor, f"the norm of {key!r}").items():
+            found.setdefault(index, reason)
+    same_shape = all(len({tuple(s[k].shape) for s in states}) == 1 for k in keys)
+    if keys and same_shape:  # clients of different widths: no coordinate-wise median
+        for index, cosine in enumerate(median_cosines(states, keys)):
+            if cosine < MIN_COSINE:
+                found.setdefault(
+                    index,
+                    f"its weights point away from the clients' coordinate-wise median "
+                    f"(cosine {cosine:.3g}; allowed: >= {MIN_COSINE:g})",
+                )
+    return found
+
+
+def moments_outliers(
+    per_client: Sequence[Mapping[str, Any]], screen: RobustScreen
+) -> dict[int, str]:
+    r"""Index -> reason for every client whose per-layer RMS of :math:`\sqrt{S_2/n}` is above
+    the factor times the median (``per_client[i][layer]`` has ``sum_sq`` and ``count``)."""
+    if not per_client or not screen.applies(len(per_client)):
+        return {}
+    found: dict[int, str] = {}
+    for layer in per_client[0]:
+        rms = []
+        for client in per_client:
+            stats = client[layer]
+            second = torch.as_tensor(stats.sum_sq, dtype=torch.float64) / float(stats.count)
+            rms.append(float(second.clamp(min=0).mean().sqrt()))
+        what = f"the root mean square of layer {layer!r}"
+        for index, reason in ratio_outliers(rms, screen.factor, what).items():
+            found.setdefault(index, reason)
+    return found
+
+
+def nll_outliers(
+    per_client: Sequence[Sequence[Sequence[Any]]], screen: RobustScreen, num_classes: int
+) -> dict[int, str]:
+    r"""Index -> reason for every client whose per-sample NLL at some point exceeds
+    :math:`k (m + \log K)` (``per_client[c][model][point]``: TemperatureStats)."""
+    if not per_client or not screen.applies(len(per_client)):
+        return {}
+    floor = math.log(max(num_classes, 2))
+    found: dict[int, str] = {}
+    for model in range(len(per_client[0])):
+        for point in range(len(per_client[0][model])):
+            nll = [c[model][point].nll_sum / c[model][point].count for c in per_client]
+            centre = float(torch.tensor(nll, dtype=torch.float64).median())
+            limit = screen.factor * (centre + floor)
+            for index, value in enumerate(nll):
+                if value > limit and index not in found:
+                    found[index] = (
+                        f"NLL per sample {value:.3g} (median over clients {centre:.3g}); allowed: "
+                        f"<= {screen.factor:g} x (median + log {num_classes})"
+                    )
+    return found
+
+
+def check_temperature_bounds(
+    count: float, nll: float, grad: float, hess: float, num_classes: int | None
+) -> None:
+    r"""Raise :class:`OutlierError` unless :math:`-\sum\ell \le \sum\ell_u \le n\log K -
+    \sum\ell` and :math:`\sum\ell_{uu} + \sum\ell_u \ge 0` (module docstring; the upper
+    bound only when ``num_classes`` is known)."""
+    slack = ROUNDING * (abs(nll) + count * math.log(max(num_classes or 2, 2))) + 1e-9
+    if grad < -nll - slack:
+        raise OutlierError(
+            f"grad-sum {grad:.3g} below -nll-sum ({-nll:.3g}); allowed: -nll-sum <= grad-sum"
+        )
+    if num_classes is not None and grad > count * math.log(num_classes) - nll + slack:
+        top = count * math.log(num_classes) - nll
+        raise OutlierError(
+            f"grad-sum {grad:.3g} above count x log {num_classes} - nll-sum ({top:.3g}); "
+            "allowed: grad-sum <= count x log K - nll-sum"
+        )
+    if hess + grad < -slack:
+        raise OutlierError(
+            f"hess-sum {hess:.3g} below -grad-sum ({-grad:.3g}); allowed: hess-sum >= -grad-sum"
+        )
+
+
+def num_classes_of(template: nn.Module) -> int | None:
+    """The classes of ``template``'s output: ``model.config["num_classes"]`` for fedlmc's
+    models, else the ``out_features`` of its last ``nn.Linear`` (``None`` without one)."""
+    config = getattr(template, "config", None)
+    if isinstance(config, Mapping) and isinstance(config.get("num_classes"), int):
+        return int(config["num_classes"])
+    last = [m for m in template.modules() if isinstance(m, nn.Linear)]
+    return int(last[-1].out_features) if last else None
