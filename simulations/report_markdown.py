@@ -23,9 +23,11 @@ from fedlmc.simulations.report_data import (
     reference_table,
     table1,
 )
+from fedlmc.analysis.convergence import MIN_JUDGED_EPOCHS
 from fedlmc.simulations.report_training import (
     convergence_rule_text,
     convergence_summary,
+    convergence_verdict,
     not_converged_cells,
     per_width_table,
 )
@@ -165,9 +167,10 @@ def convergence_section(training: pd.DataFrame | None) -> list[str]:
         markdown_table(per_width_table(summary), "width"),
         "",
     ]
+    verdict = convergence_verdict(summary)
+    if verdict is not None:
+        return [*lines, verdict, ""]
     flagged = not_converged_cells(summary)
-    if flagged.empty:
-        return [*lines, "Every client had converged by this rule.", ""]
     lines += [
         "Cells with a client that had not converged (client: drop over the last epochs):",
         "",
@@ -175,6 +178,10 @@ def convergence_section(training: pd.DataFrame | None) -> list[str]:
         "|---|---|---|",
     ]
     lines += [f"| {r.cell_id} | {r.width} | {r.clients} |" for r in flagged.itertuples()]
+    unjudged = int((~summary["judged"].astype(bool)).sum())
+    if unjudged:
+        lines += ["", f"The rule cannot judge {unjudged} other curve(s) (fewer than "
+            f"{MIN_JUDGED_EPOCHS} epochs or a loss that is not finite and positive)."]
     return [*lines, ""]
 
 

@@ -263,6 +263,41 @@ def test_convergence_rules_on_hand_built_curves():
     assert settled_epoch([1.0, 0.999, 0.5, 0.4999]) == 3.0  # a late jump resets it
 
 
+def convergence_text(tmp_path, curves: pd.DataFrame) -> str:
+    from fedlmc.simulations.report import report_markdown
+
+    cells = curves.drop_duplicates("cell_id")
+    rows = cells[["cell_id", "width", "seed"]].assign(status="ok", method="average", accuracy=0.8)
+    settings = {"dpi": 60, "error-bars": "std", "title": ""}
+    text = report_markdown(rows, {}, [], tmp_path, settings, curves)
+    return text.split("## Convergence of the clients' training")[1].split("## ")[0]
+
+
+def test_convergence_verdict_only_where_the_rule_is_defined(tmp_path):
+    """A 2-epoch run (the issue's: never settled, losses 1.08 to 1.46) cannot be judged by a
+    rule over the last 2 epochs: no 'had converged' verdict, the reason instead."""
+    two_epochs = pd.DataFrame(
+        curve_rows("aaaaaaaaaaaa", 1.0, 0, {0: [2.3, 1.46], 1: [2.2, 1.08]})
+        + curve_rows("bbbbbbbbbbbb", 1.0, 1, {0: [2.1, 1.3], 1: [2.4, 1.2]})
+    )
+    section = convergence_text(tmp_path, two_epochs)
+    assert "Every client had converged" not in section
+    assert "Cannot tell whether every client had converged: 4 of 4 curves" in section
+    assert "needs at least 3 epochs, the run had 2" in section
+    assert "| 0 / 4, cannot tell for 4 |" in section
+    # three flat epochs: the rule is defined and true, so the verdict is stated
+    flat = pd.DataFrame(curve_rows("aaaaaaaaaaaa", 1.0, 0, {0: [1.0, 0.99, 0.99]}))
+    section = convergence_text(tmp_path, flat)
+    assert "Every client had converged by this rule." in section and "Cannot tell" not in section
+    # a run with one falling client is flagged whatever the unjudged curves are
+    mixed = pd.DataFrame(
+        curve_rows("aaaaaaaaaaaa", 1.0, 0, {0: [2.0, 1.5, 1.2, 1.0], 1: [1.0, float("nan")]})
+    )
+    section = convergence_text(tmp_path, mixed)
+    assert "| aaaaaaaaaaaa | 1 | 0 (33.3%) |" in section and "Every client had" not in section
+    assert "cannot judge 1 other curve" in section
+
+
 def test_convergence_section_flags_a_falling_client_and_the_curves_are_drawn(tmp_path):
     from fedlmc.simulations.report import draw_figures, report_markdown
 
