@@ -35,6 +35,7 @@ from fedlmc.data.catalog import (
     is_known_dataset,
 )
 from fedlmc.merging.methods import AUTO_TOLERANCE, base_method, merge_method_names, study_methods
+from fedlmc.merging.methods import METHODS as METHODS_REGISTRY
 from fedlmc.merging.methods import merge_method as merge_method_entry
 from fedlmc.merging.post_merge import CALIBRATIONS
 from fedlmc.models.registry import (
@@ -328,7 +329,8 @@ def declared_keys() -> dict[str, Key]:
         "methods": Key(
             str,
             "average,average_t,weight_matching,weight_matching_t,ensemble",
-            "rows evaluated by the compare strategy (comma-separated)",
+            "rows evaluated by the compare strategy (comma-separated); left at the default, "
+            "clients of different widths get its mixed-width counterparts (embed_average, ...)",
             _methods,
             cell_methods,
             applies=_strategy_is("compare"),
@@ -471,8 +473,64 @@ def validate_run_config(
     config = {k: spec.default for k, spec in schema.items()}
     for key, value in values.items():
         config[key] = check_value(key, value, schema)
+    config = with_cell_default_methods(config)
     check_consistency(config, check_devices=check_devices, whole_run=whole_run)
     return config
+
+
+def default_methods() -> str:
+    """The declared default of ``methods``."""
+    return RUN_KEYS["methods"].default
+
+
+def mixed_width_counterparts(methods: str) -> str:
+    """``methods`` with each one-width merge method replaced by the mixed-width method
+    registered as its counterpart (``counterpart_of``), its ``_t`` row kept; the reference
+    methods (``ensemble``, ...) unchanged; a method without a counterpart left out:
+    ``"average,average_t,ensemble"`` -> ``"embed_average,embed_average_t,ensemble"``."""
+    counterparts = {
+        m.counterpart_of: m.name for m in METHODS_REGISTRY if m.mixed_widths and m.counterpart_of
+    }
+    names = merge_method_names()
+    out = []
+    for method in method_list({"methods": methods}):
+        base = base_method(method)
+        if base not in names or merge_method_entry(base).mixed_widths:
+            out.append(method)
+        elif base in counterparts:
+            out.append(counterparts[base] + method[len(base) :])
+    return ",".join(out)
+
+
+def with_cell_default_methods(config: dict[str, Any]) -> dict[str, Any]:
+    """Defaults that follow the cell: a ``compare`` run whose clients differ in width
+    (:func:`mixed_widths`) and whose ``methods`` is the default gets the mixed-width
+    counterparts of the default methods (:func:`mixed_width_counterparts`); an explicit list is
+    checked as given (:func:`check_widths`)."""
+    if config["strategy"] != "compare" or config["methods"] != default_methods():
+        return config
+    try:
+        mixed = mixed_widths(config)
+    except ValueError:  # a bad client-widths: check_widths names it
+        return config
+    if mixed:
+        config["methods"] = mixed_width_counterparts(config["methods"])
+    return config
+
+
+def cell_default_methods_note(config: Mapping[str, Any]) -> str | None:
+    """The line saying that a mixed-width run got the mixed-width counterparts of the default
+    methods (:func:`with_cell_default_methods`); ``None`` for any other run."""
+    mixed_default = mixed_width_counterparts(default_methods())
+    if config["strategy"] != "compare" or config["methods"] != mixed_default:
+        return None
+    if not mixed_widths(config):
+        return None
+    return (
+        f"methods = {mixed_default} (the mixed-width counterparts of the default "
+        f"{default_methods()}: client widths {widths_text(client_widths(config))}, server "
+        f"width {server_width(config):g})"
+    )
 
 
 def check_consistency(

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fedlmc.analysis.convergence import MIN_JUDGED_EPOCHS
 from fedlmc.simulations.report_data import (
     accuracy_methods,
     aggregate,
@@ -23,7 +24,6 @@ from fedlmc.simulations.report_data import (
     reference_table,
     table1,
 )
-from fedlmc.analysis.convergence import MIN_JUDGED_EPOCHS
 from fedlmc.simulations.report_training import (
     convergence_rule_text,
     convergence_summary,

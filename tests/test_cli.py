@@ -29,11 +29,14 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
 
 
 def test_run_prints_one_row_per_method(tmp_path):
+    """Three clients: the rows, the stages on stderr, where the rows went (nowhere on disk:
+    no out-dir) and no column that has no value for the run (the barriers)."""
     csv = tmp_path / "rows.csv"
     done = run_cli(
         "run",
         "epochs=1",
         "width=0.125",
+        "num-clients=3",
         "lambdas=3",
         "diagnostics=false",
         "methods=average,average_t,ensemble",
@@ -46,6 +49,14 @@ def test_run_prints_one_row_per_method(tmp_path):
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["method", "accuracy"])
     methods = [line.split()[0] for line in lines[header + 1 : header + 4]]
     assert methods == ["average", "average_t", "ensemble"]
+    assert "loss_barrier_half" not in lines[header] and "lewc_cos_mean" not in lines[header]
+    assert "not shown: loss_barrier_half (no value in any row; applies to: two-client" in done.stdout
+    stages = [line for line in done.stderr.splitlines() if line.startswith("fedlmc run: [")]
+    assert "waiting for 3 clients to train (1 epoch(s) each)" in stages[0]
+    assert "3 client model(s) received" in stages[1]
+    assert "merge and evaluation 1/1: average" in stages[2]
+    assert "evaluation done: 3 row(s)" in stages[3]
+    assert "fedlmc run: out-dir is empty: the rows were not written to disk" in done.stderr
     import pandas as pd
 
     rows = pd.read_csv(csv)

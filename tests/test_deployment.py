@@ -178,6 +178,10 @@ def test_one_shot_average_with_federated_calibration(deployment, tmp_path):
     out = tmp_path / "average"
     run = flwr_run(deployment, f'strategy="average" calibration="federated" out-dir="{out}"')
     rows = check_run(run, out, ["average", "average_t"])
+    # the ServerApp logs its stages and where the rows went (issue 30)
+    log = run.stdout + run.stderr
+    assert "fedlmc: [" in log and "client model(s) received" in log
+    assert f"fedlmc: rows written to {out / 'results.csv'}" in log
     temperature = rows.loc[rows.method == "average_t", "temperature"].item()
     assert 0 < temperature < 1000 and temperature != 1.0
     assert (out / "merged-average.safetensors").exists()
