@@ -180,8 +180,11 @@ def convergence_section(training: pd.DataFrame | None) -> list[str]:
     lines += [f"| {r.cell_id} | {r.width} | {r.clients} |" for r in flagged.itertuples()]
     unjudged = int((~summary["judged"].astype(bool)).sum())
     if unjudged:
-        lines += ["", f"The rule cannot judge {unjudged} other curve(s) (fewer than "
-            f"{MIN_JUDGED_EPOCHS} epochs or a loss that is not finite and positive)."]
+        lines += [
+            "",
+            f"The rule cannot judge {unjudged} other curve(s) (fewer than "
+            f"{MIN_JUDGED_EPOCHS} epochs or a loss that is not finite and positive).",
+        ]
     return [*lines, ""]
 
 

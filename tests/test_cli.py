@@ -50,7 +50,8 @@ def test_run_prints_one_row_per_method(tmp_path):
     methods = [line.split()[0] for line in lines[header + 1 : header + 4]]
     assert methods == ["average", "average_t", "ensemble"]
     assert "loss_barrier_half" not in lines[header] and "lewc_cos_mean" not in lines[header]
-    assert "not shown: loss_barrier_half (no value in any row; applies to: two-client" in done.stdout
+    left_out = "not shown: loss_barrier_half (no value in any row; applies to: two-client"
+    assert left_out in done.stdout
     stages = [line for line in done.stderr.splitlines() if line.startswith("fedlmc run: [")]
     assert "waiting for 3 clients to train (1 epoch(s) each)" in stages[0]
     assert "3 client model(s) received" in stages[1]
