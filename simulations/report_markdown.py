@@ -13,7 +13,9 @@ import numpy as np
 import pandas as pd
 
 from fedlmc.analysis.convergence import MIN_JUDGED_EPOCHS
+from fedlmc.simulations.figure_table import omitted_figures
 from fedlmc.simulations.report_data import (
+    BARRIER_OF_GAP,
     accuracy_methods,
     aggregate,
     auto_table,
@@ -22,6 +24,7 @@ from fedlmc.simulations.report_data import (
     mean_spread_table,
     ok_rows,
     reference_table,
+    same_values,
     table1,
 )
 from fedlmc.simulations.report_training import (
@@ -140,6 +143,40 @@ def auto_section(rows: pd.DataFrame) -> list[str]:
     ]
 
 
+def per_method_tables(rows: pd.DataFrame, methods: Sequence[str], kind: str) -> list[str]:
+    """One mean table per ``report_table`` column with values for ``methods``
+    (:func:`fedlmc.study.rows.report_tables`, in order); a column equal to an earlier one on
+    every row (:func:`~fedlmc.simulations.report_data.same_values`: for two clients of equal
+    weight the merge gaps are the barriers at lambda = 1/2) gets its heading and a line
+    naming the table it repeats instead of the table."""
+    subset = rows[rows["method"].isin(methods)]
+    shown: list[tuple[str, str]] = []
+    lines: list[str] = []
+    for column, heading in report_tables():
+        if not has_values(subset, column):
+            continue
+        same = next((h for c, h in shown if same_values(subset, c, column)), None)
+        if same is not None:
+            lines += [
+                f"## {heading}",
+                "",
+                f'Equal to "{same}" on every row of this sweep (two clients of equal weight: '
+                "the merged model is the midpoint of the path between them); not repeated."
+                if column in BARRIER_OF_GAP.values()
+                else f'Equal to "{same}" on every row of this sweep; not repeated.',
+                "",
+            ]
+            continue
+        shown.append((column, heading))
+        lines += [
+            f"## {heading}",
+            "",
+            markdown_table(mean_spread_table(rows, column, methods, kind), "method"),
+            "",
+        ]
+    return lines
+
+
 CONVERGENCE_HEADING = "## Convergence of the clients' training"
 
 
@@ -238,20 +275,13 @@ def report_markdown(
                 "## Barriers at lambda = 1/2, the paper's Table 1 layout",
                 "",
                 "Two-client cells, mean over seeds; signed: L(theta_1/2) - (L_a + L_b)/2, "
-                "accuracy in percentage points (chord minus midpoint). "
-                "Definitions: fedlmc.study.rows.",
+                "accuracy as a fraction like every accuracy here (chord minus midpoint: "
+                "0.30 = 30 points; the paper prints points). Definitions: fedlmc.study.rows.",
                 "",
                 markdown_table(first, "width"),
                 "",
             ]
-        for column, heading in report_tables():
-            if has_values(rows[rows["method"].isin(base)], column):
-                lines += [
-                    f"## {heading}",
-                    "",
-                    markdown_table(mean_spread_table(rows, column, base, kind), "method"),
-                    "",
-                ]
+        lines += per_method_tables(rows, base, kind)
         lines += lewc_scope_section(rows, base)
         calibrated = [m for m in methods if m.endswith("_t")]
         if calibrated and has_values(rows[rows["method"].isin(calibrated)], "temperature"):
@@ -283,6 +313,7 @@ def report_markdown(
         lines.append("")
     if figures:
         lines += ["## Figures", ""]
+        lines += [line for note in omitted_figures(rows) for line in (note, "")]
         for path in figures:
             rel = os.path.relpath(path, out_dir)
             lines += [f"### {path.stem.replace('_', ' ')}", "", f"![{path.stem}]({rel})", ""]

@@ -166,7 +166,7 @@ def training_curves_figure(
     keys = _curve_keys(curves)
     curves = curves.assign(_group=_group_label(curves), _width=pd.to_numeric(curves["width"]))
     groups = list(dict.fromkeys(curves.sort_values(["_width", "_group"])["_group"]))[:MAX_PANELS]
-    fig, axes = panel_grid(len(groups), width=4.4, height=3.4)
+    fig, axes = panel_grid(len(groups), width=4.4, height=3.4, sharey=True)
     colors = _pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
     for ax, group in zip(axes.flat, groups, strict=False):
