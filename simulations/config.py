@@ -34,8 +34,13 @@ from fedlmc.data.catalog import (
     is_hf_name,
     is_known_dataset,
 )
-from fedlmc.merging.methods import AUTO_TOLERANCE, base_method, merge_method_names, study_methods
-from fedlmc.merging.methods import METHODS as METHODS_REGISTRY
+from fedlmc.merging.methods import (
+    AUTO_TOLERANCE,
+    base_method,
+    merge_method_names,
+    mixed_width_row,
+    study_methods,
+)
 from fedlmc.merging.methods import merge_method as merge_method_entry
 from fedlmc.merging.post_merge import CALIBRATIONS
 from fedlmc.models.registry import (
@@ -484,22 +489,11 @@ def default_methods() -> str:
 
 
 def mixed_width_counterparts(methods: str) -> str:
-    """``methods`` with each one-width merge method replaced by the mixed-width method
-    registered as its counterpart (``counterpart_of``), its ``_t`` row kept; the reference
-    methods (``ensemble``, ...) unchanged; a method without a counterpart left out:
+    """``methods`` with each row's mixed-width counterpart
+    (:func:`fedlmc.merging.methods.mixed_width_row`), rows without one left out:
     ``"average,average_t,ensemble"`` -> ``"embed_average,embed_average_t,ensemble"``."""
-    counterparts = {
-        m.counterpart_of: m.name for m in METHODS_REGISTRY if m.mixed_widths and m.counterpart_of
-    }
-    names = merge_method_names()
-    out = []
-    for method in method_list({"methods": methods}):
-        base = base_method(method)
-        if base not in names or merge_method_entry(base).mixed_widths:
-            out.append(method)
-        elif base in counterparts:
-            out.append(counterparts[base] + method[len(base) :])
-    return ",".join(out)
+    rows = (mixed_width_row(m) for m in method_list({"methods": methods}))
+    return ",".join(m for m in rows if m is not None)
 
 
 def with_cell_default_methods(config: dict[str, Any]) -> dict[str, Any]:

@@ -40,16 +40,17 @@ def stderr_say(message: str) -> None:
 class RunProgress:
     """The stages of one federation as timed one-line messages (module docstring)."""
 
-    def __init__(self, say: Say | None) -> None:
+    def __init__(self, say: Say | None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.say = say
-        self.start = time.perf_counter()
+        self.clock = clock
+        self.start = clock()
         self.merges: list[str] = []
         self.total = 0
         self.first_merge = 0.0
 
     def __call__(self, message: str) -> None:
         if self.say is not None:
-            self.say(f"[{time.perf_counter() - self.start:5.0f} s] {message}")
+            self.say(f"[{self.clock() - self.start:5.0f} s] {message}")
 
     def training(self, clients: int, epochs: int) -> None:
         """Before the training round."""
@@ -68,15 +69,15 @@ class RunProgress:
         def on_message(message: str) -> None:
             if not message.startswith("merging: "):
                 return
-            now = time.perf_counter()
+            now = self.clock()
             if not self.merges:
                 self.first_merge = now
             done = len(self.merges)
             self.merges.append(message.removeprefix("merging: "))
             left = ""
-            if done:
-                per_merge = (now - self.first_merge) / done
-                left = f", about {per_merge * (self.total - done):.0f} s left"
+            estimate = (now - self.first_merge) / done * (self.total - done) if done else 0.0
+            if estimate >= 1:  # an estimate only once a merge took measurable time
+                left = f", about {estimate:.0f} s left"
             self(f"merge and evaluation {done + 1}/{self.total}: {self.merges[-1]}{left}")
 
         return on_message

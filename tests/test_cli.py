@@ -143,3 +143,25 @@ def test_an_unreachable_ray_address_is_refused_at_once_and_keeps_the_results(tmp
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "no Ray cluster answers" in done.stderr
     assert time.monotonic() - start < 120  # refused at once, not after ray.init's retries
+
+
+def test_run_progress_numbers_merges_with_the_time_left_and_says_where_rows_went():
+    from fedlmc.simulations.progress import RunProgress, rows_destination
+
+    now = [0.0]
+    lines: list[str] = []
+    progress = RunProgress(lines.append, clock=lambda: now[0])
+    on_message = progress.merging(["average", "weight_matching", "merge_many"])
+    on_message("predicting client 1/2")  # not a merge: not told
+    for seconds, method in ((10.0, "average"), (20.0, "weight_matching"), (30.0, "merge_many")):
+        now[0] = seconds
+        on_message(f"merging: {method}")
+    assert lines == [
+        "[   10 s] merge and evaluation 1/3: average",
+        "[   20 s] merge and evaluation 2/3: weight_matching, about 20 s left",
+        "[   30 s] merge and evaluation 3/3: merge_many, about 10 s left",
+    ]
+    assert rows_destination({"out-dir": ""}).startswith("out-dir is empty: the rows were not")
+    assert rows_destination({"out-dir": "/tmp/run"}).startswith(
+        "rows written to /tmp/run/results.csv"
+    )

@@ -275,6 +275,18 @@ def base_method(method: str) -> str:
     return method
 
 
+def mixed_width_row(method: str) -> str | None:
+    """The row that stands for ``method`` in a run of clients of different widths: itself for a
+    reference method or a ``mixed_widths`` merge; the mixed-width method registered
+    ``counterpart_of`` its merge, with its ``_t`` kept (``"average_t"`` ->
+    ``"embed_average_t"``); ``None`` when there is none."""
+    base = base_method(method)
+    if base not in METHODS or METHODS.get(base).mixed_widths:
+        return method
+    twin = next((m.name for m in METHODS if m.mixed_widths and m.counterpart_of == base), None)
+    return None if twin is None else twin + method[len(base) :]
+
+
 def study_methods() -> tuple[str, ...]:
     """Every row a study can report: each merge method raw and with ``_t`` (but those that need
     the clients, which only a federation's strategy can run), then ``ensemble``."""
