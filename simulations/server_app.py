@@ -257,8 +257,9 @@ def _start(
     )
     seconds = time.perf_counter() - start
     if progress is not None:
-        report = getattr(result, "report", None) or result.reports[rounds]
-        progress.trained(len(report.survivors), seconds)
+        reports = getattr(result, "reports", None) or {0: getattr(result, "report", None)}
+        last = reports[max(reports)]  # FedAvg: the last round's; one-shot: its only one
+        progress.trained(len(last.survivors) if last is not None else 0, seconds)
     return result, seconds
 
 
