@@ -239,7 +239,7 @@ def accuracy_by_width_lines(
 ) -> Path:
     """Merged accuracy against config key ``x``: one panel per method, one line per width
     (mean over seeds and any other varying key), the mean endpoint accuracy dotted."""
-    fig, axes = panel_grid(len(methods))
+    fig, axes = panel_grid(len(methods), sharey=True)
     cmap = _pyplot().get_cmap("viridis")
     widths = sorted(rows["width"].unique())
     for ax, method in zip(axes.flat, methods, strict=False):
@@ -439,8 +439,11 @@ def lambda_path_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any])
     data, methods = json_rows(rows, ["curve"], lambda c: isinstance(c, dict) and "lam" in c)
     if data.empty or not methods:
         return None
-    for key in ("accuracy", "nll", "nll_calibrated"):  # the curves as lists, for the panels
-        data[f"_{key}"] = data["_curve"].map(lambda c, k=key: c.get(k, []))
+    curves = {  # the curves as lists, compared by merge_identical_panels
+        f"_{k}": data["_curve"].map(lambda c, k=k: c.get(k, []))
+        for k in ("accuracy", "nll", "nll_calibrated")
+    }
+    data = pd.concat([data, pd.DataFrame(curves, index=data.index)], axis=1)
     keys = [k for k in ("accuracy", "nll", "nll_calibrated") if data[f"_{k}"].map(len).all()]
     groups = [
         (f"{method}" + (f", {title}" if title else ""), subset[subset["method"] == method])
