@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from fedlmc.analysis.convergence import MIN_JUDGED_EPOCHS
+from fedlmc.merging.methods import REFERENCE_METHODS
 from fedlmc.simulations.figure_table import omitted_figures
 from fedlmc.simulations.report_data import (
     BARRIER_OF_GAP,
@@ -23,6 +24,7 @@ from fedlmc.simulations.report_data import (
     has_values,
     mean_spread_table,
     ok_rows,
+    panels,
     reference_table,
     same_values,
     table1,
@@ -143,6 +145,34 @@ def auto_section(rows: pd.DataFrame) -> list[str]:
     ]
 
 
+def coinciding_methods_notes(rows: pd.DataFrame) -> list[str]:
+    """One line per pair of merge methods with the same test accuracy and NLL on every cell
+    of a value combination of the other varying keys (``average`` and ``average_lewc_bias_t``
+    without biases: equal by definition), which the figures draw once."""
+    if "cell_id" not in rows:
+        return []
+    merges = [m for m in dict.fromkeys(rows["method"]) if m not in REFERENCE_METHODS]
+    values = [c for c in ("accuracy", "nll") if c in rows]
+    notes = []
+    for title, group in panels(rows, exclude=["width"]):
+        per_method = {m: group[group["method"] == m].set_index("cell_id")[values] for m in merges}
+        for i, first in enumerate(merges):
+            for second in merges[i + 1 :]:
+                a, b = per_method[first], per_method[second]
+                if len(a) and a.index.equals(b.index) and _close(a, b):
+                    where = f" where {title}" if title else ""
+                    notes.append(
+                        f"{second} equals {first} on every cell{where} (same accuracy and NLL: "
+                        "the figures draw them once)."
+                    )
+    return notes
+
+
+def _close(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    x, y = a.to_numpy(dtype=float), b.to_numpy(dtype=float)
+    return bool(np.allclose(x, y, rtol=1e-6, atol=1e-7, equal_nan=True))
+
+
 def per_method_tables(rows: pd.DataFrame, methods: Sequence[str], kind: str) -> list[str]:
     """One mean table per ``report_table`` column with values for ``methods``
     (:func:`fedlmc.study.rows.report_tables`, in order); a column equal to an earlier one on
@@ -260,6 +290,7 @@ def report_markdown(
             markdown_table(mean_spread_table(rows, "accuracy", methods, kind), "method"),
             "",
         ]
+        lines += [line for note in coinciding_methods_notes(rows) for line in (note, "")]
         refs = reference_table(rows)
         if not refs.empty:
             lines += [

@@ -196,6 +196,7 @@ def paired_rows(gap_shift: float) -> pd.DataFrame:
                         "bias": bias,
                         "seed": 0,
                         "accuracy": 0.9 - barrier,
+                        "nll": 0.3 + barrier,
                         "loss_barrier_half": barrier,
                         "merge_gap_loss": barrier + gap_shift,
                         "accuracy_barrier_half": barrier / 2,
@@ -214,6 +215,11 @@ def test_a_figure_or_table_that_would_repeat_another_is_left_out_and_said_so(tmp
     assert "barrier_vs_width.png" in names and "merge_gap_vs_width.png" not in names
     text = report_markdown(same, {}, [tmp_path / n for n in names], tmp_path, settings)
     assert "merge_gap_vs_width is not drawn" in text
+    notes = [line for line in text.splitlines() if " equals " in line and "every cell" in line]
+    assert notes == [
+        "average_lewc_bias_t equals average on every cell where bias=False (same accuracy and "
+        "NLL: the figures draw them once)."
+    ]
     barrier = text.split("## Loss barrier at lambda = 1/2 (signed), raw logits")[1]
     assert barrier.split("##")[0].strip().startswith('Equal to "Merge gap, loss')
     assert "| average (bias=False) |" not in barrier.split("##")[0]
