@@ -256,10 +256,10 @@ def accuracy_by_width_lines(
                 ax.plot(ends[x], ends["mean"], color=colour, linestyle=":")
         log_axis(ax, rows[x], log_base)
         ax.set_xlabel(x)
-        ax.set_ylabel("merged test accuracy (dotted: endpoints)")
+        ax.set_ylabel("merged test accuracy")
         ax.set_title(method, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        style_legend(ax, [("-", "merged"), (":", "endpoints (mean)")])
     return save(fig, path, settings["dpi"])
 
 
