@@ -116,14 +116,16 @@ def same_values(rows: pd.DataFrame, first: str, second: str) -> bool:
 
 
 def run_title(rows: pd.DataFrame) -> str:
-    """What was run, for a figure's title: data set(s), model(s), clients and epochs from the
-    rows' run-config columns (``mnist5k, mlp, 2 clients, 12 epochs``; a range where a key
-    varies: ``2-8 clients``); empty when the rows have none of them."""
+    """What was run, for a figure's title: data set(s), model(s), clients, partition and epochs
+    from the rows' run-config columns (``mnist5k, mlp, 2 clients, partition iid, 12
+    epochs``; a range where a count varies: ``2-8 clients``); empty when the rows have none
+    of them."""
     parts = []
     for key, unit in (
         ("dataset", ""),
         ("model", ""),
         ("num-clients", "clients"),
+        ("partition", ""),
         ("epochs", "epochs"),
     ):
         if key not in rows:
@@ -137,7 +139,8 @@ def run_title(rows: pd.DataFrame) -> str:
         elif unit:
             parts.append(f"{float(values[0]):g} {unit if float(values[0]) != 1 else unit[:-1]}")
         else:
-            parts.append(" / ".join(str(v) for v in values))
+            prefix = "partition " if key == "partition" else ""
+            parts.append(prefix + " / ".join(str(v) for v in values))
     return ", ".join(parts)
 
 

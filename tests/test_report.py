@@ -253,6 +253,9 @@ def test_figures_are_titled_coinciding_methods_drawn_once_and_styles_in_the_lege
 
     rows = paired_rows(gap_shift=0.0)
     assert run_title(rows) == "mnist5k, mlp, 2 clients, 3 epochs"
+    assert run_title(rows.assign(partition="iid")) == (
+        "mnist5k, mlp, 2 clients, partition iid, 3 epochs"
+    )
     assert (
         run_title(rows.assign(**{"num-clients": [2, 4] * 4}))
         == "mnist5k, mlp, 2-4 clients, 3 epochs"
