@@ -45,6 +45,7 @@ from fedlmc.io import atomic_write_text
 from fedlmc.simulations.config import (
     ConfigError,
     absolute_paths,
+    cell_default_methods_note,
     cell_id,
     cell_methods,
     expand_grid,
@@ -312,6 +313,7 @@ def command_run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from fedlmc.simulations.federation import run_federation
+    from fedlmc.simulations.progress import stderr_say
     from fedlmc.strategies import ClientsFailedError
 
     values = dict(parse_override(text) for text in args.overrides)
@@ -325,7 +327,7 @@ def command_run(args: argparse.Namespace) -> int:
         )
     tracking = track_request(args, config["out-dir"])
     try:
-        rows = run_federation(config, ray_address=args.ray_address)
+        rows = run_federation(config, ray_address=args.ray_address, say=stderr_say)
     except ClientsFailedError as err:  # the clients, not the configuration, failed: exit 1
         return print_error(
             f"the federation failed because of its clients: {type(err).__name__}: {err}"
@@ -334,9 +336,14 @@ def command_run(args: argparse.Namespace) -> int:
         raise
     except Exception as err:  # noqa: BLE001 - a failed federation is reported on one line
         return failure("the federation", err)
-    shown = [c for c in SHOWN_COLUMNS if c in rows.columns]
+    shown, left_out = shown_columns(rows)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    for line in left_out:
+        print(line)
+    note = cell_default_methods_note(config)
+    if note is not None:
+        print(note)
     print_alignment_flags(rows)
     if args.csv:
         rows.to_csv(args.csv, index=False)
@@ -353,6 +360,19 @@ def print_alignment_flags(rows: pd.DataFrame) -> None:
 
     for line in nothing_aligned_lines(rows.to_dict("records")):
         print(f"warning: {line}")
+
+
+def shown_columns(rows) -> tuple[list[str], list[str]]:
+    """The :data:`SHOWN_COLUMNS` ``fedlmc run`` prints: those with a value in some row; and a
+    line per column left out because it has none in any row (it does not apply to the run:
+    the two-client barriers for three clients), naming where it applies."""
+    from fedlmc.study.rows import column_table
+
+    applies = {c.name: c.applies for c in column_table()}
+    present = [c for c in SHOWN_COLUMNS if c in rows.columns]
+    empty = [c for c in present if rows[c].isna().all()]
+    lines = [f"not shown: {c} (no value in any row; applies to: {applies[c]})" for c in empty]
+    return [c for c in present if c not in empty], lines
 
 
 def check_run_outputs(config, csv_path: str | None) -> None:

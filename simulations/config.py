@@ -34,7 +34,13 @@ from fedlmc.data.catalog import (
     is_hf_name,
     is_known_dataset,
 )
-from fedlmc.merging.methods import AUTO_TOLERANCE, base_method, merge_method_names, study_methods
+from fedlmc.merging.methods import (
+    AUTO_TOLERANCE,
+    base_method,
+    merge_method_names,
+    mixed_width_row,
+    study_methods,
+)
 from fedlmc.merging.methods import merge_method as merge_method_entry
 from fedlmc.merging.post_merge import CALIBRATIONS
 from fedlmc.models.registry import (
@@ -329,7 +335,8 @@ def declared_keys() -> dict[str, Key]:
         "methods": Key(
             str,
             "average,average_t,weight_matching,weight_matching_t,ensemble",
-            "rows evaluated by the compare strategy (comma-separated)",
+            "rows evaluated by the compare strategy (comma-separated); left at the default, "
+            "clients of different widths get its mixed-width counterparts (embed_average, ...)",
             _methods,
             cell_methods,
             applies=_strategy_is("compare"),
@@ -491,8 +498,53 @@ def validate_run_config(
     config = {k: spec.default for k, spec in schema.items()}
     for key, value in values.items():
         config[key] = check_value(key, value, schema)
+    config = with_cell_default_methods(config)
     check_consistency(config, check_devices=check_devices, whole_run=whole_run)
     return config
+
+
+def default_methods() -> str:
+    """The declared default of ``methods``."""
+    return RUN_KEYS["methods"].default
+
+
+def mixed_width_counterparts(methods: str) -> str:
+    """``methods`` with each row's mixed-width counterpart
+    (:func:`fedlmc.merging.methods.mixed_width_row`), rows without one left out:
+    ``"average,average_t,ensemble"`` -> ``"embed_average,embed_average_t,ensemble"``."""
+    rows = (mixed_width_row(m) for m in method_list({"methods": methods}))
+    return ",".join(m for m in rows if m is not None)
+
+
+def with_cell_default_methods(config: dict[str, Any]) -> dict[str, Any]:
+    """Defaults that follow the cell: a ``compare`` run whose clients differ in width
+    (:func:`mixed_widths`) and whose ``methods`` is the default gets the mixed-width
+    counterparts of the default methods (:func:`mixed_width_counterparts`); an explicit list is
+    checked as given (:func:`check_widths`)."""
+    if config["strategy"] != "compare" or config["methods"] != default_methods():
+        return config
+    try:
+        mixed = mixed_widths(config)
+    except ValueError:  # a bad client-widths: check_widths names it
+        return config
+    if mixed:
+        config["methods"] = mixed_width_counterparts(config["methods"])
+    return config
+
+
+def cell_default_methods_note(config: Mapping[str, Any]) -> str | None:
+    """The line saying that a mixed-width run got the mixed-width counterparts of the default
+    methods (:func:`with_cell_default_methods`); ``None`` for any other run."""
+    mixed_default = mixed_width_counterparts(default_methods())
+    if config["strategy"] != "compare" or config["methods"] != mixed_default:
+        return None
+    if not mixed_widths(config):
+        return None
+    return (
+        f"methods = {mixed_default} (the mixed-width counterparts of the default "
+        f"{default_methods()}: client widths {widths_text(client_widths(config))}, server "
+        f"width {server_width(config):g})"
+    )
 
 
 def check_consistency(

@@ -12,7 +12,7 @@ num-cpus, num_gpus: num-gpus}`` each (Ray runs ``floor(available / requested)`` 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -39,8 +39,10 @@ def run_federation_outcome(
     verbose: bool = False,
     ray_init_args: Mapping[str, Any] | None = None,
     ray_address: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> ServerOutcome:
-    """Run the federation of ``config`` and return the ServerApp's full outcome.
+    """Run the federation of ``config`` and return the ServerApp's full outcome (``say``
+    receives its stages and where its rows went, :mod:`fedlmc.simulations.progress`).
 
     Raises the ServerApp's own exception (e.g. ``NotEnoughClientsError``) when it fails, and
     :class:`FederationError` when the engine stops without producing results.
@@ -50,7 +52,7 @@ def run_federation_outcome(
     start = time.perf_counter()
     try:
         run_cells(
-            [CellJob("federation", config)],
+            [CellJob("federation", config, say)],
             results.append,
             ray_address=ray_address,
             ray_init_args=ray_init_args,
@@ -76,12 +78,13 @@ def run_federation(
     verbose: bool = False,
     ray_init_args: Mapping[str, Any] | None = None,
     ray_address: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
     """One row per method (see :mod:`fedlmc.simulations.server_app` for the columns);
     ``with_config`` appends the run-config columns (``fedlmc.simulations.sweep`` adds them itself
     and refuses duplicates, hence off by default)."""
     outcome = run_federation_outcome(
-        config, verbose=verbose, ray_init_args=ray_init_args, ray_address=ray_address
+        config, verbose=verbose, ray_init_args=ray_init_args, ray_address=ray_address, say=say
     )
     table = outcome.table(with_config=with_config)
     if table.empty:

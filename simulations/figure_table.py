@@ -19,19 +19,26 @@ import pandas as pd
 
 from fedlmc.registry import Registry
 from fedlmc.simulations.figures import (
+    LEWC_COSINE_PANELS,
     LEWC_PANELS,
     MECHANISM_METHODS,
     MECHANISM_PANELS,
     accuracy_by_width_lines,
+    figure_title,
     lambda_path_figure,
     layer_figure,
-    lewc_figure,
     metric_vs_axis,
     pairwise_figure,
     temperature_series,
 )
 from fedlmc.simulations.init_figures import has_init_panels, merge_gap_by_init_figure
-from fedlmc.simulations.report_data import accuracy_methods, axis_rows, has_values
+from fedlmc.simulations.report_data import (
+    accuracy_methods,
+    axis_rows,
+    gaps_are_barriers,
+    has_values,
+    run_title,
+)
 from fedlmc.simulations.report_training import has_client_curves, training_curves_figure
 from fedlmc.simulations.sweep import varying_keys
 from fedlmc.simulations.width_figures import has_mixed_widths, width_mix_figure
@@ -109,8 +116,24 @@ def draw_figures(
     fig_dir.mkdir(parents=True, exist_ok=True)
     inputs = FigureInputs.of(rows, settings, training)
     wanted = [f for f in FIGURE_TABLE if f.drawn_when(inputs)]
-    drawn = [f.draw(inputs, fig_dir / f.file) for f in wanted]
+    title = " - ".join(t for t in (settings.get("title", ""), run_title(rows)) if t)
+    with figure_title(title):
+        drawn = [f.draw(inputs, fig_dir / f.file) for f in wanted]
+    for stale in FIGURE_TABLE:  # a figure of an earlier report of this folder, not drawn now
+        if fig_dir / stale.file not in drawn:
+            (fig_dir / stale.file).unlink(missing_ok=True)
     return [p for p in drawn if p is not None]
+
+
+def omitted_figures(rows: pd.DataFrame) -> list[str]:
+    """Why a figure that would repeat another is not drawn (one line each, for report.md)."""
+    if has_values(rows, "merge_gap_loss") and gaps_are_barriers(rows):
+        return [
+            "merge_gap_vs_width is not drawn: on every row the merge gap equals the barrier at "
+            "lambda = 1/2 (two clients of equal weight: the merged model is the midpoint of "
+            "the path between them), drawn in barrier_vs_width."
+        ]
+    return []
 
 
 def _merged(inputs: FigureInputs) -> pd.DataFrame:
@@ -145,7 +168,10 @@ def barrier_vs_width(d: FigureInputs, path: Path) -> Path | None:
     return metric_vs_axis(
         d.rows,
         "width",
-        [("loss_barrier_half", " raw"), ("loss_barrier_half_calibrated", " calibrated")],
+        [
+            ("loss_barrier_half", "raw logits"),
+            ("loss_barrier_half_calibrated", "each model with its fitted temperature"),
+        ],
         d.methods,
         "loss barrier at lambda = 1/2 (signed)",
         path,
@@ -153,12 +179,18 @@ def barrier_vs_width(d: FigureInputs, path: Path) -> Path | None:
     )
 
 
-@figure("merge_gap_vs_width", lambda d: has_values(_merged(d), "merge_gap_loss"))
+@figure(
+    "merge_gap_vs_width",
+    lambda d: has_values(_merged(d), "merge_gap_loss") and not gaps_are_barriers(d.rows),
+)
 def merge_gap_vs_width(d: FigureInputs, path: Path) -> Path | None:
     return metric_vs_axis(
         d.rows,
         "width",
-        [("merge_gap_loss", " raw"), ("merge_gap_loss_calibrated", " calibrated")],
+        [
+            ("merge_gap_loss", "raw logits"),
+            ("merge_gap_loss_calibrated", "each model with its fitted temperature"),
+        ],
         d.methods,
         "merged NLL - mean endpoint NLL",
         path,
@@ -187,7 +219,7 @@ def temperature_vs_width(d: FigureInputs, path: Path) -> Path | None:
     lambda d: has_values(d.rows, "lewc_cos_mean") or "lewc_cos_layers" in d.rows,
 )
 def lewc_layers(d: FigureInputs, path: Path) -> Path | None:
-    return lewc_figure(d.rows, path, d.settings)
+    return layer_figure(d.rows, path, d.settings, LEWC_COSINE_PANELS)
 
 
 @figure("lewc_vs_llfc", lambda d: "norm_ratio_layers" in d.rows)
@@ -239,8 +271,8 @@ def client_barriers_vs_clients(d: FigureInputs, path: Path) -> Path | None:
         d.rows[pd.to_numeric(d.rows["num-clients"]) > 2],
         "num-clients",
         [
-            ("client_to_merge_path_loss_barrier_half_calibrated_mean", " mean"),
-            ("client_to_merge_path_loss_barrier_half_calibrated_worst", " worst"),
+            ("client_to_merge_path_loss_barrier_half_calibrated_mean", "mean over clients"),
+            ("client_to_merge_path_loss_barrier_half_calibrated_worst", "worst client"),
         ],
         d.methods,
         "barrier at 1/2 on the path client -> merge,\ncalibrated (path shape, not merge quality)",

@@ -1,13 +1,23 @@
 """The figures of a sweep's report, one drawing function each
 (:mod:`fedlmc.simulations.figure_table` says which are drawn, from which rows, into which file;
-:mod:`fedlmc.simulations.report` lists them)."""
+:mod:`fedlmc.simulations.report` lists them).
+
+Conventions every drawing follows: every figure carries the title of what was run
+(:func:`figure_title` around the drawing, read by :func:`save`); panels that show the same
+quantity share their y axis; what a line style means (solid raw, dashed calibrated, ...) is a
+legend entry, not an axis label (:func:`style_legend`); two methods whose lines coincide on a
+panel (e.g. ``average`` and ``average_lewc_bias_t`` without biases, equal by definition) are
+drawn once, labelled ``a = b (identical here)``.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -33,15 +43,40 @@ def _pyplot():
     return plt
 
 
-def panel_grid(count: int, width: float = 5.0, height: float = 3.6, rows: int = 1):
-    """A figure with ``rows`` x ``count`` panels (``count`` wrapped at 3 columns when rows=1)."""
+_TITLE: ContextVar[str] = ContextVar("figure_title", default="")
+
+
+@contextmanager
+def figure_title(title: str) -> Iterator[None]:
+    """Every figure saved inside gets ``title`` (what was run) above its panels."""
+    token = _TITLE.set(title)
+    try:
+        yield
+    finally:
+        _TITLE.reset(token)
+
+
+def panel_grid(
+    count: int,
+    width: float = 5.0,
+    height: float = 3.6,
+    rows: int = 1,
+    sharey: bool | str = False,
+):
+    """A figure with ``rows`` x ``count`` panels (``count`` wrapped at 3 columns when rows=1);
+    ``sharey``: matplotlib's (``True``: every panel, ``"row"``: each row of panels)."""
     plt = _pyplot()
     if rows == 1:
         ncols = min(3, count)
         nrows = math.ceil(count / ncols)
     else:
         ncols, nrows = count, rows
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, sharey=sharey
+    )
+    if sharey:  # shared axes hide the tick labels of inner panels: show them on every panel
+        for ax in axes.flat:
+            ax.yaxis.set_tick_params(labelleft=True)
     flat = list(axes.flat)
     if rows == 1:
         for ax in flat[count:]:
@@ -50,7 +85,9 @@ def panel_grid(count: int, width: float = 5.0, height: float = 3.6, rows: int = 
 
 
 def save(fig, path: Path, dpi: int) -> Path:
-    """Write ``fig`` to ``path`` and close it."""
+    """Write ``fig`` to ``path`` (titled by :func:`figure_title`, when set) and close it."""
+    if _TITLE.get():
+        fig.suptitle(_TITLE.get(), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     _pyplot().close(fig)
@@ -80,6 +117,57 @@ def line_with_spread(ax, table: pd.DataFrame, x: str, label: str, **style) -> No
     )
 
 
+def style_legend(ax, styles: Sequence[tuple[str, str]], **legend) -> None:
+    """The legend of ``ax`` with, after its own entries, one black line per ``(linestyle,
+    meaning)``: what solid and dashed mean, said once."""
+    from matplotlib.lines import Line2D
+
+    handles, labels = ax.get_legend_handles_labels()
+    for style, meaning in styles:
+        handles.append(Line2D([], [], color="black", linestyle=style))
+        labels.append(meaning)
+    if handles:
+        ax.legend(handles, labels, **{"fontsize": 7, **legend})
+
+
+def coinciding(tables: dict[str, list[pd.DataFrame]]) -> dict[str, list[str]]:
+    """Methods whose series are all equal (same x, means and spreads) grouped under the first
+    of them, in order: ``{"average": ["average", "average_lewc_bias_t"], ...}``."""
+    groups: dict[str, list[str]] = {}
+    for method, series in tables.items():
+        twin = next(
+            (
+                first
+                for first in groups
+                if len(tables[first]) == len(series)
+                and all(_same_table(a, b) for a, b in zip(tables[first], series, strict=True))
+            ),
+            None,
+        )
+        groups.setdefault(twin or method, []).append(method)
+    return groups
+
+
+def _same_table(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    if len(a) != len(b) or list(a.iloc[:, 0]) != list(b.iloc[:, 0]):
+        return False
+    return all(
+        np.allclose(
+            np.asarray(a[c], dtype=float),
+            np.asarray(b[c], dtype=float),
+            rtol=1e-6,
+            atol=1e-7,
+            equal_nan=True,
+        )
+        for c in ("mean", "spread")
+    )
+
+
+def coinciding_label(names: Sequence[str]) -> str:
+    """``"a"``, or ``"a = b (identical here)"`` for methods drawn once."""
+    return names[0] if len(names) == 1 else " = ".join(names) + " (identical here)"
+
+
 def metric_vs_axis(
     rows: pd.DataFrame,
     x: str,
@@ -92,22 +180,32 @@ def metric_vs_axis(
     references: bool = False,
     log_base: int = 2,
 ) -> Path:
-    """Per method (colour) and metric (line style), the mean metric against config key ``x``."""
+    """Per method (colour) and metric (line style, said in the legend when there are several:
+    ``metrics`` are ``(column, meaning)``), the mean metric against config key ``x``; one panel
+    per value of the other varying keys, sharing the y axis; coinciding methods drawn once
+    (:func:`coinciding`)."""
     groups = panels(rows, exclude=[x])
-    fig, axes = panel_grid(len(groups))
+    fig, axes = panel_grid(len(groups), sharey=True)
     styles = ["-", "--", ":", "-."]
     colours = _pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (title, group) in zip(axes.flat, groups, strict=False):
-        for i, method in enumerate(methods):
+        tables = {}
+        for method in methods:
             subset = group[group["method"] == method]
-            for (metric, suffix), style in zip(metrics, styles, strict=False):
-                if not has_values(subset, metric):
+            tables[method] = [
+                aggregate(subset, [x], metric, settings["error-bars"])
+                if has_values(subset, metric)
+                else pd.DataFrame(columns=[x, "mean", "spread"])
+                for metric, _ in metrics
+            ]
+        for first, names in coinciding(tables).items():
+            colour = colours[methods.index(first) % len(colours)]
+            label: str | None = coinciding_label(names)
+            for table, style in zip(tables[first], styles, strict=False):
+                if table.empty:
                     continue
-                table = aggregate(subset, [x], metric, settings["error-bars"])
-                label = f"{method}{suffix}"
-                line_with_spread(
-                    ax, table, x, label, color=colours[i % len(colours)], linestyle=style
-                )
+                line_with_spread(ax, table, x, label, color=colour, linestyle=style)
+                label = None
         if references:
             draw_references(ax, group, x, settings["error-bars"])
         log_axis(ax, group[x], log_base)
@@ -115,7 +213,8 @@ def metric_vs_axis(
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        meanings = [(style, m.strip()) for (_, m), style in zip(metrics, styles, strict=False)]
+        style_legend(ax, meanings if len(metrics) > 1 else [])
     return save(fig, path, settings["dpi"])
 
 
@@ -154,7 +253,7 @@ def accuracy_by_width_lines(
         for label in setting_order(setting)
         if ((rows["method"] == method) & (setting == label)).any()
     ][:MAX_PANELS]
-    fig, axes = panel_grid(len(groups))
+    fig, axes = panel_grid(len(groups), sharey=True)
     cmap = _pyplot().get_cmap("viridis")
     widths = sorted(rows["width"].unique())
     for ax, (title, chosen) in zip(axes.flat, groups, strict=False):
@@ -171,67 +270,49 @@ def accuracy_by_width_lines(
                 ax.plot(ends[x], ends["mean"], color=colour, linestyle=":")
         log_axis(ax, rows[x], log_base)
         ax.set_xlabel(x)
-        ax.set_ylabel("merged test accuracy (dotted: endpoints)")
+        ax.set_ylabel("merged test accuracy")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        style_legend(ax, [("-", "merged"), (":", "endpoints (mean)")])
     return save(fig, path, settings["dpi"])
 
 
-def lewc_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path | None:
-    """LEWC cosine against layer index, one line per width, one panel per method."""
-    data, methods = json_rows(rows, ["lewc_cos_layers"])
-    if data.empty or not methods:
-        return None
-    fig, axes = panel_grid(len(methods))
-    cmap = _pyplot().get_cmap("viridis")
-    widths = sorted(data["width"].unique())
-    for ax, method in zip(axes.flat, methods, strict=False):
-        subset = data[data["method"] == method]
-        for j, width in enumerate(widths):
-            curves = [c for c in subset.loc[subset["width"] == width, "_lewc_cos_layers"]]
-            if not curves:
-                continue
-            mean = mean_of_lists(curves)
-            ax.plot(
-                range(1, len(mean) + 1),
-                mean,
-                marker="o",
-                ms=3,
-                color=cmap(j / max(1, len(widths) - 1)),
-                label=f"width {width:g}",
-            )
-        ax.set_xticks(range(1, max(len(v) for v in subset["_lewc_cos_layers"]) + 1))
-        ax.set_xlabel("layer (last = logits)")
-        ax.set_ylabel("LEWC cosine")
-        ax.set_title(method, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return save(fig, path, settings["dpi"])
+class LayerPanel(NamedTuple):
+    """One row of a per-layer figure: the solid column, the dashed column (or None), the y
+    label, a log scale, and what solid and dashed mean (legend entries, when dashed is set)."""
+
+    solid: str
+    dashed: str | None
+    ylabel: str
+    log: bool
+    solid_means: str = ""
+    dashed_means: str = ""
 
 
-LayerPanel = tuple[str, str | None, str, bool]
-"""One row of a per-layer figure: solid column, dashed column (or None), y label, log scale."""
-
+LEWC_COSINE_PANELS = (LayerPanel("lewc_cos_layers", None, "LEWC cosine", False),)
 LEWC_PANELS: tuple[LayerPanel, ...] = (
-    (
+    LayerPanel(
         "norm_ratio_layers",
         "lewc_norm_ratio_layers",
-        "norm ratio ||f_l(merge)|| / ||sum w_i f_l||\n(solid measured, dashed LEWC's prediction)",
+        "norm ratio ||f_l(merge)|| / ||sum_i w_i f_l(theta_i)||",
         True,
+        "measured",
+        "LEWC's prediction",
     ),
-    (
+    LayerPanel(
         "lewc_error_layers",
         "llfc_scaled_error_layers",
-        "relative error (solid LEWC,\ndashed LLFC at its best positive scale)",
+        "relative error of the prediction",
         False,
+        "LEWC",
+        "LLFC at its best positive scale",
     ),
 )
 MECHANISM_METHODS = ("average", "average_lewc_bias", "average_lewc_bias_t")
 """The merges whose dead units and bias shares the mechanism figure draws."""
 MECHANISM_PANELS: tuple[LayerPanel, ...] = (
-    ("dead_unit_fraction_layers", None, "fraction of hidden units\nnever active", False),
-    ("bias_share_layers", None, "bias share ||b|| / (||Wz|| + ||b||)", False),
+    LayerPanel("dead_unit_fraction_layers", None, "fraction of hidden units\nnever active", False),
+    LayerPanel("bias_share_layers", None, "bias share ||b|| / (||Wz|| + ||b||)", False),
 )
 
 
@@ -244,8 +325,11 @@ def layer_figure(
     only: Sequence[str] | None = None,
 ) -> Path | None:
     """Per-layer lines (mean over seeds), one line per value of ``lines``, one figure row per
-    panel of ``layer_panels`` and one column per method (those in ``only``, if given) and value
-    combination of the other varying keys (e.g. ``bias``), at most :data:`MAX_PANELS` columns."""
+    panel of ``layer_panels`` (its panels sharing the y axis) and one column per method (those
+    in ``only``, if given) and value combination of the other varying keys (e.g. ``bias``),
+    at most :data:`MAX_PANELS` columns; a method whose curves equal an earlier method's on the
+    same value combination is not given a column of its own: the earlier one's title names
+    both."""
     columns = [c for panel in layer_panels for c in panel[:2] if c]
     data, methods = json_rows(rows, columns)
     methods = [m for m in methods if only is None or m in only]
@@ -256,8 +340,14 @@ def layer_figure(
         for method in methods
         for title, subset in panels(data, exclude=[lines])
     ]
-    groups = [(title, subset) for title, subset in groups if not subset.empty][:MAX_PANELS]
-    fig, axes = panel_grid(len(groups), rows=len(layer_panels))
+    groups = merge_identical_panels(
+        [(title, subset) for title, subset in groups if not subset.empty], columns, lines
+    )[:MAX_PANELS]
+    if len(layer_panels) == 1:  # one row of panels, wrapped at 3 columns
+        fig, grid = panel_grid(len(groups), sharey=True)
+        axes = np.array(list(grid.flat)[: len(groups)], dtype=object).reshape(1, -1)
+    else:
+        fig, axes = panel_grid(len(groups), rows=len(layer_panels), sharey="row")
     cmap = _pyplot().get_cmap("viridis")
     values = sorted(data[lines].unique())
     for col, (title, subset) in enumerate(groups):
@@ -266,8 +356,8 @@ def layer_figure(
             if at_value.empty:
                 continue
             colour = cmap(j / max(1, len(values) - 1))
-            for row, (solid, dashed, _, _) in enumerate(layer_panels):
-                for column, style in ((solid, "-"), (dashed, "--")):
+            for row, panel in enumerate(layer_panels):
+                for column, style in ((panel.solid, "-"), (panel.dashed, "--")):
                     if column is None:
                         continue
                     mean = mean_of_lists(list(at_value[f"_{column}"]))
@@ -276,15 +366,58 @@ def layer_figure(
                         range(1, len(mean) + 1), mean, color=colour, linestyle=style, label=label
                     )
         axes[0, col].set_title(title, fontsize=9)
-        for row, (_, _, ylabel, log) in enumerate(layer_panels):
-            if log:
-                axes[row, col].set_yscale("log")
-            axes[row, col].set_xlabel("layer l (last = logits)")
-            axes[row, col].set_ylabel(ylabel, fontsize=8)
-            axes[row, col].grid(alpha=0.3)
-            axes[row, col].xaxis.get_major_locator().set_params(integer=True)
-        axes[0, col].legend(fontsize=7)
+        for row, panel in enumerate(layer_panels):
+            ax = axes[row, col]
+            if panel.log:
+                ax.set_yscale("log")
+            ax.set_xlabel("layer l (last = logits)")
+            ax.set_ylabel(panel.ylabel, fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            styles = panel.dashed is not None and col == 0
+            if (row, col) == (0, 0) or styles:
+                meanings = [("-", panel.solid_means), ("--", panel.dashed_means)]
+                style_legend(ax, meanings if styles else [])
     return save(fig, path, settings["dpi"])
+
+
+def merge_identical_panels(
+    groups: list[tuple[str, pd.DataFrame]], columns: Sequence[str], lines: str
+) -> list[tuple[str, pd.DataFrame]]:
+    """``(title, rows)`` panels with those whose mean curves (per value of ``lines``, every
+    parsed column ``_<column>``) equal an earlier panel's dropped, that panel's title naming
+    both methods (``average = average_lewc_bias_t (identical here), bias=False``)."""
+
+    def curves(rows: pd.DataFrame) -> list[tuple[Any, str, np.ndarray]]:
+        return [
+            (value, column, mean_of_lists(list(rows.loc[rows[lines] == value, f"_{column}"])))
+            for value in sorted(rows[lines].unique())
+            for column in columns
+        ]
+
+    kept: list[tuple[list[str], str, pd.DataFrame, list]] = []
+    for title, rows in groups:
+        method, _, rest = title.partition(", ")
+        mine = curves(rows)
+        twin = next((k for k in kept if k[1] == rest and _same_curves(k[3], mine)), None)
+        if twin is None:
+            kept.append(([method], rest, rows, mine))
+        else:
+            twin[0].append(method)
+    return [
+        (coinciding_label(names) + (f", {rest}" if rest else ""), rows)
+        for names, rest, rows, _ in kept
+    ]
+
+
+def _same_curves(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        va == vb
+        and ca == cb
+        and len(ma) == len(mb)
+        and bool(np.allclose(ma, mb, rtol=1e-6, atol=1e-7, equal_nan=True))
+        for (va, ca, ma), (vb, cb, mb) in zip(a, b, strict=True)
+    )
 
 
 def pairwise_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path | None:
@@ -314,15 +447,29 @@ def pairwise_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) ->
 
 
 def lambda_path_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path | None:
-    """Accuracy and NLL (raw solid, calibrated dashed) along lam, per method and width."""
+    """Accuracy (top) and NLL (bottom: raw solid, calibrated dashed) along lam, one line per
+    width (mean over seeds), one column per method and value of the other varying keys (e.g.
+    ``bias``), each row of panels sharing its y axis; coinciding methods drawn once."""
     data, methods = json_rows(rows, ["curve"], lambda c: isinstance(c, dict) and "lam" in c)
     if data.empty or not methods:
         return None
-    fig, axes = panel_grid(len(methods), rows=2)
+    curves = {  # the curves as lists, compared by merge_identical_panels
+        f"_{k}": data["_curve"].map(lambda c, k=k: c.get(k, []))
+        for k in ("accuracy", "nll", "nll_calibrated")
+    }
+    data = pd.concat([data, pd.DataFrame(curves, index=data.index)], axis=1)
+    keys = [k for k in ("accuracy", "nll", "nll_calibrated") if data[f"_{k}"].map(len).all()]
+    groups = [
+        (f"{method}" + (f", {title}" if title else ""), subset[subset["method"] == method])
+        for method in methods
+        for title, subset in panels(data, exclude=["width"])
+    ]
+    groups = merge_identical_panels([g for g in groups if not g[1].empty], keys, "width")
+    groups = groups[:MAX_PANELS]
+    fig, axes = panel_grid(len(groups), rows=2, sharey="row")
     cmap = _pyplot().get_cmap("viridis")
     widths = sorted(data["width"].unique())
-    for col, method in enumerate(methods):
-        subset = data[data["method"] == method]
+    for col, (title, subset) in enumerate(groups):
         for j, width in enumerate(widths):
             found = list(subset.loc[subset["width"] == width, "_curve"])
             if not found:
@@ -335,19 +482,20 @@ def lambda_path_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any])
                 if all(key in c for c in found):
                     nll = mean_of_lists([c[key] for c in found])
                     axes[1, col].plot(lam[: len(nll)], nll, color=colour, linestyle=style)
-        axes[0, col].set_title(method, fontsize=9)
+        axes[0, col].set_title(title, fontsize=9)
         axes[0, col].set_ylabel("test accuracy")
-        axes[1, col].set_ylabel("test NLL (solid raw, dashed calibrated)")
+        axes[1, col].set_ylabel("test NLL")
         for ax in axes[:, col]:
             ax.set_xlabel("lambda (1 = client 0, 0 = client 1)")
             ax.grid(alpha=0.3)
         axes[0, col].legend(fontsize=7)
+    style_legend(axes[1, 0], [("-", "raw logits"), ("--", "fitted temperature")])
     return save(fig, path, settings["dpi"])
 
 
 def temperature_series(rows: pd.DataFrame) -> list[tuple[str, str]]:
     """The temperature figure's series: the fitted T, then the server split's when present."""
-    series = [("temperature", "")]
+    series = [("temperature", "the row's temperature")]
     if has_values(rows, "temperature_server_split"):
-        series.append(("temperature_server_split", " (server split)"))
+        series.append(("temperature_server_split", "fitted on the server split"))
     return series

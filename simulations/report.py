@@ -11,11 +11,13 @@ figures whose data exists:
 - ``barrier_vs_width.png``: two-client cells, the loss barrier at lambda = 1/2 (signed, the
   paper's Table 1 quantity) with raw logits (solid) and a fitted temperature (dashed), per method.
 - ``merge_gap_vs_width.png``: any number of clients, the merged model's test NLL minus the mean
-  endpoint's, raw (solid) and calibrated (dashed), per method.
+  endpoint's, raw (solid) and calibrated (dashed), per method; not drawn when it equals the
+  barrier figure on every row (two clients of equal weight), which ``report.md`` says.
 - ``temperature_vs_width.png``: the fitted temperature of the ``_t`` methods (solid) and, where
   rows have it, the server split's temperature for the same merged model (dashed).
 - ``lewc_layers.png``: LEWC cosine per layer (1 = the merged layer output equals the
-  exponentially weighted prediction), one line per width, one panel per method.
+  exponentially weighted prediction), one line per width, one panel per method and value of
+  the other varying keys.
 - ``lewc_vs_llfc.png``: per layer, on the combined weights (before BatchNorm re-estimation or
   REPAIR), top: the measured norm ratio ``||f_l(merged)|| / ||sum_i w_i f_l(theta_i)||``
   (solid) against LEWC's prediction of it (dashed; LLFC makes no claim about the scale);
@@ -36,7 +38,8 @@ figures whose data exists:
 - ``pairwise_barriers.png``: the N x N loss barrier at lambda = 1/2 between clients (raw), per
   method, for the widest width of the first cell that has the matrix.
 - ``lambda_paths.png``: test accuracy and NLL (raw and calibrated) along
-  ``theta(lam) = lam theta_a + (1 - lam) theta_b`` for two-client cells, one line per width.
+  ``theta(lam) = lam theta_a + (1 - lam) theta_b`` for two-client cells, one line per width,
+  one column per method and value of the other varying keys.
 - ``training_curves.png``: from ``training.csv``, each client's training loss per epoch (log
   scale), one panel per width, one line per client and seed; not drawn for a folder without
   ``training.csv``, whose ``report.md`` convergence section says so.
@@ -47,7 +50,9 @@ figures whose data exists:
   (:mod:`fedlmc.simulations.width_figures`).
 
 When a config key other than the x axis and ``seed`` varies too, figures get one panel per
-value combination of those keys. ``report.md`` holds the tables (markdown) and links to the
+value combination of those keys. Every figure is titled with what was run; panels of one
+quantity share the y axis; coinciding methods are drawn once
+(:mod:`fedlmc.simulations.figures`). ``report.md`` holds the tables (markdown) and links to the
 figures.
 
 The parts: the rows and tables in :mod:`fedlmc.simulations.report_data`, the drawing functions in

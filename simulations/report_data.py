@@ -81,6 +81,69 @@ def panels(rows: pd.DataFrame, exclude: Sequence[str]) -> list[tuple[str, pd.Dat
     return out
 
 
+BARRIER_OF_GAP = {
+    "merge_gap_accuracy": "accuracy_barrier_half",
+    "merge_gap_loss": "loss_barrier_half",
+    "merge_gap_loss_calibrated": "loss_barrier_half_calibrated",
+}
+"""Each merge-gap column and the barrier at lambda = 1/2 it equals for two clients of equal
+weight (the merged model is then the path's midpoint)."""
+
+
+def gaps_are_barriers(rows: pd.DataFrame) -> bool:
+    """Whether every merge-gap column equals its barrier at lambda = 1/2 on every row
+    (:data:`BARRIER_OF_GAP`, :func:`same_values`): a sweep of two-client cells of equal
+    weight, where a merge-gap figure would repeat the barrier figure. The ensembles' rows
+    (a merge gap, no path) are left out."""
+    merges = rows[~rows["method"].isin(list(REFERENCE_METHODS))] if "method" in rows else rows
+    pairs = [(g, b) for g, b in BARRIER_OF_GAP.items() if g in merges]
+    return bool(pairs) and all(same_values(merges, g, b) for g, b in pairs)
+
+
+def same_values(rows: pd.DataFrame, first: str, second: str) -> bool:
+    """Whether columns ``first`` and ``second`` hold the same number on every row (NaN where
+    the other is NaN, at least one finite value): a table or figure
+    of ``second`` would repeat one of ``first``. Equal within 1e-6 relative and 1e-7
+    absolute: two float32 computations of one quantity (a merge gap and a barrier) differ
+    by about 1e-8, far below the 4 decimals shown."""
+    if first not in rows or second not in rows:
+        return False
+    a = pd.to_numeric(rows[first], errors="coerce").to_numpy(dtype=float)
+    b = pd.to_numeric(rows[second], errors="coerce").to_numpy(dtype=float)
+    if not np.isfinite(a).any() or not np.array_equal(np.isnan(a), np.isnan(b)):
+        return False
+    return bool(np.allclose(a, b, rtol=1e-6, atol=1e-7, equal_nan=True))
+
+
+def run_title(rows: pd.DataFrame) -> str:
+    """What was run, for a figure's title: data set(s), model(s), clients, partition and epochs
+    from the rows' run-config columns (``mnist5k, mlp, 2 clients, partition iid, 12
+    epochs``; a range where a count varies: ``2-8 clients``); empty when the rows have none
+    of them."""
+    parts = []
+    for key, unit in (
+        ("dataset", ""),
+        ("model", ""),
+        ("num-clients", "clients"),
+        ("partition", ""),
+        ("epochs", "epochs"),
+    ):
+        if key not in rows:
+            continue
+        values = list(dict.fromkeys(rows[key].dropna()))
+        if not values:
+            continue
+        if unit and len(values) > 1:
+            numbers = sorted(float(v) for v in values)
+            parts.append(f"{numbers[0]:g}-{numbers[-1]:g} {unit}")
+        elif unit:
+            parts.append(f"{float(values[0]):g} {unit if float(values[0]) != 1 else unit[:-1]}")
+        else:
+            prefix = "partition " if key == "partition" else ""
+            parts.append(prefix + " / ".join(str(v) for v in values))
+    return ", ".join(parts)
+
+
 def parse_json_column(rows: pd.DataFrame, column: str) -> pd.Series:
     """``column`` parsed as JSON; unparsable or empty cells become ``None``."""
 
@@ -174,16 +237,16 @@ def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 TABLE1_METHODS = (("average", "no permutation"), ("weight_matching", "weight matching"))
 TABLE1_COLUMNS = (
-    ("accuracy_barrier_half", "accuracy barrier (points)", 100.0),
+    ("accuracy_barrier_half", "accuracy barrier", 1.0),
     ("loss_barrier_half", "loss barrier", 1.0),
     ("loss_barrier_half_calibrated", "loss barrier, calibrated", 1.0),
 )
 
 
 def table1(rows: pd.DataFrame) -> pd.DataFrame:
-    """The paper's Table 1 layout: per width, barriers at lambda = 1/2 (signed; accuracy in
-    percentage points) of plain averaging and of weight matching, mean over seeds; one row per
-    width and value of the other varying keys (``1 (bias=false)``)."""
+    """The paper's Table 1 layout: per width, barriers at lambda = 1/2 (signed; accuracy as a
+    fraction, like every accuracy of the report) of plain averaging and of weight matching,
+    mean over seeds; one row per width and value of the other varying keys (``1 (bias=false)``)."""
     columns: dict[str, pd.Series] = {}
     for method, name in TABLE1_METHODS:
         subset = rows[rows["method"] == method]

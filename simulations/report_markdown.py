@@ -12,8 +12,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fedlmc.analysis.convergence import MIN_JUDGED_EPOCHS
 from fedlmc.merging.alignment_record import nothing_aligned_lines
+from fedlmc.merging.methods import REFERENCE_METHODS
+from fedlmc.simulations.figure_table import omitted_figures
 from fedlmc.simulations.report_data import (
+    BARRIER_OF_GAP,
     accuracy_methods,
     aggregate,
     auto_table,
@@ -21,12 +25,15 @@ from fedlmc.simulations.report_data import (
     has_values,
     mean_spread_table,
     ok_rows,
+    panels,
     reference_table,
+    same_values,
     table1,
 )
 from fedlmc.simulations.report_training import (
     convergence_rule_text,
     convergence_summary,
+    convergence_verdict,
     not_converged_cells,
     per_width_table,
 )
@@ -146,6 +153,68 @@ def auto_section(rows: pd.DataFrame) -> list[str]:
     ]
 
 
+def coinciding_methods_notes(rows: pd.DataFrame) -> list[str]:
+    """One line per pair of merge methods with the same test accuracy and NLL on every cell
+    of a value combination of the other varying keys (``average`` and ``average_lewc_bias_t``
+    without biases: equal by definition), which the figures draw once."""
+    if "cell_id" not in rows:
+        return []
+    merges = [m for m in dict.fromkeys(rows["method"]) if m not in REFERENCE_METHODS]
+    values = [c for c in ("accuracy", "nll") if c in rows]
+    notes = []
+    for title, group in panels(rows, exclude=["width"]):
+        per_method = {m: group[group["method"] == m].set_index("cell_id")[values] for m in merges}
+        for i, first in enumerate(merges):
+            for second in merges[i + 1 :]:
+                a, b = per_method[first], per_method[second]
+                if len(a) and a.index.equals(b.index) and _close(a, b):
+                    where = f" where {title}" if title else ""
+                    notes.append(
+                        f"{second} equals {first} on every cell{where} (same accuracy and NLL: "
+                        "the figures draw them once)."
+                    )
+    return notes
+
+
+def _close(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    x, y = a.to_numpy(dtype=float), b.to_numpy(dtype=float)
+    return bool(np.allclose(x, y, rtol=1e-6, atol=1e-7, equal_nan=True))
+
+
+def per_method_tables(rows: pd.DataFrame, methods: Sequence[str], kind: str) -> list[str]:
+    """One mean table per ``report_table`` column with values for ``methods``
+    (:func:`fedlmc.study.rows.report_tables`, in order); a column equal to an earlier one on
+    every row (:func:`~fedlmc.simulations.report_data.same_values`: for two clients of equal
+    weight the merge gaps are the barriers at lambda = 1/2) gets its heading and a line
+    naming the table it repeats instead of the table."""
+    subset = rows[rows["method"].isin(methods)]
+    shown: list[tuple[str, str]] = []
+    lines: list[str] = []
+    for column, heading in report_tables():
+        if not has_values(subset, column):
+            continue
+        same = next((h for c, h in shown if same_values(subset, c, column)), None)
+        if same is not None:
+            lines += [
+                f"## {heading}",
+                "",
+                f'Equal to "{same}" on every row of this sweep (two clients of equal weight: '
+                "the merged model is the midpoint of the path between them); not repeated."
+                if column in BARRIER_OF_GAP.values()
+                else f'Equal to "{same}" on every row of this sweep; not repeated.',
+                "",
+            ]
+            continue
+        shown.append((column, heading))
+        lines += [
+            f"## {heading}",
+            "",
+            markdown_table(mean_spread_table(rows, column, methods, kind), "method"),
+            "",
+        ]
+    return lines
+
+
 CONVERGENCE_HEADING = "## Convergence of the clients' training"
 
 
@@ -173,9 +242,10 @@ def convergence_section(training: pd.DataFrame | None) -> list[str]:
         markdown_table(per_width_table(summary), "width"),
         "",
     ]
+    verdict = convergence_verdict(summary)
+    if verdict is not None:
+        return [*lines, verdict, ""]
     flagged = not_converged_cells(summary)
-    if flagged.empty:
-        return [*lines, "Every client had converged by this rule.", ""]
     lines += [
         "Cells with a client that had not converged (client: drop over the last epochs):",
         "",
@@ -183,6 +253,13 @@ def convergence_section(training: pd.DataFrame | None) -> list[str]:
         "|---|---|---|",
     ]
     lines += [f"| {r.cell_id} | {r.width} | {r.clients} |" for r in flagged.itertuples()]
+    unjudged = int((~summary["judged"].astype(bool)).sum())
+    if unjudged:
+        lines += [
+            "",
+            f"The rule cannot judge {unjudged} other curve(s) (fewer than "
+            f"{MIN_JUDGED_EPOCHS} epochs or a loss that is not finite and positive).",
+        ]
     return [*lines, ""]
 
 
@@ -222,6 +299,7 @@ def report_markdown(
             markdown_table(mean_spread_table(rows, "accuracy", methods, kind), "method"),
             "",
         ]
+        lines += [line for note in coinciding_methods_notes(rows) for line in (note, "")]
         refs = reference_table(rows)
         if not refs.empty:
             lines += [
@@ -237,20 +315,13 @@ def report_markdown(
                 "## Barriers at lambda = 1/2, the paper's Table 1 layout",
                 "",
                 "Two-client cells, mean over seeds; signed: L(theta_1/2) - (L_a + L_b)/2, "
-                "accuracy in percentage points (chord minus midpoint). "
-                "Definitions: fedlmc.study.rows.",
+                "accuracy as a fraction like every accuracy here (chord minus midpoint: "
+                "0.30 = 30 points; the paper prints points). Definitions: fedlmc.study.rows.",
                 "",
                 markdown_table(first, "width"),
                 "",
             ]
-        for column, heading in report_tables():
-            if has_values(rows[rows["method"].isin(base)], column):
-                lines += [
-                    f"## {heading}",
-                    "",
-                    markdown_table(mean_spread_table(rows, column, base, kind), "method"),
-                    "",
-                ]
+        lines += per_method_tables(rows, base, kind)
         lines += lewc_scope_section(rows, base)
         calibrated = [m for m in methods if m.endswith("_t")]
         if calibrated and has_values(rows[rows["method"].isin(calibrated)], "temperature"):
@@ -282,6 +353,7 @@ def report_markdown(
         lines.append("")
     if figures:
         lines += ["## Figures", ""]
+        lines += [line for note in omitted_figures(rows) for line in (note, "")]
         for path in figures:
             rel = os.path.relpath(path, out_dir)
             lines += [f"### {path.stem.replace('_', ' ')}", "", f"![{path.stem}]({rel})", ""]

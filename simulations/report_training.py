@@ -23,6 +23,7 @@ import pandas as pd
 from fedlmc.analysis.convergence import (
     FALLING_EPOCHS,
     FALLING_THRESHOLD,
+    MIN_JUDGED_EPOCHS,
     SETTLE_TOLERANCE,
     curve_summary,
 )
@@ -87,10 +88,43 @@ def per_width_table(summary: pd.DataFrame) -> pd.DataFrame:
                 if settled.notna().any()
                 else none,
                 "never settled": f"{int(settled.isna().sum())} / {len(part)}",
-                "not converged": f"{int(part['not_converged'].sum())} / {len(part)}",
+                "not converged": not_converged_count(part),
             }
         )
     return pd.DataFrame(rows).set_index("width")
+
+
+def not_converged_count(part: pd.DataFrame) -> str:
+    """``"k / n"`` curves not converged, with how many the rule cannot judge when some
+    (``"0 / 4, cannot tell for 4"``): an unjudged curve is not counted as converged."""
+    text = f"{int(part['not_converged'].sum())} / {len(part)}"
+    unjudged = int((~part["judged"].astype(bool)).sum())
+    return f"{text}, cannot tell for {unjudged}" if unjudged else text
+
+
+def convergence_verdict(summary: pd.DataFrame) -> str | None:
+    """The sentence on whether every client had converged, stated only where the rule is
+    defined for every curve (:func:`fedlmc.analysis.convergence.judged`); otherwise why it
+    cannot tell. ``None`` when some client had not converged (the cells are listed instead),
+    which stands whatever the unjudged curves are."""
+    unjudged = summary[~summary["judged"].astype(bool)]
+    if summary["not_converged"].any():
+        return None
+    if unjudged.empty:
+        return "Every client had converged by this rule."
+    short = unjudged[unjudged["epochs"] < MIN_JUDGED_EPOCHS]
+    if len(short):
+        epochs = ", ".join(str(int(e)) for e in sorted(short["epochs"].unique()))
+        why = (
+            f"the {FALLING_THRESHOLD:.0%} rule needs at least {MIN_JUDGED_EPOCHS} epochs, "
+            f"the run had {epochs}"
+        )
+    else:
+        why = "a loss at the start or end of the last epochs is not finite and positive"
+    return (
+        f"Cannot tell whether every client had converged: {len(unjudged)} of {len(summary)} "
+        f"curves cannot be judged ({why})."
+    )
 
 
 def not_converged_cells(summary: pd.DataFrame) -> pd.DataFrame:
@@ -132,7 +166,7 @@ def training_curves_figure(
     keys = _curve_keys(curves)
     curves = curves.assign(_group=_group_label(curves), _width=pd.to_numeric(curves["width"]))
     groups = list(dict.fromkeys(curves.sort_values(["_width", "_group"])["_group"]))[:MAX_PANELS]
-    fig, axes = panel_grid(len(groups), width=4.4, height=3.4)
+    fig, axes = panel_grid(len(groups), width=4.4, height=3.4, sharey=True)
     colors = _pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
     for ax, group in zip(axes.flat, groups, strict=False):

@@ -64,8 +64,10 @@ from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.io import atomic_write, atomic_write_csv
+from fedlmc.merging.methods import REFERENCE_METHODS, base_method
 from fedlmc.simulations.config import (
     FEDAVG,
+    cell_default_methods_note,
     client_width,
     client_widths,
     method_list,
@@ -74,6 +76,7 @@ from fedlmc.simulations.config import (
     validate_run_config,
     widths_text,
 )
+from fedlmc.simulations.progress import RunProgress, Say, flower_say, rows_destination
 from fedlmc.simulations.provenance import version_columns
 from fedlmc.simulations.results_file import check_writable_folder, refuse_mixing
 from fedlmc.simulations.task import (
@@ -122,6 +125,8 @@ class ServerOutcome:
     client_templates: dict[int, nn.Module] | None = None
     """Clients of different widths: per partition id a model at that client's width (``None``:
     every client at the server's width, :func:`fedlmc.simulations.config.mixed_widths`)."""
+    progress: RunProgress = field(default_factory=lambda: RunProgress(None))
+    """Where the stages are told (:mod:`fedlmc.simulations.progress`; silent by default)."""
 
     def templates_of(self, report: RoundReport, template: nn.Module) -> list[nn.Module]:
         """The architecture each survivor's weights load into: its own width's, or
@@ -252,8 +257,11 @@ def _start(
     rounds: int,
     evaluate_fn=None,
     initial: StateDict | None = None,
+    progress: RunProgress | None = None,
 ):
     start = time.perf_counter()
+    if progress is not None:
+        progress.training(config["num-clients"], config["epochs"])
     result = strategy.start(
         grid=grid,
         initial_arrays=state_to_record(template.state_dict() if initial is None else initial),
@@ -262,7 +270,12 @@ def _start(
         train_config=train_config_record(config),
         evaluate_fn=evaluate_fn,
     )
-    return result, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if progress is not None:
+        reports = getattr(result, "reports", None) or {0: getattr(result, "report", None)}
+        last = reports[max(reports)]  # FedAvg: the last round's; one-shot: its only one
+        progress.trained(len(last.survivors) if last is not None else 0, seconds)
+    return result, seconds
 
 
 def merged_test_evaluation(template: nn.Module, splits: DataSplits, device: torch.device):
@@ -383,6 +396,7 @@ def warm_up(grid, config, template, outcome: ServerOutcome) -> WarmUp:
         min_clients=config["min-clients"],
         wait_timeout=config["timeout"],
         weight_bound=outcome.weight_bound,
+        robust=RobustScreen(config["outlier-factor"]),
     )
     result, seconds = _start(strategy, grid, template, config, k)
     outcome.results["warmup"] = result
@@ -406,6 +420,7 @@ def compare_cell(
     splits: DataSplits,
     device: torch.device,
     client_templates: Sequence[nn.Module] | None = None,
+    progress: Say | None = None,
 ) -> Comparison:
     """:func:`fedlmc.study.compare_methods` with the run config's settings: its ``methods``
     (FedAvg aside: it is a run of its own), ``lambdas``, ``seed``, ``diagnostics`` and the
@@ -423,6 +438,7 @@ def compare_cell(
         device=device,
         method_options=method_options(config),
         client_templates=client_templates,
+        progress=progress,
     )
 
 
@@ -437,14 +453,19 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
         strategy = PermutationAlignedAverage(template, method=MIXED_COLLECT, **kwargs)
     warm = warm_up(grid, config, template, outcome)
     one_shot = warm.one_shot_config(config)
-    result, seconds = _start(strategy, grid, template, one_shot, 1, initial=warm.state)
+    result, seconds = _start(
+        strategy, grid, template, one_shot, 1, initial=warm.state, progress=outcome.progress
+    )
     report = result.report
     outcome.results["compare"], outcome.reports["compare"] = result, report
     states = [u.state for u in report.survivors]
     weights = list(result.weights)
     start = time.perf_counter()
     own = None if outcome.client_templates is None else outcome.templates_of(report, template)
-    comparison = compare_cell(config, template, states, weights, splits, device, own)
+    methods = [m for m in method_list(config) if m != FEDAVG]
+    bases = list(dict.fromkeys(base_method(m) for m in methods if m not in REFERENCE_METHODS))
+    say = outcome.progress.merging(bases)
+    comparison = compare_cell(config, template, states, weights, splits, device, own, say)
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
     columns = warm.columns(round_columns(report, result_bytes(result), seconds, 1, config))
     outcome.rows.extend({**row, **columns} for row in comparison.rows)
@@ -475,7 +496,9 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     base = strategy.merge_method
     warm = warm_up(grid, config, template, outcome)
     one_shot = warm.one_shot_config(config)
-    result, seconds = _start(strategy, grid, template, one_shot, 1, initial=warm.state)
+    result, seconds = _start(
+        strategy, grid, template, one_shot, 1, initial=warm.state, progress=outcome.progress
+    )
     report = result.report
     outcome.results[base], outcome.reports[base] = result, report
     outcome.merged[base] = result.merged_state
@@ -507,7 +530,9 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
         robust=RobustScreen(config["outlier-factor"]),
     )
     evaluate = merged_test_evaluation(template, splits, device)
-    result, seconds = _start(strategy, grid, template, config, rounds, evaluate)
+    result, seconds = _start(
+        strategy, grid, template, config, rounds, evaluate, progress=outcome.progress
+    )
     last = result.reports[rounds]
     outcome.results[FEDAVG], outcome.reports[FEDAVG] = result, last
     merged = record_to_state(result.arrays)
@@ -558,16 +583,24 @@ def prepare_data(config: Mapping[str, Any]) -> DataSplits:
 
 
 def run_server(
-    grid: Grid, run_config: Mapping[str, Any], *, simulated: bool = False
+    grid: Grid,
+    run_config: Mapping[str, Any],
+    *,
+    simulated: bool = False,
+    say: Say | None = None,
 ) -> ServerOutcome:
     """Validate the run config, run the configured mode, add columns, write the outputs.
     ``simulated``: the clients are this project's simulated ClientApps, whose partition sizes
-    the server knows (the weight bound, :func:`weight_bound`)."""
+    the server knows (the weight bound, :func:`weight_bound`). ``say`` receives the stages
+    and, last, where the rows went (:mod:`fedlmc.simulations.progress`)."""
     config = validate_run_config(dict(run_config), check_devices=False)  # server-fraction > 0
     if config["out-dir"]:  # before any work: never overwrite a sweep's results.csv
         check_writable_folder(config["out-dir"], "out-dir")
         refuse_mixing(config["out-dir"], "run")
-    outcome = ServerOutcome(config=config)
+    outcome = ServerOutcome(config=config, progress=RunProgress(say))
+    note = cell_default_methods_note(config)
+    if note is not None:
+        outcome.progress(note)
     start = time.perf_counter()
     splits = prepare_data(config)
     outcome.timings["load_seconds"] = time.perf_counter() - start
@@ -578,8 +611,11 @@ def run_server(
     outcome.weight_bound = weight_bound(config, simulated)
     MODES[config["strategy"]](grid, config, splits, template, device, outcome)
     outcome.timings["server_seconds"] = time.perf_counter() - start
+    outcome.progress.finished(len(outcome.rows))
     if config["out-dir"]:
         write_outputs(outcome, config["out-dir"], device)
+    if say is not None:
+        say(rows_destination(config))
     for row in outcome.rows:
         log(
             INFO,
@@ -603,4 +639,4 @@ def main(grid: Grid, context: Context) -> None:
     beside a deployment's ServerApp; :mod:`fedlmc.simulations.threads`)."""
     config = validate_run_config(dict(context.run_config), check_devices=False)
     use_threads(server_threads(config["server-cpus"]))
-    run_server(grid, dict(context.run_config))
+    run_server(grid, dict(context.run_config), say=flower_say)

@@ -22,10 +22,12 @@ from fedlmc.simulations.slots import Broker, EngineStopped
 
 @dataclass
 class CellJob:
-    """One cell to run: ``key`` (e.g. the cell id) and its validated run config."""
+    """One cell to run: ``key`` (e.g. the cell id) and its validated run config; ``say``
+    receives its stages (:mod:`fedlmc.simulations.progress`; ``fedlmc run``), none in a sweep."""
 
     key: str
     config: dict[str, Any]
+    say: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -105,7 +107,7 @@ class SweepServer:
             try:
                 if self.on_start is not None:
                     self.on_start(job)
-                result.outcome = run_server(grid, job.config, simulated=True)
+                result.outcome = run_server(grid, job.config, simulated=True, say=job.say)
             except EngineStopped:
                 return
             except Exception as err:  # noqa: BLE001 - a failed cell is a result, the others go on

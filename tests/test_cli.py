@@ -29,11 +29,14 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
 
 
 def test_run_prints_one_row_per_method(tmp_path):
+    """Three clients: the rows, the stages on stderr, where the rows went (nowhere on disk:
+    no out-dir) and no column that has no value for the run (the barriers)."""
     csv = tmp_path / "rows.csv"
     done = run_cli(
         "run",
         "epochs=1",
         "width=0.125",
+        "num-clients=3",
         "lambdas=3",
         "diagnostics=false",
         "methods=average,average_t,ensemble",
@@ -46,6 +49,15 @@ def test_run_prints_one_row_per_method(tmp_path):
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["method", "accuracy"])
     methods = [line.split()[0] for line in lines[header + 1 : header + 4]]
     assert methods == ["average", "average_t", "ensemble"]
+    assert "loss_barrier_half" not in lines[header] and "lewc_cos_mean" not in lines[header]
+    left_out = "not shown: loss_barrier_half (no value in any row; applies to: two-client"
+    assert left_out in done.stdout
+    stages = [line for line in done.stderr.splitlines() if line.startswith("fedlmc run: [")]
+    assert "waiting for 3 clients to train (1 epoch(s) each)" in stages[0]
+    assert "3 client model(s) received" in stages[1]
+    assert "merge and evaluation 1/1: average" in stages[2]
+    assert "evaluation done: 3 row(s)" in stages[3]
+    assert "fedlmc run: out-dir is empty: the rows were not written to disk" in done.stderr
     import pandas as pd
 
     rows = pd.read_csv(csv)
@@ -131,3 +143,25 @@ def test_an_unreachable_ray_address_is_refused_at_once_and_keeps_the_results(tmp
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "no Ray cluster answers" in done.stderr
     assert time.monotonic() - start < 120  # refused at once, not after ray.init's retries
+
+
+def test_run_progress_numbers_merges_with_the_time_left_and_says_where_rows_went():
+    from fedlmc.simulations.progress import RunProgress, rows_destination
+
+    now = [0.0]
+    lines: list[str] = []
+    progress = RunProgress(lines.append, clock=lambda: now[0])
+    on_message = progress.merging(["average", "weight_matching", "merge_many"])
+    on_message("predicting client 1/2")  # not a merge: not told
+    for seconds, method in ((10.0, "average"), (20.0, "weight_matching"), (30.0, "merge_many")):
+        now[0] = seconds
+        on_message(f"merging: {method}")
+    assert lines == [
+        "[   10 s] merge and evaluation 1/3: average",
+        "[   20 s] merge and evaluation 2/3: weight_matching, about 20 s left",
+        "[   30 s] merge and evaluation 3/3: merge_many, about 10 s left",
+    ]
+    assert rows_destination({"out-dir": ""}).startswith("out-dir is empty: the rows were not")
+    assert rows_destination({"out-dir": "/tmp/run"}).startswith(
+        "rows written to /tmp/run/results.csv"
+    )

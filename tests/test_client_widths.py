@@ -22,9 +22,12 @@ from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import (
     ConfigError,
     canonical_run_config,
+    cell_default_methods_note,
     cell_id,
     client_widths,
+    default_methods,
     expand_grid,
+    method_list,
     mixed_widths,
     server_width,
     sweep_from_mapping,
@@ -50,7 +53,11 @@ TINY = {"dataset": "mnist5k", "model": "mlp", "depth": 2, "base-hidden": 16, "ep
         ({"client-widths": "0.5,1,2"}, "3 widths; allowed: one per client, num-clients = 2"),
         ({"client-widths": "0.5,2", "server-width": 1}, "server-width = 1: allowed: 0 (the"),
         ({"server-width": 0.5}, "at least the widest client's width 1"),
-        ({"client-widths": "0.5,2"}, "merge method 'average': needs clients of one width"),
+        (  # an explicit list is checked as given (the default follows the cell: below)
+            {"client-widths": "0.5,2", "methods": "average,ensemble"},
+            "merge method 'average': needs clients of one width (client widths 0.5,2, server "
+            "width 2); allowed for mixed widths: embed_average, embed_weight_matching",
+        ),
         (
             {"client-widths": "0.5,2", "strategy": "average"},
             "strategy = 'average': needs clients of one width",
@@ -69,6 +76,33 @@ def test_width_keys_are_refused_with_one_line_naming_the_value(values, words):
     with pytest.raises(ConfigError) as found:
         validate_run_config(values, check_devices=False)
     assert words in str(found.value) and "\n" not in str(found.value)
+
+
+def test_default_methods_follow_the_cell_and_the_note_says_so():
+    """``methods`` left at its default: a mixed-width cell gets the mixed-width counterparts
+    of the default methods (issue 30: ``client-widths=0.5,4 width=4`` was refused)."""
+    mixed = validate_run_config({"client-widths": "0.5,4", "width": 4}, check_devices=False)
+    assert method_list(mixed) == [
+        "embed_average",
+        "embed_average_t",
+        "embed_weight_matching",
+        "embed_weight_matching_t",
+        "ensemble",
+    ]
+    note = cell_default_methods_note(mixed)
+    assert note.startswith("methods = embed_average,embed_average_t,")
+    assert "mixed-width counterparts of the default average,average_t," in note
+    assert "client widths 0.5,4, server width 4" in note
+    # a one-width cell keeps the default and gets no note; so does an explicit mixed list
+    plain = validate_run_config({"width": 4}, check_devices=False)
+    assert plain["methods"] == default_methods() and cell_default_methods_note(plain) is None
+    chosen = {"client-widths": "0.5,4", "methods": "heterofl,ensemble"}
+    assert cell_default_methods_note(validate_run_config(chosen, check_devices=False)) is None
+    # in a sweep, each cell of a grid over the width mix gets its own defaults
+    sweep = sweep_from_mapping(
+        {"name": "mix", "grid": {"client-widths": ["", "0.5,4"]}}, check_devices=False
+    )
+    assert [c["methods"] for c in expand_grid(sweep)] == [default_methods(), mixed["methods"]]
 
 
 def test_widths_resolve_to_one_cell_per_experiment():

@@ -236,6 +236,10 @@ def test_the_pages_run_one_shot_average_with_federated_calibration(deployment, t
     args = with_test_run_config(deployment["page"].run, out)
     run = run_flwr(deployment, [str(BIN / args[0]), *args[1:]])
     rows = check_run(run, out, ["average", "average_t"])
+    # the ServerApp logs its stages and where the rows went (issue 30)
+    log = run.stdout + run.stderr
+    assert "fedlmc: [" in log and "client model(s) received" in log
+    assert f"fedlmc: rows written to {out / 'results.csv'}" in log
     temperature = rows.loc[rows.method == "average_t", "temperature"].item()
     assert 0 < temperature < 1000 and temperature != 1.0
     assert (out / "merged-average.safetensors").exists()

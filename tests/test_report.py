@@ -33,11 +33,11 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
     paths = build_report(out)
     names = {p.name for p in paths}
     # width varies, there are _t methods, two clients give barriers and lambda paths,
-    # diagnostics give LEWC per layer; alpha and num-clients do not vary: no such figures
+    # diagnostics give LEWC per layer; alpha and num-clients do not vary: no such figures;
+    # two clients of equal weight: the merge gap is the barrier at 1/2, drawn once
     assert names == {
         "accuracy_vs_width.png",
         "barrier_vs_width.png",
-        "merge_gap_vs_width.png",
         "temperature_vs_width.png",
         "lewc_layers.png",
         "lewc_vs_llfc.png",
@@ -59,12 +59,14 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
     # every LEWC number says which weights it measures
     scope = text.split("## What the LEWC and LLFC columns measure")[1].split("##")[0]
     assert "| average | combined weights (the evaluated merge) | defined |" in scope
-    # the paper's Table 1: barriers at lambda = 1/2, accuracy in points, per width
+    assert "merge_gap_vs_width is not drawn: on every row the merge gap equals" in text
+    # the paper's Table 1: barriers at lambda = 1/2, per width, accuracy as a fraction (one
+    # unit per quantity: the per-method tables show the same barrier)
     first = text.split("the paper's Table 1 layout")[1].split("##")[0]
-    assert (
-        "| width | no permutation: accuracy barrier (points) | no permutation: loss barrier |"
-        in first
-    )
+    assert "| width | no permutation: accuracy barrier | no permutation: loss barrier |" in first
+    accuracy = frame[frame["method"] == "average"].groupby("width")["accuracy_barrier_half"]
+    for width, value in accuracy.mean().items():
+        assert f"| {width:g} | {value:.4f} | " in first
     plain = frame[frame["method"] == "average"].groupby("width")["loss_barrier_half"].mean()
     for width, value in plain.items():
         assert f"| {width:g} | " in first and f" {value:.4f} |" in first
@@ -98,7 +100,6 @@ def test_report_draws_only_what_exists(tmp_path, sweep_dir):
     assert names == {
         "accuracy_vs_width.png",
         "barrier_vs_width.png",
-        "merge_gap_vs_width.png",
         "temperature_vs_width.png",
         "report.md",
     }
@@ -170,6 +171,116 @@ def test_n_client_figures_are_drawn_from_their_columns(tmp_path):
         assert imread(paths[name]).std() > 0
     text = report_markdown(frame, {}, list(paths.values()), tmp_path, settings)
     assert "## Barrier at 1/2 on the path client -> merge, calibrated, worst client" in text
+
+
+def paired_rows(gap_shift: float) -> pd.DataFrame:
+    """Two-client rows of two methods at two widths and two bias values; without biases
+    ``average_lewc_bias_t`` equals ``average`` (as by definition), the merge gaps equal the
+    barriers at 1/2 plus ``gap_shift``."""
+    rows = []
+    for bias in (False, True):
+        for width in (1.0, 2.0):
+            for method in ("average", "average_lewc_bias_t"):
+                shift = 0.1 if bias and method != "average" else 0.0
+                barrier = 0.5 / width + shift
+                rows.append(
+                    {
+                        "cell_id": f"{bias}{width}",
+                        "status": "ok",
+                        "method": method,
+                        "dataset": "mnist5k",
+                        "model": "mlp",
+                        "num-clients": 2,
+                        "epochs": 3,
+                        "width": width,
+                        "bias": bias,
+                        "seed": 0,
+                        "accuracy": 0.9 - barrier,
+                        "nll": 0.3 + barrier,
+                        "loss_barrier_half": barrier,
+                        "merge_gap_loss": barrier + gap_shift,
+                        "accuracy_barrier_half": barrier / 2,
+                        "merge_gap_accuracy": barrier / 2 + gap_shift,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def test_a_figure_or_table_that_would_repeat_another_is_left_out_and_said_so(tmp_path):
+    from fedlmc.simulations.report import draw_figures, report_markdown
+
+    settings = {"dpi": 60, "error-bars": "std", "title": ""}
+    same = paired_rows(gap_shift=0.0)
+    names = {p.name for p in draw_figures(same, tmp_path, settings)}
+    assert "barrier_vs_width.png" in names and "merge_gap_vs_width.png" not in names
+    text = report_markdown(same, {}, [tmp_path / n for n in names], tmp_path, settings)
+    assert "merge_gap_vs_width is not drawn" in text
+    notes = [line for line in text.splitlines() if " equals " in line and "every cell" in line]
+    assert notes == [
+        "average_lewc_bias_t equals average on every cell where bias=False (same accuracy and "
+        "NLL: the figures draw them once)."
+    ]
+    barrier = text.split("## Loss barrier at lambda = 1/2 (signed), raw logits")[1]
+    assert barrier.split("##")[0].strip().startswith('Equal to "Merge gap, loss')
+    assert "| average (bias=False) |" not in barrier.split("##")[0]
+    # gaps that differ from the barriers (unequal weights, three clients): both, and the
+    # stale figure of the earlier report is gone
+    stale = tmp_path / "merge_gap_vs_width.png"
+    stale.write_bytes(b"old")
+    differ = paired_rows(gap_shift=0.05)
+    names = {p.name for p in draw_figures(differ, tmp_path, settings)}
+    assert {"barrier_vs_width.png", "merge_gap_vs_width.png"} <= names
+    assert stale.read_bytes() != b"old"
+    text = report_markdown(differ, {}, [], tmp_path, settings)
+    assert "Equal to" not in text and "is not drawn" not in text
+    draw_figures(same, tmp_path, settings)
+    assert not stale.exists()
+
+
+def test_figures_are_titled_coinciding_methods_drawn_once_and_styles_in_the_legend():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from fedlmc.simulations.figures import (
+        coinciding,
+        coinciding_label,
+        figure_title,
+        panel_grid,
+        save,
+        style_legend,
+    )
+    from fedlmc.simulations.report_data import aggregate, run_title
+
+    rows = paired_rows(gap_shift=0.0)
+    assert run_title(rows) == "mnist5k, mlp, 2 clients, 3 epochs"
+    assert run_title(rows.assign(partition="iid")) == (
+        "mnist5k, mlp, 2 clients, partition iid, 3 epochs"
+    )
+    assert (
+        run_title(rows.assign(**{"num-clients": [2, 4] * 4}))
+        == "mnist5k, mlp, 2-4 clients, 3 epochs"
+    )
+    for bias, expected in ((False, [["average", "average_lewc_bias_t"]]), (True, None)):
+        part = rows[rows["bias"] == bias]
+        tables = {
+            m: [aggregate(part[part["method"] == m], ["width"], "accuracy", "std")]
+            for m in ("average", "average_lewc_bias_t")
+        }
+        groups = list(coinciding(tables).values())
+        assert groups == (expected or [["average"], ["average_lewc_bias_t"]])
+    assert coinciding_label(["average", "average_lewc_bias_t"]) == (
+        "average = average_lewc_bias_t (identical here)"
+    )
+    fig, axes = panel_grid(2, sharey=True)
+    axes[0, 0].plot([1, 2], [0, 1], label="average")
+    axes[0, 1].plot([1, 2], [5, 6])
+    assert axes[0, 0].get_ylim() == axes[0, 1].get_ylim()  # one y axis for one quantity
+    style_legend(axes[0, 0], [("-", "raw logits"), ("--", "fitted temperature")])
+    legend = [t.get_text() for t in axes[0, 0].get_legend().get_texts()]
+    assert legend == ["average", "raw logits", "fitted temperature"]
+    with figure_title("quick - mnist5k, mlp, 2 clients"):
+        save(fig, Path(matplotlib.get_cachedir()) / "t.png", 40)
+    assert fig._suptitle.get_text() == "quick - mnist5k, mlp, 2 clients"
 
 
 def test_report_shows_auto_choices_temperature_gaps_and_communication(tmp_path):
@@ -261,6 +372,41 @@ def test_convergence_rules_on_hand_built_curves():
     assert not still_falling([1.0, 1.0, 1.0, 0.96])  # 4 %: below the 5 % threshold
     assert math.isnan(last_epochs_drop([1.0, 0.5]))  # two epochs: undefined, never flagged
     assert settled_epoch([1.0, 0.999, 0.5, 0.4999]) == 3.0  # a late jump resets it
+
+
+def convergence_text(tmp_path, curves: pd.DataFrame) -> str:
+    from fedlmc.simulations.report import report_markdown
+
+    cells = curves.drop_duplicates("cell_id")
+    rows = cells[["cell_id", "width", "seed"]].assign(status="ok", method="average", accuracy=0.8)
+    settings = {"dpi": 60, "error-bars": "std", "title": ""}
+    text = report_markdown(rows, {}, [], tmp_path, settings, curves)
+    return text.split("## Convergence of the clients' training")[1].split("## ")[0]
+
+
+def test_convergence_verdict_only_where_the_rule_is_defined(tmp_path):
+    """A 2-epoch run (the issue's: never settled, losses 1.08 to 1.46) cannot be judged by a
+    rule over the last 2 epochs: no 'had converged' verdict, the reason instead."""
+    two_epochs = pd.DataFrame(
+        curve_rows("aaaaaaaaaaaa", 1.0, 0, {0: [2.3, 1.46], 1: [2.2, 1.08]})
+        + curve_rows("bbbbbbbbbbbb", 1.0, 1, {0: [2.1, 1.3], 1: [2.4, 1.2]})
+    )
+    section = convergence_text(tmp_path, two_epochs)
+    assert "Every client had converged" not in section
+    assert "Cannot tell whether every client had converged: 4 of 4 curves" in section
+    assert "needs at least 3 epochs, the run had 2" in section
+    assert "| 0 / 4, cannot tell for 4 |" in section
+    # three flat epochs: the rule is defined and true, so the verdict is stated
+    flat = pd.DataFrame(curve_rows("aaaaaaaaaaaa", 1.0, 0, {0: [1.0, 0.99, 0.99]}))
+    section = convergence_text(tmp_path, flat)
+    assert "Every client had converged by this rule." in section and "Cannot tell" not in section
+    # a run with one falling client is flagged whatever the unjudged curves are
+    mixed = pd.DataFrame(
+        curve_rows("aaaaaaaaaaaa", 1.0, 0, {0: [2.0, 1.5, 1.2, 1.0], 1: [1.0, float("nan")]})
+    )
+    section = convergence_text(tmp_path, mixed)
+    assert "| aaaaaaaaaaaa | 1 | 0 (33.3%) |" in section and "Every client had" not in section
+    assert "cannot judge 1 other curve" in section
 
 
 def test_convergence_section_flags_a_falling_client_and_the_curves_are_drawn(tmp_path):

@@ -12,7 +12,9 @@ For one client's curve :math:`L_1, \dots, L_E` (mean training loss of each epoch
   last :data:`FALLING_EPOCHS` (2) epochs, :math:`d = (L_{E-2} - L_E) / L_{E-2}`; the client has
   *not converged* when :math:`d >` :data:`FALLING_THRESHOLD` (5 %), i.e. the loss was still
   falling by more than about 2.5 % per epoch at the end. :math:`d` is NaN (not flagged) for
-  curves of at most 2 epochs.
+  curves of at most 2 epochs: the rule is defined (:func:`judged`) only for curves of at least
+  :data:`MIN_JUDGED_EPOCHS` (3) epochs with finite, positive losses, and a curve it cannot
+  judge is neither converged nor not converged.
 
 Relative changes are undefined where a loss is 0 or not finite (NaN, never flagged). A
 relative rule reads a curve that ends near zero loss strictly (0.02 -> 0.018 is a 10 % drop):
@@ -35,6 +37,8 @@ FALLING_EPOCHS = 2
 FALLING_THRESHOLD = 0.05
 """Relative drop over the last :data:`FALLING_EPOCHS` epochs above which a client has not
 converged (5 %)."""
+MIN_JUDGED_EPOCHS = FALLING_EPOCHS + 1
+"""Fewest epochs for which :func:`still_falling` is defined (3)."""
 
 
 def relative_changes(losses: Sequence[float]) -> np.ndarray:
@@ -80,10 +84,17 @@ def still_falling(losses: Sequence[float], threshold: float = FALLING_THRESHOLD)
     return bool(math.isfinite(drop) and drop > threshold)
 
 
+def judged(losses: Sequence[float]) -> bool:
+    """Whether the still-falling rule is defined for the curve (:func:`last_epochs_drop` is
+    finite): at least :data:`MIN_JUDGED_EPOCHS` epochs, a finite positive start and end."""
+    return math.isfinite(last_epochs_drop(losses))
+
+
 def curve_summary(curves: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     """One row per curve (``by`` identifies it, e.g. ``cell_id`` and ``client``; rows ordered by
     ``step`` within it): ``epochs``, ``final_train_loss``, ``settled_epoch``,
-    ``last_epochs_drop`` and ``not_converged`` (:func:`still_falling`)."""
+    ``last_epochs_drop``, ``judged`` (:func:`judged`: the rule is defined for it) and
+    ``not_converged`` (:func:`still_falling`)."""
     rows = []
     for key, curve in curves.sort_values("step").groupby(list(by), sort=True, dropna=False):
         losses = pd.to_numeric(curve["train_loss"], errors="coerce").tolist()
@@ -95,8 +106,9 @@ def curve_summary(curves: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
                 "final_train_loss": losses[-1] if losses else math.nan,
                 "settled_epoch": settled_epoch(losses),
                 "last_epochs_drop": last_epochs_drop(losses),
+                "judged": judged(losses),
                 "not_converged": still_falling(losses),
             }
         )
-    columns = [*by, "epochs", "final_train_loss", "settled_epoch", "last_epochs_drop"]
+    columns = [*by, "epochs", "final_train_loss", "settled_epoch", "last_epochs_drop", "judged"]
     return pd.DataFrame(rows, columns=[*columns, "not_converged"])

@@ -31,6 +31,9 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   embeds every client into the shapes of ``template``, the *server* model (at least as wide as
   every client), so its merge and its aligned clients have the server's shapes. Every other
   method refuses clients whose state dicts differ in shape, before any work;
+- ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
+  a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
+  ``average``);
 - ``columns``: the results columns only this method fills (:class:`fedlmc.columns.Column`,
   from its ``Alignment.info``; NaN or empty on the other rows). They join the results schema
   (:func:`fedlmc.study.rows.row_columns`), the docs' columns table and, with a ``report_table``, the
@@ -174,6 +177,7 @@ class MergeMethod:
     plain_chain_only: bool = False
     columns: tuple[Column, ...] = ()
     mixed_widths: bool = False
+    counterpart_of: str = ""
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
@@ -203,6 +207,7 @@ def register_method(
     plain_chain_only: bool = False,
     columns: Sequence[Column] = (),
     mixed_widths: bool = False,
+    counterpart_of: str = "",
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -228,6 +233,7 @@ def register_method(
             plain_chain_only,
             tuple(columns),
             mixed_widths,
+            counterpart_of,
         )
         METHODS.add(name, entry, replace=replace)
         return align
@@ -270,6 +276,18 @@ def base_method(method: str) -> str:
     if isinstance(method, str) and method.endswith(CALIBRATED_SUFFIX):
         return method[: -len(CALIBRATED_SUFFIX)]
     return method
+
+
+def mixed_width_row(method: str) -> str | None:
+    """The row that stands for ``method`` in a run of clients of different widths: itself for a
+    reference method or a ``mixed_widths`` merge; the mixed-width method registered
+    ``counterpart_of`` its merge, with its ``_t`` kept (``"average_t"`` ->
+    ``"embed_average_t"``); ``None`` when there is none."""
+    base = base_method(method)
+    if base not in METHODS or METHODS.get(base).mixed_widths:
+        return method
+    twin = next((m.name for m in METHODS if m.mixed_widths and m.counterpart_of == base), None)
+    return None if twin is None else twin + method[len(base) :]
 
 
 def study_methods() -> tuple[str, ...]:
@@ -681,6 +699,7 @@ def automatic_choice(job: MergeJob) -> Alignment:
     description="mixed widths: every client embedded at the first units of the server width "
     "(HeteroFL's nesting), then the plain weighted average",
     mixed_widths=True,
+    counterpart_of="average",
 )
 def embed_first_slots(job: MergeJob) -> Alignment:
     """Every client embedded into the server shapes at its first units
@@ -696,6 +715,7 @@ def embed_first_slots(job: MergeJob) -> Alignment:
     "other client weight-matched onto its units (rectangular assignments), then average",
     mixed_widths=True,
     columns=ALIGNMENT_COLUMNS,
+    counterpart_of="weight_matching",
 )
 def embed_matched_slots(job: MergeJob) -> Alignment:
     """Every client embedded at the slots that weight-match it onto the widest client
