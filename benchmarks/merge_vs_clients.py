@@ -1,0 +1,197 @@
+r"""Benchmark: the server's merge and evaluation time against the number of clients N.
+
+For each N (default 2, 4, 8, 16, 32, 64) the embedded MNIST pool (3,600 digits) is split IID
+among N clients; each trains its own independently initialised bias-free 3-hidden-layer MLP
+(hidden ``128 * width``, default width 0.25: 32 units) for ``--epochs`` epochs, so the total
+training work is the same at every N. The server's side is then timed exactly as a sweep cell
+runs it: ``fedlmc.study.compare_methods`` on ``average_t``, ``weight_matching_t`` and
+``merge_many_t`` (plus the ``ensemble`` reference) with diagnostics on (``--lambdas`` points on
+every path), split into its stages by the progress messages it emits:
+
+- ``predict_clients``: every client's logits on the test and server splits (the endpoints and
+  the ensembles): N forward passes, linear in N by necessity;
+- ``merge`` (per method): the alignment and averaging, then the merged model's evaluation;
+- ``client_paths`` (per method, N > 2): the barriers on the clients' paths to the merge;
+- ``pairwise`` (per method, 3 <= N <= ``PAIRWISE_MAX_CLIENTS``): inside ``client_paths``;
+- ``diagnostics`` (per method): LEWC/LLFC per layer, orthogonality, ReLU additivity.
+
+Growth: a least-squares fit of :math:`\log t = a + k \log N` over the N values (``exponent``
+k: 1 is linear). The merge must read every client, so linear growth is the floor for
+``predict_clients`` and every merge; ``weight_matching`` solves N - 1 assignments per layer and
+``merge_many`` N per pass.
+
+    python benchmarks/merge_vs_clients.py                       # N = 2..64, width 0.25
+    python benchmarks/merge_vs_clients.py --clients 2 4 --epochs 1 --out /tmp/m.json   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from fedlmc.analysis.paths import CLIENT_PATHS_MAX_CLIENTS
+from fedlmc.data.loading import load_dataset, partition
+from fedlmc.models.classifiers import build_model
+from fedlmc.study.compare import PAIRWISE_MAX_CLIENTS, compare_methods
+from fedlmc.train import train_model
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "merge_vs_clients.json"
+METHODS = ["average_t", "weight_matching_t", "merge_many_t", "ensemble"]
+TIMED = ["average", "weight_matching", "merge_many"]
+STAGE_OF_MESSAGE = {
+    "predicting client": "predict_clients",
+    "merging": "merge",
+    "client barriers": "client_paths",
+    "diagnostics": "diagnostics",
+}
+
+
+def train_clients(count: int, width: float, epochs: int, seed: int, splits) -> list[dict]:
+    """``count`` IID clients of the fixed pool, each its own seeded initialisation."""
+    states = []
+    for i, data in enumerate(partition(splits.train, count, "iid", seed=seed)):
+        torch.manual_seed(1000 * seed + i)
+        model = build_model("mlp", width=width, bias=False)
+        train_model(model, data, epochs=epochs, lr=0.05, weight_decay=3e-3, batch_size=32, seed=i)
+        states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    return states
+
+
+class StageClock:
+    """Seconds per stage, from the one-line progress messages of ``compare_methods``: each
+    message starts a stage that lasts until the next message (or :meth:`stop`)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._stage: str | None = None
+        self._since = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        self.stop()
+        head, _, method = message.partition(": ")
+        stage = next((s for m, s in STAGE_OF_MESSAGE.items() if head.startswith(m)), head)
+        self._stage = f"{stage}:{method}" if method else stage
+
+    def stop(self) -> None:
+        now = time.perf_counter()
+        if self._stage is not None:
+            self.seconds[self._stage] += now - self._since
+        self._stage, self._since = None, now
+
+
+def measure(count: int, width: float, epochs: int, lambdas: int, seed: int, splits) -> dict:
+    start = time.perf_counter()
+    states = train_clients(count, width, epochs, seed, splits)
+    train_seconds = time.perf_counter() - start
+    clock = StageClock()
+    start = time.perf_counter()
+    rows = compare_methods(
+        build_model("mlp", width=width, bias=False),
+        states,
+        None,
+        splits,
+        METHODS,
+        lambdas=lambdas,
+        seed=seed,
+        diagnostics=True,
+        progress=clock,
+    ).rows
+    clock.stop()
+    total = time.perf_counter() - start
+    by = {r["method"]: r for r in rows}
+    return {
+        "clients": count,
+        "train_seconds": train_seconds,
+        "server_seconds": total,
+        "stages": dict(clock.seconds),
+        "merge_seconds": {m: by[f"{m}_t"]["merge_seconds"] for m in TIMED},
+        "accuracy": {m: by[m]["accuracy"] for m in METHODS},
+        "endpoint_acc_mean": by["ensemble"]["endpoint_acc_mean"],
+    }
+
+
+def exponent(counts: list[int], seconds: list[float]) -> float:
+    r"""Least-squares slope :math:`k` of :math:`\log t` on :math:`\log N` (NaN for fewer than two
+    points or a non-positive time)."""
+    if len(counts) < 2 or min(seconds) <= 0:
+        return float("nan")
+    xs = [math.log(n) for n in counts]
+    ys = [math.log(t) for t in seconds]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den
+
+
+def growth(results: list[dict]) -> dict[str, dict]:
+    """Per timed quantity: seconds at every N and the fitted exponent."""
+    counts = [r["clients"] for r in results]
+    series = {"server_total": [r["server_seconds"] for r in results]}
+    for stage in sorted({s for r in results for s in r["stages"]}):
+        series[stage] = [r["stages"].get(stage, 0.0) for r in results]
+    for method in TIMED:
+        series[f"merge_seconds:{method}"] = [r["merge_seconds"][method] for r in results]
+    out = {}
+    for name, values in series.items():
+        kept = [(n, t) for n, t in zip(counts, values, strict=True) if t > 0]
+        out[name] = {
+            "seconds": values,
+            "exponent": exponent([n for n, _ in kept], [t for _, t in kept]),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
+    parser.add_argument("--width", type=float, default=0.25)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--lambdas", type=int, default=11)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--note", default="", help="free text stored with the results")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    splits = load_dataset("mnist5k")
+    results = []
+    print(" N   train s  server s  predict s  avg s  wm s   mm s  paths s  endpoints  avg_t  mm_t")
+    for count in args.clients:
+        found = measure(count, args.width, args.epochs, args.lambdas, args.seed, splits)
+        results.append(found)
+        st, ms, acc = found["stages"], found["merge_seconds"], found["accuracy"]
+        paths = sum(v for k, v in st.items() if k.startswith("client_paths"))
+        print(
+            f"{count:2d}  {found['train_seconds']:7.1f}  {found['server_seconds']:8.1f}  "
+            f"{st.get('predict_clients', 0.0):9.2f}  {ms['average']:5.2f}  "
+            f"{ms['weight_matching']:5.2f}  {ms['merge_many']:5.2f}  {paths:7.2f}  "
+            f"{found['endpoint_acc_mean']:9.3f}  {acc['average_t']:.3f}  {acc['merge_many_t']:.3f}"
+        )
+    fitted = growth(results)
+    print("growth exponents (t ~ N^k):")
+    for name, entry in fitted.items():
+        print(f"  {name:36s} k = {entry['exponent']:.2f}")
+    summary = {
+        "width": args.width,
+        "hidden": round(128 * args.width),
+        "epochs": args.epochs,
+        "lambdas": args.lambdas,
+        "seed": args.seed,
+        "pairwise_max_clients": PAIRWISE_MAX_CLIENTS,
+        "client_paths_max_clients": CLIENT_PATHS_MAX_CLIENTS,
+        "machine": f"{platform.machine()} ({torch.get_num_threads()} threads)",
+        "note": args.note,
+        "results": results,
+        "growth": fitted,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"written: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
