@@ -15,10 +15,11 @@ every path), split into its stages by the progress messages it emits:
 - ``pairwise`` (per method, 3 <= N <= ``PAIRWISE_MAX_CLIENTS``): inside ``client_paths``;
 - ``diagnostics`` (per method): LEWC/LLFC per layer, orthogonality, ReLU additivity.
 
-Growth: a least-squares fit of :math:`\log t = a + k \log N` over the N values (``exponent``
-k: 1 is linear). The merge must read every client, so linear growth is the floor for
-``predict_clients`` and every merge; ``weight_matching`` solves N - 1 assignments per layer and
-``merge_many`` N per pass.
+Times: CPU seconds of this process (every thread), which measure the work whatever else loads
+the machine, and wall seconds. Growth: a least-squares fit of :math:`\log t = a + k \log N`
+over the N values (``exponent`` k: 1 is linear). The merge must read every client, so linear
+growth is the floor for ``predict_clients`` and every merge; ``weight_matching`` solves N - 1
+assignments per layer and ``merge_many`` N per pass (times the passes it needs).
 
     python benchmarks/merge_vs_clients.py                       # N = 2..64, width 0.25
     python benchmarks/merge_vs_clients.py --clients 2 4 --epochs 1 --out /tmp/m.json   # quick
@@ -65,13 +66,16 @@ def train_clients(count: int, width: float, epochs: int, seed: int, splits) -> l
 
 
 class StageClock:
-    """Seconds per stage, from the one-line progress messages of ``compare_methods``: each
-    message starts a stage that lasts until the next message (or :meth:`stop`)."""
+    """Wall and CPU seconds per stage, from the one-line progress messages of
+    ``compare_methods``: each message starts a stage that lasts until the next message (or
+    :meth:`stop`). CPU seconds (this process, every thread) measure the work done whatever else
+    loads the machine; wall seconds what a user waits."""
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
+        self.wall: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
         self._stage: str | None = None
-        self._since = time.perf_counter()
+        self._since = (time.perf_counter(), time.process_time())
 
     def __call__(self, message: str) -> None:
         self.stop()
@@ -80,10 +84,20 @@ class StageClock:
         self._stage = f"{stage}:{method}" if method else stage
 
     def stop(self) -> None:
-        now = time.perf_counter()
+        now = (time.perf_counter(), time.process_time())
         if self._stage is not None:
-            self.seconds[self._stage] += now - self._since
+            self.wall[self._stage] += now[0] - self._since[0]
+            self.cpu[self._stage] += now[1] - self._since[1]
         self._stage, self._since = None, now
+
+
+def warm_up_solver() -> None:
+    """Load the compiled assignment solver before any timing (its first call compiles)."""
+    from fedlmc.permutation import permutation_spec
+    from fedlmc.permutation.matching import weight_matching
+
+    tiny = [build_model("mlp", width=0.125, depth=1).state_dict() for _ in range(2)]
+    weight_matching(permutation_spec(build_model("mlp", width=0.125, depth=1)), *tiny)
 
 
 def measure(count: int, width: float, epochs: int, lambdas: int, seed: int, splits) -> dict:
@@ -91,7 +105,7 @@ def measure(count: int, width: float, epochs: int, lambdas: int, seed: int, spli
     states = train_clients(count, width, epochs, seed, splits)
     train_seconds = time.perf_counter() - start
     clock = StageClock()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     rows = compare_methods(
         build_model("mlp", width=width, bias=False),
         states,
@@ -104,13 +118,15 @@ def measure(count: int, width: float, epochs: int, lambdas: int, seed: int, spli
         progress=clock,
     ).rows
     clock.stop()
-    total = time.perf_counter() - start
+    total, cpu_total = time.perf_counter() - start, time.process_time() - cpu_start
     by = {r["method"]: r for r in rows}
     return {
         "clients": count,
         "train_seconds": train_seconds,
         "server_seconds": total,
-        "stages": dict(clock.seconds),
+        "server_cpu_seconds": cpu_total,
+        "stages": dict(clock.wall),
+        "stages_cpu": dict(clock.cpu),
         "merge_seconds": {m: by[f"{m}_t"]["merge_seconds"] for m in TIMED},
         "accuracy": {m: by[m]["accuracy"] for m in METHODS},
         "endpoint_acc_mean": by["ensemble"]["endpoint_acc_mean"],
@@ -129,14 +145,18 @@ def exponent(counts: list[int], seconds: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den
 
 
-def growth(results: list[dict]) -> dict[str, dict]:
-    """Per timed quantity: seconds at every N and the fitted exponent."""
+def growth(results: list[dict], cpu: bool) -> dict[str, dict]:
+    """Per timed quantity (CPU seconds, or wall seconds): seconds at every N and the fitted
+    exponent (over the N where the quantity was measured)."""
     counts = [r["clients"] for r in results]
-    series = {"server_total": [r["server_seconds"] for r in results]}
-    for stage in sorted({s for r in results for s in r["stages"]}):
-        series[stage] = [r["stages"].get(stage, 0.0) for r in results]
-    for method in TIMED:
-        series[f"merge_seconds:{method}"] = [r["merge_seconds"][method] for r in results]
+    stages = "stages_cpu" if cpu else "stages"
+    total = "server_cpu_seconds" if cpu else "server_seconds"
+    series = {"server_total": [r[total] for r in results]}
+    for stage in sorted({s for r in results for s in r[stages]}):
+        series[stage] = [r[stages].get(stage, 0.0) for r in results]
+    if not cpu:
+        for method in TIMED:
+            series[f"merge_seconds:{method}"] = [r["merge_seconds"][method] for r in results]
     out = {}
     for name, values in series.items():
         kept = [(n, t) for n, t in zip(counts, values, strict=True) if t > 0]
@@ -158,21 +178,26 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     splits = load_dataset("mnist5k")
+    warm_up_solver()
     results = []
-    print(" N   train s  server s  predict s  avg s  wm s   mm s  paths s  endpoints  avg_t  mm_t")
+    print(
+        " N  train s  server s  server cpu s  predict cpu s  avg cpu s  wm cpu s  mm cpu s  "
+        "paths cpu s  endpoints  avg_t  mm_t"
+    )
     for count in args.clients:
         found = measure(count, args.width, args.epochs, args.lambdas, args.seed, splits)
         results.append(found)
-        st, ms, acc = found["stages"], found["merge_seconds"], found["accuracy"]
-        paths = sum(v for k, v in st.items() if k.startswith("client_paths"))
+        cpu, acc = found["stages_cpu"], found["accuracy"]
+        paths = sum(v for k, v in cpu.items() if k.startswith("client_paths"))
         print(
             f"{count:2d}  {found['train_seconds']:7.1f}  {found['server_seconds']:8.1f}  "
-            f"{st.get('predict_clients', 0.0):9.2f}  {ms['average']:5.2f}  "
-            f"{ms['weight_matching']:5.2f}  {ms['merge_many']:5.2f}  {paths:7.2f}  "
+            f"{found['server_cpu_seconds']:12.1f}  {cpu.get('predict_clients', 0.0):13.2f}  "
+            f"{cpu.get('merge:average', 0.0):9.2f}  {cpu.get('merge:weight_matching', 0.0):8.2f}  "
+            f"{cpu.get('merge:merge_many', 0.0):8.2f}  {paths:11.2f}  "
             f"{found['endpoint_acc_mean']:9.3f}  {acc['average_t']:.3f}  {acc['merge_many_t']:.3f}"
         )
-    fitted = growth(results)
-    print("growth exponents (t ~ N^k):")
+    fitted = growth(results, cpu=True)
+    print("growth exponents of CPU seconds (t ~ N^k):")
     for name, entry in fitted.items():
         print(f"  {name:36s} k = {entry['exponent']:.2f}")
     summary = {
@@ -186,7 +211,8 @@ def main() -> None:
         "machine": f"{platform.machine()} ({torch.get_num_threads()} threads)",
         "note": args.note,
         "results": results,
-        "growth": fitted,
+        "growth_cpu": fitted,
+        "growth_wall": growth(results, cpu=False),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
