@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -19,15 +19,23 @@ PARTITION_RECORD = "partition"  # ConfigRecord a cell adds to each message it se
 
 
 class CellGrid(Grid):
-    """What one cell's ServerApp sees of the shared Grid (see the module docstring)."""
+    """What one cell's ServerApp sees of the shared Grid (see the module docstring);
+    ``on_reply(count)`` (optional) hears of every batch of client replies the cell takes, as
+    they arrive (the sweep's progress bar counts them)."""
 
     def __init__(
-        self, broker: Broker, num_clients: int, priority: int, exclusive: bool = False
+        self,
+        broker: Broker,
+        num_clients: int,
+        priority: int,
+        exclusive: bool = False,
+        on_reply: Callable[[int], None] | None = None,
     ) -> None:
         self.broker = broker
         self.num_clients = int(num_clients)
         self.priority = int(priority)
         self.exclusive = bool(exclusive)
+        self.on_reply = on_reply
         self._mine: set[str] = set()
 
     def set_run(self, run: Any) -> None:  # the shared Grid's run is already set
@@ -81,6 +89,8 @@ class CellGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
         replies = self.broker.take(message_ids)
         self._mine.difference_update(r.metadata.reply_to_message_id for r in replies)
+        if replies and self.on_reply is not None:
+            self.on_reply(len(replies))
         return replies
 
     def send_and_receive(
