@@ -158,8 +158,8 @@ def run_cells(
     """Run every job in one Flower simulation per client-resource setting (usually one).
 
     ``on_done`` receives each finished cell (errors included) as it finishes; a failure of
-    ``on_done`` stops the engine and is re-raised. ``on_reply(job, count)`` hears of every
-    batch of client replies a cell takes (progress inside a cell of many clients). Raises
+    ``on_done`` stops the engine and is re-raised. ``on_reply(job, count)`` hears of the
+    client replies to a cell as they arrive (progress inside a cell of many clients). Raises
     :class:`ClusterError` for an unreachable ``ray_address`` or resources no node can host, and
     :class:`EngineError` when the simulation ends with cells unfinished (they reported
     nothing).

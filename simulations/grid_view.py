@@ -20,8 +20,8 @@ PARTITION_RECORD = "partition"  # ConfigRecord a cell adds to each message it se
 
 class CellGrid(Grid):
     """What one cell's ServerApp sees of the shared Grid (see the module docstring);
-    ``on_reply(count)`` (optional) hears of every batch of client replies the cell takes, as
-    they arrive (the sweep's progress bar counts them)."""
+    ``on_reply(1)`` (optional) hears of each client reply to the cell as the broker receives it
+    (the sweep's progress bar counts them)."""
 
     def __init__(
         self,
@@ -80,7 +80,9 @@ class CellGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         ids = []
         for message in messages:
-            mid = self.broker.push(self._with_partition(message), self.priority, self.exclusive)
+            mid = self.broker.push(
+                self._with_partition(message), self.priority, self.exclusive, self.on_reply
+            )
             if mid is not None:
                 ids.append(mid)
                 self._mine.add(mid)
@@ -89,8 +91,6 @@ class CellGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
         replies = self.broker.take(message_ids)
         self._mine.difference_update(r.metadata.reply_to_message_id for r in replies)
-        if replies and self.on_reply is not None:
-            self.on_reply(len(replies))
         return replies
 
     def send_and_receive(
