@@ -22,7 +22,9 @@ growth is the floor for ``predict_clients`` and every merge; ``weight_matching``
 assignments per layer and ``merge_many`` N per pass (times the passes it needs).
 
     python benchmarks/merge_vs_clients.py                       # N = 2..64, width 0.25
-    python benchmarks/merge_vs_clients.py --clients 2 4 --epochs 1 --out /tmp/m.json   # quick
+    python benchmarks/merge_vs_clients.py --clients 2 4 --epochs 1 --out /tmp/m.json \
+        --figure /tmp/m.png                                      # quick
+    python benchmarks/merge_vs_clients.py --redraw             # the figure from the JSON
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from fedlmc.study.compare import PAIRWISE_MAX_CLIENTS, compare_methods
 from fedlmc.train import train_model
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "merge_vs_clients.json"
+DEFAULT_FIGURE = Path(__file__).parents[1] / "docs" / "merge_vs_clients" / "merge_vs_clients.png"
 METHODS = ["average_t", "weight_matching_t", "merge_many_t", "ensemble"]
 TIMED = ["average", "weight_matching", "merge_many"]
 STAGE_OF_MESSAGE = {
@@ -167,6 +170,52 @@ def growth(results: list[dict], cpu: bool) -> dict[str, dict]:
     return out
 
 
+def stage_totals(result: dict, prefix: str) -> float:
+    """CPU seconds of every stage whose name starts with ``prefix`` (summed over methods)."""
+    return sum(v for k, v in result["stages_cpu"].items() if k.startswith(prefix))
+
+
+def draw(summary: dict, path: Path) -> Path:
+    """Log-log CPU seconds against N: the server's total and its stages, with a line of
+    slope 1 (linear growth) through the total's first point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = summary["results"]
+    counts = [r["clients"] for r in results]
+    prefixes = {
+        "client predictions": "predict_clients",
+        "average (merge + eval)": "merge:average",
+        "weight matching (merge + eval)": "merge:weight_matching",
+        "MergeMany (merge + eval)": "merge:merge_many",
+        "client -> merge paths, 3 methods": "client_paths",
+        "diagnostics, 3 methods": "diagnostics",
+    }
+    series = {"server total": [r["server_cpu_seconds"] for r in results]}
+    for label, prefix in prefixes.items():
+        series[label] = [stage_totals(r, prefix) for r in results]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, values in series.items():
+        kept = [(n, t) for n, t in zip(counts, values, strict=True) if t > 0]
+        if kept:
+            k = exponent([n for n, _ in kept], [t for _, t in kept])
+            ax.plot(*zip(*kept, strict=True), marker="o", label=f"{label} (N^{k:.2f})")
+    first = series["server total"][0]
+    ax.plot(counts, [first * n / counts[0] for n in counts], "k:", label="linear in N")
+    ax.set(xscale="log", yscale="log", xlabel="clients N", ylabel="server CPU seconds")
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.set_title(f"server merge + evaluation, {summary['hidden']} hidden units")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
@@ -174,9 +223,24 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--lambdas", type=int, default=11)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: the growth, not the "
+        "parallelism; on a loaded machine more threads mostly wait)",
+    )
     parser.add_argument("--note", default="", help="free text stored with the results")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--figure", type=Path, default=DEFAULT_FIGURE)
+    parser.add_argument(
+        "--redraw", action="store_true", help="only draw the figure from the JSON in --out"
+    )
     args = parser.parse_args()
+    if args.redraw:
+        print(f"written: {draw(json.loads(args.out.read_text()), args.figure)}")
+        return
+    torch.set_num_threads(args.threads)
     splits = load_dataset("mnist5k")
     warm_up_solver()
     results = []
@@ -216,7 +280,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"written: {args.out}")
+    print(f"written: {args.out}, {draw(summary, args.figure)}")
 
 
 if __name__ == "__main__":
