@@ -179,6 +179,7 @@ def draw(summary: dict, path: Path) -> Path:
     """Log-log CPU seconds against N: the server's total and its stages, with a line of
     slope 1 (linear growth) through the total's first point."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -206,6 +207,7 @@ def draw(summary: dict, path: Path) -> Path:
     ax.plot(counts, [first * n / counts[0] for n in counts], "k:", label="linear in N")
     ax.set(xscale="log", yscale="log", xlabel="clients N", ylabel="server CPU seconds")
     ax.set_xticks(counts, [str(n) for n in counts])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_title(f"server merge + evaluation, {summary['hidden']} hidden units")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
