@@ -419,7 +419,7 @@ def _run_with_engine(
 
     def show_in_flight() -> None:
         heard = sum(replies.get(key, 0) for key in running)
-        bar.set_postfix_str(f"{len(running)} in flight, {heard} client replies", refresh=True)
+        bar.set_postfix_str(f"{len(running)} in flight, client replies: {heard}", refresh=True)
 
     def started(job: CellJob) -> None:
         with lock:
