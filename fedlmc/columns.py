@@ -237,7 +237,9 @@ def _barrier_columns() -> tuple[Column, ...]:
 
 
 CLIENT_PATH = (
-    "for every client `i` the path `l pi_i(theta_i) + (1 - l) theta_bar` to the merged model "
+    "for every client `i` (up to 16 clients; with more, 16 evenly spaced ones, first and last "
+    "included: `fedlmc.analysis.paths.path_clients`, which bounds this diagnostic's cost) the "
+    "path `l pi_i(theta_i) + (1 - l) theta_bar` to the merged model "
     "(post-processed like the merge at every point: BatchNorm re-estimated or REPAIR applied). "
     "It measures the *shape of the path* from a client to the merge, not the merge's quality (a "
     "poor merge can sit on a convex path): the merge's quality is `merge_gap_*`"

@@ -148,6 +148,7 @@ def run_cells(
     on_done: Callable[[CellResult], None],
     *,
     on_start: Callable[[CellJob], None] | None = None,
+    on_reply: Callable[[CellJob, int], None] | None = None,
     ray_address: str | None = None,
     ray_init_args: Mapping[str, Any] | None = None,
     max_in_flight: int | None = None,
@@ -157,9 +158,11 @@ def run_cells(
     """Run every job in one Flower simulation per client-resource setting (usually one).
 
     ``on_done`` receives each finished cell (errors included) as it finishes; a failure of
-    ``on_done`` stops the engine and is re-raised. Raises :class:`ClusterError` for an
-    unreachable ``ray_address`` or resources no node can host, and :class:`EngineError` when
-    the simulation ends with cells unfinished (they reported nothing).
+    ``on_done`` stops the engine and is re-raised. ``on_reply(job, count)`` hears of the
+    client replies to a cell as they arrive (progress inside a cell of many clients). Raises
+    :class:`ClusterError` for an unreachable ``ray_address`` or resources no node can host, and
+    :class:`EngineError` when the simulation ends with cells unfinished (they reported
+    nothing).
     """
     groups: dict[tuple[float, float], list[CellJob]] = {}
     for job in jobs:
@@ -167,7 +170,15 @@ def run_cells(
     stats = stats if stats is not None else EngineStats()
     for group in groups.values():
         _run_group(
-            group, on_done, on_start, ray_address, ray_init_args, max_in_flight, verbose, stats
+            group,
+            on_done,
+            on_start,
+            ray_address,
+            ray_init_args,
+            max_in_flight,
+            verbose,
+            stats,
+            on_reply=on_reply,
         )
 
 
@@ -180,6 +191,8 @@ def _run_group(
     max_in_flight: int | None,
     verbose: bool,
     stats: EngineStats,
+    *,
+    on_reply: Callable[[CellJob, int], None] | None = None,
 ) -> None:
     import ray
     from flwr.simulation import run_simulation
@@ -210,6 +223,7 @@ def _run_group(
             on_done=on_done,
             on_start=on_start,
             stop=stop,
+            on_reply=on_reply,
         )
         stats.server_threads = server_threads(
             jobs[0].config["server-cpus"], slots, jobs[0].config["num-cpus"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -19,15 +19,23 @@ PARTITION_RECORD = "partition"  # ConfigRecord a cell adds to each message it se
 
 
 class CellGrid(Grid):
-    """What one cell's ServerApp sees of the shared Grid (see the module docstring)."""
+    """What one cell's ServerApp sees of the shared Grid (see the module docstring);
+    ``on_reply(1)`` (optional) hears of each client reply to the cell as the broker receives it
+    (the sweep's progress bar counts them)."""
 
     def __init__(
-        self, broker: Broker, num_clients: int, priority: int, exclusive: bool = False
+        self,
+        broker: Broker,
+        num_clients: int,
+        priority: int,
+        exclusive: bool = False,
+        on_reply: Callable[[int], None] | None = None,
     ) -> None:
         self.broker = broker
         self.num_clients = int(num_clients)
         self.priority = int(priority)
         self.exclusive = bool(exclusive)
+        self.on_reply = on_reply
         self._mine: set[str] = set()
 
     def set_run(self, run: Any) -> None:  # the shared Grid's run is already set
@@ -78,7 +86,9 @@ class CellGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         ids = []
         for message in messages:
-            mid = self.broker.push(self._with_partition(message), self.priority, self.exclusive)
+            mid = self.broker.push(
+                self._with_partition(message), self.priority, self.exclusive, self.on_reply
+            )
             if mid is not None:
                 ids.append(mid)
                 self._mine.add(mid)

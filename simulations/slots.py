@@ -8,7 +8,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import WARNING
 
@@ -41,7 +41,8 @@ class Broker:
     Hands out ``slots`` tokens (one per client slot, oldest cell first), pushes a message once
     its token is granted (setting its ``created_at`` then), and pulls the replies of every
     message in flight in one background thread: a reply returns its token and waits for its
-    cell; replies of messages a cell stopped waiting for (timeouts) are dropped when they come.
+    cell (a message's ``on_reply`` listener, if any, hears of it at once: the sweep's progress);
+    replies of messages a cell stopped waiting for (timeouts) are dropped when they come.
     Every call on the real Grid goes through one lock.
     """
 
@@ -61,6 +62,7 @@ class Broker:
         self._pending: set[str] = set()
         self._abandoned: set[str] = set()
         self._replies: dict[str, Message] = {}
+        self._listeners: dict[str, Callable[[int], None]] = {}
         self._nodes: list[int] = []
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._pull_loop, name="fedlmc-broker", daemon=True)
@@ -150,9 +152,15 @@ class Broker:
 
     # -- messages
 
-    def push(self, message: Message, priority: int, exclusive: bool = False) -> str | None:
+    def push(
+        self,
+        message: Message,
+        priority: int,
+        exclusive: bool = False,
+        on_reply: Callable[[int], None] | None = None,
+    ) -> str | None:
         """Push ``message`` once a client slot is free (and, if ``exclusive``, its node idle);
-        its id (None if the Grid refused it)."""
+        its id (None if the Grid refused it). ``on_reply(1)`` is called when its reply arrives."""
         node = int(message.metadata.dst_node_id)
         self._acquire(priority, node, exclusive)
         message.metadata.created_at = time.time()
@@ -169,6 +177,8 @@ class Broker:
         with self._cond:
             self._pending.add(ids[0])
             self._placed[ids[0]] = (node, exclusive)
+            if on_reply is not None:
+                self._listeners[ids[0]] = on_reply
         return ids[0]
 
     def take(self, message_ids: Iterable[str]) -> list[Message]:
@@ -187,6 +197,7 @@ class Broker:
         """Stop waiting for ``message_ids``: late replies are dropped (their slots come back)."""
         with self._cond:
             for mid in message_ids:
+                self._listeners.pop(mid, None)
                 if self._replies.pop(mid, None) is None and mid in self._pending:
                     self._abandoned.add(mid)
 
@@ -201,6 +212,7 @@ class Broker:
                 except Exception as err:  # noqa: BLE001 - the engine is stopping
                     log(WARNING, "pulling replies failed: %s", err)
                     replies = []
+                heard = []
                 with self._cond:
                     for reply in replies:
                         mid = reply.metadata.reply_to_message_id
@@ -208,10 +220,23 @@ class Broker:
                             continue
                         self._pending.discard(mid)
                         self._free_slot(*self._placed.pop(mid))
+                        listener = self._listeners.pop(mid, None)
                         if mid in self._abandoned:
                             self._abandoned.discard(mid)
                         else:
                             self._replies[mid] = reply
+                            heard += [listener] if listener is not None else []
                     if replies:
                         self._cond.notify_all()
+                self._tell(heard)
             self._closed.wait(POLL_SECONDS)
+
+    @staticmethod
+    def _tell(listeners: Iterable[Callable[[int], None]]) -> None:
+        """Each listener hears of its reply (outside the lock); a failing one is logged, never
+        allowed to stop the pulling of replies."""
+        for listener in listeners:
+            try:
+                listener(1)
+            except Exception as err:  # noqa: BLE001 - progress display only
+                log(WARNING, "a reply listener failed: %s", err)

@@ -451,13 +451,20 @@ def _run_with_engine(
     where = {cid: (i, point) for i, cid, point, _config in todo}
     lock = threading.Lock()
     running: set[str] = set()
+    replies: dict[str, int] = {}
 
     def show_in_flight() -> None:
-        bar.set_postfix_str(f"{len(running)} in flight", refresh=True)
+        heard = sum(replies.get(key, 0) for key in running)
+        bar.set_postfix_str(f"{len(running)} in flight, client replies: {heard}", refresh=True)
 
     def started(job: CellJob) -> None:
         with lock:
             running.add(job.key)
+            show_in_flight()
+
+    def replied(job: CellJob, count: int) -> None:
+        with lock:
+            replies[job.key] = replies.get(job.key, 0) + count
             show_in_flight()
 
     def finished(result: CellResult) -> None:
@@ -479,6 +486,7 @@ def _run_with_engine(
         [CellJob(cid, config) for _i, cid, _point, config in todo],
         finished,
         on_start=started,
+        on_reply=replied,
         ray_address=ray_address,
         max_in_flight=cells_in_flight,
         verbose=verbose,

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from flwr.app import Context
@@ -54,6 +55,7 @@ class SweepServer:
         on_done: Callable[[CellResult], None],
         on_start: Callable[[CellJob], None] | None,
         stop: threading.Event,
+        on_reply: Callable[[CellJob, int], None] | None = None,
     ) -> None:
         self.jobs = list(jobs)
         self.slots = slots
@@ -61,6 +63,7 @@ class SweepServer:
         self.max_in_flight = max(1, int(max_in_flight))
         self.on_done = on_done
         self.on_start = on_start
+        self.on_reply = on_reply
         self.stop = stop
         self.finished: set[str] = set()
         self.fatal: BaseException | None = None
@@ -101,7 +104,8 @@ class SweepServer:
     ) -> None:
         start = time.perf_counter()
         exclusive = keeps_trained_model(job.config)
-        grid = CellGrid(broker, job.config["num-clients"], priority, exclusive)
+        heard = None if self.on_reply is None else partial(self.on_reply, job)
+        grid = CellGrid(broker, job.config["num-clients"], priority, exclusive, on_reply=heard)
         result = CellResult(job.key, job.config)
         try:
             try:

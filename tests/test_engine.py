@@ -172,6 +172,19 @@ def test_each_cell_sees_its_nodes_and_partitions_and_only_its_replies(
     assert grid.most_outstanding == 2  # never more messages out than client slots
 
 
+def test_a_cell_reports_its_client_replies_as_they_arrive(task_identity, broker_factory):
+    """The sweep's progress inside a cell of many clients: each reply is heard once, as it
+    arrives, while the cell is still pushing its other messages (one slot: one at a time)."""
+    grid = ScriptedGrid(list(range(1, 7)), delay=lambda _m: 0.02)
+    broker = broker_factory(grid, slots=1, pool_size=6)
+    heard: list[float] = []
+    view = CellGrid(broker, 6, priority=0, on_reply=lambda n: heard.extend([time.time()] * n))
+    messages, _content = shared_messages(0, view.get_node_ids())
+    replies = view.send_and_receive(messages, timeout=10)
+    assert len(replies) == 6 and len(heard) == 6
+    assert heard[0] < max(grid.pushed.values())  # heard before the last message went out
+
+
 def test_nodes_are_shown_once_the_whole_pool_registered(broker_factory):
     grid = ScriptedGrid([5], delay=lambda _m: 0.0)
     broker = broker_factory(grid, slots=1, pool_size=2)

@@ -27,6 +27,20 @@ from fedlmc.merging.repair import repair
 Data = tuple[Tensor, Tensor]
 PathRule = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], float], dict[str, Tensor]]
 CURVE_COLUMNS = ("lam", "accuracy", "nll", "ece", "temperature", "nll_calibrated", "ece_calibrated")
+CLIENT_PATHS_MAX_CLIENTS = 16  # client -> merge paths on at most this many clients per merge
+
+
+def path_clients(count: int, cap: int = CLIENT_PATHS_MAX_CLIENTS) -> list[int]:
+    r"""The clients whose paths to the merge are evaluated: all ``count`` up to ``cap``, else
+    ``cap`` evenly spaced partition indices :math:`\mathrm{round}(k (N-1) / (\mathrm{cap}-1))`,
+    :math:`k = 0 \dots \mathrm{cap}-1` (the first and the last client included). Each path costs
+    ``lambdas`` evaluations of the test split, so the cap keeps this diagnostic's cost bounded
+    in N instead of growing with every client the merge reads."""
+    if count <= cap:
+        return list(range(count))
+    if cap < 2:
+        raise ValueError(f"path_clients: cap {cap}; allowed: at least 2")
+    return [round(k * (count - 1) / (cap - 1)) for k in range(cap)]
 
 
 def lambda_grid(lambdas: int | Sequence[float]) -> list[float]:

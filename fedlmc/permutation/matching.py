@@ -58,7 +58,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
-from fedlmc.averaging import average, check_compatible, normalised_weights
+from fedlmc.averaging import LeaveOneOutMean, average, check_compatible, normalised_weights
 from fedlmc.capture import forward_capture
 from fedlmc.permutation.accumulate import accumulate, dot64
 from fedlmc.permutation.assignment import WarmStart, solve_assignment
@@ -718,8 +718,9 @@ def merge_many(
 
     Starting from identity permutations, each model :math:`i` (seeded random order per pass) is
     weight-matched (warm-started at its current permutation) to
-    :math:`\sum_{j \ne i} w_j \pi_j(\theta_j) / \sum_{j \ne i} w_j`; passes repeat until no
-    permutation changes (at most ``max_iter``). Returns
+    :math:`\sum_{j \ne i} w_j \pi_j(\theta_j) / \sum_{j \ne i} w_j` (from one running sum,
+    :class:`fedlmc.averaging.LeaveOneOutMean`: a pass averages O(N) models, not O(N^2)); passes
+    repeat until no permutation changes (at most ``max_iter``). Returns
     :math:`(\sum_i w_i \pi_i(\theta_i),\ [\pi_1, \dots, \pi_N])`.
     """
     max_iter = _check_max_iter(max_iter)
@@ -728,23 +729,19 @@ def merge_many(
     check_compatible(state_dicts)
     w = normalised_weights(weights, len(state_dicts))
     perms = [identity_permutations(spec, sd) for sd in state_dicts]
-    aligned = [dict(sd) for sd in state_dicts]
+    aligned = LeaveOneOutMean(state_dicts, w)
     rng = np.random.default_rng(seed)
     for sweep in range(max_iter):
         changed = False
         for i in rng.permutation(len(state_dicts)):
-            others = [j for j in range(len(state_dicts)) if j != i]
-            if sum(w[j] for j in others) > 0:
-                target = average([aligned[j] for j in others], [w[j] for j in others])
-            else:
-                target = average([aligned[j] for j in others])
+            target = aligned.mean_without(int(i))
             new = weight_matching(
                 spec, target, state_dicts[i], max_iter, seed + sweep, init_perms=perms[i]
             )
             if not _same_perms(new, perms[i]):
                 perms[i] = dict(new)
-                aligned[i] = apply_permutation(spec, perms[i], state_dicts[i])
+                aligned.replace(int(i), apply_permutation(spec, perms[i], state_dicts[i]))
                 changed = True
         if not changed:
             break
-    return average(aligned, w), [dict(p) for p in perms]
+    return average(aligned.states, w), [dict(p) for p in perms]

@@ -63,7 +63,13 @@ from fedlmc.analysis.diagnostics import (
     relu_additivity_error,
     stable_ranks,
 )
-from fedlmc.analysis.paths import PathRule, barriers, interpolation_curve, merge_gap
+from fedlmc.analysis.paths import (
+    PathRule,
+    barriers,
+    interpolation_curve,
+    merge_gap,
+    path_clients,
+)
 from fedlmc.averaging import interpolate, load_state, normalised_weights
 from fedlmc.evaluation import (
     ensemble_probs,
@@ -309,8 +315,10 @@ def client_barrier_columns(
 ) -> dict[str, float]:
     r"""Barriers on each client's path to the merge, :math:`\lambda \pi_i(\theta_i) +
     (1-\lambda)\bar\theta` (post-processed like the merge at every point): mean and worst over
-    clients. They measure the shape of the path from a client to the merge, not the merge's
-    quality (that is ``merge_gap_*``); columns in :mod:`fedlmc.study.rows`."""
+    the clients of :func:`fedlmc.analysis.paths.path_clients` (every client up to 16,
+    else that many evenly spaced ones). They measure the shape of the path from a client to the
+    merge, not the merge's quality (that is ``merge_gap_*``); columns in
+    :mod:`fedlmc.study.rows`."""
     per_client = [
         _half_and_max(
             interpolation_curve(
@@ -323,7 +331,7 @@ def client_barrier_columns(
                 **_path_kwargs(merged, splits),
             )
         )
-        for client in merged.aligned
+        for client in (merged.aligned[i] for i in path_clients(len(merged.aligned)))
     ]
     columns = {}
     for key in per_client[0]:
