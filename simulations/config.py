@@ -34,7 +34,13 @@ from fedlmc.data.catalog import (
     is_hf_name,
     is_known_dataset,
 )
-from fedlmc.merging.methods import AUTO_TOLERANCE, base_method, merge_method_names, study_methods
+from fedlmc.merging.methods import (
+    AUTO_TOLERANCE,
+    CALIBRATED_SUFFIX,
+    base_method,
+    merge_method_names,
+    study_methods,
+)
 from fedlmc.merging.methods import merge_method as merge_method_entry
 from fedlmc.merging.post_merge import CALIBRATIONS
 from fedlmc.models.registry import (
@@ -67,6 +73,7 @@ __all__ = [
     "expand_grid",
     "load_sweep_config",
     "method_list",
+    "row_methods",
     "run_schema",
     "runtime_keys",
     "validate_run_config",
@@ -695,6 +702,21 @@ def selected_methods(config: Mapping[str, Any]) -> list[str]:
     if strategy == "aligned":
         return [config["align"]]
     return ["average"] if strategy == "average" else []
+
+
+def row_methods(config: Mapping[str, Any]) -> list[str]:
+    """The ``method`` of every row a federation of ``config`` reports, in order: each of
+    ``methods`` under ``compare`` (``fedavg`` and the references included), the merge
+    (``average`` / ``align``) and, unless ``calibration = "none"``, its ``_t`` row under
+    ``average`` / ``aligned``, ``fedavg`` under ``fedavg``. A sweep counts a cell done only
+    when its rows hold exactly these (:func:`fedlmc.simulations.results_file.finished_cells`)."""
+    strategy = config["strategy"]
+    if strategy == "compare":
+        return method_list(config)
+    if strategy == FEDAVG:
+        return [FEDAVG]
+    base = config["align"] if strategy == "aligned" else "average"
+    return [base] if config["calibration"] == "none" else [base, base + CALIBRATED_SUFFIX]
 
 
 def check_plain_chain_methods(config: Mapping[str, Any]) -> None:

@@ -69,6 +69,7 @@ from fedlmc.simulations.config import (
     validate_run_config,
     widths_text,
 )
+from fedlmc.simulations.out_dir_lock import out_dir_lock
 from fedlmc.simulations.provenance import version_columns
 from fedlmc.simulations.results_file import check_writable_folder, refuse_mixing
 from fedlmc.simulations.task import (
@@ -476,6 +477,21 @@ def prepare_data(config: Mapping[str, Any]) -> DataSplits:
     return load_splits(config)
 
 
+def run_mode(grid: Grid, config: Mapping[str, Any], simulated: bool) -> ServerOutcome:
+    """The data, the models and the configured mode (:data:`MODES`) of a validated run config."""
+    outcome = ServerOutcome(config=config)
+    start = time.perf_counter()
+    splits = prepare_data(config)
+    outcome.timings["load_seconds"] = time.perf_counter() - start
+    template = build_from_config(config, splits)
+    if mixed_widths(config):
+        outcome.client_templates = client_templates(config, splits)
+    outcome.weight_bound = weight_bound(config, simulated)
+    MODES[config["strategy"]](grid, config, splits, template, device_of(config), outcome)
+    outcome.timings["server_seconds"] = time.perf_counter() - start
+    return outcome
+
+
 def run_server(
     grid: Grid, run_config: Mapping[str, Any], *, simulated: bool = False
 ) -> ServerOutcome:
@@ -486,19 +502,12 @@ def run_server(
     if config["out-dir"]:  # before any work: never overwrite a sweep's results.csv
         check_writable_folder(config["out-dir"], "out-dir")
         refuse_mixing(config["out-dir"], "run")
-    outcome = ServerOutcome(config=config)
-    start = time.perf_counter()
-    splits = prepare_data(config)
-    outcome.timings["load_seconds"] = time.perf_counter() - start
-    device = device_of(config)
-    template = build_from_config(config, splits)
-    if mixed_widths(config):
-        outcome.client_templates = client_templates(config, splits)
-    outcome.weight_bound = weight_bound(config, simulated)
-    MODES[config["strategy"]](grid, config, splits, template, device, outcome)
-    outcome.timings["server_seconds"] = time.perf_counter() - start
-    if config["out-dir"]:
-        write_outputs(outcome, config["out-dir"], device)
+        with out_dir_lock(config["out-dir"], "the fedlmc ServerApp"):  # re-entrant in fedlmc run
+            refuse_mixing(config["out-dir"], "run")  # again, under the lock
+            outcome = run_mode(grid, config, simulated)
+            write_outputs(outcome, config["out-dir"], device_of(config))
+    else:
+        outcome = run_mode(grid, config, simulated)
     for row in outcome.rows:
         log(
             INFO,
