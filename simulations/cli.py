@@ -218,9 +218,19 @@ def dest_name(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
+MAX_MESSAGE = 600  # characters of an error message: its start and its end are kept
+
+
 def print_error(message: object, status: int = 1) -> int:
-    """``fedlmc: error: <message on one line>`` on stderr; returns ``status`` (the exit code)."""
-    print(f"fedlmc: error: {' '.join(str(message).split())}", file=sys.stderr)
+    """``fedlmc: error: <message on one line>`` on stderr, at most :data:`MAX_MESSAGE`
+    characters (the middle of a longer one, e.g. a 10,000-character path, is cut); returns
+    ``status`` (the exit code)."""
+    text = " ".join(str(message).split())
+    if len(text) > MAX_MESSAGE:
+        text = (
+            f"{text[: MAX_MESSAGE // 2]} ... {text[-MAX_MESSAGE // 4 :]} ({len(text)} characters)"
+        )
+    print(f"fedlmc: error: {text}", file=sys.stderr)
     return status
 
 
@@ -374,17 +384,13 @@ def show_rows(rows, csv_path: str | None) -> None:
 
 
 def check_run_outputs(config, csv_path: str | None) -> None:
-    """Before any work: the run's ``out-dir`` is a writable folder holding no sweep, and the
-    ``--csv`` path is writable (:mod:`fedlmc.simulations.results_file`)."""
-    from fedlmc.simulations.results_file import (
-        check_writable_file,
-        check_writable_folder,
-        refuse_mixing,
-    )
+    """Before any work: the run's ``out-dir`` is a writable folder, and the ``--csv`` path is
+    writable (:mod:`fedlmc.simulations.results_file`); that the folder holds no sweep is
+    checked under its lock (:func:`run_lock`), so that a folder in use names its holder."""
+    from fedlmc.simulations.results_file import check_writable_file, check_writable_folder
 
     if config["out-dir"]:
         check_writable_folder(config["out-dir"], "out-dir")
-        refuse_mixing(config["out-dir"], "run")
     if csv_path:
         check_writable_file(csv_path, "--csv")
 
@@ -474,6 +480,9 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedlmc`` console script; returns the exit status."""
+    from fedlmc.simulations.exit_workaround import exit_status, handle_sigterm
+
+    handle_sigterm()  # SIGTERM stops a command like Ctrl-C does (exit status 143)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -485,9 +494,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as err:  # e.g. an out dir that cannot be created
         return print_error(err)
-    except KeyboardInterrupt:
-        print("fedlmc: interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (exit_workaround.Terminated)
+        code = exit_status(interrupt)
+        what = "terminated (SIGTERM)" if code != 130 else "interrupted"
+        print(f"fedlmc: {what}; rerun the same command to resume", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

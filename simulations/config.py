@@ -62,6 +62,8 @@ from fedlmc.simulations.schema import (
     did_you_mean,
     fraction,
     named,
+    out_of_range,
+    shown,
 )
 
 __all__ = [
@@ -521,6 +523,29 @@ def check_data_source(config: Mapping[str, Any]) -> None:
             )
 
 
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "owner/name"
+
+
+def check_local_sources(config: Mapping[str, Any]) -> None:
+    """Before Ray starts: a model factory file (``path/file.py:make_net``) must exist, and an
+    ``hf:`` data source must be an existing local file or folder or look like a hub name
+    (``name`` or ``owner/name``: ``hf:../../x`` is neither). Machine-dependent: skipped with
+    ``check_devices=False`` (``--no-device-check``)."""
+    location = config["model"].rpartition(":")[0]
+    if location.endswith(".py") and not Path(location).expanduser().is_file():
+        raise ConfigError(
+            f"model = {shown(config['model'])}: no such file {shown(location)}; allowed: a "
+            "registered model, 'package.module:make_net' or an existing 'file.py:make_net'"
+        )
+    if is_hf_name(config["dataset"]):
+        name = config["dataset"][len("hf:") :]
+        if not os.path.exists(os.path.expanduser(name)) and not HUB_NAME.fullmatch(name):
+            raise ConfigError(
+                f"dataset = {shown(config['dataset'])}: no such local file or folder, nor a hub "
+                "name; allowed: hf: with an existing path or a hub name 'name' / 'owner/name'"
+            )
+
+
 def check_cuda(config: Mapping[str, Any]) -> None:
     """``num-gpus > 0`` or ``device = "cuda"`` needs a visible CUDA GPU."""
     if config["num-gpus"] > 0 or config["device"] == "cuda":
@@ -563,6 +588,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except ValueError:  # an integer of more digits than Python converts (4300)
+        raise ConfigError(out_of_range(key, raw, run_schema().get(key))) from None
     return key, value
 
 
@@ -880,7 +907,7 @@ CONSISTENCY_CHECKS: list[Check] = [
 about a new key joins this list (run by :func:`validate_run_config`)."""
 WHOLE_RUN_CHECKS: list[Check] = [check_fedavg_rounds]
 """Checks about the whole run, skipped for a client's one-round config (``whole_run=False``)."""
-DEVICE_CHECKS: list[Check] = [check_memory, check_cuda]
+DEVICE_CHECKS: list[Check] = [check_local_sources, check_memory, check_cuda]
 """Checks about this machine, skipped with ``check_devices=False``."""
 
 
@@ -919,6 +946,9 @@ SWEEP_KEYS = ("name", "description", "run", "grid", "report")
 SWEEP_TABLES = ("run", "grid", "report")
 NOT_SWEEPABLE = ("out-dir",)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
+MAX_NAME = 100  # characters of a sweep name: it names the default out dir, results/<name>
+HUGE_INTEGER = re.compile(r"[+-]?\d[\d_]{999,}")
+TOML_KEY = re.compile(r"\s*([A-Za-z0-9_.\"-]+)\s*=")
 
 
 @dataclass(frozen=True)
@@ -955,6 +985,21 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {str(path)!r}: malformed TOML: {err}") from None
+    except ValueError:  # an integer of more digits than Python converts (4300)
+        key, raw = huge_integer(text)
+        message = out_of_range(key, raw, run_schema().get(key.rpartition(".")[2]))
+        raise ConfigError(f"config file {str(path)!r}: {message}") from None
+
+
+def huge_integer(text: str) -> tuple[str, str]:
+    """``(key, digits)`` of the first integer of TOML ``text`` too long for Python to read
+    (``("a key", "an integer")`` when none is found)."""
+    found = HUGE_INTEGER.search(text)
+    if found is None:
+        return "a key", "an integer"
+    line = text[text.rfind("\n", 0, found.start()) + 1 : found.start()]
+    key = TOML_KEY.match(line)
+    return (key.group(1) if key else "a key"), found.group()
 
 
 def load_sweep_config(
@@ -1057,9 +1102,10 @@ def _drop_key(raw: dict[str, Any], key: str, keep: str = "") -> None:
 def _check_name(name: Any) -> str:
     if name is None:
         raise ConfigError("name is missing: allowed: a string of letters, digits, '.', '_', '-'")
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or len(name) > MAX_NAME:
         raise ConfigError(
-            f"name = {name!r}: allowed: a non-empty string of letters, digits, '.', '_', '-'"
+            f"name = {shown(name)}: allowed: a non-empty string of at most {MAX_NAME} letters, "
+            "digits, '.', '_', '-'"
         )
     return name
 

@@ -84,9 +84,15 @@ def _shown(text: str) -> str:
 
 
 def row_problem(
-    row: Sequence[str], header: Sequence[str], *, last: bool, cut_off: bool
+    row: Sequence[str],
+    header: Sequence[str],
+    *,
+    last: bool,
+    cut_off: bool,
+    numeric: Sequence[str] | None = None,
 ) -> str | None:
-    """Why ``row`` (fields as read) does not fit ``header``; ``None`` for a good row."""
+    """Why ``row`` (fields as read) does not fit ``header``; ``None`` for a good row.
+    ``numeric``: the numeric columns (default :func:`numeric_columns`)."""
     if len(row) != len(header):
         return f"{len(row)} fields where the header has {len(header)}"
     if last and cut_off:
@@ -100,7 +106,7 @@ def row_problem(
         return f"cell_id {_shown(values.get('cell_id', ''))} is not 12 hex digits"
     if values.get("status") not in ("ok", "failed"):
         return f"status {_shown(values.get('status', ''))}; allowed: ok, failed"
-    for column in numeric_columns():
+    for column in numeric_columns() if numeric is None else numeric:
         if column in values and not _is_number(values[column]):
             return f"{column} = {_shown(values[column])} is not a number"
     return None
@@ -145,6 +151,7 @@ def split_rows(path: Path) -> tuple[list[str], list[list[str]], list[tuple[str, 
         )
     cut_off = not ends_well
     last = numbered[-1][0]
+    numeric = [c for c in numeric_columns() if c in header]
     good, bad = [], []
     for number, line in numbered[1:]:
         row = parse_line(line)
@@ -153,7 +160,9 @@ def split_rows(path: Path) -> tuple[list[str], list[list[str]], list[tuple[str, 
         elif row is None:
             problem = "an unclosed quote"
         else:
-            problem = row_problem(row, header, last=number == last, cut_off=cut_off)
+            problem = row_problem(
+                row, header, last=number == last, cut_off=cut_off, numeric=numeric
+            )
         if problem is None:
             good.append(row)
         else:
