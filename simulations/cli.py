@@ -480,9 +480,9 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedlmc`` console script; returns the exit status."""
-    from fedlmc.simulations.exit_workaround import exit_status, handle_sigterm
+    from fedlmc.simulations.stop_signals import exit_status, handle_signals
 
-    handle_sigterm()  # SIGTERM stops a command like Ctrl-C does (exit status 143)
+    handle_signals()  # SIGTERM stops a command like Ctrl-C does (exit status 143)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -494,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as err:  # e.g. an out dir that cannot be created
         return print_error(err)
-    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (exit_workaround.Terminated)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (stop_signals.Terminated)
         code = exit_status(interrupt)
         what = "terminated (SIGTERM)" if code != 130 else "interrupted"
         print(f"fedlmc: {what}; rerun the same command to resume", file=sys.stderr)

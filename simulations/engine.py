@@ -42,8 +42,8 @@ Results reach the caller through ``on_done(CellResult)``, called (one at a time)
 finishes, in any order. A cell whose ServerApp raises (too few clients, timeout, NaN, ...) gives
 a result with ``error`` set; the others go on. When the simulation itself ends early (Ctrl-C,
 SIGTERM, engine failure), the cells in flight stop at their next message and report nothing;
-SIGTERM is handled like Ctrl-C (:func:`fedlmc.simulations.exit_workaround.handle_sigterm`, exit
-status 143 instead of 130).
+SIGTERM is handled like Ctrl-C (:mod:`fedlmc.simulations.stop_signals`, exit status 143 instead
+of 130).
 
 ``ray_address`` (``"auto"``, ``"HOST:PORT"`` or ``"ray://HOST:PORT"``) joins an existing Ray
 cluster instead of starting a local one; an address where nothing answers is refused at once
@@ -76,12 +76,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedlmc.simulations.exit_workaround import (
-    EXIT_GRACE_SECONDS,
-    exit_even_if_stuck,
-    exit_status,
-    handle_sigterm,
-)
+from fedlmc.simulations.exit_workaround import EXIT_GRACE_SECONDS, exit_even_if_stuck
 from fedlmc.simulations.grid_view import PARTITION_RECORD, CellGrid
 from fedlmc.simulations.log_filters import quiet_flower
 from fedlmc.simulations.ray_runtime import (
@@ -94,6 +89,7 @@ from fedlmc.simulations.ray_runtime import (
     resources_of,
 )
 from fedlmc.simulations.slots import POLL_SECONDS, Broker, EngineStopped
+from fedlmc.simulations.stop_signals import exit_status, handle_signals
 from fedlmc.simulations.sweep_server import CellJob, CellResult, SweepServer
 from fedlmc.simulations.threads import config_slot_threads, server_threads, threads_of_this_process
 
@@ -200,7 +196,7 @@ def _run_group(
     with quiet_flower(verbose):
         try:
             init_ray(ray_address, backend["init_args"], config_slot_threads(jobs[0].config))
-            handle_sigterm()  # like Ctrl-C, not ray.init's sys.exit
+            handle_signals()  # SIGTERM like Ctrl-C, not ray.init's sys.exit
             slots = client_slots(backend["client_resources"])
         except BaseException:
             if ray.is_initialized():
@@ -231,7 +227,7 @@ def _run_group(
                     backend_config=backend,
                     verbose_logging=verbose,
                 )
-        except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (exit_workaround.Terminated)
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (stop_signals.Terminated)
             exit_even_if_stuck(exit_status(interrupt), grace=0.0)
             raise
         except SystemExit as exc:  # flwr_exit() on engine failures

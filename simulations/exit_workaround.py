@@ -1,42 +1,15 @@
-"""A process that can exit after an interrupted simulation (:func:`exit_even_if_stuck`), and
-SIGTERM handled like Ctrl-C (:func:`handle_sigterm`)."""
+"""A process that can exit after an interrupted simulation (:func:`exit_even_if_stuck`)."""
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 
 from fedlmc.simulations.compat import register_before_thread_join
 
 EXIT_GRACE_SECONDS = 3.0
-INTERRUPTED = 130  # 128 + SIGINT
 _exit_armed = False
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread like Ctrl-C's ``KeyboardInterrupt``
-    (:func:`handle_sigterm`): the same clean stop, exit status 143 (128 + SIGTERM)."""
-
-    exit_status = 128 + signal.SIGTERM
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
-
-
-def handle_sigterm() -> None:
-    """From now on SIGTERM raises :class:`Terminated` in the main thread (nothing when called
-    from another thread: only the main thread can set a handler). ``ray.init`` replaces the
-    handler with its own ``sys.exit``: the engine calls this again once Ray is up."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
-
-
-def exit_status(interrupt: KeyboardInterrupt) -> int:
-    """130 for Ctrl-C (SIGINT), 143 for SIGTERM (:class:`Terminated`)."""
-    return int(getattr(interrupt, "exit_status", INTERRUPTED))
 
 
 def exit_even_if_stuck(code: int, grace: float = EXIT_GRACE_SECONDS) -> None:

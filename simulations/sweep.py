@@ -164,7 +164,8 @@ def append_rows(out_dir: Path, rows: pd.DataFrame) -> pd.DataFrame:
     """Replace the cell's previous rows (a failed attempt, a cell that lost a row) by ``rows``
     (their text fields made plain: one line per row); returns the whole table."""
     old = read_results(out_dir, set_aside_bad=True, check_cells=False)  # bad lines set aside
-    rows = rows.map(plain_text)
+    text = [c for c in rows.columns if not pd.api.types.is_numeric_dtype(rows[c])]
+    rows = rows.assign(**{c: rows[c].map(plain_text) for c in text})
     keep = old[old["cell_id"] != rows["cell_id"].iloc[0]]
     table = pd.concat([keep, rows], ignore_index=True) if len(keep) else rows.copy()
     table = table.reindex(columns=merge_columns(old.columns, rows.columns))

@@ -209,10 +209,14 @@ def test_ctrl_c_exits_130_at_once_and_a_rerun_resumes(tmp_path, uninterrupted):
 
 
 def test_sigint_to_the_main_pid_alone_exits_130_without_a_traceback(tmp_path):
-    """``kill -INT PID`` (the main process only, not its group as Ctrl-C) once the first cell's
-    ServerApp runs (its folder exists): exit status 130, the resume line last, no traceback."""
+    """``kill -INT PID`` (the main process only, not its group as Ctrl-C) while a cell is in
+    flight (a client hangs in it; its folder exists once its ServerApp runs): exit status 130,
+    the resume line last, no traceback, nothing written."""
     out = tmp_path / "interrupted"
-    proc = cli("sweep", str(tiny_config(tmp_path)), "--out", str(out), "--no-report")
+    config = tmp_path / "hang.toml"
+    hang = '[run]\ntimeout = 150.0\ninject-failure = "hang:1"\n'
+    config.write_text(TINY.replace("[run]\n", hang).replace("0.125, 0.25, 0.5", "0.125"))
+    proc = cli("sweep", str(config), "--out", str(out), "--no-report")
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline and proc.poll() is None:
@@ -229,8 +233,7 @@ def test_sigint_to_the_main_pid_alone_exits_130_without_a_traceback(tmp_path):
     assert code == 130, err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == "fedlmc: interrupted; rerun the same command to resume"
-    written = read_results(out)
-    assert len(written) == 4 * written["cell_id"].nunique()  # whole cells only, if any
+    assert read_results(out).empty  # the hanging cell was abandoned, not recorded
 
 
 def test_results_schema(uninterrupted):

@@ -1,0 +1,95 @@
+"""SIGINT and SIGTERM stop a command cleanly, whichever thread the kernel hands them to.
+
+- :func:`handle_signals`: SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``) in the
+  main thread, as Ctrl-C raises ``KeyboardInterrupt``: the same clean stop (the cell in flight
+  abandoned, the rows already written whole), exit status 143 (128 + 15) instead of 130
+  (:func:`exit_status`). ``ray.init`` replaces the SIGTERM handler with its own ``sys.exit``: the
+  engine calls this again once Ray is up.
+- The relay: a signal sent to the process (``kill -INT PID``, ``kill PID``) goes to any of its
+  threads that does not block it, and Python runs its handler only in the main thread, between
+  two bytecodes. A main thread blocked in ``Thread.join`` (Flower's simulation waits so for its
+  workers) is woken only by a signal delivered to that very thread; otherwise the handler
+  waits until the whole sweep has run. Python writes every caught signal's number to a wakeup
+  file descriptor (``signal.set_wakeup_fd``); a daemon thread reads it and, when the main
+  thread has not run the handler within :data:`RELAY_AFTER` seconds, sends the signal again to
+  the main thread alone (``signal.pthread_kill``), which interrupts the wait.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+__all__ = ["RELAY_AFTER", "Terminated", "exit_status", "handle_signals"]
+
+INTERRUPTED = 128 + signal.SIGINT  # 130
+RELAY_AFTER = 0.5  # seconds the main thread has to run a handler before the relay resends
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_handled = {signal.SIGINT: 0, signal.SIGTERM: 0}  # handler runs per signal (main thread)
+_relay_started = False
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C's ``KeyboardInterrupt``: the same clean
+    stop, exit status 143 (128 + SIGTERM)."""
+
+    exit_status = 128 + signal.SIGTERM
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    _handled[signum] += 1
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def exit_status(interrupt: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C (SIGINT), 143 for SIGTERM (:class:`Terminated`)."""
+    return int(getattr(interrupt, "exit_status", INTERRUPTED))
+
+
+def handle_signals() -> None:
+    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` / :class:`Terminated` in the main thread,
+    relayed there when another thread caught them (module docstring). Nothing when called
+    from another thread (only the main thread can set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_signal)
+    _start_relay()
+
+
+def _start_relay() -> None:
+    global _relay_started
+    if _relay_started:
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread of the main interpreter
+        os.close(read_end)
+        os.close(write_end)
+        return
+    _relay_started = True
+    main = threading.main_thread().ident
+    thread = threading.Thread(
+        target=_relay, args=(read_end, main), name="fedlmc-signal-relay", daemon=True
+    )
+    thread.start()
+
+
+def _relay(read_end: int, main: int | None) -> None:
+    """Resend each stop signal to the main thread when its handler has not run there within
+    :data:`RELAY_AFTER` seconds."""
+    while True:
+        data = os.read(read_end, 64)
+        if not data:
+            return
+        for signum in dict.fromkeys(data):
+            if signum not in _handled:
+                continue
+            seen = _handled[signum]
+            time.sleep(RELAY_AFTER)
+            if _handled[signum] == seen and main is not None:
+                signal.pthread_kill(main, signum)
