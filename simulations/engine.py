@@ -89,7 +89,7 @@ from fedlmc.simulations.ray_runtime import (
     resources_of,
 )
 from fedlmc.simulations.slots import POLL_SECONDS, Broker, EngineStopped
-from fedlmc.simulations.stop_signals import exit_status, handle_signals
+from fedlmc.simulations.stop_signals import exit_status, restore_signals
 from fedlmc.simulations.sweep_server import CellJob, CellResult, SweepServer
 from fedlmc.simulations.threads import config_slot_threads, server_threads, threads_of_this_process
 
@@ -196,7 +196,7 @@ def _run_group(
     with quiet_flower(verbose):
         try:
             init_ray(ray_address, backend["init_args"], config_slot_threads(jobs[0].config))
-            handle_signals()  # SIGTERM like Ctrl-C, not ray.init's sys.exit
+            restore_signals()  # the command's SIGTERM handler, not ray.init's sys.exit
             slots = client_slots(backend["client_resources"])
         except BaseException:
             if ray.is_initialized():

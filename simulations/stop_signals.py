@@ -1,10 +1,12 @@
 """SIGINT and SIGTERM stop a command cleanly, whichever thread the kernel hands them to.
 
-- :func:`handle_signals`: SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``) in the
-  main thread, as Ctrl-C raises ``KeyboardInterrupt``: the same clean stop (the cell in flight
-  abandoned, the rows already written whole), exit status 143 (128 + 15) instead of 130
-  (:func:`exit_status`). ``ray.init`` replaces the SIGTERM handler with its own ``sys.exit``: the
-  engine calls this again once Ray is up.
+- :func:`handle_signals` (the ``fedlmc`` command calls it first): SIGTERM raises
+  :class:`Terminated` (a ``KeyboardInterrupt``) in the main thread, as Ctrl-C raises
+  ``KeyboardInterrupt``: the same clean stop (the cell in flight abandoned, the rows already
+  written whole), exit status 143 (128 + 15) instead of 130 (:func:`exit_status`).
+  ``ray.init`` replaces the SIGTERM handler with its own ``sys.exit``: the engine calls
+  :func:`restore_signals` once Ray is up, which does nothing in a process that never called
+  :func:`handle_signals` (a notebook keeps its own handlers).
 - The relay: a signal sent to the process (``kill -INT PID``, ``kill PID``) goes to any of its
   threads that does not block it, and Python runs its handler only in the main thread, between
   two bytecodes. A main thread blocked in ``Thread.join`` (Flower's simulation waits so for its
@@ -22,13 +24,14 @@ import signal
 import threading
 import time
 
-__all__ = ["RELAY_AFTER", "Terminated", "exit_status", "handle_signals"]
+__all__ = ["RELAY_AFTER", "Terminated", "exit_status", "handle_signals", "restore_signals"]
 
 INTERRUPTED = 128 + signal.SIGINT  # 130
 RELAY_AFTER = 0.5  # seconds the main thread has to run a handler before the relay resends
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _handled = {signal.SIGINT: 0, signal.SIGTERM: 0}  # handler runs per signal (main thread)
 _relay_started = False
+_installed = False
 
 
 class Terminated(KeyboardInterrupt):
@@ -52,11 +55,20 @@ def handle_signals() -> None:
     """SIGINT and SIGTERM raise ``KeyboardInterrupt`` / :class:`Terminated` in the main thread,
     relayed there when another thread caught them (module docstring). Nothing when called
     from another thread (only the main thread can set handlers)."""
+    global _installed
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in STOP_SIGNALS:
         signal.signal(signum, _on_signal)
+    _installed = True
     _start_relay()
+
+
+def restore_signals() -> None:
+    """:func:`handle_signals` again, when this process called it before (after ``ray.init``
+    replaced the SIGTERM handler); nothing otherwise."""
+    if _installed:
+        handle_signals()
 
 
 def _start_relay() -> None:
