@@ -12,9 +12,11 @@
   two bytecodes. A main thread blocked in ``Thread.join`` (Flower's simulation waits so for its
   workers) is woken only by a signal delivered to that very thread; otherwise the handler
   waits until the whole sweep has run. Python writes every caught signal's number to a wakeup
-  file descriptor (``signal.set_wakeup_fd``); a daemon thread reads it and, when the main
-  thread has not run the handler within :data:`RELAY_AFTER` seconds, sends the signal again to
-  the main thread alone (``signal.pthread_kill``), which interrupts the wait.
+  file descriptor (``signal.set_wakeup_fd``); a daemon thread counts them and, when the main
+  thread has run the handler fewer times than the signal was caught :data:`RELAY_AFTER`
+  seconds later, sends it again to the main thread alone (``signal.pthread_kill``), which
+  interrupts the wait. A signal whose handler did run is never resent: a second one in the
+  middle of the clean stop (Ray shutting down) would kill the process.
 """
 
 from __future__ import annotations
@@ -92,16 +94,19 @@ def _start_relay() -> None:
 
 
 def _relay(read_end: int, main: int | None) -> None:
-    """Resend each stop signal to the main thread when its handler has not run there within
-    :data:`RELAY_AFTER` seconds."""
+    """Resend a stop signal to the main thread when its handler has not run there, for every
+    time the signal was caught, within :data:`RELAY_AFTER` seconds (never when it has: a
+    second signal in the middle of the clean stop would break it)."""
+    received = dict.fromkeys(_handled, 0)
     while True:
         data = os.read(read_end, 64)
         if not data:
             return
-        for signum in dict.fromkeys(data):
-            if signum not in _handled:
-                continue
-            seen = _handled[signum]
-            time.sleep(RELAY_AFTER)
-            if _handled[signum] == seen and main is not None:
+        for signum in data:
+            if signum in received:
+                received[signum] += 1
+        time.sleep(RELAY_AFTER)
+        for signum, count in received.items():
+            if _handled[signum] < count and main is not None:
+                received[signum] = _handled[signum]  # the resent signal's own byte follows
                 signal.pthread_kill(main, signum)
