@@ -36,7 +36,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -222,9 +223,19 @@ def dest_name(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
+MAX_MESSAGE = 600  # characters of an error message: its start and its end are kept
+
+
 def print_error(message: object, status: int = 1) -> int:
-    """``fedlmc: error: <message on one line>`` on stderr; returns ``status`` (the exit code)."""
-    print(f"fedlmc: error: {' '.join(str(message).split())}", file=sys.stderr)
+    """``fedlmc: error: <message on one line>`` on stderr, at most :data:`MAX_MESSAGE`
+    characters (the middle of a longer one, e.g. a 10,000-character path, is cut); returns
+    ``status`` (the exit code)."""
+    text = " ".join(str(message).split())
+    if len(text) > MAX_MESSAGE:
+        text = (
+            f"{text[: MAX_MESSAGE // 2]} ... {text[-MAX_MESSAGE // 4 :]} ({len(text)} characters)"
+        )
+    print(f"fedlmc: error: {text}", file=sys.stderr)
     return status
 
 
@@ -258,29 +269,31 @@ def positive_int(text: str) -> int:
 
 def command_sweep(args: argparse.Namespace) -> int:
     from fedlmc.simulations.engine import EngineError
+    from fedlmc.simulations.out_dir_lock import out_dir_lock
     from fedlmc.simulations.sweep import run_sweep
 
     sweep = load_sweep_config(args.config, args.overrides)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
     tracking = track_request(args, out_dir)
-    try:
-        results = run_sweep(
-            sweep,
-            out_dir,
-            force=args.force,
-            retry_failed=not args.no_retry_failed,
-            progress=not args.quiet,
-            ray_address=args.ray_address,
-            cells_in_flight=args.cells_in_flight,
-        )
-    except EngineError as err:
-        return print_error(f"{err}; rerun the same command to resume")
-    print(f"results: {out_dir / 'results.csv'} ({len(results)} rows)")
-    if not args.no_report:
-        print_report(out_dir)
-    code = 0 if (results["status"] == "ok").any() else 1
-    if tracking is not None:
-        code = max(code, export_to_tracker(out_dir, tracking))
+    with out_dir_lock(out_dir, "fedlmc sweep"):  # the cells, the report and the export
+        try:
+            results = run_sweep(
+                sweep,
+                out_dir,
+                force=args.force,
+                retry_failed=not args.no_retry_failed,
+                progress=not args.quiet,
+                ray_address=args.ray_address,
+                cells_in_flight=args.cells_in_flight,
+            )
+        except EngineError as err:
+            return print_error(f"{err}; rerun the same command to resume")
+        print(f"results: {out_dir / 'results.csv'} ({len(results)} rows)")
+        if not args.no_report:
+            print_report(out_dir)
+        code = 0 if (results["status"] == "ok").any() else 1
+        if tracking is not None:
+            code = max(code, export_to_tracker(out_dir, tracking))
     return code
 
 
@@ -295,23 +308,31 @@ def print_report(out_dir: Path) -> None:
 
 
 def command_report(args: argparse.Namespace) -> int:
-    from fedlmc.simulations.results_file import out_dir_kind
+    from fedlmc.simulations.out_dir_lock import out_dir_lock
 
     out_dir = Path(args.dir)
     if not (out_dir / "results.csv").exists():
         raise ConfigError(f"dir = {args.dir!r}: no results.csv there; allowed: a sweep out dir")
-    if out_dir_kind(out_dir) == "run":
-        raise ConfigError(
-            f"dir = {args.dir!r} holds the rows of one fedlmc run (no cell_id column): a report "
-            f"compares the cells of a sweep; the run's rows are in {str(out_dir / 'results.csv')!r}"
-        )
-    print_report(out_dir)
+    refuse_run_folder(args.dir)
+    with out_dir_lock(out_dir, "fedlmc report"):
+        refuse_run_folder(args.dir)  # again under the lock: a run may have written meanwhile
+        print_report(out_dir)
     return 0
 
 
-def command_run(args: argparse.Namespace) -> int:
-    import pandas as pd
+def refuse_run_folder(folder: str) -> None:
+    """:class:`ConfigError` when ``folder`` holds one ``fedlmc run``'s rows, not a sweep's."""
+    from fedlmc.simulations.results_file import out_dir_kind
 
+    if out_dir_kind(folder) == "run":
+        raise ConfigError(
+            f"dir = {folder!r} holds the rows of one fedlmc run (no cell_id column): a report "
+            f"compares the cells of a sweep; the run's rows are in "
+            f"{str(Path(folder) / 'results.csv')!r}"
+        )
+
+
+def command_run(args: argparse.Namespace) -> int:
     from fedlmc.simulations.federation import run_federation
     from fedlmc.simulations.progress import stderr_say
     from fedlmc.strategies import ClientsFailedError
@@ -326,16 +347,42 @@ def command_run(args: argparse.Namespace) -> int:
             "out-dir=DIR"
         )
     tracking = track_request(args, config["out-dir"])
-    try:
-        rows = run_federation(config, ray_address=args.ray_address, say=stderr_say)
-    except ClientsFailedError as err:  # the clients, not the configuration, failed: exit 1
-        return print_error(
-            f"the federation failed because of its clients: {type(err).__name__}: {err}"
-        )
-    except ValueError:
-        raise
-    except Exception as err:  # noqa: BLE001 - a failed federation is reported on one line
-        return failure("the federation", err)
+    with run_lock(config["out-dir"]):
+        try:
+            rows = run_federation(config, ray_address=args.ray_address, say=stderr_say)
+        except ClientsFailedError as err:  # the clients, not the configuration, failed: exit 1
+            return print_error(
+                f"the federation failed because of its clients: {type(err).__name__}: {err}"
+            )
+        except ValueError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a failed federation is reported on one line
+            return failure("the federation", err)
+        show_rows(rows, config, args.csv)
+        return 0 if tracking is None else export_to_tracker(config["out-dir"], tracking)
+
+
+@contextmanager
+def run_lock(out_dir: str) -> Iterator[None]:
+    """A run's hold on its ``out-dir`` (:mod:`fedlmc.simulations.out_dir_lock`) for the whole
+    federation, its kind checked again under the lock; nothing without an out dir."""
+    from fedlmc.simulations.out_dir_lock import out_dir_lock
+    from fedlmc.simulations.results_file import refuse_mixing
+
+    if not out_dir:
+        yield
+        return
+    with out_dir_lock(out_dir, "fedlmc run"):
+        refuse_mixing(out_dir, "run")
+        yield
+
+
+def show_rows(rows: pd.DataFrame, config, csv_path: str | None) -> None:
+    """Print a run's rows (the :data:`SHOWN_COLUMNS` with a value, a line for each left out),
+    the note on cell-dependent default methods, a warning for each method that aligned
+    nothing; write the rows to ``csv_path``."""
+    import pandas as pd
+
     shown, left_out = shown_columns(rows)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -345,12 +392,9 @@ def command_run(args: argparse.Namespace) -> int:
     if note is not None:
         print(note)
     print_alignment_flags(rows)
-    if args.csv:
-        rows.to_csv(args.csv, index=False)
-        print(f"rows written to {args.csv}")
-    if tracking is not None:
-        return export_to_tracker(config["out-dir"], tracking)
-    return 0
+    if csv_path:
+        rows.to_csv(csv_path, index=False)
+        print(f"rows written to {csv_path}")
 
 
 def print_alignment_flags(rows: pd.DataFrame) -> None:
@@ -376,17 +420,13 @@ def shown_columns(rows) -> tuple[list[str], list[str]]:
 
 
 def check_run_outputs(config, csv_path: str | None) -> None:
-    """Before any work: the run's ``out-dir`` is a writable folder holding no sweep, and the
-    ``--csv`` path is writable (:mod:`fedlmc.simulations.results_file`)."""
-    from fedlmc.simulations.results_file import (
-        check_writable_file,
-        check_writable_folder,
-        refuse_mixing,
-    )
+    """Before any work: the run's ``out-dir`` is a writable folder, and the ``--csv`` path is
+    writable (:mod:`fedlmc.simulations.results_file`); that the folder holds no sweep is
+    checked under its lock (:func:`run_lock`), so that a folder in use names its holder."""
+    from fedlmc.simulations.results_file import check_writable_file, check_writable_folder
 
     if config["out-dir"]:
         check_writable_folder(config["out-dir"], "out-dir")
-        refuse_mixing(config["out-dir"], "run")
     if csv_path:
         check_writable_file(csv_path, "--csv")
 
@@ -476,6 +516,9 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedlmc`` console script; returns the exit status."""
+    from fedlmc.simulations.stop_signals import exit_status, handle_signals
+
+    handle_signals()  # SIGTERM stops a command like Ctrl-C does (exit status 143)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -487,9 +530,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as err:  # e.g. an out dir that cannot be created
         return print_error(err)
-    except KeyboardInterrupt:
-        print("fedlmc: interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (stop_signals.Terminated)
+        code = exit_status(interrupt)
+        what = "terminated (SIGTERM)" if code != 130 else "interrupted"
+        print(f"fedlmc: {what}; rerun the same command to resume", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from fedlmc.data.catalog import (
 )
 from fedlmc.merging.methods import (
     AUTO_TOLERANCE,
+    CALIBRATED_SUFFIX,
     base_method,
     merge_method_names,
     mixed_width_row,
@@ -62,6 +63,8 @@ from fedlmc.simulations.schema import (
     did_you_mean,
     fraction,
     named,
+    out_of_range,
+    shown,
 )
 
 __all__ = [
@@ -73,6 +76,7 @@ __all__ = [
     "expand_grid",
     "load_sweep_config",
     "method_list",
+    "row_methods",
     "run_schema",
     "runtime_keys",
     "validate_run_config",
@@ -586,6 +590,29 @@ def check_data_source(config: Mapping[str, Any]) -> None:
             )
 
 
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "owner/name"
+
+
+def check_local_sources(config: Mapping[str, Any]) -> None:
+    """Before Ray starts: a model factory file (``path/file.py:make_net``) must exist, and an
+    ``hf:`` data source must be an existing local file or folder or look like a hub name
+    (``name`` or ``owner/name``: ``hf:../../x`` is neither). Machine-dependent: skipped with
+    ``check_devices=False`` (``--no-device-check``)."""
+    location = config["model"].rpartition(":")[0]
+    if location.endswith(".py") and not Path(location).expanduser().is_file():
+        raise ConfigError(
+            f"model = {shown(config['model'])}: no such file {shown(location)}; allowed: a "
+            "registered model, 'package.module:make_net' or an existing 'file.py:make_net'"
+        )
+    if is_hf_name(config["dataset"]):
+        name = config["dataset"][len("hf:") :]
+        if not os.path.exists(os.path.expanduser(name)) and not HUB_NAME.fullmatch(name):
+            raise ConfigError(
+                f"dataset = {shown(config['dataset'])}: no such local file or folder, nor a hub "
+                "name; allowed: hf: with an existing path or a hub name 'name' / 'owner/name'"
+            )
+
+
 def check_cuda(config: Mapping[str, Any]) -> None:
     """``num-gpus > 0`` or ``device = "cuda"`` needs a visible CUDA GPU."""
     if config["num-gpus"] > 0 or config["device"] == "cuda":
@@ -628,6 +655,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except ValueError:  # an integer of more digits than Python converts (4300)
+        raise ConfigError(out_of_range(key, raw, run_schema().get(key))) from None
     return key, value
 
 
@@ -767,6 +796,21 @@ def selected_methods(config: Mapping[str, Any]) -> list[str]:
     if strategy == "aligned":
         return [config["align"]]
     return ["average"] if strategy == "average" else []
+
+
+def row_methods(config: Mapping[str, Any]) -> list[str]:
+    """The ``method`` of every row a federation of ``config`` reports, in order: each of
+    ``methods`` under ``compare`` (``fedavg`` and the references included), the merge
+    (``average`` / ``align``) and, unless ``calibration = "none"``, its ``_t`` row under
+    ``average`` / ``aligned``, ``fedavg`` under ``fedavg``. A sweep counts a cell done only
+    when its rows hold exactly these (:func:`fedlmc.simulations.results_file.finished_cells`)."""
+    strategy = config["strategy"]
+    if strategy == "compare":
+        return method_list(config)
+    if strategy == FEDAVG:
+        return [FEDAVG]
+    base = config["align"] if strategy == "aligned" else "average"
+    return [base] if config["calibration"] == "none" else [base, base + CALIBRATED_SUFFIX]
 
 
 def check_plain_chain_methods(config: Mapping[str, Any]) -> None:
@@ -955,7 +999,7 @@ CONSISTENCY_CHECKS: list[Check] = [
 about a new key joins this list (run by :func:`validate_run_config`)."""
 WHOLE_RUN_CHECKS: list[Check] = [check_fedavg_rounds, check_warmup_rounds]
 """Checks about the whole run, skipped for a client's one-round config (``whole_run=False``)."""
-DEVICE_CHECKS: list[Check] = [check_memory, check_cuda]
+DEVICE_CHECKS: list[Check] = [check_local_sources, check_memory, check_cuda]
 """Checks about this machine, skipped with ``check_devices=False``."""
 
 
@@ -994,6 +1038,9 @@ SWEEP_KEYS = ("name", "description", "run", "grid", "report")
 SWEEP_TABLES = ("run", "grid", "report")
 NOT_SWEEPABLE = ("out-dir",)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
+MAX_NAME = 100  # characters of a sweep name: it names the default out dir, results/<name>
+HUGE_INTEGER = re.compile(r"[+-]?\d[\d_]{999,}")
+TOML_KEY = re.compile(r"\s*([A-Za-z0-9_.\"-]+)\s*=")
 
 
 @dataclass(frozen=True)
@@ -1030,6 +1077,21 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {str(path)!r}: malformed TOML: {err}") from None
+    except ValueError:  # an integer of more digits than Python converts (4300)
+        key, raw = huge_integer(text)
+        message = out_of_range(key, raw, run_schema().get(key.rpartition(".")[2]))
+        raise ConfigError(f"config file {str(path)!r}: {message}") from None
+
+
+def huge_integer(text: str) -> tuple[str, str]:
+    """``(key, digits)`` of the first integer of TOML ``text`` too long for Python to read
+    (``("a key", "an integer")`` when none is found)."""
+    found = HUGE_INTEGER.search(text)
+    if found is None:
+        return "a key", "an integer"
+    line = text[text.rfind("\n", 0, found.start()) + 1 : found.start()]
+    key = TOML_KEY.match(line)
+    return (key.group(1) if key else "a key"), found.group()
 
 
 def load_sweep_config(
@@ -1132,9 +1194,10 @@ def _drop_key(raw: dict[str, Any], key: str, keep: str = "") -> None:
 def _check_name(name: Any) -> str:
     if name is None:
         raise ConfigError("name is missing: allowed: a string of letters, digits, '.', '_', '-'")
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or len(name) > MAX_NAME:
         raise ConfigError(
-            f"name = {name!r}: allowed: a non-empty string of letters, digits, '.', '_', '-'"
+            f"name = {shown(name)}: allowed: a non-empty string of at most {MAX_NAME} letters, "
+            "digits, '.', '_', '-'"
         )
     return name
 

@@ -41,7 +41,9 @@ clients) whose ServerApp (:class:`SweepServer`) runs every cell on the same Grid
 Results reach the caller through ``on_done(CellResult)``, called (one at a time) as each cell
 finishes, in any order. A cell whose ServerApp raises (too few clients, timeout, NaN, ...) gives
 a result with ``error`` set; the others go on. When the simulation itself ends early (Ctrl-C,
-engine failure), the cells in flight stop at their next message and report nothing.
+SIGTERM, engine failure), the cells in flight stop at their next message and report nothing;
+SIGTERM is handled like Ctrl-C (:mod:`fedlmc.simulations.stop_signals`, exit status 143 instead
+of 130).
 
 ``ray_address`` (``"auto"``, ``"HOST:PORT"`` or ``"ray://HOST:PORT"``) joins an existing Ray
 cluster instead of starting a local one; an address where nothing answers is refused at once
@@ -87,6 +89,7 @@ from fedlmc.simulations.ray_runtime import (
     resources_of,
 )
 from fedlmc.simulations.slots import POLL_SECONDS, Broker, EngineStopped
+from fedlmc.simulations.stop_signals import exit_status, restore_signals
 from fedlmc.simulations.sweep_server import CellJob, CellResult, SweepServer
 from fedlmc.simulations.threads import config_slot_threads, server_threads, threads_of_this_process
 
@@ -206,6 +209,7 @@ def _run_group(
     with quiet_flower(verbose):
         try:
             init_ray(ray_address, backend["init_args"], config_slot_threads(jobs[0].config))
+            restore_signals()  # the command's SIGTERM handler, not ray.init's sys.exit
             slots = client_slots(backend["client_resources"])
         except BaseException:
             if ray.is_initialized():
@@ -237,8 +241,8 @@ def _run_group(
                     backend_config=backend,
                     verbose_logging=verbose,
                 )
-        except KeyboardInterrupt:
-            exit_even_if_stuck(130, grace=0.0)
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (stop_signals.Terminated)
+            exit_even_if_stuck(exit_status(interrupt), grace=0.0)
             raise
         except SystemExit as exc:  # flwr_exit() on engine failures
             exit_even_if_stuck(1)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "MAX_INT",
     "Check",
     "ConfigError",
     "Key",
@@ -29,9 +30,34 @@ __all__ = [
     "did_you_mean",
     "fraction",
     "named",
+    "out_of_range",
+    "shown",
 ]
 
 Check = Callable[[Any], str | None]
+MAX_INT = 2**63 - 1  # TOML integers are 64-bit; so are the seeds, counts and sizes they set
+MAX_SHOWN = 40  # characters of a value shown in a message
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut to :data:`MAX_SHOWN` characters with its length when longer, so that
+    a message about a 10,000-digit number or a 10,000-character name stays one short line."""
+    return cut(repr(value))
+
+
+def cut(text: str) -> str:
+    """``text`` cut to :data:`MAX_SHOWN` characters with its length when longer."""
+    if len(text) <= MAX_SHOWN:
+        return text
+    return f"{text[: MAX_SHOWN - 10]}...{text[-6:]} ({len(text)} characters)"
+
+
+def out_of_range(key: str, value: Any, spec: Key | None) -> str:
+    """The message for an integer beyond 64 bits: the key, the value cut short, and what
+    ``spec``'s check allows (``allowed: a number > 0``) within the 64-bit range."""
+    text = getattr(spec.check, "allowed", None) if spec is not None else None
+    allowed = text or "allowed: an integer"
+    return f"{key} = {cut(str(value))}: out of range; {allowed}, at most {MAX_INT} (64-bit)"
 
 
 class ConfigError(ValueError):
@@ -94,16 +120,22 @@ def named(
 def at_least(low: float, *, strict: bool = False) -> Check:
     """A check accepting numbers ``>= low`` (``> low`` when ``strict``)."""
 
+    text = f"allowed: a number {'>' if strict else '>='} {low}"
+
     def check(value: Any) -> str | None:
         ok = value > low if strict else value >= low
-        return None if ok else f"allowed: a number {'>' if strict else '>='} {low}"
+        return None if ok else text
 
+    check.allowed = text  # type: ignore[attr-defined]
     return check
 
 
 def fraction(value: Any) -> str | None:
     """A check accepting numbers in [0, 1)."""
-    return None if 0.0 <= value < 1.0 else "allowed: a number in [0, 1)"
+    return None if 0.0 <= value < 1.0 else fraction.allowed
+
+
+fraction.allowed = "allowed: a number in [0, 1)"  # type: ignore[attr-defined]
 
 
 def did_you_mean(name: str, choices: Sequence[str]) -> str:
@@ -120,7 +152,7 @@ def coerce(key: str, value: Any, expected: type) -> Any:
         return int(value)
     if isinstance(value, expected) and not (expected is not bool and isinstance(value, bool)):
         return value
-    raise ConfigError(f"{key} = {value!r}: expected {expected.__name__}")
+    raise ConfigError(f"{key} = {shown(value)}: expected {expected.__name__}")
 
 
 def check_value(key: str, value: Any, schema: Mapping[str, Key], where: str = "") -> Any:
@@ -129,10 +161,12 @@ def check_value(key: str, value: Any, schema: Mapping[str, Key], where: str = ""
     spec = schema[key]
     if spec.booleans and isinstance(value, bool):
         value = "true" if value else "false"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        raise ConfigError(out_of_range(f"{where}{key}", value, spec))
     value = coerce(f"{where}{key}", value, spec.type)
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{where}{key} = {value!r}: allowed: a finite number")
+        raise ConfigError(f"{where}{key} = {shown(value)}: allowed: a finite number")
     problem = spec.check(value) if spec.check else None
     if problem:
-        raise ConfigError(f"{where}{key} = {value!r}: {problem}")
+        raise ConfigError(f"{where}{key} = {shown(value)}: {problem}")
     return value

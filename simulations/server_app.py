@@ -76,6 +76,7 @@ from fedlmc.simulations.config import (
     validate_run_config,
     widths_text,
 )
+from fedlmc.simulations.out_dir_lock import out_dir_lock
 from fedlmc.simulations.progress import RunProgress, Say, flower_say, rows_destination
 from fedlmc.simulations.provenance import version_columns
 from fedlmc.simulations.results_file import check_writable_folder, refuse_mixing
@@ -582,6 +583,28 @@ def prepare_data(config: Mapping[str, Any]) -> DataSplits:
     return load_splits(config)
 
 
+def run_mode(
+    grid: Grid, config: Mapping[str, Any], simulated: bool, progress: RunProgress
+) -> ServerOutcome:
+    """The data, the models and the configured mode (:data:`MODES`) of a validated run config,
+    its stages told through ``progress``."""
+    outcome = ServerOutcome(config=config, progress=progress)
+    note = cell_default_methods_note(config)
+    if note is not None:
+        outcome.progress(note)
+    start = time.perf_counter()
+    splits = prepare_data(config)
+    outcome.timings["load_seconds"] = time.perf_counter() - start
+    template = build_from_config(config, splits)
+    if mixed_widths(config):
+        outcome.client_templates = client_templates(config, splits)
+    outcome.weight_bound = weight_bound(config, simulated)
+    MODES[config["strategy"]](grid, config, splits, template, device_of(config), outcome)
+    outcome.timings["server_seconds"] = time.perf_counter() - start
+    outcome.progress.finished(len(outcome.rows))
+    return outcome
+
+
 def run_server(
     grid: Grid,
     run_config: Mapping[str, Any],
@@ -597,23 +620,12 @@ def run_server(
     if config["out-dir"]:  # before any work: never overwrite a sweep's results.csv
         check_writable_folder(config["out-dir"], "out-dir")
         refuse_mixing(config["out-dir"], "run")
-    outcome = ServerOutcome(config=config, progress=RunProgress(say))
-    note = cell_default_methods_note(config)
-    if note is not None:
-        outcome.progress(note)
-    start = time.perf_counter()
-    splits = prepare_data(config)
-    outcome.timings["load_seconds"] = time.perf_counter() - start
-    device = device_of(config)
-    template = build_from_config(config, splits)
-    if mixed_widths(config):
-        outcome.client_templates = client_templates(config, splits)
-    outcome.weight_bound = weight_bound(config, simulated)
-    MODES[config["strategy"]](grid, config, splits, template, device, outcome)
-    outcome.timings["server_seconds"] = time.perf_counter() - start
-    outcome.progress.finished(len(outcome.rows))
-    if config["out-dir"]:
-        write_outputs(outcome, config["out-dir"], device)
+        with out_dir_lock(config["out-dir"], "the fedlmc ServerApp"):  # re-entrant in fedlmc run
+            refuse_mixing(config["out-dir"], "run")  # again, under the lock
+            outcome = run_mode(grid, config, simulated, RunProgress(say))
+            write_outputs(outcome, config["out-dir"], device_of(config))
+    else:
+        outcome = run_mode(grid, config, simulated, RunProgress(say))
     if say is not None:
         say(rows_destination(config))
     for row in outcome.rows:

@@ -24,17 +24,21 @@ Output folder ``out_dir``:
 Cells finish, and their rows are appended, in any order; the rows of a cell do not depend on
 what ran before or beside it.
 
-Resume: a rerun skips every cell with ``ok`` rows in ``results.csv``; rows that fail the schema
-on read (cut off, junk, text in a numeric column: :mod:`fedlmc.simulations.results_file`) are moved
-to ``results.rejected.csv`` with a warning and their cells run again. A folder holding the results
-of a ``fedlmc run`` is refused. Failed cells (the runner
+Resume: a rerun skips every cell whose rows are all in ``results.csv`` and valid (its ``ok``
+rows hold exactly the methods of :func:`fedlmc.simulations.config.row_methods`); lines that fail
+the schema on read (cut off, junk, an unclosed quote, text in a numeric column, a control
+character: :mod:`fedlmc.simulations.results_file`) are moved to ``results.rejected.csv`` with a
+warning, and their cells, like any cell that lost a row, run again, their new rows replacing
+the old. A cell whose runner or federation reports other methods than its config's is recorded
+as failed. A folder holding the results of a ``fedlmc run`` is refused. Failed cells (the runner
 raised, e.g. too few clients survived) are recorded as one row with ``status = "failed"`` and
 the reason, the sweep goes on, and a rerun retries them (``retry_failed=False`` keeps them);
 the retry's rows replace the failed row. A killed sweep, rerun, thus ends with the same rows as
 an uninterrupted one: no cell twice, none missing.
 
-A second sweep started on an ``out_dir`` in use (an exclusive ``flock`` on ``out_dir/.lock``,
-released by the kernel when a sweep dies) is refused. A different sweep (another set of cells)
+A sweep holds its ``out_dir``'s lock (:func:`fedlmc.simulations.out_dir_lock.out_dir_lock`) while
+it writes: a second sweep, a ``fedlmc run`` or a ``fedlmc report`` on the folder is refused, and the
+folder's kind is checked again under the lock. A different sweep (another set of cells)
 under an existing ``out_dir`` is refused unless
 ``force=True``; then the old ``results.csv`` / ``config.json`` are kept as
 ``results.previous.csv`` / ``config.previous.json``, and the rows of cells that are still in the
@@ -43,14 +47,12 @@ new sweep are carried over (same cell id = same resolved experiment).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,18 +65,24 @@ from fedlmc.simulations.config import (
     absolute_paths,
     cell_id,
     experiment_values,
+    row_methods,
     run_schema,
     unique_cells,
 )
+from fedlmc.simulations.out_dir_lock import out_dir_lock
 from fedlmc.simulations.provenance import versions
-from fedlmc.simulations.results_file import read_results, refuse_mixing
+from fedlmc.simulations.results_file import (
+    finished_cells,
+    plain_text,
+    read_results,
+    refuse_mixing,
+)
 from fedlmc.simulations.training_file import keep_cells, replace_cell_rows, training_rows
 
 Runner = Callable[[Mapping[str, Any]], pd.DataFrame]
 
 RESULTS = "results.csv"
 CONFIG = "config.json"
-LOCK = ".lock"
 LEAD_COLUMNS = ("cell_id", "status", "error")
 CONFIG_EXCLUDED = ("out-dir",)
 MAX_ERROR = 400  # characters of a failed cell's reason kept in results.csv
@@ -99,6 +107,19 @@ def cell_rows(cid: str, config: Mapping[str, Any], metrics: pd.DataFrame) -> pd.
     metrics = metrics.drop(columns=[c for c in metrics.columns if c in lead or c in config])
     lead_frame = pd.DataFrame([lead] * len(metrics))
     return pd.concat([lead_frame, metrics], axis=1)
+
+
+def rows_of_cell(cid: str, config: Mapping[str, Any], metrics: pd.DataFrame) -> pd.DataFrame:
+    """:func:`cell_rows`, or a failed row when ``metrics`` does not hold exactly the methods
+    of ``config`` (:func:`fedlmc.simulations.config.row_methods`): such a cell could never
+    count as done."""
+    expected = row_methods(config)
+    got = [str(m) for m in metrics["method"]] if "method" in metrics else []
+    if sorted(got) != sorted(expected):
+        return failed_row(
+            cid, config, f"the cell reported methods {got}; expected {expected} (its config's)"
+        )
+    return cell_rows(cid, config, metrics)
 
 
 def failed_row(cid: str, config: Mapping[str, Any], error: BaseException | str) -> pd.DataFrame:
@@ -126,7 +147,7 @@ def run_cell(runner: Runner, cid: str, config: Mapping[str, Any]) -> pd.DataFram
         metrics = runner(config)
         if metrics is None or len(metrics) == 0:
             return failed_row(cid, config, "runner returned no rows")
-        return cell_rows(cid, config, metrics)
+        return rows_of_cell(cid, config, metrics)
     except Exception as err:  # noqa: BLE001 - a failed cell is recorded, the sweep goes on
         return failed_row(cid, config, err)
 
@@ -140,8 +161,11 @@ def merge_columns(old: Sequence[str], new: Sequence[str]) -> list[str]:
 
 
 def append_rows(out_dir: Path, rows: pd.DataFrame) -> pd.DataFrame:
-    """Replace the cell's previous rows (a failed attempt) by ``rows``; returns the whole table."""
-    old = read_results(out_dir)
+    """Replace the cell's previous rows (a failed attempt, a cell that lost a row) by ``rows``
+    (their text fields made plain: one line per row); returns the whole table."""
+    old = read_results(out_dir, set_aside_bad=True, check_cells=False)  # bad lines set aside
+    text = [c for c in rows.columns if not pd.api.types.is_numeric_dtype(rows[c])]
+    rows = rows.assign(**{c: rows[c].map(plain_text) for c in text})
     keep = old[old["cell_id"] != rows["cell_id"].iloc[0]]
     table = pd.concat([keep, rows], ignore_index=True) if len(keep) else rows.copy()
     table = table.reindex(columns=merge_columns(old.columns, rows.columns))
@@ -352,7 +376,7 @@ def outcome_rows(cid: str, config: Mapping[str, Any], result: Any) -> pd.DataFra
     table = result.outcome.table()
     if table.empty:
         return failed_row(cid, config, "the federation produced no rows")
-    return cell_rows(cid, config, table)
+    return rows_of_cell(cid, config, table)
 
 
 def run_sweep(
@@ -384,10 +408,11 @@ def run_sweep(
     pairs = unique_cells(sweep)
     points, cells = [p for p, _ in pairs], [c for _, c in pairs]
     ids = [cell_id(c) for c in cells]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with exclusive(out_dir):
-        prepare_out_dir(out_dir, sweep_record(sweep, cells), force=force)
-        done = finished_cells(read_results(out_dir, set_aside_bad=True), retry_failed=retry_failed)
+    expected = {cid: row_methods(cell) for cid, cell in zip(ids, cells, strict=True)}
+    with out_dir_lock(out_dir, "fedlmc sweep"):
+        prepare_out_dir(out_dir, sweep_record(sweep, cells), force=force)  # kind checked again
+        results = read_results(out_dir, set_aside_bad=True)
+        done = finished_cells(results, expected, retry_failed=retry_failed)
         todo = [i for i, cid in enumerate(ids) if cid not in done]
         say = tqdm.write if progress else (lambda _text: None)
         say(
@@ -491,33 +516,6 @@ def _run_with_engine(
         max_in_flight=cells_in_flight,
         verbose=verbose,
     )
-
-
-@contextmanager
-def exclusive(out_dir: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``out_dir/.lock`` (released by the kernel even on
-    SIGKILL); a second sweep on the same folder is refused instead of running cells twice."""
-    with open(out_dir / LOCK, "a+") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"out dir {str(out_dir)!r} is in use by another running sweep; "
-                f"allowed: wait for it, or use another --out"
-            ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def finished_cells(results: pd.DataFrame, *, retry_failed: bool = True) -> set[str]:
-    """Cell ids that a rerun skips: ok cells, plus failed ones unless ``retry_failed``."""
-    if results.empty:
-        return set()
-    if retry_failed:
-        results = results[results["status"] == "ok"]
-    return set(results["cell_id"])
 
 
 def print_summary(results: pd.DataFrame) -> None:

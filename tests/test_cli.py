@@ -105,6 +105,7 @@ TWO_CELLS = """
 name = "two"
 [run]
 epochs = 1
+methods = "average"
 [grid]
 width = [0.125, 0.25]
 """

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from fedlmc.averaging import average, load_state
 from fedlmc.evaluation import predict_logits
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.simulations.config import client_width, validate_run_config
+from fedlmc.simulations.config import client_width, row_methods, validate_run_config
 from fedlmc.simulations.federation import run_federation, run_federation_outcome
 from fedlmc.simulations.task import (
     build_from_config,
@@ -64,6 +64,7 @@ def test_compare_round_end_to_end(tmp_path):
     outcome = run_federation_outcome(config)
     rows = outcome.table()
     assert list(rows["method"]) == ["average", "average_t", "weight_matching", "ensemble", "fedavg"]
+    assert list(rows["method"]) == row_methods(config)  # what a sweep counts as a whole cell
     assert (rows["clients_survived"] == 2).all()
     assert (rows["clients_failed"] == "").all()
     assert rows["accuracy"].between(0, 1).all()
@@ -160,7 +161,7 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
     )
     outcome = run_federation_outcome(config)
     rows = outcome.table()
-    assert list(rows["method"]) == ["embed_average", "embed_average_t"]
+    assert list(rows["method"]) == ["embed_average", "embed_average_t"] == row_methods(config)
     assert (rows["clients_survived"] == 2).all()
     assert (rows["client_widths"] == "0.25,0.25,0.5,0.5").all() and (
         rows["server_width"] == 0.5

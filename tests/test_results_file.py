@@ -4,6 +4,9 @@ cannot be written are refused before any work (cells run through a plain runner:
 
 from __future__ import annotations
 
+import csv
+import io
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -11,67 +14,204 @@ import pytest
 
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import ConfigError, sweep_from_mapping
-from fedlmc.simulations.results_file import REJECTED, out_dir_kind, read_results, refuse_mixing
+from fedlmc.simulations.results_file import (
+    REJECTED,
+    finished_cells,
+    out_dir_kind,
+    read_results,
+    refuse_mixing,
+)
 from fedlmc.simulations.sweep import run_sweep
 
-SWEEP = {"name": "two", "run": {"epochs": 1, "lambdas": 3}, "grid": {"seed": [0, 1]}}
+SWEEP = {
+    "name": "three",
+    "run": {"epochs": 1, "lambdas": 3, "methods": "average,average_t"},
+    "grid": {"seed": [0, 1, 2]},
+}
+METHODS = ["average", "average_t"]
 
 
 def runner_counting(calls: list):
+    """Two rows per cell (the config's methods), values a function of the seed and method."""
+
     def runner(config):
         calls.append(config["seed"])
-        return pd.DataFrame([{"method": "average", "accuracy": 0.5 + config["seed"] / 10}])
+        return pd.DataFrame(
+            [
+                {"method": m, "accuracy": 0.5 + config["seed"] / 10 + i / 100, "clients_failed": ""}
+                for i, m in enumerate(METHODS)
+            ]
+        )
 
     return runner
 
 
-def finished_sweep(out: Path) -> None:
-    run_sweep(sweep_from_mapping(SWEEP), out, runner=runner_counting([]), progress=False)
+def finished_sweep(out: Path) -> pd.DataFrame:
+    return run_sweep(sweep_from_mapping(SWEEP), out, runner=runner_counting([]), progress=False)
 
 
-def test_a_row_cut_off_mid_line_is_set_aside_and_its_cell_rerun(tmp_path, capsys):
-    out = tmp_path / "sweep"
+@pytest.fixture(scope="module")
+def undamaged(tmp_path_factory) -> tuple[Path, pd.DataFrame]:
+    """One finished sweep (3 cells x 2 rows) copied by each damage test."""
+    out = tmp_path_factory.mktemp("undamaged") / "sweep"
     finished_sweep(out)
+    return out, by_cell(read_results(out))
+
+
+def by_cell(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.sort_values(["cell_id", "method"]).reset_index(drop=True)
+
+
+def copy_of(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split("\n")
+
+
+def cut_last_row_mid_line(lines: list[str]) -> str:
+    return "\n".join(lines[:-1])[:-6]  # the last row loses its end and its line end
+
+
+def garbage_with_an_unclosed_quote(lines: list[str]) -> str:
+    return "\n".join([*lines[:2], 'junk,"open quote', *lines[2:]])
+
+
+def fields_of(line: str) -> list[str]:
+    return next(csv.reader([line]))
+
+
+def with_text_in_accuracy(header: str, line: str) -> str:
+    fields = fields_of(line)
+    fields[fields_of(header).index("accuracy")] = "oops"
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="").writerow(fields)
+    return buffer.getvalue()
+
+
+def text_in_a_numeric_column(lines: list[str]) -> str:
+    return "\n".join([*lines[:3], with_text_in_accuracy(lines[0], lines[3]), *lines[4:]])
+
+
+def nul_in_a_string_column(lines: list[str]) -> str:
+    return "\n".join([*lines[:5], lines[5].replace("average", "aver\x00age", 1), *lines[6:]])
+
+
+def a_row_deleted(lines: list[str]) -> str:
+    return "\n".join([*lines[:4], *lines[5:]])
+
+
+def a_row_twice(lines: list[str]) -> str:
+    return "\n".join([*lines[:4], lines[3], *lines[4:]])
+
+
+# damage -> (index in lines_of() of the row whose cell must run again (None: none), lines set
+# aside); rows 1-2 are seed 0's, 3-4 seed 1's, 5-6 seed 2's
+DAMAGES = {
+    cut_last_row_mid_line: (6, 1),
+    garbage_with_an_unclosed_quote: (None, 1),  # the next real row is kept: nothing reruns
+    text_in_a_numeric_column: (3, 1),
+    nul_in_a_string_column: (5, 1),
+    a_row_deleted: (4, 0),
+    a_row_twice: (3, 0),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=lambda f: f.__name__)
+def test_a_damaged_results_file_ends_with_the_rows_of_an_undamaged_one(
+    tmp_path, capsys, undamaged, damage
+):
+    """Each damage of issue 31: the bad line alone is set aside (byte for byte), the cell that
+    lost a row (and that one only) runs again, its other row replaced, never duplicated; the
+    folder ends with exactly the undamaged rows (the runner is deterministic)."""
+    source, expected = undamaged
+    out = copy_of(source, tmp_path / "sweep")
     results = out / "results.csv"
-    text = results.read_text()
-    results.write_text(text[: len(text) - 6])  # the last row loses its end
+    lines = lines_of(results)
+    rerun_index, set_aside = DAMAGES[damage]
+    damaged = damage(lines)
+    results.write_text(damaged, encoding="utf-8")
     calls: list = []
     table = run_sweep(sweep_from_mapping(SWEEP), out, runner=runner_counting(calls), progress=False)
-    assert calls == [1]  # only the damaged cell ran again
-    assert sorted(table["seed"]) == [0, 1] and (table["status"] == "ok").all()
-    assert table.loc[table.seed == 1, "accuracy"].item() == pytest.approx(0.6)
-    rejected = (out / REJECTED).read_text()
-    assert rejected.splitlines()[0].startswith("cell_id") and len(rejected.splitlines()) == 2
-    warning = capsys.readouterr().err
-    assert str(results) in warning and "row 3" in warning and REJECTED in warning
-
-
-def test_a_last_row_without_its_line_end_is_cut_off_even_with_every_field(tmp_path, capsys):
-    out = tmp_path / "sweep"
-    finished_sweep(out)
-    results = out / "results.csv"
-    results.write_text(results.read_text().rstrip("\n"))  # fields intact, the line end gone
-    assert len(read_results(out)) == 1
-    assert "cut off (the file does not end with a line end)" in capsys.readouterr().err
-
-
-def test_junk_rows_are_left_out_with_the_file_named_never_a_tokenizer_error(tmp_path, capsys):
-    out = tmp_path / "sweep"
-    finished_sweep(out)
-    results = out / "results.csv"
-    good = read_results(out)
-    header = results.read_text().splitlines()[0].split(",")
-    text_in_number = ",".join(
-        {"cell_id": "0123456789ab", "status": "ok", "accuracy": "oops"}.get(c, "") for c in header
+    seed_at = lines[0].split(",").index("seed")
+    rerun = [] if rerun_index is None else [int(fields_of(lines[rerun_index])[seed_at])]
+    assert calls == rerun
+    pd.testing.assert_frame_equal(by_cell(table), expected)
+    pd.testing.assert_frame_equal(by_cell(read_results(out)), expected)
+    err = capsys.readouterr().err
+    if set_aside:
+        rejected = (out / REJECTED).read_bytes().decode("utf-8").split("\n")
+        assert rejected[0] == lines[0] and len(rejected) == 2 + set_aside  # header, line, end
+        assert rejected[1] in damaged.split("\n")
+        assert f"{set_aside} bad row(s)" in err and REJECTED in err
+    else:
+        assert not (out / REJECTED).exists()
+        assert "lack rows" in err and "they run again" in err
+    # a second rerun has nothing left to do
+    again = run_sweep(
+        sweep_from_mapping(SWEEP),
+        out,
+        runner=lambda _config: pytest.fail("a complete cell was rerun"),
+        progress=False,
     )
-    with results.open("a") as handle:
-        handle.write(text_in_number + "\n" + 'junk,"open quote\n')
+    pd.testing.assert_frame_equal(by_cell(again), expected)
+
+
+def test_each_bad_line_is_named_and_a_report_sees_every_good_row(tmp_path, capsys, undamaged):
+    """Read for a report (nothing set aside): an unclosed quote keeps its neighbour, each bad
+    line is named with its reason, and the cells that lack rows are named too."""
+    source, expected = undamaged
+    out = copy_of(source, tmp_path / "sweep")
+    results = out / "results.csv"
+    lines = lines_of(results)
+    oops = with_text_in_accuracy(lines[0], lines[3])
+    nul = lines[5].replace(",", ",\x00", 1)  # in the status field
+    damaged = [*lines[:2], 'junk,"open quote', lines[2], oops, lines[4], nul, *lines[6:]]
+    results.write_text("\n".join(damaged), encoding="utf-8")
     table = read_results(out)
-    pd.testing.assert_frame_equal(table, good)  # the report sees no NaN row
-    warning = capsys.readouterr().err
-    assert str(results) in warning and "2 bad row(s)" in warning
-    assert "accuracy = 'oops' is not a number" in warning and "fields where the header" in warning
+    assert len(table) == len(expected) - 2  # the row after the unclosed quote is kept
+    assert lines[2].split(",")[0] in set(table["cell_id"])
+    err = capsys.readouterr().err
+    assert str(results) in err and "3 bad row(s)" in err and "left out" in err
+    assert "line 3: an unclosed quote" in err
+    assert "line 5: accuracy = 'oops' is not a number" in err
+    assert "line 7: status holds a control character ('\\x00')" in err
+    assert "2 cell(s)" in err and "lack rows" in err and "rerun the sweep" in err
     assert not (out / REJECTED).exists()  # reading for a report sets nothing aside
+
+
+def test_a_cell_is_done_only_with_exactly_its_methods(undamaged):
+    _source, rows = undamaged
+    expected = {cid: METHODS for cid in rows["cell_id"]}
+    assert finished_cells(rows, expected) == set(rows["cell_id"])
+    first = rows["cell_id"].iloc[0]
+    assert first not in finished_cells(rows.iloc[1:], expected)  # one row missing
+    assert first not in finished_cells(pd.concat([rows, rows.iloc[:1]]), expected)  # twice
+    assert finished_cells(rows, {**expected, first: ["average"]}) == set(rows["cell_id"]) - {first}
+
+
+def test_a_runner_reporting_other_methods_records_a_failed_cell(tmp_path):
+    def runner(config):
+        return pd.DataFrame([{"method": "average", "accuracy": 0.5}])
+
+    table = run_sweep(sweep_from_mapping(SWEEP), tmp_path / "out", runner=runner, progress=False)
+    assert (table["status"] == "failed").all() and len(table) == 3
+    assert "reported methods ['average']; expected ['average', 'average_t']" in table["error"][0]
+
+
+def test_control_characters_are_written_as_spaces_so_a_row_stays_one_line(tmp_path):
+    def runner(config):
+        rows = runner_counting([])(config)
+        return rows.assign(clients_failed="node 1:\nline two\x1b[31m\x00")
+
+    out = tmp_path / "out"
+    run_sweep(sweep_from_mapping(SWEEP), out, runner=runner, progress=False)
+    table = read_results(out)
+    assert len(table) == 6 and (table["status"] == "ok").all()
+    assert table["clients_failed"].iloc[0] == "node 1: line two [31m "
+    assert len((out / "results.csv").read_text().splitlines()) == 7
 
 
 def test_a_run_and_a_sweep_never_share_an_out_dir(tmp_path, capsys):

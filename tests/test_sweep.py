@@ -26,9 +26,11 @@ from fedlmc.simulations.config import (
     cell_id,
     expand_grid,
     load_sweep_config,
+    row_methods,
     run_schema,
 )
-from fedlmc.simulations.sweep import exclusive, finished_cells, read_results, run_sweep
+from fedlmc.simulations.out_dir_lock import out_dir_lock
+from fedlmc.simulations.sweep import finished_cells, read_results, run_sweep
 from fedlmc.simulations.training_file import read_training
 from fedlmc.study.rows import ROUND_COLUMNS, row_columns
 from fedlmc.training_columns import TRAINING_COLUMNS
@@ -206,6 +208,34 @@ def test_ctrl_c_exits_130_at_once_and_a_rerun_resumes(tmp_path, uninterrupted):
     assert (out / "training.csv").read_bytes() == (uninterrupted / "training.csv").read_bytes()
 
 
+def test_sigint_to_the_main_pid_alone_exits_130_without_a_traceback(tmp_path):
+    """``kill -INT PID`` (the main process only, not its group as Ctrl-C) while a cell is in
+    flight (a client hangs in it; its folder exists once its ServerApp runs): exit status 130,
+    the resume line last, no traceback, nothing written."""
+    out = tmp_path / "interrupted"
+    config = tmp_path / "hang.toml"
+    hang = '[run]\ntimeout = 150.0\ninject-failure = "hang:1"\n'
+    config.write_text(TINY.replace("[run]\n", hang).replace("0.125, 0.25, 0.5", "0.125"))
+    proc = cli("sweep", str(config), "--out", str(out), "--no-report")
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "cells").is_dir() and any((out / "cells").iterdir()):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the sweep ended before it could be interrupted"
+        os.kill(proc.pid, signal.SIGINT)
+        code, _out, err = finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "fedlmc: interrupted; rerun the same command to resume"
+    assert read_results(out).empty  # the hanging cell was abandoned, not recorded
+
+
 def test_results_schema(uninterrupted):
     frame = read_results(uninterrupted)
     for column in REQUIRED:
@@ -219,6 +249,9 @@ def test_results_schema(uninterrupted):
         assert frame[column].notna().all(), column
     assert frame["accuracy"].between(0, 1).all()
     assert set(frame["method"]) == {"average", "average_t", "weight_matching", "ensemble"}
+    for cell in json.loads((uninterrupted / "config.json").read_text())["cells"]:
+        methods = frame.loc[frame["cell_id"] == cell["cell_id"], "method"].tolist()
+        assert methods == row_methods(cell["config"])  # what makes a cell count as done
     # a temperature never changes the argmax; the raw rows carry T = 1
     by = frame.set_index(["cell_id", "method"])
     for cid in frame["cell_id"].unique():
@@ -303,8 +336,9 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
 
     # a rerun retries the failed cell only (retry_failed=True, the default); with
     # retry_failed=False it leaves the failed row as it is and runs nothing
-    assert finished_cells(results) == set(ok["cell_id"])
-    assert finished_cells(results, retry_failed=False) == set(results["cell_id"])
+    expected = {cell_id(c): row_methods(c) for c in expand_grid(sweep)}
+    assert finished_cells(results, expected) == set(ok["cell_id"])
+    assert finished_cells(results, expected, retry_failed=False) == set(results["cell_id"])
     again = run_sweep(
         sweep,
         out,
@@ -316,16 +350,31 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
 
 
 def test_a_folder_in_use_is_refused(tmp_path):
-    """While one sweep holds the folder (its lock), a second one on it is refused at once."""
+    """While another process holds the folder (its lock), a sweep on it is refused at once
+    (tests/test_out_dir_lock.py starts the real commands against each other)."""
     out = tmp_path / "busy"
-    out.mkdir()
     sweep = load_sweep_config(tiny_config(tmp_path))
-    with exclusive(out):
-        with pytest.raises(ConfigError, match="in use by another running sweep"):
+    hold = "import sys; from fedlmc.simulations.out_dir_lock import out_dir_lock\n"
+    hold += "with out_dir_lock(sys.argv[1], 'fedlmc sweep'):\n    print(1, flush=True); input()\n"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", hold, str(out)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "1"
+        with pytest.raises(ConfigError, match=rf"in use by fedlmc sweep \(pid {child.pid}\)"):
             run_sweep(
                 sweep,
                 out,
                 progress=False,
                 runner=lambda _config: pytest.fail("a cell ran in a busy folder"),
             )
+    finally:
+        child.communicate("\n", timeout=30)
     assert not (out / "results.csv").exists()
+    with out_dir_lock(out, "test"):  # freed when its holder ended
+        pass
