@@ -4,6 +4,7 @@ common-mode share, on constructed features and on a tiny MLP's layer predictions
 import json
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -117,3 +118,32 @@ def test_prediction_columns_store_them_as_json_lists_with_means():
     assert "lewc_cos_centred_layers" not in residual and "lewc_cos_shuffled_mean" not in residual
     assert {"llfc_cos_centred_layers", "common_mode_share_layers"} <= set(residual)
     assert {f"{k}_layers" for k in PREDICTION_KEYS} == {k for k in cols if k.endswith("_layers")}
+
+
+def test_the_lewc_figure_draws_the_raw_cosine_against_its_baseline_and_the_centred_one(tmp_path):
+    from matplotlib.image import imread
+
+    from fedlmc.simulations.figures import (
+        LEWC_COSINE_PANELS,
+        RAW_LEWC_COSINE_PANELS,
+        layer_figure,
+        lewc_cosine_panels,
+    )
+
+    layers = {"lewc_cos_layers": [0.9, 0.8], "lewc_cos_shuffled_layers": [0.85, 0.7]}
+    layers["lewc_cos_centred_layers"] = [0.5, float("nan")]  # a constant layer: NaN
+    rows = pd.DataFrame(
+        [
+            {"method": "average", "width": w, **{k: json.dumps(v) for k, v in layers.items()}}
+            for w in (0.5, 1.0)
+        ]
+    )
+    assert lewc_cosine_panels(list(rows.columns)) == LEWC_COSINE_PANELS
+    old = rows.drop(columns=["lewc_cos_shuffled_layers", "lewc_cos_centred_layers"])
+    assert lewc_cosine_panels(list(old.columns)) == RAW_LEWC_COSINE_PANELS
+    settings = {"dpi": 60}
+    for frame, name in ((rows, "new.png"), (old, "old.png")):
+        path = layer_figure(frame, tmp_path / name, settings, lewc_cosine_panels(frame.columns))
+        assert path is not None and imread(path).std() > 0
+    # two panel rows against one: the figure with the baseline and centred panels is taller
+    assert imread(tmp_path / "new.png").shape[0] > imread(tmp_path / "old.png").shape[0]

@@ -13,14 +13,14 @@ to a scale) and the measured against the predicted norm ratio (:func:`layer_pred
 cosines of non-negative features are high by construction: :func:`centred_cosine` (both sides
 minus their mean over inputs), :func:`shuffled_cosine` (the prediction for another input) and
 :func:`common_mode_share` (the energy in the input-independent mean) say how much of one is
-input-specific. The merged logits shrink (:func:`logit_norm_ratio`). The exponent :math:`l` exists for plain chains
-only (:mod:`fedlmc.permutation.chain`). Many-client collapse: :func:`dead_unit_fractions`,
-:func:`bias_shares`. Sufficient conditions for bias-free ReLU nets: weak additivity of ReLU
-(:func:`relu_additivity_error`, per ReLU) and reciprocal orthogonality
-:math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0` (:func:`reciprocal_orthogonality`, per Linear/Conv).
-Wide, low-rank weights (weight decay) make both hold; :func:`stable_ranks` (per hidden layer),
-:func:`stable_rank` and :func:`effective_rank` measure the rank. Every per-layer function returns
-its list in depth order.
+input-specific. The merged logits shrink (:func:`logit_norm_ratio`). The exponent :math:`l`
+exists for plain chains only (:mod:`fedlmc.permutation.chain`). Many-client collapse:
+:func:`dead_unit_fractions`, :func:`bias_shares`. Sufficient conditions for bias-free ReLU
+nets: weak additivity of ReLU (:func:`relu_additivity_error`, per ReLU) and reciprocal
+orthogonality :math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0` (:func:`reciprocal_orthogonality`,
+per Linear/Conv). Wide, low-rank weights (weight decay) make both hold; :func:`stable_ranks`
+(per hidden layer), :func:`stable_rank` and :func:`effective_rank` measure the rank. Every
+per-layer function returns its list in depth order.
 """
 
 from __future__ import annotations
