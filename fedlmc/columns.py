@@ -107,10 +107,27 @@ PREDICTION_KEYS = (
     "llfc_scaled_error",
     "norm_ratio",
     "lewc_norm_ratio",
+    "lewc_cos_centred",
+    "lewc_cos_shuffled",
+    "llfc_cos_centred",
+    "llfc_cos_shuffled",
+    "common_mode_share",
 )
 """The per-layer LEWC/LLFC quantities (one ``*_layers`` column each, and ``*_layers_quarter``)."""
-PREDICTION_MEAN_KEYS = PREDICTION_KEYS[:4]
+PREDICTION_MEAN_KEYS = tuple(k for k in PREDICTION_KEYS if "_cos" in k or "_error" in k)
 """Those with a mean over layers (errors and cosines)."""
+CENTRED = (
+    "as `{raw}` with both sides centred on their mean over the inputs, `F_l(x) - mean_x F_l` "
+    "and `{p}(x) - mean_x {p}` per unit and position: the input-specific agreement, without the "
+    "input-independent vector non-negative (ReLU) features share; NaN where either side is "
+    "constant over the inputs (a constant feature has no centred direction)"
+)
+SHUFFLED = (
+    "the baseline of `{raw}` by construction: mean over inputs of the cosine between `F_l(x)` "
+    "and `{p}` at another input (with `p` the permutation of the inputs drawn from seed 0, "
+    "input `p_k` meets the prediction for input `p_(k+1 mod n)`); a raw cosine near it says "
+    "nothing input-specific"
+)
 PREDICTIONS = {
     "lewc_cos": (
         "LEWC's prediction: mean cosine with it",
@@ -138,6 +155,27 @@ PREDICTIONS = {
     "lewc_norm_ratio": (
         "LEWC's predicted feature shrinkage",
         "`||P_l|| / ||Q_l||`: the scale, LEWC's content beyond LLFC",
+    ),
+    "lewc_cos_centred": (
+        "LEWC's prediction: mean centred cosine with it",
+        CENTRED.format(raw="lewc_cos", p="P_l"),
+    ),
+    "lewc_cos_shuffled": (
+        "LEWC's prediction for a shuffled input: mean cosine with it (baseline)",
+        SHUFFLED.format(raw="lewc_cos", p="P_l"),
+    ),
+    "llfc_cos_centred": (
+        "LLFC's prediction: mean centred cosine with it",
+        CENTRED.format(raw="llfc_cos", p="Q_l"),
+    ),
+    "llfc_cos_shuffled": (
+        "LLFC's prediction for a shuffled input: mean cosine with it (baseline)",
+        SHUFFLED.format(raw="llfc_cos", p="Q_l"),
+    ),
+    "common_mode_share": (
+        "share of the merged output's energy in its mean over inputs",
+        "`n ||mean_x F_l(x)||^2 / sum_x ||F_l(x)||^2` over the `n` inputs (flattened per input): "
+        "1 for a feature constant over the inputs, 0 for zero-mean features; NaN where `F_l = 0`",
     ),
 }
 AT = {

@@ -19,7 +19,6 @@ import pandas as pd
 
 from fedlmc.registry import Registry
 from fedlmc.simulations.figures import (
-    LEWC_COSINE_PANELS,
     LEWC_PANELS,
     MECHANISM_METHODS,
     MECHANISM_PANELS,
@@ -27,6 +26,7 @@ from fedlmc.simulations.figures import (
     figure_title,
     lambda_path_figure,
     layer_figure,
+    lewc_cosine_panels,
     metric_vs_axis,
     pairwise_figure,
     temperature_series,
@@ -219,7 +219,7 @@ def temperature_vs_width(d: FigureInputs, path: Path) -> Path | None:
     lambda d: has_values(d.rows, "lewc_cos_mean") or "lewc_cos_layers" in d.rows,
 )
 def lewc_layers(d: FigureInputs, path: Path) -> Path | None:
-    return layer_figure(d.rows, path, d.settings, LEWC_COSINE_PANELS)
+    return layer_figure(d.rows, path, d.settings, lewc_cosine_panels(list(d.rows.columns)))
 
 
 @figure("lewc_vs_llfc", lambda d: "norm_ratio_layers" in d.rows)

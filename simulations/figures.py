@@ -289,7 +289,30 @@ class LayerPanel(NamedTuple):
     dashed_means: str = ""
 
 
-LEWC_COSINE_PANELS = (LayerPanel("lewc_cos_layers", None, "LEWC cosine", False),)
+LEWC_COSINE_PANELS = (
+    LayerPanel(
+        "lewc_cos_layers",
+        "lewc_cos_shuffled_layers",
+        "LEWC cosine",
+        False,
+        "same input",
+        "shuffled input (baseline)",
+    ),
+    LayerPanel(
+        "lewc_cos_centred_layers", None, "LEWC cosine, centred\non the mean over inputs", False
+    ),
+)
+"""The raw cosine against its shuffled-input baseline, and the centred cosine."""
+RAW_LEWC_COSINE_PANELS = (LayerPanel("lewc_cos_layers", None, "LEWC cosine", False),)
+"""For results folders from before the baseline and centred columns."""
+
+
+def lewc_cosine_panels(columns: Sequence[str]) -> tuple[LayerPanel, ...]:
+    """:data:`LEWC_COSINE_PANELS` where ``columns`` hold all of theirs, else the raw cosine."""
+    wanted = {c for panel in LEWC_COSINE_PANELS for c in panel[:2] if c}
+    return LEWC_COSINE_PANELS if wanted <= set(columns) else RAW_LEWC_COSINE_PANELS
+
+
 LEWC_PANELS: tuple[LayerPanel, ...] = (
     LayerPanel(
         "norm_ratio_layers",

@@ -17,7 +17,9 @@ figures whose data exists:
   rows have it, the server split's temperature for the same merged model (dashed).
 - ``lewc_layers.png``: LEWC cosine per layer (1 = the merged layer output equals the
   exponentially weighted prediction), one line per width, one panel per method and value of
-  the other varying keys.
+  the other varying keys; top: for the same input (solid) and its baseline, the prediction for a
+  shuffled input (dashed); bottom: centred on the mean over inputs (results folders without
+  these columns: the raw cosine alone).
 - ``lewc_vs_llfc.png``: per layer, on the combined weights (before BatchNorm re-estimation or
   REPAIR), top: the measured norm ratio ``||f_l(merged)|| / ||sum_i w_i f_l(theta_i)||``
   (solid) against LEWC's prediction of it (dashed; LLFC makes no claim about the scale);

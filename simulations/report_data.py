@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -177,9 +178,12 @@ def json_rows(
 
 
 def mean_of_lists(lists: Sequence[Sequence[float]]) -> np.ndarray:
-    """Element-wise mean of equally long lists (the shortest length when they differ)."""
+    """Element-wise mean of equally long lists (the shortest length when they differ), NaN
+    entries left out; NaN where every list has NaN (e.g. a centred cosine of a constant layer)."""
     length = min(len(v) for v in lists)
-    return np.nanmean(np.array([list(v)[:length] for v in lists], dtype=float), axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "Mean of empty slice": all NaN
+        return np.nanmean(np.array([list(v)[:length] for v in lists], dtype=float), axis=0)
 
 
 def mean_spread_table(

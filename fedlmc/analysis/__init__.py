@@ -2,7 +2,9 @@
 
 - :mod:`fedlmc.analysis.paths`: :func:`interpolation_curve`, :func:`barriers`, :func:`merge_gap`.
 - :mod:`fedlmc.analysis.diagnostics`: layerwise predictions of LEWC and LLFC and the sufficient
-  conditions (reciprocal orthogonality, ReLU additivity, stable ranks, dead units, bias shares).
+  conditions (reciprocal orthogonality, ReLU additivity, stable ranks, dead units, bias shares),
+  and the checks that a high cosine is input-specific (centred and shuffled-input cosines, the
+  common-mode share).
 """
 
 from fedlmc._lazy import lazy_exports
@@ -11,7 +13,8 @@ _EXPORTS = {
     **dict.fromkeys(["interpolation_curve", "barriers", "merge_gap", "lambda_grid"], ".paths"),
     **dict.fromkeys(
         ["layer_predictions", "lewc_cosine", "scaled_error", "reciprocal_orthogonality"]
-        + ["relu_additivity_error", "stable_ranks", "dead_unit_fractions", "bias_shares"],
+        + ["relu_additivity_error", "stable_ranks", "dead_unit_fractions", "bias_shares"]
+        + ["centred_cosine", "shuffled_cosine", "common_mode_share"],
         ".diagnostics",
     ),
 }

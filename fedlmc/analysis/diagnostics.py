@@ -9,15 +9,18 @@ Layerwise Exponentially Weighted Connectivity predicts the merged model's layer-
 the cosine similarity of the two sides (:func:`lewc_cosine`) and, since a cosine cannot tell LEWC
 from LLFC's :math:`\sum_i w_i f_l(x; \theta_i)` (Zhou et al. 2023) at equal weights, by LEWC's
 relative error against LLFC's at its best positive scale (:func:`scaled_error`: LLFC holds only up
-to a scale) and the measured against the predicted norm ratio (:func:`layer_predictions`); the
-merged logits shrink (:func:`logit_norm_ratio`). The exponent :math:`l` exists for plain chains
-only (:mod:`fedlmc.permutation.chain`). Many-client collapse: :func:`dead_unit_fractions`,
-:func:`bias_shares`. Sufficient conditions for bias-free ReLU nets: weak additivity of ReLU
-(:func:`relu_additivity_error`, per ReLU) and reciprocal orthogonality
-:math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0` (:func:`reciprocal_orthogonality`, per Linear/Conv).
-Wide, low-rank weights (weight decay) make both hold; :func:`stable_ranks` (per hidden layer),
-:func:`stable_rank` and :func:`effective_rank` measure the rank. Every per-layer function returns
-its list in depth order.
+to a scale) and the measured against the predicted norm ratio (:func:`layer_predictions`). Raw
+cosines of non-negative features are high by construction: :func:`centred_cosine` (both sides
+minus their mean over inputs), :func:`shuffled_cosine` (the prediction for another input) and
+:func:`common_mode_share` (the energy in the input-independent mean) say how much of one is
+input-specific. The merged logits shrink (:func:`logit_norm_ratio`). The exponent :math:`l`
+exists for plain chains only (:mod:`fedlmc.permutation.chain`). Many-client collapse:
+:func:`dead_unit_fractions`, :func:`bias_shares`. Sufficient conditions for bias-free ReLU
+nets: weak additivity of ReLU (:func:`relu_additivity_error`, per ReLU) and reciprocal
+orthogonality :math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0` (:func:`reciprocal_orthogonality`,
+per Linear/Conv). Wide, low-rank weights (weight decay) make both hold; :func:`stable_ranks`
+(per hidden layer), :func:`stable_rank` and :func:`effective_rank` measure the rank. Every
+per-layer function returns its list in depth order.
 """
 
 from __future__ import annotations
@@ -77,6 +80,68 @@ def mean_cosine(a: Tensor, b: Tensor) -> float:
     if not bool(keep.any()):
         return math.nan
     return float(((a * b).sum(dim=1)[keep] / norms[keep]).mean())
+
+
+CONSTANT_RTOL = 1e-12
+"""A centred sample (or a mean over samples) whose norm is at most this times the largest sample
+norm is taken as exactly 0: float64 rounding of a mean leaves ~1e-17, not a direction."""
+
+
+def centred(t: Tensor) -> Tensor:
+    r""":math:`t_n - \frac{1}{n}\sum_m t_m`: each sample (dim 0) minus the mean over the samples,
+    per unit and position, flattened per sample; rounding residues below :data:`CONSTANT_RTOL`
+    (relative) are set to 0, so a feature constant over the samples centres to exactly 0."""
+    flat = t.flatten(1).double()
+    out = flat - flat.mean(dim=0, keepdim=True)
+    scale = float(flat.norm(dim=1).max()) if len(flat) else 0.0
+    out[out.norm(dim=1) <= CONSTANT_RTOL * scale] = 0.0
+    return out
+
+
+def centred_cosine(a: Tensor, b: Tensor) -> float:
+    r""":func:`mean_cosine` of the centred sides, :math:`\cos(a_n - \bar a, b_n - \bar b)`
+    averaged over samples (:func:`centred`).
+
+    The input-specific part of the agreement: a shared, input-independent vector (the mean over
+    inputs, large for non-negative ReLU features) no longer counts. ``nan`` when either side is
+    constant over the samples (it has no centred direction); samples whose centred vector is 0
+    are left out.
+    """
+    return mean_cosine(centred(a), centred(b))
+
+
+def shuffled_cosine(a: Tensor, b: Tensor, seed: int = 0) -> float:
+    r"""Baseline of :func:`mean_cosine`: each :math:`a_n` against :math:`b` at another sample.
+
+    With :math:`p` the permutation of the :math:`n` samples drawn from ``seed``, sample
+    :math:`a_{p_k}` is paired with :math:`b_{p_{k+1 \bmod n}}` (a derangement: no sample meets
+    its own), :math:`\frac{1}{n}\sum_k \cos(a_{p_k}, b_{p_{k+1}})`. A raw cosine near this
+    baseline says nothing input-specific: non-negative (ReLU) features share a direction.
+    ``nan`` for fewer than two samples.
+    """
+    n = len(a)
+    if n < 2:
+        return math.nan
+    p = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return mean_cosine(a[p], b[p.roll(-1)])
+
+
+def common_mode_share(t: Tensor) -> float:
+    r"""Share of the energy of ``t`` (samples on dim 0) in its mean over the samples.
+
+    .. math:: s = \frac{n \,\|\bar t\|^2}{\sum_n \|t_n\|^2}, \qquad
+        \bar t = \frac{1}{n}\sum_n t_n
+
+    (samples flattened). Since :math:`\sum_n \|t_n\|^2 = n\|\bar t\|^2 + \sum_n \|t_n -
+    \bar t\|^2`, :math:`s \in [0, 1]`: 1 for a feature constant over the samples, 0 for
+    zero-mean features (a mean below :data:`CONSTANT_RTOL` of the largest sample norm is a
+    rounding residue, taken as 0). ``nan`` when ``t`` is 0.
+    """
+    flat = t.flatten(1).double()
+    mean_energy = flat.mean(dim=0).pow(2).sum()
+    if len(flat) and float(mean_energy.sqrt()) <= CONSTANT_RTOL * float(flat.norm(dim=1).max()):
+        mean_energy = torch.zeros(())
+    return _ratio(len(flat) * mean_energy, flat.pow(2).sum())
 
 
 def layer_names_of(
@@ -194,6 +259,12 @@ def layer_predictions(
       positive multiple of :math:`P^{\mathrm{LLFC}}_l`, so this is never above ``lewc_error``;
     - ``lewc_cos``, ``llfc_cos``: mean over samples of the cosine with each prediction (equal at
       equal weights; they differ in direction at other weights, e.g. :math:`\lambda = 1/4`);
+    - ``lewc_cos_centred``, ``llfc_cos_centred``: the same cosines with both sides centred on
+      their mean over the inputs (:func:`centred_cosine`; ``nan`` for a constant side), and
+      ``lewc_cos_shuffled``, ``llfc_cos_shuffled``: their baseline, the prediction taken at
+      another input (:func:`shuffled_cosine`, seed 0);
+    - ``common_mode_share``: the share of :math:`F_l`'s energy in its mean over the inputs
+      (:func:`common_mode_share`);
     - ``norm_ratio`` :math:`= \|F_l\| / \|P^{\mathrm{LLFC}}_l\|` (the measured shrinkage of the
       merged output relative to the weighted mean of the endpoints' outputs) and
       ``lewc_norm_ratio`` :math:`= \|P^{\mathrm{LEWC}}_l\| / \|P^{\mathrm{LLFC}}_l\|` (the
@@ -229,6 +300,11 @@ def layer_predictions(
                 "llfc_cos": mean_cosine(measured, llfc),
                 "norm_ratio": _ratio(measured.norm(), llfc_norm),
                 "lewc_norm_ratio": _ratio(lewc.norm(), llfc_norm),
+                "lewc_cos_centred": centred_cosine(measured, lewc),
+                "lewc_cos_shuffled": shuffled_cosine(measured, lewc),
+                "llfc_cos_centred": centred_cosine(measured, llfc),
+                "llfc_cos_shuffled": shuffled_cosine(measured, llfc),
+                "common_mode_share": common_mode_share(measured),
             }
         )
     return rows
