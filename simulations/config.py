@@ -832,6 +832,17 @@ def check_plain_chain_methods(config: Mapping[str, Any]) -> None:
         )
 
 
+def check_two_client_methods(config: Mapping[str, Any]) -> None:
+    """Methods registered ``many_clients = False`` (``random_direction``) are refused for more
+    than two clients, before any work."""
+    two_only = [m for m in selected_methods(config) if not merge_method_entry(m).many_clients]
+    if two_only and config["num-clients"] > 2:
+        raise ConfigError(
+            f"merge method {two_only[0]!r} with num-clients = {config['num-clients']}: allowed "
+            "only with num-clients = 2"
+        )
+
+
 # ----------------------------------------------------------------------------- feasibility
 
 
@@ -993,6 +1004,7 @@ CONSISTENCY_CHECKS: list[Check] = [
     check_partition,
     check_model_bias,
     check_plain_chain_methods,
+    check_two_client_methods,
     check_widths,
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check

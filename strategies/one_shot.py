@@ -461,6 +461,10 @@ class PermutationAlignedAverage(OneShotAverage):
         on_clients = entry.clients_for_data and self.on_clients
         if entry.needs_server_data and self.server_data is None and not on_clients:
             raise ValueError(f"method = {method!r} needs server_data for its inputs; got None")
+        if not entry.many_clients and self.num_clients > 2:  # refused before any client trains
+            raise ValueError(
+                f"method = {method!r} with num_clients = {self.num_clients}: allowed: at most 2"
+            )
         if entry.plain_chain_only:  # refused before any client trains
             norm_free_chain(spec or permutation_spec(template), template.state_dict())
         self.merge_method = entry.name

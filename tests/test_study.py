@@ -16,7 +16,8 @@ from fedlmc.averaging import average, load_state
 from fedlmc.data.loading import load_dataset
 from fedlmc.evaluation import evaluate, metrics_from_logits, predict_logits
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.merging.methods import study_methods
+from fedlmc.merging.methods import merge_method, study_methods
+from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
 from fedlmc.study.compare import evaluate_methods, evaluate_model_row, merge_clients
@@ -148,6 +149,10 @@ def test_every_method_gives_one_complete_row(two_client_rows, template):
             assert row["agreement_logit_ensemble"] == 1.0
             assert row["nll_calibrated"] <= row["nll_raw"] + 1e-9
             continue
+        if not merge_method(row["method"]).on_path:  # random_direction: on no path between them
+            assert all(math.isnan(row[c]) for c in BARRIERS + QUARTER) and row["curve"] == ""
+            assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS), row
+            continue
         assert all(finite(row[c]) for c in MERGED_FLOATS + BARRIERS + DIAGNOSTICS + QUARTER), row
         curve = json.loads(row["curve"])
         assert set(curve) == {"lam", "accuracy", "nll", "nll_calibrated"}
@@ -164,7 +169,13 @@ def test_every_method_gives_one_complete_row(two_client_rows, template):
 
 def test_calibrated_row_shares_the_merge_and_changes_only_nll_and_ece(two_client_rows):
     rows = {r["method"]: r for r in two_client_rows}
-    for base in ("average", "weight_matching", "activation_matching", "merge_many"):
+    for base in (
+        "average",
+        "weight_matching",
+        "activation_matching",
+        "merge_many",
+        "random_direction",
+    ):
         raw, cal = rows[base], rows[f"{base}_t"]
         assert raw["temperature"] == 1.0
         assert (raw["nll"], raw["ece"]) == (raw["nll_raw"], raw["ece_raw"])
@@ -247,7 +258,12 @@ def test_ensemble_of_identical_clients_equals_the_endpoint(template, clients, sp
 
 def test_half_barrier_is_the_signed_excess_of_the_midpoint_over_the_chord(two_client_rows):
     for row in two_client_rows:
-        if row["method"] in ("ensemble", "logit_ensemble"):
+        if row["method"] in (
+            "ensemble",
+            "logit_ensemble",
+            "random_direction",
+            "random_direction_t",
+        ):
             continue
         curve = json.loads(row["curve"])
         half = curve["lam"].index(0.5)
@@ -266,6 +282,22 @@ def test_half_barrier_is_the_signed_excess_of_the_midpoint_over_the_chord(two_cl
                 ),
                 abs=1e-12,
             )
+
+
+def test_random_direction_row_steps_as_far_as_the_average_on_trained_models(
+    two_client_rows, template, clients, splits
+):
+    rows = {r["method"]: r for r in two_client_rows}
+    keys = [k for k, _ in template.named_parameters()]
+    half_step = 0.5 * global_norm([clients[1][k] - clients[0][k] for k in keys])
+    for method in ("random_direction", "random_direction_t"):
+        assert rows[method]["random_direction_step_norm"] == pytest.approx(half_step, rel=1e-9)
+        assert math.isnan(rows["average"]["random_direction_step_norm"])
+    moved, _ = merge_clients("random_direction", template, clients[:2], [200, 200], splits)
+    assert global_norm([moved[k] - clients[0][k] for k in keys]) == pytest.approx(
+        half_step,
+        rel=1e-5,  # float32 weights
+    )
 
 
 def test_repair_rows_change_the_merge_of_a_network_without_batchnorm(two_client_rows):

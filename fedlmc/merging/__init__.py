@@ -7,6 +7,8 @@
 - :mod:`fedlmc.merging.clients`: clients in one process, for the methods that query them.
 - :mod:`fedlmc.merging.widths`: merging clients of different widths (embedding, rectangular
   matching onto the widest client, HeteroFL's holder average, width weights).
+- :mod:`fedlmc.merging.random_direction`: the flatness control ``random_direction`` (client 0
+  moved by a seeded random direction as long as its step to the plain average).
 - :mod:`fedlmc.merging.alignment_record`: what an alignment did (groups aligned, units moved)
   and the line flagging a method that aligned nothing.
 

@@ -31,6 +31,9 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   embeds every client into the shapes of ``template``, the *server* model (at least as wide as
   every client), so its merge and its aligned clients have the server's shapes. Every other
   method refuses clients whose state dicts differ in shape, before any work;
+- ``on_path``: the merge lies on a path between the aligned clients (default); ``False`` for a
+  control that moves one client off it (``random_direction``): the study leaves its barrier and
+  path columns NaN;
 - ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
   a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
   ``average``);
@@ -178,6 +181,7 @@ class MergeMethod:
     columns: tuple[Column, ...] = ()
     mixed_widths: bool = False
     counterpart_of: str = ""
+    on_path: bool = True
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
@@ -208,6 +212,7 @@ def register_method(
     columns: Sequence[Column] = (),
     mixed_widths: bool = False,
     counterpart_of: str = "",
+    on_path: bool = True,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -234,6 +239,7 @@ def register_method(
             tuple(columns),
             mixed_widths,
             counterpart_of,
+            on_path,
         )
         METHODS.add(name, entry, replace=replace)
         return align
@@ -756,3 +762,7 @@ register_method(
     combine=holder_combination,
     mixed_widths=True,
 )(embed_first_slots)
+
+
+# The flatness control lives in its own module; importing it registers it (after the others).
+import fedlmc.merging.random_direction  # noqa: E402, F401

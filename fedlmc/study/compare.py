@@ -121,6 +121,27 @@ def check_methods(methods: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(methods))
 
 
+def default_methods(num_clients: int) -> list[str]:
+    """Every study method that accepts ``num_clients`` clients (those registered
+    ``many_clients = False``, such as ``random_direction``, only up to two)."""
+    return [m for m in study_methods() if _accepts(m, num_clients)]
+
+
+def _accepts(method: str, num_clients: int) -> bool:
+    return method in REFERENCE_METHODS or num_clients <= 2 or merge_method(method).many_clients
+
+
+def check_client_count(methods: list[str], num_clients: int) -> list[str]:
+    """``methods``; ``ValueError`` naming the first one that does not accept ``num_clients``
+    clients, before any work."""
+    refused = [m for m in methods if not _accepts(m, num_clients)]
+    if refused:
+        raise ValueError(
+            f"merge method {refused[0]!r} with {num_clients} clients: allowed: at most 2 clients"
+        )
+    return methods
+
+
 def _say(progress: Progress, message: str) -> None:
     if progress is not None:
         progress(message)
@@ -133,7 +154,8 @@ def _say(progress: Progress, message: str) -> None:
 class Merged:
     """A merged model with what the diagnostics need: the aligned clients, the weights as the
     method combined them (``combined``: before BatchNorm re-estimation or REPAIR), the method's
-    path rule between two models (``path``) and the timing."""
+    path rule between two models (``path``; ``None`` for a method whose merge is on no path
+    between them, e.g. ``random_direction``) and the timing."""
 
     model: nn.Module
     state: StateDict
@@ -143,14 +165,17 @@ class Merged:
     repaired: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     combined: StateDict = field(default_factory=dict)
-    path: PathRule = interpolate
+    path: PathRule | None = interpolate
 
 
-def path_rule(method: str, template: nn.Module, spec: PermutationSpec | None) -> PathRule:
+def path_rule(method: str, template: nn.Module, spec: PermutationSpec | None) -> PathRule | None:
     r"""The path :math:`\theta(\lambda)` between two models under ``method``'s combination rule:
     the linear interpolation, or the method's own ``combine`` at weights
-    :math:`(\lambda, 1 - \lambda)` (e.g. depth-weighted biases at every :math:`\lambda`)."""
+    :math:`(\lambda, 1 - \lambda)` (e.g. depth-weighted biases at every :math:`\lambda`);
+    ``None`` for a method registered ``on_path = False`` (its barrier columns stay NaN)."""
     entry = merge_method(method)
+    if not entry.on_path:
+        return None
     if entry.combine is None:
         return interpolate
     spec = spec if spec is not None else permutation_spec(template)
@@ -520,7 +545,7 @@ def diagnostic_columns(
         mismatch = bias_mismatch(spec or permutation_spec(template, x[:2]), merged, weights)
         if mismatch is not None:
             columns["lewc_bias_mismatch_layers"] = _json_list(mismatch)
-    if len(merged.aligned) == 2:
+    if len(merged.aligned) == 2 and merged.path is not None:
         pair = [QUARTER, 1.0 - QUARTER]
         columns.update(
             prediction_columns(
@@ -804,7 +829,7 @@ def _base_columns(cell: _Cell, method: str) -> _BaseMerge:
     columns.update(gap_columns(cell.endpoints, metrics))
     columns.update(agreement_columns(cell.top1, pred.test.argmax(dim=1)))
     columns.update(temperature_columns(cell, pred.temperature))
-    if cell.diagnostics and len(cell.states) == 2:
+    if cell.diagnostics and len(cell.states) == 2 and merged.path is not None:
         _say(cell.progress, f"interpolation curve: {method}")
         columns.update(curve_columns(cell.template, merged, cell.splits, cell.lambdas, cell.device))
     if cell.diagnostics and len(cell.states) > 2:
@@ -875,7 +900,9 @@ def compare_methods(
     """One row per requested method (columns :func:`fedlmc.study.rows.row_columns`), all on the same
     client models, and the merged weights of each base merge (``Comparison.merged``).
 
-    ``methods`` defaults to every study method (:func:`fedlmc.merging.methods.study_methods`).
+    ``methods`` defaults to every study method (:func:`fedlmc.merging.methods.study_methods`)
+    that accepts this many clients (:func:`default_methods`); a method that does not
+    (``random_direction`` with more than two) is refused before any work.
     Each base merge is computed once; its ``_t`` row reuses it with the server-fitted
     temperature. Raw rows have ``temperature = 1``; ``nll_raw``/``nll_calibrated`` (and ECE) are
     filled for both; the ``merge_gap_*`` columns compare with the unweighted mean endpoint.
@@ -890,8 +917,10 @@ def compare_methods(
     at ``template``'s width by a mixed-width merge method); default: ``template`` for every
     client.
     """
-    methods = check_methods(study_methods() if methods is None else methods)
     _check_states(states)
+    methods = check_client_count(
+        check_methods(default_methods(len(states)) if methods is None else methods), len(states)
+    )
     if int(lambdas) < 2:
         raise ValueError(f"lambdas must be an integer >= 2, got {lambdas}")
     if int(diagnostic_samples) < 1:
