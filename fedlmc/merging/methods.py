@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
 from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS, alignment_info
+from fedlmc.merging.random_direction import RANDOM_DIRECTION_COLUMNS
 from fedlmc.registry import Registry
 
 if TYPE_CHECKING:
@@ -764,5 +765,22 @@ register_method(
 )(embed_first_slots)
 
 
-# The flatness control lives in its own module; importing it registers it (after the others).
-import fedlmc.merging.random_direction  # noqa: E402, F401
+@register_method(
+    "random_direction",
+    description="control (flatness): client 0 moved by a seeded Gaussian direction of the "
+    "length of its step to the plain average (two clients)",
+    many_clients=False,
+    on_path=False,
+    columns=RANDOM_DIRECTION_COLUMNS,
+)
+def random_direction(job: MergeJob) -> Alignment:
+    r"""The flatness control: :math:`\theta_0 + \|s\|\,g/\|g\|` with :math:`s = \bar\theta -
+    \theta_0` the step to the plain average at the job's weights
+    (:mod:`fedlmc.merging.random_direction`). The clients
+    stay as they are (no common basis); the moved endpoint is the merge."""
+    from fedlmc.averaging import average
+    from fedlmc.merging.random_direction import parameter_keys, random_step
+
+    plain = average(job.states, job.weights)
+    moved, length = random_step(job.states[0], plain, parameter_keys(job.template), job.seed)
+    return Alignment(list(job.states), moved, info={"random_direction_step_norm": length})

@@ -31,14 +31,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fedlmc.columns import Column
-from fedlmc.merging.methods import Alignment, MergeJob, register_method
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    from torch import Tensor, nn
 
     StateDict = dict[str, Tensor]
 
-__all__ = ["RANDOM_DIRECTION_COLUMNS", "random_direction", "random_step"]
+__all__ = ["RANDOM_DIRECTION_COLUMNS", "parameter_keys", "random_step"]
 
 SEED_TAG = 0x5EED_D1
 """Mixed with the cell's seed so the direction's stream differs from the training streams."""
@@ -56,9 +55,9 @@ RANDOM_DIRECTION_COLUMNS = (
 """The column the ``random_direction`` method fills."""
 
 
-def parameter_keys(job: MergeJob) -> list[str]:
-    """The state-dict keys of the template's parameters (weights and biases), in order."""
-    return [name for name, _ in job.template.named_parameters()]
+def parameter_keys(template: nn.Module) -> list[str]:
+    """The state-dict keys of ``template``'s parameters (weights and biases), in order."""
+    return [name for name, _ in template.named_parameters()]
 
 
 def global_norm(tensors: Sequence[Tensor]) -> float:
@@ -95,22 +94,3 @@ def random_step(
         delta = (direction[k] * scale).to(start[k].device)
         moved[k] = (start[k].double() + delta).to(start[k].dtype)
     return moved, length
-
-
-@register_method(
-    "random_direction",
-    description="control (flatness): client 0 moved by a seeded Gaussian direction of the "
-    "length of its step to the plain average (two clients)",
-    many_clients=False,
-    on_path=False,
-    columns=RANDOM_DIRECTION_COLUMNS,
-)
-def random_direction(job: MergeJob) -> Alignment:
-    r"""The flatness control: :math:`\theta_0 + \|s\|\,g/\|g\|` with :math:`s = \bar\theta -
-    \theta_0` the step to the plain average at the job's weights (module docstring). The clients
-    stay as they are (no common basis); the moved endpoint is the merge."""
-    from fedlmc.averaging import average
-
-    plain = average(job.states, job.weights)
-    moved, length = random_step(job.states[0], plain, parameter_keys(job), job.seed)
-    return Alignment(list(job.states), moved, info={"random_direction_step_norm": length})
