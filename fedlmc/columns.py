@@ -767,7 +767,8 @@ COMMON_COLUMNS: tuple[Column, ...] = (
         "two-client cells, diagnostics on, methods with a path (empty elsewhere)",
         "JSON list, one entry per `lam` of `curve` (same order): the T fitted on the server split "
         "for the model at `theta(l)` of the barrier columns' path (post-processed like the merge); "
-        "the entries at `l = 1` and `l = 0` are client 0's and the aligned client 1's own T",
+        "the entries at `l = 1` and `l = 0` are client 0's and the aligned client 1's own T (for "
+        "BatchNorm models, after re-estimation)",
         kind="JSON",
     ),
     Column(
