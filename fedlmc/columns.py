@@ -761,6 +761,27 @@ COMMON_COLUMNS: tuple[Column, ...] = (
         "JSON `{lam, accuracy, nll, nll_calibrated}` of the path of the barrier columns",
         kind="JSON",
     ),
+    Column(
+        "temperature_path",
+        "Fitted T at each lambda of the two-client path (measured, temperature units)",
+        "two-client cells, diagnostics on, methods with a path (empty elsewhere)",
+        "JSON list, one entry per `lam` of `curve` (same order): the T fitted on the server split "
+        "for the model at `theta(l)` of the barrier columns' path (post-processed like the merge); "
+        "the entries at `l = 1` and `l = 0` are client 0's and the aligned client 1's own T (for "
+        "BatchNorm models, after re-estimation)",
+        kind="JSON",
+    ),
+    Column(
+        "temperature_path_lewc",
+        "LEWC's predicted T at each lambda, l^L T(1) + (1 - l)^L T(0) (temperature units)",
+        "as `temperature_path`, where LEWC is defined (empty where `lewc_undefined_reason` "
+        "gives why)",
+        "JSON list on `temperature_path`'s grid: `l^L T(1) + (1 - l)^L T(0)` with `T(1), T(0)` "
+        "`temperature_path`'s endpoint entries and `L` the number of Linear/Conv layers; equal "
+        "to them at the endpoints, `(l^L + (1 - l)^L) T` when `T(0) = T(1) = T` "
+        "(`fedlmc.analysis.paths.lewc_temperature_path`)",
+        kind="JSON",
+    ),
     *ROUND_COLUMNS_DECLARED,
     *PROVENANCE_COLUMNS,
 )

@@ -159,6 +159,21 @@ def test_the_study_measures_the_bias_rule_on_its_own_path(splits):
     assert lewc["temperature_ratio_logit_ensemble"] == pytest.approx(0.5**3, rel=2e-2)
     assert lewc["agreement_logit_ensemble"] == 1.0  # a positive multiple: the same argmax
     assert lewc["lewc_measured_on"] == "combined weights (the evaluated merge)"
+    # the temperature along the path: fitted at every lambda of the curve, the endpoints the
+    # clients' own T; LEWC's prediction (L = 4) shares those endpoints
+    for row in rows:
+        path, predicted = (
+            json.loads(row["temperature_path"]),
+            json.loads(row["temperature_path_lewc"]),
+        )
+        assert len(path) == len(predicted) == len(json.loads(row["curve"])["lam"]) == 5
+        assert (path[0] + path[-1]) / 2 == pytest.approx(row["endpoint_temperature_mean"], rel=1e-9)
+        assert predicted[0] == path[0] and predicted[-1] == path[-1]
+        assert predicted[2] == pytest.approx((path[0] + path[-1]) / 16, rel=1e-12)
+    # on its own path the midpoint is the merge itself
+    assert json.loads(lewc["temperature_path"])[2] == pytest.approx(
+        lewc["merge_temperature"], rel=1e-6
+    )
 
 
 def test_batchnorm_lewc_is_measured_before_re_estimation(splits):
@@ -185,6 +200,7 @@ def test_a_residual_network_has_no_lewc_numbers(splits):
     assert "not one plain chain" in row["lewc_undefined_reason"]
     assert math.isnan(row["lewc_error_mean"]) and math.isnan(row["lewc_temperature_ratio"])
     assert row["lewc_error_layers"] == "" and row["lewc_norm_ratio_layers"] == ""
+    assert len(json.loads(row["temperature_path"])) == 3 and row["temperature_path_lewc"] == ""
     # LLFC makes no depth claim: its columns, and the measured ratio, stay
     assert len(json.loads(row["llfc_scaled_error_layers"])) == len(template.layer_names)
     assert len(json.loads(row["norm_ratio_layers"])) == len(template.layer_names)

@@ -202,3 +202,26 @@ def merge_gap(endpoint_metrics: Sequence[Mapping[str, float]], merged: Mapping[s
         gap["endpoint_nll_calibrated"] = mean_cal
         gap["loss_gap_calibrated"] = float(merged["nll_calibrated"]) - mean_cal
     return gap
+
+
+def lewc_temperature_path(curve: pd.DataFrame, depth: int) -> list[float]:
+    r"""LEWC's prediction of the fitted temperature at each ``lam`` of a two-model ``curve``.
+
+    LEWC says the logits of :math:`\theta(\lambda)` for a bias-free chain of :math:`L` layers are
+    :math:`z(\lambda) \approx \lambda^L z_a + (1-\lambda)^L z_b`. Write each endpoint's logits as
+    its fitted temperature times calibrated logits, :math:`z_a = T_a u_a`, :math:`z_b = T_b u_b`;
+    where the calibrated logits agree (:math:`u_a \approx u_b`, as
+    ``lewc_temperature_ratio`` assumes too), the fitted temperature is the logits' scale:
+
+    .. math:: \hat T(\lambda) = \lambda^L \, T(1) + (1-\lambda)^L \, T(0),
+
+    with :math:`T(1), T(0)` the curve's own fits at its endpoints (``lam = 1`` is model a).
+    It equals the endpoints' fits there and, when they agree (:math:`T(0) = T(1) = T`), is
+    :math:`(\lambda^L + (1-\lambda)^L)\,T` (:math:`2^{1-L} T` at 1/2). Returned in the curve's
+    row order, in temperature units (not a ratio).
+    """
+    if depth < 1:
+        raise ValueError(f"lewc_temperature_path: depth {depth}; allowed: an integer >= 1")
+    at_one, at_zero = _endpoint(curve, 1.0, "temperature"), _endpoint(curve, 0.0, "temperature")
+    lam = curve["lam"].to_numpy(dtype=float)
+    return [float(v) for v in lam**depth * at_one + (1.0 - lam) ** depth * at_zero]

@@ -67,6 +67,7 @@ from fedlmc.analysis.paths import (
     PathRule,
     barriers,
     interpolation_curve,
+    lewc_temperature_path,
     merge_gap,
     path_clients,
 )
@@ -590,9 +591,12 @@ def curve_columns(
     splits: DataSplits,
     lambdas: int,
     device: torch.device,
+    lewc_depth: int = 0,
 ) -> dict[str, Any]:
     """Barriers at lambda = 1/2 (signed) and their maximum over the path between client 0 and
-    the aligned client 1 (two clients only), on the method's path rule."""
+    the aligned client 1 (two clients only), on the method's path rule; the temperature fitted at
+    each lambda and, with ``lewc_depth`` L > 0 (where LEWC is defined), LEWC's prediction of it
+    (:func:`fedlmc.analysis.paths.lewc_temperature_path`)."""
     curve = interpolation_curve(
         template,
         merged.aligned[0],
@@ -604,7 +608,12 @@ def curve_columns(
         **_path_kwargs(merged, splits),
     )
     found = barriers(curve)
-    columns: dict[str, Any] = {"curve": curve_json(curve)}
+    columns: dict[str, Any] = {
+        "curve": curve_json(curve),
+        "temperature_path": _json_list(curve["temperature"]),
+    }
+    if lewc_depth > 0:
+        columns["temperature_path_lewc"] = _json_list(lewc_temperature_path(curve, lewc_depth))
     for name in ("accuracy_barrier", "loss_barrier", "loss_barrier_calibrated"):
         head, _, tail = name.partition("_barrier")
         columns[f"{head}_barrier_half{tail}"] = float(found[f"{name}_at_half"])
@@ -831,7 +840,10 @@ def _base_columns(cell: _Cell, method: str) -> _BaseMerge:
     columns.update(temperature_columns(cell, pred.temperature))
     if cell.diagnostics and len(cell.states) == 2 and merged.path is not None:
         _say(cell.progress, f"interpolation curve: {method}")
-        columns.update(curve_columns(cell.template, merged, cell.splits, cell.lambdas, cell.device))
+        depth = 0 if cell.lewc_undefined else len(cell.layer_names)
+        columns.update(
+            curve_columns(cell.template, merged, cell.splits, cell.lambdas, cell.device, depth)
+        )
     if cell.diagnostics and len(cell.states) > 2:
         _say(cell.progress, f"client barriers: {method}")
         columns.update(
