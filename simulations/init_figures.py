@@ -170,6 +170,15 @@ def panel_lines(
     return lines
 
 
+def panel_width(data: pd.DataFrame, rows: pd.DataFrame, keys: Sequence[str]) -> str:
+    """A second line ``"width 4 (512 units)"`` for the panel titles when the lines are not per
+    width and all rows have one width; else empty."""
+    widths = pd.to_numeric(data["width"], errors="coerce").dropna().unique()
+    if "width" in keys or len(widths) != 1:
+        return ""
+    return f"\n{width_label(rows, float(widths[0]))}"
+
+
 def merge_gap_by_init_figure(
     rows: pd.DataFrame, x: str, path: Path, settings: dict[str, Any], log_base: int
 ) -> Path | None:
@@ -193,6 +202,7 @@ def merge_gap_by_init_figure(
     cmap = plt.get_cmap("viridis")
     keys = line_keys(data, x)
     groups = line_groups(data, keys)
+    fixed_width = panel_width(data, rows, keys)
     labels = x_labels(data, x, data["_x"])
     for r, method in enumerate(methods):
         for c, setting in enumerate(columns):
@@ -214,11 +224,11 @@ def merge_gap_by_init_figure(
             log_axis(ax, list(labels), log_base)
             ax.set_xticklabels([labels[t] for t in sorted(labels)])
             ax.set_xlabel(x)
-            ax.set_title(f"{method}, init = {setting}", fontsize=9)
+            ax.set_title(f"{method}, init = {setting}{fixed_width}", fontsize=9)
             ax.grid(alpha=0.3)
             if c == 0:
                 ax.set_ylabel("accuracy gap (positive: merge worse)")
             if r == 0 and c == len(columns) - 1:
-                ax.legend(fontsize=7)
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"Merge gap by initialisation: {what_was_run(rows, x)}", fontsize=10)
     return save(fig, path, settings["dpi"])

@@ -14,6 +14,7 @@ from fedlmc.simulations.init_figures import (
     line_groups,
     line_keys,
     panel_lines,
+    panel_width,
     what_was_run,
     x_positions,
 )
@@ -201,6 +202,8 @@ def test_the_skew_figure_draws_one_line_per_number_of_clients(tmp_path):
     assert [round(v, 9) for v in to_endpoints] == [0.584, 0.284]  # 0.08 + skew + 0.2 + 0.004
     assert [round(v, 9) for v in to_ensemble] == [0.634, 0.334]
     assert what_was_run(data, "alpha") == "width 4 (512 units)"  # N varies: not in the title
+    assert panel_width(data, data, ["num-clients"]) == "\nwidth 4 (512 units)"
+    assert panel_width(data, data, ["width", "num-clients"]) == ""  # the lines name it
     assert drawn(skew_by_clients_rows(), tmp_path) == {  # N varies: the clients figures too
         "merge_gap_by_init_vs_alpha.png",
         "merge_gap_by_init_vs_clients.png",
