@@ -7,8 +7,11 @@ A row's *setting* is how its clients started (:func:`init_setting`): ``shared`` 
 from the server's initialisation), ``shared + k warm-up rounds`` (``warmup-rounds = k``: k FedAvg
 rounds first) or ``independent`` (each client its own). Panels: one row per method
 (:data:`GAP_METHODS` present: the plain average and MergeMany, each with its fitted
-temperature), one column per setting, all with one y axis. In each panel one colour per width;
-the solid line is the gap to the clients, :math:`\bar A_{\text{endpoints}} - A_{\text{merged}}`
+temperature), one column per setting, all with one y axis. In each panel one colour per line
+(:func:`line_keys`): per width; per number of clients (``N = 8``) when the rows vary in
+``num-clients`` and it is not on the x axis (the label-skew figure of a sweep over N); per
+(width, N) when both vary. The solid line is the gap to the clients,
+:math:`\bar A_{\text{endpoints}} - A_{\text{merged}}`
 (``merge_gap_accuracy``), the dashed line the gap to the probability ensemble,
 :math:`A_{\text{ensemble}} - A_{\text{merged}}` (``ensemble_acc - accuracy``); positive means
 the merge is worse; each point is the mean over the cell's seeds. On the label-skew figure the
@@ -17,8 +20,9 @@ IID cells sit right of the largest alpha, labelled ``IID``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -80,8 +84,8 @@ def x_labels(data: pd.DataFrame, x: str, positions: pd.Series) -> dict[float, st
 
 
 def what_was_run(rows: pd.DataFrame, x: str) -> str:
-    """The figure's title: data set, model, clients, partition, epochs, biases (the values that
-    do not vary; ``x`` is on the axis)."""
+    """The figure's title: data set, model, width, clients, partition, epochs, biases (the
+    values that do not vary; ``x`` is on the axis)."""
 
     def one(key: str) -> str | None:
         if key not in rows or key == x:
@@ -90,6 +94,8 @@ def what_was_run(rows: pd.DataFrame, x: str) -> str:
         return values[0] if len(values) == 1 else None
 
     parts = [one("dataset"), one("model")]
+    if (w := one("width")) is not None:
+        parts.append(width_label(rows, float(w)))
     if (n := one("num-clients")) is not None:
         parts.append(f"{n} clients")
     if x != "alpha" and (p := one("partition")) is not None:
@@ -108,6 +114,69 @@ def width_label(rows: pd.DataFrame, width: float) -> str:
     if len(bases) == 1:
         return f"width {width:g} ({round(bases.pop() * width):d} units)"
     return f"width {width:g}"
+
+
+class GapLine(NamedTuple):
+    """One line of a panel: its label, the gap column, the line style, and the gap's mean per
+    x position (over the seeds)."""
+
+    label: str
+    column: str
+    style: str
+    means: pd.Series
+
+
+def varies(data: pd.DataFrame, key: str) -> bool:
+    """Whether ``key`` takes more than one value in ``data``."""
+    return key in data and data[key].dropna().nunique() > 1
+
+
+def line_keys(data: pd.DataFrame, x: str) -> list[str]:
+    """The keys whose values split a panel into lines: ``width`` when it varies,
+    ``num-clients`` when it varies and is not ``x``; ``width`` alone when neither varies."""
+    keys = [k for k in ("width", "num-clients") if k != x and varies(data, k)]
+    return keys or ["width"]
+
+
+def line_label(rows: pd.DataFrame, keys: Sequence[str], values: Sequence[float]) -> str:
+    """``"width 4 (512 units)"``, ``"N = 8"`` or ``"width 4 (512 units), N = 8"``."""
+    parts = {
+        "width": lambda v: width_label(rows, v),
+        "num-clients": lambda v: f"N = {v:g}",
+    }
+    return ", ".join(parts[k](v) for k, v in zip(keys, values, strict=True))
+
+
+def line_groups(data: pd.DataFrame, keys: Sequence[str]) -> list[tuple[float, ...]]:
+    """The sorted value combinations of ``keys`` present in ``data`` (one line, one colour
+    each, the same in every panel)."""
+    numbers = data[list(keys)].apply(pd.to_numeric, errors="coerce").dropna()
+    return sorted(set(numbers.itertuples(index=False, name=None)))
+
+
+def panel_lines(
+    panel: pd.DataFrame, rows: pd.DataFrame, keys: Sequence[str], group: tuple[float, ...]
+) -> list[GapLine]:
+    """The lines of one (width, N, ...) group in a panel: per gap of :data:`GAPS` present, the
+    mean over seeds at each x position (``_x``)."""
+    numbers = panel[list(keys)].apply(pd.to_numeric, errors="coerce")
+    selected = panel[(numbers == pd.Series(group, index=list(keys))).all(axis=1)]
+    label = line_label(rows, keys, group)
+    lines = []
+    for column, style, what in GAPS:
+        means = selected.groupby("_x")[column].mean().dropna()
+        if not means.empty:
+            lines.append(GapLine(f"{label}: {what}", column, style, means))
+    return lines
+
+
+def panel_width(data: pd.DataFrame, rows: pd.DataFrame, keys: Sequence[str]) -> str:
+    """A second line ``"width 4 (512 units)"`` for the panel titles when the lines are not per
+    width and all rows have one width; else empty."""
+    widths = pd.to_numeric(data["width"], errors="coerce").dropna().unique()
+    if "width" in keys or len(widths) != 1:
+        return ""
+    return f"\n{width_label(rows, float(widths[0]))}"
 
 
 def merge_gap_by_init_figure(
@@ -131,37 +200,35 @@ def merge_gap_by_init_figure(
         sharey=True,
     )
     cmap = plt.get_cmap("viridis")
-    widths = sorted(pd.to_numeric(data["width"], errors="coerce").dropna().unique())
+    keys = line_keys(data, x)
+    groups = line_groups(data, keys)
+    fixed_width = panel_width(data, rows, keys)
     labels = x_labels(data, x, data["_x"])
     for r, method in enumerate(methods):
         for c, setting in enumerate(columns):
             ax = axes[r, c]
             panel = data[(data["method"] == method) & (data[SETTING] == setting)]
-            for j, width in enumerate(widths):
-                at_width = panel[pd.to_numeric(panel["width"], errors="coerce") == width]
-                colour = cmap(0.85 * j / max(1, len(widths) - 1))  # no pale yellow
-                for column, style, what in GAPS:
-                    means = at_width.groupby("_x")[column].mean().dropna()
-                    if means.empty:
-                        continue
+            for j, group in enumerate(groups):
+                colour = cmap(0.85 * j / max(1, len(groups) - 1))  # no pale yellow
+                for line in panel_lines(panel, rows, keys, group):
                     ax.plot(
-                        means.index,
-                        means.values,
-                        linestyle=style,
+                        line.means.index,
+                        line.means.values,
+                        linestyle=line.style,
                         marker="o",
                         ms=4,
                         color=colour,
-                        label=f"{width_label(rows, width)}: {what}",
+                        label=line.label,
                     )
             ax.axhline(0.0, color="black", linewidth=0.8)
             log_axis(ax, list(labels), log_base)
             ax.set_xticklabels([labels[t] for t in sorted(labels)])
             ax.set_xlabel(x)
-            ax.set_title(f"{method}, init = {setting}", fontsize=9)
+            ax.set_title(f"{method}, init = {setting}{fixed_width}", fontsize=9)
             ax.grid(alpha=0.3)
             if c == 0:
                 ax.set_ylabel("accuracy gap (positive: merge worse)")
             if r == 0 and c == len(columns) - 1:
-                ax.legend(fontsize=7)
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"Merge gap by initialisation: {what_was_run(rows, x)}", fontsize=10)
     return save(fig, path, settings["dpi"])

@@ -8,7 +8,16 @@ import math
 import pandas as pd
 
 from fedlmc.simulations.figure_table import FIGURE_TABLE, FigureInputs
-from fedlmc.simulations.init_figures import gap_rows, has_init_panels, what_was_run, x_positions
+from fedlmc.simulations.init_figures import (
+    gap_rows,
+    has_init_panels,
+    line_groups,
+    line_keys,
+    panel_lines,
+    panel_width,
+    what_was_run,
+    x_positions,
+)
 from fedlmc.simulations.report_data import init_setting, setting_order
 
 SETTINGS = {"dpi": 40, "error-bars": "std", "title": ""}
@@ -142,3 +151,74 @@ def test_keys_vary_only_where_they_apply_and_methods_never_split_rows():
     assert list(split_labels(rows, [])) == ["init=shared"] * 2 + ["init=independent"]
     rows["width"] = [1.0, 1.0, 2.0]  # width applies: client-widths is empty (NaN in the file)
     assert varying_keys(rows) == ["width", "init"]
+
+
+def skew_by_clients_rows(widths=(4.0,)) -> pd.DataFrame:
+    """The label-skew study over N: both settings, N = 2 and 8, IID and Dirichlet alpha 0.1, the
+    given widths; the plain average's gap to the endpoints is a known number per cell (0.01 N,
+    + 0.3 under Dirichlet 0.1, + 0.2 if independent, + 0.001 x width), to the ensemble that
+    plus 0.05."""
+    rows = []
+    for frame_width in widths:
+        for init in ("shared", "independent"):
+            for n in (2, 8):
+                for partition, alpha, skew in (("dirichlet", 0.1, 0.3), ("iid", 0.1, 0.0)):
+                    gap = 0.01 * n + skew + (0.2 if init == "independent" else 0.0)
+                    gap += 0.001 * frame_width
+                    rows.append(
+                        {
+                            "cell_id": f"{init}-{n}-{partition}-{frame_width}",
+                            "method": "average_t",
+                            "init": init,
+                            "warmup-rounds": 0,
+                            "num-clients": n,
+                            "width": frame_width,
+                            "base-hidden": 128,
+                            "partition": partition,
+                            "alpha": alpha,
+                            "seed": 0,
+                            "accuracy": 0.9 - gap,
+                            "endpoint_acc_mean": 0.9,
+                            "merge_gap_accuracy": gap,
+                            "ensemble_acc": 0.95,
+                        }
+                    )
+    return pd.DataFrame(rows)
+
+
+def test_the_skew_figure_draws_one_line_per_number_of_clients(tmp_path):
+    data = gap_rows(skew_by_clients_rows())
+    data["_x"] = x_positions(data, "alpha")
+    assert line_keys(data, "alpha") == ["num-clients"]
+    assert line_keys(data, "num-clients") == ["width"]  # N on the axis: lines per width
+    assert line_groups(data, ["num-clients"]) == [(2.0,), (8.0,)]
+    panel = data[data["init"] == "independent"]
+    lines = panel_lines(panel, data, ["num-clients"], (8.0,))
+    assert [line.label for line in lines] == [
+        "N = 8: endpoints' mean - merged",
+        "N = 8: ensemble - merged",
+    ]
+    to_endpoints, to_ensemble = (line.means for line in lines)
+    assert list(to_endpoints.index) == [0.1, 1.0]  # Dirichlet 0.1, then IID at 10 x 0.1
+    assert [round(v, 9) for v in to_endpoints] == [0.584, 0.284]  # 0.08 + skew + 0.2 + 0.004
+    assert [round(v, 9) for v in to_ensemble] == [0.634, 0.334]
+    assert what_was_run(data, "alpha") == "width 4 (512 units)"  # N varies: not in the title
+    assert panel_width(data, data, ["num-clients"]) == "\nwidth 4 (512 units)"
+    assert panel_width(data, data, ["width", "num-clients"]) == ""  # the lines name it
+    assert drawn(skew_by_clients_rows(), tmp_path) == {  # N varies: the clients figures too
+        "merge_gap_by_init_vs_alpha.png",
+        "merge_gap_by_init_vs_clients.png",
+        "accuracy_vs_clients.png",
+    }
+
+
+def test_where_width_and_clients_both_vary_there_is_one_line_per_pair():
+    data = gap_rows(skew_by_clients_rows(widths=(0.5, 4.0)))
+    data["_x"] = x_positions(data, "alpha")
+    keys = line_keys(data, "alpha")
+    assert keys == ["width", "num-clients"]
+    assert line_groups(data, keys) == [(0.5, 2.0), (0.5, 8.0), (4.0, 2.0), (4.0, 8.0)]
+    panel = data[data["init"] == "shared"]
+    lines = panel_lines(panel, data, keys, (0.5, 2.0))
+    assert lines[0].label == "width 0.5 (64 units), N = 2: endpoints' mean - merged"
+    assert [round(v, 9) for v in lines[0].means] == [0.3205, 0.0205]
