@@ -1,7 +1,7 @@
 """CUDA check: the MNIST MLP sweep at widths up to 32x, seconds per cell and peak GPU memory.
 
 Runs one real Flower federation per width (2 clients, each given ``--gpus-per-client`` of the
-GPU) through :func:`fedlmc.simulations.sweep.run_sweep` and prints a table:
+GPU) through :func:`fedlmc.simulations.runs.sweep.run_sweep` and prints a table:
 
 - ``cell_s``: wall seconds of the cell (Ray start, training, merging, evaluation);
 - ``train_s``: the clients' summed training seconds, ``merge_s``: the server's merge seconds;
@@ -79,7 +79,7 @@ def make_runner(records: list[dict[str, Any]], baseline_used: int):
     """The real federation, wrapped to time each cell and track its memory peaks."""
     import torch
 
-    from fedlmc.simulations.federation import run_federation
+    from fedlmc.simulations.runs.federation import run_federation
 
     def runner(config):
         torch.cuda.reset_peak_memory_stats()
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print("cuda_check: no CUDA GPU is visible; run this on a machine with one", file=sys.stderr)
         return 2
     from fedlmc.simulations.config import sweep_from_mapping
-    from fedlmc.simulations.sweep import run_sweep
+    from fedlmc.simulations.runs.sweep import run_sweep
 
     sweep = sweep_from_mapping(
         {

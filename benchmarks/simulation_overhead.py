@@ -5,7 +5,7 @@ Two pipelines on the embedded mnist5k digits, timed in the same run, with the sa
 
 - ``direct``: one process calls fedlmc: load the data, partition it, train client 0 then client 1
   (same seeds as the ClientApp), average them, fit the temperature, evaluate the two rows;
-- ``flower``: :func:`fedlmc.simulations.federation.run_federation` (Ray backend, one actor
+- ``flower``: :func:`fedlmc.simulations.runs.federation.run_federation` (Ray backend, one actor
   per client with ``num-cpus`` CPUs, so the two clients train at the same time).
 
 ratio = flower wall time / direct wall time. The breakdown of the flower run: ``ray_init``
@@ -59,7 +59,7 @@ def direct(config: dict[str, Any]) -> dict[str, Any]:
     from fedlmc.averaging import average, load_state
     from fedlmc.evaluation import predict_logits
     from fedlmc.merging.calibrate import fit_temperature
-    from fedlmc.simulations.server_app import endpoint_metrics, merged_row
+    from fedlmc.simulations.records.server_outcome import endpoint_metrics, merged_row
     from fedlmc.simulations.task import (
         build_from_config,
         client_data,
@@ -136,7 +136,7 @@ def serialisation_seconds(state: dict[str, torch.Tensor], repeats: int = 5) -> f
 
 
 def flower(config: dict[str, Any]) -> dict[str, Any]:
-    from fedlmc.simulations.federation import run_federation_outcome
+    from fedlmc.simulations.runs.federation import run_federation_outcome
 
     start = time.perf_counter()
     outcome = run_federation_outcome(config)

@@ -66,7 +66,7 @@ def direct_rows(
 ) -> tuple[list[dict], dict]:
     """Every cell of the sweep computed in this process with ``threads`` threads (training and
     evaluation, torch and the BLAS pools): rows and timings."""
-    from fedlmc.simulations.threads import use_threads
+    from fedlmc.simulations.config.threads import use_threads
 
     use_threads(threads)
     from fedlmc.simulations.config import (
@@ -147,8 +147,8 @@ def direct_main(args: argparse.Namespace) -> None:
 def per_cell_main(args: argparse.Namespace) -> None:
     """``per-cell`` sub-command: the sweep with one Flower simulation per cell (as before)."""
     from fedlmc.simulations.config import load_sweep_config
-    from fedlmc.simulations.federation import run_federation
-    from fedlmc.simulations.sweep import run_sweep
+    from fedlmc.simulations.runs.federation import run_federation
+    from fedlmc.simulations.runs.sweep import run_sweep
 
     run_sweep(
         load_sweep_config(args.config, args.overrides),
@@ -190,7 +190,7 @@ def environment() -> dict[str, str]:
 
 
 def run_sweep_cli(config: Path, overrides: Sequence[str], out: Path) -> tuple[float, Any]:
-    from fedlmc.simulations.sweep import read_results
+    from fedlmc.simulations.records.results_file import read_results
 
     command = [sys.executable, "-m", "fedlmc.simulations.cli", "sweep", str(config), *overrides]
     seconds = timed([*command, "--out", str(out), "--quiet", "--no-report"], environment())
@@ -198,7 +198,7 @@ def run_sweep_cli(config: Path, overrides: Sequence[str], out: Path) -> tuple[fl
 
 
 def run_per_cell(config: Path, overrides: Sequence[str], out: Path) -> tuple[float, Any]:
-    from fedlmc.simulations.sweep import read_results
+    from fedlmc.simulations.records.results_file import read_results
 
     command = [sys.executable, __file__, "per-cell", str(config), *overrides, "--out", str(out)]
     return timed(command, environment()), read_results(out)
@@ -274,7 +274,7 @@ can run several times slower)."""
 
 def thread_counts() -> list[int]:
     """Thread counts the direct loop tries: 1, 2, 4, ... up to every usable core."""
-    from fedlmc.simulations.threads import usable_cores
+    from fedlmc.simulations.config.threads import usable_cores
 
     cores, counts = usable_cores(), [1]
     while counts[-1] * 2 < cores:

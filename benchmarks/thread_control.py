@@ -3,8 +3,8 @@ and ``=8`` (``MKL_NUM_THREADS`` set alike), each as a fresh ``fedlmc sweep`` pro
 
 Every client slot computes with ``max(1, floor(num-cpus))`` threads and the server with
 ``server-cpus`` (default: what the slots leave), whatever the variables say
-(:mod:`fedlmc.simulations.threads`), so each setting should take about the time of the unset one
-(target: within 1.1x). Each setting runs ``--repeats`` times, the settings in rotating order;
+(:mod:`fedlmc.simulations.config.threads`), so each setting should take about the time of the unset
+one (target: within 1.1x). Each setting runs ``--repeats`` times, the settings in rotating order;
 the median of each is reported, all runs and the load average before each run kept in the JSON.
 Single-machine wall-clock measurements: on a shared machine other jobs add noise.
 

@@ -387,7 +387,7 @@ def jit_seconds() -> float:
 
 
 def main(argv=None) -> None:
-    from fedlmc.simulations.threads import usable_cores, use_threads
+    from fedlmc.simulations.config.threads import usable_cores, use_threads
 
     args = parse_args(argv)
     use_threads(usable_cores())  # every core, whatever the shell's OMP_NUM_THREADS says

@@ -23,7 +23,7 @@ DOCS = Path(__file__).resolve().parent
 if str(DOCS.parent) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(DOCS.parent))
 
-from fedlmc.simulations.registry_tables import (  # noqa: E402
+from fedlmc.simulations.config.tables import (  # noqa: E402
     columns_table,
     keys_table,
     methods_table,

@@ -6,8 +6,9 @@ its kind (a number, text, or a JSON list/matrix held as text), the code that fil
 (``source``) and the report section it is averaged in, if any. Everything that lists columns
 derives from these declarations: the row schema (:mod:`fedlmc.study.rows`:
 :data:`~fedlmc.study.rows.COLUMNS`, the string columns, the Flower server's round columns), the
-validation of ``results.csv`` (:mod:`fedlmc.simulations.results_file`), the docs' columns table
-(:func:`fedlmc.study.rows.columns_markdown`) and the per-method mean tables of ``report.md``. A
+validation of ``results.csv`` (:mod:`fedlmc.simulations.records.results_file`), the docs' columns
+table (:func:`fedlmc.study.rows.columns_markdown`) and the per-method mean tables of ``report.md``.
+A
 merge method declares the columns only it fills next to its registration (``register_method(...,
 columns=...)``, e.g. ``auto_choice``).
 

@@ -1,8 +1,8 @@
 """The ``fedlmc`` command line.
 
 - ``fedlmc sweep CONFIG.toml [key=value ...] [--out DIR] [--force] [--ray-address ADDR]``: run
-  (or resume) a sweep in one Flower simulation (:mod:`fedlmc.simulations.engine`), then build its
-  report; the default out dir is ``results/<name>``.
+  (or resume) a sweep in one Flower simulation (:mod:`fedlmc.simulations.engine.cells`), then build
+  its report; the default out dir is ``results/<name>``.
 - ``fedlmc report DIR``: (re)build the figures and ``report.md`` of a sweep's out dir (a run's
   out dir is refused with the reason).
 - ``fedlmc run [key=value ...] [--csv FILE] [--ray-address ADDR]``: one federation with the
@@ -55,7 +55,7 @@ from fedlmc.simulations.config import (
     parse_override,
     validate_run_config,
 )
-from fedlmc.simulations.registry_tables import (
+from fedlmc.simulations.config.tables import (
     columns_table,
     keys_table,
     methods_table,
@@ -197,7 +197,7 @@ def track_request(args: argparse.Namespace, out_dir: Path | str, flag: str = "--
     """Before any work: ``(tracker name, destination or None)`` asked for by ``args``, or
     ``None``; :class:`ConfigError` for an unknown tracker, one whose extra is missing, or a
     destination option of another tracker."""
-    from fedlmc.simulations.results_file import check_writable_folder
+    from fedlmc.simulations.records.results_file import check_writable_folder
     from fedlmc.simulations.tracking import TRACKERS, check_tracker
 
     given = {t.option: getattr(args, dest_name(t.option)) for t in TRACKERS}
@@ -268,9 +268,9 @@ def positive_int(text: str) -> int:
 
 
 def command_sweep(args: argparse.Namespace) -> int:
-    from fedlmc.simulations.engine import EngineError
-    from fedlmc.simulations.out_dir_lock import out_dir_lock
-    from fedlmc.simulations.sweep import run_sweep
+    from fedlmc.simulations.engine.cells import EngineError
+    from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+    from fedlmc.simulations.runs.sweep import run_sweep
 
     sweep = load_sweep_config(args.config, args.overrides)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
@@ -298,7 +298,7 @@ def command_sweep(args: argparse.Namespace) -> int:
 
 
 def print_report(out_dir: Path) -> None:
-    from fedlmc.simulations.report import build_report
+    from fedlmc.simulations.report.build import build_report
 
     paths = build_report(out_dir)
     figures = [p for p in paths if p.suffix == ".png"]
@@ -308,7 +308,7 @@ def print_report(out_dir: Path) -> None:
 
 
 def command_report(args: argparse.Namespace) -> int:
-    from fedlmc.simulations.out_dir_lock import out_dir_lock
+    from fedlmc.simulations.records.out_dir_lock import out_dir_lock
 
     out_dir = Path(args.dir)
     if not (out_dir / "results.csv").exists():
@@ -322,7 +322,7 @@ def command_report(args: argparse.Namespace) -> int:
 
 def refuse_run_folder(folder: str) -> None:
     """:class:`ConfigError` when ``folder`` holds one ``fedlmc run``'s rows, not a sweep's."""
-    from fedlmc.simulations.results_file import out_dir_kind
+    from fedlmc.simulations.records.results_file import out_dir_kind
 
     if out_dir_kind(folder) == "run":
         raise ConfigError(
@@ -333,8 +333,8 @@ def refuse_run_folder(folder: str) -> None:
 
 
 def command_run(args: argparse.Namespace) -> int:
-    from fedlmc.simulations.federation import run_federation
-    from fedlmc.simulations.progress import stderr_say
+    from fedlmc.simulations.records.progress import stderr_say
+    from fedlmc.simulations.runs.federation import run_federation
     from fedlmc.strategies import ClientsFailedError
 
     values = dict(parse_override(text) for text in args.overrides)
@@ -364,10 +364,10 @@ def command_run(args: argparse.Namespace) -> int:
 
 @contextmanager
 def run_lock(out_dir: str) -> Iterator[None]:
-    """A run's hold on its ``out-dir`` (:mod:`fedlmc.simulations.out_dir_lock`) for the whole
-    federation, its kind checked again under the lock; nothing without an out dir."""
-    from fedlmc.simulations.out_dir_lock import out_dir_lock
-    from fedlmc.simulations.results_file import refuse_mixing
+    """A run's hold on its ``out-dir`` (:mod:`fedlmc.simulations.records.out_dir_lock`) for the
+    whole federation, its kind checked again under the lock; nothing without an out dir."""
+    from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+    from fedlmc.simulations.records.results_file import refuse_mixing
 
     if not out_dir:
         yield
@@ -421,9 +421,9 @@ def shown_columns(rows) -> tuple[list[str], list[str]]:
 
 def check_run_outputs(config, csv_path: str | None) -> None:
     """Before any work: the run's ``out-dir`` is a writable folder, and the ``--csv`` path is
-    writable (:mod:`fedlmc.simulations.results_file`); that the folder holds no sweep is
+    writable (:mod:`fedlmc.simulations.records.results_file`); that the folder holds no sweep is
     checked under its lock (:func:`run_lock`), so that a folder in use names its holder."""
-    from fedlmc.simulations.results_file import check_writable_file, check_writable_folder
+    from fedlmc.simulations.records.results_file import check_writable_file, check_writable_folder
 
     if config["out-dir"]:
         check_writable_folder(config["out-dir"], "out-dir")
@@ -442,7 +442,7 @@ def command_track(args: argparse.Namespace) -> int:
 
 
 def command_validate(args: argparse.Namespace) -> int:
-    from fedlmc.simulations.results_file import check_writable_folder, refuse_mixing
+    from fedlmc.simulations.records.results_file import check_writable_folder, refuse_mixing
 
     sweep = load_sweep_config(args.config, args.overrides, check_devices=not args.no_device_check)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
@@ -516,7 +516,7 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedlmc`` console script; returns the exit status."""
-    from fedlmc.simulations.stop_signals import exit_status, handle_signals
+    from fedlmc.simulations.engine.stop_signals import exit_status, handle_signals
 
     handle_signals()  # SIGTERM stops a command like Ctrl-C does (exit status 143)
     parser = build_parser()

@@ -4,9 +4,9 @@ Message types it answers:
 
 - ``train``: trains the configured model on this node's partition: ``partition-id`` of
   ``num-partitions`` from the message's ConfigRecords when it carries them (the sweep engine,
-  :mod:`fedlmc.simulations.engine`, sends each cell's own), else from ``context.node_config`` (a
-  deployment's ``--node-config``, a plain simulation); the same split on every node. With ``init =
-  "independent"`` (the paper's setting) the initial weights are drawn with a seed derived from
+  :mod:`fedlmc.simulations.engine.cells`, sends each cell's own), else from ``context.node_config``
+  (a deployment's ``--node-config``, a plain simulation); the same split on every node. With ``init
+  = "independent"`` (the paper's setting) the initial weights are drawn with a seed derived from
   ``(seed, partition-id)`` and the received arrays are ignored; with ``init = "shared"`` the
   received arrays (the server's initialisation; FedAvg: the global model) are loaded, sliced to
   the client's width when it is narrower than the server's (nested sub-models, HeteroFL). Every
@@ -35,8 +35,9 @@ Message types it answers:
 - ``evaluate``: loss and accuracy of the received model on this node's data.
 
 Every message is answered with the slot's ``max(1, floor(num-cpus))`` threads, whatever the
-environment's ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` say (:mod:`fedlmc.simulations.threads`; on a
-SuperNode, set ``num-cpus`` to the cores the node gives its ClientApp).
+environment's ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` say
+(:mod:`fedlmc.simulations.config.threads`; on a SuperNode, set ``num-cpus`` to the cores the node
+gives its ClientApp).
 
 Nothing is kept between messages but the data and, only for client-side activation matching,
 the trained weights: the loaded data sets and partitions stay in bounded caches of
@@ -79,6 +80,7 @@ from fedlmc.simulations.config import (
     client_width,
     keeps_trained_model,
 )
+from fedlmc.simulations.config.threads import config_slot_threads, pool_threads, use_threads
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
@@ -91,7 +93,6 @@ from fedlmc.simulations.task import (
     load_splits,
     train_options,
 )
-from fedlmc.simulations.threads import config_slot_threads, pool_threads, use_threads
 from fedlmc.strategies.protocol import (
     ALIGN_QUERY,
     BN_QUERY,
@@ -167,7 +168,8 @@ def _model_from(config: dict, record: ArrayRecord) -> nn.Module:
 
 def use_slot_threads(message: Message, context: Context) -> int:
     """Compute with this client slot's ``max(1, floor(num-cpus))`` threads (torch and the BLAS
-    pools, :mod:`fedlmc.simulations.threads`), whatever the environment's thread variables say."""
+    pools, :mod:`fedlmc.simulations.config.threads`), whatever the environment's thread variables
+    say."""
     config = client_run_config(context.run_config, _message_config(message))
     count = config_slot_threads(config)
     use_threads(count)

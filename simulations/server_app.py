@@ -37,8 +37,8 @@ weights ``merged-<method>.safetensors`` (one file per merge, shared by a method 
 and, last, ``fedlmc_version``, ``flwr_version``, ``torch_version`` and ``device_used`` (the
 resolved server device, e.g. ``cpu: x86_64 (2 cores)``; ``device`` is the run-config key).
 Beside it, ``training.csv``: the clients' per-epoch training curves and FedAvg's per-round
-curve (:mod:`fedlmc.simulations.training_file`; FedAvg evaluates its global model on the test
-split after every round for it, :func:`merged_test_evaluation`).
+curve (:mod:`fedlmc.simulations.records.training_file`; FedAvg evaluates its global model on the
+test split after every round for it, :func:`merged_test_evaluation`).
 """
 
 from __future__ import annotations
@@ -47,14 +47,13 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 from safetensors.torch import save_file
@@ -69,17 +68,25 @@ from fedlmc.simulations.config import (
     FEDAVG,
     cell_default_methods_note,
     client_width,
-    client_widths,
     method_list,
     mixed_widths,
-    server_width,
     validate_run_config,
-    widths_text,
 )
-from fedlmc.simulations.out_dir_lock import out_dir_lock
-from fedlmc.simulations.progress import RunProgress, Say, flower_say, rows_destination
-from fedlmc.simulations.provenance import version_columns
-from fedlmc.simulations.results_file import check_writable_folder, refuse_mixing
+from fedlmc.simulations.config.threads import server_threads, use_threads
+from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+from fedlmc.simulations.records.progress import RunProgress, Say, flower_say, rows_destination
+from fedlmc.simulations.records.provenance import version_columns
+from fedlmc.simulations.records.results_file import check_writable_folder, refuse_mixing
+from fedlmc.simulations.records.server_outcome import (
+    MIXED_COLLECT,
+    ServerOutcome,
+    _train_seconds,
+    endpoint_metrics,
+    merged_row,
+    round_columns,
+    train_config_record,
+)
+from fedlmc.simulations.records.training_file import training_rows, write_training
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
@@ -88,8 +95,6 @@ from fedlmc.simulations.task import (
     device_of,
     load_splits,
 )
-from fedlmc.simulations.threads import server_threads, use_threads
-from fedlmc.simulations.training_file import training_rows, write_training
 from fedlmc.strategies import (
     FedAvgBaseline,
     FedAvgResult,
@@ -101,153 +106,11 @@ from fedlmc.strategies.fedavg import MERGED_TEST_ACCURACY, MERGED_TEST_LOSS
 from fedlmc.strategies.protocol import record_to_state, state_to_record
 from fedlmc.strategies.robust import RobustScreen
 from fedlmc.strategies.screening import ClientReferences, WeightBound
-from fedlmc.strategies.strategy_utils import Failure, RoundReport, StateDict
+from fedlmc.strategies.strategy_utils import StateDict
 from fedlmc.study.compare import (
     Comparison,
-    Predictions,
     compare_methods,
-    evaluate_model_row,
-    gap_columns,
 )
-from fedlmc.study.rows import ROUND_COLUMNS, endpoint_columns
-
-
-@dataclass
-class ServerOutcome:
-    """What one run of the ServerApp produced (``run_federation`` reads it in-process)."""
-
-    config: dict[str, Any]
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    merged: dict[str, StateDict] = field(default_factory=dict)
-    results: dict[str, OneShotResult | FedAvgResult] = field(default_factory=dict)
-    reports: dict[str, RoundReport] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    weight_bound: WeightBound | None = None
-    client_templates: dict[int, nn.Module] | None = None
-    """Clients of different widths: per partition id a model at that client's width (``None``:
-    every client at the server's width, :func:`fedlmc.simulations.config.mixed_widths`)."""
-    progress: RunProgress = field(default_factory=lambda: RunProgress(None))
-    """Where the stages are told (:mod:`fedlmc.simulations.progress`; silent by default)."""
-
-    def templates_of(self, report: RoundReport, template: nn.Module) -> list[nn.Module]:
-        """The architecture each survivor's weights load into: its own width's, or
-        ``template`` when every client has the server's width."""
-        if self.client_templates is None:
-            return [template] * len(report.survivors)
-        return [self.client_templates[u.partition_id] for u in report.survivors]
-
-    def table(self, with_config: bool = False) -> pd.DataFrame:
-        """The rows as a DataFrame (one per method); ``with_config`` appends the run-config
-        columns (hyphenated keys)."""
-        rows = [{**row, **self.config} for row in self.rows] if with_config else self.rows
-        return pd.DataFrame(rows)
-
-
-MIXED_COLLECT = "embed_average"
-"""The merge of the ``compare`` strategy's collecting round when the clients' widths differ (the
-study's rows are computed afterwards from the collected models; this merge is not a row)."""
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def train_config_record(config: Mapping[str, Any]) -> ConfigRecord:
-    """The run config as the ConfigRecord sent with every train message."""
-    return ConfigRecord({k: v for k, v in config.items()})
-
-
-def failures_text(failures: Sequence[Failure]) -> str:
-    """``"node N (partition 1): client error: ...; ..."`` on one line (empty when none)."""
-    return "; ".join(f.describe() for f in failures)  # plain text: Failure sanitises reasons
-
-
-def width_columns(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``client_widths`` (every client's width, in partition order) and ``server_width`` (the
-    merged model's), resolved from the run config."""
-    return {
-        "client_widths": widths_text(client_widths(config)),
-        "server_width": server_width(config),
-    }
-
-
-def _train_seconds(update: Any) -> float:
-    """A survivor's ``train-seconds`` (0 when it reports none; NaN when the screen removed the
-    value it sent: the column is then undefined, and the log names the client)."""
-    if "train-seconds" in update.dropped_metrics:
-        return math.nan
-    return float(update.metrics.get("train-seconds", 0.0))
-
-
-def round_columns(
-    report: RoundReport,
-    bytes_sent: int,
-    seconds: float,
-    rounds: int,
-    config: Mapping[str, Any],
-) -> dict[str, Any]:
-    """Columns describing the rounds behind a row (:data:`fedlmc.study.rows.ROUND_COLUMNS`),
-    the width columns (:func:`width_columns`) included."""
-    train_seconds = [_train_seconds(u) for u in report.survivors]
-    columns = {
-        "clients_survived": len(report.survivors),
-        "clients_failed": failures_text(report.failures),
-        "clients_dropped": len(report.dropped_nodes),
-        "clients_dropped_reasons": failures_text(report.dropped),
-        "bytes_sent_by_clients": int(bytes_sent),
-        "rounds": int(rounds),
-        "train_seconds": float(sum(train_seconds)),
-        "round_seconds": float(seconds),
-        **width_columns(config),
-    }
-    assert tuple(columns) == ROUND_COLUMNS
-    return columns
-
-
-def merged_row(
-    method: str,
-    model: nn.Module,
-    splits: DataSplits,
-    temperature: float | None,
-    endpoints: Sequence[Mapping[str, float]],
-    num_clients: int,
-    device: torch.device,
-) -> dict[str, Any]:
-    """A row for one merged model; ``temperature`` (the strategy's) is applied when given;
-    ``endpoints`` (the clients' metrics, may be empty) fill the endpoint and merge-gap columns."""
-    row = evaluate_model_row(
-        method, model, splits, calibrated=False, num_clients=num_clients, device=device
-    )
-    if temperature is not None:
-        logits = predict_logits(model, splits.test[0], device=device)
-        cal = metrics_from_logits(logits, splits.test[1], temperature)
-        row.update(
-            temperature=float(temperature),
-            nll=cal["nll"],
-            ece=cal["ece"],
-            nll_calibrated=cal["nll"],
-            ece_calibrated=cal["ece"],
-        )
-    if endpoints:
-        row.update(endpoint_columns(endpoints))
-        row.update(gap_columns(endpoints, row))
-    return row
-
-
-def endpoint_metrics(
-    templates: Sequence[nn.Module],
-    states: Sequence[StateDict],
-    splits: DataSplits,
-    device: torch.device,
-) -> list[dict[str, float]]:
-    """Test metrics of the clients' own models, each loaded into its template (its width's)
-    (:meth:`fedlmc.study.compare.Predictions.metrics`)."""
-    if not states or not states[0]:
-        return []
-    return [
-        Predictions.of(load_state(model, sd).to(device).eval(), splits, device).metrics(
-            splits.test[1]
-        )
-        for model, sd in zip(templates, states, strict=True)
-    ]
 
 
 def _start(
@@ -615,7 +478,7 @@ def run_server(
     """Validate the run config, run the configured mode, add columns, write the outputs.
     ``simulated``: the clients are this project's simulated ClientApps, whose partition sizes
     the server knows (the weight bound, :func:`weight_bound`). ``say`` receives the stages
-    and, last, where the rows went (:mod:`fedlmc.simulations.progress`)."""
+    and, last, where the rows went (:mod:`fedlmc.simulations.records.progress`)."""
     config = validate_run_config(dict(run_config), check_devices=False)  # server-fraction > 0
     if config["out-dir"]:  # before any work: never overwrite a sweep's results.csv
         check_writable_folder(config["out-dir"], "out-dir")
@@ -648,7 +511,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Entry point of ``flwr run``: the run config comes from ``context.run_config``; the
     server computes with ``server-cpus`` threads (0: every usable core, no client slots run
-    beside a deployment's ServerApp; :mod:`fedlmc.simulations.threads`)."""
+    beside a deployment's ServerApp; :mod:`fedlmc.simulations.config.threads`)."""
     config = validate_run_config(dict(context.run_config), check_devices=False)
     use_threads(server_threads(config["server-cpus"]))
     run_server(grid, dict(context.run_config), say=flower_say)

@@ -23,7 +23,7 @@ from fedlmc.permutation import (
     random_permutations,
 )
 from fedlmc.simulations.cli import print_alignment_flags
-from fedlmc.simulations.report import report_markdown
+from fedlmc.simulations.report.build import report_markdown
 from fedlmc.study.compare import compare_methods
 from fedlmc.train import train_model
 

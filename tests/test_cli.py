@@ -116,7 +116,7 @@ def test_an_unreachable_ray_address_is_refused_at_once_and_keeps_the_results(tmp
     nothing listens. One line, exit status 2, results.csv untouched, no minutes of retries."""
     import pandas as pd
 
-    from fedlmc.simulations.sweep import run_sweep
+    from fedlmc.simulations.runs.sweep import run_sweep
 
     config = tmp_path / "two.toml"
     config.write_text(TWO_CELLS)
@@ -147,7 +147,7 @@ def test_an_unreachable_ray_address_is_refused_at_once_and_keeps_the_results(tmp
 
 
 def test_run_progress_numbers_merges_with_the_time_left_and_says_where_rows_went():
-    from fedlmc.simulations.progress import RunProgress, rows_destination
+    from fedlmc.simulations.records.progress import RunProgress, rows_destination
 
     now = [0.0]
     lines: list[str] = []

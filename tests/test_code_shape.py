@@ -29,6 +29,20 @@ LAYERS = (
     ("fedlmc.analysis",),
     ("fedlmc.study",),
 )
+# The Flower side's layers, lowest first (simulations/__init__.py says why): the ServerApp
+# writes the records and the engine runs the ServerApp, so the records sit below the app and the
+# run drivers above the engine; the report and the trackers only read the records.
+SIMULATION_LAYERS = (
+    ("fedlmc.simulations.config",),
+    ("fedlmc.simulations.records",),
+    ("fedlmc.simulations.task", "fedlmc.simulations.client_app", "fedlmc.simulations.server_app"),
+    ("fedlmc.simulations.engine",),
+    ("fedlmc.simulations.runs",),
+    ("fedlmc.simulations.report", "fedlmc.simulations.tracking"),
+    ("fedlmc.simulations", "fedlmc.simulations.cli"),
+)
+MAX_TOP_LEVEL_MODULES = 8
+MAX_LINES = 600
 
 
 def module_name(path: Path) -> str:
@@ -66,18 +80,18 @@ def import_graph() -> dict[str, set[str]]:
     return {name: imported_modules(path, known) - {name} for name, path in files.items()}
 
 
-def layer_of(module: str) -> int:
-    """The index in :data:`LAYERS` of the longest prefix naming ``module``'s layer."""
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int:
+    """The index in ``layers`` of the longest prefix naming ``module``'s layer."""
     best = max(
         (
             prefix
-            for layer in LAYERS
+            for layer in layers
             for prefix in layer
             if module == prefix or module.startswith(prefix + ".")
         ),
         key=len,
     )
-    return next(i for i, layer in enumerate(LAYERS) if best in layer)
+    return next(i for i, layer in enumerate(layers) if best in layer)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -110,7 +124,7 @@ def test_cycle_finder_finds_a_cycle():
 
 def test_the_project_has_no_import_cycle():
     graph = import_graph()
-    assert "fedlmc.simulations.federation" in graph and "fedlmc.merging.methods" in graph
+    assert "fedlmc.simulations.runs.federation" in graph and "fedlmc.merging.methods" in graph
     assert find_cycle(graph) is None
 
 
@@ -151,6 +165,66 @@ def test_layer_check_sees_an_upward_import():
     assert layer_of("fedlmc.permutation.matching") < layer_of("fedlmc.models.classifiers")
 
 
+def test_the_flower_side_imports_only_its_own_layer_and_those_below():
+    graph = import_graph()
+    flower = {n: deps for n, deps in graph.items() if n.startswith("fedlmc.simulations")}
+    assert {"fedlmc.simulations.report.build", "fedlmc.simulations.engine.cells"} <= set(flower)
+    upward = [
+        (name, dep)
+        for name, deps in flower.items()
+        for dep in deps
+        if dep.startswith("fedlmc.simulations")
+        and layer_of(dep, SIMULATION_LAYERS) > layer_of(name, SIMULATION_LAYERS)
+    ]
+    assert upward == []
+
+
+def test_flower_layer_check_sees_an_upward_import():
+    below = layer_of("fedlmc.simulations.records.results_file", SIMULATION_LAYERS)
+    assert below < layer_of("fedlmc.simulations.server_app", SIMULATION_LAYERS)
+    assert layer_of("fedlmc.simulations.engine.cells", SIMULATION_LAYERS) < layer_of(
+        "fedlmc.simulations.runs.sweep", SIMULATION_LAYERS
+    )
+    assert layer_of("fedlmc.simulations.report.data", SIMULATION_LAYERS) > layer_of(
+        "fedlmc.simulations.runs.sweep", SIMULATION_LAYERS
+    )
+
+
+def test_the_flower_side_is_folders_with_a_short_top_level():
+    top = sorted(p.name for p in (ROOT / "simulations").glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+    for init in (ROOT / "simulations").glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc) > 80, f"{init} says in its docstring what it holds"
+
+
+def test_no_module_is_over_the_line_limit():
+    folders = ("fedlmc", "strategies", "simulations", "tests", "benchmarks", "docs", "examples")
+    long = {
+        str(path.relative_to(ROOT)): n
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def test_old_flat_paths_import_the_moved_modules_with_a_warning():
+    import importlib
+
+    import fedlmc.simulations
+    from fedlmc.simulations import MOVED
+
+    assert "fedlmc.simulations.sweep" in MOVED
+    for old, new in MOVED.items():
+        assert (ROOT / "simulations" / f"{old.rsplit('.', 1)[1]}.py").exists() is False, old
+        assert importlib.util.find_spec(new) is not None, new
+    with pytest.warns(DeprecationWarning, match="moved to fedlmc.simulations.records.progress"):
+        moved = importlib.import_module("fedlmc.simulations.progress")
+    assert moved is importlib.import_module("fedlmc.simulations.records.progress")
+    assert fedlmc.simulations.run_sweep.__module__ == "fedlmc.simulations.runs.sweep"
+
+
 def test_strategies_do_not_import_the_simulations():
     graph = import_graph()
     assert not [
@@ -174,7 +248,7 @@ def test_run_config_names_live_outside_the_science_core():
         "from fedlmc.simulations.config import load_sweep_config, expand_grid;"
         "expand_grid(load_sweep_config('configs/quick.toml'))",
         "from fedlmc.simulations.cli import main; main(['validate', 'configs/mnist_mlp.toml'])",
-        "from fedlmc.simulations.registry_tables import keys_table, methods_table; keys_table()",
+        "from fedlmc.simulations.config.tables import keys_table, methods_table; keys_table()",
     ],
 )
 def test_validating_a_sweep_file_loads_no_heavy_library(code: str):
@@ -198,7 +272,10 @@ def test_simulations_exports_run_federation_lazily():
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    assert out.stdout.split() == ["fedlmc.simulations.federation", "fedlmc.simulations.sweep"]
+    assert out.stdout.split() == [
+        "fedlmc.simulations.runs.federation",
+        "fedlmc.simulations.runs.sweep",
+    ]
     import fedlmc.simulations
 
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):

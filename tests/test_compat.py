@@ -1,5 +1,5 @@
 """The private APIs behind :mod:`fedlmc.strategies.flower_compat` and
-:mod:`fedlmc.simulations.compat`: each test fails when the private API it wraps changes (its
+:mod:`fedlmc.simulations.engine.compat`: each test fails when the private API it wraps changes (its
 signature, checked with ``inspect``, or what it does, exercised for real)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from fedlmc.simulations.compat import ray_bootstrap_address
+from fedlmc.simulations.engine.compat import ray_bootstrap_address
 from fedlmc.strategies.flower_compat import construct_messages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def test_registered_function_runs_before_the_non_daemon_threads_are_joined():
     code = textwrap.dedent(
         """
         import threading
-        from fedlmc.simulations.compat import register_before_thread_join
+        from fedlmc.simulations.engine.compat import register_before_thread_join
 
         release = threading.Event()
         def waiter():

@@ -27,15 +27,15 @@ from fedlmc.simulations.config import (
     runtime_keys,
     validate_run_config,
 )
-from fedlmc.simulations.registry_tables import (
+from fedlmc.simulations.config.schema import Key, Rule, at_least
+from fedlmc.simulations.config.tables import (
     columns_table,
     keys_table,
     pyproject_config,
     pyproject_config_of,
     with_pyproject_config,
 )
-from fedlmc.simulations.results_file import numeric_columns
-from fedlmc.simulations.schema import Key, Rule, at_least
+from fedlmc.simulations.records.results_file import numeric_columns
 from fedlmc.study.compare import compare_methods
 from fedlmc.study.rows import (
     COLUMNS,
@@ -201,8 +201,7 @@ def test_every_column_the_server_adds_is_declared():
     declared = {c.name for c in column_table()}
     assert {"clients_survived", "temperature_server_split", "merge_seconds"} <= written
     assert written <= declared, written - declared
-    from fedlmc.simulations.provenance import version_columns
-    from fedlmc.simulations.server_app import round_columns  # noqa: F401  (asserts ROUND_COLUMNS)
+    from fedlmc.simulations.records.provenance import version_columns
 
     assert set(version_columns("cpu")) <= declared
     assert ROUND_COLUMNS == tuple(c.name for c in column_table() if c.source == "round")

@@ -1,4 +1,4 @@
-"""The sweep engine (:mod:`fedlmc.simulations.engine`): many cells in one Flower simulation.
+"""The sweep engine (:mod:`fedlmc.simulations.engine.cells`): many cells in one Flower simulation.
 
 - The Grid view and the slot broker against a scripted in-process Grid (no Ray, fast): each cell
   sees its own nodes and partitions, a message is pushed only when a client slot is free, a
@@ -31,17 +31,12 @@ import pandas as pd
 import pytest
 
 from fedlmc.simulations.config import validate_run_config
-from fedlmc.simulations.engine import (
-    PARTITION_RECORD,
-    Broker,
-    CellGrid,
-    CellJob,
-    CellResult,
-    EngineStats,
-    run_cells,
-)
-from fedlmc.simulations.federation import run_federation_outcome
-from fedlmc.simulations.sweep import read_results
+from fedlmc.simulations.engine.cells import EngineStats, run_cells
+from fedlmc.simulations.engine.grid_view import PARTITION_RECORD, CellGrid
+from fedlmc.simulations.engine.slots import Broker
+from fedlmc.simulations.engine.sweep_server import CellJob, CellResult
+from fedlmc.simulations.records.results_file import read_results
+from fedlmc.simulations.runs.federation import run_federation_outcome
 from fedlmc.strategies import NotEnoughClientsError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 import fedlmc
 from fedlmc.averaging import average
 from fedlmc.simulations.config import validate_run_config
-from fedlmc.simulations.federation import run_federation, run_federation_outcome
+from fedlmc.simulations.runs.federation import run_federation, run_federation_outcome
 from fedlmc.simulations.task import build_from_config, device_of, load_splits
 from fedlmc.strategies import NotEnoughClientsError
 

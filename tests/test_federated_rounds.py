@@ -18,7 +18,7 @@ from fedlmc.merging.repair import repair, unit_statistics
 from fedlmc.permutation import apply_permutation, permutation_spec
 from fedlmc.permutation.matching import activation_matching
 from fedlmc.simulations.config import ConfigError, canonical_run_config, validate_run_config
-from fedlmc.simulations.federation import run_federation_outcome
+from fedlmc.simulations.runs.federation import run_federation_outcome
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,

@@ -13,7 +13,8 @@ from fedlmc.averaging import average, load_state
 from fedlmc.evaluation import predict_logits
 from fedlmc.merging.calibrate import fit_temperature
 from fedlmc.simulations.config import client_width, row_methods, validate_run_config
-from fedlmc.simulations.federation import run_federation, run_federation_outcome
+from fedlmc.simulations.records.training_file import read_training
+from fedlmc.simulations.runs.federation import run_federation, run_federation_outcome
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
@@ -23,7 +24,6 @@ from fedlmc.simulations.task import (
     load_splits,
     train_options,
 )
-from fedlmc.simulations.training_file import read_training
 from fedlmc.strategies import NotEnoughClientsError
 from fedlmc.train import train_model
 from fedlmc.training_columns import TRAINING_COLUMNS

@@ -7,8 +7,9 @@ import math
 
 import pandas as pd
 
-from fedlmc.simulations.figure_table import FIGURE_TABLE, FigureInputs
-from fedlmc.simulations.init_figures import (
+from fedlmc.simulations.report.data import init_setting, setting_order
+from fedlmc.simulations.report.figure_table import FIGURE_TABLE, FigureInputs
+from fedlmc.simulations.report.init_figures import (
     gap_rows,
     has_init_panels,
     line_groups,
@@ -18,7 +19,6 @@ from fedlmc.simulations.init_figures import (
     what_was_run,
     x_positions,
 )
-from fedlmc.simulations.report_data import init_setting, setting_order
 
 SETTINGS = {"dpi": 40, "error-bars": "std", "title": ""}
 
@@ -132,7 +132,7 @@ def test_the_skew_figure_is_drawn_from_dirichlet_and_iid_cells(tmp_path):
 
 def test_keys_vary_only_where_they_apply_and_methods_never_split_rows():
     from fedlmc.simulations.config import validate_run_config
-    from fedlmc.simulations.sweep import split_labels, varying_keys
+    from fedlmc.simulations.records.row_groups import split_labels, varying_keys
 
     shared = validate_run_config(
         {"init": "shared", "methods": "average,fedavg", "fedavg-rounds": 4}, check_devices=False

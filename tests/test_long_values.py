@@ -10,7 +10,7 @@ import pytest
 
 from fedlmc.simulations.cli import MAX_MESSAGE, main
 from fedlmc.simulations.config import MAX_NAME, parse_override
-from fedlmc.simulations.schema import MAX_INT, ConfigError
+from fedlmc.simulations.config.schema import MAX_INT, ConfigError
 
 SHORT = 300  # characters: what "one short line" means here
 

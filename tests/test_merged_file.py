@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from fedlmc.simulations import load_merged, validate_run_config
 from fedlmc.simulations.config import run_schema
-from fedlmc.simulations.schema import ConfigError
+from fedlmc.simulations.config.schema import ConfigError
 from fedlmc.simulations.task import build_from_config, load_splits
 
 CONFIG = {

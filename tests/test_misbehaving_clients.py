@@ -16,8 +16,9 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedlmc.simulations.config import validate_run_config
-from fedlmc.simulations.engine import backend_config
-from fedlmc.simulations.server_app import ServerOutcome, run_server
+from fedlmc.simulations.engine.ray_runtime import backend_config
+from fedlmc.simulations.records.server_outcome import ServerOutcome
+from fedlmc.simulations.server_app import run_server
 
 pytestmark = pytest.mark.slow
 

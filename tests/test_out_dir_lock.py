@@ -1,6 +1,6 @@
 """One writer per out dir: ``fedlmc run``, ``fedlmc sweep`` and ``fedlmc report`` hold one lock
-(:mod:`fedlmc.simulations.out_dir_lock`) while they write; the second command on a folder fails
-at once with one line naming the holder, and the first one's rows stay intact.
+(:mod:`fedlmc.simulations.records.out_dir_lock`) while they write; the second command on a folder
+fails at once with one line naming the holder, and the first one's rows stay intact.
 
 The cheap tests hold the lock from a small child process; the two slow ones start the real
 commands on one folder in both orders (a run, then a sweep; a sweep, then a run, which also
@@ -19,8 +19,8 @@ import pytest
 
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import ConfigError
-from fedlmc.simulations.out_dir_lock import LOCK, out_dir_lock
-from fedlmc.simulations.results_file import out_dir_kind, read_results
+from fedlmc.simulations.records.out_dir_lock import LOCK, out_dir_lock
+from fedlmc.simulations.records.results_file import out_dir_kind, read_results
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_RUN = ["epochs=1", "lambdas=3", "batch-size=256", "diagnostics=false", "width=0.125"]
@@ -38,7 +38,7 @@ inject-failure = ["none", "hang:1"]
 """
 # the second cell hangs (a client sleeps past the timeout): it is in flight when SIGTERM comes
 HOLD = (
-    "import sys; from fedlmc.simulations.out_dir_lock import out_dir_lock\n"
+    "import sys; from fedlmc.simulations.records.out_dir_lock import out_dir_lock\n"
     "with out_dir_lock(sys.argv[1], sys.argv[2]):\n"
     "    print('held', flush=True); sys.stdin.read()\n"
 )
@@ -129,7 +129,7 @@ def test_a_sweep_checks_what_the_folder_holds_under_the_lock(tmp_path):
     """A run's results written before the sweep takes the lock (after ``fedlmc validate``
     saw an empty folder) are seen under the lock: the sweep is refused, the file untouched."""
     from fedlmc.simulations.config import sweep_from_mapping
-    from fedlmc.simulations.sweep import run_sweep
+    from fedlmc.simulations.runs.sweep import run_sweep
 
     folder = tmp_path / "raced"
     folder.mkdir()

@@ -166,7 +166,8 @@ def run_cells_with_poisoned_clients(configs: dict[str, dict]) -> dict[str, objec
     """Cell key -> its ServerOutcome (or the exception that ended it): every config in one
     simulation of the sweep engine, with :func:`poisoned_app` as the ClientApp."""
     from fedlmc.simulations import client_app
-    from fedlmc.simulations.engine import CellJob, run_cells
+    from fedlmc.simulations.engine.cells import run_cells
+    from fedlmc.simulations.engine.sweep_server import CellJob
 
     results = {}
     with pytest.MonkeyPatch.context() as patch:

@@ -15,7 +15,7 @@ from fedlmc.merging.methods import merge_method, merge_states, merge_with_info, 
 from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import ConfigError, validate_run_config
-from fedlmc.simulations.registry_tables import columns_table, methods_table
+from fedlmc.simulations.config.tables import columns_table, methods_table
 from fedlmc.strategies import PermutationAlignedAverage
 from fedlmc.study.compare import compare_methods, default_methods
 

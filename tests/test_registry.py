@@ -24,7 +24,7 @@ from fedlmc.models.registry import ModelOption, model_names, register_model
 from fedlmc.registry import Registry
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import ConfigError, run_schema, validate_run_config
-from fedlmc.simulations.registry_tables import (
+from fedlmc.simulations.config.tables import (
     columns_table,
     keys_table,
     methods_table,

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from fedlmc.simulations.report import build_report, markdown_table, varying_keys
-from fedlmc.simulations.sweep import read_results
-from fedlmc.simulations.training_file import read_training
+from fedlmc.simulations.records.results_file import read_results
+from fedlmc.simulations.records.training_file import read_training
+from fedlmc.simulations.report.build import build_report, markdown_table, varying_keys
 
 try:  # rootdir on sys.path, or tests/ itself (pytest's default import mode)
     from tests.test_sweep import shared_sweep
@@ -122,8 +122,8 @@ def test_markdown_table_and_varying_keys():
 def test_figures_come_from_one_table_in_the_documented_order():
     import re
 
-    import fedlmc.simulations.report as report
-    from fedlmc.simulations.figure_table import FIGURE_TABLE, figure
+    import fedlmc.simulations.report.build as report
+    from fedlmc.simulations.report.figure_table import FIGURE_TABLE, figure
 
     documented = list(dict.fromkeys(re.findall(r"``(\w+)\.png``", report.__doc__)))
     assert [f.name for f in FIGURE_TABLE] == documented
@@ -137,7 +137,7 @@ def test_n_client_figures_are_drawn_from_their_columns(tmp_path):
     """Client-to-merge barriers against the number of clients, and the pairwise matrix."""
     import json
 
-    from fedlmc.simulations.report import draw_figures, report_markdown
+    from fedlmc.simulations.report.build import draw_figures, report_markdown
 
     rows = []
     for clients in (3, 4):
@@ -207,7 +207,7 @@ def paired_rows(gap_shift: float) -> pd.DataFrame:
 
 
 def test_a_figure_or_table_that_would_repeat_another_is_left_out_and_said_so(tmp_path):
-    from fedlmc.simulations.report import draw_figures, report_markdown
+    from fedlmc.simulations.report.build import draw_figures, report_markdown
 
     settings = {"dpi": 60, "error-bars": "std", "title": ""}
     same = paired_rows(gap_shift=0.0)
@@ -241,7 +241,8 @@ def test_figures_are_titled_coinciding_methods_drawn_once_and_styles_in_the_lege
     import matplotlib
 
     matplotlib.use("Agg")
-    from fedlmc.simulations.figures import (
+    from fedlmc.simulations.report.data import aggregate, run_title
+    from fedlmc.simulations.report.plotting import (
         coinciding,
         coinciding_label,
         figure_title,
@@ -249,7 +250,6 @@ def test_figures_are_titled_coinciding_methods_drawn_once_and_styles_in_the_lege
         save,
         style_legend,
     )
-    from fedlmc.simulations.report_data import aggregate, run_title
 
     rows = paired_rows(gap_shift=0.0)
     assert run_title(rows) == "mnist5k, mlp, 2 clients, 3 epochs"
@@ -288,7 +288,7 @@ def test_report_shows_auto_choices_temperature_gaps_and_communication(tmp_path):
     per calibration-holdout; what the clients sent and the rounds per method."""
     import math
 
-    from fedlmc.simulations.report import report_markdown
+    from fedlmc.simulations.report.build import report_markdown
 
     rows = []
     for width in (1.0, 8.0):
@@ -375,7 +375,7 @@ def test_convergence_rules_on_hand_built_curves():
 
 
 def convergence_text(tmp_path, curves: pd.DataFrame) -> str:
-    from fedlmc.simulations.report import report_markdown
+    from fedlmc.simulations.report.build import report_markdown
 
     cells = curves.drop_duplicates("cell_id")
     rows = cells[["cell_id", "width", "seed"]].assign(status="ok", method="average", accuracy=0.8)
@@ -410,7 +410,7 @@ def test_convergence_verdict_only_where_the_rule_is_defined(tmp_path):
 
 
 def test_convergence_section_flags_a_falling_client_and_the_curves_are_drawn(tmp_path):
-    from fedlmc.simulations.report import draw_figures, report_markdown
+    from fedlmc.simulations.report.build import draw_figures, report_markdown
 
     settled = [2.0, 1.0, 0.5, 0.498, 0.497, 0.4965]
     falling = [2.0, 1.5, 1.2, 1.0, 0.9, 0.8]

@@ -14,14 +14,14 @@ import pytest
 
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import ConfigError, sweep_from_mapping
-from fedlmc.simulations.results_file import (
+from fedlmc.simulations.records.results_file import (
     REJECTED,
     finished_cells,
     out_dir_kind,
     read_results,
     refuse_mixing,
 )
-from fedlmc.simulations.sweep import run_sweep
+from fedlmc.simulations.runs.sweep import run_sweep
 
 SWEEP = {
     "name": "three",

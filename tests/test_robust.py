@@ -16,7 +16,7 @@ from fedlmc.merging.calibrate import temperature_grid, temperature_statistics
 from fedlmc.merging.repair import UnitStats
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import validate_run_config
-from fedlmc.simulations.schema import ConfigError
+from fedlmc.simulations.config.schema import ConfigError
 from fedlmc.strategies import OneShotAverage
 from fedlmc.strategies.protocol import HISTORY_KEYS, state_to_record
 from fedlmc.strategies.queries import ClientRounds

@@ -20,7 +20,7 @@ from fedlmc.merging.calibrate import (
 from fedlmc.merging.repair import UnitStats
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import permutation_spec
-from fedlmc.simulations.training_file import client_epoch_rows
+from fedlmc.simulations.records.training_file import client_epoch_rows
 from fedlmc.strategies import NotEnoughClientsError, OneShotAverage
 from fedlmc.strategies.protocol import (
     HISTORY_KEYS,

@@ -1,5 +1,5 @@
 """A stop signal caught by another thread still stops a main thread blocked in a join (the
-relay of :mod:`fedlmc.simulations.stop_signals`): what Flower's simulation does while a sweep
+relay of :mod:`fedlmc.simulations.engine.stop_signals`): what Flower's simulation does while a sweep
 runs. A small child process, no Ray (tests/test_out_dir_lock.py and tests/test_sweep.py send
 the signals to real sweeps)."""
 
@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CHILD = """
 import signal, sys, threading, time
-from fedlmc.simulations.stop_signals import exit_status, handle_signals
+from fedlmc.simulations.engine.stop_signals import exit_status, handle_signals
 handle_signals()
 worker = threading.Thread(target=time.sleep, args=(60,), daemon=True)
 worker.start()
@@ -51,7 +51,7 @@ def test_a_signal_caught_by_another_thread_stops_the_blocked_main_thread(name, s
 
 
 def test_exit_status_of_each_stop():
-    from fedlmc.simulations.stop_signals import Terminated, exit_status
+    from fedlmc.simulations.engine.stop_signals import Terminated, exit_status
 
     assert exit_status(KeyboardInterrupt()) == 128 + signal.SIGINT == 130
     assert exit_status(Terminated()) == 128 + signal.SIGTERM == 143

@@ -29,9 +29,10 @@ from fedlmc.simulations.config import (
     row_methods,
     run_schema,
 )
-from fedlmc.simulations.out_dir_lock import out_dir_lock
-from fedlmc.simulations.sweep import finished_cells, read_results, run_sweep
-from fedlmc.simulations.training_file import read_training
+from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+from fedlmc.simulations.records.results_file import finished_cells, read_results
+from fedlmc.simulations.records.training_file import read_training
+from fedlmc.simulations.runs.sweep import run_sweep
 from fedlmc.study.rows import ROUND_COLUMNS, row_columns
 from fedlmc.training_columns import TRAINING_COLUMNS
 
@@ -354,7 +355,7 @@ def test_a_folder_in_use_is_refused(tmp_path):
     (tests/test_out_dir_lock.py starts the real commands against each other)."""
     out = tmp_path / "busy"
     sweep = load_sweep_config(tiny_config(tmp_path))
-    hold = "import sys; from fedlmc.simulations.out_dir_lock import out_dir_lock\n"
+    hold = "import sys; from fedlmc.simulations.records.out_dir_lock import out_dir_lock\n"
     hold += "with out_dir_lock(sys.argv[1], 'fedlmc sweep'):\n    print(1, flush=True); input()\n"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlmc.simulations.threads import (
+from fedlmc.simulations.config.threads import (
     THREAD_VARIABLES,
     server_threads,
     slot_threads,
@@ -44,7 +44,7 @@ def test_thread_environment_sets_every_variable_and_restores_the_callers(monkeyp
 
 PROBE = """
 import json, numpy, torch
-from fedlmc.simulations.threads import pool_threads, use_threads
+from fedlmc.simulations.config.threads import pool_threads, use_threads
 before = [torch.get_num_threads(), pool_threads()]
 use_threads(1)
 print(json.dumps({"before": before, "after": [torch.get_num_threads(), pool_threads()]}))
@@ -71,7 +71,7 @@ def test_use_threads_overrides_the_shells_thread_variables():
 def test_client_slots_ignore_the_shells_omp_num_threads(monkeypatch):
     """A real simulation under OMP_NUM_THREADS=2: each client slot (num-cpus = 1) trains with
     one thread, and the caller's environment is left as it was."""
-    from fedlmc.simulations.federation import run_federation_outcome
+    from fedlmc.simulations.runs.federation import run_federation_outcome
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("MKL_NUM_THREADS", "2")

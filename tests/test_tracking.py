@@ -4,8 +4,8 @@ exporting again adds nothing; the CLI refuses an unknown tracker and a missing e
 work.
 
 The folder is written here in the shapes the sweep writes (``results.csv`` validated by
-:func:`fedlmc.simulations.results_file.read_results`, ``training.csv`` as the ServerApp writes
-it, real PNG figures); the slow test exports the tiny real sweep of ``test_sweep``.
+:func:`fedlmc.simulations.records.results_file.read_results`, ``training.csv`` as the ServerApp
+writes it, real PNG figures); the slow test exports the tiny real sweep of ``test_sweep``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 from fedlmc.simulations.cli import main
-from fedlmc.simulations.sweep import read_results
+from fedlmc.simulations.records.results_file import read_results
 from fedlmc.simulations.tracking import export_folder, tracker_names
 from fedlmc.simulations.tracking.runs import tracked_runs
 

@@ -36,7 +36,7 @@ def test_the_registry_lists_the_mixed_width_methods_with_calibrated_rows():
     ]
     assert set(MIXED) <= set(merge_method_names())
     assert {f"{m}_t" for m in MIXED} <= set(study_methods())
-    from fedlmc.simulations.registry_tables import methods_table
+    from fedlmc.simulations.config.tables import methods_table
 
     lines = {line.split(" | ")[0]: line for line in methods_table().splitlines()}
     assert "| mixed widths |" in methods_table()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedlmc.registry import Registry
-from fedlmc.simulations.schema import ConfigError
+from fedlmc.simulations.config.schema import ConfigError
 
 __all__ = [
     "TRACKERS",
@@ -93,8 +93,8 @@ def tracker_names() -> tuple[str, ...]:
 
 
 def check_tracker(name: str, option: str = "--track") -> Tracker:
-    """The tracker ``name``; :class:`~fedlmc.simulations.schema.ConfigError` (one line) for an
-    unknown name or a tracker whose extra is not installed, naming the install command."""
+    """The tracker ``name``; :class:`~fedlmc.simulations.config.schema.ConfigError` (one line) for
+    an unknown name or a tracker whose extra is not installed, naming the install command."""
     if name not in TRACKERS:
         allowed = ", ".join(TRACKERS.names())
         raise ConfigError(f"{option} {name!r}: unknown tracker; allowed: {allowed}")

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedlmc.simulations.config import LINK, run_schema
-from fedlmc.simulations.results_file import CONFIG, RESULTS, out_dir_kind, read_results
-from fedlmc.simulations.schema import ConfigError
+from fedlmc.simulations.config.schema import ConfigError
+from fedlmc.simulations.records.results_file import CONFIG, RESULTS, out_dir_kind, read_results
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -84,7 +84,7 @@ class TrackedRun:
 
 def tracked_runs(out_dir: str | Path) -> list[TrackedRun]:
     """The runs of a sweep's or a ``fedlmc run``'s out dir (module docstring);
-    :class:`~fedlmc.simulations.schema.ConfigError` for a folder holding no results."""
+    :class:`~fedlmc.simulations.config.schema.ConfigError` for a folder holding no results."""
     folder = Path(out_dir)
     kind = out_dir_kind(folder)
     if kind == "empty" or not (folder / RESULTS).is_file():

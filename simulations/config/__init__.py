@@ -1,0 +1,133 @@
+"""The one place where run and sweep configuration is defined and validated.
+
+A *run config* is a flat mapping of hyphenated keys (the same keys as Flower's ``--run-config``
+and ``[tool.flwr.app.config]``) to scalars. :func:`run_schema` lists every key with its type,
+default and allowed values; the named values (data sets, models and their options, merge
+methods) are read from the registries of :mod:`fedlmc.data.catalog`,
+:mod:`fedlmc.models.registry` and :mod:`fedlmc.merging.methods`, so a registered model or merge
+method is a valid value with no edit here. :func:`validate_run_config` fills in defaults and rejects
+anything else with a :class:`ConfigError` whose one-line message names the key, the value and
+what is allowed. Nothing here imports Flower, torch, scipy or pandas.
+"""
+
+from __future__ import annotations
+
+from fedlmc.simulations.config.cell_identity import canonical_run_config, cell_id, experiment_values  # noqa: F401
+from fedlmc.simulations.config.checks import (  # noqa: F401
+    HUB_NAME,
+    check_cuda,
+    check_data_source,
+    check_fedavg_rounds,
+    check_local_sources,
+    check_min_clients,
+    check_model_bias,
+    check_partition,
+    check_plain_chain_methods,
+    check_two_client_methods,
+    check_warmup_rounds,
+    check_widths,
+)
+from fedlmc.simulations.config.derived import (  # noqa: F401
+    absolute_paths,
+    calibration_holdout,
+    client_pool_size,
+    client_width,
+    client_widths,
+    explicit_server_width,
+    federated_calibration,
+    keeps_trained_model,
+    method_list,
+    mixed_width_methods,
+    mixed_widths,
+    resolved_bias,
+    resolved_norm,
+    row_methods,
+    selected_methods,
+    server_width,
+    uses_fedavg,
+    widths_text,
+)
+from fedlmc.simulations.config.feasibility import (  # noqa: F401
+    IN_SHAPES,
+    MEMORY_FACTOR_CLIENT,
+    RESNET20_CHANNELS,
+    VGG11_CHANNELS,
+    check_memory,
+    machine_memory,
+    memory_estimate,
+    model_parameters,
+    width_key,
+)
+from fedlmc.simulations.config.keys import (  # noqa: F401
+    MODEL_OPTIONS_AFTER,
+    RUN_KEYS,
+    declared_keys,
+    run_schema,
+    runtime_keys,
+)
+from fedlmc.simulations.config.schema import ConfigError  # noqa: F401
+from fedlmc.simulations.config.sweep_file import (  # noqa: F401
+    HUGE_INTEGER,
+    LINK,
+    MAX_NAME,
+    NAME_PATTERN,
+    NOT_SWEEPABLE,
+    SWEEP_KEYS,
+    SWEEP_TABLES,
+    TOML_KEY,
+    SweepConfig,
+    apply_override,
+    axis_keys,
+    expand_grid,
+    grid_points,
+    huge_integer,
+    load_sweep_config,
+    parse_override,
+    product_points,
+    read_toml,
+    sweep_from_mapping,
+    unique_cells,
+)
+from fedlmc.simulations.config.validate import (  # noqa: F401
+    CONSISTENCY_CHECKS,
+    DEVICE_CHECKS,
+    WHOLE_RUN_CHECKS,
+    Check,
+    cell_default_methods_note,
+    check_consistency,
+    default_methods,
+    mixed_width_counterparts,
+    validate_run_config,
+    with_cell_default_methods,
+)
+from fedlmc.simulations.config.values import (  # noqa: F401
+    BIAS_VALUES,
+    DEFAULT_MAX_SHARE,
+    DEFAULT_OUTLIER_FACTOR,
+    FAILURE_MODES,
+    FEDAVG,
+    INITS,
+    MAX_LAMBDAS,
+    STRATEGIES,
+    aligning_methods,
+    cell_methods,
+    dataset_names,
+    option_key,
+    parse_widths,
+    server_split_share,
+)
+
+__all__ = [
+    "ConfigError",
+    "SweepConfig",
+    "canonical_run_config",
+    "cell_id",
+    "cell_methods",
+    "expand_grid",
+    "load_sweep_config",
+    "method_list",
+    "row_methods",
+    "run_schema",
+    "runtime_keys",
+    "validate_run_config",
+]

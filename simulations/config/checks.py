@@ -1,0 +1,246 @@
+"""The checks that involve several keys of a run config, each raising :class:`ConfigError` with
+a one-line message naming the value and what is allowed."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fedlmc.data.catalog import (
+    DOWNLOADABLE,
+    NUM_CLASSES,
+    TRAIN_SIZES,
+    is_hf_name,
+)
+from fedlmc.merging.methods import merge_method as merge_method_entry
+from fedlmc.models.registry import (
+    MODELS,
+    model_entry,
+)
+from fedlmc.simulations.config.derived import (
+    client_pool_size,
+    client_widths,
+    mixed_width_methods,
+    mixed_widths,
+    resolved_norm,
+    selected_methods,
+    server_width,
+    uses_fedavg,
+    widths_text,
+)
+from fedlmc.simulations.config.schema import (
+    ConfigError,
+    shown,
+)
+from fedlmc.simulations.config.values import FEDAVG, parse_widths
+
+
+def check_min_clients(config: Mapping[str, Any]) -> None:
+    """``min-clients`` at most ``num-clients``."""
+    if config["min-clients"] > config["num-clients"]:
+        raise ConfigError(
+            f"min-clients = {config['min-clients']}: allowed: at most num-clients "
+            f"({config['num-clients']})"
+        )
+
+
+def check_data_source(config: Mapping[str, Any]) -> None:
+    """``download`` needs a ``data-root`` and a downloadable data set; ``image-key`` and
+    ``label-key`` need an ``hf:`` data set."""
+    if config["download"] and not config["data-root"]:
+        raise ConfigError("download = true: allowed only with a data-root to fetch into")
+    if config["download"] and config["dataset"] not in DOWNLOADABLE:
+        raise ConfigError(
+            f"download = true: dataset {config['dataset']!r} is not fetched; allowed with "
+            f"{', '.join(DOWNLOADABLE)}"
+        )
+    for key in ("image-key", "label-key"):
+        if config[key] and not is_hf_name(config["dataset"]):
+            raise ConfigError(
+                f"{key} = {config[key]!r}: allowed only with an hf:NAME dataset, not "
+                f"{config['dataset']!r}"
+            )
+
+
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "owner/name"
+
+
+def check_local_sources(config: Mapping[str, Any]) -> None:
+    """Before Ray starts: a model factory file (``path/file.py:make_net``) must exist, and an
+    ``hf:`` data source must be an existing local file or folder or look like a hub name
+    (``name`` or ``owner/name``: ``hf:../../x`` is neither). Machine-dependent: skipped with
+    ``check_devices=False`` (``--no-device-check``)."""
+    location = config["model"].rpartition(":")[0]
+    if location.endswith(".py") and not Path(location).expanduser().is_file():
+        raise ConfigError(
+            f"model = {shown(config['model'])}: no such file {shown(location)}; allowed: a "
+            "registered model, 'package.module:make_net' or an existing 'file.py:make_net'"
+        )
+    if is_hf_name(config["dataset"]):
+        name = config["dataset"][len("hf:") :]
+        if not os.path.exists(os.path.expanduser(name)) and not HUB_NAME.fullmatch(name):
+            raise ConfigError(
+                f"dataset = {shown(config['dataset'])}: no such local file or folder, nor a hub "
+                "name; allowed: hf: with an existing path or a hub name 'name' / 'owner/name'"
+            )
+
+
+def check_cuda(config: Mapping[str, Any]) -> None:
+    """``num-gpus > 0`` or ``device = "cuda"`` needs a visible CUDA GPU."""
+    if config["num-gpus"] > 0 or config["device"] == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            key = "num-gpus" if config["num-gpus"] > 0 else "device"
+            raise ConfigError(f"{key} = {config[key]!r}: no CUDA GPU is visible on this machine")
+
+
+def check_widths(config: Mapping[str, Any]) -> None:
+    """``client-widths`` has one width per client; ``server-width`` is 0 or at least the widest
+    client's; mixed widths (:func:`mixed_widths`) only with what can merge them: not the FedAvg
+    baseline, only the merge methods registered ``mixed_widths`` (:func:`mixed_width_methods`),
+    and no norm across units (``ln``: the embedding would change it)."""
+    given = parse_widths(config["client-widths"])
+    if given and len(given) != config["num-clients"]:
+        raise ConfigError(
+            f"client-widths = {config['client-widths']!r}: {len(given)} widths; allowed: one "
+            f"per client, num-clients = {config['num-clients']}"
+        )
+    widest = max(client_widths(config))
+    if config["server-width"] and config["server-width"] < widest:
+        raise ConfigError(
+            f"server-width = {config['server-width']:g}: allowed: 0 (the widest client) or at "
+            f"least the widest client's width {widest:g}"
+        )
+    if not mixed_widths(config):
+        return
+    if uses_fedavg(config):
+        raise ConfigError(
+            f"client-widths = {config['client-widths']!r} with server-width "
+            f"{server_width(config):g}: the FedAvg baseline needs every client at the server "
+            "width; allowed: fedavg only with equal client and server widths"
+        )
+    one_width = [m for m in selected_methods(config) if not merge_method_entry(m).mixed_widths]
+    if one_width:
+        average = config["strategy"] == "average"
+        where = "strategy = 'average'" if average else f"merge method {one_width[0]!r}"
+        hint = (
+            " (strategy = 'aligned', align = ...)"
+            if average
+            else ", each also with _t (set methods, e.g. methods = "
+            '"embed_average_t,embed_weight_matching_t,heterofl_t,ensemble")'
+        )
+        raise ConfigError(
+            f"{where}: needs clients of one width (client widths "
+            f"{widths_text(client_widths(config))}, server width {server_width(config):g}); "
+            f"allowed for mixed widths: {', '.join(mixed_width_methods())}{hint}"
+        )
+    if resolved_norm(config) == "ln":
+        raise ConfigError(
+            f"norm = 'ln' with client widths {widths_text(client_widths(config))} and server "
+            f"width {server_width(config):g}: a norm across units (LayerNorm, GroupNorm) changes "
+            "when a narrow model is embedded in a wider one; allowed for mixed widths: bn, none"
+        )
+
+
+def check_model_bias(config: Mapping[str, Any]) -> None:
+    """``bias = true/false`` needs a model with a ``bias`` option."""
+    if config["bias"] != "auto" and "bias" not in model_entry(config["model"]).options:
+        raise ConfigError(
+            f"bias = {config['bias']!r}: model {config['model']!r} has no bias option; "
+            "allowed: auto"
+        )
+
+
+def check_plain_chain_methods(config: Mapping[str, Any]) -> None:
+    """Methods defined only for norm-free plain chains (``average_lewc_bias``) are refused for
+    a residual model or a model with norm layers, before any work."""
+    chain_only = [m for m in selected_methods(config) if merge_method_entry(m).plain_chain_only]
+    if not chain_only:
+        return
+    entry = model_entry(config["model"])
+    if entry.plain_chain is False:
+        raise ConfigError(
+            f"merge method {chain_only[0]!r}: model {config['model']!r} is residual; allowed "
+            f"only for plain chains ({', '.join(e.name for e in MODELS if e.plain_chain)})"
+        )
+    if resolved_norm(config) != "none":
+        raise ConfigError(
+            f"merge method {chain_only[0]!r}: norm = {resolved_norm(config)!r}; allowed only "
+            "with norm = 'none' (a norm-free chain)"
+        )
+
+
+def check_two_client_methods(config: Mapping[str, Any]) -> None:
+    """Methods registered ``many_clients = False`` (``random_direction``) are refused for more
+    than two clients, before any work."""
+    two_only = [m for m in selected_methods(config) if not merge_method_entry(m).many_clients]
+    if two_only and config["num-clients"] > 2:
+        raise ConfigError(
+            f"merge method {two_only[0]!r} with num-clients = {config['num-clients']}: allowed "
+            "only with num-clients = 2"
+        )
+
+
+def check_fedavg_rounds(config: Mapping[str, Any]) -> None:
+    """The FedAvg baseline trains ``epochs`` local epochs over ``fedavg-rounds`` rounds: every
+    round needs at least one."""
+    if uses_fedavg(config) and config["fedavg-rounds"] > config["epochs"]:
+        raise ConfigError(
+            f"fedavg-rounds = {config['fedavg-rounds']}: allowed: 1 .. epochs "
+            f"({config['epochs']}) so that every FedAvg round trains at least one epoch"
+        )
+
+
+def check_warmup_rounds(config: Mapping[str, Any]) -> None:
+    """``warmup-rounds = k > 0`` needs ``init = "shared"`` (the rounds start from the server's
+    initialisation, and the one-shot round from their global model), clients of one width (a
+    FedAvg round averages equal shapes) and ``k < epochs`` (the one-shot round trains the
+    remaining ``epochs - k``)."""
+    k = config["warmup-rounds"]
+    if not k or config["strategy"] == FEDAVG:
+        return
+    if config["init"] != "shared":
+        raise ConfigError(
+            f"warmup-rounds = {k} with init = {config['init']!r}: allowed only with "
+            "init = 'shared' (or warmup-rounds = 0)"
+        )
+    if mixed_widths(config):
+        raise ConfigError(
+            f"warmup-rounds = {k} with client widths {widths_text(client_widths(config))}: "
+            "allowed only with every client at the server width (or warmup-rounds = 0)"
+        )
+    if k >= config["epochs"]:
+        raise ConfigError(
+            f"warmup-rounds = {k}: allowed: 0 .. epochs - 1 ({config['epochs'] - 1}) so that "
+            "the one-shot round trains at least one epoch"
+        )
+
+
+def check_partition(config: Mapping[str, Any]) -> None:
+    """Rejects partitions that cannot give every client at least one example (``hf:`` data sets
+    are checked when they are loaded: their size is unknown before)."""
+    if config["dataset"] not in TRAIN_SIZES or config["partition"] == "full":
+        return
+    clients, scheme = config["num-clients"], config["partition"]
+    pool = client_pool_size(config)
+    if clients > pool:
+        raise ConfigError(
+            f"num-clients = {clients}: allowed: at most {pool} (the training examples of "
+            f"{config['dataset']} left after the server split)"
+        )
+    per_client = config["classes-per-client"]
+    classes = NUM_CLASSES[config["dataset"]]
+    if scheme == "pathological" and per_client > classes:
+        raise ConfigError(
+            f"classes-per-client = {per_client}: allowed: at most {classes} (the classes of "
+            f"{config['dataset']}) for partition = 'pathological'"
+        )
+    if scheme == "shard" and per_client > pool // clients:
+        raise ConfigError(
+            f"classes-per-client = {per_client}: allowed: at most {pool // clients} shards per "
+            f"client for partition = 'shard' with {clients} clients and {pool} examples"
+        )

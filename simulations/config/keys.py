@@ -1,0 +1,305 @@
+"""The key table: every run-config key declared once (:data:`RUN_KEYS`), with the model options'
+keys from the model registry (:func:`run_schema`)."""
+
+from __future__ import annotations
+
+from fedlmc.data.catalog import (
+    PARTITION_SCHEMES,
+)
+from fedlmc.merging.methods import (
+    AUTO_TOLERANCE,
+)
+from fedlmc.merging.post_merge import CALIBRATIONS
+from fedlmc.models.registry import (
+    NORMS,
+    model_names,
+)
+from fedlmc.simulations.config.derived import (
+    explicit_server_width,
+    federated_calibration,
+    resolved_bias,
+    selected_methods,
+    uses_fedavg,
+)
+from fedlmc.simulations.config.schema import (
+    Key,
+    Rule,
+    at_least,
+    choice,
+    fraction,
+    named,
+)
+from fedlmc.simulations.config.values import (
+    BIAS_VALUES,
+    DEFAULT_MAX_SHARE,
+    DEFAULT_OUTLIER_FACTOR,
+    INITS,
+    MAX_LAMBDAS,
+    STRATEGIES,
+    _dataset,
+    _failures,
+    _lambdas,
+    _methods,
+    _model,
+    _model_option_keys,
+    _share,
+    _strategy_is,
+    _widths_list,
+    aligning_methods,
+    cell_methods,
+    dataset_names,
+    server_split_share,
+)
+
+
+def declared_keys() -> dict[str, Key]:
+    """Every run-config key but the model options, each declared once, in documentation order
+    (:data:`RUN_KEYS`)."""
+    return {
+        "dataset": Key(str, "mnist5k", "data set name", _dataset, dataset_names),
+        "data-root": Key(
+            str,
+            "",
+            "folder of the torchvision files (mnist, cifar10, ...) or the hf: cache",
+            runtime=True,
+        ),
+        "download": Key(
+            bool,
+            False,
+            "fetch a torchvision data set into data-root first (once, on the server)",
+            runtime=True,
+        ),
+        "data-mirror": Key(
+            str,
+            "",
+            "base URL of a mirror for download (empty: torchvision's own URLs)",
+            runtime=True,
+        ),
+        "image-key": Key(str, "", "image column of an hf: data set (empty: detected)"),
+        "label-key": Key(str, "", "label column of an hf: data set (empty: detected)"),
+        "server-fraction": Key(
+            float, 0.1, "share of the training data kept by the server", server_split_share
+        ),
+        "model": Key(
+            str,
+            "mlp",
+            "architecture, or a user factory package.module:make_net or path/file.py:make_net",
+            _model,
+            model_names,
+        ),
+        "width": Key(
+            float,
+            1.0,
+            "width multiplier (of every client when client-widths is empty)",
+            at_least(0.0, strict=True),
+            applies=Rule("`client-widths` is empty", lambda c: not c["client-widths"]),
+        ),
+        "client-widths": Key(
+            str,
+            "",
+            "one width multiplier per client, in partition order, e.g. '0.5,1,2,4' (empty: "
+            "every client uses width); as many as num-clients",
+            _widths_list,
+        ),
+        "server-width": Key(
+            float,
+            0.0,
+            "width of the merged model: at least the widest client's (0: the widest client's)",
+            at_least(0.0),
+            resolve=Rule(
+                "the widest client's width counts as `0`", lambda c: explicit_server_width(c)
+            ),
+        ),
+        "norm": named(
+            str, "auto", "normalisation layers (auto: the model's default)", ("auto", *NORMS)
+        ),
+        "bias": Key(
+            str,
+            "auto",
+            "bias in every linear/conv layer: true, false, or auto (the model's registered "
+            "default; LEWC is derived for bias-free nets)",
+            choice(BIAS_VALUES),
+            lambda: BIAS_VALUES,
+            booleans=True,
+            resolve=Rule("`auto` counts as the model's default", lambda c: resolved_bias(c)),
+        ),
+        "num-clients": Key(int, 2, "number of clients", at_least(2)),
+        "partition": named(
+            str, "iid", "partition scheme (full: every client the whole pool)", PARTITION_SCHEMES
+        ),
+        "alpha": Key(
+            float,
+            0.5,
+            "Dirichlet concentration",
+            at_least(0.0, strict=True),
+            applies=Rule('`partition = "dirichlet"`', lambda c: c["partition"] == "dirichlet"),
+        ),
+        "classes-per-client": Key(
+            int,
+            2,
+            "classes per client (pathological, shard)",
+            at_least(1),
+            applies=Rule(
+                '`partition` is `"pathological"` or `"shard"`',
+                lambda c: c["partition"] in ("pathological", "shard"),
+            ),
+        ),
+        "epochs": Key(int, 10, "local epochs per client", at_least(1)),
+        "lr": Key(float, 0.05, "peak learning rate", at_least(0.0, strict=True)),
+        "weight-decay": Key(float, 3e-3, "weight decay", at_least(0.0)),
+        "batch-size": Key(int, 128, "batch size", at_least(1)),
+        "optimizer": named(str, "sgd", "optimizer", ("sgd", "adam", "adamw")),
+        "momentum": Key(float, 0.9, "SGD momentum", fraction),
+        "schedule": named(
+            str, "onecycle", "learning-rate schedule", ("onecycle", "cosine", "constant")
+        ),
+        "strategy": named(str, "compare", "server strategy", STRATEGIES),
+        "methods": Key(
+            str,
+            "average,average_t,weight_matching,weight_matching_t,ensemble",
+            "rows evaluated by the compare strategy (comma-separated); left at the default, "
+            "clients of different widths get its mixed-width counterparts (embed_average, ...)",
+            _methods,
+            cell_methods,
+            applies=_strategy_is("compare"),
+        ),
+        "align": named(
+            str,
+            "weight_matching",
+            "merge method of the aligned strategy",
+            aligning_methods,
+            applies=_strategy_is("aligned"),
+        ),
+        "auto-tolerance": Key(
+            float,
+            AUTO_TOLERANCE,
+            "nats: the auto method keeps the plain average within this calibrated-NLL gap",
+            at_least(0.0),
+            applies=Rule("the `auto` method runs", lambda c: "auto" in selected_methods(c)),
+        ),
+        "calibration": named(
+            str,
+            "server",
+            "temperature calibration of the average/aligned strategies",
+            CALIBRATIONS,
+            applies=_strategy_is("average", "aligned"),
+        ),
+        "calibration-holdout": Key(
+            float,
+            0.1,
+            "share of each client's partition held out from training for calibration = federated "
+            "(0: calibrate in-sample on the training data)",
+            fraction,
+            applies=Rule(
+                '`calibration = "federated"` with `strategy` `"average"` or `"aligned"`',
+                lambda c: federated_calibration(c),
+            ),
+        ),
+        "init": named(
+            str,
+            "independent",
+            "client initialisation: independent (seeded per client), or shared (the server's "
+            "initialisation at server-width, sliced to each client's width: nested sub-models)",
+            INITS,
+        ),
+        "fedavg-rounds": Key(
+            int,
+            5,
+            "rounds of the FedAvg baseline",
+            at_least(1),
+            applies=Rule(
+                'the FedAvg baseline runs (`strategy = "fedavg"`, or `fedavg` in `methods`)',
+                lambda c: uses_fedavg(c),
+            ),
+        ),
+        "warmup-rounds": Key(
+            int,
+            0,
+            "FedAvg rounds of one local epoch each from the shared initialisation before the "
+            "one-shot round, which then trains epochs - warmup-rounds epochs (0: pure one-shot; "
+            'needs init = "shared")',
+            at_least(0),
+            applies=_strategy_is("compare", "average", "aligned"),
+        ),
+        "lambdas": Key(
+            int,
+            25,
+            f"points on the interpolation grid (compare): odd, so that it holds lambda = 1/2; "
+            f"at most {MAX_LAMBDAS}",
+            _lambdas,
+            applies=_strategy_is("compare"),
+        ),
+        "diagnostics": Key(
+            bool,
+            True,
+            "compute LEWC and orthogonality diagnostics (compare)",
+            applies=_strategy_is("compare"),
+        ),
+        "seed": Key(int, 0, "seed", at_least(0)),
+        "device": named(str, "auto", "training device", ("auto", "cpu", "cuda"), runtime=True),
+        "num-cpus": Key(
+            float,
+            1.0,
+            "CPUs per simulated client; its threads: max(1, floor(num-cpus))",
+            at_least(0.0, strict=True),
+            runtime=True,
+        ),
+        "num-gpus": Key(float, 0.0, "GPUs per simulated client", at_least(0.0), runtime=True),
+        "server-cpus": Key(
+            float,
+            0.0,
+            "threads of the server's merges and evaluations (0: the cores the client slots "
+            "leave, at least 1)",
+            at_least(0.0),
+            runtime=True,
+        ),
+        "min-clients": Key(int, 2, "fewest surviving clients a merge accepts", at_least(1)),
+        "max-client-share": Key(
+            float,
+            DEFAULT_MAX_SHARE,
+            "largest share of one client in a deployment's merge (simulations use the "
+            "partition sizes)",
+            _share,
+            runtime=True,
+        ),
+        "outlier-factor": Key(
+            float,
+            DEFAULT_OUTLIER_FACTOR,
+            "robust screen (3+ clients): a client whose weight norms, BatchNorm/REPAIR "
+            "statistics or calibration NLL exceed this factor times the median over the "
+            "clients is dropped",
+            at_least(1.0, strict=True),
+            runtime=True,
+        ),
+        "timeout": Key(
+            float, 600.0, "seconds to wait for clients", at_least(0.0, strict=True), runtime=True
+        ),
+        "inject-failure": Key(str, "none", "test-only failure injection", _failures),
+        "out-dir": Key(str, "", "folder for results.csv and merged weights", runtime=True),
+    }
+
+
+RUN_KEYS: dict[str, Key] = declared_keys()
+"""Every run-config key but the model options, each declared once, in documentation order:
+type, default, meaning, check, allowed names, and for a sweep whether it is a runtime key (left
+out of a cell's identity) and when it can affect a run (``applies``; elsewhere
+:func:`canonical_run_config` resets it). ``pyproject.toml``'s ``[tool.flwr.app.config]`` is
+generated from it (``fedlmc keys --pyproject``)."""
+MODEL_OPTIONS_AFTER = "width"
+"""The model options' keys (``_model_option_keys``) follow this key in :func:`run_schema`."""
+
+
+def run_schema() -> dict[str, Key]:
+    """Every run-config key in documentation order: :data:`RUN_KEYS` with the public model
+    options' keys after ``width`` (built from the registries when called)."""
+    schema: dict[str, Key] = {}
+    for name, key in RUN_KEYS.items():
+        schema[name] = key
+        if name == MODEL_OPTIONS_AFTER:
+            schema.update(_model_option_keys())
+    return schema
+
+
+def runtime_keys() -> tuple[str, ...]:
+    """The keys declared ``runtime``: left out of a cell's identity (:func:`cell_id`)."""
+    return tuple(name for name, key in run_schema().items() if key.runtime)

@@ -1,0 +1,170 @@
+"""The allowed values of single run-config keys: the named choices (strategies, inits, data
+sets, models, methods) read from the registries, and the value checks the key table uses."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fedlmc.data.catalog import (
+    DATASETS,
+    is_known_dataset,
+)
+from fedlmc.merging.methods import (
+    merge_method_names,
+    study_methods,
+)
+from fedlmc.models.registry import (
+    is_factory_path,
+    model_entry,
+    model_names,
+    public_options,
+)
+from fedlmc.simulations.config.schema import (
+    Key,
+    Rule,
+    at_least,
+)
+
+STRATEGIES = ("compare", "average", "aligned", "fedavg")
+BIAS_VALUES = ("auto", "true", "false")
+FAILURE_MODES = ("raise", "nan", "hang")
+FEDAVG = "fedavg"
+INITS = ("independent", "shared")
+DEFAULT_MAX_SHARE = 0.5  # = fedlmc.strategies.screening.DEFAULT_MAX_SHARE (no Flower import here)
+DEFAULT_OUTLIER_FACTOR = 10.0  # = fedlmc.strategies.robust.DEFAULT_OUTLIER_FACTOR
+
+
+def cell_methods() -> tuple[str, ...]:
+    """Every method a cell can report: the study's rows
+    (:func:`fedlmc.merging.methods.study_methods`) and the FedAvg baseline."""
+    return (*study_methods(), FEDAVG)
+
+
+def aligning_methods() -> tuple[str, ...]:
+    """The merge methods of the ``aligned`` strategy: every registered one but ``average``."""
+    return tuple(m for m in merge_method_names() if m != "average")
+
+
+def dataset_names() -> tuple[str, ...]:
+    """The data set names shown as allowed (``hf:NAME`` is allowed too)."""
+    return (*DATASETS, "hf:NAME")
+
+
+def _dataset(value: Any) -> str | None:
+    if is_known_dataset(value):
+        return None
+    return f"allowed: {', '.join(DATASETS)}, or hf:NAME (a Hugging Face hub name or local path)"
+
+
+def server_split_share(value: Any) -> str | None:
+    """``server-fraction`` in (0, 1): every strategy and calibration needs a server split, since
+    the server fits each model's temperature for the calibrated columns on it."""
+    if 0.0 < value < 1.0:
+        return None
+    return (
+        "allowed: a number in (0, 1); the server fits each model's temperature for the "
+        "calibrated columns on its split, whatever the calibration"
+    )
+
+
+def _model(value: Any) -> str | None:
+    if value in model_names() or is_factory_path(value):
+        return None
+    return (
+        f"allowed: {', '.join(model_names())}, or a model factory "
+        "'package.module:make_net' / 'path/to/file.py:make_net'"
+    )
+
+
+def _methods(value: Any) -> str | None:
+    names = [m.strip() for m in value.split(",") if m.strip()]
+    allowed = cell_methods()
+    if not names or any(m not in allowed for m in names):
+        return f"allowed: a comma-separated list of {', '.join(allowed)}"
+    return None
+
+
+def parse_widths(text: str) -> tuple[float, ...]:
+    """``"0.5, 1,2"`` -> ``(0.5, 1.0, 2.0)``; ``ValueError`` naming the first item that is not a
+    finite number > 0 (empty text: no widths)."""
+    if not text.strip():
+        return ()
+    widths = []
+    for item in text.split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"width {item.strip()!r} is not a number > 0")
+        widths.append(value)
+    return tuple(widths)
+
+
+def _widths_list(value: Any) -> str | None:
+    try:
+        parse_widths(value)
+    except ValueError as err:
+        return f"{err}; allowed: empty, or comma-separated width multipliers > 0 ('0.5,1,2,4')"
+    return None
+
+
+def _failures(value: Any) -> str | None:
+    if value == "none":
+        return None
+    for item in value.split(","):
+        mode, _, pid = item.strip().partition(":")
+        if mode not in FAILURE_MODES or not pid.isdigit():
+            return (
+                f"allowed: none, or MODE:PARTITION-ID[,...] with MODE in {', '.join(FAILURE_MODES)}"
+            )
+    return None
+
+
+MAX_LAMBDAS = 201  # every point costs a full evaluation (and a temperature fit)
+
+
+def _lambdas(value: Any) -> str | None:
+    if 3 <= value <= MAX_LAMBDAS and value % 2 == 1:
+        return None
+    return (
+        f"allowed: an odd number 3 .. {MAX_LAMBDAS} (the grid must hold lambda = 1/2 for the "
+        "*_barrier_half columns)"
+    )
+
+
+def _share(value: Any) -> str | None:
+    return None if 0.0 < value <= 1.0 else "allowed: a number in (0, 1]"
+
+
+def option_key(name: str) -> str:
+    """The run-config key of a public model option: ``base_hidden`` -> ``base-hidden``."""
+    return name.replace("_", "-")
+
+
+def _has_option(name: str) -> Rule:
+    return Rule(
+        f"the model has a `{option_key(name)}` option",
+        lambda config: name in model_entry(config["model"]).options,
+    )
+
+
+def _model_option_keys() -> dict[str, Key]:
+    """One run-config key per public model option (:mod:`fedlmc.models.registry`); a cell ignores
+    it when its model has no such option."""
+    keys = {}
+    for name, (option, models) in public_options().items():
+        check = at_least(option.minimum) if option.minimum is not None else None
+        doc = f"{option.doc} ({', '.join(models)})"
+        kind = type(option.default)
+        keys[option_key(name)] = Key(kind, option.default, doc, check, applies=_has_option(name))
+    return keys
+
+
+def _strategy_is(*names: str) -> Rule:
+    text = " or ".join(f'`"{name}"`' for name in names)
+    return Rule(
+        f"`strategy` {'=' if len(names) == 1 else 'is'} {text}",
+        lambda config: config["strategy"] in names,
+    )

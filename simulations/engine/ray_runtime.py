@@ -1,0 +1,145 @@
+"""Ray for the sweep engine: Flower's backend config, starting Ray or joining a cluster
+(:func:`init_ray`; an address where nothing answers is refused at once with
+:class:`ClusterError`, :func:`check_ray_address`) and the number of client slots Flower will
+run (:func:`client_slots`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from fedlmc.simulations.config.threads import thread_environment, thread_variables
+from fedlmc.simulations.engine.compat import ray_bootstrap_address
+
+CONNECT_TIMEOUT = 5.0  # seconds to reach a --ray-address before refusing it
+
+
+class ClusterError(ValueError):
+    """No Ray cluster answers at the given address, or none can host a client."""
+
+
+def backend_config(
+    config: Mapping[str, Any], ray_init_args: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Flower's backend config: per-client resources and the arguments of ``ray.init``."""
+    init_args: dict[str, Any] = {"include_dashboard": False}
+    init_args.update(ray_init_args or {})
+    return {
+        "client_resources": {
+            "num_cpus": float(config["num-cpus"]),
+            "num_gpus": float(config["num-gpus"]),
+        },
+        "init_args": init_args,
+    }
+
+
+def _address_host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray address (``auto`` resolved the way Ray resolves it)."""
+    if address == "auto":
+        try:
+            address = ray_bootstrap_address("auto") or ""
+        except ConnectionError as err:
+            raise ClusterError(
+                f"--ray-address auto: no running Ray cluster found on this machine ({err}); "
+                "start one with `ray start --head`, or give HOST:PORT"
+            ) from None
+    address = address.removeprefix("ray://")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_ray_address(address: str) -> None:
+    """Refuse at once an address where nothing listens (``ray.init`` retries for minutes)."""
+    target = _address_host_port(address)
+    if target is None:
+        raise ClusterError(
+            f"--ray-address {address!r}: allowed: auto, HOST:PORT (the head's GCS port, 6379 "
+            "by default) or ray://HOST:PORT"
+        )
+    try:
+        with socket.create_connection(target, timeout=CONNECT_TIMEOUT):
+            pass
+    except OSError as err:
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise ClusterError(
+            f"--ray-address {address}: no Ray cluster answers at {target[0]}:{target[1]} "
+            f"({reason}); start one with `ray start --head --port {target[1]}` or fix the address"
+        ) from None
+
+
+def init_ray(
+    ray_address: str | None,
+    ray_init_args: Mapping[str, Any] | None = None,
+    worker_threads: int = 1,
+) -> None:
+    """Start Ray locally or join the cluster at ``ray_address`` (no-op when Ray is already up).
+
+    Ray's workers (the client slots) get ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ... =
+    ``worker_threads`` (:mod:`fedlmc.simulations.config.threads`), whatever this process's
+    environment says: a local Ray's inherit them from the environment ``ray.init`` starts it in
+    (restored afterwards), a cluster's through the ``runtime_env``.
+
+    As Flower's ``RayBackend.init_ray`` (which then finds Ray running): the driver's
+    ``sys.path`` reaches the workers through ``PYTHONPATH``, logging at WARNING. A local Ray's
+    workers inherit it from this process's environment; only a cluster's get it through a
+    ``runtime_env`` (which, locally, would keep Ray from using its pre-started workers and
+    cost about 2 s of start-up). A local Ray runs its workers, the clients, at this process's
+    priority (Ray's default, ``nice 15``, lets any other job, and the server's own evaluation,
+    take their CPU: on a shared 2-core machine the clients trained 3 times slower); a
+    cluster keeps the setting its ``ray start`` gave it.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    args: dict[str, Any] = {
+        "include_dashboard": False,
+        "logging_level": "WARNING",
+        "log_to_driver": True,
+    }
+    args.update(ray_init_args or {})
+    if ray_address:
+        args["address"] = ray_address
+    joining = bool(args.get("address")) and args["address"] != "local"
+    if joining:
+        check_ray_address(str(args["address"]))
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    threads = thread_variables(worker_threads)
+    if joining:
+        args.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": pythonpath, **threads}})
+    else:
+        args.setdefault("_system_config", {"worker_niceness": 0})
+    try:
+        with thread_environment(worker_threads):  # a local Ray's workers inherit it
+            ray.init(**args)
+    except ConnectionError as err:
+        raise ClusterError(f"--ray-address {ray_address}: {' '.join(str(err).split())}") from None
+
+
+def client_slots(client_resources: Mapping[str, float]) -> int:
+    """How many ClientApp actors Flower starts for ``client_resources`` (its own count)."""
+    import ray
+    from flwr.simulation.ray_transport.ray_actor import pool_size_from_resources
+
+    try:
+        return pool_size_from_resources(dict(client_resources))
+    except ValueError:
+        total = ray.cluster_resources()
+        raise ClusterError(
+            f"num-cpus = {client_resources['num_cpus']:g}, num-gpus = "
+            f"{client_resources['num_gpus']:g}: no Ray node can host one client (cluster: "
+            f"{total.get('CPU', 0):g} CPUs, {total.get('GPU', 0):g} GPUs); lower them"
+        ) from None
+
+
+def resources_of(config: Mapping[str, Any]) -> tuple[float, float]:
+    """``(num-cpus, num-gpus)``: what one client slot of ``config`` asks Ray for."""
+    return float(config["num-cpus"]), float(config["num-gpus"])

@@ -1,0 +1,94 @@
+"""One writer per out dir: the lock ``fedlmc run``, ``fedlmc sweep`` and ``fedlmc report`` hold.
+
+:func:`out_dir_lock` holds an exclusive ``flock`` on ``DIR/.lock`` for as long as a command
+writes into ``DIR`` (``fedlmc sweep``: its cells, then its report; ``fedlmc run`` and the
+ServerApp under ``flwr run``: the whole federation, then its files; ``fedlmc report``: the
+figures and ``report.md``). A second command on the same folder is refused at once with one
+line naming the holder (``fedlmc run (pid 1234)``, written into the lock file by the holder),
+never waits, and writes nothing. The kernel frees the lock when its holder dies, even on
+SIGKILL, so a crashed command never blocks the next one.
+
+Within one process the lock is re-entrant (a count per folder): ``fedlmc run`` holds it and its
+ServerApp, in a thread of the same process, takes it again. Callers check what the folder holds
+(:func:`fedlmc.simulations.records.results_file.refuse_mixing`) again once they hold the lock:
+another command may have written there between their first check and the lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fedlmc.simulations.config.schema import ConfigError
+
+__all__ = ["LOCK", "holder_of", "out_dir_lock"]
+
+LOCK = ".lock"
+MAX_HOLDER = 200  # bytes of the holder's line read back
+_held: dict[str, int] = {}  # folder -> how many times this process holds its lock
+_guard = threading.Lock()
+
+
+def holder_of(fd: int) -> str:
+    """The holder's line written in the lock file open at ``fd`` (``another fedlmc command``
+    when it has not written it yet)."""
+    text = os.pread(fd, MAX_HOLDER, 0).decode("utf-8", errors="replace")
+    line = " ".join(text.split())
+    return line or "another fedlmc command"
+
+
+def _enter_held(key: str) -> bool:
+    """Count one more hold of ``key`` when this process holds it already."""
+    with _guard:
+        if key in _held:
+            _held[key] += 1
+            return True
+        return False
+
+
+def _leave_held(key: str) -> None:
+    with _guard:
+        _held[key] -= 1
+        if _held[key] == 0:
+            del _held[key]
+
+
+@contextmanager
+def out_dir_lock(out_dir: str | os.PathLike, command: str) -> Iterator[Path]:
+    """Hold the lock of ``out_dir`` (created if needed) while the block runs, as ``command``
+    (e.g. ``"fedlmc sweep"``); :class:`ConfigError` naming the holder when another process
+    holds it. Yields the folder, resolved."""
+    folder = Path(out_dir).expanduser().resolve()
+    key = str(folder)
+    if _enter_held(key):
+        try:
+            yield folder
+        finally:
+            _leave_held(key)
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"out dir {key!r} is in use by {holder_of(fd)}; allowed: wait for it to "
+                "finish, or another out dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{command} (pid {os.getpid()})\n".encode(), 0)
+        with _guard:
+            _held[key] = 1
+        try:
+            yield folder
+        finally:
+            _leave_held(key)
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -1,0 +1,121 @@
+"""A saved merged model loaded back: :func:`load_merged`.
+
+A run's out dir (``fedlmc run out-dir=...``, the ServerApp under ``flwr run``, a sweep's
+``cells/<cell_id>/``) holds ``merged-<method>.safetensors``: the merged, finished weights
+(BatchNorm statistics re-estimated, REPAIR applied where the method does) as a plain state dict,
+one file per merge, shared by a method and its ``_t`` row; the file has no metadata. The model
+they belong to is in ``results.csv`` beside it (a sweep's: one folder up, the cell's rows): the
+row's run-config columns rebuild the architecture (model, width or ``server-width``, depth,
+norm, bias, ... and the data set's input shape and classes), and the ``<method>_t`` row's
+``temperature`` is the temperature fitted for that merge (``T = 1`` without a ``_t`` row).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedlmc.simulations.config import run_schema, validate_run_config
+from fedlmc.simulations.config.schema import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+    from torch import nn
+
+__all__ = ["MergedModel", "load_merged"]
+
+PREFIX = "merged-"
+SUFFIX = ".safetensors"
+CALIBRATED = "_t"
+
+
+@dataclass(frozen=True)
+class MergedModel:
+    """A merged model read back from an out dir."""
+
+    model: nn.Module  # the architecture of the run, the merged weights loaded, in eval mode
+    temperature: float  # fitted for this merge (its ``_t`` row); 1.0 when none was fitted
+    method: str  # the merge, e.g. ``average`` (the file ``merged-average.safetensors``)
+    config: dict[str, Any]  # the run config the model was built from
+
+    def calibrated_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``model(x) / temperature`` (what the ``_t`` row evaluated)."""
+        return self.model(x) / self.temperature
+
+
+def saved_methods(folder: Path) -> list[str]:
+    """The merges saved in ``folder`` (from its ``merged-<method>.safetensors`` files)."""
+    return sorted(p.name[len(PREFIX) : -len(SUFFIX)] for p in folder.glob(f"{PREFIX}*{SUFFIX}"))
+
+
+def results_rows(folder: Path) -> pd.DataFrame:
+    """The rows of the run whose out dir is ``folder``: its ``results.csv``, or for a sweep's
+    ``cells/<cell_id>/`` the sweep's rows of that cell."""
+    import pandas as pd
+
+    own = folder / "results.csv"
+    sweep = folder.parent.parent / "results.csv"
+    path = own if own.is_file() else sweep
+    if not path.is_file():
+        raise ConfigError(
+            f"{str(folder)!r}: no results.csv beside the merged weights (nor a sweep's)"
+        )
+    rows = pd.read_csv(path, keep_default_na=False, na_values=["", "nan", "NaN"])
+    if path == sweep:
+        rows = rows[rows["cell_id"].astype(str) == folder.name]
+    return rows
+
+
+def scalar(value: Any, kind: type) -> Any:
+    """A CSV cell as a run-config value of type ``kind``: numpy scalars as Python ones, NaN
+    (empty) as ``""``, a text key's number (``client-widths = "4"`` read as 4.0) as text."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return ""
+    if kind is str and not isinstance(value, str | bool):  # bool: a named key's true/false
+        return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    return value
+
+
+def row_config(row: pd.Series) -> dict[str, Any]:
+    """The validated run config recorded in a results row (``out-dir`` aside)."""
+    schema = run_schema()
+    values = {k: scalar(row[k], spec.type) for k, spec in schema.items() if k in row.index}
+    values.pop("out-dir", None)
+    return validate_run_config(values, check_devices=False)
+
+
+def fitted_temperature(rows: pd.DataFrame, method: str) -> float:
+    """The ``temperature`` of the ``<method>_t`` row; 1.0 without one."""
+    calibrated = rows[rows["method"] == method + CALIBRATED]
+    return float(calibrated["temperature"].iloc[0]) if len(calibrated) else 1.0
+
+
+def load_merged(out_dir: str | Path, method: str) -> MergedModel:
+    """The merge ``method`` saved in ``out_dir`` (module docstring): its model with the merged
+    weights (eval mode, on the CPU) and its fitted temperature. ``method`` may name the ``_t``
+    row (``average_t`` reads ``merged-average.safetensors``). A clear
+    :class:`~fedlmc.simulations.config.schema.ConfigError` names a missing file and the merges
+    saved."""
+    from safetensors.torch import load_file
+
+    from fedlmc.simulations.task import build_from_config, load_splits
+
+    folder = Path(out_dir)
+    base = method.removesuffix(CALIBRATED)
+    path = folder / f"{PREFIX}{base}{SUFFIX}"
+    if not path.is_file():
+        saved = ", ".join(saved_methods(folder)) or "none"
+        raise ConfigError(f"merge {method!r}: no {path.name} in {str(folder)!r}; saved: {saved}")
+    rows = results_rows(folder)
+    own = rows[rows["method"].isin([base, base + CALIBRATED])]
+    if own.empty:
+        raise ConfigError(f"merge {method!r}: no row of it in the results beside {path.name}")
+    config = row_config(own.iloc[0])
+    model = build_from_config(config, load_splits(config))
+    model.load_state_dict(load_file(str(path)))
+    return MergedModel(model.eval(), fitted_temperature(rows, base), base, config)
