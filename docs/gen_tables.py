@@ -7,7 +7,7 @@ Each generated table sits between two marker lines in a page::
     <!-- END GENERATED methods -->
 
 ``python docs/gen_tables.py`` rewrites every block from :data:`BLOCKS`; ``--check`` only says
-which blocks differ (exit status 1). ``tests/test_registry.py`` checks that every page holds
+which blocks differ (exit status 1). ``tests/fedlmc/test_registry.py`` checks that every page holds
 exactly the generated tables. Run from the repository root (or anywhere: paths are relative to
 this file).
 """

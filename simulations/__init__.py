@@ -1,7 +1,7 @@
 """The Flower side of fedlmc: the Flower app, the sweep engine, the run drivers, the records, the
 report and the command line.
 
-Layout (imports go one way, lowest first; ``tests/test_code_shape.py`` enforces it):
+Layout (imports go one way, lowest first; ``tests/project/test_code_shape.py`` enforces it):
 
 - :mod:`~fedlmc.simulations.config`: the run and sweep configuration (keys, values, checks, sweep
   files, cell identity); no Flower, no torch;

@@ -5,7 +5,8 @@ Flower 1.42's ``FedAvg`` builds its train and evaluate messages in the private m
 per node, all carrying the same ``RecordDict``. :class:`fedlmc.strategies.base.ScreenedFedAvg` sends
 its own node selection through it, so the messages are exactly those ``FedAvg`` would send.
 If Flower renames or changes it, this module is the one place to change;
-``tests/test_compat.py`` fails first (it checks the signature and builds real messages).
+``tests/strategies/test_flower_compat.py`` fails first (it checks the signature and builds real
+messages).
 """
 
 from __future__ import annotations

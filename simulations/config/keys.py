@@ -153,7 +153,14 @@ def declared_keys() -> dict[str, Key]:
         "schedule": named(
             str, "onecycle", "learning-rate schedule", ("onecycle", "cosine", "constant")
         ),
-        "strategy": named(str, "compare", "server strategy", STRATEGIES),
+        "strategy": named(
+            str,
+            "compare",
+            "server strategy (not a merge method: `average` / `fedavg` here run the "
+            "OneShotAverage / FedAvgBaseline strategies; as `methods` entries they are rows "
+            "of `compare`)",
+            STRATEGIES,
+        ),
         "methods": Key(
             str,
             "average,average_t,weight_matching,weight_matching_t,ensemble",

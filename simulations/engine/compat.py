@@ -11,8 +11,9 @@
   ``ray.init`` does, so :func:`fedlmc.simulations.engine.ray_runtime.check_ray_address` probes the
   address Ray would join.
 
-If one of them changes, this module is the one place to change; ``tests/test_compat.py`` fails
-first (it checks each signature and calls each for real).
+If one of them changes, this module is the one place to change;
+``tests/strategies/test_flower_compat.py`` fails first (it checks each signature and calls each for
+real).
 """
 
 from __future__ import annotations

@@ -75,11 +75,10 @@ from typing import Any
 from fedlmc.io import atomic_write_text
 from fedlmc.simulations.config.report_keys import REPORT_SCHEMA
 from fedlmc.simulations.records.results_file import read_results
-from fedlmc.simulations.records.row_groups import summary_table, varying_keys
 from fedlmc.simulations.records.training_file import read_training
 from fedlmc.simulations.report.data import ok_rows
-from fedlmc.simulations.report.figure_table import FIGURE_TABLE, draw_figures
-from fedlmc.simulations.report.markdown import markdown_table, report_markdown
+from fedlmc.simulations.report.figure_table import draw_figures
+from fedlmc.simulations.report.markdown import report_markdown
 
 FIGURES = "figures"
 
@@ -118,14 +117,7 @@ def read_record(out_dir: Path) -> dict[str, Any]:
 
 __all__ = [
     "FIGURES",
-    "FIGURE_TABLE",
     "build_report",
-    "draw_figures",
-    "markdown_table",
-    "ok_rows",
     "read_record",
-    "report_markdown",
     "report_settings",
-    "summary_table",
-    "varying_keys",
 ]

@@ -19,13 +19,11 @@ import pandas as pd
 
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.engine.cells import EngineError, run_cells
-from fedlmc.simulations.engine.ray_runtime import backend_config
 from fedlmc.simulations.engine.sweep_server import CellJob, CellResult
 from fedlmc.simulations.records.server_outcome import ServerOutcome
 
 __all__ = [
     "FederationError",
-    "backend_config",
     "run_federation",
     "run_federation_outcome",
 ]

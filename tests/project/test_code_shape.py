@@ -1,0 +1,411 @@
+"""The architecture as the folders tell it: no import cycle, a Flower-free science core layered
+by concept, and configuration validation that loads no heavy library."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Source folder -> the import name it installs as (pyproject.toml's package-dir).
+PACKAGES = {
+    "fedlmc": "fedlmc",
+    "strategies": "fedlmc.strategies",
+    "simulations": "fedlmc.simulations",
+}
+APPS = ("fedlmc.strategies", "fedlmc.simulations")
+# The science core's layers, lowest first: a module may import its own layer and those below.
+LAYERS = (
+    ("fedlmc", "fedlmc._lazy", "fedlmc._app_folders", "fedlmc.registry", "fedlmc.io")
+    + ("fedlmc.evaluation", "fedlmc.averaging", "fedlmc.capture", "fedlmc.columns"),
+    ("fedlmc.data",),
+    ("fedlmc.permutation",),
+    ("fedlmc.models", "fedlmc.train"),
+    ("fedlmc.merging",),
+    ("fedlmc.analysis",),
+    ("fedlmc.study",),
+)
+# The Flower side's layers, lowest first (simulations/__init__.py says why): the ServerApp
+# writes the records and the engine runs the ServerApp, so the records sit below the app and the
+# run drivers above the engine; the report and the trackers only read the records.
+SIMULATION_LAYERS = (
+    ("fedlmc.simulations.config",),
+    ("fedlmc.simulations.records",),
+    ("fedlmc.simulations.task", "fedlmc.simulations.client_app", "fedlmc.simulations.server_app"),
+    ("fedlmc.simulations.engine",),
+    ("fedlmc.simulations.runs",),
+    ("fedlmc.simulations.report", "fedlmc.simulations.tracking"),
+    ("fedlmc.simulations", "fedlmc.simulations.cli"),
+)
+MAX_TOP_LEVEL_MODULES = 8
+MAX_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    parts = [PACKAGES[folder], *rest]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """Every project module ``path`` imports, at module level or inside functions."""
+    found: set[str] = set()
+    package = (
+        module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    )
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            module = node.module if node.level == 0 else _relative(package, node)
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(name for name in names if name in known)
+    return found
+
+
+def _relative(package: str, node: ast.ImportFrom) -> str:
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{base}.{node.module}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for folder in PACKAGES for p in (ROOT / folder).rglob("*.py")}
+    known = set(files)
+    return {name: imported_modules(path, known) - {name} for name, path in files.items()}
+
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int:
+    """The index in ``layers`` of the longest prefix naming ``module``'s layer."""
+    best = max(
+        (
+            prefix
+            for layer in layers
+            for prefix in layer
+            if module == prefix or module.startswith(prefix + ".")
+        ),
+        key=len,
+    )
+    return next(i for i, layer in enumerate(layers) if best in layer)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (as a path that returns to its start), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_project_has_no_import_cycle():
+    graph = import_graph()
+    assert "fedlmc.simulations.runs.federation" in graph and "fedlmc.merging.methods" in graph
+    assert find_cycle(graph) is None
+
+
+def test_the_science_core_imports_no_framework():
+    for path in (ROOT / "fedlmc").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in ("flwr", "ray", "simulations", "strategies"), (path, name)
+                assert not name.startswith(APPS), (path, name)
+
+
+def test_the_science_core_imports_only_its_own_layer_and_those_below():
+    graph = import_graph()
+    science = {name: deps for name, deps in graph.items() if not name.startswith(APPS)}
+    assert {"fedlmc.data.catalog", "fedlmc.permutation.tracing", "fedlmc.study.compare"} <= set(
+        science
+    )
+    upward = [
+        (name, dep)
+        for name, deps in science.items()
+        for dep in deps
+        if layer_of(dep) > layer_of(name)
+    ]
+    assert upward == []
+
+
+def test_layer_check_sees_an_upward_import():
+    assert layer_of("fedlmc.merging.repair") > layer_of("fedlmc.averaging")
+    assert layer_of("fedlmc.analysis.paths") > layer_of("fedlmc.merging.repair")
+    assert layer_of("fedlmc.permutation.matching") < layer_of("fedlmc.models.classifiers")
+
+
+def test_the_flower_side_imports_only_its_own_layer_and_those_below():
+    graph = import_graph()
+    flower = {n: deps for n, deps in graph.items() if n.startswith("fedlmc.simulations")}
+    assert {"fedlmc.simulations.report.build", "fedlmc.simulations.engine.cells"} <= set(flower)
+    upward = [
+        (name, dep)
+        for name, deps in flower.items()
+        for dep in deps
+        if dep.startswith("fedlmc.simulations")
+        and layer_of(dep, SIMULATION_LAYERS) > layer_of(name, SIMULATION_LAYERS)
+    ]
+    assert upward == []
+
+
+def test_flower_layer_check_sees_an_upward_import():
+    below = layer_of("fedlmc.simulations.records.results_file", SIMULATION_LAYERS)
+    assert below < layer_of("fedlmc.simulations.server_app", SIMULATION_LAYERS)
+    assert layer_of("fedlmc.simulations.engine.cells", SIMULATION_LAYERS) < layer_of(
+        "fedlmc.simulations.runs.sweep", SIMULATION_LAYERS
+    )
+    assert layer_of("fedlmc.simulations.report.data", SIMULATION_LAYERS) > layer_of(
+        "fedlmc.simulations.runs.sweep", SIMULATION_LAYERS
+    )
+
+
+def test_the_flower_side_is_folders_with_a_short_top_level():
+    top = sorted(p.name for p in (ROOT / "simulations").glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+    for init in (ROOT / "simulations").glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc) > 80, f"{init} says in its docstring what it holds"
+
+
+def test_no_module_is_over_the_line_limit():
+    folders = ("fedlmc", "strategies", "simulations", "tests", "benchmarks", "docs", "examples")
+    long = {
+        str(path.relative_to(ROOT)): n
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def test_old_flat_paths_import_the_moved_modules_with_a_warning():
+    import importlib
+
+    import fedlmc.simulations
+    from fedlmc.simulations import MOVED
+
+    assert "fedlmc.simulations.sweep" in MOVED
+    for old, new in MOVED.items():
+        assert (ROOT / "simulations" / f"{old.rsplit('.', 1)[1]}.py").exists() is False, old
+        assert importlib.util.find_spec(new) is not None, new
+    with pytest.warns(DeprecationWarning, match="moved to fedlmc.simulations.records.progress"):
+        moved = importlib.import_module("fedlmc.simulations.progress")
+    assert moved is importlib.import_module("fedlmc.simulations.records.progress")
+    assert fedlmc.simulations.run_sweep.__module__ == "fedlmc.simulations.runs.sweep"
+
+
+def module_under_test(test_file: Path) -> Path | None:
+    """The module or package a test file is named after: ``tests/<folder>/.../test_<name>.py``
+    tests ``<folder>/.../<prefix>`` for the longest ``_``-prefix of ``<name>`` that is a module
+    (``.py``) or a package there (``test_paths_temperature`` -> ``paths.py``); ``None`` when none
+    is. ``tests/project/`` holds the tests of the project as a whole."""
+    folder, *middle = test_file.relative_to(ROOT / "tests").parent.parts
+    parts = test_file.stem.removeprefix("test_").split("_")
+    for end in range(len(parts), 0, -1):
+        base = ROOT / folder / Path(*middle) / "_".join(parts[:end])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.exists():
+                return candidate
+    return None
+
+
+def test_every_test_file_is_named_after_the_module_it_tests():
+    files = sorted((ROOT / "tests").rglob("test_*.py"))
+    assert len(files) > 50
+    unnamed = [
+        str(f.relative_to(ROOT))
+        for f in files
+        if f.parent.relative_to(ROOT / "tests").parts[:1] != ("project",)
+        and (f.parent == ROOT / "tests" or module_under_test(f) is None)
+    ]
+    assert unnamed == []
+    no_docstring = [str(f) for f in files if not ast.get_docstring(ast.parse(f.read_text()))]
+    assert no_docstring == []
+
+
+def test_test_names_resolve_to_their_modules():
+    tests = ROOT / "tests"
+    assert module_under_test(tests / "fedlmc/analysis/test_paths_temperature.py") == (
+        ROOT / "fedlmc/analysis/paths.py"
+    )
+    assert module_under_test(tests / "simulations/test_tracking.py") == (
+        ROOT / "simulations/tracking/__init__.py"
+    )
+    assert module_under_test(tests / "simulations/engine/test_nothing_here.py") is None
+
+
+PROCESS_PATTERNS = (
+    "subprocess.",
+    "Popen(",
+    "run_federation(",
+    "run_federation_outcome(",
+    "run_cells(",
+    "flower-superlink",
+    "ray.init(",
+)
+
+
+def _is_slow(source: str, node: ast.FunctionDef) -> bool:
+    return any("slow" in ast.get_source_segment(source, d) for d in node.decorator_list)
+
+
+def tests_starting_processes_unmarked(path: Path) -> list[str]:
+    """The tests of ``path`` that start Ray, Flower or a subprocess (directly, through a
+    module-level helper or fixture of the file that does, one level deep) without the ``slow``
+    mark."""
+    source = path.read_text()
+    if re.search(r"^pytestmark = .*slow", source, re.M):
+        return []
+    tree = ast.parse(source)
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    starters = {
+        n.name
+        for n in functions
+        if not n.name.startswith("test")
+        and any(p in ast.get_source_segment(source, n) for p in PROCESS_PATTERNS)
+    }
+    found = []
+    for node in functions:
+        if not node.name.startswith("test") or _is_slow(source, node):
+            continue
+        body = ast.get_source_segment(source, node)
+        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        used |= {a.arg for a in node.args.args}
+        if any(p in body for p in PROCESS_PATTERNS) or used & starters:
+            found.append(f"{path.relative_to(ROOT)}::{node.name}")
+    return found
+
+
+def test_tests_that_start_processes_are_marked_slow():
+    unmarked = [
+        name
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
+        for name in tests_starting_processes_unmarked(path)
+    ]
+    assert unmarked == []
+
+
+def test_strategies_do_not_import_the_simulations():
+    graph = import_graph()
+    assert not [
+        (name, dep)
+        for name, deps in graph.items()
+        if name.startswith("fedlmc.strategies")
+        for dep in deps
+        if dep.startswith("fedlmc.simulations")
+    ]
+
+
+def test_run_config_names_live_outside_the_science_core():
+    text = "\n".join(p.read_text() for p in (ROOT / "fedlmc").rglob("*.py"))
+    for word in ("run_config", "RUN_SCHEMA", "out-dir", "num-gpus", "inject-failure"):
+        assert word not in text, word
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "from fedlmc.simulations.config import load_sweep_config, expand_grid;"
+        "expand_grid(load_sweep_config('configs/quick.toml'))",
+        "from fedlmc.simulations.cli import main; main(['validate', 'configs/mnist_mlp.toml'])",
+        "from fedlmc.simulations.config.tables import keys_table, methods_table; keys_table()",
+    ],
+)
+@pytest.mark.slow
+def test_validating_a_sweep_file_loads_no_heavy_library(code: str):
+    probe = (
+        f"{code}\nimport sys\n"
+        "print(sorted(m for m in ('torch', 'scipy', 'pandas', 'flwr', 'ray') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.slow
+def test_simulations_exports_run_federation_lazily():
+    probe = (
+        "import sys, simulations\n"
+        "assert 'flwr' not in sys.modules and 'torch' not in sys.modules\n"
+        "from fedlmc.simulations import run_federation, run_sweep\n"
+        "print(run_federation.__module__, run_sweep.__module__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == [
+        "fedlmc.simulations.runs.federation",
+        "fedlmc.simulations.runs.sweep",
+    ]
+    import fedlmc.simulations
+
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        fedlmc.simulations.nothing  # noqa: B018
+
+
+def lazy_packages() -> list[str]:
+    return ["fedlmc"] + sorted(
+        module_name(init)
+        for init in (ROOT / "fedlmc").rglob("__init__.py")
+        if "lazy_exports" in init.read_text() and init.parent != ROOT / "fedlmc"
+    )
+
+
+def test_every_short_path_names_what_its_module_defines():
+    import importlib
+    import inspect
+
+    packages = lazy_packages()
+    assert {"fedlmc", "fedlmc.data", "fedlmc.permutation", "fedlmc.study"} <= set(packages)
+    for package in packages:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            value = getattr(module, name)
+            assert not isinstance(value, type(module)), (package, name, "is a module")
+            if inspect.isfunction(value) or inspect.isclass(value):
+                assert value.__module__.startswith("fedlmc."), (package, name, value.__module__)
+
+
+@pytest.mark.slow
+def test_importing_fedlmc_and_its_packages_loads_no_heavy_library():
+    probe = (
+        f"import {', '.join(lazy_packages())}, fedlmc.data.catalog, fedlmc.models.registry, sys\n"
+        "print(sorted(m for m in ('torch', 'scipy', 'pandas', 'flwr', 'ray') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,340 @@
+"""A real Flower deployment on loopback, **as docs/federation.md prints it**: one SuperLink,
+three SuperNodes for runs of two clients (the lowest node ids train; the third stays idle),
+``flwr run . loopback``.
+
+The page's loopback blocks (the ``toml`` connection and the ``bash`` commands after the
+``<!-- deployment-test: ... -->`` marker) are parsed and run as written, with three documented
+substitutions: every port becomes a free one (the same page port, the same free port), the
+``out-dir`` a temporary folder, and the run config gets a tiny model's keys (:data:`TINY_MODEL`,
+none of which the page sets). ``export`` lines set the processes' environment, ``&`` lines start
+the SuperLink and the SuperNodes, the ``flwr run`` line is the first run; ``kill`` is what the
+fixture's finaliser does (by process group, also when a test fails). Everything binds 127.0.0.1
+and uses a temporary ``FLWR_HOME``. The other runs reuse the page's SuperLink and SuperNodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "docs" / "federation.md"
+MARKER = "<!-- deployment-test:"
+BIN = Path(sys.executable).parent
+RUN_TIMEOUT = 420  # runs took 175-240 s on the 2-core machine under a load average of 25-35
+TINY_MODEL = (
+    'dataset="mnist5k" model="mlp" width=0.25 depth=2 base-hidden=64 epochs=1 '
+    "lambdas=3 diagnostics=false timeout=120.0"
+)
+TINY = f"{TINY_MODEL} num-clients=2 min-clients=2"
+
+
+@dataclass(frozen=True)
+class PageDeployment:
+    """The loopback blocks of docs/federation.md, parsed."""
+
+    connection: str  # the toml block
+    env: dict[str, str]  # export lines
+    background: list[list[str]]  # `&` lines: the SuperLink, then the SuperNodes
+    run: list[str]  # the flwr run line
+
+
+def page_deployment(text: str) -> PageDeployment:
+    """The ``toml`` and ``bash`` blocks after the page's marker, each line split as a shell
+    would (comments dropped)."""
+    after = text[text.index(MARKER) :]
+    toml = re.search(r"^```toml\n(.*?)^```", after, flags=re.S | re.M).group(1)
+    bash = re.search(r"^```bash\n(.*?)^```", after, flags=re.S | re.M).group(1)
+    env, background, run = {}, [], []
+    for line in bash.splitlines():
+        words = shlex.split(line, comments=True)
+        if not words or words[0] == "kill":
+            continue
+        if words[0] == "export":
+            env.update(word.split("=", 1) for word in words[1:])
+        elif words[-1] == "&":
+            background.append(words[:-1])
+        elif words[:2] == ["flwr", "run"]:
+            run = words
+        else:
+            raise AssertionError(f"docs/federation.md: unexpected deployment line {line!r}")
+    return PageDeployment(toml, env, background, run)
+
+
+PORT = re.compile(r"(?<=127\.0\.0\.1:)\d+|(?<=--port )\d+")
+
+
+def with_free_ports(text: str, ports: dict[str, str]) -> str:
+    """``text`` with every port replaced by its free port (one is taken for each new port)."""
+    return PORT.sub(lambda m: ports.setdefault(m.group(0), str(free_port())), text)
+
+
+def with_test_run_config(run: list[str], out: Path) -> list[str]:
+    """The page's ``flwr run``: its ``out-dir`` replaced by ``out``, :data:`TINY_MODEL` added."""
+    at = run.index("--run-config") + 1
+    page_keys = {item.split("=", 1)[0] for item in shlex.split(run[at])}
+    assert not page_keys & {item.split("=", 1)[0] for item in shlex.split(TINY_MODEL)}
+    config = re.sub(r'out-dir="[^"]*"', f'out-dir="{out}"', run[at])
+    return [*run[:at], f"{config} {TINY_MODEL}", *run[at + 1 :]]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, process: subprocess.Popen, log: Path, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"process exited with {process.returncode}: {log.read_text()[-2000:]}"
+            )
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {seconds} s")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Terminate the process group this test started (leader pid = group id)."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=15)
+    else:
+        try:  # the leader exited; its children may still hold the group
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory) -> Iterator[dict]:
+    """The page's SuperLink and three SuperNodes (partitions 0..2 of 3) for runs of
+    ``num-clients = 2``: every run also checks that exactly ``num-clients`` nodes train and are
+    merged, never all connected ones."""
+    yield from start_deployment(tmp_path_factory, page_deployment(PAGE.read_text()))
+
+
+def start_deployment(tmp_path_factory, page: PageDeployment) -> Iterator[dict]:
+    """The page's background commands on free ports; stopped when the caller ends."""
+    home = tmp_path_factory.mktemp("flwr-home")
+    logs = tmp_path_factory.mktemp("logs")
+    env = {
+        **os.environ,
+        **page.env,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    ports: dict[str, str] = {}
+    (home / "config.toml").write_text(with_free_ports(page.connection, ports))
+    processes: list[subprocess.Popen] = []
+
+    def start(name: str, args: list[str]) -> tuple[subprocess.Popen, Path]:
+        log = logs / f"{name}.log"
+        handle = log.open("w")
+        process = subprocess.Popen(
+            args, env=env, cwd=home, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        processes.append(process)
+        return process, log
+
+    try:
+        for i, words in enumerate(page.background):
+            args = shlex.split(with_free_ports(shlex.join(words), ports))
+            process, log = start(f"{i}-{args[0]}", [str(BIN / args[0]), *args[1:]])
+            wait_for_port(int(args[args.index("--port") + 1]), process, log)
+        yield {"env": env, "logs": logs, "page": page, "ports": ports}
+    finally:
+        for process in reversed(processes):
+            stop(process)
+
+
+def flwr_run(deployment: dict, overrides: str, base: str = TINY) -> subprocess.CompletedProcess:
+    return run_flwr(
+        deployment,
+        [
+            str(BIN / "flwr"),
+            "run",
+            ".",
+            "loopback",
+            "--run-config",
+            f"{base} {overrides}",
+            "--stream",
+        ],
+    )
+
+
+def run_flwr(deployment: dict, args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        args, cwd=REPO, env=deployment["env"], capture_output=True, text=True, timeout=RUN_TIMEOUT
+    )
+
+
+def check_run(run: subprocess.CompletedProcess, out: Path, methods: list[str]) -> pd.DataFrame:
+    detail = f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, detail
+    assert (out / "results.csv").exists(), detail
+    rows = pd.read_csv(out / "results.csv")
+    assert list(rows["method"]) == methods
+    assert (rows["clients_survived"] == 2).all()  # 2 of the 3 SuperNodes: num-clients
+    assert (rows["num_clients"] == 2).all() and (rows["clients_dropped"] == 0).all()
+    idle = "3 nodes connected, training the 2 with the lowest node ids" in run.stdout + run.stderr
+    print(f"\ndeployment: the idle SuperNode was logged: {idle}")
+    assert rows["accuracy"].between(0, 1).all()
+    return rows
+
+
+def test_the_pages_deployment_blocks_are_parsed_as_written():
+    """What the fixture runs: the page's three SuperNodes, each on its own port (one port for
+    two fails with [Errno 98]), the SuperLink's port in the connection, runtime dependency
+    installation disabled, and the page's run of two clients."""
+    page = page_deployment(PAGE.read_text())
+    link, *nodes = page.background
+    assert link[0] == "flower-superlink" and "--disable-runtime-dependency-installation" in link
+    assert [n[0] for n in nodes] == ["flower-supernode"] * 3
+    node_ports = [n[n.index("--port") + 1] for n in nodes]
+    assert len(set(node_ports)) == 3
+    link_port = link[link.index("--port") + 1]
+    assert f'address = "127.0.0.1:{link_port}"' in page.connection
+    assert all(n[n.index("--superlink") + 1] == f"127.0.0.1:{link_port}" for n in nodes)
+    assert page.env == {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    assert page.run[:4] == ["flwr", "run", ".", "loopback"] and "--stream" in page.run
+    ports: dict[str, str] = {}
+    moved = with_free_ports(shlex.join(link + nodes[0]), ports)
+    assert set(ports) == {link_port, node_ports[0]} and link_port not in moved.split()
+
+
+def test_the_pages_run_one_shot_average_with_federated_calibration(deployment, tmp_path):
+    """The page's ``flwr run`` line (average, federated calibration), with a tiny model."""
+    out = tmp_path / "average"
+    args = with_test_run_config(deployment["page"].run, out)
+    run = run_flwr(deployment, [str(BIN / args[0]), *args[1:]])
+    rows = check_run(run, out, ["average", "average_t"])
+    # the ServerApp logs its stages and where the rows went (issue 30)
+    log = run.stdout + run.stderr
+    assert "fedlmc: [" in log and "client model(s) received" in log
+    assert f"fedlmc: rows written to {out / 'results.csv'}" in log
+    temperature = rows.loc[rows.method == "average_t", "temperature"].item()
+    assert 0 < temperature < 1000 and temperature != 1.0
+    assert (out / "merged-average.safetensors").exists()
+    # the per-epoch histories crossed the deployment: one row per client and epoch, each with
+    # its loss on the client's held-out calibration share
+    curves = pd.read_csv(out / "training.csv")
+    assert (curves["phase"] == "client_epoch").all()
+    steps = curves.groupby("client")["step"].apply(list)  # 2 of the 3 SuperNodes, any two
+    assert len(steps) == 2 and set(steps.index) <= {0, 1, 2}
+    assert all(s == list(range(1, len(s) + 1)) for s in steps) and steps.map(len).nunique() == 1
+    assert curves["calibration_loss"].gt(0).all() and curves["train_loss"].gt(0).all()
+    check_the_pages_load_merged_block(out, rows)
+
+
+def check_the_pages_load_merged_block(out: Path, rows: pd.DataFrame) -> None:
+    """The page's "Loading a merged model back" block, run on this run's out dir (the page's
+    out-dir path replaced), prints the rows' numbers: the loaded model is the merge."""
+    text = PAGE.read_text()
+    after = text[text.index("<!-- load-merged-test:") :]
+    code = re.search(r"^```python\n(.*?)^```", after, flags=re.S | re.M).group(1)
+    page_out = re.search(r'out-dir="([^"]*)"', shlex.join(page_deployment(text).run)).group(1)
+    assert f'"{page_out}"' in code  # the block loads what the page's run wrote
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code.replace(f'"{page_out}"', repr(str(out))), {})
+    words = printed.getvalue().split()
+    assert words[:2] == ["average", "temperature"], printed.getvalue()
+    temperature, accuracy, nll = (float(words[i]) for i in (2, 4, 6))
+    calibrated = rows[rows.method == "average_t"].iloc[0]
+    assert temperature == pytest.approx(calibrated["temperature"], rel=1e-9)
+    assert accuracy == pytest.approx(rows[rows.method == "average"]["accuracy"].item(), abs=1e-3)
+    assert nll == pytest.approx(calibrated["nll"], abs=1e-3)
+
+
+def test_permutation_aligned_average(deployment, tmp_path):
+    out = tmp_path / "aligned"
+    run = flwr_run(
+        deployment,
+        f'strategy="aligned" align="weight_matching" calibration="server" out-dir="{out}"',
+    )
+    check_run(run, out, ["weight_matching", "weight_matching_t"])
+    assert (out / "merged-weight_matching.safetensors").exists()
+
+
+def test_client_side_activation_matching_keeps_state_in_the_supernodes(deployment, tmp_path):
+    """Each SuperNode keeps its trained model in its context between the train and the align
+    round; only permutations come back, and the temperature is fitted on held-out shares."""
+    out = tmp_path / "activation_federated"
+    run = flwr_run(
+        deployment,
+        f'strategy="aligned" align="activation_federated" calibration="federated" out-dir="{out}"',
+    )
+    rows = check_run(run, out, ["activation_federated", "activation_federated_t"])
+    assert (rows["rounds"] >= 1 + 1 + 2).all()  # train, align, temperature grid + Newton
+    calibrated = rows[rows.method == "activation_federated_t"].iloc[0]
+    assert 0 < calibrated["temperature"] < 1000 and calibrated["temperature"] != 1.0
+    assert 0 < calibrated["temperature_server_split"] < 1000
+    assert (out / "merged-activation_federated.safetensors").exists()
+
+
+def test_supernodes_of_different_widths_are_merged_at_the_server_width(deployment, tmp_path):
+    """All three SuperNodes train, each its partition's width (``client-widths``: 16, 32 and 16
+    hidden units); the server checks each reply against its partition's shapes and merges them
+    at the widest client's width."""
+    out = tmp_path / "widths"
+    base = f"{TINY_MODEL} num-clients=3 min-clients=3"
+    run = flwr_run(
+        deployment,
+        'client-widths="0.25,0.5,0.25" strategy="aligned" align="embed_weight_matching" '
+        f'calibration="server" out-dir="{out}"',
+        base=base,
+    )
+    detail = f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
+    assert run.returncode == 0 and (out / "results.csv").exists(), detail
+    rows = pd.read_csv(out / "results.csv")
+    assert list(rows["method"]) == ["embed_weight_matching", "embed_weight_matching_t"]
+    assert (rows["clients_survived"] == 3).all() and (rows["clients_dropped"] == 0).all()
+    assert (rows["client_widths"] == "0.25,0.5,0.25").all() and (rows["server_width"] == 0.5).all()
+    assert rows["accuracy"].between(0, 1).all()
+    merged = load_file(str(out / "merged-embed_weight_matching.safetensors"))
+    assert merged["hidden.0.linear.weight"].shape[0] == 32  # base-hidden 64 at width 0.5
+
+
+def test_pyproject_run_config_lists_every_schema_key_with_its_default():
+    import tomllib
+
+    from fedlmc.simulations.config import run_schema, validate_run_config
+
+    flwr = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert flwr["components"] == {
+        "serverapp": "fedlmc.simulations.server_app:app",
+        "clientapp": "fedlmc.simulations.client_app:app",
+    }
+    config = flwr["config"]
+    assert list(config) == list(run_schema())
+    assert validate_run_config(config, check_devices=False) == {
+        k: spec.default for k, spec in run_schema().items()
+    }

@@ -1,0 +1,109 @@
+"""The private APIs behind :mod:`fedlmc.strategies.flower_compat` and
+:mod:`fedlmc.simulations.engine.compat`: each test fails when the private API it wraps changes (its
+signature, checked with ``inspect``, or what it does, exercised for real)."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
+from flwr.serverapp.strategy import FedAvg
+
+from fedlmc.simulations.engine.compat import ray_bootstrap_address
+from fedlmc.strategies.flower_compat import construct_messages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parameters(func) -> list[tuple[str, inspect._ParameterKind]]:
+    return [(p.name, p.kind) for p in inspect.signature(func).parameters.values()]
+
+
+POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+
+def test_flower_fedavg_still_builds_its_messages_in_construct_messages():
+    assert parameters(FedAvg._construct_messages) == [
+        ("self", POSITIONAL),
+        ("record", POSITIONAL),
+        ("node_ids", POSITIONAL),
+        ("message_type", POSITIONAL),
+    ]
+
+
+def test_construct_messages_gives_one_message_per_node_with_the_record(task_identity):
+    weights = np.arange(6, dtype=np.float32).reshape(2, 3)
+    record = RecordDict(
+        {
+            "arrays": ArrayRecord({"w": Array(weights)}),
+            "config": ConfigRecord({"lr": 0.1, "round": 3}),
+        }
+    )
+    messages = construct_messages(FedAvg(), record, [11, 7, 42], MessageType.TRAIN)
+    assert [int(m.metadata.dst_node_id) for m in messages] == [11, 7, 42]
+    assert {m.metadata.message_type for m in messages} == {MessageType.TRAIN}
+    for message in messages:
+        assert np.array_equal(message.content["arrays"]["w"].numpy(), weights)
+        assert dict(message.content["config"]) == {"lr": 0.1, "round": 3}
+    assert construct_messages(FedAvg(), record, [], MessageType.EVALUATE) == []
+
+
+def test_threading_still_has_register_atexit_with_its_signature():
+    assert parameters(threading._register_atexit) == [
+        ("func", POSITIONAL),
+        ("arg", inspect.Parameter.VAR_POSITIONAL),
+        ("kwargs", inspect.Parameter.VAR_KEYWORD),
+    ]
+
+
+@pytest.mark.slow
+def test_registered_function_runs_before_the_non_daemon_threads_are_joined():
+    """A non-daemon thread waits for an event that only the registered function sets: the
+    process exits only if the function runs before the interpreter joins that thread."""
+    code = textwrap.dedent(
+        """
+        import threading
+        from fedlmc.simulations.engine.compat import register_before_thread_join
+
+        release = threading.Event()
+        def waiter():
+            release.wait()
+            print("thread released", flush=True)
+        threading.Thread(target=waiter).start()
+        def before_join():
+            print("before join", flush=True)
+            release.set()
+        register_before_thread_join(before_join)
+        print("main done", flush=True)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["main done", "before join", "thread released"]
+
+
+def test_ray_still_canonicalises_bootstrap_addresses():
+    from ray._private.services import canonicalize_bootstrap_address
+
+    assert parameters(canonicalize_bootstrap_address) == [
+        ("addr", POSITIONAL),
+        ("temp_dir", POSITIONAL),
+    ]
+
+
+def test_ray_bootstrap_address_resolves_auto_from_ray_address(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6391")
+    host, _, port = ray_bootstrap_address("auto").rpartition(":")
+    assert port == "6391" and host  # localhost resolved to this node's address
+    assert ray_bootstrap_address("local") is None
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert ray_bootstrap_address("10.1.2.3:6379") == "10.1.2.3:6379"
