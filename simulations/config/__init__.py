@@ -39,6 +39,7 @@ from fedlmc.simulations.config.derived import (  # noqa: F401
     method_list,
     mixed_width_methods,
     mixed_widths,
+    model_options,
     resolved_bias,
     resolved_norm,
     row_methods,
@@ -48,12 +49,10 @@ from fedlmc.simulations.config.derived import (  # noqa: F401
     widths_text,
 )
 from fedlmc.simulations.config.feasibility import (  # noqa: F401
-    IN_SHAPES,
     MEMORY_FACTOR_CLIENT,
-    RESNET20_CHANNELS,
-    VGG11_CHANNELS,
     check_memory,
     machine_memory,
+    memory_check_note,
     memory_estimate,
     model_parameters,
     width_key,

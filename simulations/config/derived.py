@@ -21,7 +21,7 @@ from fedlmc.models.registry import (
     is_factory_path,
     model_entry,
 )
-from fedlmc.simulations.config.values import FEDAVG, parse_widths
+from fedlmc.simulations.config.values import FEDAVG, option_key, parse_widths
 
 
 def absolute_paths(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -49,6 +49,20 @@ def resolved_norm(config: Mapping[str, Any]) -> str:
     """The ``norm`` the model is built with (``auto``: the model's registered default)."""
     norm = config["norm"]
     return model_entry(config["model"]).default_norm if norm == "auto" else norm
+
+
+def model_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The configured model's public options read from their run-config keys
+    (:mod:`fedlmc.models.registry`), e.g. ``{"depth": 3, "base_hidden": 128}`` for the MLP,
+    and its ``bias`` when it has that option."""
+    entry = model_entry(config["model"])
+    options = {
+        name: config[option_key(name)] for name, option in entry.options.items() if option.public
+    }
+    bias = resolved_bias(config)
+    if bias != "auto":
+        options["bias"] = bias == "true"
+    return options
 
 
 def resolved_bias(config: Mapping[str, Any]) -> str:
