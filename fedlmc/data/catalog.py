@@ -230,7 +230,8 @@ def absolute_hf_name(name: str) -> str:
 def datasets_markdown() -> str:
     """The registered data sets as a Markdown table (``fedlmc data list``, the library page)."""
     lines = [
-        "| data set | classes | training examples | input shape | downloadable | description |",
+        "| data set | classes | training examples (before the server split) | input shape "
+        "| downloadable | description |",
         "|---|---|---|---|---|---|",
     ]
     for e in DATASET_REGISTRY:
