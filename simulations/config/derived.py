@@ -11,6 +11,7 @@ from fedlmc.data.catalog import (
     TRAIN_SIZES,
     absolute_hf_name,
 )
+from fedlmc.merging.hooks import resolve_method_entry
 from fedlmc.merging.methods import (
     CALIBRATED_SUFFIX,
     base_method,
@@ -41,8 +42,11 @@ def absolute_paths(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def method_list(config: Mapping[str, Any]) -> list[str]:
-    """The ``methods`` key as a list, in the given order, without duplicates."""
-    return list(dict.fromkeys(m.strip() for m in config["methods"].split(",") if m.strip()))
+    """The ``methods`` key as a list of row names, in the given order, without duplicates; an
+    entry ``package.module:function`` is the method it registers
+    (:func:`fedlmc.merging.hooks.resolve_method_entry`)."""
+    entries = (m.strip() for m in config["methods"].split(",") if m.strip())
+    return list(dict.fromkeys(resolve_method_entry(m) for m in entries))
 
 
 def resolved_norm(config: Mapping[str, Any]) -> str:
