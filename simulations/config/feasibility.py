@@ -95,7 +95,7 @@ def check_memory(config: Mapping[str, Any]) -> None:
     if needed > have:
         raise ConfigError(
             f"{width_key(config)} = {_shown(config[width_key(config)])}: the {config['model']} at "
-            f"width {server_width(config):g} has about {elements:,} weights; "
+            f"width {server_width(config):g} has about {elements:,} parameters; "
             f"{config['num-clients']} clients and the server need about {needed:,} bytes "
             f"({needed / 2**30:.1f} GiB), this machine has {have:,} ({have / 2**30:.1f} GiB); "
             "allowed: a smaller width or fewer clients"
