@@ -55,11 +55,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class DatasetEntry:
-    r"""A registered data set.
+    """A registered data set.
 
     ``loader(name, root, download, mirror)`` returns ``((x_train, y_train), (x_test, y_test))``:
     uint8 pixels ``(N, C, H, W)`` and int64 labels in ``[0, num_classes)``; ``load_dataset``
-    normalises them per channel, :math:`x = (p / 255 - \mu_c) / \sigma_c`."""
+    normalises them per channel, ``x = (p / 255 - mean_c) / std_c``."""
 
     name: str
     num_classes: int
