@@ -196,8 +196,10 @@ def _literal_keys(tree: ast.AST, names: set[str]) -> set[str]:
 def test_every_column_the_server_adds_is_declared():
     """The Flower server's round and server columns bypass ``empty_row``: each one it writes is
     in the column table (and the round columns are exactly the declared ones)."""
-    tree = ast.parse((ROOT / "simulations" / "server_app.py").read_text())
-    written = _literal_keys(tree, {"row", "columns"})
+    written = set()
+    for module in ("server_app.py", "records/server_outcome.py"):  # the ServerApp and its rows
+        tree = ast.parse((ROOT / "simulations" / module).read_text())
+        written |= _literal_keys(tree, {"row", "columns"})
     declared = {c.name for c in column_table()}
     assert {"clients_survived", "temperature_server_split", "merge_seconds"} <= written
     assert written <= declared, written - declared
@@ -274,7 +276,8 @@ def test_a_consistency_check_registered_in_the_list_runs_at_validation(knob, mon
         if config["test-knob"] > config["epochs"]:
             raise ConfigError(f"test-knob = {config['test-knob']}: allowed: at most epochs")
 
-    monkeypatch.setattr(run_config, "CONSISTENCY_CHECKS", [*CONSISTENCY_CHECKS, knob_below_epochs])
+    checks = [*CONSISTENCY_CHECKS, knob_below_epochs]  # the list validation reads
+    monkeypatch.setattr(run_config.validate, "CONSISTENCY_CHECKS", checks)
     with pytest.raises(ConfigError, match="test-knob = 20: allowed: at most epochs"):
         validate_run_config({"test-knob": 20})
     assert validate_run_config({"test-knob": 4})["test-knob"] == 4
