@@ -532,7 +532,7 @@ def user_merges(tmp_path, monkeypatch):
 
 
 def test_a_method_named_by_import_path_runs_from_the_run_config(user_merges):
-    from fedlmc.simulations.config import method_list, row_methods
+    from fedlmc.simulations.config import method_list, row_methods, selected_methods
 
     methods = f"average,{user_merges}:keep_first,{user_merges}:keep_first_t,"
     methods += f"{user_merges}:declared_halfway"
@@ -550,6 +550,11 @@ def test_a_method_named_by_import_path_runs_from_the_run_config(user_merges):
                             diagnostics=False).rows[0]  # fmt: skip
     assert by_method["keep_first"]["accuracy"] == first["accuracy"]  # the merge is client 0
     assert validate_run_config({"methods": methods}) == config  # resolving again: same methods
+    aligned = validate_run_config({"strategy": "aligned", "align": f"{user_merges}:keep_first"})
+    assert row_methods(aligned) == ["keep_first", "keep_first_t"]
+    assert selected_methods(aligned) == ["keep_first"]
+    with pytest.raises(ConfigError, match="align = .*: module '.*' registers no method 'nothing'"):
+        validate_run_config({"strategy": "aligned", "align": f"{user_merges}:nothing"})
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from fedlmc.simulations.config.checks import (  # noqa: F401
 )
 from fedlmc.simulations.config.derived import (  # noqa: F401
     absolute_paths,
+    align_method,
     calibration_holdout,
     client_pool_size,
     client_width,

@@ -132,6 +132,12 @@ def mixed_width_methods() -> tuple[str, ...]:
     return tuple(m for m in merge_method_names() if merge_method_entry(m).mixed_widths)
 
 
+def align_method(config: Mapping[str, Any]) -> str:
+    """The merge method of the ``aligned`` strategy: ``align``, or the method an entry
+    ``package.module:function`` registers (:func:`fedlmc.merging.hooks.resolve_method_entry`)."""
+    return resolve_method_entry(config["align"])
+
+
 def selected_methods(config: Mapping[str, Any]) -> list[str]:
     """The merge methods the run executes: ``methods`` under ``compare``, ``align`` under
     ``aligned``, ``average`` under ``average``, none for FedAvg."""
@@ -140,7 +146,7 @@ def selected_methods(config: Mapping[str, Any]) -> list[str]:
         names = merge_method_names()
         return [base_method(m) for m in method_list(config) if base_method(m) in names]
     if strategy == "aligned":
-        return [config["align"]]
+        return [align_method(config)]
     return ["average"] if strategy == "average" else []
 
 
@@ -156,7 +162,7 @@ def row_methods(config: Mapping[str, Any]) -> list[str]:
         return method_list(config)
     if strategy == FEDAVG:
         return [FEDAVG]
-    base = config["align"] if strategy == "aligned" else "average"
+    base = align_method(config) if strategy == "aligned" else "average"
     return [base] if config["calibration"] == "none" else [base, base + CALIBRATED_SUFFIX]
 
 
@@ -193,4 +199,5 @@ def calibration_holdout(config: Mapping[str, Any]) -> float:
 def keeps_trained_model(config: Mapping[str, Any]) -> bool:
     """Whether a client keeps its trained weights in its node's context between rounds (client-side
     activation matching: ``strategy = "aligned"``, ``align = "activation_federated"``)."""
-    return config["strategy"] == "aligned" and merge_method_entry(config["align"]).needs_clients
+    aligned = config["strategy"] == "aligned"
+    return aligned and merge_method_entry(align_method(config)).needs_clients

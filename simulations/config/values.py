@@ -92,6 +92,16 @@ def _methods(value: Any) -> str | None:
     return None
 
 
+def _align(value: Any) -> str | None:
+    try:
+        name = resolve_method_entry(value)
+    except ValueError as error:  # an import path that names no method
+        return str(error)
+    if name in aligning_methods():
+        return None
+    return f"allowed: {', '.join(aligning_methods())}, or a 'package.module:function' merge method"
+
+
 def parse_widths(text: str) -> tuple[float, ...]:
     """``"0.5, 1,2"`` -> ``(0.5, 1.0, 2.0)``; ``ValueError`` naming the first item that is not a
     finite number > 0 (empty text: no widths)."""
