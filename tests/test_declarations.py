@@ -386,21 +386,29 @@ def tiny_pixels(name, root, download, mirror):
     return (images(y_train), y_train), (images(y_test), y_test)
 
 
+def int_pixels(name, root, download, mirror):
+    """A broken loader: int64 pixels."""
+    (x_train, y_train), (x_test, y_test) = tiny_pixels(name, root, download, mirror)
+    return (x_train.long(), y_train), (x_test.long(), y_test)
+
+
+TINY_SET = dict(
+    num_classes=2,
+    train_size=12,
+    in_shape=(2, 3, 3),
+    normalisation=((0.5, 0.5), (0.5, 0.25)),
+    loader=tiny_pixels,
+    description="test: constant images",
+    augment="crop_flip",
+)
+
+
 @pytest.fixture
 def tiny_dataset():
     """A data set declared once, for the length of a test."""
     from fedlmc.data.catalog import DATASET_REGISTRY, register_dataset
 
-    register_dataset(
-        "tiny_set",
-        num_classes=2,
-        train_size=12,
-        in_shape=(2, 3, 3),
-        normalisation=((0.5, 0.5), (0.5, 0.25)),
-        loader=tiny_pixels,
-        description="test: constant images",
-        augment="crop_flip",
-    )
+    register_dataset("tiny_set", **TINY_SET)
     yield "tiny_set"
     DATASET_REGISTRY.remove("tiny_set")
 
@@ -413,6 +421,7 @@ def test_a_data_set_declared_once_reaches_every_list(tiny_dataset, capsys):
         NUM_CLASSES,
         TRAIN_SIZES,
         datasets_markdown,
+        register_dataset,
     )
     from fedlmc.data.loading import load_dataset
     from fedlmc.simulations.config import dataset_names, model_parameters
@@ -435,6 +444,9 @@ def test_a_data_set_declared_once_reaches_every_list(tiny_dataset, capsys):
     assert x[y == 0][:, 0].unique().tolist() == [-1.0] and x[y == 1][:, 1].unique().tolist() == [
         2.0
     ]
+    with pytest.raises(ValueError, match=r"gave torch.int64 pixels of shape \(12, 2, 3, 3\); al"):
+        register_dataset("tiny_set", **{**TINY_SET, "loader": int_pixels}, replace=True)
+        load_dataset("tiny_set")
     with pytest.raises(ConfigError, match="download = true: dataset 'tiny_set' is not fetched"):
         validate_run_config({"dataset": "tiny_set", "download": True, "data-root": "/tmp"})
     from fedlmc.data.catalog import DATASET_REGISTRY
@@ -454,7 +466,7 @@ def test_a_data_set_declared_once_reaches_every_list(tiny_dataset, capsys):
         ({"in_shape": (3, 3)}, r"in_shape = \(3, 3\); allowed: \(C, H, W\)"),
         ({"num_classes": 0}, "num_classes = 0; allowed: an int >= 1"),
         ({"normalisation": ((0.5,), (0.5,))}, "one value per channel \\(2\\)"),
-        ({"torchvision": "MNIST"}, "torchvision and folder are given together or not"),
+        ({"torchvision": "MNIST"}, "folder = None; allowed: both .a torchvision data set. or"),
     ],
 )
 def test_a_data_set_declaration_is_checked(field, message):

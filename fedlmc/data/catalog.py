@@ -124,7 +124,10 @@ def register_dataset(
             f"one value per channel ({shape[0]})"
         )
     if (torchvision is None) != (folder is None):
-        raise ValueError(f"dataset {name!r}: torchvision and folder are given together or not")
+        raise ValueError(
+            f"dataset {name!r}: torchvision = {torchvision!r}, folder = {folder!r}; allowed: "
+            "both (a torchvision data set) or neither"
+        )
     entry = DatasetEntry(
         name, num_classes, train_size, shape, (tuple(mean), tuple(std)), loader,
         description, torchvision, folder, augment,

@@ -134,6 +134,8 @@ def load_dataset(
             raise ValueError(f"{key}={value!r} applies to 'hf:' data sets only, not {name!r}")
     entry = dataset_entry(name)
     (x_train, y_train), (x_test, y_test) = entry.load_function()(name, root, download, mirror)
+    _check_loaded(entry, x_train, x_test)
+    _check_labels_below(name, entry.num_classes, y_train, y_test)
     mean, std = entry.normalisation
     train = (_normalise(x_train, mean, std), y_train)
     test = (_normalise(x_test, mean, std), y_test)
@@ -371,6 +373,17 @@ def _cifar_tensors(data: np.ndarray, targets) -> Data:
     """torchvision's CIFAR ``.data`` (N, 32, 32, 3) uint8 -> (N, 3, 32, 32)."""
     x = torch.from_numpy(np.ascontiguousarray(np.asarray(data).transpose(0, 3, 1, 2)))
     return x, torch.as_tensor(targets, dtype=torch.int64)
+
+
+def _check_loaded(entry, *xs: Tensor) -> None:
+    """A loader's pixels must be uint8 ``(N, *in_shape)`` as its data set declares."""
+    for x in xs:
+        if x.dtype != torch.uint8 or tuple(x.shape[1:]) != entry.in_shape:
+            raise ValueError(
+                f"dataset {entry.name!r}: its loader gave {x.dtype} pixels of shape "
+                f"{tuple(x.shape)}; allowed: torch.uint8 (N, {', '.join(map(str, entry.in_shape))})"
+                " as declared"
+            )
 
 
 def _check_labels_below(name: str, num_classes: int, *ys: Tensor) -> None:
