@@ -499,11 +499,10 @@ def command_columns(args: argparse.Namespace) -> int:
 
 
 def command_data(args: argparse.Namespace) -> int:
-    from fedlmc.data.download import DownloadError, fetch_dataset
-
     if args.data_command == "list":
         print(datasets_markdown())
         return 0
+    from fedlmc.data.download import DownloadError, fetch_dataset
 
     try:
         result = fetch_dataset(args.name, args.root, mirror=args.mirror)

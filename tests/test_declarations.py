@@ -524,6 +524,11 @@ def keep_first(job):
     return Alignment([job.states[0] for _ in job.states])
 
 
+def average(job):
+    """Named like a built-in method: refused."""
+    return Alignment(list(job.states))
+
+
 @register_method("declared_halfway", description="test: clients moved halfway to client 0")
 def halfway(job):
     first = job.states[0]
@@ -576,6 +581,7 @@ def test_a_method_named_by_import_path_runs_from_the_run_config(user_merges):
         ("{m}:nothing", "registers no method 'nothing' and has no function 'nothing'; allowed"),
         ("{m}:Alignment", "registers no method 'Alignment' and has no function 'Alignment'"),
         ("dir/file.py:f", "allowed: 'package.module:function', importable where the run"),
+        ("{m}:average", "'average' is already another method's name; allowed: a function of"),
     ],
 )
 def test_a_method_path_that_names_no_method_is_one_clear_error(user_merges, entry, message):

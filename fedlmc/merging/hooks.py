@@ -8,7 +8,8 @@ resolves the entry through :func:`resolve_method_entry`:
 1. ``package.module`` is imported (``importlib``: it must be importable where the run executes;
    the allow-list :data:`fedlmc.models.registry.MODEL_ALLOW_VARIABLE`, when set, applies too);
 2. if it registered a method ``name`` (``@register_method("name", ...)``, with all its
-   declarations: columns, data needs, ...), that method is the entry;
+   declarations: columns, data needs, ...), that method is the entry (a function ``name`` of
+   the module that is not that method, e.g. one named like a built-in method, is refused);
 3. else, if ``name`` is a function of the module, it is registered as method ``name`` with
    the defaults of :func:`~fedlmc.merging.methods.register_method`: a plain merge function
    ``name(job) -> Alignment``;
@@ -58,9 +59,14 @@ def resolve_method_entry(entry: str) -> str:
     except ImportError as error:
         raise ValueError(f"merge method {entry!r} cannot be imported: {error}") from None
     base = base_method(name)
-    if base in METHODS:
-        return name
     function = getattr(module, base, None)
+    if base in METHODS:
+        if callable(function) and METHODS.get(base).align is not function:
+            raise ValueError(
+                f"merge method {entry!r}: {base!r} is already another method's name; allowed: "
+                "a function of another name"
+            )
+        return name
     if not callable(function) or isinstance(function, type):
         raise ValueError(
             f"merge method {entry!r}: module {location!r} registers no method {base!r} and has "
