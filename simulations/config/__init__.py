@@ -50,6 +50,7 @@ from fedlmc.simulations.config.derived import (  # noqa: F401
     widths_text,
 )
 from fedlmc.simulations.config.feasibility import (  # noqa: F401
+    IN_SHAPES,
     MEMORY_FACTOR_CLIENT,
     check_memory,
     machine_memory,
