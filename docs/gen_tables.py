@@ -23,6 +23,7 @@ DOCS = Path(__file__).resolve().parent
 if str(DOCS.parent) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(DOCS.parent))
 
+from fedlmc.data.catalog import datasets_markdown  # noqa: E402
 from fedlmc.simulations.config.tables import (  # noqa: E402
     columns_table,
     keys_table,
@@ -30,13 +31,16 @@ from fedlmc.simulations.config.tables import (  # noqa: E402
     models_table,
     training_columns_table,
 )
+from fedlmc.simulations.report.figure_table import figures_markdown  # noqa: E402
 
 BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "methods": ("methods.md", methods_table),
     "models": ("library.md", models_table),
+    "datasets": ("library.md", datasets_markdown),
     "keys": ("reference/keys.md", keys_table),
     "columns": ("reference/columns.md", columns_table),
     "training-columns": ("reference/columns.md", training_columns_table),
+    "figures": ("sweeps.md", figures_markdown),
 }
 """Block name -> (page under docs/, the function that makes its table)."""
 

@@ -22,7 +22,7 @@
   checked before any work; exporting again skips the runs already there.
 - ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once
   (md5-checked, :func:`fedlmc.data.download.fetch_dataset`); a failed download exits 1 with one
-  line.
+  line. ``fedlmc data list``: the registered data sets (a markdown table, as in the docs).
 
 Configuration errors (and ``ValueError`` from bad data or partition settings) end with one line
 ``fedlmc: error: ...`` on stderr and exit status 2, without a traceback; so does a
@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedlmc.data.catalog import DOWNLOADABLE
+from fedlmc.data.catalog import DOWNLOADABLE, datasets_markdown
 from fedlmc.io import atomic_write_text
 from fedlmc.simulations.config import (
     ConfigError,
@@ -52,6 +52,7 @@ from fedlmc.simulations.config import (
     expand_grid,
     grid_points,
     load_sweep_config,
+    memory_check_note,
     parse_override,
     validate_run_config,
 )
@@ -156,8 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("columns", help="list every results column with its definition (markdown)")
 
-    data = sub.add_parser("data", help="data sets: fetch one into a folder")
+    data = sub.add_parser("data", help="data sets: list them, fetch one into a folder")
     data_sub = data.add_subparsers(dest="data_command", required=True)
+    data_sub.add_parser("list", help="list the registered data sets (markdown)")
     fetch = data_sub.add_parser(
         "fetch",
         help="download a torchvision data set (md5-checked) where load_dataset reads it",
@@ -341,6 +343,9 @@ def command_run(args: argparse.Namespace) -> int:
     config = validate_run_config(values)
     config = absolute_paths(config)
     check_run_outputs(config, args.csv)
+    note = memory_check_note(config)
+    if note is not None:
+        print(note, file=sys.stderr)
     if args.track is not None and not config["out-dir"]:
         raise ConfigError(
             f"--track {args.track}: the run's out dir is what is exported; allowed: with "
@@ -454,6 +459,10 @@ def command_validate(args: argparse.Namespace) -> int:
     for point, cell in zip(grid_points(sweep), cells, strict=True):
         values = " ".join(f"{k}={v}" for k, v in point.items()) or "(base values)"
         print(f"  {cell_id(cell)}  {values}")
+    if not args.no_device_check:
+        for note in dict.fromkeys(memory_check_note(cell) for cell in cells):
+            if note is not None:
+                print(note)
     return 0
 
 
@@ -490,6 +499,9 @@ def command_columns(args: argparse.Namespace) -> int:
 
 
 def command_data(args: argparse.Namespace) -> int:
+    if args.data_command == "list":
+        print(datasets_markdown())
+        return 0
     from fedlmc.data.download import DownloadError, fetch_dataset
 
     try:

@@ -66,6 +66,7 @@ from fedlmc.io import atomic_write, atomic_write_csv
 from fedlmc.merging.methods import REFERENCE_METHODS, base_method
 from fedlmc.simulations.config import (
     FEDAVG,
+    align_method,
     cell_default_methods_note,
     client_width,
     method_list,
@@ -352,7 +353,7 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     else:
         strategy = PermutationAlignedAverage(
             template,
-            method=config["align"],
+            method=align_method(config),
             seed=config["seed"],
             method_options=method_options(config),
             **kwargs,

@@ -32,12 +32,10 @@ from fedlmc.data.loading import DataSplits, load_dataset, partition
 from fedlmc.data.splits import stratified_split
 from fedlmc.evaluation import resolve_device
 from fedlmc.models.classifiers import build_model
-from fedlmc.models.registry import model_entry
 from fedlmc.simulations.config import (
     calibration_holdout,
     client_widths,
-    option_key,
-    resolved_bias,
+    model_options,
     run_schema,
     server_width,
     validate_run_config,
@@ -224,19 +222,6 @@ def client_templates(config: Mapping[str, Any], splits: DataSplits) -> dict[int,
     server expects from the client, and the architecture its trained weights load into."""
     widths = client_widths(config)
     return {p: build_from_config(config, splits, width=w) for p, w in enumerate(widths)}
-
-
-def model_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The configured model's public options read from their run-config keys
-    (:mod:`fedlmc.models.registry`), e.g. ``{"depth": 3, "base_hidden": 128}`` for the MLP."""
-    entry = model_entry(config["model"])
-    options = {
-        name: config[option_key(name)] for name, option in entry.options.items() if option.public
-    }
-    bias = resolved_bias(config)
-    if bias != "auto":
-        options["bias"] = bias == "true"
-    return options
 
 
 def train_options(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Data: the data sets as in-memory tensors, their held-out splits and the clients' partitions.
 
-- :mod:`fedlmc.data.catalog`: names and sizes, importable without torch (config validation).
+- :mod:`fedlmc.data.catalog`: the data-set registry (:func:`register_dataset`), importable
+  without torch (config validation).
 - :mod:`fedlmc.data.loading`: :func:`load_dataset` and :func:`from_arrays`.
 - :mod:`fedlmc.data.splits`: :class:`DataSplits` and the stratified server split.
 - :mod:`fedlmc.data.partitions`: IID, Dirichlet and pathological partitions (flwr-datasets).
@@ -19,8 +20,8 @@ _EXPORTS = {
         ".partitions",
     ),
     **dict.fromkeys(
-        ["DATASETS", "DOWNLOADABLE", "NUM_CLASSES", "TRAIN_SIZES"]
-        + ["check_dataset_name", "is_hf_name"],
+        ["DATASETS", "DOWNLOADABLE", "NUM_CLASSES", "TRAIN_SIZES", "IN_SHAPES"]
+        + ["check_dataset_name", "is_hf_name", "register_dataset", "dataset_entry"],
         ".catalog",
     ),
     **dict.fromkeys(

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedlmc.data.catalog import DATA_FOLDERS, DOWNLOADABLE
+from fedlmc.data.catalog import DATA_FOLDERS, DOWNLOADABLE, dataset_entry
 from fedlmc.io import TEMP_SUFFIX, atomic_write
 
 __all__ = [
@@ -292,12 +292,7 @@ def _exclusive_lock(path: Path) -> Iterator[None]:
 def _torchvision_class(name: str):
     from torchvision import datasets as tvd
 
-    return {
-        "mnist": tvd.MNIST,
-        "fashion_mnist": tvd.FashionMNIST,
-        "cifar10": tvd.CIFAR10,
-        "cifar100": tvd.CIFAR100,
-    }[name]
+    return getattr(tvd, dataset_entry(name).torchvision)
 
 
 def _check_name(name: str) -> None:

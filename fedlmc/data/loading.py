@@ -28,8 +28,9 @@ Datasets (``DATASETS``):
   name or a local ``save_to_disk`` folder / parquet files), normalised with its own training
   statistics; see :mod:`fedlmc.data.hf`.
 
-The names, class counts and training-set sizes live in the torch-free
-:mod:`fedlmc.data.catalog` (re-exported here).
+Each data set is one :func:`fedlmc.data.catalog.register_dataset` declaration (its class
+count, size, shape, normalisation and loader) in the torch-free :mod:`fedlmc.data.catalog`,
+whose views (``DATASETS``, ``NUM_CLASSES``, ``NORMALISATION``, ...) are re-exported here.
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ from torch import Tensor
 from fedlmc.data.catalog import (
     DATASETS,
     DOWNLOADABLE,
+    NORMALISATION,
     NUM_CLASSES,
     TRAIN_SIZES,
     check_dataset_name,
+    dataset_entry,
     is_hf_name,
 )
 from fedlmc.data.download import ChecksumError, DownloadError, FetchResult, fetch_dataset
@@ -90,15 +93,6 @@ __all__ = [
 ]
 
 
-# Standard per-channel statistics of the training sets, on pixels scaled to [0, 1].
-NORMALISATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
-    "mnist5k": ((0.1307,), (0.3081,)),
-    "mnist": ((0.1307,), (0.3081,)),
-    "fashion_mnist": ((0.2860,), (0.3530,)),
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-}
-
 MNIST5K_TEST_SIZE = 1000
 MNIST5K_SPLIT_SEED = 5000  # fixed: the mnist5k train/test split never depends on `seed`
 
@@ -138,21 +132,21 @@ def load_dataset(
     for key, value in (("image_key", image_key), ("label_key", label_key)):
         if value is not None:
             raise ValueError(f"{key}={value!r} applies to 'hf:' data sets only, not {name!r}")
-    if name == "mnist5k":
-        (x_train, y_train), (x_test, y_test) = _mnist5k_uint8()
-    else:
-        (x_train, y_train), (x_test, y_test) = _torchvision_uint8(name, root, download, mirror)
-    mean, std = NORMALISATION[name]
+    entry = dataset_entry(name)
+    (x_train, y_train), (x_test, y_test) = entry.load_function()(name, root, download, mirror)
+    _check_loaded(entry, x_train, x_test)
+    _check_labels_below(name, entry.num_classes, y_train, y_test)
+    mean, std = entry.normalisation
     train = (_normalise(x_train, mean, std), y_train)
     test = (_normalise(x_test, mean, std), y_test)
     return with_server_split(
         name,
         train,
         test,
-        num_classes=NUM_CLASSES[name],
+        num_classes=entry.num_classes,
         server_fraction=server_fraction,
         seed=seed,
-        augment="crop_flip" if name.startswith("cifar") else None,
+        augment=entry.augment,
     )
 
 
@@ -222,6 +216,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FEDLMC_CACHE") or Path.home() / ".cache" / "fedlmc")
 
 
+def mnist5k_pixels(name: str, root, download: bool, mirror: str | None) -> tuple[Data, Data]:
+    """The ``mnist5k`` loader (:func:`fedlmc.data.catalog.register_dataset`): embedded, so
+    ``root``, ``download`` and ``mirror`` are ignored."""
+    return _mnist5k_uint8()
+
+
+def torchvision_pixels(name: str, root, download: bool, mirror: str | None) -> tuple[Data, Data]:
+    """The loader of the data sets registered with a torchvision class: its files under
+    ``root``, fetched first when ``download``."""
+    return _torchvision_uint8(name, root, download, mirror)
+
+
 def _mnist5k_uint8() -> tuple[Data, Data]:
     """mnist5k as uint8 ``(N, 1, 28, 28)`` tensors, split 4,000 / 1,000 with the fixed seed."""
     pixels, labels = _mnist5k_arrays()
@@ -281,12 +287,7 @@ def _torchvision_uint8(name: str, root, download: bool, mirror: str | None) -> t
     after :func:`fedlmc.data.download.fetch_dataset` when ``download``."""
     from torchvision import datasets as tvd
 
-    cls = {
-        "mnist": tvd.MNIST,
-        "fashion_mnist": tvd.FashionMNIST,
-        "cifar10": tvd.CIFAR10,
-        "cifar100": tvd.CIFAR100,
-    }[name]
+    cls = getattr(tvd, dataset_entry(name).torchvision)
     root = _check_root(name, root, download)
     if download:
         fetch_dataset(name, root, mirror=mirror)
@@ -372,6 +373,17 @@ def _cifar_tensors(data: np.ndarray, targets) -> Data:
     """torchvision's CIFAR ``.data`` (N, 32, 32, 3) uint8 -> (N, 3, 32, 32)."""
     x = torch.from_numpy(np.ascontiguousarray(np.asarray(data).transpose(0, 3, 1, 2)))
     return x, torch.as_tensor(targets, dtype=torch.int64)
+
+
+def _check_loaded(entry, *xs: Tensor) -> None:
+    """A loader's pixels must be uint8 ``(N, *in_shape)`` as its data set declares."""
+    for x in xs:
+        if x.dtype != torch.uint8 or tuple(x.shape[1:]) != entry.in_shape:
+            raise ValueError(
+                f"dataset {entry.name!r}: its loader gave {x.dtype} pixels of shape "
+                f"{tuple(x.shape)}; allowed: torch.uint8 (N, {', '.join(map(str, entry.in_shape))})"
+                " as declared"
+            )
 
 
 def _check_labels_below(name: str, num_classes: int, *ys: Tensor) -> None:

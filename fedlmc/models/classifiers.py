@@ -29,6 +29,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from fedlmc.models.registry import NORMS, model_entry, model_names, register_model
+from fedlmc.models.sizes import RESNET20_BLOCKS, RESNET20_STAGES, VGG11_LAYOUT, scaled
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import (
     Axis,
@@ -52,15 +53,6 @@ __all__ = [
     "register_model",
     "scaled",
 ]
-
-VGG11_LAYOUT = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
-RESNET20_STAGES = (16, 32, 64)
-RESNET20_BLOCKS = 3
-
-
-def scaled(base: int, width: float) -> int:
-    """Units of a layer with base size ``base`` at ``width``: ``max(1, round(base * width))``."""
-    return max(1, round(base * width))
 
 
 def norm_layer(norm: str, units: int, conv: bool) -> nn.Module:

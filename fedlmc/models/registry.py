@@ -11,6 +11,14 @@ A builder is called as ``builder(width, num_classes, in_shape, norm, **options)`
 option filled in (defaults first) and must return an ``nn.Module`` with ``layer_names`` and a
 ``permutation_spec()`` method (see :mod:`fedlmc.models`), or a model that
 :func:`fedlmc.permutation.permutation_spec` can derive a spec for.
+
+A model may declare its parameter count, ``parameters``: a callable (or ``"module:attribute"``
+path) called like the builder, ``parameters(width, num_classes, in_shape, norm, **options)``,
+returning ``sum(p.numel() for p in model.parameters())`` without building the model
+(:func:`parameter_count`; the built-ins' are in the torch-free :mod:`fedlmc.models.sizes`).
+Front ends check a run's memory from it before any work; a model that declares none is counted
+by building it on torch's meta device where torch is loaded anyway (:func:`parameter_count`
+with ``build=True``), or its memory check is skipped with a note.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedlmc.models import sizes
 from fedlmc.registry import Registry
 
 __all__ = [
@@ -36,6 +45,7 @@ __all__ = [
     "is_factory_path",
     "model_entry",
     "model_names",
+    "parameter_count",
     "register_model",
     "public_options",
 ]
@@ -83,6 +93,9 @@ class ModelEntry:
     plain_chain: bool | None = None
     """Whether its Linear/Conv layers form one plain feed-forward chain (no residual
     connections), where LEWC's depth exponents exist; ``None``: not known before it is built."""
+    parameters: Callable[..., int] | str | None = None
+    """Its parameter count, called like the builder (see the module docstring); ``None``: not
+    declared."""
 
     def build_function(self) -> Callable[..., Any]:
         """The builder, importing ``"module:attribute"`` / ``"path/file.py:attribute"`` paths on
@@ -114,12 +127,20 @@ def register_model(
     options: Mapping[str, ModelOption] | None = None,
     description: str = "",
     plain_chain: bool | None = None,
+    parameters: Callable[..., int] | str | None = None,
     replace: bool = False,
 ) -> ModelEntry:
     """Register an architecture (see the module docstring); returns its entry."""
     if default_norm not in NORMS:
         raise ValueError(f"default_norm = {default_norm!r}; allowed: {', '.join(NORMS)}")
-    entry = ModelEntry(name, builder, default_norm, dict(options or {}), description, plain_chain)
+    if not (parameters is None or callable(parameters) or is_factory_path(parameters)):
+        raise ValueError(
+            f"model {name!r}: parameters = {parameters!r}; allowed: a callable, a "
+            "'module:function' path or None"
+        )
+    entry = ModelEntry(
+        name, builder, default_norm, dict(options or {}), description, plain_chain, parameters
+    )
     _check_public_options(entry)
     return MODELS.add(name, entry, replace=replace)
 
@@ -188,6 +209,35 @@ def model_entry(name: str) -> ModelEntry:
     return MODELS.get(name)
 
 
+def parameter_count(
+    name: str,
+    width: float,
+    num_classes: int,
+    in_shape: tuple[int, int, int],
+    norm: str | None = None,
+    *,
+    build: bool = False,
+    **options: Any,
+) -> int | None:
+    """How many parameters model ``name`` has at ``width`` (``sum(p.numel() for p in
+    model.parameters())``), from its declared ``parameters`` without building it; for a model
+    that declares none, ``None``, or with ``build=True`` the count of the model built on torch's
+    meta device (no memory, no initialisation: only for callers that load torch anyway)."""
+    entry = model_entry(name)
+    norm = entry.default_norm if norm is None else norm
+    resolved = entry.resolve_options(options)
+    if entry.parameters is not None:
+        count = entry.parameters if callable(entry.parameters) else import_factory(entry.parameters)
+        return int(count(width, num_classes, in_shape, norm, **resolved))
+    if not build:
+        return None
+    import torch
+
+    with torch.device("meta"):
+        model = entry.build_function()(width, num_classes, in_shape, norm, **resolved)
+    return sum(p.numel() for p in model.parameters())
+
+
 def model_names() -> tuple[str, ...]:
     """Registered model names, in registration order."""
     return MODELS.names()
@@ -232,6 +282,7 @@ register_model(
     },
     description="ReLU MLP: flatten, depth x round(base_hidden * width) units, linear head",
     plain_chain=True,
+    parameters=sizes.mlp_parameters,
 )
 register_model(
     "vgg11",
@@ -240,6 +291,7 @@ register_model(
     options={"bias": ModelOption(True, "bias in every conv and linear layer")},
     description="VGG-11 conv stack 64-128-256-256-512-512-512-512 (x width), GAP, linear head",
     plain_chain=True,
+    parameters=sizes.vgg11_parameters,
 )
 register_model(
     "resnet20",
@@ -248,4 +300,5 @@ register_model(
     options={"bias": ModelOption(False, "bias in every conv and linear layer")},
     description="ResNet-20: 3x3 stem, 3 stages x 3 basic blocks of 16/32/64 (x width), GAP, linear",
     plain_chain=False,
+    parameters=sizes.resnet20_parameters,
 )

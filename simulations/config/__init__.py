@@ -29,6 +29,7 @@ from fedlmc.simulations.config.checks import (  # noqa: F401
 )
 from fedlmc.simulations.config.derived import (  # noqa: F401
     absolute_paths,
+    align_method,
     calibration_holdout,
     client_pool_size,
     client_width,
@@ -39,6 +40,7 @@ from fedlmc.simulations.config.derived import (  # noqa: F401
     method_list,
     mixed_width_methods,
     mixed_widths,
+    model_options,
     resolved_bias,
     resolved_norm,
     row_methods,
@@ -50,10 +52,9 @@ from fedlmc.simulations.config.derived import (  # noqa: F401
 from fedlmc.simulations.config.feasibility import (  # noqa: F401
     IN_SHAPES,
     MEMORY_FACTOR_CLIENT,
-    RESNET20_CHANNELS,
-    VGG11_CHANNELS,
     check_memory,
     machine_memory,
+    memory_check_note,
     memory_estimate,
     model_parameters,
     width_key,

@@ -11,6 +11,7 @@ from fedlmc.data.catalog import (
     TRAIN_SIZES,
     absolute_hf_name,
 )
+from fedlmc.merging.hooks import resolve_method_entry
 from fedlmc.merging.methods import (
     CALIBRATED_SUFFIX,
     base_method,
@@ -21,7 +22,7 @@ from fedlmc.models.registry import (
     is_factory_path,
     model_entry,
 )
-from fedlmc.simulations.config.values import FEDAVG, parse_widths
+from fedlmc.simulations.config.values import FEDAVG, option_key, parse_widths
 
 
 def absolute_paths(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -41,14 +42,31 @@ def absolute_paths(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def method_list(config: Mapping[str, Any]) -> list[str]:
-    """The ``methods`` key as a list, in the given order, without duplicates."""
-    return list(dict.fromkeys(m.strip() for m in config["methods"].split(",") if m.strip()))
+    """The ``methods`` key as a list of row names, in the given order, without duplicates; an
+    entry ``package.module:function`` is the method it registers
+    (:func:`fedlmc.merging.hooks.resolve_method_entry`)."""
+    entries = (m.strip() for m in config["methods"].split(",") if m.strip())
+    return list(dict.fromkeys(resolve_method_entry(m) for m in entries))
 
 
 def resolved_norm(config: Mapping[str, Any]) -> str:
     """The ``norm`` the model is built with (``auto``: the model's registered default)."""
     norm = config["norm"]
     return model_entry(config["model"]).default_norm if norm == "auto" else norm
+
+
+def model_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The configured model's public options read from their run-config keys
+    (:mod:`fedlmc.models.registry`), e.g. ``{"depth": 3, "base_hidden": 128}`` for the MLP,
+    and its ``bias`` when it has that option."""
+    entry = model_entry(config["model"])
+    options = {
+        name: config[option_key(name)] for name, option in entry.options.items() if option.public
+    }
+    bias = resolved_bias(config)
+    if bias != "auto":
+        options["bias"] = bias == "true"
+    return options
 
 
 def resolved_bias(config: Mapping[str, Any]) -> str:
@@ -114,6 +132,12 @@ def mixed_width_methods() -> tuple[str, ...]:
     return tuple(m for m in merge_method_names() if merge_method_entry(m).mixed_widths)
 
 
+def align_method(config: Mapping[str, Any]) -> str:
+    """The merge method of the ``aligned`` strategy: ``align``, or the method an entry
+    ``package.module:function`` registers (:func:`fedlmc.merging.hooks.resolve_method_entry`)."""
+    return resolve_method_entry(config["align"])
+
+
 def selected_methods(config: Mapping[str, Any]) -> list[str]:
     """The merge methods the run executes: ``methods`` under ``compare``, ``align`` under
     ``aligned``, ``average`` under ``average``, none for FedAvg."""
@@ -122,7 +146,7 @@ def selected_methods(config: Mapping[str, Any]) -> list[str]:
         names = merge_method_names()
         return [base_method(m) for m in method_list(config) if base_method(m) in names]
     if strategy == "aligned":
-        return [config["align"]]
+        return [align_method(config)]
     return ["average"] if strategy == "average" else []
 
 
@@ -138,7 +162,7 @@ def row_methods(config: Mapping[str, Any]) -> list[str]:
         return method_list(config)
     if strategy == FEDAVG:
         return [FEDAVG]
-    base = config["align"] if strategy == "aligned" else "average"
+    base = align_method(config) if strategy == "aligned" else "average"
     return [base] if config["calibration"] == "none" else [base, base + CALIBRATED_SUFFIX]
 
 
@@ -175,4 +199,5 @@ def calibration_holdout(config: Mapping[str, Any]) -> float:
 def keeps_trained_model(config: Mapping[str, Any]) -> bool:
     """Whether a client keeps its trained weights in its node's context between rounds (client-side
     activation matching: ``strategy = "aligned"``, ``align = "activation_federated"``)."""
-    return config["strategy"] == "aligned" and merge_method_entry(config["align"]).needs_clients
+    aligned = config["strategy"] == "aligned"
+    return aligned and merge_method_entry(align_method(config)).needs_clients

@@ -4,57 +4,58 @@ parameter count against the machine's memory."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
-from fedlmc.data.catalog import (
-    NUM_CLASSES,
-)
-from fedlmc.simulations.config.derived import server_width
-from fedlmc.simulations.config.schema import (
-    ConfigError,
-)
+from fedlmc.data.catalog import IN_SHAPES, NUM_CLASSES
+from fedlmc.models.registry import parameter_count
+from fedlmc.simulations.config.derived import model_options, resolved_norm, server_width
+from fedlmc.simulations.config.schema import ConfigError
 
 MEMORY_FACTOR_CLIENT = 4  # a training client: weights, gradients, momentum, a copy
-IN_SHAPES = {
-    "mnist5k": (1, 28, 28),
-    "mnist": (1, 28, 28),
-    "fashion_mnist": (1, 28, 28),
-    "cifar10": (3, 32, 32),
-    "cifar100": (3, 32, 32),
-}
-
-
-def _units(base: int, width: float) -> int:
-    return max(1, round(base * width))
-
-
-VGG11_CHANNELS = (64, 128, 256, 256, 512, 512, 512, 512)  # fedlmc.models.VGG11_LAYOUT's convs
-RESNET20_CHANNELS = (16, 32, 64)
 
 
 def model_parameters(config: Mapping[str, Any]) -> int | None:
-    """About how many weights the configured model has (its Linear/Conv weights, which dominate;
-    computed from the architecture without building it: validation imports no torch);
-    ``None`` for ``hf:`` data sets and user factories."""
-    if config["dataset"] not in IN_SHAPES or config["model"] not in ("mlp", "vgg11", "resnet20"):
+    """How many parameters the configured model has at the server's width, from the model's
+    declared count (:func:`fedlmc.models.registry.parameter_count`, without building it:
+    validation imports no torch); where the model declares none (a user factory) the count of
+    the model built on torch's meta device when torch is loaded anyway, else ``None``; ``None``
+    for an ``hf:`` data set (its shape is known only once it is loaded) and for a factory that
+    fails to build here (building it for the run names the error)."""
+    if config["dataset"] not in IN_SHAPES:
         return None
-    channels, height, width_px = IN_SHAPES[config["dataset"]]
-    classes, width = NUM_CLASSES[config["dataset"]], server_width(config)
-    if config["model"] == "mlp":
-        units = _units(config["base-hidden"], width)
-        depth = config["depth"]
-        return channels * height * width_px * units + (depth - 1) * units**2 + units * classes
-    if config["model"] == "vgg11":
-        sizes = [channels, *(_units(c, width) for c in VGG11_CHANNELS)]
-        convs = sum(9 * a * b for a, b in zip(sizes, sizes[1:], strict=False))
-        return convs + sizes[-1] * classes
-    sizes = [_units(c, width) for c in RESNET20_CHANNELS]
-    total, previous = 9 * channels * sizes[0], sizes[0]
-    for size in sizes:
-        total += 9 * previous * size + previous * size * (previous != size) + 5 * 9 * size**2
-        previous = size
-    return total + sizes[-1] * classes
+    try:
+        return _parameter_count(config)
+    except Exception:  # noqa: BLE001  a factory that fails to build: the build names its error
+        return None
+
+
+def _parameter_count(config: Mapping[str, Any]) -> int | None:
+    return parameter_count(
+        config["model"],
+        server_width(config),
+        NUM_CLASSES[config["dataset"]],
+        IN_SHAPES[config["dataset"]],
+        resolved_norm(config),
+        build="torch" in sys.modules,
+        **model_options(config),
+    )
+
+
+def memory_check_note(config: Mapping[str, Any]) -> str | None:
+    """The line saying that :func:`check_memory` was skipped, and why; ``None`` when it ran."""
+    if config["dataset"] not in IN_SHAPES:
+        return (
+            f"note: memory check skipped: the shape of dataset {config['dataset']!r} is known "
+            "only once it is loaded"
+        )
+    if model_parameters(config) is None:
+        return (
+            f"note: memory check skipped: model {config['model']!r} declares no parameter count "
+            "(register_model(..., parameters=...))"
+        )
+    return None
 
 
 def memory_estimate(config: Mapping[str, Any], elements: int) -> int:
@@ -94,7 +95,7 @@ def check_memory(config: Mapping[str, Any]) -> None:
     if needed > have:
         raise ConfigError(
             f"{width_key(config)} = {_shown(config[width_key(config)])}: the {config['model']} at "
-            f"width {server_width(config):g} has about {elements:,} weights; "
+            f"width {server_width(config):g} has about {elements:,} parameters; "
             f"{config['num-clients']} clients and the server need about {needed:,} bytes "
             f"({needed / 2**30:.1f} GiB), this machine has {have:,} ({have / 2**30:.1f} GiB); "
             "allowed: a smaller width or fewer clients"

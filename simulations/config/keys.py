@@ -36,6 +36,7 @@ from fedlmc.simulations.config.values import (
     INITS,
     MAX_LAMBDAS,
     STRATEGIES,
+    _align,
     _dataset,
     _failures,
     _lambdas,
@@ -170,10 +171,11 @@ def declared_keys() -> dict[str, Key]:
             cell_methods,
             applies=_strategy_is("compare"),
         ),
-        "align": named(
+        "align": Key(
             str,
             "weight_matching",
             "merge method of the aligned strategy",
+            _align,
             aligning_methods,
             applies=_strategy_is("aligned"),
         ),

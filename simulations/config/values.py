@@ -10,6 +10,7 @@ from fedlmc.data.catalog import (
     DATASETS,
     is_known_dataset,
 )
+from fedlmc.merging.hooks import resolve_method_entry
 from fedlmc.merging.methods import (
     merge_method_names,
     study_methods,
@@ -78,11 +79,27 @@ def _model(value: Any) -> str | None:
 
 
 def _methods(value: Any) -> str | None:
-    names = [m.strip() for m in value.split(",") if m.strip()]
+    try:
+        names = [resolve_method_entry(m.strip()) for m in value.split(",") if m.strip()]
+    except ValueError as error:  # an import path that names no method
+        return str(error)
     allowed = cell_methods()
     if not names or any(m not in allowed for m in names):
-        return f"allowed: a comma-separated list of {', '.join(allowed)}"
+        return (
+            f"allowed: a comma-separated list of {', '.join(allowed)}, or of "
+            "'package.module:function' merge methods"
+        )
     return None
+
+
+def _align(value: Any) -> str | None:
+    try:
+        name = resolve_method_entry(value)
+    except ValueError as error:  # an import path that names no method
+        return str(error)
+    if name in aligning_methods():
+        return None
+    return f"allowed: {', '.join(aligning_methods())}, or a 'package.module:function' merge method"
 
 
 def parse_widths(text: str) -> tuple[float, ...]:

@@ -5,7 +5,8 @@ A figure has a ``name`` (its file is ``figures/<name>.png``), a predicate ``draw
 only when its data exists in the rows, and ``draw(inputs, path)``, which writes the file and
 returns its path (or None when, after all, nothing could be drawn). :func:`draw_figures` goes
 through :data:`FIGURE_TABLE` in registration order, which is also the order of the figures in
-``report.md``. Every predicate and drawing reads one :class:`FigureInputs`.
+``report.md`` and in the figures table of docs/sweeps.md (:func:`figures_markdown`, from each
+figure's ``shows``). Every predicate and drawing reads one :class:`FigureInputs`.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class Figure:
     name: str
     drawn_when: Callable[[FigureInputs], bool]
     draw: Draw
+    shows: str
+    """What it shows (Markdown, one line): its row in the figures table of docs/sweeps.md."""
 
     @property
     def file(self) -> str:
@@ -92,15 +95,29 @@ FIGURE_TABLE: Registry[Figure] = Registry("figure")
 """Every figure, in the order they are drawn and listed in ``report.md``."""
 
 
-def figure(name: str, drawn_when: Callable[[FigureInputs], bool]) -> Callable[[Draw], Draw]:
+def figure(
+    name: str, drawn_when: Callable[[FigureInputs], bool], *, shows: str
+) -> Callable[[Draw], Draw]:
     """Register the decorated ``draw(inputs, path)`` as figure ``name`` (file ``name.png``),
-    drawn only when ``drawn_when(inputs)``."""
+    drawn only when ``drawn_when(inputs)``; ``shows``: what it shows, for the docs' table
+    (:func:`figures_markdown`)."""
+    if not isinstance(shows, str) or not shows.strip() or "\n" in shows:
+        raise ValueError(f"figure {name!r}: shows = {shows!r}; allowed: one non-empty line")
 
     def register(draw: Draw) -> Draw:
-        FIGURE_TABLE.add(name, Figure(name, drawn_when, draw))
+        FIGURE_TABLE.add(name, Figure(name, drawn_when, draw, shows))
         return draw
 
     return register
+
+
+def figures_markdown() -> str:
+    """Every registered figure, in report order, as a Markdown table (file, what it shows):
+    the generated table of docs/sweeps.md (``python docs/gen_tables.py``)."""
+    lines = ["| file | shows |", "|---|---|"]
+    escaped = {f.file: f.shows.replace("|", "\\|") for f in FIGURE_TABLE}
+    lines += [f"| `{file}` | {shows} |" for file, shows in escaped.items()]
+    return "\n".join(lines)
 
 
 def draw_figures(
@@ -149,7 +166,16 @@ def _calibrated_methods(rows: pd.DataFrame) -> list[str]:
 # ----------------------------------------------------------------------------- the figures
 
 
-@figure("accuracy_vs_width", lambda d: has_values(d.rows, "accuracy"))
+@figure(
+    "accuracy_vs_width",
+    lambda d: has_values(d.rows, "accuracy"),
+    shows=(
+        "merged test accuracy per method vs width (log2 axis), mean over seeds with error bars "
+        "(std or sem, `[report] error-bars`); dashed: the mean endpoint (client model) accuracy"
+        " and the ensemble's; `X_t` methods drawn only without `X` (temperature never changes "
+        "the argmax)"
+    ),
+)
 def accuracy_vs_width(d: FigureInputs, path: Path) -> Path | None:
     return metric_vs_axis(
         d.rows,
@@ -163,7 +189,14 @@ def accuracy_vs_width(d: FigureInputs, path: Path) -> Path | None:
     )
 
 
-@figure("barrier_vs_width", lambda d: has_values(_merged(d), "loss_barrier_half"))
+@figure(
+    "barrier_vs_width",
+    lambda d: has_values(_merged(d), "loss_barrier_half"),
+    shows=(
+        "two clients: the loss barrier at lambda = 1/2 (signed, the paper's Table 1 quantity), "
+        "raw logits (solid) vs with a fitted temperature (dashed), per method"
+    ),
+)
 def barrier_vs_width(d: FigureInputs, path: Path) -> Path | None:
     return metric_vs_axis(
         d.rows,
@@ -182,6 +215,12 @@ def barrier_vs_width(d: FigureInputs, path: Path) -> Path | None:
 @figure(
     "merge_gap_vs_width",
     lambda d: has_values(_merged(d), "merge_gap_loss") and not gaps_are_barriers(d.rows),
+    shows=(
+        "any number of clients: merged test NLL minus the mean endpoint's, raw (solid) and "
+        "calibrated (dashed), per method; not drawn when it equals `barrier_vs_width` on every "
+        "row (two clients of equal weight: the merge is the path's midpoint), and `report.md` "
+        "says so"
+    ),
 )
 def merge_gap_vs_width(d: FigureInputs, path: Path) -> Path | None:
     return metric_vs_axis(
@@ -201,6 +240,10 @@ def merge_gap_vs_width(d: FigureInputs, path: Path) -> Path | None:
 @figure(
     "temperature_vs_width",
     lambda d: has_values(d.rows[d.rows["method"].str.endswith("_t")], "temperature"),
+    shows=(
+        "fitted temperature T of the `_t` methods (solid) and, where rows have it, the server "
+        "split's temperature for the same merged model (dashed)"
+    ),
 )
 def temperature_vs_width(d: FigureInputs, path: Path) -> Path | None:
     return metric_vs_axis(
@@ -217,17 +260,42 @@ def temperature_vs_width(d: FigureInputs, path: Path) -> Path | None:
 @figure(
     "lewc_layers",
     lambda d: has_values(d.rows, "lewc_cos_mean") or "lewc_cos_layers" in d.rows,
+    shows=(
+        "LEWC cosine per layer (1: the merged layer output equals the exponentially weighted "
+        "prediction), one line per width, one panel per method and value of the other varying "
+        "keys (diagnostics on); top: for the same input (solid) against its baseline, the "
+        "prediction for a shuffled input (dashed); bottom: both sides centred on their mean "
+        "over the inputs"
+    ),
 )
 def lewc_layers(d: FigureInputs, path: Path) -> Path | None:
     return layer_figure(d.rows, path, d.settings, lewc_cosine_panels(list(d.rows.columns)))
 
 
-@figure("lewc_vs_llfc", lambda d: "norm_ratio_layers" in d.rows)
+@figure(
+    "lewc_vs_llfc",
+    lambda d: "norm_ratio_layers" in d.rows,
+    shows=(
+        "per layer, on the combined weights (before BatchNorm re-estimation or REPAIR): top, "
+        "the measured norm ratio of the merged layer output to the weighted sum of the clients'"
+        " (solid) vs LEWC's prediction of it (dashed; LLFC makes no claim about the scale); "
+        "bottom, the relative error of LEWC's prediction (solid) vs LLFC's at its best positive"
+        " scale (dashed)"
+    ),
+)
 def lewc_vs_llfc(d: FigureInputs, path: Path) -> Path | None:
     return layer_figure(d.rows, path, d.settings, LEWC_PANELS)
 
 
-@figure("dead_units_and_bias_share", lambda d: "dead_unit_fraction_layers" in d.rows)
+@figure(
+    "dead_units_and_bias_share",
+    lambda d: "dead_unit_fraction_layers" in d.rows,
+    shows=(
+        "per layer of the plain average (and `average_lewc_bias`): the fraction of hidden units"
+        " never active on the diagnostic inputs (top) and the bias share of the pre-activation "
+        "(bottom); one line per client count (or width)"
+    ),
+)
 def dead_units_and_bias_share(d: FigureInputs, path: Path) -> Path | None:
     return layer_figure(
         d.rows,
@@ -239,22 +307,47 @@ def dead_units_and_bias_share(d: FigureInputs, path: Path) -> Path | None:
     )
 
 
-@figure("accuracy_vs_alpha", lambda d: "alpha" in varying_keys(d.dirichlet))
+@figure(
+    "accuracy_vs_alpha",
+    lambda d: "alpha" in varying_keys(d.dirichlet),
+    shows="merged accuracy vs Dirichlet alpha (when alpha varies)",
+)
 def accuracy_vs_alpha(d: FigureInputs, path: Path) -> Path | None:
     return accuracy_by_width_lines(d.dirichlet, "alpha", d.methods, path, d.settings, 10)
 
 
-@figure("accuracy_vs_clients", lambda d: "num-clients" in d.varying)
+@figure(
+    "accuracy_vs_clients",
+    lambda d: "num-clients" in d.varying,
+    shows="merged accuracy vs the number of clients (when it varies)",
+)
 def accuracy_vs_clients(d: FigureInputs, path: Path) -> Path | None:
     return accuracy_by_width_lines(d.rows, "num-clients", d.methods, path, d.settings, 2)
 
 
-@figure("merge_gap_by_init_vs_clients", lambda d: has_init_panels(d.rows, "num-clients"))
+@figure(
+    "merge_gap_by_init_vs_clients",
+    lambda d: has_init_panels(d.rows, "num-clients"),
+    shows=(
+        "when `init` (and `warmup-rounds`) and the number of clients vary: the accuracy gap of "
+        "`average_t` and `merge_many_t` to the clients' mean (solid: endpoints' mean - merged) "
+        "and to the ensemble (dashed: ensemble - merged), one line per width, one panel per "
+        "method and initialisation setting, one y axis; positive: the merge is worse"
+    ),
+)
 def merge_gap_by_init_vs_clients(d: FigureInputs, path: Path) -> Path | None:
     return merge_gap_by_init_figure(d.rows, "num-clients", path, d.settings, 2)
 
 
-@figure("merge_gap_by_init_vs_alpha", lambda d: has_init_panels(d.rows, "alpha"))
+@figure(
+    "merge_gap_by_init_vs_alpha",
+    lambda d: has_init_panels(d.rows, "alpha"),
+    shows=(
+        "the same against Dirichlet alpha (the IID cells right of the largest alpha); one line "
+        "per width, per number of clients (`N = 8`) when that varies too, or per (width, N) "
+        "when both vary"
+    ),
+)
 def merge_gap_by_init_vs_alpha(d: FigureInputs, path: Path) -> Path | None:
     return merge_gap_by_init_figure(d.rows, "alpha", path, d.settings, 10)
 
@@ -264,6 +357,11 @@ def merge_gap_by_init_vs_alpha(d: FigureInputs, path: Path) -> Path | None:
     lambda d: (
         "num-clients" in d.varying
         and has_values(d.rows, "client_to_merge_path_loss_barrier_half_calibrated_mean")
+    ),
+    shows=(
+        "three or more clients: the calibrated barrier at lambda = 1/2 on each client's path to"
+        " the merge (the path's shape, not the merge's quality), mean (solid) and worst client "
+        "(dashed), vs the number of clients"
     ),
 )
 def client_barriers_vs_clients(d: FigureInputs, path: Path) -> Path | None:
@@ -281,21 +379,53 @@ def client_barriers_vs_clients(d: FigureInputs, path: Path) -> Path | None:
     )
 
 
-@figure("pairwise_barriers", lambda d: "pairwise_loss_barrier_half" in d.rows)
+@figure(
+    "pairwise_barriers",
+    lambda d: "pairwise_loss_barrier_half" in d.rows,
+    shows=(
+        "the N x N loss barrier at lambda = 1/2 between clients (raw), per method, for the "
+        "widest width of the first cell that has the matrix"
+    ),
+)
 def pairwise_barriers(d: FigureInputs, path: Path) -> Path | None:
     return pairwise_figure(d.rows, path, d.settings)
 
 
-@figure("lambda_paths", lambda d: "curve" in d.rows)
+@figure(
+    "lambda_paths",
+    lambda d: "curve" in d.rows,
+    shows=(
+        "two-client cells: test accuracy and NLL (raw and calibrated) along theta(lam) = lam "
+        "theta_a + (1 - lam) theta_b, one line per width, one column per method and value of "
+        "the other varying keys"
+    ),
+)
 def lambda_paths(d: FigureInputs, path: Path) -> Path | None:
     return lambda_path_figure(d.rows, path, d.settings)
 
 
-@figure("training_curves", lambda d: has_client_curves(d.training))
+@figure(
+    "training_curves",
+    lambda d: has_client_curves(d.training),
+    shows=(
+        "from `training.csv`: each client's training loss per epoch (log scale), one panel per "
+        "width, one line per client and seed (colour: seed, line style: client); not drawn for "
+        "a folder without `training.csv`, whose `report.md` convergence section says so"
+    ),
+)
 def training_curves(d: FigureInputs, path: Path) -> Path | None:
     return training_curves_figure(d.training, path, d.settings)
 
 
-@figure("width_mix", lambda d: has_mixed_widths(d.rows))
+@figure(
+    "width_mix",
+    lambda d: has_mixed_widths(d.rows),
+    shows=(
+        "when some cell's clients differ in width from the server (`client-widths`, "
+        "`server-width`): merged accuracy (with the clients' mean and the ensemble) and the "
+        'calibrated barrier at lambda = 1/2 against the width mix "client widths -> server '
+        'width", solid for `init = independent`, dashed for `shared`'
+    ),
+)
 def width_mix(d: FigureInputs, path: Path) -> Path | None:
     return width_mix_figure(d.rows, d.methods, path, d.settings)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from fedlmc.averaging import average, load_state
+from fedlmc.data.catalog import datasets_markdown
 from fedlmc.data.loading import from_arrays
 from fedlmc.evaluation import predict_logits
 from fedlmc.merging.methods import METHODS, Alignment, merge_states, register_method, study_methods
@@ -31,6 +32,7 @@ from fedlmc.simulations.config.tables import (
     models_table,
     training_columns_table,
 )
+from fedlmc.simulations.report.figure_table import figures_markdown
 from fedlmc.simulations.task import build_from_config
 from fedlmc.strategies import PermutationAlignedAverage
 from fedlmc.study.compare import compare_methods
@@ -192,6 +194,8 @@ def test_docs_tables_are_the_registries():
     made = {"methods": methods_table, "models": models_table, "keys": keys_table}
     made["columns"] = columns_table
     made["training-columns"] = training_columns_table
+    made["datasets"] = datasets_markdown
+    made["figures"] = figures_markdown
     assert {name: make for name, (_, make) in gen.BLOCKS.items()} == made
     for name, (page, make) in gen.BLOCKS.items():
         text = (ROOT / "docs" / page).read_text()
