@@ -70,7 +70,7 @@ from torch import Tensor, nn
 
 from fedlmc.evaluation import resolve_device
 from fedlmc.merging.calibrate import temperature_grid
-from fedlmc.merging.methods import AUTO_TOLERANCE, merge_method, merge_with_info
+from fedlmc.merging.methods import AUTO_TOLERANCE, merge_method, merge_states
 from fedlmc.merging.post_merge import (
     CALIBRATIONS,
     Calibration,
@@ -387,14 +387,15 @@ class OneShotAverage(ScreenedFedAvg):
         weights: Sequence[float],
         clients: ClientRounds | None = None,
     ) -> tuple[StateDict, list[StateDict], dict[str, Any]]:
-        r""":func:`fedlmc.merging.methods.merge_with_info` with this strategy's ``merge_method``:
+        r""":func:`fedlmc.merging.methods.merge_states` (``with_info=True``) with this strategy's
+        ``merge_method``:
         :math:`\sum_i w_i \pi_i(\theta_i)` (plain average: :math:`\pi_i = \mathrm{id}`), the
         clients in the merged basis and the method's info. ``clients`` reach the method when it
         runs on the clients (``activation_federated``) or takes their data under federated
         calibration (``auto``)."""
         entry = merge_method(self.merge_method)
         uses_clients = entry.needs_clients or (entry.clients_for_data and self.on_clients)
-        return merge_with_info(
+        return merge_states(
             self.merge_method,
             self.template,
             states,
@@ -405,6 +406,7 @@ class OneShotAverage(ScreenedFedAvg):
             spec=self.spec,
             options=self.method_options,
             clients=clients if uses_clients else None,
+            with_info=True,
         )
 
     # ------------------------------------------------------------------------- post-merge
