@@ -8,7 +8,7 @@ FedAvg warm-up and the one-shot merge after it), derive a variant with ``options
 The strategies' keyword arguments of the same names still work: :func:`resolve_options` builds
 the options from them (or overrides fields of given options with them).
 
-Every field is checked when the object is built (:meth:`StrategyOptions.__post_init__`), before
+Every field is checked when the object is built (``StrategyOptions.__post_init__``), before
 any client trains; the one check that depends on the strategy (``calibration = "server"`` needs
 ``server_data``) is the one-shot strategies'.
 """
@@ -53,7 +53,8 @@ class StrategyOptions:
     arrayrecord_key, configrecord_key : str
         The names of the arrays and the config in the messages (Flower's ``FedAvg``'s).
     weight_bound : WeightBound, optional
-        The bound on a client's merge weight (default :class:`WeightBound()`).
+        The bound on a client's merge weight (default ``WeightBound()``,
+        :class:`fedlmc.strategies.screening.WeightBound`).
     client_references : ClientReferences, optional
         Clients of different widths: the arrays expected of each partition (a reply of other
         shapes is dropped by name); the merge method must then be a mixed-width one.
