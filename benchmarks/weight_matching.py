@@ -13,10 +13,11 @@ other jobs add noise). The matchers:
   low-rank updates, skipped groups, solves in threads while the next matrix is built, warm-started
   assignments from :mod:`fedlmc.permutation.assignment`, compiled by numba; the one-time load or
   compile of its numba kernels is measured apart as ``jit_seconds``);
-- ``reference``: the published algorithm ported to torch (each sweep visits all groups in
-  random order, rebuilds every permuted ``W_b`` for each group, solves with scipy and adopts
-  the assignment; stops after a sweep without progress or 100 sweeps), up to
-  ``--reference-max-hidden`` units;
+- ``reference``: the published algorithm ported to torch, the library's
+  :func:`fedlmc.permutation.reference_matching.reference_weight_matching` with float32 cost
+  matrices (each sweep visits all groups in random order, rebuilds every permuted ``W_b`` for
+  each group, solves with scipy and keeps an assignment that raises the objective; stops after
+  a sweep without progress or 100 sweeps), up to ``--reference-max-hidden`` units;
 - ``rebasin``: the ``rebasin`` package from PyPI (``PermutationCoordinateDescent``, its model
   tracing included), at the widths ``--rebasin-hidden`` (``pip install fedlmc[bench]``).
   Its coordinate descent may end at another local optimum: both objectives are reported.
@@ -52,10 +53,13 @@ from fedlmc.data.loading import load_dataset
 from fedlmc.evaluation import evaluate
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import PermutationSpec, apply_permutation, permutation_spec
-from fedlmc.permutation import matching as align
+from fedlmc.permutation import coordinate_descent as align
 from fedlmc.permutation.accumulate import accumulate, dot64
 from fedlmc.permutation.assignment import solve_assignment
 from fedlmc.permutation.matching import matching_objective, weight_matching
+from fedlmc.permutation.reference_matching import (
+    reference_weight_matching as textbook_weight_matching,
+)
 from fedlmc.train import train_model
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "weight_matching.json"
@@ -64,46 +68,12 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "weight_matching.json"
 # ----------------------------------------------------------------------------- reference
 
 
-def _permuted_param(
-    spec: PermutationSpec, perms, key: str, params, except_axis: int
-) -> torch.Tensor:
-    """``params[key]`` with every group's permutation applied except on ``except_axis``."""
-    w = params[key]
-    for axis, group in enumerate(spec.axes_to_perm[key]):
-        if axis != except_axis and group is not None:
-            w = w.index_select(axis, perms[group])
-    return w
-
-
-def reference_weight_matching(
-    spec: PermutationSpec, sd_a, sd_b, max_iter: int = 100, seed: int = 0
-):
-    """Git Re-Basin weight matching as published (samuela/git-re-basin), ported to torch."""
-    sizes = {g: sd_a[axes[0][0]].shape[axes[0][1]] for g, axes in spec.perm_to_axes.items()}
-    perms = {g: torch.arange(n) for g, n in sizes.items()}
-    names = list(perms)
-    rng = np.random.default_rng(seed)
-    sweeps = 0
-    for _ in range(max_iter):
-        sweeps += 1
-        progress = False
-        for index in rng.permutation(len(names)):
-            group = names[index]
-            n = sizes[group]
-            cost = torch.zeros(n, n)
-            for key, axis in spec.perm_to_axes[group]:
-                w_a = sd_a[key].movedim(axis, 0).reshape(n, -1)
-                w_b = _permuted_param(spec, perms, key, sd_b, axis).movedim(axis, 0).reshape(n, -1)
-                cost += w_a @ w_b.T
-            rows, cols = linear_sum_assignment(cost.numpy(), maximize=True)
-            assert np.array_equal(rows, np.arange(n))
-            old = cost[torch.arange(n), perms[group]].sum().item()
-            new = cost[torch.arange(n), torch.from_numpy(cols)].sum().item()
-            progress = progress or new > old + 1e-12
-            perms[group] = torch.from_numpy(cols).long()
-        if not progress:
-            break
-    return perms, sweeps
+def reference_weight_matching(spec: PermutationSpec, sd_a, sd_b, seed: int = 0):
+    """``(perms, sweeps)`` from the library's textbook descent
+    (:func:`fedlmc.permutation.reference_matching.reference_weight_matching`), with float32 cost
+    matrices as a user porting the published code to torch would write them."""
+    matching = textbook_weight_matching(spec, sd_a, sd_b, seed=seed, dtype=torch.float32)
+    return dict(matching), len(matching.objectives)
 
 
 def lapjvs_solve(matrix: np.ndarray) -> np.ndarray | None:

@@ -3,7 +3,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlmc.data import load_dataset
 from fedlmc.models import build_model
-from fedlmc.strategies import OneShotAverage  # also PermutationAlignedAverage, FedAvgBaseline
+from fedlmc.strategies import OneShotAverage, StrategyOptions  # also PermutationAlignedAverage
 from fedlmc.strategies.protocol import state_to_record
 
 CLIENT_CONFIG = {"model": "mlp", "width": 0.5, "depth": 2, "base-hidden": 64, "epochs": 2}
@@ -14,9 +14,10 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     splits = load_dataset("mnist5k")  # the server split is held out of the clients' pool
     template = build_model("mlp", width=0.5, depth=2, base_hidden=64)  # the clients' model
-    strategy = OneShotAverage(
-        template, num_clients=2, min_clients=2, calibration="server", server_data=splits.server
+    options = StrategyOptions(  # also taken by PermutationAlignedAverage and FedAvgBaseline
+        num_clients=2, min_clients=2, calibration="server", server_data=splits.server
     )
+    strategy = OneShotAverage(template, options)
     result = strategy.start(
         grid=grid,
         initial_arrays=state_to_record(template.state_dict()),

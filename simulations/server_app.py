@@ -104,6 +104,7 @@ from fedlmc.strategies import (
     PermutationAlignedAverage,
 )
 from fedlmc.strategies.fedavg import MERGED_TEST_ACCURACY, MERGED_TEST_LOSS
+from fedlmc.strategies.options import StrategyOptions
 from fedlmc.strategies.protocol import record_to_state, state_to_record
 from fedlmc.strategies.robust import RobustScreen
 from fedlmc.strategies.screening import ClientReferences, WeightBound
@@ -184,18 +185,22 @@ def weight_bound(config: Mapping[str, Any], simulated: bool) -> WeightBound:
     )
 
 
-def _kwargs(config: Mapping[str, Any], splits: DataSplits, device: torch.device, outcome) -> dict:
-    return {
-        "num_clients": config["num-clients"],
-        "min_clients": config["min-clients"],
-        "weight_bound": outcome.weight_bound,
-        "robust": RobustScreen(config["outlier-factor"]),
-        "server_data": splits.server if len(splits.server[1]) else None,
-        "wait_timeout": config["timeout"],
-        "query_timeout": config["timeout"],
-        "device": device,
-        "client_references": client_references(config, outcome),
-    }
+def strategy_options(
+    config: Mapping[str, Any], splits: DataSplits, device: torch.device, outcome
+) -> StrategyOptions:
+    """The strategies' options from the run config (one-shot fields as in a plain merge)."""
+    return StrategyOptions(
+        num_clients=config["num-clients"],
+        min_clients=config["min-clients"],
+        weight_bound=outcome.weight_bound,
+        robust=RobustScreen(config["outlier-factor"]),
+        server_data=splits.server if len(splits.server[1]) else None,
+        wait_timeout=config["timeout"],
+        query_timeout=config["timeout"],
+        device=device,
+        client_references=client_references(config, outcome),
+        calibration="none",
+    )
 
 
 def client_references(config: Mapping[str, Any], outcome: ServerOutcome) -> ClientReferences | None:
@@ -254,15 +259,14 @@ def warm_up(grid, config, template, outcome: ServerOutcome) -> WarmUp:
     k = config["warmup-rounds"]
     if not k:
         return WarmUp()
-    strategy = FedAvgBaseline(
+    options = StrategyOptions(
         num_clients=config["num-clients"],
-        total_epochs=k,
-        num_rounds=k,
         min_clients=config["min-clients"],
         wait_timeout=config["timeout"],
         weight_bound=outcome.weight_bound,
         robust=RobustScreen(config["outlier-factor"]),
     )
+    strategy = FedAvgBaseline(options, total_epochs=k, num_rounds=k)
     result, seconds = _start(strategy, grid, template, config, k)
     outcome.results["warmup"] = result
     return WarmUp(
@@ -310,12 +314,12 @@ def compare_cell(
 def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
     """Collect the client models once, evaluate every requested method on them (each base merge
     once, its weights kept for ``merged-<method>.safetensors``)."""
-    kwargs = _kwargs(config, splits, device, outcome)
-    kwargs.update(calibration="none", keep_client_states=True)
+    options = strategy_options(config, splits, device, outcome)
+    options = options.replace(calibration="none", keep_client_states=True)
     if outcome.client_templates is None:
-        strategy = OneShotAverage(template, **kwargs)
+        strategy = OneShotAverage(template, options)
     else:  # the collecting round's own merge must take clients of different widths
-        strategy = PermutationAlignedAverage(template, method=MIXED_COLLECT, **kwargs)
+        strategy = PermutationAlignedAverage(template, options, method=MIXED_COLLECT)
     warm = warm_up(grid, config, template, outcome)
     one_shot = warm.one_shot_config(config)
     result, seconds = _start(
@@ -346,17 +350,17 @@ def result_bytes(result: OneShotResult | FedAvgResult) -> int:
 
 def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
     """``average`` or ``aligned``: one strategy, its merged model and temperature."""
-    kwargs = _kwargs(config, splits, device, outcome)
-    kwargs.update(calibration=config["calibration"], keep_client_states=True)
+    options = strategy_options(config, splits, device, outcome)
+    options = options.replace(calibration=config["calibration"], keep_client_states=True)
     if config["strategy"] == "average":
-        strategy = OneShotAverage(template, **kwargs)
+        strategy = OneShotAverage(template, options)
     else:
         strategy = PermutationAlignedAverage(
             template,
+            options,
             method=align_method(config),
             seed=config["seed"],
             method_options=method_options(config),
-            **kwargs,
         )
     base = strategy.merge_method
     warm = warm_up(grid, config, template, outcome)
@@ -385,15 +389,14 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
 def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
     """Multi-round FedAvg from the shared template initialisation."""
     rounds = config["fedavg-rounds"]
-    strategy = FedAvgBaseline(
+    options = StrategyOptions(
         num_clients=config["num-clients"],
-        total_epochs=config["epochs"],
-        num_rounds=rounds,
         min_clients=config["min-clients"],
         wait_timeout=config["timeout"],
         weight_bound=outcome.weight_bound,
         robust=RobustScreen(config["outlier-factor"]),
     )
+    strategy = FedAvgBaseline(options, total_epochs=config["epochs"], num_rounds=rounds)
     evaluate = merged_test_evaluation(template, splits, device)
     result, seconds = _start(
         strategy, grid, template, config, rounds, evaluate, progress=outcome.progress

@@ -10,8 +10,10 @@
 - :class:`FedAvgBaseline`: multi-round FedAvg with the same total local epochs.
 
 All four derive from :class:`fedlmc.strategies.base.ScreenedFedAvg` (wait for every node, screen the
-replies); :mod:`fedlmc.strategies.protocol` encodes what travels between the ClientApp and the
-server. Their ``start`` returns a frozen result object holding Flower's ``Result`` records plus the
+replies) and take one :class:`StrategyOptions` (:mod:`fedlmc.strategies.options`: the clients, the
+screens, the calibration; its fields are also accepted as keyword arguments);
+:mod:`fedlmc.strategies.protocol` encodes what travels between the ClientApp and the server.
+Their ``start`` returns a frozen result object holding Flower's ``Result`` records plus the
 strategy's details: :class:`OneShotResult` (the round's merge, temperature and report) and
 :class:`FedAvgResult` (each round's report). ``OneShotAverage(..., keep_client_states=True)`` is the
 collecting mode used by studies: the survivors' weights stay in ``result.report.survivors``
@@ -27,6 +29,7 @@ from fedlmc.strategies.one_shot import (
     OneShotRound,
     PermutationAlignedAverage,
 )
+from fedlmc.strategies.options import StrategyOptions
 from fedlmc.strategies.protocol import state_to_record
 from fedlmc.strategies.strategy_utils import (
     ClientsFailedError,
@@ -36,6 +39,7 @@ from fedlmc.strategies.strategy_utils import (
 )
 
 __all__ = [  # what a ServerApp instantiates first (the API page follows this order)
+    "StrategyOptions",
     "OneShotAverage",
     "PermutationAlignedAverage",
     "AutoMerge",

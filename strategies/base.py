@@ -38,14 +38,14 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
 from fedlmc.strategies.flower_compat import construct_messages
-from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, PARTITION_KEY
+from fedlmc.strategies.options import StrategyOptions, resolve_options
+from fedlmc.strategies.protocol import PARTITION_KEY
 from fedlmc.strategies.robust import RobustScreen, weight_outliers
 from fedlmc.strategies.screening import ClientReferences, Reference, WeightBound
 from fedlmc.strategies.strategy_utils import (
     Failure,
     RoundReport,
     assigned_partitions,
-    check_client_counts,
     require_survivors,
     screen_replies,
     wait_for_nodes,
@@ -74,37 +74,30 @@ def configured_epochs(config: Mapping[str, Any]) -> int | None:
 class ScreenedFedAvg(FedAvg):
     """``FedAvg`` sending to all ``num_clients`` nodes and screening their replies."""
 
-    def __init__(
-        self,
-        *,
-        num_clients: int,
-        min_clients: int = 2,
-        wait_timeout: float = 600.0,
-        weighted_by_key: str = NUM_EXAMPLES_KEY,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
-        weight_bound: WeightBound | None = None,
-        client_references: ClientReferences | None = None,
-        robust: RobustScreen | None = None,
-    ) -> None:
-        check_client_counts(num_clients, min_clients)
+    def __init__(self, options: StrategyOptions | None = None, **fields: Any) -> None:
+        """``options`` (:class:`fedlmc.strategies.options.StrategyOptions`), or its fields as
+        keyword arguments (``num_clients=..., min_clients=...``; with ``options``, they replace
+        its values)."""
+        options = resolve_options(options, fields)
         super().__init__(
             fraction_train=1.0,
-            min_train_nodes=int(num_clients),
-            min_available_nodes=int(num_clients),
-            weighted_by_key=weighted_by_key,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
+            min_train_nodes=int(options.num_clients),
+            min_available_nodes=int(options.num_clients),
+            weighted_by_key=options.weighted_by_key,
+            arrayrecord_key=options.arrayrecord_key,
+            configrecord_key=options.configrecord_key,
         )
         # No federated evaluation round (set after __init__ to avoid FedAvg's warning).
         self.fraction_evaluate = 0.0
         self.min_evaluate_nodes = 0
-        self.num_clients = int(num_clients)
-        self.min_clients = int(min_clients)
-        self.wait_timeout = float(wait_timeout)
+        self.options = options
+        self.num_clients = int(options.num_clients)
+        self.min_clients = int(options.min_clients)
+        self.wait_timeout = float(options.wait_timeout)
         self._grid: Grid | None = None
-        self.weight_bound = weight_bound if weight_bound is not None else WeightBound()
-        self.client_references = client_references
+        bound, robust = options.weight_bound, options.robust
+        self.weight_bound = bound if bound is not None else WeightBound()
+        self.client_references = options.client_references
         self.robust = robust if robust is not None else RobustScreen()
         self._reference: Reference | ClientReferences | None = None
         self._num_partitions: int | None = None

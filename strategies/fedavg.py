@@ -32,9 +32,8 @@ from flwr.supercore import log
 
 from fedlmc.averaging import average
 from fedlmc.strategies.base import ScreenedFedAvg
-from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY, metric_record, state_to_record
-from fedlmc.strategies.robust import RobustScreen
-from fedlmc.strategies.screening import WeightBound
+from fedlmc.strategies.options import StrategyOptions
+from fedlmc.strategies.protocol import metric_record, state_to_record
 from fedlmc.strategies.strategy_utils import RoundReport, flower_records
 
 MERGED_TEST_LOSS = "merged-test-loss"
@@ -97,28 +96,20 @@ def _number(value: object) -> float:
 
 class FedAvgBaseline(ScreenedFedAvg):
     """Flower ``FedAvg`` over ``num_rounds`` rounds, ``total_epochs`` local epochs in all;
-    ``start`` returns a :class:`FedAvgResult`."""
+    ``start`` returns a :class:`FedAvgResult`. ``options``
+    (:class:`fedlmc.strategies.options.StrategyOptions`, or its fields as keyword arguments):
+    the clients to wait for and accept and the screens (the one-shot fields, such as
+    ``calibration``, are not read)."""
 
     def __init__(
         self,
+        options: StrategyOptions | None = None,
         *,
-        num_clients: int,
         total_epochs: int,
         num_rounds: int,
-        min_clients: int = 2,
-        wait_timeout: float = 600.0,
-        weighted_by_key: str = NUM_EXAMPLES_KEY,
-        weight_bound: WeightBound | None = None,
-        robust: RobustScreen | None = None,
+        **fields: Any,
     ) -> None:
-        super().__init__(
-            num_clients=num_clients,
-            min_clients=min_clients,
-            wait_timeout=wait_timeout,
-            weighted_by_key=weighted_by_key,
-            weight_bound=weight_bound,
-            robust=robust,
-        )
+        super().__init__(options, **fields)
         self.schedule = epochs_per_round(int(total_epochs), int(num_rounds))
         self._reports: dict[int, RoundReport] = {}
 

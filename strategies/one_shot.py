@@ -62,17 +62,14 @@ from dataclasses import dataclass, fields
 from logging import INFO
 from typing import Any
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch import Tensor, nn
 
 from fedlmc.evaluation import resolve_device
-from fedlmc.merging.calibrate import temperature_grid
-from fedlmc.merging.methods import AUTO_TOLERANCE, merge_method, merge_with_info
+from fedlmc.merging.methods import AUTO_TOLERANCE, merge_method, merge_states
 from fedlmc.merging.post_merge import (
-    CALIBRATIONS,
     Calibration,
     ServerData,
     StatisticsSource,
@@ -83,15 +80,13 @@ from fedlmc.permutation.chain import norm_free_chain
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
 from fedlmc.strategies.base import ScreenedFedAvg
-from fedlmc.strategies.protocol import ALIGN_QUERY, NUM_EXAMPLES_KEY, metric_record, state_to_record
+from fedlmc.strategies.options import StrategyOptions
+from fedlmc.strategies.protocol import ALIGN_QUERY, metric_record, state_to_record
 from fedlmc.strategies.queries import ClientRounds
-from fedlmc.strategies.robust import RobustScreen
-from fedlmc.strategies.screening import ClientReferences, WeightBound
 from fedlmc.strategies.strategy_utils import (
     ClientUpdate,
     RoundReport,
     StateDict,
-    check_choice,
     flower_records,
     require_survivors,
 )
@@ -155,75 +150,35 @@ class OneShotAverage(ScreenedFedAvg):
     ----------
     template : nn.Module
         A model of the clients' architecture (its weights are not used): needed to load the
-        merged weights for BN re-estimation and temperature fitting.
-    num_clients : int
-        Nodes to wait for before sending the round (``wait_timeout`` seconds at most).
-    min_clients : int
-        Fewest surviving replies the merge accepts (:class:`NotEnoughClientsError` otherwise).
-    calibration : "server" | "federated" | "none"
-    server_data : (x, y), optional
-        The server's held-out data; required for ``calibration="server"`` and used for BN
-        re-estimation unless calibration is federated.
-    keep_client_states : bool
-        Keep the survivors' state dicts in the result's ``report`` (for studies comparing
-        methods).
-    client_references : ClientReferences, optional
-        Clients of different widths: the arrays expected of each partition
-        (:class:`fedlmc.strategies.screening.ClientReferences`; a reply of other shapes is
-        dropped by name). ``template`` is then the merged model's (server) width and the merge
+        merged weights for BN re-estimation and temperature fitting. With ``client_references``
+        (clients of different widths) it is the merged model's (server) width and the merge
         method must be a mixed-width one (``mixed_widths`` in :mod:`fedlmc.merging.methods`).
-    robust : RobustScreen, optional
-        The robust screen of the replies against each other (default factor 10;
-        :class:`fedlmc.strategies.robust.RobustScreen`): weights, BatchNorm and REPAIR statistics
-        and temperature replies far outside the other clients' drop the client by name.
+    options : StrategyOptions, optional
+        Every other setting (:class:`fedlmc.strategies.options.StrategyOptions`: ``num_clients``,
+        ``min_clients``, ``calibration``, ``server_data``, ``keep_client_states``, the screens,
+        ...). Its fields are also accepted as keyword arguments (``num_clients=2, ...``),
+        alone or replacing the values of ``options``. ``calibration="server"`` needs
+        ``server_data``.
     """
 
     merge_method = "average"
     """The registered merge method (:mod:`fedlmc.merging.methods`) this strategy applies."""
 
     def __init__(
-        self,
-        template: nn.Module,
-        *,
-        num_clients: int,
-        min_clients: int = 2,
-        calibration: str = "server",
-        server_data: Data | None = None,
-        wait_timeout: float = 600.0,
-        query_timeout: float | None = 600.0,
-        keep_client_states: bool = False,
-        temperature_steps: int = 8,
-        temperature_grid_points: int = 1001,
-        device: str | torch.device | None = None,
-        weighted_by_key: str = NUM_EXAMPLES_KEY,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
-        weight_bound: WeightBound | None = None,
-        client_references: ClientReferences | None = None,
-        robust: RobustScreen | None = None,
+        self, template: nn.Module, options: StrategyOptions | None = None, **fields: Any
     ) -> None:
-        super().__init__(
-            num_clients=num_clients,
-            min_clients=min_clients,
-            wait_timeout=wait_timeout,
-            weighted_by_key=weighted_by_key,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-            weight_bound=weight_bound,
-            client_references=client_references,
-            robust=robust,
-        )
+        super().__init__(options, **fields)
+        options = self.options
         self.template = copy.deepcopy(template).cpu().eval()
-        self.calibration = check_choice("calibration", calibration, CALIBRATIONS)
-        if calibration == "server" and server_data is None:
+        self.calibration = options.calibration
+        if options.calibration == "server" and options.server_data is None:
             raise ValueError("calibration = 'server' needs server_data (x, y); got None")
-        self.server_data = server_data
-        self.query_timeout = query_timeout
-        self.keep_client_states = bool(keep_client_states)
-        self.temperature_steps = int(temperature_steps)
-        self.temperature_grid_points = int(temperature_grid_points)
-        temperature_grid(self.temperature_grid_points)  # validates
-        self.device = resolve_device(device)
+        self.server_data = options.server_data
+        self.query_timeout = options.query_timeout
+        self.keep_client_states = bool(options.keep_client_states)
+        self.temperature_steps = int(options.temperature_steps)
+        self.temperature_grid_points = int(options.temperature_grid_points)
+        self.device = resolve_device(options.device)
         self.seed = 0
         self.spec: PermutationSpec | None = None
         self.method_options: dict[str, Any] = {}
@@ -387,14 +342,15 @@ class OneShotAverage(ScreenedFedAvg):
         weights: Sequence[float],
         clients: ClientRounds | None = None,
     ) -> tuple[StateDict, list[StateDict], dict[str, Any]]:
-        r""":func:`fedlmc.merging.methods.merge_with_info` with this strategy's ``merge_method``:
+        r""":func:`fedlmc.merging.methods.merge_states` (``with_info=True``) with this strategy's
+        ``merge_method``:
         :math:`\sum_i w_i \pi_i(\theta_i)` (plain average: :math:`\pi_i = \mathrm{id}`), the
         clients in the merged basis and the method's info. ``clients`` reach the method when it
         runs on the clients (``activation_federated``) or takes their data under federated
         calibration (``auto``)."""
         entry = merge_method(self.merge_method)
         uses_clients = entry.needs_clients or (entry.clients_for_data and self.on_clients)
-        return merge_with_info(
+        return merge_states(
             self.merge_method,
             self.template,
             states,
@@ -405,6 +361,7 @@ class OneShotAverage(ScreenedFedAvg):
             spec=self.spec,
             options=self.method_options,
             clients=clients if uses_clients else None,
+            with_info=True,
         )
 
     # ------------------------------------------------------------------------- post-merge
@@ -447,6 +404,7 @@ class PermutationAlignedAverage(OneShotAverage):
     def __init__(
         self,
         template: nn.Module,
+        options: StrategyOptions | None = None,
         *,
         method: str = "weight_matching",
         seed: int = 0,
@@ -454,7 +412,7 @@ class PermutationAlignedAverage(OneShotAverage):
         method_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(template, **kwargs)
+        super().__init__(template, options, **kwargs)
         entry = merge_method(method)
         if entry.name == "average":
             raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")
@@ -481,9 +439,19 @@ class AutoMerge(PermutationAlignedAverage):
     The result's ``merge_info`` holds ``auto_choice`` and ``auto_nll_gap``."""
 
     def __init__(
-        self, template: nn.Module, *, tolerance: float = AUTO_TOLERANCE, **kwargs: Any
+        self,
+        template: nn.Module,
+        options: StrategyOptions | None = None,
+        *,
+        tolerance: float = AUTO_TOLERANCE,
+        **kwargs: Any,
     ) -> None:
         if not tolerance >= 0:
             raise ValueError(f"tolerance = {tolerance!r}; allowed: a number >= 0 (nats)")
-        options = {"auto_tolerance": float(tolerance)}
-        super().__init__(template, method="auto", method_options=options, **kwargs)
+        super().__init__(
+            template,
+            options,
+            method="auto",
+            method_options={"auto_tolerance": float(tolerance)},
+            **kwargs,
+        )

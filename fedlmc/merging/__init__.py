@@ -1,7 +1,10 @@
 """Merging: the merge-method registry and the steps after the average.
 
-- :mod:`fedlmc.merging.methods`: :func:`register_method`, :func:`merge_states` and the built-in
-  one-shot methods (plain average, weight / activation matching, MergeMany, controls, ``auto``).
+- :mod:`fedlmc.merging.methods`: :func:`merge_states` (the merge entry) and the registry's names.
+- :mod:`fedlmc.merging.method_registry`: :func:`register_method`, :class:`MergeJob`,
+  :class:`Alignment`, the registry of methods.
+- :mod:`fedlmc.merging.builtin_methods`: the built-in one-shot methods (plain average, weight /
+  activation matching, MergeMany, controls, ``auto``, mixed widths).
 - :mod:`fedlmc.merging.calibrate`: softmax temperature and BatchNorm statistics.
 - :mod:`fedlmc.merging.repair`: REPAIR's renormalisation of merged units.
 - :mod:`fedlmc.merging.clients`: clients in one process, for the methods that query them.

@@ -24,6 +24,10 @@ The package's modules:
 - :mod:`fedlmc.permutation.model_spec`: :func:`permutation_spec` of a model, own or derived.
 - :mod:`fedlmc.permutation.tracing`: the derivation from a ``torch.fx`` graph.
 - :mod:`fedlmc.permutation.matching`: weight matching, activation matching, MergeMany.
+- :mod:`fedlmc.permutation.objective`: the weight-matching objective, its result type, checks.
+- :mod:`fedlmc.permutation.coordinate_descent`: the optimised weight matching.
+- :mod:`fedlmc.permutation.reference_matching`: the textbook weight matching (Git Re-Basin's
+  Algorithm 1, readable; the baseline of the tests and the benchmark).
 - :mod:`fedlmc.permutation.assignment`: the warm-started linear-assignment solver.
 - :mod:`fedlmc.permutation.chain`: the plain chain of a spec, where LEWC's depths are defined.
 - :mod:`fedlmc.permutation.embed`: a narrow model embedded into a wider one, and sliced back.
@@ -53,6 +57,7 @@ _EXPORTS = {
     "PermutationSpec": ".spec",
     "random_permutations": ".spec",
     "reference_permutations": ".matching",
+    "reference_weight_matching": ".reference_matching",
     "restrict_spec": ".spec",
     "slice_state": ".embed",
     "spec_from_groups": ".spec",

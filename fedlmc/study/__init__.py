@@ -1,6 +1,11 @@
 """Study: one-shot merge methods compared on the clients of one round, as tidy result rows.
 
-- :mod:`fedlmc.study.compare`: :func:`compare_methods` and the rows' computations.
+- :mod:`fedlmc.study.compare`: :func:`compare_methods`, the driver: one row per method.
+- :mod:`fedlmc.study.context`: :class:`StudyContext`, the frozen settings every step reads.
+- :mod:`fedlmc.study.merge`: one merge and its post-merge pipeline (:class:`Merged`).
+- :mod:`fedlmc.study.baseline`: the clients' predictions and the ensembles.
+- :mod:`fedlmc.study.barriers`: the merge gap and the barriers of interpolation paths.
+- :mod:`fedlmc.study.diagnostic_columns`: LEWC, LLFC and the mechanism columns.
 - :mod:`fedlmc.study.rows`: the results-row schema.
 """
 
@@ -9,9 +14,11 @@ from fedlmc._lazy import lazy_exports
 _EXPORTS = {
     **dict.fromkeys(
         ["compare_methods", "evaluate_methods", "evaluate_model_row", "Comparison"]
-        + ["merge_clients", "check_methods", "Merged"],
+        + ["check_methods", "study_context"],
         ".compare",
     ),
+    "StudyContext": ".context",
+    **dict.fromkeys(["merge_clients", "Merged"], ".merge"),
     "COLUMNS": ".rows",
 }
 __all__ = sorted(_EXPORTS)

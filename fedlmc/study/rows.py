@@ -46,6 +46,7 @@ __all__ = [
     "empty_row",
     "endpoint_columns",
     "finite_mean",
+    "json_list",
     "method_columns",
     "metric_columns",
     "report_tables",
@@ -186,3 +187,8 @@ def curve_json(curve: Any) -> str:
     """An interpolation curve (DataFrame) as JSON ``{lam, accuracy, nll, nll_calibrated}``."""
     keys = ("lam", "accuracy", "nll", "nll_calibrated")
     return json.dumps({k: [float(v) for v in curve[k]] for k in keys})
+
+
+def json_list(values: Sequence[float]) -> str:
+    """A per-layer (or per-client) column's value: the numbers as a JSON list of floats."""
+    return json.dumps([float(v) for v in values])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fedlmc.permutation.matching as matching
+import fedlmc.study.barriers as barriers
 import fedlmc.study.compare as compare
 from fedlmc.analysis.paths import CLIENT_PATHS_MAX_CLIENTS, path_clients
 from fedlmc.averaging import LeaveOneOutMean, average
@@ -122,13 +123,13 @@ def test_client_path_diagnostic_evaluates_at_most_the_cap(monkeypatch):
     count = CLIENT_PATHS_MAX_CLIENTS + 4
     template = build_model("mlp", width=0.125, depth=2, bias=False)
     paths: list[int] = []
-    real_curve = compare.interpolation_curve
+    real_curve = barriers.interpolation_curve
 
     def counting_curve(*args, **kwargs):
         paths.append(1)
         return real_curve(*args, **kwargs)
 
-    monkeypatch.setattr(compare, "interpolation_curve", counting_curve)
+    monkeypatch.setattr(barriers, "interpolation_curve", counting_curve)
     rows = compare.evaluate_methods(template, states(count), None, splits, ["average"], lambdas=3)
     assert len(paths) == CLIENT_PATHS_MAX_CLIENTS
     row = rows[0]

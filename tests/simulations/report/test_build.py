@@ -129,7 +129,7 @@ def test_figures_come_from_one_table_in_the_documented_order():
     import fedlmc.simulations.report.build as report
     from fedlmc.simulations.report.figure_table import FIGURE_TABLE, figure, figures_markdown
 
-    sweeps = (Path(__file__).resolve().parents[1] / "docs" / "sweeps.md").read_text()
+    sweeps = (Path(__file__).resolve().parents[3] / "docs" / "sweeps.md").read_text()
     documented = re.findall(r"^\| `(\w+)\.png` \|", sweeps, flags=re.M)
     assert [f.name for f in FIGURE_TABLE] == documented and len(documented) >= 16
     assert figures_markdown() in sweeps

@@ -1,0 +1,308 @@
+r"""The merge-method registry: one registration per one-shot merge method.
+
+A merge method turns the client state dicts :math:`\theta_1, \dots, \theta_N` (same architecture)
+and their normalised weights :math:`w_i` into the clients *in a common basis*,
+:math:`\pi_1(\theta_1), \dots, \pi_N(\theta_N)` (:math:`\pi_i` a hidden-unit permutation, the
+identity for plain averaging), and optionally its own merged weights (MergeMany); otherwise the
+merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once with
+:func:`register_method`, together with what it needs:
+
+- ``needs_server_data``: inputs held by the server (activation matching correlates activations
+  on them);
+- ``many_clients``: whether it accepts more than two clients;
+- ``reestimate_bn``: whether a BatchNorm model's running statistics are re-estimated after the
+  merge (by the study on the server split, by the strategies on server or federated data);
+- ``repair``: whether the merge is followed by REPAIR (:mod:`fedlmc.merging.repair`: every hidden
+  unit rescaled so that its pre-activation mean and std match the endpoints' interpolated ones) for
+  models without BatchNorm; for BatchNorm models REPAIR reduces to re-estimating the statistics;
+- ``needs_clients``: it runs a protocol with the clients (``job.clients``, a
+  :class:`ClientQueries`), so it exists only inside a federation (the strategies), never in the
+  server-side study;
+- ``clients_for_data``: with ``job.clients`` set (a federation calibrating on the clients'
+  held-out data, ``calibration = "federated"``), the data it needs comes from the clients
+  instead of the server split;
+- ``combine``: how the aligned clients become one model at given weights,
+  ``combine(spec, states, weights)`` (default: the plain weighted average). The merge and every
+  point of the study's interpolation paths use it, so a method's barriers and LEWC diagnostics
+  are measured on the path its own rule defines;
+- ``plain_chain_only``: the method is defined only for norm-free plain feed-forward chains
+  (:mod:`fedlmc.permutation.chain`), and is refused for other models before any work;
+- ``mixed_widths``: it accepts clients of different widths (:mod:`fedlmc.merging.widths`): it
+  embeds every client into the shapes of ``template``, the *server* model (at least as wide as
+  every client), so its merge and its aligned clients have the server's shapes. Every other
+  method refuses clients whose state dicts differ in shape, before any work;
+- ``on_path``: the merge lies on a path between the aligned clients (default); ``False`` for a
+  control that moves one client off it (``random_direction``): the study leaves its barrier and
+  path columns NaN;
+- ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
+  a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
+  ``average``);
+- ``columns``: the results columns only this method fills (:class:`fedlmc.columns.Column`,
+  from its ``Alignment.info``; NaN or empty on the other rows). They join the results schema
+  (:func:`fedlmc.study.rows.row_columns`), the docs' columns table and, with a ``report_table``, the
+  report; an ``info`` key the method did not declare is an error. A method whose merge permutes
+  hidden units declares :data:`fedlmc.merging.alignment_record.ALIGNMENT_COLUMNS` and fills them
+  with :func:`~fedlmc.merging.alignment_record.alignment_info` (groups aligned, units moved).
+
+Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
+row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
+strategies (``PermutationAlignedAverage(method=...)``), the run-config schema, ``fedlmc
+methods`` and the docs' methods table. :func:`fedlmc.merging.methods.merge_states` is the one
+function the study and the strategies call. The built-in methods are registered in
+:mod:`fedlmc.merging.builtin_methods`; import :mod:`fedlmc.merging.methods` (which imports both)
+to see them in :data:`METHODS`.
+
+This module imports no torch at import time (the run-config validation reads the method names
+without loading torch); each registered function imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
+from fedlmc.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from fedlmc.permutation.spec import PermutationSpec
+
+    StateDict = dict[str, Tensor]
+
+__all__ = [
+    "CALIBRATED_SUFFIX",
+    "METHODS",
+    "REFERENCE_METHODS",
+    "Alignment",
+    "ClientQueries",
+    "MergeJob",
+    "MergeMethod",
+    "base_method",
+    "check_own_columns",
+    "merge_method",
+    "merge_method_names",
+    "mixed_width_row",
+    "register_method",
+    "study_methods",
+]
+
+CALIBRATED_SUFFIX = "_t"
+REFERENCE_METHODS = {
+    "ensemble": "mean of the clients' softmax outputs (N forward passes)",
+    "logit_ensemble": "softmax of the weighted mean of the clients' logits (N forward passes)",
+}
+Combine = Callable[["PermutationSpec | None", Sequence["StateDict"], Sequence[float]], "StateDict"]
+
+
+class ClientQueries(Protocol):
+    """What a federation lets a merge method ask the clients of ``MergeJob.states`` (in that
+    order), without any data leaving them. The strategies implement it with Flower query
+    rounds (:class:`fedlmc.strategies.queries.ClientRounds`);
+    :class:`fedlmc.merging.clients.LocalClients` answers the same from data held in memory
+    (notebooks, tests)."""
+
+    def calibrated_nlls(
+        self, states: Sequence[StateDict], reestimate_bn: Sequence[bool]
+    ) -> list[float]:
+        """Per state dict, the mean NLL over the clients' calibration data at the temperature of
+        :func:`fedlmc.merging.calibrate.temperature_grid` minimising it (BatchNorm statistics
+        re-estimated on the clients' data first where ``reestimate_bn``)."""
+        ...
+
+    def activation_permutations(self, reference: StateDict) -> list[dict[str, Tensor]]:
+        """Per client, the permutations matching its own model's hidden units to
+        ``reference``'s by activation correlation on its own data; an empty mapping (the
+        identity) for client 0, whose model ``reference`` is."""
+        ...
+
+
+@dataclass
+class MergeJob:
+    """What a merge method receives: the clients, their normalised weights and the context
+    (the server's held-out data ``(x, y)`` if any, method ``options`` such as
+    ``auto_tolerance``, and ``clients``, the :class:`ClientQueries` of a federation)."""
+
+    template: nn.Module
+    states: Sequence[StateDict]
+    weights: list[float]
+    seed: int = 0
+    server_data: tuple[Tensor, Tensor] | None = None
+    device: torch.device | None = None
+    spec: PermutationSpec | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    clients: ClientQueries | None = None
+
+    @property
+    def server_inputs(self) -> Tensor | None:
+        """The inputs of the server data (``None`` without server data)."""
+        return None if self.server_data is None else self.server_data[0]
+
+    def permutation_spec(self) -> PermutationSpec:
+        """The given spec, else the template's (:func:`fedlmc.permutation.permutation_spec`)."""
+        if self.spec is None:
+            from fedlmc.permutation.model_spec import permutation_spec
+
+            self.spec = permutation_spec(self.template)
+        return self.spec
+
+
+@dataclass
+class Alignment:
+    """The clients in the merged basis, the method's own merged weights if it has them, and
+    what the method reports about its choice (``info``: row columns such as ``auto_choice``)."""
+
+    aligned: list[StateDict]
+    merged: StateDict | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    kept: list[int] | None = None
+    """Indices of the clients in ``aligned`` when the method had to leave some out (a client
+    whose answer to a query was dropped); ``None``: all of them."""
+
+
+@dataclass(frozen=True)
+class MergeMethod:
+    """A registered merge method (see the module docstring)."""
+
+    name: str
+    align: Callable[[MergeJob], Alignment]
+    description: str
+    needs_server_data: bool = False
+    many_clients: bool = True
+    reestimate_bn: bool = True
+    repair: bool = False
+    needs_clients: bool = False
+    clients_for_data: bool = False
+    combine: Combine | None = None
+    plain_chain_only: bool = False
+    columns: tuple[Column, ...] = ()
+    mixed_widths: bool = False
+    counterpart_of: str = ""
+    on_path: bool = True
+
+    def combined(
+        self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
+    ) -> StateDict:
+        """``states`` combined at ``weights`` by this method's rule (plain average by default)."""
+        if self.combine is None:
+            from fedlmc.averaging import average
+
+            return average(states, weights)
+        return self.combine(spec, states, weights)
+
+
+METHODS: Registry[MergeMethod] = Registry("merge method")
+
+
+def register_method(
+    name: str,
+    *,
+    description: str,
+    needs_server_data: bool = False,
+    many_clients: bool = True,
+    reestimate_bn: bool = True,
+    repair: bool = False,
+    needs_clients: bool = False,
+    clients_for_data: bool = False,
+    combine: Combine | None = None,
+    plain_chain_only: bool = False,
+    columns: Sequence[Column] = (),
+    mixed_widths: bool = False,
+    counterpart_of: str = "",
+    on_path: bool = True,
+    replace: bool = False,
+) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
+    """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
+    if name.endswith(CALIBRATED_SUFFIX) or name in REFERENCE_METHODS:
+        raise ValueError(
+            f"merge method name {name!r}: allowed: a name not ending in "
+            f"{CALIBRATED_SUFFIX!r} and not {', '.join(REFERENCE_METHODS)}"
+        )
+    check_own_columns(name, tuple(columns), replace=replace)
+
+    def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
+        entry = MergeMethod(
+            name,
+            align,
+            description,
+            needs_server_data,
+            many_clients,
+            reestimate_bn,
+            repair,
+            needs_clients,
+            clients_for_data,
+            combine,
+            plain_chain_only,
+            tuple(columns),
+            mixed_widths,
+            counterpart_of,
+            on_path,
+        )
+        METHODS.add(name, entry, replace=replace)
+        return align
+
+    return decorator
+
+
+def check_own_columns(method: str, columns: Sequence[Column], *, replace: bool = False) -> None:
+    """A method's own columns must be :class:`Column` rows of ``source = "row"`` whose names are
+    new: not a common column, not another method's different column."""
+    taken = {c.name for c in COMMON_COLUMNS}
+    others = {c.name: c for m in METHODS if not (replace and m.name == method) for c in m.columns}
+    for column in columns:
+        if not isinstance(column, Column) or column.source != "row":
+            what = column.name if isinstance(column, Column) else column
+            raise ValueError(
+                f"merge method {method!r}: column {what!r}; allowed: a "
+                "fedlmc.columns.Column with source 'row'"
+            )
+        if column.name in taken or others.get(column.name, column) != column:
+            raise ValueError(
+                f"merge method {method!r}: column {column.name!r} is already declared; allowed: "
+                "a new column name"
+            )
+    check_unique(columns)
+
+
+def merge_method(name: str) -> MergeMethod:
+    """The registered method ``name`` (a ``_t`` suffix is accepted: same merge, same weights)."""
+    return METHODS.get(base_method(name))
+
+
+def merge_method_names() -> tuple[str, ...]:
+    """The registered merge methods, in registration order."""
+    return METHODS.names()
+
+
+def base_method(method: str) -> str:
+    """The merge behind a row's method: ``"weight_matching_t"`` -> ``"weight_matching"``."""
+    if isinstance(method, str) and method.endswith(CALIBRATED_SUFFIX):
+        return method[: -len(CALIBRATED_SUFFIX)]
+    return method
+
+
+def mixed_width_row(method: str) -> str | None:
+    """The row that stands for ``method`` in a run of clients of different widths: itself for a
+    reference method or a ``mixed_widths`` merge; the mixed-width method registered
+    ``counterpart_of`` its merge, with its ``_t`` kept (``"average_t"`` ->
+    ``"embed_average_t"``); ``None`` when there is none."""
+    base = base_method(method)
+    if base not in METHODS or METHODS.get(base).mixed_widths:
+        return method
+    twin = next((m.name for m in METHODS if m.mixed_widths and m.counterpart_of == base), None)
+    return None if twin is None else twin + method[len(base) :]
+
+
+def study_methods() -> tuple[str, ...]:
+    """Every row a study can report: each merge method raw and with ``_t`` (but those that need
+    the clients, which only a federation's strategy can run), then ``ensemble``."""
+    names = [
+        n
+        for m in merge_method_names()
+        if not METHODS.get(m).needs_clients
+        for n in (m, m + CALIBRATED_SUFFIX)
+    ]
+    return (*names, *REFERENCE_METHODS)

@@ -1,0 +1,167 @@
+r"""The settings of one study, as one frozen object, and what is checked before any work.
+
+:class:`StudyContext` holds everything the rows of one :func:`fedlmc.study.compare_methods` call
+share: the template, the clients' state dicts and normalised weights :math:`w_i`, the splits,
+the device, the seed, the path resolution, the diagnostics' inputs and layers, the permutation
+spec, the merge methods' options and the progress callback.
+:func:`fedlmc.study.compare.study_context` builds it from ``compare_methods``' arguments
+(checked there); the merge (:mod:`fedlmc.study.merge`), the path
+columns (:mod:`fedlmc.study.barriers`), the diagnostics (:mod:`fedlmc.study.diagnostic_columns`)
+and the driver (:mod:`fedlmc.study.compare`) read it instead of a dozen re-passed settings.
+:class:`Predictions` is one model's logits on the test and server splits with its fitted
+temperature, computed once per model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from fedlmc.evaluation import metrics_from_logits, predict_logits
+from fedlmc.merging.calibrate import fit_temperature
+from fedlmc.merging.methods import REFERENCE_METHODS, merge_method, study_methods
+from fedlmc.permutation.spec import PermutationSpec
+
+if TYPE_CHECKING:
+    from fedlmc.data.loading import DataSplits
+
+StateDict = dict[str, Tensor]
+Progress = Callable[[str], None] | None
+
+__all__ = [
+    "Predictions",
+    "Progress",
+    "StudyContext",
+    "check_client_count",
+    "check_methods",
+    "check_states",
+    "default_methods",
+    "templates_of_clients",
+]
+
+
+@dataclass(frozen=True)
+class StudyContext:
+    """Everything the rows of one study share (see the module docstring); frozen: built once.
+
+    ``weights`` are normalised; ``diagnostic_x`` are the first ``diagnostic_samples`` test
+    inputs; ``layer_names`` the layers the diagnostics measure (empty without diagnostics);
+    ``lewc_undefined`` why LEWC's depths are undefined for this model ("" where defined).
+    """
+
+    template: nn.Module
+    states: tuple[StateDict, ...]
+    weights: tuple[float, ...]
+    splits: DataSplits
+    device: torch.device
+    seed: int = 0
+    lambdas: int = 25
+    diagnostics: bool = True
+    diagnostic_x: Tensor | None = None
+    spec: PermutationSpec | None = None
+    layer_names: tuple[str, ...] = ()
+    method_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    progress: Progress = None
+    lewc_undefined: str = ""
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.states)
+
+    @property
+    def server_data(self) -> tuple[Tensor, Tensor] | None:
+        """The server split ``(x, y)``, ``None`` when it is empty."""
+        return self.splits.server if len(self.splits.server[1]) else None
+
+    def say(self, message: str) -> None:
+        """``message`` to the progress callback, if any."""
+        if self.progress is not None:
+            self.progress(message)
+
+
+@dataclass
+class Predictions:
+    """Logits of one model on the test and server splits, with the server-fitted temperature."""
+
+    test: Tensor
+    server: Tensor
+    temperature: float
+
+    @classmethod
+    def of(cls, model: nn.Module, splits: DataSplits, device: torch.device) -> Predictions:
+        test = predict_logits(model, splits.test[0], device=device)
+        server = predict_logits(model, splits.server[0], device=device)
+        return cls(test, server, fit_temperature(server, splits.server[1]))
+
+    def metrics(self, labels: Tensor) -> dict[str, float]:
+        """Test ``accuracy``, ``nll_raw``, ``ece_raw``, ``nll_calibrated``, ``ece_calibrated``."""
+        raw = metrics_from_logits(self.test, labels)
+        cal = metrics_from_logits(self.test, labels, self.temperature)
+        return {
+            "accuracy": raw["accuracy"],
+            "nll_raw": raw["nll"],
+            "ece_raw": raw["ece"],
+            "nll_calibrated": cal["nll"],
+            "ece_calibrated": cal["ece"],
+        }
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_states(states: Sequence[StateDict]) -> None:
+    """``ValueError`` for no client state dict at all."""
+    if len(states) == 0:
+        raise ValueError("need at least one client state dict, got none")
+
+
+def check_methods(methods: Sequence[str]) -> list[str]:
+    """``methods`` without duplicates, in order; ``ValueError`` naming an unknown one."""
+    if isinstance(methods, str):
+        methods = [methods]
+    allowed = study_methods()
+    for method in methods:
+        if method not in allowed:
+            raise ValueError(f"unknown merge method {method!r}; allowed: {', '.join(allowed)}")
+    return list(dict.fromkeys(methods))
+
+
+def default_methods(num_clients: int) -> list[str]:
+    """Every study method that accepts ``num_clients`` clients (those registered
+    ``many_clients = False``, such as ``random_direction``, only up to two)."""
+    return [m for m in study_methods() if _accepts(m, num_clients)]
+
+
+def _accepts(method: str, num_clients: int) -> bool:
+    return method in REFERENCE_METHODS or num_clients <= 2 or merge_method(method).many_clients
+
+
+def check_client_count(methods: list[str], num_clients: int) -> list[str]:
+    """``methods``; ``ValueError`` naming the first one that does not accept ``num_clients``
+    clients, before any work."""
+    refused = [m for m in methods if not _accepts(m, num_clients)]
+    if refused:
+        raise ValueError(
+            f"merge method {refused[0]!r} with {num_clients} clients: allowed: at most 2 clients"
+        )
+    return methods
+
+
+def templates_of_clients(
+    template: nn.Module, given: Sequence[nn.Module] | None, count: int
+) -> list[nn.Module]:
+    """The model each client's weights load into: ``given`` (one per client, e.g. each at its own
+    width), else ``template`` for every client."""
+    if given is None:
+        return [template] * count
+    if len(given) != count:
+        raise ValueError(
+            f"client_templates: {len(given)} models for {count} client state dicts; allowed: "
+            "one per client"
+        )
+    return list(given)

@@ -1,0 +1,149 @@
+r"""One merge of the study: the registered method, then the post-merge pipeline, timed.
+
+:func:`merge_in_context` merges the clients of a :class:`~fedlmc.study.context.StudyContext` with
+one registered method (:func:`fedlmc.merging.methods.merge_states`) and runs the post-merge
+pipeline on the server split (:func:`fedlmc.merging.post_merge.post_merge`: BatchNorm statistics
+re-estimated, or, for REPAIR methods, every hidden unit repaired). The :class:`Merged` it returns
+carries what the rows' columns need: the evaluated model, the aligned clients, the weights as
+the method combined them, the method's path rule :math:`\theta(\lambda)` between two models and
+the time it took. :func:`merge_clients` is the same merge for a caller without a context.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from fedlmc.analysis.paths import PathRule
+from fedlmc.averaging import interpolate, normalised_weights
+from fedlmc.evaluation import resolve_device
+from fedlmc.merging.methods import base_method, merge_method, merge_states
+from fedlmc.merging.post_merge import ServerData, post_merge
+from fedlmc.permutation.model_spec import permutation_spec
+from fedlmc.permutation.spec import PermutationSpec
+from fedlmc.study.context import StudyContext, check_states
+
+if TYPE_CHECKING:
+    from fedlmc.data.loading import DataSplits
+
+StateDict = dict[str, Tensor]
+
+__all__ = ["Merged", "merge_clients", "merge_in_context", "path_rule"]
+
+
+@dataclass
+class Merged:
+    """A merged model with what the diagnostics need: the aligned clients, the weights as the
+    method combined them (``combined``: before BatchNorm re-estimation or REPAIR), the method's
+    path rule between two models (``path``; ``None`` for a method whose merge is on no path
+    between them, e.g. ``random_direction``) and the timing."""
+
+    model: nn.Module
+    state: StateDict
+    aligned: list[StateDict]
+    seconds: float
+    bn_reset: bool
+    repaired: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    combined: StateDict = field(default_factory=dict)
+    path: PathRule | None = interpolate
+
+
+def path_rule(method: str, template: nn.Module, spec: PermutationSpec | None) -> PathRule | None:
+    r"""The path :math:`\theta(\lambda)` between two models under ``method``'s combination rule:
+    the linear interpolation, or the method's own ``combine`` at weights
+    :math:`(\lambda, 1 - \lambda)` (e.g. depth-weighted biases at every :math:`\lambda`);
+    ``None`` for a method registered ``on_path = False`` (its barrier columns stay NaN)."""
+    entry = merge_method(method)
+    if not entry.on_path:
+        return None
+    if entry.combine is None:
+        return interpolate
+    spec = spec if spec is not None else permutation_spec(template)
+    return lambda sd_a, sd_b, lam: entry.combined(spec, [sd_a, sd_b], [lam, 1.0 - lam])
+
+
+def merge_in_context(context: StudyContext, method: str) -> Merged:
+    """The registered merge of ``method`` on the context's clients, then the post-merge pipeline
+    on the server split (see the module docstring)."""
+    start = time.perf_counter()
+    server_data = context.server_data
+    weights = list(context.weights)
+    merged, aligned, info = merge_states(
+        method,
+        context.template,
+        context.states,
+        weights,
+        server_data=server_data,
+        seed=context.seed,
+        device=context.device,
+        spec=context.spec,
+        options=dict(context.method_options),
+        with_info=True,
+    )
+    source = None if server_data is None else ServerData(*server_data)
+    finished = post_merge(
+        context.template, merged, aligned, weights, method, source, device=context.device
+    )
+    if context.device.type == "cuda":
+        torch.cuda.synchronize(context.device)
+    return Merged(
+        model=finished.model,
+        state=finished.state,
+        aligned=aligned,
+        seconds=time.perf_counter() - start,
+        bn_reset=finished.bn_reestimated,
+        repaired=finished.repaired,
+        info=info,
+        combined=merged,
+        path=path_rule(method, context.template, context.spec),
+    )
+
+
+def merge_clients(
+    method: str,
+    template: nn.Module,
+    states: Sequence[StateDict],
+    weights: Sequence[float] | None,
+    splits: DataSplits,
+    *,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    spec: PermutationSpec | None = None,
+) -> tuple[StateDict, dict[str, Any]]:
+    r"""Merged weights for one registered merge method (:mod:`fedlmc.merging.methods`; a ``_t``
+    suffix is accepted and ignored, the temperature does not change the weights).
+
+    Multi-client weight/activation matching aligns every client to client 0 and takes the
+    weighted mean :math:`\sum_i w_i \pi_i(\theta_i)`; activation matching correlates activations on
+    the server split's inputs. BatchNorm models get their running statistics re-estimated on the
+    server split after merging (the server split is never given to clients).
+
+    Returns ``(state_dict, info)`` with ``info = {"method", "merge_seconds" (alignment + averaging
+    + BN reset), "bn_reset", "aligned"}``; ``aligned`` is the list of clients in the merged basis
+    (client 0 unchanged for the reference-based methods).
+    """
+    merge_method(method)  # ValueError naming the registered methods
+    check_states(states)
+    context = StudyContext(
+        template=template,
+        states=tuple(states),
+        weights=tuple(normalised_weights(weights, len(states))),
+        splits=splits,
+        device=resolve_device(device),
+        seed=int(seed),
+        spec=spec,
+    )
+    merged = merge_in_context(context, base_method(method))
+    info = {
+        "method": base_method(method),
+        "merge_seconds": merged.seconds,
+        "bn_reset": merged.bn_reset,
+        "aligned": merged.aligned,
+    }
+    return merged.state, info

@@ -1,0 +1,145 @@
+"""The settings every fedlmc strategy takes, as one frozen, validated object.
+
+``ScreenedFedAvg``, ``OneShotAverage`` (and its subclasses ``PermutationAlignedAverage``,
+``AutoMerge``) and ``FedAvgBaseline`` take a :class:`StrategyOptions`: how many clients to wait
+for and accept, how replies are screened and weighted, and, for the one-shot strategies, where
+the merge is calibrated and on which device. Build it once, share it between strategies (a
+FedAvg warm-up and the one-shot merge after it), derive a variant with ``options.replace(...)``.
+The strategies' keyword arguments of the same names still work: :func:`resolve_options` builds
+the options from them (or overrides fields of given options with them).
+
+Every field is checked when the object is built (``StrategyOptions.__post_init__``), before
+any client trains; the one check that depends on the strategy (``calibration = "server"`` needs
+``server_data``) is the one-shot strategies'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedlmc.merging.calibrate import temperature_grid
+from fedlmc.merging.post_merge import CALIBRATIONS
+from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY
+from fedlmc.strategies.robust import RobustScreen
+from fedlmc.strategies.screening import ClientReferences, WeightBound
+from fedlmc.strategies.strategy_utils import check_choice, check_client_counts
+
+Data = tuple[Tensor, Tensor]
+
+__all__ = ["StrategyOptions", "resolve_options"]
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """What a fedlmc strategy is configured with (see the module docstring).
+
+    Parameters
+    ----------
+    num_clients : int
+        Nodes to wait for before sending the round (``wait_timeout`` seconds at most).
+    min_clients : int
+        Fewest surviving replies a round accepts (``NotEnoughClientsError`` otherwise).
+    wait_timeout : float
+        Seconds to wait for ``num_clients`` nodes (``NodesUnavailableError`` after).
+    weighted_by_key : str
+        The reply metric the average is weighted by (``num-examples``).
+    arrayrecord_key, configrecord_key : str
+        The names of the arrays and the config in the messages (Flower's ``FedAvg``'s).
+    weight_bound : WeightBound, optional
+        The bound on a client's merge weight (default ``WeightBound()``,
+        :class:`fedlmc.strategies.screening.WeightBound`).
+    client_references : ClientReferences, optional
+        Clients of different widths: the arrays expected of each partition (a reply of other
+        shapes is dropped by name); the merge method must then be a mixed-width one.
+    robust : RobustScreen, optional
+        The robust screen of the replies against each other (default factor 10).
+    calibration : "server" | "federated" | "none"
+        One-shot strategies: where BatchNorm statistics, REPAIR statistics and the temperature
+        are fitted (the server's held-out data, the clients' data through query rounds, or not
+        at all).
+    server_data : (x, y), optional
+        One-shot strategies: the server's held-out data; required for ``calibration="server"``.
+    query_timeout : float, optional
+        One-shot strategies: seconds a query round waits for replies (``None``: Flower's default).
+    keep_client_states : bool
+        One-shot strategies: keep the survivors' state dicts in the result's ``report``.
+    temperature_steps, temperature_grid_points : int
+        One-shot strategies: the federated temperature fit's Newton steps and grid.
+    device : str | torch.device, optional
+        One-shot strategies: where the server merges and evaluates (default: CPU, or CUDA when
+        ``"cuda"``/``"auto"``).
+    """
+
+    num_clients: int
+    min_clients: int = 2
+    wait_timeout: float = 600.0
+    weighted_by_key: str = NUM_EXAMPLES_KEY
+    arrayrecord_key: str = "arrays"
+    configrecord_key: str = "config"
+    weight_bound: WeightBound | None = None
+    client_references: ClientReferences | None = None
+    robust: RobustScreen | None = None
+    calibration: str = "server"
+    server_data: Data | None = None
+    query_timeout: float | None = 600.0
+    keep_client_states: bool = False
+    temperature_steps: int = 8
+    temperature_grid_points: int = 1001
+    device: str | torch.device | None = None
+
+    def __post_init__(self) -> None:
+        """Every field checked, with the bad value and what is allowed named."""
+        check_client_counts(self.num_clients, self.min_clients)
+        check_choice("calibration", self.calibration, CALIBRATIONS)
+        _check_positive("wait_timeout", self.wait_timeout)
+        if self.query_timeout is not None:
+            _check_positive("query_timeout", self.query_timeout)
+        if int(self.temperature_steps) != self.temperature_steps or self.temperature_steps < 1:
+            raise ValueError(
+                f"temperature_steps = {self.temperature_steps!r}; allowed: an integer >= 1"
+            )
+        temperature_grid(int(self.temperature_grid_points))  # ValueError naming the bad value
+        for name, kind in (
+            ("weight_bound", WeightBound),
+            ("client_references", ClientReferences),
+            ("robust", RobustScreen),
+        ):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise ValueError(f"{name} = {value!r}; allowed: a {kind.__name__} or None")
+
+    def replace(self, **changes: Any) -> StrategyOptions:
+        """A copy with ``changes`` (field names; checked like a new object)."""
+        return resolve_options(self, changes)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} = {value!r}; allowed: a number of seconds > 0")
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(StrategyOptions))
+"""The names of :class:`StrategyOptions`' fields, the strategies' shared keyword arguments."""
+
+
+def resolve_options(options: StrategyOptions | None, fields: Mapping[str, Any]) -> StrategyOptions:
+    """``options`` with ``fields`` (keyword arguments of those names) in place of its values, or,
+    without ``options``, new options from ``fields``; ``TypeError`` naming a keyword that is no
+    field (as for a misspelt argument), ``ValueError`` for a bad value."""
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; allowed: {', '.join(FIELDS)}")
+    if options is None:
+        if "num_clients" not in fields:
+            raise TypeError("missing keyword argument 'num_clients' (or options=StrategyOptions)")
+        return StrategyOptions(**fields)
+    if not isinstance(options, StrategyOptions):
+        raise TypeError(f"options = {options!r}; allowed: a StrategyOptions or None")
+    return dataclasses.replace(options, **fields) if fields else options
