@@ -6,19 +6,19 @@ clients) whose ServerApp (:class:`SweepServer`) runs every cell on the same Grid
 
 - each cell is :func:`fedlmc.simulations.server_app.run_server` (every strategy, federated
   calibration queries, FedAvg, the rows and files of one federation) in a thread of its own, on a
-  :class:`CellGrid`: a view of the shared Grid that shows the cell only the first ``num-clients``
-  node ids (sorted) and adds ``partition-id`` / ``num-partitions`` of that cell to every message it
-  sends (a ConfigRecord named ``partition``; the ClientApp prefers it to its node config). The same
-  warm actors thus serve every cell; they keep their loaded data sets and partitions
-  (:mod:`fedlmc.simulations.task`, bounded caches keyed by what determines them) and rebuild the
-  model for every message;
+  :class:`~fedlmc.simulations.engine.grid_view.CellGrid`: a view of the shared Grid that shows the
+  cell only the first ``num-clients`` node ids (sorted) and adds ``partition-id`` /
+  ``num-partitions`` of that cell to every message it sends (a ConfigRecord named ``partition``;
+  the ClientApp prefers it to its node config). The same warm actors thus serve every cell; they
+  keep their loaded data sets and partitions (:mod:`fedlmc.simulations.task`, bounded caches keyed
+  by what determines them) and rebuild the model for every message;
 - client slots: Flower runs ``S = floor(resources / (num-cpus, num-gpus))`` actors (per Ray
   node; fractional GPU shares allowed) and gives each message to a free one. A
-  :class:`Broker` hands out ``S`` slot tokens, oldest cell first: a message is pushed only when
-  a slot is free and its token comes back only with its reply (a late reply included), so a
-  message never waits in a queue and a cell's ``timeout`` counts from the moment a client
-  slot takes its message (its ``created_at`` is set then; the test-only ``hang`` failure
-  sleeps past exactly that deadline). One broker thread pulls the replies of every message
+  :class:`~fedlmc.simulations.engine.slots.Broker` hands out ``S`` slot tokens, oldest cell first:
+  a message is pushed only when a slot is free and its token comes back only with its reply (a late
+  reply included), so a message never waits in a queue and a cell's ``timeout`` counts from the
+  moment a client slot takes its message (its ``created_at`` is set then; the test-only ``hang``
+  failure sleeps past exactly that deadline). One broker thread pulls the replies of every message
   in flight, so concurrent cells never see each other's replies;
 - client state: a cell whose clients keep their trained model in the node's ``context.state``
   between rounds (client-side activation matching,
@@ -47,19 +47,22 @@ instead of 130).
 
 ``ray_address`` (``"auto"``, ``"HOST:PORT"`` or ``"ray://HOST:PORT"``) joins an existing Ray
 cluster instead of starting a local one; an address where nothing answers is refused at once
-with :class:`ClusterError` (``ray.init`` would otherwise retry for minutes).
+with :class:`~fedlmc.simulations.engine.ray_runtime.ClusterError` (``ray.init`` would otherwise
+retry for minutes).
 
 The parts live in modules of their own; this one drives them (:func:`run_cells`) and
 re-exports their names:
 
 - :mod:`fedlmc.simulations.engine.ray_runtime`: Flower's backend config, starting or joining Ray,
 the
-  number of client slots (:class:`ClusterError`);
+  number of client slots (:class:`~fedlmc.simulations.engine.ray_runtime.ClusterError`);
 - :mod:`fedlmc.simulations.engine.log_filters`: Flower's and Ray's console output
 (:func:`quiet_flower`);
-- :mod:`fedlmc.simulations.engine.slots`: the slot broker (:class:`Broker`, :class:`EngineStopped`);
+- :mod:`fedlmc.simulations.engine.slots`: the slot broker
+(:class:`~fedlmc.simulations.engine.slots.Broker`,
+:class:`~fedlmc.simulations.engine.slots.EngineStopped`);
 - :mod:`fedlmc.simulations.engine.grid_view`: one cell's view of the shared Grid
-(:class:`CellGrid`);
+(:class:`~fedlmc.simulations.engine.grid_view.CellGrid`);
 - :mod:`fedlmc.simulations.engine.sweep_server`: the ServerApp inside the simulation
 (:class:`SweepServer`,
   :class:`CellJob`, :class:`CellResult`);
@@ -149,7 +152,8 @@ def run_cells(
     ``on_done`` receives each finished cell (errors included) as it finishes; a failure of
     ``on_done`` stops the engine and is re-raised. ``on_reply(job, count)`` hears of the
     client replies to a cell as they arrive (progress inside a cell of many clients). Raises
-    :class:`ClusterError` for an unreachable ``ray_address`` or resources no node can host, and
+    :class:`~fedlmc.simulations.engine.ray_runtime.ClusterError` for an unreachable ``ray_address``
+    or resources no node can host, and
     :class:`EngineError` when the simulation ends with cells unfinished (they reported
     nothing).
     """

@@ -81,8 +81,9 @@ def fedavg_round_rows(result: Any) -> list[dict[str, Any]]:
 
 
 def training_rows(outcome: Any, config_columns: Mapping[str, Any]) -> pd.DataFrame:
-    """The rows of one ServerApp outcome (:class:`~fedlmc.simulations.server_app.ServerOutcome`):
-    ``config_columns`` first (the run-config columns of its ``results.csv``), then
+    """The rows of one ServerApp outcome
+    (:class:`~fedlmc.simulations.records.server_outcome.ServerOutcome`): ``config_columns`` first
+    (the run-config columns of its ``results.csv``), then
     :data:`~fedlmc.training_columns.TRAINING_COLUMNS`; an empty frame when nothing was kept."""
     rows: list[dict[str, Any]] = []
     for name, report in outcome.reports.items():

@@ -3,10 +3,10 @@
 :func:`run_federation` is a sweep of one cell through :mod:`fedlmc.simulations.engine.cells`: one
 ``flwr.simulation.run_simulation`` whose ServerApp runs
 :func:`fedlmc.simulations.server_app.run_server` in a thread of this process (its
-:class:`~fedlmc.simulations.server_app.ServerOutcome` comes back in-process), ``num-clients``
-virtual SuperNodes running the ClientApp in Ray actors with ``client_resources = {num_cpus:
-num-cpus, num_gpus: num-gpus}`` each (Ray runs ``floor(available / requested)`` clients at once).
-``ray_address`` (or ``ray_init_args={"address": ...}``) joins an existing Ray cluster.
+:class:`~fedlmc.simulations.records.server_outcome.ServerOutcome` comes back in-process),
+``num-clients`` virtual SuperNodes running the ClientApp in Ray actors with ``client_resources =
+{num_cpus: num-cpus, num_gpus: num-gpus}`` each (Ray runs ``floor(available / requested)`` clients
+at once). ``ray_address`` (or ``ray_init_args={"address": ...}``) joins an existing Ray cluster.
 """
 
 from __future__ import annotations

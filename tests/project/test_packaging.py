@@ -76,7 +76,7 @@ def test_the_wheel_holds_only_fedlmc_with_every_subpackage(tmp_path: Path) -> No
 def test_a_copied_app_folder_imports_its_own_flower_layer(tmp_path: Path) -> None:
     app = copy_project(tmp_path / "app")
     config, base, shadowing = probe(app, app)
-    assert Path(config) == app / "simulations" / "config.py"
+    assert Path(config) == app / "simulations" / "config" / "__init__.py"
     assert Path(base) == app / "strategies" / "base.py"
     assert shadowing == "[]"
 
