@@ -146,18 +146,14 @@ class OneShotAverage(ScreenedFedAvg):
     Calibration queries carry the round's train config, so clients see the same run
     configuration. ``start`` returns a :class:`OneShotResult`.
 
-    Parameters
-    ----------
-    template : nn.Module
-        A model of the clients' architecture (its weights are not used): needed to load the
-        merged weights for BN re-estimation and temperature fitting. With ``client_references``
-        (clients of different widths) it is the merged model's (server) width and the merge
-        method must be a mixed-width one (``mixed_widths`` in :mod:`fedlmc.merging.methods`).
-    options : StrategyOptions, optional
-        Every other setting (:class:`fedlmc.strategies.options.StrategyOptions`: ``num_clients``,
-        ``min_clients``, ``calibration``, ``server_data``, ``keep_client_states``, the screens,
-        ...). Its fields are also accepted as keyword arguments (``num_clients=2, ...``),
-        alone or replacing the values of ``options``. ``calibration="server"`` needs
+    :param template: A model of the clients' architecture (its weights are not used): needed to load
+        the merged weights for BN re-estimation and temperature fitting. With ``client_references``
+        (clients of different widths) it is the merged model's (server) width and the merge method
+        must be a mixed-width one (``mixed_widths`` in :mod:`fedlmc.merging.methods`).
+    :param options: Every other setting (:class:`fedlmc.strategies.options.StrategyOptions`:
+        ``num_clients``, ``min_clients``, ``calibration``, ``server_data``, ``keep_client_states``,
+        the screens, ...). Its fields are also accepted as keyword arguments (``num_clients=2,
+        ...``), alone or replacing the values of ``options``. ``calibration="server"`` needs
         ``server_data``.
     """
 

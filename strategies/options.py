@@ -40,41 +40,37 @@ __all__ = ["StrategyOptions", "resolve_options"]
 class StrategyOptions:
     """What a fedlmc strategy is configured with (see the module docstring).
 
-    Parameters
-    ----------
-    num_clients : int
-        Nodes to wait for before sending the round (``wait_timeout`` seconds at most).
-    min_clients : int
-        Fewest surviving replies a round accepts (``NotEnoughClientsError`` otherwise).
-    wait_timeout : float
-        Seconds to wait for ``num_clients`` nodes (``NodesUnavailableError`` after).
-    weighted_by_key : str
-        The reply metric the average is weighted by (``num-examples``).
-    arrayrecord_key, configrecord_key : str
-        The names of the arrays and the config in the messages (Flower's ``FedAvg``'s).
-    weight_bound : WeightBound, optional
-        The bound on a client's merge weight (default ``WeightBound()``,
+    :param num_clients: Nodes to wait for before sending the round (``wait_timeout`` seconds at
+        most).
+    :param min_clients: Fewest surviving replies a round accepts (``NotEnoughClientsError``
+        otherwise).
+    :param wait_timeout: Seconds to wait for ``num_clients`` nodes (``NodesUnavailableError``
+        after).
+    :param weighted_by_key: The reply metric the average is weighted by (``num-examples``).
+    :param arrayrecord_key: The names of the arrays and the config in the messages (Flower's
+        ``FedAvg``'s).
+    :param configrecord_key: The names of the arrays and the config in the messages (Flower's
+        ``FedAvg``'s).
+    :param weight_bound: The bound on a client's merge weight (default ``WeightBound()``,
         :class:`fedlmc.strategies.screening.WeightBound`).
-    client_references : ClientReferences, optional
-        Clients of different widths: the arrays expected of each partition (a reply of other
-        shapes is dropped by name); the merge method must then be a mixed-width one.
-    robust : RobustScreen, optional
-        The robust screen of the replies against each other (default factor 10).
-    calibration : "server" | "federated" | "none"
-        One-shot strategies: where BatchNorm statistics, REPAIR statistics and the temperature
-        are fitted (the server's held-out data, the clients' data through query rounds, or not
-        at all).
-    server_data : (x, y), optional
-        One-shot strategies: the server's held-out data; required for ``calibration="server"``.
-    query_timeout : float, optional
-        One-shot strategies: seconds a query round waits for replies (``None``: Flower's default).
-    keep_client_states : bool
-        One-shot strategies: keep the survivors' state dicts in the result's ``report``.
-    temperature_steps, temperature_grid_points : int
-        One-shot strategies: the federated temperature fit's Newton steps and grid.
-    device : str | torch.device, optional
-        One-shot strategies: where the server merges and evaluates (default: CPU, or CUDA when
-        ``"cuda"``/``"auto"``).
+    :param client_references: Clients of different widths: the arrays expected of each partition (a
+        reply of other shapes is dropped by name); the merge method must then be a mixed-width one.
+    :param robust: The robust screen of the replies against each other (default factor 10).
+    :param calibration: One-shot strategies: where BatchNorm statistics, REPAIR statistics and the
+        temperature are fitted (the server's held-out data, the clients' data through query rounds,
+        or not at all).
+    :param server_data: One-shot strategies: the server's held-out data; required for
+        ``calibration="server"``.
+    :param query_timeout: One-shot strategies: seconds a query round waits for replies (``None``:
+        Flower's default).
+    :param keep_client_states: One-shot strategies: keep the survivors' state dicts in the result's
+        ``report``.
+    :param temperature_steps: One-shot strategies: the federated temperature fit's Newton steps and
+        grid.
+    :param temperature_grid_points: One-shot strategies: the federated temperature fit's Newton
+        steps and grid.
+    :param device: One-shot strategies: where the server merges and evaluates (default: CPU, or CUDA
+        when ``"cuda"``/``"auto"``).
     """
 
     num_clients: int

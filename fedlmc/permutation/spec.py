@@ -23,12 +23,11 @@ Axis = tuple[str, int]
 class PermutationSpec:
     """Which state-dict axes each hidden-unit permutation group acts on.
 
-    Attributes:
-        perm_to_axes: group -> ``(state_dict key, axis)`` pairs the group permutes.
-        axes_to_perm: key -> the group on each axis of that tensor (``None`` = not permuted);
-            only keys with at least one permuted axis are listed.
-        activation_modules: group -> name (as in ``named_modules()``) of a module whose output
-            carries that group's units on dim 1 (used by activation matching).
+    :ivar perm_to_axes: group -> ``(state_dict key, axis)`` pairs the group permutes.
+    :ivar axes_to_perm: key -> the group on each axis of that tensor (``None`` = not permuted);
+        only keys with at least one permuted axis are listed.
+    :ivar activation_modules: group -> name (as in ``named_modules()``) of a module whose output
+        carries that group's units on dim 1 (used by activation matching).
     """
 
     perm_to_axes: dict[str, list[Axis]]

@@ -311,6 +311,38 @@ def test_tests_that_start_processes_are_marked_slow():
     assert unmarked == []
 
 
+OTHER_DOCSTRING_STYLES = re.compile(
+    r"^\s*(Parameters|Returns|Raises|Yields|Attributes)\n\s*-{3,}\s*$"  # NumPy
+    r"|^\s*(Args|Arguments|Returns|Raises|Yields|Attributes):\s*$",  # Google
+    re.M,
+)
+
+
+def docstrings_in_another_style(folders: tuple[str, ...]) -> list[str]:
+    """``path:object`` of every docstring with a NumPy or Google section (the project writes
+    Sphinx fields, ``:param name:``, as ``mkdocs.yml``'s ``docstring_style: sphinx`` reads)."""
+    found = []
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(
+                    node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+                ):
+                    continue
+                doc = ast.get_docstring(node, clean=False) or ""
+                if OTHER_DOCSTRING_STYLES.search(doc):
+                    found.append(f"{path.relative_to(ROOT)}:{getattr(node, 'name', '<module>')}")
+    return found
+
+
+def test_docstrings_are_written_in_one_style():
+    assert "docstring_style: sphinx" in (ROOT / "mkdocs.yml").read_text()
+    assert docstrings_in_another_style(("fedlmc", "strategies", "simulations")) == []
+    assert OTHER_DOCSTRING_STYLES.search("x\n\n    Parameters\n    ----------\n    a : int\n")
+    assert OTHER_DOCSTRING_STYLES.search("x\n\n    Args:\n        a: the a\n")
+    assert not OTHER_DOCSTRING_STYLES.search("x\n\n    :param a: the a\n")
+
+
 def test_strategies_do_not_import_the_simulations():
     graph = import_graph()
     assert not [

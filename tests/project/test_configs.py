@@ -66,6 +66,7 @@ def test_config_validates_and_names_its_command(path: Path):
         assert f"fedlmc data fetch {dataset} --root" in header, dataset
 
 
+@pytest.mark.slow  # trains and merges one cell per shipped config: minutes on 2 cores
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_first_cell_starts(path: Path, tmp_path: Path):
     first = expand_grid(load_sweep_config(path, check_devices=False))[0]
