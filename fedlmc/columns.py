@@ -735,6 +735,18 @@ COMMON_COLUMNS: tuple[Column, ...] = (
         kind="text",
     ),
     Column("num_clients", "clients merged", "every row", "the clients whose models the row uses"),
+    Column(
+        "server_sees",
+        "what the row's merge rule needs the server to see",
+        "every row",
+        "the least the server must see of the clients to compute the row's merge, the "
+        "method's `server_sees` declaration (`fedlmc.merging.server_sees`): `sum` (secure "
+        "aggregation can compute it), `each model's statistics`, `one model and permutations` "
+        "or `each model` (the ensembles); `fedavg`: `sum` (each round). A property of the rule, "
+        "not of the run: a run in the clear shows the server every model (the "
+        "`secure-aggregation` column says how the run was run)",
+        kind="text",
+    ),
     *_endpoint_columns(),
     *_ensemble_columns()[:3],
     *_metric_columns(),

@@ -52,6 +52,11 @@ from fedlmc.models.registry import (
     model_names,
     public_options,
 )
+from fedlmc.simulations._new_secure_config import (
+    SECURE_MODES,
+    SECURE_OFF,
+    check_secure_aggregation,
+)
 from fedlmc.simulations.report_schema import REPORT_SCHEMA
 from fedlmc.simulations.schema import (
     ConfigError,
@@ -376,6 +381,13 @@ def declared_keys() -> dict[str, Key]:
                 '`calibration = "federated"` with `strategy` `"average"` or `"aligned"`',
                 lambda c: federated_calibration(c),
             ),
+        ),
+        "secure-aggregation": named(
+            str,
+            SECURE_OFF,
+            "secure aggregation of the one-shot average: off (every client's weights reach "
+            "the server), or secagg+ (Flower's SecAgg+: the server sees only their weighted sum)",
+            SECURE_MODES,
         ),
         "init": named(
             str,
@@ -1006,6 +1018,7 @@ CONSISTENCY_CHECKS: list[Check] = [
     check_plain_chain_methods,
     check_two_client_methods,
     check_widths,
+    check_secure_aggregation,
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
 about a new key joins this list (run by :func:`validate_run_config`)."""

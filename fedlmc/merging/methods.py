@@ -37,6 +37,10 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
 - ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
   a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
   ``average``);
+- ``server_sees``: the least the server must see of the clients for this method's rule, one of
+  :data:`fedlmc.merging.server_sees.SERVER_SEES` (``sum``: secure aggregation can run it;
+  default ``each model``); the ``server_sees`` column, the methods table and ``fedlmc
+  validate``'s refusal of a secure-aggregation cell read it;
 - ``columns``: the results columns only this method fills (:class:`fedlmc.columns.Column`,
   from its ``Alignment.info``; NaN or empty on the other rows). They join the results schema
   (:func:`fedlmc.study.rows.row_columns`), the docs' columns table and, with a ``report_table``, the
@@ -63,6 +67,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
 from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS, alignment_info
 from fedlmc.merging.random_direction import RANDOM_DIRECTION_COLUMNS
+from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, check_server_sees
 from fedlmc.registry import Registry
 
 if TYPE_CHECKING:
@@ -183,6 +188,7 @@ class MergeMethod:
     mixed_widths: bool = False
     counterpart_of: str = ""
     on_path: bool = True
+    server_sees: str = DEFAULT_SERVER_SEES
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
@@ -214,6 +220,7 @@ def register_method(
     mixed_widths: bool = False,
     counterpart_of: str = "",
     on_path: bool = True,
+    server_sees: str = DEFAULT_SERVER_SEES,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -223,6 +230,7 @@ def register_method(
             f"{CALIBRATED_SUFFIX!r} and not {', '.join(REFERENCE_METHODS)}"
         )
     check_own_columns(name, tuple(columns), replace=replace)
+    check_server_sees(name, server_sees)
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
         entry = MergeMethod(
@@ -241,6 +249,7 @@ def register_method(
             mixed_widths,
             counterpart_of,
             on_path,
+            server_sees,
         )
         METHODS.add(name, entry, replace=replace)
         return align
@@ -433,7 +442,9 @@ def check_one_width(method: str, states: Sequence[StateDict]) -> None:
 # ----------------------------------------------------------------------------- built-in methods
 
 
-@register_method("average", description="plain weighted average, no permutation")
+@register_method(
+    "average", description="plain weighted average, no permutation", server_sees="sum"
+)
 def plain_average(job: MergeJob) -> Alignment:
     r""":math:`\pi_i = \mathrm{id}`: the clients as they are."""
     return Alignment(list(job.states))
@@ -488,6 +499,7 @@ def activation_matching_to_first(job: MergeJob) -> Alignment:
 
 @register_method(
     "activation_federated",
+    server_sees="one model and permutations",
     description="activation matching onto client 0 computed by each client on its own data; "
     "only permutation indices leave the clients",
     needs_clients=True,
@@ -559,6 +571,7 @@ def random_permutation_control(job: MergeJob) -> Alignment:
 
 register_method(
     "average_repair",
+    server_sees="each model's statistics",
     description="plain average, then REPAIR of every hidden unit's statistics (server split, "
     "or the clients' data when calibration is federated)",
     needs_server_data=True,
@@ -590,6 +603,7 @@ def lewc_bias_combination(
 
 register_method(
     "average_lewc_bias",
+    server_sees="sum",
     description="plain average, but layer l's bias combined as sum_i w_i^l b_i, the way LEWC "
     "says the signal combines (norm-free plain chains: MLP, VGG without BatchNorm)",
     combine=lewc_bias_combination,
@@ -703,6 +717,7 @@ def automatic_choice(job: MergeJob) -> Alignment:
 
 @register_method(
     "embed_average",
+    server_sees="sum",
     description="mixed widths: every client embedded at the first units of the server width "
     "(HeteroFL's nesting), then the plain weighted average",
     mixed_widths=True,
@@ -758,6 +773,7 @@ def holder_combination(
 
 register_method(
     "heterofl",
+    server_sees="sum",
     description="mixed widths: every client embedded at the first units of the server width, "
     "each entry averaged over the clients that hold it (HeteroFL's aggregation)",
     combine=holder_combination,
