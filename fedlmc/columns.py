@@ -701,6 +701,16 @@ ROUND_COLUMNS_DECLARED = (
         "held-out data)",
         source="server",
     ),
+    Column(
+        "secagg_error_bound",
+        "largest difference from the clear average SecAgg+'s quantisation allows",
+        '`average` rows of a `secure-aggregation = "secagg+"` run',
+        "\\(3 N c / (Q \\sum_i n_i / M)\\): \\(N\\) clients, clipping range \\(c\\), "
+        "quantisation range \\(Q = 2^{22}\\), \\(M\\) = SecAgg+'s `max_weight` (the "
+        "training pool's size), \\(n_i\\) the clients' examples: every merged value is "
+        "within it of the clear weighted average (`fedlmc.strategies.secure`)",
+        source="server",
+    ),
 )
 
 PROVENANCE_COLUMNS = (

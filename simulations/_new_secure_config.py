@@ -10,14 +10,20 @@ import here: the run-config validation reads it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedlmc.merging.methods import base_method
 from fedlmc.merging.server_sees import SECURE_SUM
 from fedlmc.simulations.schema import ConfigError
 
-__all__ = ["SECURE_MODES", "SECURE_OFF", "check_secure_aggregation", "is_secure"]
+__all__ = [
+    "SECURE_MODES",
+    "SECURE_OFF",
+    "check_secure_aggregation",
+    "is_secure",
+    "secure_cells_in_flight",
+]
 
 SECURE_OFF = "off"
 SECURE_MODES = (SECURE_OFF, "secagg+")
@@ -30,6 +36,13 @@ def is_secure(config: Mapping[str, Any]) -> bool:
     return config.get("secure-aggregation", SECURE_OFF) != SECURE_OFF
 
 
+def secure_cells_in_flight(configs: Sequence[Mapping[str, Any]], wanted: int) -> int:
+    """1 when any cell is secure, else ``wanted``: SecAgg+'s client state (keys, shares) lives
+    in the node's ``context.state`` under one name, so two secure rounds must not interleave on
+    a node."""
+    return 1 if any(is_secure(c) for c in configs) else wanted
+
+
 def _needs_more_than_sum(method: str) -> str | None:
     """What ``method``'s rule needs the server to see when that is more than a sum, else None."""
     from fedlmc.study.rows import server_sees_of
@@ -38,12 +51,8 @@ def _needs_more_than_sum(method: str) -> str | None:
     return None if sees == SECURE_SUM else sees
 
 
-def _refuse_methods(config: Mapping[str, Any], mode: str) -> None:
-    from fedlmc.simulations.config import method_list
-
+def _refuse_methods(config: Mapping[str, Any], mode: str, methods: Sequence[str]) -> None:
     strategy = config["strategy"]
-    methods = [config["align"]] if strategy == "aligned" else []
-    methods += method_list(config) if strategy == "compare" else []
     for method in methods:
         sees = _needs_more_than_sum(method)
         if sees is not None:
@@ -59,25 +68,27 @@ def _refuse_methods(config: Mapping[str, Any], mode: str) -> None:
         )
 
 
-def check_secure_aggregation(config: Mapping[str, Any]) -> None:
-    """A secure cell: ``strategy = "average"`` (a method whose rule needs more than a sum is
-    named), at least 2 clients, one width, no warm-up rounds and ``calibration`` ``server`` or
-    ``none`` (the federated temperature queries each client's losses in the clear)."""
+def check_secure_aggregation(
+    config: Mapping[str, Any], methods: Sequence[str], widths: Sequence[float]
+) -> None:
+    """A secure cell: ``strategy = "average"`` (the first of the cell's merge ``methods``
+    whose rule needs more than a sum is named), at least 2 clients, clients of one width
+    (``widths``: the server's and every client's), no warm-up rounds and ``calibration``
+    ``server`` or ``none`` (the federated temperature queries each client's losses in the
+    clear)."""
     if not is_secure(config):
         return
-    from fedlmc.simulations.config import client_widths, mixed_widths, widths_text
-
     mode = config["secure-aggregation"]
-    _refuse_methods(config, mode)
+    _refuse_methods(config, mode, methods)
     if config["num-clients"] < 2:
         raise ConfigError(
             f"secure-aggregation = {mode!r} with num-clients = {config['num-clients']}: "
             "allowed: at least 2 clients"
         )
-    if mixed_widths(config):
+    if len(set(widths)) > 1:
         raise ConfigError(
-            f"secure-aggregation = {mode!r} with client widths "
-            f"{widths_text(client_widths(config))}: allowed only with clients of one width"
+            f"secure-aggregation = {mode!r} with widths {','.join(f'{w:g}' for w in widths)}: "
+            "allowed only with clients of the server's width"
         )
     if config["warmup-rounds"]:
         raise ConfigError(

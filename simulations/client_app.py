@@ -73,6 +73,7 @@ from fedlmc.merging.calibrate import bn_statistics, temperature_statistics
 from fedlmc.merging.repair import unit_statistics
 from fedlmc.permutation.embed import slice_state
 from fedlmc.permutation.matching import activation_matching
+from fedlmc.simulations._new_secure_client import secure_train_mod
 from fedlmc.simulations.config import (
     calibration_holdout,
     cell_id,
@@ -396,7 +397,8 @@ def evaluate_reply(message: Message, context: Context) -> Message:
     return Message(RecordDict({"metrics": metrics}), reply_to=message)
 
 
-app.train()(_guarded(ERROR_TRAIN_FAILED, train_reply))
+secure = secure_train_mod(train_reply, use_slot_threads)  # SecAgg+ rounds (secure-aggregation)
+app.train(mods=[secure])(_guarded(ERROR_TRAIN_FAILED, train_reply))
 app.query(TEMPERATURE_QUERY)(_guarded(ERROR_QUERY_FAILED, temperature_reply))
 app.query(BN_QUERY)(_guarded(ERROR_QUERY_FAILED, bn_stats_reply))
 app.query(UNIT_STATS_QUERY)(_guarded(ERROR_QUERY_FAILED, unit_stats_reply))

@@ -56,6 +56,7 @@ from fedlmc.simulations._new_secure_config import (
     SECURE_MODES,
     SECURE_OFF,
     check_secure_aggregation,
+    is_secure,
 )
 from fedlmc.simulations.report_schema import REPORT_SCHEMA
 from fedlmc.simulations.schema import (
@@ -388,6 +389,14 @@ def declared_keys() -> dict[str, Key]:
             "secure aggregation of the one-shot average: off (every client's weights reach "
             "the server), or secagg+ (Flower's SecAgg+: the server sees only their weighted sum)",
             SECURE_MODES,
+        ),
+        "secagg-clipping-range": Key(
+            float,
+            0.0,
+            "SecAgg+ clipping range c: every trained weight must lie in [-c, c] (0: the "
+            "smallest power of two >= 4x the initial model's largest |weight|, at least 8)",
+            at_least(0.0),
+            applies=Rule('`secure-aggregation = "secagg+"`', lambda c: is_secure(c)),
         ),
         "init": named(
             str,
@@ -1009,6 +1018,15 @@ def check_partition(config: Mapping[str, Any]) -> None:
         )
 
 
+def check_secure_cell(config: Mapping[str, Any]) -> None:
+    """``secure-aggregation``: the cell's merge methods and widths checked
+    (:func:`fedlmc.simulations._new_secure_config.check_secure_aggregation`)."""
+    methods = [config["align"]] if config["strategy"] == "aligned" else []
+    methods += method_list(config) if config["strategy"] == "compare" else []
+    widths = (server_width(config), *client_widths(config))
+    check_secure_aggregation(config, methods, widths)
+
+
 Check = Callable[[Mapping[str, Any]], None]
 CONSISTENCY_CHECKS: list[Check] = [
     check_min_clients,
@@ -1018,7 +1036,7 @@ CONSISTENCY_CHECKS: list[Check] = [
     check_plain_chain_methods,
     check_two_client_methods,
     check_widths,
-    check_secure_aggregation,
+    check_secure_cell,
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
 about a new key joins this list (run by :func:`validate_run_config`)."""

@@ -65,6 +65,8 @@ from fedlmc.data.loading import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.io import atomic_write, atomic_write_csv
 from fedlmc.merging.methods import REFERENCE_METHODS, base_method
+from fedlmc.simulations._new_secure_app import run_secure_average
+from fedlmc.simulations._new_secure_config import is_secure
 from fedlmc.simulations.config import (
     FEDAVG,
     cell_default_methods_note,
@@ -128,6 +130,8 @@ class ServerOutcome:
     every client at the server's width, :func:`fedlmc.simulations.config.mixed_widths`)."""
     progress: RunProgress = field(default_factory=lambda: RunProgress(None))
     """Where the stages are told (:mod:`fedlmc.simulations.progress`; silent by default)."""
+    secure: dict[str, Any] = field(default_factory=dict)
+    """Per method, the secure round behind it (``secure-aggregation = "secagg+"``)."""
 
     def templates_of(self, report: RoundReport, template: nn.Module) -> list[nn.Module]:
         """The architecture each survivor's weights load into: its own width's, or
@@ -545,6 +549,12 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     outcome.rows.append({**row, **columns})
 
 
+def run_secure(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
+    """``average`` under ``secure-aggregation`` (:mod:`fedlmc.simulations._new_secure_app`)."""
+    widths = width_columns(config)
+    run_secure_average(grid, config, splits, template, device, outcome, merged_row, widths)
+
+
 MODES = {
     "compare": run_compare,
     "average": run_one_shot,
@@ -599,7 +609,8 @@ def run_mode(
     if mixed_widths(config):
         outcome.client_templates = client_templates(config, splits)
     outcome.weight_bound = weight_bound(config, simulated)
-    MODES[config["strategy"]](grid, config, splits, template, device_of(config), outcome)
+    mode = run_secure if is_secure(config) else MODES[config["strategy"]]
+    mode(grid, config, splits, template, device_of(config), outcome)
     outcome.timings["server_seconds"] = time.perf_counter() - start
     outcome.progress.finished(len(outcome.rows))
     return outcome

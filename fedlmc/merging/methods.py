@@ -442,9 +442,7 @@ def check_one_width(method: str, states: Sequence[StateDict]) -> None:
 # ----------------------------------------------------------------------------- built-in methods
 
 
-@register_method(
-    "average", description="plain weighted average, no permutation", server_sees="sum"
-)
+@register_method("average", description="plain weighted average, no permutation", server_sees="sum")
 def plain_average(job: MergeJob) -> Alignment:
     r""":math:`\pi_i = \mathrm{id}`: the clients as they are."""
     return Alignment(list(job.states))
