@@ -3,15 +3,18 @@
 :func:`run_secure_average` replaces the clear one-shot round (``run_one_shot``) when the run
 is secure: one SecAgg+ round (:func:`fedlmc.strategies.secure.secure_average`) on the run's
 Grid, in a simulation or a deployment alike, then the same post-merge steps on the server's
-own data as the clear ``average`` strategy with ``calibration = "server"`` (BatchNorm
-statistics re-estimated and the temperature fitted on the server split; the server holds the
-merged model, never a client's). Rows ``average`` and, unless ``calibration = "none"``,
-``average_t``. What differs from a clear run's rows:
+own data as the clear ``average`` strategy (BatchNorm statistics re-estimated on the server
+split; the server holds the merged model, never a client's). The temperature of ``average_t``
+is fitted on the server split (``calibration = "server"``) or, with ``calibration =
+"federated"``, by secure Newton rounds on the clients' held-out data
+(:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL means); no
+``average_t`` with ``"none"``. What differs from a clear run's rows:
 
 - the endpoint and merge-gap columns are NaN: the server never holds a client's model to
   evaluate (the clients' own accuracy is not reported under secure aggregation);
-- ``rounds`` counts SecAgg+'s four message rounds, ``bytes_sent_by_clients`` every reply's
-  payload (public keys, encrypted shares, the masked vectors, the unmasking shares),
+- ``rounds`` counts SecAgg+'s four message rounds (four more per secure temperature round),
+  ``bytes_sent_by_clients`` every reply's payload (public keys, encrypted shares, the masked
+  vectors, the unmasking shares), ``round_seconds`` the wall time of all secure rounds,
   ``clients_survived`` the clients whose masked vectors entered the sum;
 - ``secagg_error_bound``: the largest difference of a merged value from the clear weighted
   average the quantisation allows (:meth:`fedlmc.strategies.secure.SecureSettings.error_bound`).
@@ -27,8 +30,14 @@ from typing import Any
 from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits
 from fedlmc.merging.post_merge import ServerData, post_merge
-from fedlmc.simulations._new_secure_client import CLIPPING_KEY, MAX_WEIGHT_KEY
-from fedlmc.strategies.secure import SecureResult, secure_average, secure_settings
+from fedlmc.strategies.secure import (
+    CLIPPING_KEY,
+    MAX_WEIGHT_KEY,
+    SecureResult,
+    secure_average,
+    secure_settings,
+)
+from fedlmc.strategies.secure_temperature import SecureTemperature, secure_temperature
 
 __all__ = ["SECURE_COLUMNS", "run_secure_average", "secure_fit_config", "secure_round_columns"]
 
@@ -81,9 +90,8 @@ def run_secure_average(
     )
     sent = secure_fit_config(config, settings.clipping_range, settings.max_weight)
     outcome.progress.training(config["num-clients"], config["epochs"])
-    result = secure_average(
-        grid, initial, int(config["num-clients"]), sent, settings, float(config["timeout"])
-    )
+    n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
+    result = secure_average(grid, initial, n_clients, sent, settings, timeout)
     outcome.progress.trained(len(result.num_examples), result.seconds)
     start = time.perf_counter()
     server = ServerData(*splits.server) if len(splits.server[1]) else None
@@ -98,10 +106,28 @@ def run_secure_average(
     columns.update(merge_seconds=merge_seconds, secagg_error_bound=result.error_bound)
     n = len(result.num_examples)
     rows = [merged_row("average", model, splits, None, [], n, device)]
-    if config["calibration"] != "none" and server is not None:
-        temperature = server.temperature(model)[0]
+    reference = server.temperature(model)[0] if server is not None else math.nan
+    temperature = reference
+    if config["calibration"] == "federated":
+        fitted = secure_temperature(
+            grid, finished.state, n_clients, config, settings.max_weight, timeout
+        )
+        outcome.secure["average_t"] = fitted
+        temperature = fitted.temperature
+        columns = add_temperature_rounds(columns, fitted)
+    if config["calibration"] != "none" and math.isfinite(temperature):
         row = merged_row("average_t", model, splits, temperature, [], n, device)
-        row["temperature_server_split"] = temperature
+        row["temperature_server_split"] = reference
         rows.append(row)
     outcome.rows.extend({**row, **columns} for row in rows)
     outcome.secure["average"] = result
+
+
+def add_temperature_rounds(columns: dict[str, Any], fitted: SecureTemperature) -> dict[str, Any]:
+    """The round columns with the secure temperature's rounds, bytes and seconds added."""
+    return {
+        **columns,
+        "rounds": columns["rounds"] + fitted.message_rounds,
+        "bytes_sent_by_clients": columns["bytes_sent_by_clients"] + fitted.bytes_sent,
+        "round_seconds": columns["round_seconds"] + fitted.seconds,
+    }

@@ -30,14 +30,21 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat as compat
 
 from fedlmc.simulations.grid_view import PARTITION_RECORD
-from fedlmc.strategies.protocol import record_to_state, state_to_record
-from fedlmc.strategies.secure import check_in_range, secure_arrays
+from fedlmc.strategies.protocol import (
+    NUM_PARTITIONS_KEY,
+    PARTITION_KEY,
+    record_to_state,
+    state_to_record,
+)
+from fedlmc.strategies.secure import (
+    CLIPPING_KEY,
+    MAX_WEIGHT_KEY,
+    check_in_range,
+    secure_arrays,
+)
+from fedlmc.strategies.secure_temperature import LOG_T_KEY, TASK_KEY, TEMPERATURE_TASK
 
-__all__ = ["CLIPPING_KEY", "MAX_WEIGHT_KEY", "secure_fit_reply", "secure_train_mod"]
-
-CLIPPING_KEY = "secagg-clip"
-MAX_WEIGHT_KEY = "secagg-max-weight"
-"""Fit-config entries the server adds for the clients' checks (not run-config keys)."""
+__all__ = ["secure_fit_reply", "secure_train_mod"]
 REPORTED_METRICS = ("partition-id", "train-loss", "train-accuracy", "train-seconds")
 
 
@@ -104,6 +111,8 @@ def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -
     fit_ins = compat.recorddict_to_fitins(message.content, keep_input=True)
     fit_config = dict(fit_ins.config)
     arrays = parameters_to_ndarrays(fit_ins.parameters)
+    if fit_config.get(TASK_KEY) == TEMPERATURE_TASK:
+        return secure_temperature_reply(message, context, fit_config, arrays)
     content = _train_content(message, fit_config, arrays)
     reply = _clear_train_reply(message, context, content, train_reply)
     state = record_to_state(reply.content.array_records["arrays"])
@@ -111,15 +120,61 @@ def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -
     pid = int(metrics["partition-id"])
     check_in_range(state, float(fit_config[CLIPPING_KEY]), f"client partition {pid}")
     count = int(metrics["num-examples"])
+    reported = {k: metrics[k] for k in REPORTED_METRICS}
+    return _fit_reply(message, secure_arrays(state), count, fit_config, reported)
+
+
+def _fit_reply(
+    message: Message, arrays: list, count: int, fit_config: dict, metrics: dict
+) -> Message:
+    """The legacy ``FitRes`` reply (checked: ``count`` at most the server's ``max_weight``)."""
     if count > float(fit_config[MAX_WEIGHT_KEY]):
         raise ValueError(
-            f"client partition {pid}: {count} examples; allowed: at most the max_weight "
-            f"{fit_config[MAX_WEIGHT_KEY]} the server set"
+            f"client partition {metrics['partition-id']}: {count} examples; allowed: at most "
+            f"the max_weight {fit_config[MAX_WEIGHT_KEY]} the server set"
         )
-    fit_res = FitRes(
-        Status(Code.OK, "ok"),
-        ndarrays_to_parameters(secure_arrays(state)),
-        count,
-        {k: metrics[k] for k in REPORTED_METRICS},
-    )
+    fit_res = FitRes(Status(Code.OK, "ok"), ndarrays_to_parameters(arrays), count, metrics)
     return Message(compat.fitres_to_recorddict(fit_res, keep_input=True), reply_to=message)
+
+
+def _partition_of(message: Message, context: Context) -> tuple[int, int]:
+    """``(partition-id, num-partitions)``: the sweep's partition record, else the node's."""
+    sent = message.content.config_records.get(PARTITION_RECORD, {})
+    source = sent if PARTITION_KEY in sent else context.node_config
+    return int(source[PARTITION_KEY]), int(source[NUM_PARTITIONS_KEY])
+
+
+def secure_temperature_reply(
+    message: Message, context: Context, fit_config: dict[str, Any], arrays: list
+) -> Message:
+    """The means of the NLL and its two derivatives in log T, at the ``log T`` the server
+    sent, of the received (merged) model on this node's calibration data
+    (:mod:`fedlmc.strategies.secure_temperature`), checked to lie in the clipping range."""
+    import numpy as np
+    import torch
+
+    from fedlmc.evaluation import predict_logits
+    from fedlmc.merging.calibrate import temperature_statistics
+    from fedlmc.simulations.task import (
+        build_from_config,
+        client_calibration_data,
+        client_run_config,
+        device_of,
+        load_splits,
+    )
+
+    config = client_run_config(context.run_config, fit_config)
+    pid, num_partitions = _partition_of(message, context)
+    model = build_from_config(config, load_splits(config))
+    keys = list(model.state_dict())
+    model.load_state_dict({k: torch.as_tensor(a) for k, a in zip(keys, arrays, strict=True)})
+    x, y = client_calibration_data(config, pid, num_partitions)
+    logits = predict_logits(model.to(device_of(config)).eval(), x)
+    stats = temperature_statistics(logits, y, float(fit_config[LOG_T_KEY]))
+    means = np.array([stats.nll_sum, stats.grad_sum, stats.hess_sum]) / max(stats.count, 1)
+    check_in_range(
+        {"temperature statistics": torch.as_tensor(means)},
+        float(fit_config[CLIPPING_KEY]),
+        f"client partition {pid} at log T = {float(fit_config[LOG_T_KEY]):.4g}",
+    )
+    return _fit_reply(message, [means], int(stats.count), fit_config, {"partition-id": pid})

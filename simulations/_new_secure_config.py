@@ -68,35 +68,17 @@ def _refuse_methods(config: Mapping[str, Any], mode: str, methods: Sequence[str]
         )
 
 
-def check_secure_aggregation(
-    config: Mapping[str, Any], methods: Sequence[str], widths: Sequence[float]
-) -> None:
+def check_secure_aggregation(config: Mapping[str, Any], methods: Sequence[str]) -> None:
     """A secure cell: ``strategy = "average"`` (the first of the cell's merge ``methods``
-    whose rule needs more than a sum is named), at least 2 clients, clients of one width
-    (``widths``: the server's and every client's), no warm-up rounds and ``calibration``
-    ``server`` or ``none`` (the federated temperature queries each client's losses in the
-    clear)."""
+    whose rule needs more than a sum is named; the widths check already refuses ``average``
+    for clients of different widths; ``num-clients`` is at least 2) and no warm-up rounds
+    (they average in the clear)."""
     if not is_secure(config):
         return
     mode = config["secure-aggregation"]
     _refuse_methods(config, mode, methods)
-    if config["num-clients"] < 2:
-        raise ConfigError(
-            f"secure-aggregation = {mode!r} with num-clients = {config['num-clients']}: "
-            "allowed: at least 2 clients"
-        )
-    if len(set(widths)) > 1:
-        raise ConfigError(
-            f"secure-aggregation = {mode!r} with widths {','.join(f'{w:g}' for w in widths)}: "
-            "allowed only with clients of the server's width"
-        )
     if config["warmup-rounds"]:
         raise ConfigError(
             f"secure-aggregation = {mode!r} with warmup-rounds = {config['warmup-rounds']}: "
             "allowed: warmup-rounds = 0 (warm-up rounds average in the clear)"
-        )
-    if config["calibration"] == "federated":
-        raise ConfigError(
-            f"secure-aggregation = {mode!r} with calibration = 'federated': allowed: "
-            "calibration = 'server' or 'none'"
         )

@@ -1019,12 +1019,11 @@ def check_partition(config: Mapping[str, Any]) -> None:
 
 
 def check_secure_cell(config: Mapping[str, Any]) -> None:
-    """``secure-aggregation``: the cell's merge methods and widths checked
+    """``secure-aggregation``: the cell's merge methods checked
     (:func:`fedlmc.simulations._new_secure_config.check_secure_aggregation`)."""
     methods = [config["align"]] if config["strategy"] == "aligned" else []
     methods += method_list(config) if config["strategy"] == "compare" else []
-    widths = (server_width(config), *client_widths(config))
-    check_secure_aggregation(config, methods, widths)
+    check_secure_aggregation(config, methods)
 
 
 Check = Callable[[Mapping[str, Any]], None]

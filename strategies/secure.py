@@ -36,7 +36,7 @@ server before the round, and each client checks its trained weights before it ma
 aggregated (:func:`float_keys`); integer buffers such as BatchNorm's ``num_batches_tracked``
 keep the initial model's value (the clear average takes their maximum; the merged model's
 BatchNorm statistics are re-estimated anyway). Every client shares its key with every other
-(``num_shares`` = :math:`N`) and any majority can unmask (``reconstruction_threshold`` =
+(``num_shares`` = 1.0, all :math:`N`) and any majority can unmask (``reconstruction_threshold`` =
 :math:`\lfloor N/2 \rfloor + 1`, at least 2).
 """
 
@@ -59,12 +59,15 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 __all__ = [
+    "CLIPPING_KEY",
     "HEADROOM",
+    "MAX_WEIGHT_KEY",
     "MIN_CLIPPING_RANGE",
     "QUANTIZATION_RANGE",
     "OutOfRangeError",
     "SecureAggregationError",
     "SecureResult",
+    "SecureRound",
     "SecureSettings",
     "SumOnlyFedAvg",
     "check_in_range",
@@ -72,6 +75,7 @@ __all__ = [
     "from_secure_arrays",
     "secure_arrays",
     "secure_average",
+    "secure_round",
     "secure_settings",
 ]
 
@@ -79,6 +83,9 @@ QUANTIZATION_RANGE = 2**22
 MODULUS_RANGE = 2**32
 MIN_CLIPPING_RANGE = 8.0
 HEADROOM = 4.0
+CLIPPING_KEY = "secagg-clip"
+MAX_WEIGHT_KEY = "secagg-max-weight"
+"""Fit-config entries a secure round adds for the clients' own checks (not run-config keys)."""
 SECURE_MESSAGE_ROUNDS = 4
 """SecAgg+'s message rounds with the clients: setup, key sharing, masked vectors, unmasking."""
 
@@ -115,9 +122,10 @@ class SecureSettings:
         n = len(num_examples)
         return 3.0 * n * self.clipping_range / (self.quantization_range * ratio_sum)
 
-    def shares(self, num_clients: int) -> tuple[int, int]:
-        """``(num_shares, reconstruction_threshold)``: all clients, a majority (at least 2)."""
-        return num_clients, max(2, num_clients // 2 + 1)
+    def shares(self, num_clients: int) -> tuple[float, int]:
+        """``(num_shares, reconstruction_threshold)``: ``1.0`` (Flower's float form: every
+        sampled client; an integer must exceed 2) and a majority, at least 2."""
+        return 1.0, max(2, num_clients // 2 + 1)
 
 
 def float_keys(state: Mapping[str, torch.Tensor]) -> list[str]:
@@ -314,12 +322,12 @@ def reply_bytes(message: Any) -> int:
 
 
 @dataclass
-class SecureResult:
-    """What one secure round gave: the merged state (the template's shapes), the settings, the
-    clients' example counts and metrics, what the strategy received, the failures and the
-    cost (message rounds, bytes the clients sent, wall seconds)."""
+class SecureRound:
+    """What one SecAgg+ round gave: the unmasked weighted average of what the clients sent,
+    their example counts and metrics, what the strategy received, the failures and the cost
+    (message rounds, bytes the clients sent, wall seconds)."""
 
-    merged_state: StateDict
+    aggregate: list[np.ndarray]
     settings: SecureSettings
     num_examples: list[int]
     metrics: list[dict[str, Any]]
@@ -335,23 +343,28 @@ class SecureResult:
         return self.settings.error_bound(self.num_examples)
 
 
-def secure_average(
+@dataclass
+class SecureResult(SecureRound):
+    """A secure plain average: the round and the merged state (the initial model's keys)."""
+
+    merged_state: StateDict = field(default_factory=dict)
+
+
+def secure_round(
     grid: Any,
-    initial: Mapping[str, torch.Tensor],
+    sent: Sequence[np.ndarray],
     num_clients: int,
     fit_config: Mapping[str, Any],
     settings: SecureSettings,
     timeout: float | None = None,
-) -> SecureResult:
-    """One SecAgg+ round on ``grid`` (every one of ``num_clients`` nodes trains from ``initial``
-    with ``fit_config``, which the clients' secure handler reads); the merged state has
-    ``initial``'s keys. :class:`SecureAggregationError` naming the stage and the failures when
-    the round yields no aggregate."""
+) -> SecureRound:
+    """One SecAgg+ round on ``grid``: every one of ``num_clients`` nodes receives the arrays
+    ``sent`` and ``fit_config`` (its secure handler reads what to compute from it) and the
+    server obtains the weighted average of the clients' answers.
+    :class:`SecureAggregationError` naming the stage and the failures when the round yields
+    no aggregate."""
     start = time.perf_counter()
-    initial_parameters = ndarrays_to_parameters(
-        [v.detach().cpu().numpy() for v in initial.values()]
-    )
-    strategy = SumOnlyFedAvg(num_clients, initial_parameters, fit_config)
+    strategy = SumOnlyFedAvg(num_clients, ndarrays_to_parameters(list(sent)), fit_config)
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
     legacy = LegacyContext(context, ServerConfig(num_rounds=1, round_timeout=timeout), strategy)
     num_shares, threshold = settings.shares(num_clients)
@@ -372,9 +385,8 @@ def secure_average(
             f"SecAgg+ halted at its {secagg.halted_at or 'last'} stage with no aggregate "
             f"(need {threshold} of {num_clients} clients to unmask); failures: {reasons}"
         )
-    merged = from_secure_arrays(initial, strategy.received[0])
-    return SecureResult(
-        merged,
+    return SecureRound(
+        strategy.received[0],
         settings,
         strategy.num_examples,
         strategy.metrics,
@@ -383,3 +395,20 @@ def secure_average(
         bytes_sent=counting.bytes_received,
         seconds=time.perf_counter() - start,
     )
+
+
+def secure_average(
+    grid: Any,
+    initial: Mapping[str, torch.Tensor],
+    num_clients: int,
+    fit_config: Mapping[str, Any],
+    settings: SecureSettings,
+    timeout: float | None = None,
+) -> SecureResult:
+    """The secure plain average: a :func:`secure_round` in which every client trains from
+    ``initial`` (all its arrays, in order) and answers its floating-point arrays; the merged
+    state has ``initial``'s keys (:func:`from_secure_arrays`)."""
+    sent = [v.detach().cpu().numpy() for v in initial.values()]
+    found = secure_round(grid, sent, num_clients, fit_config, settings, timeout)
+    merged = from_secure_arrays(initial, found.aggregate)
+    return SecureResult(**vars(found), merged_state=merged)

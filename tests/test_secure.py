@@ -2,7 +2,8 @@
 settings rule, the range check, the state round trip and the error bound on Flower's own
 quantisation arithmetic (in process), and one real SecAgg+ round in a Flower simulation (Ray,
 3 tiny clients, slow): the merge equals the clear plain average within the bound, its accuracy
-within 0.002, and the server-side strategy never received one client's arrays."""
+within 0.002, the server-side strategy never received one client's arrays, and the secure
+federated temperature is the pooled held-out optimum within the quantisation error."""
 
 from __future__ import annotations
 
@@ -115,6 +116,7 @@ def _clients_in_process(config, count):
     simulated client slot computes)."""
     from fedlmc.simulations.task import (
         build_from_config,
+        client_calibration_data,
         client_seed,
         client_train_data,
         load_splits,
@@ -124,7 +126,7 @@ def _clients_in_process(config, count):
 
     splits = load_splits(config)
     initial = build_from_config(config, splits).state_dict()
-    states, counts = [], []
+    states, counts, calibration = [], [], []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -132,6 +134,7 @@ def _clients_in_process(config, count):
             model = build_from_config(config, splits, seed=client_seed(config["seed"], pid))
             model.load_state_dict(initial)
             data = client_train_data(config, pid, count)
+            held_out = client_calibration_data(config, pid, count)
             model, _ = train_model(
                 model,
                 data,
@@ -139,29 +142,32 @@ def _clients_in_process(config, count):
                 seed=client_seed(config["seed"], pid, 1),
                 device="cpu",
                 augment=splits.augment,
+                held_out=held_out,
             )
+            calibration.append(held_out)
             states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
             counts.append(len(data[1]))
     finally:
         torch.set_num_threads(threads)
-    return splits, states, counts
+    return splits, states, counts, calibration
 
 
 @pytest.mark.slow
 def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_the_sum():
     from fedlmc.averaging import average, load_state
     from fedlmc.evaluation import metrics_from_logits, predict_logits
+    from fedlmc.merging.calibrate import fit_temperature, temperature_statistics
     from fedlmc.simulations.config import validate_run_config
     from fedlmc.simulations.federation import run_federation_outcome
     from fedlmc.simulations.task import build_from_config
 
     config = validate_run_config(
         {**TINY, "num-clients": 3, "strategy": "average", "init": "shared"}
-        | {"secure-aggregation": "secagg+"}
+        | {"secure-aggregation": "secagg+", "calibration": "federated"}
     )
     outcome = run_federation_outcome(config)
     result = outcome.secure["average"]
-    splits, states, counts = _clients_in_process(config, 3)
+    splits, states, counts, calibration = _clients_in_process(config, 3)
     assert sorted(result.num_examples) == sorted(counts)
     clear = average(states, counts)
     bound = result.error_bound
@@ -185,6 +191,18 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     model = load_state(build_from_config(config, splits), clear).eval()
     clear_acc = metrics_from_logits(predict_logits(model, splits.test[0]), splits.test[1], 1.0)
     assert abs(rows.loc["average", "accuracy"] - clear_acc["accuracy"]) <= 0.002
-    assert (rows["server_sees"] == "sum").all() and (rows["rounds"] == 4).all()
+    assert (rows["server_sees"] == "sum").all()
     assert (rows["clients_survived"] == 3).all() and rows["endpoint_acc_mean"].isna().all()
-    assert rows.loc["average_t", "temperature"] > 0
+
+    # The secure federated temperature is the optimum of the pooled held-out NLL of the merge
+    # (Brent on the pooled logits, in process), within the quantisation of the pooled means.
+    merged_model = load_state(build_from_config(config, splits), merged).eval()
+    x = torch.cat([c[0] for c in calibration])
+    y = torch.cat([c[1] for c in calibration])
+    logits = predict_logits(merged_model, x)
+    best = fit_temperature(logits, y)
+    fitted = outcome.secure["average_t"]
+    curvature = temperature_statistics(logits, y, math.log(best))
+    slack = 2 * fitted.error_bound / (curvature.hess_sum / curvature.count) + 1e-4
+    assert abs(math.log(rows.loc["average_t", "temperature"]) - math.log(best)) <= slack
+    assert (rows["rounds"] == 4 + fitted.message_rounds).all() and fitted.message_rounds >= 4

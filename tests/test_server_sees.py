@@ -67,7 +67,6 @@ def test_the_methods_table_has_a_server_sees_column():
         ({"strategy": "compare", "methods": "average,average_repair_t"}, "'average_repair_t'"),
         ({"strategy": "compare", "methods": "average,average_t"}, "strategy = 'compare'"),
         ({"strategy": "fedavg"}, "strategy = 'fedavg'"),
-        ({"strategy": "average", "calibration": "federated"}, "calibration = 'federated'"),
         ({"strategy": "average", "init": "shared", "warmup-rounds": 1}, "warmup-rounds = 1"),
     ],
 )
