@@ -1020,7 +1020,7 @@ def check_partition(config: Mapping[str, Any]) -> None:
 
 def check_secure_cell(config: Mapping[str, Any]) -> None:
     """``secure-aggregation``: the cell's merge methods checked
-    (:func:`fedlmc.simulations._new_secure_config.check_secure_aggregation`)."""
+    (``check_secure_aggregation`` of ``simulations/_new_secure_config.py``)."""
     methods = [config["align"]] if config["strategy"] == "aligned" else []
     methods += method_list(config) if config["strategy"] == "compare" else []
     check_secure_aggregation(config, methods)

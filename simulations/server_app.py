@@ -550,7 +550,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
 
 
 def run_secure(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
-    """``average`` under ``secure-aggregation`` (:mod:`fedlmc.simulations._new_secure_app`)."""
+    """``average`` under ``secure-aggregation`` (``simulations/_new_secure_app.py``)."""
     widths = width_columns(config)
     run_secure_average(grid, config, splits, template, device, outcome, merged_row, widths)
 
