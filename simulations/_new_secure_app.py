@@ -39,10 +39,7 @@ from fedlmc.strategies.secure import (
 )
 from fedlmc.strategies.secure_temperature import SecureTemperature, secure_temperature
 
-__all__ = ["SECURE_COLUMNS", "run_secure_average", "secure_fit_config", "secure_round_columns"]
-
-SECURE_COLUMNS = ("secagg_error_bound",)
-"""The server columns only a secure row fills."""
+__all__ = ["run_secure_average", "secure_fit_config", "secure_round_columns"]
 
 
 def secure_fit_config(config: Mapping[str, Any], clipping: float, max_weight: float) -> dict:
@@ -106,7 +103,8 @@ def run_secure_average(
     columns.update(merge_seconds=merge_seconds, secagg_error_bound=result.error_bound)
     n = len(result.num_examples)
     rows = [merged_row("average", model, splits, None, [], n, device)]
-    reference = server.temperature(model)[0] if server is not None else math.nan
+    calibrated = config["calibration"] != "none"
+    reference = server.temperature(model)[0] if calibrated and server is not None else math.nan
     temperature = reference
     if config["calibration"] == "federated":
         fitted = secure_temperature(
@@ -115,7 +113,7 @@ def run_secure_average(
         outcome.secure["average_t"] = fitted
         temperature = fitted.temperature
         columns = add_temperature_rounds(columns, fitted)
-    if config["calibration"] != "none" and math.isfinite(temperature):
+    if calibrated and math.isfinite(temperature):
         row = merged_row("average_t", model, splits, temperature, [], n, device)
         row["temperature_server_split"] = reference
         rows.append(row)
