@@ -50,9 +50,11 @@ def private_one_shot_average(
         min_evaluate_nodes=0,
         min_available_nodes=num_clients,
     )
-    return DifferentialPrivacyServerSideFixedClipping(
+    wrapper = DifferentialPrivacyServerSideFixedClipping(
         average, noise_multiplier, clipping_norm, num_clients
     )
+    wrapper.server_sees = "each model"  # clipped on the server: every model arrives in the clear
+    return wrapper
 
 
 def one_round_epsilon(noise_multiplier: float, num_clients: int, delta: float) -> float | None:

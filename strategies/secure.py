@@ -213,6 +213,9 @@ class SumOnlyFedAvg(FedAvg):
     (SecAgg+ gives each result the same unmasked aggregate), ``num_examples`` and ``metrics``
     each result's counts and metrics, ``failures`` the failures' text."""
 
+    server_sees = "sum"
+    """What the strategy receives of the clients (:mod:`fedlmc.merging.server_sees`)."""
+
     def __init__(
         self, num_clients: int, initial: Parameters, fit_config: Mapping[str, Any]
     ) -> None:

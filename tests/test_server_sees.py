@@ -45,6 +45,18 @@ def test_a_registration_without_it_gets_each_model_and_a_bad_value_is_refused():
         register_method("s33_bad", description="x", server_sees="a sum")
 
 
+def test_every_strategy_says_what_it_receives():
+    from fedlmc.strategies import AutoMerge, FedAvgBaseline, OneShotAverage
+    from fedlmc.strategies import PermutationAlignedAverage as Aligned
+    from fedlmc.strategies.private import private_one_shot_average
+    from fedlmc.strategies.secure import SumOnlyFedAvg
+
+    for strategy in (OneShotAverage, Aligned, AutoMerge, FedAvgBaseline):
+        assert strategy.server_sees == "each model"
+    assert SumOnlyFedAvg.server_sees == "sum"
+    assert private_one_shot_average(2, 1.0, 1.0).server_sees == "each model"
+
+
 def test_rows_carry_the_rule_of_their_method():
     assert empty_row("average", 2)["server_sees"] == "sum"
     assert empty_row("average_t", 2)["server_sees"] == "sum"
