@@ -152,6 +152,16 @@ ROUND_COLUMNS_DECLARED = (
         "held-out data)",
         source="server",
     ),
+    Column(
+        "secagg_error_bound",
+        "largest difference from the clear average SecAgg+'s quantisation allows",
+        '`average` rows of a `secure-aggregation = "secagg+"` run',
+        "\\(3 N c / (Q \\sum_i n_i / M)\\): \\(N\\) clients, clipping range \\(c\\), "
+        "quantisation range \\(Q = 2^{22}\\), \\(M\\) = SecAgg+'s `max_weight` (the "
+        "training pool's size), \\(n_i\\) the clients' examples: every merged value is "
+        "within it of the clear weighted average (`fedlmc.strategies.secure`)",
+        source="server",
+    ),
 )
 
 PROVENANCE_COLUMNS = (
@@ -186,6 +196,18 @@ COMMON_COLUMNS: tuple[Column, ...] = (
         kind="text",
     ),
     Column("num_clients", "clients merged", "every row", "the clients whose models the row uses"),
+    Column(
+        "server_sees",
+        "what the row's merge rule needs the server to see",
+        "every row",
+        "the least the server must see of the clients to compute the row's merge, the "
+        "method's `server_sees` declaration (`fedlmc.merging.server_sees`): `sum` (secure "
+        "aggregation can compute it), `each model's statistics`, `one model and permutations` "
+        "or `each model` (the ensembles); `fedavg`: `sum` (each round). A property of the rule, "
+        "not of the run: a run in the clear shows the server every model (the "
+        "`secure-aggregation` column says how the run was run)",
+        kind="text",
+    ),
     *endpoint_family(),
     *ensemble_family()[:3],
     *metric_family(),

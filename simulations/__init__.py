@@ -8,7 +8,8 @@ Layout (imports go one way, lowest first; ``tests/project/test_code_shape.py`` e
 - :mod:`~fedlmc.simulations.records`: what a run writes (``results.csv``, ``training.csv``,
   provenance, the out-dir lock) and tells its user;
 - the Flower app, Flower's template names: :mod:`~fedlmc.simulations.task` (model and data of a
-  run config), :mod:`~fedlmc.simulations.client_app`, :mod:`~fedlmc.simulations.server_app`;
+  run config), :mod:`~fedlmc.simulations.private` (its secure-aggregation pieces),
+  :mod:`~fedlmc.simulations.client_app`, :mod:`~fedlmc.simulations.server_app`;
 - :mod:`~fedlmc.simulations.engine`: the Ray/Flower machinery behind one ``run_cells``;
 - :mod:`~fedlmc.simulations.runs`: one federation, a sweep, reading a saved merge back;
 - :mod:`~fedlmc.simulations.report` and :mod:`~fedlmc.simulations.tracking`: what reads the

@@ -73,7 +73,9 @@ from fedlmc.simulations.config import (
     mixed_widths,
     validate_run_config,
 )
+from fedlmc.simulations.config.secure import is_secure
 from fedlmc.simulations.config.threads import server_threads, use_threads
+from fedlmc.simulations.private.secure_server import run_secure_average
 from fedlmc.simulations.records.out_dir_lock import out_dir_lock
 from fedlmc.simulations.records.progress import RunProgress, Say, flower_say, rows_destination
 from fedlmc.simulations.records.provenance import version_columns
@@ -86,6 +88,7 @@ from fedlmc.simulations.records.server_outcome import (
     merged_row,
     round_columns,
     train_config_record,
+    width_columns,
 )
 from fedlmc.simulations.records.training_file import training_rows, write_training
 from fedlmc.simulations.task import (
@@ -412,6 +415,13 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     outcome.rows.append({**row, **columns})
 
 
+def run_secure(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
+    """``average`` under ``secure-aggregation``
+    (:mod:`fedlmc.simulations.private.secure_server`)."""
+    widths = width_columns(config)
+    run_secure_average(grid, config, splits, template, device, outcome, merged_row, widths)
+
+
 MODES = {
     "compare": run_compare,
     "average": run_one_shot,
@@ -466,7 +476,8 @@ def run_mode(
     if mixed_widths(config):
         outcome.client_templates = client_templates(config, splits)
     outcome.weight_bound = weight_bound(config, simulated)
-    MODES[config["strategy"]](grid, config, splits, template, device_of(config), outcome)
+    mode = run_secure if is_secure(config) else MODES[config["strategy"]]
+    mode(grid, config, splits, template, device_of(config), outcome)
     outcome.timings["server_seconds"] = time.perf_counter() - start
     outcome.progress.finished(len(outcome.rows))
     return outcome

@@ -74,6 +74,10 @@ def configured_epochs(config: Mapping[str, Any]) -> int | None:
 class ScreenedFedAvg(FedAvg):
     """``FedAvg`` sending to all ``num_clients`` nodes and screening their replies."""
 
+    server_sees = "each model"
+    """What the strategy receives of the clients (:mod:`fedlmc.merging.server_sees`): every
+    reply's weights in the clear, to screen them."""
+
     def __init__(self, options: StrategyOptions | None = None, **fields: Any) -> None:
         """``options`` (:class:`fedlmc.strategies.options.StrategyOptions`), or its fields as
         keyword arguments (``num_clients=..., min_clients=...``; with ``options``, they replace

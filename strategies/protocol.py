@@ -45,6 +45,9 @@ from fedlmc.merging.repair import UnitStats
 StateDict = dict[str, Tensor]
 Shapes = dict[str, tuple[int, ...]]
 
+PARTITION_RECORD = "partition"
+"""The ConfigRecord the sweep engine adds to every message of a cell (its ``partition-id`` and
+``num-partitions``); the ClientApp prefers it to its node config."""
 PARTITION_KEY = "partition-id"
 NUM_PARTITIONS_KEY = "num-partitions"
 NUM_EXAMPLES_KEY = "num-examples"

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     StateDict = dict[str, Tensor]
 
 
-@register_method("average", description="plain weighted average, no permutation")
+@register_method("average", description="plain weighted average, no permutation", server_sees="sum")
 def plain_average(job: MergeJob) -> Alignment:
     r""":math:`\pi_i = \mathrm{id}`: the clients as they are."""
     return Alignment(list(job.states))
@@ -83,6 +83,7 @@ def activation_matching_to_first(job: MergeJob) -> Alignment:
 
 @register_method(
     "activation_federated",
+    server_sees="one model and permutations",
     description="activation matching onto client 0 computed by each client on its own data; "
     "only permutation indices leave the clients",
     needs_clients=True,
@@ -154,6 +155,7 @@ def random_permutation_control(job: MergeJob) -> Alignment:
 
 register_method(
     "average_repair",
+    server_sees="each model's statistics",
     description="plain average, then REPAIR of every hidden unit's statistics (server split, "
     "or the clients' data when calibration is federated)",
     needs_server_data=True,
@@ -185,6 +187,7 @@ def lewc_bias_combination(
 
 register_method(
     "average_lewc_bias",
+    server_sees="sum",
     description="plain average, but layer l's bias combined as sum_i w_i^l b_i, the way LEWC "
     "says the signal combines (norm-free plain chains: MLP, VGG without BatchNorm)",
     combine=lewc_bias_combination,
@@ -298,6 +301,7 @@ def automatic_choice(job: MergeJob) -> Alignment:
 
 @register_method(
     "embed_average",
+    server_sees="sum",
     description="mixed widths: every client embedded at the first units of the server width "
     "(HeteroFL's nesting), then the plain weighted average",
     mixed_widths=True,
@@ -353,6 +357,7 @@ def holder_combination(
 
 register_method(
     "heterofl",
+    server_sees="sum",
     description="mixed widths: every client embedded at the first units of the server width, "
     "each entry averaged over the clients that hold it (HeteroFL's aggregation)",
     combine=holder_combination,

@@ -34,6 +34,10 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
 - ``on_path``: the merge lies on a path between the aligned clients (default); ``False`` for a
   control that moves one client off it (``random_direction``): the study leaves its barrier and
   path columns NaN;
+- ``server_sees``: the least the server must see of the clients for this method's rule, one of
+  :data:`fedlmc.merging.server_sees.SERVER_SEES` (``sum``: secure aggregation can run it;
+  default ``each model``); the ``server_sees`` column, the methods table and ``fedlmc
+  validate``'s refusal of a secure-aggregation cell read it;
 - ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
   a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
   ``average``);
@@ -63,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
+from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, check_server_sees
 from fedlmc.registry import Registry
 
 if TYPE_CHECKING:
@@ -182,6 +187,7 @@ class MergeMethod:
     mixed_widths: bool = False
     counterpart_of: str = ""
     on_path: bool = True
+    server_sees: str = DEFAULT_SERVER_SEES
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
@@ -213,6 +219,7 @@ def register_method(
     mixed_widths: bool = False,
     counterpart_of: str = "",
     on_path: bool = True,
+    server_sees: str = DEFAULT_SERVER_SEES,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -222,6 +229,7 @@ def register_method(
             f"{CALIBRATED_SUFFIX!r} and not {', '.join(REFERENCE_METHODS)}"
         )
     check_own_columns(name, tuple(columns), replace=replace)
+    check_server_sees(name, server_sees)
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
         entry = MergeMethod(
@@ -240,6 +248,7 @@ def register_method(
             mixed_widths,
             counterpart_of,
             on_path,
+            server_sees,
         )
         METHODS.add(name, entry, replace=replace)
         return align

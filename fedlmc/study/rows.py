@@ -28,7 +28,8 @@ from fedlmc.columns import (
     Column,
     check_unique,
 )
-from fedlmc.merging.methods import METHODS
+from fedlmc.merging.methods import METHODS, base_method
+from fedlmc.merging.server_sees import REFERENCE_SERVER_SEES
 
 __all__ = [
     "CLIENT_BARRIER_COLUMNS",
@@ -51,6 +52,7 @@ __all__ = [
     "metric_columns",
     "report_tables",
     "row_columns",
+    "server_sees_of",
     "string_columns",
 ]
 
@@ -145,7 +147,18 @@ def empty_row(method: str, num_clients: int) -> dict[str, Any]:
     row.update({name: "" for name in string_columns()})
     row["method"] = method
     row["num_clients"] = int(num_clients)
+    row["server_sees"] = server_sees_of(method)
     return row
+
+
+def server_sees_of(method: str) -> str:
+    """What the row ``method``'s merge rule needs the server to see: the registered method's
+    ``server_sees`` (``m_t`` as ``m``), :data:`~fedlmc.merging.server_sees.REFERENCE_SERVER_SEES`
+    for the ensembles and ``fedavg``, empty for any other name."""
+    base = base_method(method)
+    if base in METHODS:
+        return METHODS.get(base).server_sees
+    return REFERENCE_SERVER_SEES.get(base, "")
 
 
 def metric_columns(

@@ -23,6 +23,7 @@ from fedlmc.models.registry import (
 from fedlmc.simulations.config.derived import (
     client_pool_size,
     client_widths,
+    method_list,
     mixed_width_methods,
     mixed_widths,
     resolved_norm,
@@ -35,6 +36,7 @@ from fedlmc.simulations.config.schema import (
     ConfigError,
     shown,
 )
+from fedlmc.simulations.config.secure import check_secure_aggregation
 from fedlmc.simulations.config.values import FEDAVG, parse_widths
 
 
@@ -244,3 +246,11 @@ def check_partition(config: Mapping[str, Any]) -> None:
             f"classes-per-client = {per_client}: allowed: at most {pool // clients} shards per "
             f"client for partition = 'shard' with {clients} clients and {pool} examples"
         )
+
+
+def check_secure_cell(config: Mapping[str, Any]) -> None:
+    """``secure-aggregation``: the cell's merge methods checked
+    (:func:`fedlmc.simulations.config.secure.check_secure_aggregation`)."""
+    methods = [config["align"]] if config["strategy"] == "aligned" else []
+    methods += method_list(config) if config["strategy"] == "compare" else []
+    check_secure_aggregation(config, methods)

@@ -29,6 +29,7 @@ from fedlmc.simulations.config.schema import (
     fraction,
     named,
 )
+from fedlmc.simulations.config.secure import SECURE_MODES, SECURE_OFF, is_secure
 from fedlmc.simulations.config.values import (
     BIAS_VALUES,
     DEFAULT_MAX_SHARE,
@@ -203,6 +204,21 @@ def declared_keys() -> dict[str, Key]:
                 '`calibration = "federated"` with `strategy` `"average"` or `"aligned"`',
                 lambda c: federated_calibration(c),
             ),
+        ),
+        "secure-aggregation": named(
+            str,
+            SECURE_OFF,
+            "secure aggregation of the one-shot average: off (every client's weights reach "
+            "the server), or secagg+ (Flower's SecAgg+: the server sees only their weighted sum)",
+            SECURE_MODES,
+        ),
+        "secagg-clipping-range": Key(
+            float,
+            0.0,
+            "SecAgg+ clipping range c: every trained weight must lie in [-c, c] (0: the "
+            "smallest power of two >= 4x the initial model's largest |weight|, at least 8)",
+            at_least(0.0),
+            applies=Rule('`secure-aggregation = "secagg+"`', lambda c: is_secure(c)),
         ),
         "init": named(
             str,

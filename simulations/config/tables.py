@@ -13,7 +13,7 @@ from fedlmc.merging.methods import CALIBRATED_SUFFIX, METHODS, REFERENCE_METHODS
 from fedlmc.models.registry import MODELS
 from fedlmc.simulations.config import FEDAVG, option_key, run_schema
 from fedlmc.simulations.config.schema import Key
-from fedlmc.study.rows import columns_markdown
+from fedlmc.study.rows import columns_markdown, server_sees_of
 from fedlmc.training_columns import training_columns_markdown
 
 __all__ = [
@@ -58,14 +58,26 @@ def methods_table() -> str:
             _yes(m.reestimate_bn),
             _yes(m.mixed_widths),
             m.description,
+            m.server_sees,
         ]
         for m in METHODS
     ]
     rows += [
-        [f"`{name}`", "none", "yes", "-", "-", text] for name, text in REFERENCE_METHODS.items()
+        [f"`{name}`", "none", "yes", "-", "-", text, server_sees_of(name)]
+        for name, text in REFERENCE_METHODS.items()
     ]
-    rows.append([f"`{FEDAVG}`", "none", "yes", "no", "no", FEDAVG_DESCRIPTION])
-    header = ["method (rows)", "data it needs", "N > 2", "BN re-estimated", "mixed widths", "what"]
+    rows.append(
+        [f"`{FEDAVG}`", "none", "yes", "no", "no", FEDAVG_DESCRIPTION, server_sees_of(FEDAVG)]
+    )
+    header = [
+        "method (rows)",
+        "data it needs",
+        "N > 2",
+        "BN re-estimated",
+        "mixed widths",
+        "what",
+        "server sees",
+    ]
     return _table(header, rows)
 
 

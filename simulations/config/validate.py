@@ -18,6 +18,7 @@ from fedlmc.simulations.config.checks import (
     check_model_bias,
     check_partition,
     check_plain_chain_methods,
+    check_secure_cell,
     check_two_client_methods,
     check_warmup_rounds,
     check_widths,
@@ -123,6 +124,7 @@ CONSISTENCY_CHECKS: list[Check] = [
     check_plain_chain_methods,
     check_two_client_methods,
     check_widths,
+    check_secure_cell,
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
 about a new key joins this list (run by :func:`validate_run_config`)."""

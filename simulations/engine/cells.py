@@ -84,6 +84,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedlmc.simulations.config.secure import secure_cells_in_flight
 from fedlmc.simulations.config.threads import (
     config_slot_threads,
     server_threads,
@@ -207,7 +208,8 @@ def _run_group(
             raise
         stats.startup_seconds.append(time.perf_counter() - start)
         stats.slots, stats.supernodes = slots, max(stats.supernodes, pool_size)
-        stats.max_in_flight = max_in_flight or default_in_flight(slots, jobs)
+        wanted = max_in_flight or default_in_flight(slots, jobs)
+        stats.max_in_flight = secure_cells_in_flight([j.config for j in jobs], wanted)
         stats.simulations += 1
         server = SweepServer(
             jobs,

@@ -13,9 +13,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedlmc.simulations.engine.slots import POLL_SECONDS, Broker
-from fedlmc.strategies.protocol import NUM_PARTITIONS_KEY, PARTITION_KEY
-
-PARTITION_RECORD = "partition"  # ConfigRecord a cell adds to each message it sends
+from fedlmc.strategies.protocol import NUM_PARTITIONS_KEY, PARTITION_KEY, PARTITION_RECORD
 
 
 class CellGrid(Grid):

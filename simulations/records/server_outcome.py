@@ -51,6 +51,8 @@ class ServerOutcome:
     client_templates: dict[int, nn.Module] | None = None
     """Clients of different widths: per partition id a model at that client's width (``None``:
     every client at the server's width, :func:`fedlmc.simulations.config.mixed_widths`)."""
+    secure: dict[str, Any] = field(default_factory=dict)
+    """Per method, the secure round behind it (``secure-aggregation = "secagg+"``)."""
     progress: RunProgress = field(default_factory=lambda: RunProgress(None))
     """Where the stages are told (:mod:`fedlmc.simulations.records.progress`; silent by default)."""
 

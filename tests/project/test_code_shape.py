@@ -38,7 +38,9 @@ LAYERS = (
 SIMULATION_LAYERS = (
     ("fedlmc.simulations.config",),
     ("fedlmc.simulations.records",),
-    ("fedlmc.simulations.task", "fedlmc.simulations.client_app", "fedlmc.simulations.server_app"),
+    ("fedlmc.simulations.task",),
+    ("fedlmc.simulations.private",),
+    ("fedlmc.simulations.client_app", "fedlmc.simulations.server_app"),
     ("fedlmc.simulations.engine",),
     ("fedlmc.simulations.runs",),
     ("fedlmc.simulations.report", "fedlmc.simulations.tracking"),

@@ -1,0 +1,84 @@
+"""The ``secure-aggregation`` run-config key: its values and the check of a cell that uses it.
+
+``secure-aggregation = "secagg+"`` merges ``strategy = "average"`` through Flower's SecAgg+
+(:mod:`fedlmc.strategies.secure`), so the server obtains only the weighted sum of the clients'
+arrays. :func:`check_secure_aggregation` refuses, before any work, every cell whose merge needs
+more than a sum (naming the method and what its rule needs the server to see,
+:mod:`fedlmc.merging.server_sees`) and the settings the secure path does not run. No Flower
+import here: the run-config validation reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fedlmc.merging.methods import base_method
+from fedlmc.merging.server_sees import SECURE_SUM
+from fedlmc.simulations.config.schema import ConfigError
+
+__all__ = [
+    "SECURE_MODES",
+    "SECURE_OFF",
+    "check_secure_aggregation",
+    "is_secure",
+    "secure_cells_in_flight",
+]
+
+SECURE_OFF = "off"
+SECURE_MODES = (SECURE_OFF, "secagg+")
+"""``off``: every client's arrays reach the server in the clear; ``secagg+``: Flower's SecAgg+
+(the legacy ``SecAggPlusWorkflow`` and ``secaggplus_mod``)."""
+
+
+def is_secure(config: Mapping[str, Any]) -> bool:
+    """Whether the run merges under secure aggregation."""
+    return config.get("secure-aggregation", SECURE_OFF) != SECURE_OFF
+
+
+def secure_cells_in_flight(configs: Sequence[Mapping[str, Any]], wanted: int) -> int:
+    """1 when any cell is secure, else ``wanted``: SecAgg+'s client state (keys, shares) lives
+    in the node's ``context.state`` under one name, so two secure rounds must not interleave on
+    a node."""
+    return 1 if any(is_secure(c) for c in configs) else wanted
+
+
+def _needs_more_than_sum(method: str) -> str | None:
+    """What ``method``'s rule needs the server to see when that is more than a sum, else None."""
+    from fedlmc.study.rows import server_sees_of
+
+    sees = server_sees_of(base_method(method))
+    return None if sees == SECURE_SUM else sees
+
+
+def _refuse_methods(config: Mapping[str, Any], mode: str, methods: Sequence[str]) -> None:
+    strategy = config["strategy"]
+    for method in methods:
+        sees = _needs_more_than_sum(method)
+        if sees is not None:
+            raise ConfigError(
+                f"secure-aggregation = {mode!r}: merge method {method!r} needs the server to "
+                f"see {sees}, secure aggregation gives it only a sum; allowed: "
+                "strategy = 'average'"
+            )
+    if strategy != "average":
+        raise ConfigError(
+            f"secure-aggregation = {mode!r} with strategy = {strategy!r}: allowed only with "
+            "strategy = 'average' (the one merge fedlmc runs under secure aggregation)"
+        )
+
+
+def check_secure_aggregation(config: Mapping[str, Any], methods: Sequence[str]) -> None:
+    """A secure cell: ``strategy = "average"`` (the first of the cell's merge ``methods``
+    whose rule needs more than a sum is named; the widths check already refuses ``average``
+    for clients of different widths; ``num-clients`` is at least 2) and no warm-up rounds
+    (they average in the clear)."""
+    if not is_secure(config):
+        return
+    mode = config["secure-aggregation"]
+    _refuse_methods(config, mode, methods)
+    if config["warmup-rounds"]:
+        raise ConfigError(
+            f"secure-aggregation = {mode!r} with warmup-rounds = {config['warmup-rounds']}: "
+            "allowed: warmup-rounds = 0 (warm-up rounds average in the clear)"
+        )

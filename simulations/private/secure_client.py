@@ -1,0 +1,180 @@
+"""The client side of the secure plain average: Flower's ``secaggplus_mod`` on the ``train``
+handler of the fedlmc ClientApp.
+
+A ClientApp cannot mix a ``client_fn`` with ``@app.train`` handlers, so instead of a separate
+``NumPyClient`` app, the mod :func:`secure_train_mod` returns sits on the ClientApp's ``train``
+handler (``app.train(mods=[secure_train_mod(train_reply, use_slot_threads)])``): a message of
+Flower's SecAgg+ workflow (it carries the ``secaggplus_configs`` record) goes through
+:func:`flwr.client.mod.secaggplus_mod`, whose masked-vector stage calls
+:func:`secure_fit_reply`; every other message goes to the ordinary handler untouched.
+
+:func:`secure_fit_reply` trains exactly as the clear ``train`` handler does (the
+``train_reply`` it is given: :func:`fedlmc.simulations.client_app.train_reply`, same seeds),
+checks that every trained
+floating-point value lies inside the clipping range the server chose (an error reply naming the
+key and value, never a silent clip: :func:`fedlmc.strategies.secure.check_in_range`) and that
+its example count is at most ``max_weight``, and answers in the legacy ``FitRes`` format with
+its floating-point arrays only (:func:`fedlmc.strategies.secure.secure_arrays`), which the mod
+then quantises and masks. No weight leaves the client in the clear.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.client.mod import secaggplus_mod
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common import recorddict_compat as compat
+
+from fedlmc.strategies.protocol import (
+    NUM_PARTITIONS_KEY,
+    PARTITION_KEY,
+    PARTITION_RECORD,
+    record_to_state,
+    state_to_record,
+)
+from fedlmc.strategies.secure import (
+    CLIPPING_KEY,
+    MAX_WEIGHT_KEY,
+    check_in_range,
+    secure_arrays,
+)
+from fedlmc.strategies.secure_temperature import LOG_T_KEY, TASK_KEY, TEMPERATURE_TASK
+
+__all__ = ["secure_fit_reply", "secure_train_mod"]
+REPORTED_METRICS = ("partition-id", "train-loss", "train-accuracy", "train-seconds")
+
+
+def is_secure_message(message: Message) -> bool:
+    """Whether ``message`` belongs to Flower's SecAgg+ protocol."""
+    return message.has_content() and RECORD_KEY_CONFIGS in message.content.config_records
+
+
+Handler = Callable[[Message, Context], Any]
+
+
+def secure_train_mod(train_reply: Handler, use_threads: Handler) -> Callable[..., Message]:
+    """The ``train`` handler's mod: SecAgg+ for the protocol's messages (their training by
+    :func:`secure_fit_reply` with the clear ``train_reply``, after ``use_threads``), the
+    ordinary handler for every other message."""
+
+    def fit(message: Message, context: Context) -> Message:
+        use_threads(message, context)
+        return secure_fit_reply(message, context, train_reply)
+
+    def mod(message: Message, context: Context, call_next: Handler) -> Message:
+        if not is_secure_message(message):
+            return call_next(message, context)
+        return secaggplus_mod(message, context, fit)
+
+    return mod
+
+
+def _train_content(message: Message, fit_config: dict[str, Any], arrays: list) -> RecordDict:
+    """The content of the clear ``train`` message equivalent to a legacy fit instruction: the
+    initial arrays under the model's keys, the fit config and the sweep's partition record."""
+    import torch
+
+    from fedlmc.simulations.task import build_from_config, client_run_config, load_splits
+
+    config = client_run_config({}, fit_config)
+    keys = list(build_from_config(config, load_splits(config)).state_dict())
+    if len(keys) != len(arrays):
+        raise ValueError(f"received {len(arrays)} initial arrays for a model of {len(keys)}")
+    state = {k: torch.as_tensor(a) for k, a in zip(keys, arrays, strict=True)}
+    content = RecordDict({"arrays": state_to_record(state), "config": ConfigRecord(fit_config)})
+    if PARTITION_RECORD in message.content.config_records:
+        content[PARTITION_RECORD] = message.content.config_records[PARTITION_RECORD]
+    return content
+
+
+def _clear_train_reply(
+    message: Message, context: Context, content: RecordDict, train_reply: Handler
+) -> Message:
+    """``train_reply``'s answer to ``message`` carrying ``content`` (a client cannot create a
+    message of its own, so the received one is lent and restored)."""
+    received = message.content
+    message.content = content
+    try:
+        return train_reply(message, context)
+    finally:
+        message.content = received
+
+
+def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -> Message:
+    """Train with the clear ``train_reply``, check the range and the example count, reply with
+    a legacy ``FitRes`` holding the floating-point arrays (the mod masks them before anything
+    is sent)."""
+    fit_ins = compat.recorddict_to_fitins(message.content, keep_input=True)
+    fit_config = dict(fit_ins.config)
+    arrays = parameters_to_ndarrays(fit_ins.parameters)
+    if fit_config.get(TASK_KEY) == TEMPERATURE_TASK:
+        return secure_temperature_reply(message, context, fit_config, arrays)
+    content = _train_content(message, fit_config, arrays)
+    reply = _clear_train_reply(message, context, content, train_reply)
+    state = record_to_state(reply.content.array_records["arrays"])
+    metrics = reply.content.metric_records["metrics"]
+    pid = int(metrics["partition-id"])
+    check_in_range(state, float(fit_config[CLIPPING_KEY]), f"client partition {pid}")
+    count = int(metrics["num-examples"])
+    reported = {k: metrics[k] for k in REPORTED_METRICS}
+    return _fit_reply(message, secure_arrays(state), count, fit_config, reported)
+
+
+def _fit_reply(
+    message: Message, arrays: list, count: int, fit_config: dict, metrics: dict
+) -> Message:
+    """The legacy ``FitRes`` reply (checked: ``count`` at most the server's ``max_weight``)."""
+    if count > float(fit_config[MAX_WEIGHT_KEY]):
+        raise ValueError(
+            f"client partition {metrics['partition-id']}: {count} examples; allowed: at most "
+            f"the max_weight {fit_config[MAX_WEIGHT_KEY]} the server set"
+        )
+    fit_res = FitRes(Status(Code.OK, "ok"), ndarrays_to_parameters(arrays), count, metrics)
+    return Message(compat.fitres_to_recorddict(fit_res, keep_input=True), reply_to=message)
+
+
+def _partition_of(message: Message, context: Context) -> tuple[int, int]:
+    """``(partition-id, num-partitions)``: the sweep's partition record, else the node's."""
+    sent = message.content.config_records.get(PARTITION_RECORD, {})
+    source = sent if PARTITION_KEY in sent else context.node_config
+    return int(source[PARTITION_KEY]), int(source[NUM_PARTITIONS_KEY])
+
+
+def secure_temperature_reply(
+    message: Message, context: Context, fit_config: dict[str, Any], arrays: list
+) -> Message:
+    """The means of the NLL and its two derivatives in log T, at the ``log T`` the server
+    sent, of the received (merged) model on this node's calibration data
+    (:mod:`fedlmc.strategies.secure_temperature`), checked to lie in the clipping range."""
+    import numpy as np
+    import torch
+
+    from fedlmc.evaluation import predict_logits
+    from fedlmc.merging.calibrate import temperature_statistics
+    from fedlmc.simulations.task import (
+        build_from_config,
+        client_calibration_data,
+        client_run_config,
+        device_of,
+        load_splits,
+    )
+
+    config = client_run_config(context.run_config, fit_config)
+    pid, num_partitions = _partition_of(message, context)
+    model = build_from_config(config, load_splits(config))
+    keys = list(model.state_dict())
+    model.load_state_dict({k: torch.as_tensor(a) for k, a in zip(keys, arrays, strict=True)})
+    x, y = client_calibration_data(config, pid, num_partitions)
+    logits = predict_logits(model.to(device_of(config)).eval(), x)
+    stats = temperature_statistics(logits, y, float(fit_config[LOG_T_KEY]))
+    means = np.array([stats.nll_sum, stats.grad_sum, stats.hess_sum]) / max(stats.count, 1)
+    check_in_range(
+        {"temperature statistics": torch.as_tensor(means)},
+        float(fit_config[CLIPPING_KEY]),
+        f"client partition {pid} at log T = {float(fit_config[LOG_T_KEY]):.4g}",
+    )
+    return _fit_reply(message, [means], int(stats.count), fit_config, {"partition-id": pid})

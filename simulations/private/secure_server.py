@@ -1,0 +1,131 @@
+"""The ServerApp mode of ``strategy = "average"`` with ``secure-aggregation = "secagg+"``.
+
+:func:`run_secure_average` replaces the clear one-shot round (``run_one_shot``) when the run
+is secure: one SecAgg+ round (:func:`fedlmc.strategies.secure.secure_average`) on the run's
+Grid, in a simulation or a deployment alike, then the same post-merge steps on the server's
+own data as the clear ``average`` strategy (BatchNorm statistics re-estimated on the server
+split; the server holds the merged model, never a client's). The temperature of ``average_t``
+is fitted on the server split (``calibration = "server"``) or, with ``calibration =
+"federated"``, by secure Newton rounds on the clients' held-out data
+(:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL means); no
+``average_t`` with ``"none"``. What differs from a clear run's rows:
+
+- the endpoint and merge-gap columns are NaN: the server never holds a client's model to
+  evaluate (the clients' own accuracy is not reported under secure aggregation);
+- ``rounds`` counts SecAgg+'s four message rounds (four more per secure temperature round),
+  ``bytes_sent_by_clients`` every reply's payload (public keys, encrypted shares, the masked
+  vectors, the unmasking shares), ``round_seconds`` the wall time of all secure rounds,
+  ``clients_survived`` the clients whose masked vectors entered the sum;
+- ``secagg_error_bound``: the largest difference of a merged value from the clear weighted
+  average the quantisation allows (:meth:`fedlmc.strategies.secure.SecureSettings.error_bound`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from fedlmc.averaging import load_state
+from fedlmc.data.loading import DataSplits
+from fedlmc.merging.post_merge import ServerData, post_merge
+from fedlmc.strategies.secure import (
+    CLIPPING_KEY,
+    MAX_WEIGHT_KEY,
+    SecureResult,
+    secure_average,
+    secure_settings,
+)
+from fedlmc.strategies.secure_temperature import SecureTemperature, secure_temperature
+
+__all__ = ["run_secure_average", "secure_fit_config", "secure_round_columns"]
+
+
+def secure_fit_config(config: Mapping[str, Any], clipping: float, max_weight: float) -> dict:
+    """What the secure round sends every client: the run config, the round and the clients'
+    check values (the clipping range and ``max_weight``)."""
+    sent = {k: v for k, v in config.items()}
+    sent.update({"server-round": 1, CLIPPING_KEY: float(clipping), MAX_WEIGHT_KEY: max_weight})
+    return sent
+
+
+def secure_round_columns(
+    result: SecureResult, config: Mapping[str, Any], widths: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The round columns (:data:`fedlmc.study.rows.ROUND_COLUMNS`) of a secure round
+    (``widths``: the server's width columns)."""
+    from fedlmc.study.rows import ROUND_COLUMNS
+
+    train_seconds = [float(m.get("train-seconds", math.nan)) for m in result.metrics]
+    survived = len(result.num_examples)
+    columns = {
+        "clients_survived": survived,
+        "clients_failed": "; ".join(result.failures),
+        "clients_dropped": int(config["num-clients"]) - survived,
+        "clients_dropped_reasons": "",
+        "bytes_sent_by_clients": int(result.bytes_sent),
+        "rounds": int(result.rounds),
+        "train_seconds": float(sum(train_seconds)),
+        "round_seconds": float(result.seconds),
+        **widths,
+    }
+    assert tuple(columns) == ROUND_COLUMNS
+    return columns
+
+
+def run_secure_average(
+    grid, config, splits: DataSplits, template, device, outcome, merged_row, widths
+) -> None:
+    """The secure ``average`` mode (see the module docstring); fills ``outcome`` like the
+    clear mode (its rows and merged state). ``merged_row`` and ``widths`` are the ServerApp's
+    row builder and width columns (:func:`fedlmc.simulations.server_app.merged_row`,
+    ``width_columns``)."""
+    initial = {k: v.detach().cpu() for k, v in template.state_dict().items()}
+    settings = secure_settings(
+        initial, len(splits.train[1]), float(config["secagg-clipping-range"])
+    )
+    sent = secure_fit_config(config, settings.clipping_range, settings.max_weight)
+    outcome.progress.training(config["num-clients"], config["epochs"])
+    n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
+    result = secure_average(grid, initial, n_clients, sent, settings, timeout)
+    outcome.progress.trained(len(result.num_examples), result.seconds)
+    start = time.perf_counter()
+    server = ServerData(*splits.server) if len(splits.server[1]) else None
+    weights = [n / sum(result.num_examples) for n in result.num_examples]
+    finished = post_merge(
+        template, result.merged_state, [], weights, "average", server, device=device
+    )
+    merge_seconds = time.perf_counter() - start
+    outcome.merged["average"] = finished.state
+    model = load_state(template, finished.state).to(device).eval()
+    columns = secure_round_columns(result, config, widths)
+    columns.update(merge_seconds=merge_seconds, secagg_error_bound=result.error_bound)
+    n = len(result.num_examples)
+    rows = [merged_row("average", model, splits, None, [], n, device)]
+    calibrated = config["calibration"] != "none"
+    reference = server.temperature(model)[0] if calibrated and server is not None else math.nan
+    temperature = reference
+    if config["calibration"] == "federated":
+        fitted = secure_temperature(
+            grid, finished.state, n_clients, config, settings.max_weight, timeout
+        )
+        outcome.secure["average_t"] = fitted
+        temperature = fitted.temperature
+        columns = add_temperature_rounds(columns, fitted)
+    if calibrated and math.isfinite(temperature):
+        row = merged_row("average_t", model, splits, temperature, [], n, device)
+        row["temperature_server_split"] = reference
+        rows.append(row)
+    outcome.rows.extend({**row, **columns} for row in rows)
+    outcome.secure["average"] = result
+
+
+def add_temperature_rounds(columns: dict[str, Any], fitted: SecureTemperature) -> dict[str, Any]:
+    """The round columns with the secure temperature's rounds, bytes and seconds added."""
+    return {
+        **columns,
+        "rounds": columns["rounds"] + fitted.message_rounds,
+        "bytes_sent_by_clients": columns["bytes_sent_by_clients"] + fitted.bytes_sent,
+        "round_seconds": columns["round_seconds"] + fitted.seconds,
+    }

@@ -1,0 +1,107 @@
+"""`server_sees` (fedlmc.merging.server_sees): every merge method's declaration, the results
+column, the methods table, and the run-config refusal of a secure-aggregation cell whose merge
+needs more than a sum (simulations/config/secure.py). In process, no Flower run."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedlmc.merging.methods import METHODS, Alignment, register_method
+from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SERVER_SEES
+from fedlmc.simulations.cli import main
+from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.registry_tables import methods_table
+from fedlmc.simulations.schema import ConfigError
+from fedlmc.study.rows import empty_row
+
+SECURE = {"num-clients": 3, "secure-aggregation": "secagg+"}
+
+
+def test_every_method_declares_a_known_value_and_only_sum_rules_say_sum():
+    declared = {m.name: m.server_sees for m in METHODS}
+    assert set(declared.values()) <= set(SERVER_SEES)
+    assert {m for m, v in declared.items() if v == "sum"} == {
+        "average",
+        "average_lewc_bias",
+        "embed_average",
+        "heterofl",
+    }
+    for aligning in ("weight_matching", "activation_matching", "merge_many", "auto"):
+        assert declared[aligning] == "each model"
+    assert declared["average_repair"] == "each model's statistics"
+    assert declared["activation_federated"] == "one model and permutations"
+
+
+def test_a_registration_without_it_gets_each_model_and_a_bad_value_is_refused():
+    @register_method("s33_plain", description="test: plain")
+    def plain(job) -> Alignment:
+        return Alignment(list(job.states))
+
+    try:
+        assert METHODS.get("s33_plain").server_sees == DEFAULT_SERVER_SEES == "each model"
+    finally:
+        METHODS.remove("s33_plain")
+    with pytest.raises(ValueError, match=r"server_sees = 'a sum'; allowed: 'sum', "):
+        register_method("s33_bad", description="x", server_sees="a sum")
+
+
+def test_every_strategy_says_what_it_receives():
+    from fedlmc.strategies import AutoMerge, FedAvgBaseline, OneShotAverage
+    from fedlmc.strategies import PermutationAlignedAverage as Aligned
+    from fedlmc.strategies.private import private_one_shot_average
+    from fedlmc.strategies.secure import SumOnlyFedAvg
+
+    for strategy in (OneShotAverage, Aligned, AutoMerge, FedAvgBaseline):
+        assert strategy.server_sees == "each model"
+    assert SumOnlyFedAvg.server_sees == "sum"
+    assert private_one_shot_average(2, 1.0, 1.0).server_sees == "each model"
+
+
+def test_rows_carry_the_rule_of_their_method():
+    assert empty_row("average", 2)["server_sees"] == "sum"
+    assert empty_row("average_t", 2)["server_sees"] == "sum"
+    assert empty_row("weight_matching_t", 2)["server_sees"] == "each model"
+    assert empty_row("ensemble", 2)["server_sees"] == "each model"
+    assert empty_row("fedavg", 2)["server_sees"] == "sum"
+
+
+def test_the_methods_table_has_a_server_sees_column():
+    lines = {line.split(" | ")[0]: line for line in methods_table().splitlines()}
+    assert lines["| method (rows)"].endswith("| what | server sees |")
+    assert lines["| `average`, `average_t`"].endswith("| sum |")
+    assert lines["| `merge_many`, `merge_many_t`"].endswith("| each model |")
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"strategy": "aligned", "align": "merge_many"}, "merge method 'merge_many' needs"),
+        ({"strategy": "compare", "methods": "average,average_repair_t"}, "'average_repair_t'"),
+        ({"strategy": "compare", "methods": "average,average_t"}, "strategy = 'compare'"),
+        ({"strategy": "fedavg"}, "strategy = 'fedavg'"),
+        ({"strategy": "average", "init": "shared", "warmup-rounds": 1}, "warmup-rounds = 1"),
+    ],
+)
+def test_a_secure_cell_that_needs_more_than_a_sum_is_refused(extra, named):
+    with pytest.raises(ConfigError, match="secure-aggregation = 'secagg[+]'") as err:
+        validate_run_config({**SECURE, **extra})
+    assert named in str(err.value)
+
+
+def test_the_secure_plain_average_is_accepted():
+    config = validate_run_config({**SECURE, "strategy": "average"})
+    assert config["secure-aggregation"] == "secagg+"
+    assert validate_run_config({"strategy": "aligned"})["secure-aggregation"] == "off"
+
+
+def test_fedlmc_validate_refuses_it_on_one_line_with_a_non_zero_status(tmp_path, capsys):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        'name = "s"\n[run]\nstrategy = "aligned"\nalign = "weight_matching"\nnum-clients = 2\n'
+        'secure-aggregation = "secagg+"\n'
+    )
+    status = main(["validate", str(sweep), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status != 0
+    assert len(err) == 1 and "merge method 'weight_matching' needs the server to see" in err[0]
+    assert not (tmp_path / "out").exists()
