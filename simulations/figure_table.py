@@ -18,6 +18,12 @@ from typing import Any
 import pandas as pd
 
 from fedlmc.registry import Registry
+from fedlmc.simulations._new_study_figures import (
+    barrier_vs_weight_decay_figure,
+    has_depth_study,
+    has_weight_decay_study,
+    lewc_scale_vs_depth_figure,
+)
 from fedlmc.simulations.figures import (
     LEWC_PANELS,
     MECHANISM_METHODS,
@@ -299,3 +305,13 @@ def training_curves(d: FigureInputs, path: Path) -> Path | None:
 @figure("width_mix", lambda d: has_mixed_widths(d.rows))
 def width_mix(d: FigureInputs, path: Path) -> Path | None:
     return width_mix_figure(d.rows, d.methods, path, d.settings)
+
+
+@figure("barrier_vs_weight_decay", lambda d: has_weight_decay_study(d.rows))
+def barrier_vs_weight_decay(d: FigureInputs, path: Path) -> Path | None:
+    return barrier_vs_weight_decay_figure(d.rows, path, d.settings)
+
+
+@figure("lewc_scale_vs_depth", lambda d: has_depth_study(d.rows))
+def lewc_scale_vs_depth(d: FigureInputs, path: Path) -> Path | None:
+    return lewc_scale_vs_depth_figure(d.rows, path, d.settings)

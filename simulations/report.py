@@ -50,6 +50,14 @@ figures whose data exists:
   ensemble) and the calibrated barrier at lambda = 1/2 against the width mix ``"client widths ->
   server width"``, solid for ``init = independent``, dashed for ``shared``
   (:mod:`fedlmc.simulations.width_figures`).
+- ``barrier_vs_weight_decay.png``: when the weight decay varies (two-client cells): the
+  calibrated loss barrier at lambda = 1/2 and the accuracy gap of the plain average (solid) and
+  weight matching (dashed), the clients' mean stable rank of the hidden weights and the
+  reciprocal orthogonality of the unaligned clients against the weight decay (evenly spaced,
+  0 included), one colour per width (:mod:`fedlmc.simulations._new_study_figures`).
+- ``lewc_scale_vs_depth.png``: when the MLP's depth varies: the plain average's test accuracy
+  (and the clients' mean), and the merge's fitted T over the logit ensemble's and the logit
+  norm ratio against LEWC's prediction and its closed form ``N^(1-L)``, against the depth.
 
 When a config key other than the x axis and ``seed`` varies too, figures get one panel per
 value combination of those keys. Every figure is titled with what was run; panels of one

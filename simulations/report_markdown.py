@@ -15,6 +15,7 @@ import pandas as pd
 from fedlmc.analysis.convergence import MIN_JUDGED_EPOCHS
 from fedlmc.merging.alignment_record import nothing_aligned_lines
 from fedlmc.merging.methods import REFERENCE_METHODS
+from fedlmc.simulations._new_study_tables import study_sections
 from fedlmc.simulations.figure_table import omitted_figures
 from fedlmc.simulations.report_data import (
     BARRIER_OF_GAP,
@@ -331,6 +332,7 @@ def report_markdown(
                 markdown_table(mean_spread_table(rows, "temperature", calibrated, kind), "method"),
                 "",
             ]
+        lines += study_sections(rows, kind, markdown_table)
         lines += auto_section(rows)
         lines += temperature_gap_section(rows, kind)
         lines += communication_section(rows, methods)
