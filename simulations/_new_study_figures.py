@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from fedlmc.simulations._new_study_tables import STABLE_RANK, mean_stable_rank
+from fedlmc.simulations._new_study_tables import STABLE_RANK, narrow
 from fedlmc.simulations.figures import panel_grid, save, style_legend
 from fedlmc.simulations.report_data import aggregate, has_values
 from fedlmc.simulations.sweep import split_labels, varying_keys
@@ -91,9 +91,9 @@ def barrier_vs_weight_decay_figure(
 ) -> Path:
     """The four panels of the module docstring against the weight decay."""
     kind = settings["error-bars"]
-    rows = rows.assign(
-        **{STABLE_RANK: mean_stable_rank(rows)}, _line=line_labels(rows, "weight-decay")
-    )
+    columns = ["weight-decay", "width", *(c for c, _, _ in WEIGHT_DECAY_PANELS)]
+    lines_of = line_labels(rows, "weight-decay").to_numpy()
+    rows = narrow(rows, columns).assign(_line=lines_of)
     positions = even_positions(rows["weight-decay"])
     fig, axes = panel_grid(2, width=5.2, rows=2)  # 2 x 2
     colours = _colours()
@@ -150,10 +150,16 @@ def lewc_closed_form(depth: int, clients: int) -> float:
     return float(clients) ** (1 - (depth + 1))
 
 
+DEPTH_SCALES = ("temperature_ratio_logit_ensemble", "lewc_temperature_ratio", "logit_norm_ratio")
+"""The scale panel's columns (plain average rows): solid, dashed, dash-dot."""
+
+
 def lewc_scale_vs_depth_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path:
     """The two panels of the module docstring against the depth."""
     kind = settings["error-bars"]
-    rows = rows.assign(_line=line_labels(rows, "depth"))
+    columns = ["depth", "width", "num-clients", "accuracy", "endpoint_acc_mean", *DEPTH_SCALES]
+    lines_of = line_labels(rows, "depth").to_numpy()
+    rows = narrow(rows, columns).assign(_line=lines_of)
     fig, axes = panel_grid(2, width=5.4, rows=1)
     accuracy, scale = axes.flat[0], axes.flat[1]
     colours = _colours()
@@ -176,11 +182,8 @@ def lewc_scale_vs_depth_figure(rows: pd.DataFrame, path: Path, settings: dict[st
             color=colour,
             ls="--",
         )
-        for column, style, label in (
-            ("temperature_ratio_logit_ensemble", "-", line),
-            ("lewc_temperature_ratio", "--", None),
-            ("logit_norm_ratio", "-.", None),
-        ):
+        for column, style in zip(DEPTH_SCALES, ("-", "--", "-."), strict=True):
+            label = line if style == "-" else None
             table = _series(group, "depth", column, kind, "average")
             _draw(scale, table, "depth", None, color=colour, ls=style, label=label)
     depths = sorted({int(d) for d in rows["depth"]})

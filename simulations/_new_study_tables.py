@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fedlmc.simulations.report_data import has_values, parse_json_column, spread
+from fedlmc.simulations.report_data import has_values, mean_spread_text, parse_json_column
 from fedlmc.simulations.sweep import varying_keys
 
 SETTING_ORDER = ("num-clients", "depth", "weight-decay", "width")
@@ -60,6 +60,18 @@ def setting_keys(rows: pd.DataFrame) -> list[str]:
     return first + [k for k in varying if k not in first]
 
 
+def narrow(rows: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``rows`` with only ``columns`` (those present) and ``cell_id``, ``method`` and ``seed``,
+    plus :data:`STABLE_RANK` (:func:`mean_stable_rank`) when asked for: one small frame
+    instead of a column added to the wide results."""
+    wanted = ["cell_id", "method", "seed", *columns]
+    kept = list(dict.fromkeys(c for c in wanted if c in rows and c != STABLE_RANK))
+    small = rows[kept].copy()
+    if STABLE_RANK in columns:
+        small[STABLE_RANK] = mean_stable_rank(rows).to_numpy()
+    return small
+
+
 def mean_stable_rank(rows: pd.DataFrame) -> pd.Series:
     r"""Per row, the mean over hidden weights of ``stable_rank_layers``
     (:math:`\|W\|_F^2 / \|W\|_2^2`, already a mean over the clients); NaN where it is absent."""
@@ -67,18 +79,6 @@ def mean_stable_rank(rows: pd.DataFrame) -> pd.Series:
     return parsed.map(
         lambda v: float(np.mean(v)) if isinstance(v, list) and len(v) else math.nan
     ).astype(float)
-
-
-def mean_spread_text(values: pd.Series, kind: str) -> str:
-    """``"mean ± spread"`` of the finite values (just the mean for one value or ``kind =
-    "none"``); empty when there is none."""
-    finite = pd.to_numeric(values, errors="coerce").dropna()
-    if finite.empty:
-        return ""
-    mean = float(finite.mean())
-    if len(finite) < 2 or kind == "none":
-        return f"{mean:.4f}"
-    return f"{mean:.4f} ± {spread(finite, kind):.4f}"
 
 
 def spread_note(rows: pd.DataFrame, kind: str) -> str:
@@ -100,7 +100,7 @@ def study_table(rows: pd.DataFrame, columns: Sequence[StudyColumn], kind: str) -
     keys = setting_keys(rows)
     if not keys:
         return pd.DataFrame()
-    rows = rows.assign(**{STABLE_RANK: mean_stable_rank(rows)})
+    rows = narrow(rows, [*keys, *(c.column for c in columns)])
     table: dict[str, pd.Series] = {}
     for spec in columns:
         if spec.method is None:

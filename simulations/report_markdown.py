@@ -310,12 +310,13 @@ def report_markdown(
                 "",
             ]
         base = accuracy_methods(rows)
-        first = table1(rows)
+        first = table1(rows, kind)
         if not first.empty:
             lines += [
                 "## Barriers at lambda = 1/2, the paper's Table 1 layout",
                 "",
-                "Two-client cells, mean over seeds; signed: L(theta_1/2) - (L_a + L_b)/2, "
+                f"Two-client cells, mean{'' if kind == 'none' else f' ± {kind}'} over seeds; "
+                "signed: L(theta_1/2) - (L_a + L_b)/2, "
                 "accuracy as a fraction like every accuracy here (chord minus midpoint: "
                 "0.30 = 30 points; the paper prints points). Definitions: fedlmc.study.rows.",
                 "",

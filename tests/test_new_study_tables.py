@@ -12,7 +12,6 @@ import pytest
 
 from fedlmc.simulations._new_study_tables import (
     barrier_table,
-    mean_spread_text,
     mean_stable_rank,
     setting_keys,
     spread_note,
@@ -20,6 +19,7 @@ from fedlmc.simulations._new_study_tables import (
     temperature_table,
     weight_decay_table,
 )
+from fedlmc.simulations.report_data import mean_spread_text, table1
 from fedlmc.simulations.report_markdown import markdown_table
 
 
@@ -126,3 +126,14 @@ def test_no_table_without_its_columns():
     assert barrier_table(rows, "std").empty
     assert temperature_table(rows, "std").empty
     assert study_sections(rows, "std", markdown_table) == []
+
+
+def test_table1_shows_the_spread_over_seeds_when_asked():
+    rows = rows_of(widths=(4.0,))
+    shown = table1(rows, "std")
+    assert shown.loc[4.0, "no permutation: loss barrier, calibrated"] == "0.5000 ± 0.1414"
+    assert shown.loc[4.0, "weight matching: loss barrier, calibrated"] == "0.4500 ± 0.1414"
+    means = table1(rows)
+    assert means.loc[4.0, "no permutation: loss barrier, calibrated"] == pytest.approx(0.5)
+    one_seed = table1(rows_of(widths=(4.0,), seeds=(1,)), "std")
+    assert one_seed.loc[4.0, "no permutation: loss barrier, calibrated"] == pytest.approx(0.6)
