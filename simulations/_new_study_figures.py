@@ -144,9 +144,8 @@ def has_depth_study(rows: pd.DataFrame) -> bool:
 
 def lewc_closed_form(depth: int, clients: int) -> float:
     r""":math:`N \cdot N^{-L} = N^{1-L}` with :math:`L` = ``depth`` + 1 linear layers: LEWC's
-    ratio of the merged logits to the logit ensemble's at equal weights :math:`1/N`, when the
-    clients' logits have equal norms and are orthogonal or parallel alike (:math:`\sum_i w_i^L
-    z_i = N^{1-L} \sum_i w_i z_i` exactly when the :math:`w_i` are equal)."""
+    ratio of the merged logits to the logit ensemble's at equal weights :math:`w_i = 1/N`, for
+    any logits: :math:`\sum_i w_i^L z_i = N^{-L} \sum_i z_i = N^{1-L} \sum_i w_i z_i`."""
     return float(clients) ** (1 - (depth + 1))
 
 

@@ -1,6 +1,7 @@
 """The reviewers' study tables of report.md (issue 34, ``simulations/_new_study_tables.py``) on
 constructed rows: the settings a table keeps apart, mean ± std over seeds with the spread named,
-per-cell values counted once per cell, the mean stable rank, and when each table appears."""
+per-cell values counted once per cell, the mean stable rank, when each table appears, and the
+Table 1 layout's spread (``report_data.table1``)."""
 
 from __future__ import annotations
 
