@@ -247,10 +247,11 @@ TABLE1_COLUMNS = (
 )
 
 
-def table1(rows: pd.DataFrame) -> pd.DataFrame:
+def table1(rows: pd.DataFrame, kind: str = "none") -> pd.DataFrame:
     """The paper's Table 1 layout: per width, barriers at lambda = 1/2 (signed; accuracy as a
     fraction, like every accuracy of the report) of plain averaging and of weight matching,
-    mean over seeds; one row per width and value of the other varying keys (``1 (bias=false)``)."""
+    mean over seeds (``kind`` ``std`` or ``sem``: the text ``mean ± spread`` where a width has
+    several seeds); one row per width and value of the other varying keys (``1 (bias=false)``)."""
     columns: dict[str, pd.Series] = {}
     for method, name in TABLE1_METHODS:
         subset = rows[rows["method"] == method]
@@ -260,10 +261,24 @@ def table1(rows: pd.DataFrame) -> pd.DataFrame:
             if has_values(subset, column):
                 values = pd.to_numeric(subset[column], errors="coerce") * scale
                 found = values.groupby(groups).mean()
+                if kind != "none" and values.groupby(groups).count().max() > 1:
+                    found = values.groupby(groups).apply(lambda v: mean_spread_text(v, kind))
                 if labels is not None:
                     found.index = width_labels(found.index)
                 columns[f"{name}: {heading}"] = found
     return pd.DataFrame(columns)
+
+
+def mean_spread_text(values: pd.Series, kind: str) -> str:
+    """``"mean ± spread"`` of the finite values (just the mean for one value or ``kind =
+    "none"``); empty when there is none."""
+    finite = pd.to_numeric(values, errors="coerce").dropna()
+    if finite.empty:
+        return ""
+    mean = float(finite.mean())
+    if len(finite) < 2 or kind == "none":
+        return f"{mean:.4f}"
+    return f"{mean:.4f} ± {spread(finite, kind):.4f}"
 
 
 AUTO_METHODS = ("auto", "auto_t")

@@ -41,6 +41,12 @@ from fedlmc.simulations.report.plotting import (
     pairwise_figure,
     temperature_series,
 )
+from fedlmc.simulations.report.study_figures import (
+    barrier_vs_weight_decay_figure,
+    has_depth_study,
+    has_weight_decay_study,
+    lewc_scale_vs_depth_figure,
+)
 from fedlmc.simulations.report.training import has_client_curves, training_curves_figure
 from fedlmc.simulations.report.width_figures import has_mixed_widths, width_mix_figure
 
@@ -429,3 +435,31 @@ def training_curves(d: FigureInputs, path: Path) -> Path | None:
 )
 def width_mix(d: FigureInputs, path: Path) -> Path | None:
     return width_mix_figure(d.rows, d.methods, path, d.settings)
+
+
+@figure(
+    "barrier_vs_weight_decay",
+    lambda d: has_weight_decay_study(d.rows),
+    shows=(
+        "when the weight decay varies: the calibrated barrier at 1/2 and the accuracy gap of the "
+        "plain average (solid) and weight matching (dashed), the clients' mean stable rank of "
+        "the hidden weights and the reciprocal orthogonality, against the weight decay (evenly "
+        "spaced, 0 included), one colour per width"
+    ),
+)
+def barrier_vs_weight_decay(d: FigureInputs, path: Path) -> Path | None:
+    return barrier_vs_weight_decay_figure(d.rows, path, d.settings)
+
+
+@figure(
+    "lewc_scale_vs_depth",
+    lambda d: has_depth_study(d.rows),
+    shows=(
+        "when the MLP's depth varies: the plain average's accuracy (clients' mean dashed); the "
+        "merge's fitted T over the logit ensemble's (solid) and the logit norm ratio (dash-dot) "
+        "against LEWC's prediction (dashed) and its closed form N^(1-L) at equal weights (grey "
+        "dotted), log scale"
+    ),
+)
+def lewc_scale_vs_depth(d: FigureInputs, path: Path) -> Path | None:
+    return lewc_scale_vs_depth_figure(d.rows, path, d.settings)

@@ -31,6 +31,7 @@ from fedlmc.simulations.report.data import (
     table1,
 )
 from fedlmc.simulations.report.figure_table import omitted_figures
+from fedlmc.simulations.report.study_tables import study_sections
 from fedlmc.simulations.report.training import (
     convergence_rule_text,
     convergence_summary,
@@ -309,12 +310,13 @@ def report_markdown(
                 "",
             ]
         base = accuracy_methods(rows)
-        first = table1(rows)
+        first = table1(rows, kind)
         if not first.empty:
             lines += [
                 "## Barriers at lambda = 1/2, the paper's Table 1 layout",
                 "",
-                "Two-client cells, mean over seeds; signed: L(theta_1/2) - (L_a + L_b)/2, "
+                f"Two-client cells, mean{'' if kind == 'none' else f' ± {kind}'} over seeds; "
+                "signed: L(theta_1/2) - (L_a + L_b)/2, "
                 "accuracy as a fraction like every accuracy here (chord minus midpoint: "
                 "0.30 = 30 points; the paper prints points). Definitions: fedlmc.study.rows.",
                 "",
@@ -331,6 +333,7 @@ def report_markdown(
                 markdown_table(mean_spread_table(rows, "temperature", calibrated, kind), "method"),
                 "",
             ]
+        lines += study_sections(rows, kind, markdown_table)
         lines += auto_section(rows)
         lines += temperature_gap_section(rows, kind)
         lines += communication_section(rows, methods)

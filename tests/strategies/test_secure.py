@@ -158,7 +158,7 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     from fedlmc.evaluation import metrics_from_logits, predict_logits
     from fedlmc.merging.calibrate import fit_temperature, temperature_statistics
     from fedlmc.simulations.config import validate_run_config
-    from fedlmc.simulations.federation import run_federation_outcome
+    from fedlmc.simulations.runs.federation import run_federation_outcome
     from fedlmc.simulations.task import build_from_config
 
     config = validate_run_config(

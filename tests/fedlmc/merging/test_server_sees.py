@@ -10,8 +10,8 @@ from fedlmc.merging.methods import METHODS, Alignment, register_method
 from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SERVER_SEES
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import validate_run_config
-from fedlmc.simulations.registry_tables import methods_table
-from fedlmc.simulations.schema import ConfigError
+from fedlmc.simulations.config.schema import ConfigError
+from fedlmc.simulations.config.tables import methods_table
 from fedlmc.study.rows import empty_row
 
 SECURE = {"num-clients": 3, "secure-aggregation": "secagg+"}
