@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from fedlmc.analysis.diagnostics import capture
+from fedlmc.capture import forward_capture
 from fedlmc.permutation.chain import norm_free_chain
 from fedlmc.permutation.spec import PermutationSpec
 
@@ -78,6 +78,20 @@ def cca_chain(
             f"VGG-11 with norm = 'none'): {str(error).split('; ', 1)[-1]}"
         ) from None
     return [(layer, spec.axes_to_perm[f"{layer}.weight"][0]) for layer in layers[:-1]]
+
+
+def activations(model: nn.Module, names: Sequence[str], x: Tensor) -> dict[str, Tensor]:
+    """Outputs of the modules ``names`` on ``x`` (eval mode, batches of 1024), float64 on the
+    CPU."""
+    store: dict[str, list[Tensor]] = {name: [] for name in names}
+
+    def hook_of(name: str):
+        return lambda _m, _inputs, out: store[name].append(out.detach().double().cpu())
+
+    with forward_capture(model, {name: hook_of(name) for name in names}) as forward:
+        for start in range(0, len(x), 1024):
+            forward(x[start : start + 1024])
+    return {name: torch.cat(chunks) for name, chunks in store.items()}
 
 
 def _as_samples(activation: Tensor) -> Tensor:
@@ -164,7 +178,7 @@ def cca_align(
     chain = cca_chain(spec, states[0], type(models[0]).__name__)
     output_layer = norm_free_chain(spec, states[0])[-1]
     names = {group: spec.activation_modules[group] for _, group in chain}
-    acts = [capture(m, list(names.values()), x) for m in models]
+    acts = [activations(m, list(names.values()), x) for m in models]
     aligned, all_maps = [], []
     for index, (state, act) in enumerate(zip(states, acts, strict=True)):
         if index == reference:

@@ -784,7 +784,3 @@ def random_direction(job: MergeJob) -> Alignment:
     plain = average(job.states, job.weights)
     moved, length = random_step(job.states[0], plain, parameter_keys(job.template), job.seed)
     return Alignment(list(job.states), moved, info={"random_direction_step_norm": length})
-
-
-# The published baselines (RESCALE, CCA Merge) register themselves in their own module.
-from fedlmc.merging import baselines as _baselines  # noqa: E402, F401
