@@ -14,7 +14,8 @@ and then the merged layers :math:`k+2, \dots, L` of :math:`\bar\theta = \sum_i w
 on :math:`\sigma(h_{k+1})`. So :math:`k = 0` is the merge itself (a layer's pre-activation is
 linear in its weights: :math:`\sum_i w_i W^{(i)}_1 x = \bar W_1 x`), and :math:`k = L - 1` is
 the logit ensemble :math:`\sum_i w_i z^{(i)}_L(x)`; in between, the model holds :math:`N` copies
-of the first :math:`k + 1` layers, so its parameters grow with :math:`k` (:attr:`parameters`).
+of the first :math:`k + 1` layers, so its parameters grow with :math:`k`
+(:attr:`~fedlmc.merging.preserve_first.PreserveFirstModel.parameter_count`).
 
 This follows their ``PFM/model_merger.py``: ``ModelMerge.transform(..., start_at=node)`` merges
 the graph from the prefix node ``start_at`` on; ``add_merge_hooks`` puts a forward hook on the
