@@ -135,6 +135,11 @@ def test_models_that_are_not_norm_free_chains_are_refused_naming_the_model(name,
         merge_with_info("cca_merge", model, states, server_data=(x, torch.zeros(8).long()))
 
 
-def test_a_negative_ridge_is_refused():
+def test_a_negative_ridge_and_ridge_zero_on_a_dead_unit_are_refused():
     with pytest.raises(ValueError, match="CCA ridge must be >= 0, got -0.1"):
         cca_map(torch.rand(10, 2), torch.rand(10, 2), ridge=-0.1)
+    dead = torch.cat([torch.rand(50, 2), torch.zeros(50, 1)], dim=1)
+    with pytest.raises(ValueError, match="units without variance"):
+        cca_map(dead, torch.rand(50, 3), ridge=0.0)
+    t, t_inv = cca_map(dead, torch.rand(50, 3))  # the default ridge keeps the map invertible
+    assert bool(torch.isfinite(t).all()) and bool(torch.isfinite(t_inv).all())

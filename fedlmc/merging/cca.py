@@ -60,9 +60,9 @@ StateDict = dict[str, Tensor]
 __all__ = ["CCA_RIDGE", "apply_linear_maps", "cca_align", "cca_map", "unit_covariance"]
 
 CCA_RIDGE = 1e-2
-r"""Default ridge :math:`\gamma`, relative to the mean activation variance: small enough that a
-rescaled copy is recovered to about 1%, large enough that dead units (variance 0) keep the
-auto-covariances invertible."""
+r"""Default ridge :math:`\gamma`, relative to the mean activation variance: our choice, not
+tuned (their absolute ``gamma`` is searched per experiment); it keeps the auto-covariances
+invertible when units are dead (variance 0) or outnumber the samples."""
 
 
 def cca_chain(
@@ -111,9 +111,15 @@ def unit_covariance(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _sqrt_and_inverse(matrix: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric :math:`M^{1/2}` and :math:`M^{-1/2}` of a symmetric positive definite matrix."""
+    """Symmetric :math:`M^{1/2}` and :math:`M^{-1/2}` of a symmetric positive definite matrix;
+    ``ValueError`` for a singular one (possible only at ridge 0)."""
     values, vectors = torch.linalg.eigh(matrix)
-    values = values.clamp_min(torch.finfo(values.dtype).tiny)
+    if float(values[0]) <= 1e-12 * max(float(values[-1]), 1e-300):
+        raise ValueError(
+            "CCA ridge 0 needs nonsingular activation covariances; a layer has units without "
+            "variance (dead) or more units than samples: allowed: a ridge > 0 "
+            f"(default {CCA_RIDGE})"
+        )
     return (vectors * values.sqrt()) @ vectors.T, (vectors * values.rsqrt()) @ vectors.T
 
 
