@@ -77,11 +77,13 @@ class PreserveFirstModel(nn.Module):
 
     @property
     def parameter_count(self) -> int:
-        """Parameters held: the merged model's plus :math:`N - 1` more copies of the layers up
-        to and including :attr:`layer` (the merged model's own copy of them goes unused but is
-        not counted twice: :math:`N` copies in all)."""
-        early = tuple(f"{layer}." for layer in self.chain[: self.k + 1])
+        """Parameters PFM needs: the merged model's plus :math:`N - 1` more copies of the layers
+        up to and including :attr:`layer`; with :math:`k = 0` only the merged model's (the
+        average of the first layer's pre-activations is the merged first layer's)."""
         total = sum(p.numel() for p in self.merged.parameters())
+        if self.k == 0:
+            return total
+        early = tuple(f"{layer}." for layer in self.chain[: self.k + 1])
         kept = sum(p.numel() for n, p in self.merged.named_parameters() if n.startswith(early))
         return total + (len(self.clients) - 1) * kept
 
