@@ -14,7 +14,7 @@ temperature fitted on the server split (accuracy does not depend on it):
   on the weight-matched ones, with ``params_ratio``, its parameters over one model's;
 - ``logit_ensemble``: PFM with k = 3 (every layer but the output one).
 
-    python benchmarks/preserve_first.py --bias false        # 12 cells, about 15 minutes
+    python benchmarks/preserve_first.py --bias false        # 12 cells: 43 min on 2 shared cores
     python benchmarks/preserve_first.py --seeds 0 --widths 0.5 --clients 2   # quick
 """
 
