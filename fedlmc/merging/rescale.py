@@ -4,7 +4,7 @@ model's hidden units.
 
 Merging differently initialised models makes the input-dependent part of the features vanish as
 it propagates ("vanishing feature"); REPAIR (:mod:`fedlmc.merging.repair`) fixes both the mean
-and the std of every unit, and VF shows that the std (the feature's scale) is the part that
+and the std of every unit; VF argue that the std (the feature's scale) is the part that
 matters. For every hidden unit :math:`c` of every rescaled layer, with :math:`z_c` its
 pre-activation over data, :math:`\sigma_i` endpoint :math:`i`'s std (population, over the data;
 conv outputs: every spatial position is a sample) and :math:`\sigma_m` the merged model's,
