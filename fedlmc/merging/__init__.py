@@ -14,6 +14,10 @@
   moved by a seeded random direction as long as its step to the plain average).
 - :mod:`fedlmc.merging.alignment_record`: what an alignment did (groups aligned, units moved)
   and the line flagging a method that aligned nothing.
+- :mod:`fedlmc.merging.baselines`: published baselines registered as methods (RESCALE,
+  :mod:`fedlmc.merging.rescale`; CCA Merge, :mod:`fedlmc.merging.cca`), imported here so that
+  they are registered whenever the registry is; Preserve-First Merging
+  (:mod:`fedlmc.merging.preserve_first`) is a model, not a registered method.
 
 The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
 :mod:`fedlmc.permutation` (MergeMany averages while it aligns).
@@ -38,3 +42,6 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+# Registers the baselines' methods (no torch at import; imports fedlmc.merging.methods).
+from fedlmc.merging import baselines as _baselines  # noqa: E402, F401

@@ -16,7 +16,7 @@ from fedlmc.averaging import average, load_state
 from fedlmc.data.loading import load_dataset
 from fedlmc.evaluation import evaluate, metrics_from_logits, predict_logits
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.merging.methods import merge_method, study_methods
+from fedlmc.merging.methods import REFERENCE_METHODS, merge_method, study_methods
 from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
@@ -258,13 +258,8 @@ def test_ensemble_of_identical_clients_equals_the_endpoint(template, clients, sp
 
 def test_half_barrier_is_the_signed_excess_of_the_midpoint_over_the_chord(two_client_rows):
     for row in two_client_rows:
-        if row["method"] in (
-            "ensemble",
-            "logit_ensemble",
-            "random_direction",
-            "random_direction_t",
-        ):
-            continue
+        if row["method"] in REFERENCE_METHODS or not merge_method(row["method"]).on_path:
+            continue  # references and merges on no path (random_direction, RESCALE) have none
         curve = json.loads(row["curve"])
         half = curve["lam"].index(0.5)
         for kind, column, sign in (

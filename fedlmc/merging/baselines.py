@@ -1,0 +1,159 @@
+r"""Published baselines registered as merge methods: RESCALE (Vanishing Feature) and CCA Merge.
+
+- ``average_rescale``, ``weight_matching_rescale``: the plain average, or weight matching onto
+  client 0 then the average, followed by RESCALE (Qu and Horvath, CPAL 2025;
+  :mod:`fedlmc.merging.rescale`): every hidden unit's pre-activation std set to the weighted
+  mean of the endpoints' by a factor folded into its weights, on the server split's inputs (the
+  data the ``_repair`` methods use in the study).
+- ``cca_merge``: every client mapped onto client 0 by the linear maps of CCA of the hidden
+  activations on the server split's inputs, then the average (Horoi et al., ICML 2024;
+  :mod:`fedlmc.merging.cca`), for N >= 2 clients; norm-free plain chains only (the MLP, VGG-11
+  with ``norm = "none"``).
+
+RESCALE's merge is not the combination of the aligned clients at any weight (its factors depend
+on the data and on :math:`\lambda`), so its methods are registered ``on_path = False``: their
+barrier and path columns stay NaN and they are compared by their ``merge_gap_*`` columns (the
+``_repair`` methods instead repair every point of their paths). ``cca_merge`` is an alignment
+followed by the plain average, so its paths are the usual ones between the mapped clients.
+
+Preserve-First Merging (the other VF method) is :mod:`fedlmc.merging.preserve_first`: its merged
+model keeps every client's first layers, so it is no state dict of the template and is not a
+registered method.
+
+This module imports no torch at import time (it is imported by :mod:`fedlmc.merging.methods` to
+register the methods); each method imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from fedlmc.columns import Column
+from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS
+from fedlmc.merging.methods import Alignment, MergeJob, register_method, weight_matching_to_first
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = ["CCA_COLUMNS", "RESCALE_COLUMNS"]
+
+RESCALE_COLUMNS = (
+    Column(
+        "rescale_factor_mean",
+        "mean RESCALE factor over the hidden units",
+        "`average_rescale`, `weight_matching_rescale` rows (and `_t`); NaN for BatchNorm models, "
+        "whose re-estimated statistics set the scale instead",
+        "mean over the rescaled layers of the mean over their units of `s_c = sigma_t / sigma_m` "
+        "(the endpoints' weighted pre-activation std over the merged model's, on the server "
+        "split); above 1: the merge had shrunk the features (Vanishing Feature)",
+    ),
+    Column(
+        "rescale_factor_layers",
+        "mean RESCALE factor per hidden layer",
+        "`average_rescale`, `weight_matching_rescale` rows (and `_t`); empty for BatchNorm models",
+        "JSON list, input to output: per rescaled layer the mean over its units of "
+        "`sigma_t / sigma_m`, each layer measured after the earlier ones were rescaled",
+        kind="JSON",
+    ),
+)
+"""The columns the RESCALE methods fill."""
+
+CCA_COLUMNS = (
+    Column(
+        "cca_map_condition",
+        "largest condition number of CCA Merge's linear maps",
+        "`cca_merge`, `cca_merge_t` rows",
+        "max over the clients other than client 0 and their hidden layers of the 2-norm "
+        "condition number of the map `T` taking the client's units to client 0's (1 for a "
+        "permutation or an orthogonal map; large: the map amplifies some directions)",
+    ),
+)
+"""The column ``cca_merge`` fills."""
+
+
+def _rescaled(job: MergeJob, alignment: Alignment) -> Alignment:
+    """``alignment``'s clients averaged at ``job.weights``, then RESCALE on the server inputs
+    (BatchNorm models: the average as it is, their statistics re-estimated afterwards)."""
+    import json
+
+    from fedlmc.averaging import average, load_state
+    from fedlmc.merging.calibrate import has_batchnorm
+    from fedlmc.merging.rescale import rescale
+
+    merged = average(alignment.aligned, job.weights)
+    info = dict(alignment.info)
+    if has_batchnorm(job.template):
+        info.update(rescale_factor_mean=math.nan, rescale_factor_layers="")
+        return Alignment(alignment.aligned, merged, info, alignment.kept)
+    model = load_state(job.template, merged).to(job.device).eval()
+    endpoints = [load_state(job.template, sd).to(job.device).eval() for sd in alignment.aligned]
+    rescaled, factors = rescale(model, endpoints, job.weights, job.server_inputs)
+    state = {k: v.detach().cpu().clone() for k, v in rescaled.state_dict().items()}
+    info.update(
+        rescale_factor_mean=sum(factors) / len(factors) if factors else math.nan,
+        rescale_factor_layers=json.dumps([round(f, 6) for f in factors]),
+    )
+    return Alignment(alignment.aligned, state, info, alignment.kept)
+
+
+@register_method(
+    "average_rescale",
+    server_sees="each model's statistics",
+    description="plain average, then RESCALE (Vanishing Feature): every hidden unit's std set to "
+    "the endpoints' weighted mean by a factor on its weights, on the server split",
+    needs_server_data=True,
+    on_path=False,
+    columns=RESCALE_COLUMNS,
+)
+def average_rescale(job: MergeJob) -> Alignment:
+    r""":math:`\bar\theta = \sum_i w_i \theta_i`, then RESCALE
+    (:func:`fedlmc.merging.rescale.rescale`) on the server inputs."""
+    return _rescaled(job, Alignment(list(job.states)))
+
+
+@register_method(
+    "weight_matching_rescale",
+    description="weight matching onto client 0, average, then RESCALE (Vanishing Feature) on "
+    "the server split",
+    needs_server_data=True,
+    on_path=False,
+    columns=(*RESCALE_COLUMNS, *ALIGNMENT_COLUMNS),
+)
+def weight_matching_rescale(job: MergeJob) -> Alignment:
+    r"""Weight matching onto client 0 (:func:`~fedlmc.merging.methods.weight_matching_to_first`),
+    :math:`\sum_i w_i \pi_i(\theta_i)`, then RESCALE on the server inputs."""
+    return _rescaled(job, weight_matching_to_first(job))
+
+
+def _condition(matrix: Tensor) -> float:
+    import torch
+
+    values = torch.linalg.svdvals(matrix)
+    return float(values[0] / values[-1]) if float(values[-1]) > 0 else math.inf
+
+
+@register_method(
+    "cca_merge",
+    description="CCA Merge: every client mapped onto client 0 by the linear maps of CCA of the "
+    "hidden activations on the server split, then average (norm-free chains: MLP, VGG-11 "
+    "without norm)",
+    needs_server_data=True,
+    plain_chain_only=True,
+    columns=CCA_COLUMNS,
+)
+def cca_merge(job: MergeJob) -> Alignment:
+    r"""Client :math:`i` in client 0's basis, :math:`W'_l = T_l W_l T_{l-1}^{-1}`,
+    :math:`b'_l = T_l b_l` (:func:`fedlmc.merging.cca.cca_align`, ridge
+    :data:`fedlmc.merging.cca.CCA_RIDGE` unless ``job.options["cca_ridge"]``); the merge is
+    the weighted average of the mapped clients."""
+    from fedlmc.averaging import load_state
+    from fedlmc.merging.cca import CCA_RIDGE, cca_align
+
+    ridge = float(job.options.get("cca_ridge", CCA_RIDGE))
+    spec = job.permutation_spec()
+    models = [load_state(job.template, sd).to(job.device).eval() for sd in job.states]
+    aligned, maps = cca_align(models, spec, job.server_inputs, ridge=ridge)
+    conditions = [_condition(t) for client in maps for t, _ in client.values()]
+    worst = max(conditions) if conditions else math.nan
+    return Alignment(aligned, info={"cca_map_condition": worst})
