@@ -8,6 +8,7 @@ import ast
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -277,39 +278,105 @@ def _is_slow(source: str, node: ast.FunctionDef) -> bool:
     return any("slow" in ast.get_source_segment(source, d) for d in node.decorator_list)
 
 
-def unmarked_process_tests(path: Path) -> list[str]:
-    """The tests of ``path`` that start Ray, Flower or a subprocess (directly, through a
-    module-level helper or fixture of the file that does, one level deep) without the ``slow``
-    mark."""
+def _starts_directly(body: str) -> bool:
+    """A pattern of :data:`PROCESS_PATTERNS`, or a sweep on the engine (``run_sweep`` without a
+    ``runner``, which would run the cells in-process)."""
+    if any(p in body for p in PROCESS_PATTERNS):
+        return True
+    calls = ast.walk(ast.parse(textwrap.dedent(body)))
+    return any(
+        isinstance(call, ast.Call)
+        and getattr(call.func, "id", getattr(call.func, "attr", "")) == "run_sweep"
+        and not any(k.arg == "runner" for k in call.keywords)
+        for call in calls
+    )
+
+
+Helper = tuple[Path, str]
+
+
+def _test_module_file(module: str) -> Path | None:
+    path = ROOT / Path(*module.split(".")).with_suffix(".py")
+    return path if module.startswith("tests.") and path.exists() else None
+
+
+def _helpers(path: Path) -> tuple[dict[str, Helper], dict[str, tuple[str, set[str]]]]:
+    """What the names of ``path`` refer to (its own functions, names imported from other test
+    files, the conftest's fixtures) and, per own non-test function, its source and the names
+    it uses."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    refers: dict[str, Helper] = {}
+    conftest = ROOT / "tests" / "conftest.py"
+    if path != conftest:
+        for node in ast.parse(conftest.read_text()).body:
+            if isinstance(node, ast.FunctionDef):
+                refers[node.name] = (conftest, node.name)
+    own: dict[str, tuple[str, set[str]]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if (other := _test_module_file(node.module)) is not None:
+                for alias in node.names:
+                    refers[alias.asname or alias.name] = (other, alias.name)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("test"):
+            names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            names |= {a.arg for a in node.args.args}
+            own[node.name] = (ast.get_source_segment(source, node), names)
+            refers[node.name] = (path, node.name)
+    return refers, own
+
+
+def process_starters(files: list[Path]) -> set[Helper]:
+    """The test files' helper functions and fixtures, as ``(file, name)``, that start Ray,
+    Flower or a subprocess, directly or through another such helper (names resolved per file:
+    its own functions, what it imports from other test files, the conftest's fixtures)."""
+    table = {path: _helpers(path) for path in files}
+    starters = {
+        (path, name)
+        for path, (_, own) in table.items()
+        for name, (body, _) in own.items()
+        if _starts_directly(body)
+    }
+    while True:
+        more = {
+            (path, name)
+            for path, (refers, own) in table.items()
+            for name, (_, used) in own.items()
+            if (path, name) not in starters
+            and any(refers.get(u) in starters for u in used if u != name)
+        }
+        if not more:
+            return starters
+        starters |= more
+
+
+def unmarked_process_tests(path: Path, starters: set[Helper]) -> list[str]:
+    """The tests of ``path`` that start Ray, Flower or a subprocess (directly, or through a
+    helper or fixture of :func:`process_starters`) without the ``slow`` mark."""
     source = path.read_text()
     if re.search(r"^pytestmark = .*slow", source, re.M):
         return []
-    tree = ast.parse(source)
-    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    starters = {
-        n.name
-        for n in functions
-        if not n.name.startswith("test")
-        and any(p in ast.get_source_segment(source, n) for p in PROCESS_PATTERNS)
-    }
+    refers, _ = _helpers(path)
     found = []
-    for node in functions:
-        if not node.name.startswith("test") or _is_slow(source, node):
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test"):
+            continue
+        if _is_slow(source, node):
             continue
         body = ast.get_source_segment(source, node)
         used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
         used |= {a.arg for a in node.args.args}
-        if any(p in body for p in PROCESS_PATTERNS) or used & starters:
+        if _starts_directly(body) or any(refers.get(u) in starters for u in used):
             found.append(f"{path.relative_to(ROOT)}::{node.name}")
     return found
 
 
 def test_tests_that_start_processes_are_marked_slow():
-    unmarked = [
-        name
-        for path in sorted((ROOT / "tests").rglob("test_*.py"))
-        for name in unmarked_process_tests(path)
-    ]
+    files = sorted((ROOT / "tests").rglob("*.py"))
+    starters = process_starters(files)
+    assert (ROOT / "tests/simulations/runs/test_sweep.py", "shared_sweep") in starters
+    unmarked = [name for path in files for name in unmarked_process_tests(path, starters)]
     assert unmarked == []
 
 

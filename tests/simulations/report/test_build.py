@@ -29,6 +29,7 @@ def sweep_dir(tmp_path_factory) -> Path:
     return shared_sweep(tmp_path_factory)
 
 
+@pytest.mark.slow
 def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
     out = tmp_path / "sweep"
     shutil.copytree(sweep_dir, out)
@@ -88,6 +89,7 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
         assert f"| {width:g} | 1 | {losses.mean():.4f} |" in convergence
 
 
+@pytest.mark.slow
 def test_report_draws_only_what_exists(tmp_path, sweep_dir):
     """Without diagnostics columns and with one width only, only the width plots remain."""
     out = tmp_path / "sweep"

@@ -240,6 +240,7 @@ def test_sigint_to_the_main_pid_alone_exits_130_without_a_traceback(tmp_path):
     assert read_results(out).empty  # the hanging cell was abandoned, not recorded
 
 
+@pytest.mark.slow
 def test_results_schema(uninterrupted):
     frame = read_results(uninterrupted)
     for column in REQUIRED:
@@ -316,6 +317,7 @@ def test_changed_config_is_refused_without_force(tmp_path, uninterrupted):
     assert read_training(out)["cell_id"].unique().tolist() == [kept]
 
 
+@pytest.mark.slow
 def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     """A client that raises leaves 1 of 2 clients, below min-clients = 2: that cell fails with
     its reason recorded, and the next cell still runs."""
