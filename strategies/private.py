@@ -17,26 +17,79 @@ the server's arrays is meaningful only when every client starts from them: ``ini
 (no sampling amplification: every client takes part); it needs Flower's optional
 ``dp-accounting`` dependency (``pip install "flwr[dp]"``) and returns ``None`` without it.
 
-Not wired to the run config yet: a notebook or a ServerApp calls
+Flower 1.42 divides by the update's norm when it clips, so a client whose weights did not move
+(a zero update) raises ``ZeroDivisionError`` there; :class:`ZeroSafeServerSideFixedClipping`
+clips a zero update to itself (it is within every norm) and records what it received (replies,
+bytes) for the run's round columns. The run config's ``dp = "server-fixed"`` runs it
+(:mod:`fedlmc.simulations.private.dp_server`); a notebook calls
 ``private_one_shot_average(...).start(grid=..., initial_arrays=..., num_rounds=1, ...)``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
-__all__ = ["one_round_epsilon", "private_one_shot_average"]
+__all__ = [
+    "ZeroSafeServerSideFixedClipping",
+    "clip_update",
+    "one_round_epsilon",
+    "private_one_shot_average",
+]
+
+
+def clip_update(arrays: list[np.ndarray], sent: list[np.ndarray], norm: float) -> list:
+    r"""``sent + (arrays - sent) * min(1, norm / ||arrays - sent||)``: the update clipped to
+    L2 norm ``norm`` (Flower's FlatClip); a zero update is returned as it is."""
+    update = [np.subtract(a, s) for a, s in zip(arrays, sent, strict=True)]
+    length = math.sqrt(sum(float(np.sum(np.square(u, dtype=np.float64))) for u in update))
+    scale = 1.0 if length == 0.0 else min(1.0, norm / length)
+    triples = zip(arrays, sent, update, strict=True)
+    return [np.asarray(s + u * scale, dtype=a.dtype) for a, s, u in triples]
+
+
+class ZeroSafeServerSideFixedClipping(DifferentialPrivacyServerSideFixedClipping):
+    """Flower's server-side fixed clipping (no accountant) whose clipping accepts a zero
+    update (:func:`clip_update`), then the wrapped strategy's average and Flower's noise.
+    ``replies`` and ``bytes_received``: what the last round received."""
+
+    server_sees = "each model"  # clipped on the server: every model arrives in the clear
+    replies = 0
+    bytes_received = 0
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies_list = [r for r in replies if not r.has_error()]
+        self.replies = len(replies_list)
+        sent = self.current_arrays.to_numpy_ndarrays()
+        received = 0
+        for reply in replies_list:
+            for name, record in reply.content.array_records.items():
+                arrays = record.to_numpy_ndarrays()
+                received += sum(a.nbytes for a in arrays)
+                clipped = clip_update(arrays, sent, self.clipping_norm)
+                reply.content[name] = ArrayRecord(
+                    dict(zip(record.keys(), (Array(c) for c in clipped), strict=True))
+                )
+        self.bytes_received = received
+        arrays, metrics = self.strategy.aggregate_train(server_round, replies_list)
+        if arrays:
+            arrays = self._add_noise_to_aggregated_arrays(arrays)
+        return arrays, metrics
 
 
 def private_one_shot_average(
     num_clients: int, noise_multiplier: float, clipping_norm: float
-) -> DifferentialPrivacyServerSideFixedClipping:
+) -> ZeroSafeServerSideFixedClipping:
     """Flower's ``FedAvg`` over all ``num_clients`` nodes (training only) inside Flower's
-    server-side fixed-clipping DP wrapper (see the module docstring). ``ValueError`` naming
-    the value for a negative ``noise_multiplier``, a non-positive ``clipping_norm`` or fewer
-    than one client."""
+    server-side fixed-clipping DP wrapper, zero-safe (see the module docstring).
+    ``ValueError`` naming the value for a negative ``noise_multiplier``, a non-positive
+    ``clipping_norm`` or fewer than one client."""
     if num_clients < 1:
         raise ValueError(f"num_clients = {num_clients}: allowed: at least 1")
     if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
@@ -50,11 +103,7 @@ def private_one_shot_average(
         min_evaluate_nodes=0,
         min_available_nodes=num_clients,
     )
-    wrapper = DifferentialPrivacyServerSideFixedClipping(
-        average, noise_multiplier, clipping_norm, num_clients
-    )
-    wrapper.server_sees = "each model"  # clipped on the server: every model arrives in the clear
-    return wrapper
+    return ZeroSafeServerSideFixedClipping(average, noise_multiplier, clipping_norm, num_clients)
 
 
 def one_round_epsilon(noise_multiplier: float, num_clients: int, delta: float) -> float | None:

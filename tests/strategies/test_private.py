@@ -6,12 +6,13 @@ Flower's RDP accountant (None without its optional dp-accounting dependency). In
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from fedlmc.strategies.private import one_round_epsilon, private_one_shot_average
+from fedlmc.strategies.private import clip_update, one_round_epsilon, private_one_shot_average
 
 
 def _reply(values: list[float], node: int) -> Message:
@@ -40,7 +41,7 @@ def test_each_update_is_clipped_to_the_norm_relative_to_the_sent_arrays(task_ide
 
 def test_the_noise_has_standard_deviation_z_c_over_n(task_identity):
     strategy = private_one_shot_average(2, noise_multiplier=1.0, clipping_norm=2.0)
-    zeros, small = [0.0] * 20000, [1e-4] * 20000  # a zero update divides by zero in Flower 1.42
+    zeros, small = [0.0] * 20000, [1e-4] * 20000
     got = _aggregate(strategy, zeros, [small, small])
     assert got.std() == pytest.approx(1.0 * 2.0 / 2, rel=0.05)
 
@@ -65,3 +66,71 @@ def test_one_round_epsilon_falls_with_the_noise_multiplier():
     else:
         assert found == sorted(found, reverse=True) and found[-1] > 0
         assert one_round_epsilon(1.0, 2, 1e-5) == pytest.approx(found[1])  # no amplification
+
+
+def test_a_zero_update_is_kept_as_it_is_where_flower_divides_by_zero(task_identity):
+    strategy = private_one_shot_average(2, noise_multiplier=0.0, clipping_norm=1.0)
+    merged = _aggregate(strategy, [1.0, 2.0], [[1.0, 2.0], [4.0, 6.0]])
+    # client 1 did not move (kept), client 2's update (3, 4) of norm 5 is clipped to (0.6, 0.8)
+    np.testing.assert_allclose(merged, [1.3, 2.4])
+    assert strategy.replies == 2 and strategy.bytes_received == 2 * 2 * 8
+
+
+def test_clip_update_scales_only_updates_longer_than_the_norm():
+    sent = [np.zeros(2, dtype=np.float32), np.ones(1, dtype=np.float32)]
+    long = clip_update([np.array([3.0, 0.0], np.float32), np.array([5.0], np.float32)], sent, 1.0)
+    np.testing.assert_allclose(long[0], [0.6, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(long[1], [1.8], rtol=1e-6)
+    assert long[0].dtype == np.float32
+    short = clip_update([np.array([0.3, 0.0], np.float32), np.ones(1, np.float32)], sent, 1.0)
+    np.testing.assert_allclose(short[0], [0.3, 0.0])
+
+
+def test_the_dp_epsilon_column_is_inf_without_noise_and_falls_with_the_noise():
+    from fedlmc.simulations.private.dp_server import dp_epsilon
+
+    assert dp_epsilon(0.0, 2) == math.inf
+    found = [dp_epsilon(z, 2) for z in (0.5, 1.0, 5.0)]
+    if importlib.util.find_spec("dp_accounting") is None:
+        assert all(math.isnan(e) for e in found)  # the accountant is an optional dependency
+    else:
+        assert found == sorted(found, reverse=True) and found[-1] > 0
+
+
+TINY = {
+    "dataset": "mnist5k",
+    "model": "mlp",
+    "width": 0.25,
+    "depth": 2,
+    "base-hidden": 64,
+    "epochs": 1,
+    "batch-size": 128,
+    "timeout": 120.0,
+}
+
+
+@pytest.mark.slow
+def test_a_dp_run_merges_the_clipped_updates_within_the_clipping_norm():
+    """A real Flower simulation (Ray, 3 tiny clients), ``dp = "server-fixed"`` with noise
+    multiplier 0 and a clipping norm far below the clients' update norms: the merged model's
+    step from the server's initialisation has norm at most C (an average of updates clipped
+    to C) and close to it (the clients' updates point the same way), the rows say what DP
+    gave (epsilon inf: no noise) and the server saw each model."""
+
+    from fedlmc.simulations.config import validate_run_config
+    from fedlmc.simulations.federation import run_federation_outcome
+    from fedlmc.simulations.task import build_from_config, load_splits
+
+    clip = 0.5
+    config = validate_run_config(
+        {**TINY, "num-clients": 3, "strategy": "average", "init": "shared", "dp": "server-fixed"}
+        | {"dp-noise-multiplier": 0.0, "dp-clipping-norm": clip}
+    )
+    outcome = run_federation_outcome(config)
+    initial = build_from_config(config, load_splits(config)).state_dict()
+    merged = outcome.merged["average"]
+    step = math.sqrt(sum(float(((merged[k] - initial[k]) ** 2).sum()) for k in initial))
+    assert 0.5 * clip < step <= clip * (1 + 1e-5)
+    rows = outcome.table().set_index("method")
+    assert (rows["dp_epsilon"] == math.inf).all() and (rows["clients_survived"] == 3).all()
+    assert (rows["server_sees"] == "sum").all() and rows["endpoint_acc_mean"].isna().all()
