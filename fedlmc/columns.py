@@ -165,7 +165,7 @@ ROUND_COLUMNS_DECLARED = (
     Column(
         "dp_epsilon",
         "epsilon of the DP row's one release, at delta 1e-5",
-        '`average` rows of a `dp = "server-fixed"` run (the noisy average of clipped updates)',
+        "`average` rows of a `dp` run (the noisy average of clipped updates)",
         "\\(\\varepsilon\\) at \\(\\delta = 10^{-5}\\) of one Gaussian release with noise "
         "multiplier `dp-noise-multiplier`, every client taking part (no sampling "
         "amplification), from Flower's RDP accountant; `inf` with noise multiplier 0 (no "

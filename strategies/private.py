@@ -20,7 +20,11 @@ the server's arrays is meaningful only when every client starts from them: ``ini
 Flower 1.42 divides by the update's norm when it clips, so a client whose weights did not move
 (a zero update) raises ``ZeroDivisionError`` there; :class:`ZeroSafeServerSideFixedClipping`
 clips a zero update to itself (it is within every norm) and records what it received (replies,
-bytes) for the run's round columns. The run config's ``dp = "server-fixed"`` runs it
+bytes) for the run's round columns. With ``side = "client"`` the clipping happens on each
+client instead (Flower's ``DifferentialPrivacyClientSideFixedClipping`` sends the norm, Flower's
+``fixedclipping_mod`` clips, :mod:`fedlmc.simulations.private.dp_client`) and the server only
+averages and adds the noise: :class:`CountingClientSideFixedClipping`. The run config's ``dp``
+key runs them
 (:mod:`fedlmc.simulations.private.dp_server`); a notebook calls
 ``private_one_shot_average(...).start(grid=..., initial_arrays=..., num_rounds=1, ...)``.
 """
@@ -32,9 +36,14 @@ from collections.abc import Iterable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
-from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideFixedClipping,
+    FedAvg,
+)
 
 __all__ = [
+    "CountingClientSideFixedClipping",
     "ZeroSafeServerSideFixedClipping",
     "clip_update",
     "one_round_epsilon",
@@ -65,31 +74,57 @@ class ZeroSafeServerSideFixedClipping(DifferentialPrivacyServerSideFixedClipping
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies_list = [r for r in replies if not r.has_error()]
-        self.replies = len(replies_list)
+        _count_replies(self, replies_list)
         sent = self.current_arrays.to_numpy_ndarrays()
-        received = 0
         for reply in replies_list:
             for name, record in reply.content.array_records.items():
                 arrays = record.to_numpy_ndarrays()
-                received += sum(a.nbytes for a in arrays)
                 clipped = clip_update(arrays, sent, self.clipping_norm)
                 reply.content[name] = ArrayRecord(
                     dict(zip(record.keys(), (Array(c) for c in clipped), strict=True))
                 )
-        self.bytes_received = received
         arrays, metrics = self.strategy.aggregate_train(server_round, replies_list)
         if arrays:
             arrays = self._add_noise_to_aggregated_arrays(arrays)
         return arrays, metrics
 
 
+def _count_replies(strategy, replies: list[Message]) -> None:
+    """Set ``strategy.replies`` and ``strategy.bytes_received`` from the round's replies."""
+    strategy.replies = len(replies)
+    strategy.bytes_received = sum(
+        a.nbytes
+        for reply in replies
+        for record in reply.content.array_records.values()
+        for a in record.to_numpy_ndarrays()
+    )
+
+
+class CountingClientSideFixedClipping(DifferentialPrivacyClientSideFixedClipping):
+    """Flower's client-side fixed clipping (no accountant: the clients clip, the server
+    averages and adds Flower's noise), recording ``replies`` and ``bytes_received``."""
+
+    server_sees = "each model"  # each clipped model arrives in the clear
+    replies = 0
+    bytes_received = 0
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies_list = [r for r in replies if not r.has_error()]
+        _count_replies(self, replies_list)
+        return super().aggregate_train(server_round, replies_list)
+
+
 def private_one_shot_average(
-    num_clients: int, noise_multiplier: float, clipping_norm: float
-) -> ZeroSafeServerSideFixedClipping:
+    num_clients: int, noise_multiplier: float, clipping_norm: float, side: str = "server"
+) -> ZeroSafeServerSideFixedClipping | CountingClientSideFixedClipping:
     """Flower's ``FedAvg`` over all ``num_clients`` nodes (training only) inside Flower's
-    server-side fixed-clipping DP wrapper, zero-safe (see the module docstring).
-    ``ValueError`` naming the value for a negative ``noise_multiplier``, a non-positive
-    ``clipping_norm`` or fewer than one client."""
+    fixed-clipping DP wrapper of ``side`` ``"server"`` (zero-safe) or ``"client"`` (see the
+    module docstring). ``ValueError`` naming the value for a negative ``noise_multiplier``, a
+    non-positive ``clipping_norm``, fewer than one client or another ``side``."""
+    if side not in WRAPPERS:
+        raise ValueError(f"side = {side!r}: allowed: {', '.join(WRAPPERS)}")
     if num_clients < 1:
         raise ValueError(f"num_clients = {num_clients}: allowed: at least 1")
     if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
@@ -103,7 +138,11 @@ def private_one_shot_average(
         min_evaluate_nodes=0,
         min_available_nodes=num_clients,
     )
-    return ZeroSafeServerSideFixedClipping(average, noise_multiplier, clipping_norm, num_clients)
+    return WRAPPERS[side](average, noise_multiplier, clipping_norm, num_clients)
+
+
+WRAPPERS = {"server": ZeroSafeServerSideFixedClipping, "client": CountingClientSideFixedClipping}
+"""The DP wrapper of each clipping side."""
 
 
 def one_round_epsilon(noise_multiplier: float, num_clients: int, delta: float) -> float | None:

@@ -4,10 +4,11 @@
 ``dp = "server-fixed"`` merges ``strategy = "average"`` through Flower's
 ``DifferentialPrivacyServerSideFixedClipping`` (:mod:`fedlmc.strategies.private`): each
 client's update relative to the server's arrays is clipped to ``dp-clipping-norm`` on the
-server, and Gaussian noise of standard deviation ``dp-noise-multiplier * dp-clipping-norm / N``
-is added to their average. The update is relative to the arrays the server sent, so DP needs
-every client to start from them (``init = "shared"``). No Flower import here: the run-config
-validation reads it.
+server (``dp = "client-fixed"``: on the client, by Flower's ``fixedclipping_mod``, with
+``DifferentialPrivacyClientSideFixedClipping`` on the server), and Gaussian noise of standard
+deviation ``dp-noise-multiplier * dp-clipping-norm / N`` is added to their average. The
+update is relative to the arrays the server sent, so DP needs every client to start from them
+(``init = "shared"``). No Flower import here: the run-config validation reads it.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from typing import Any
 
 from fedlmc.simulations.config.schema import ConfigError
 
-__all__ = ["DP_DELTA", "DP_MODES", "DP_OFF", "check_dp", "is_dp"]
+__all__ = ["CLIENT_FIXED", "DP_DELTA", "DP_MODES", "DP_OFF", "check_dp", "is_dp"]
 
 DP_OFF = "off"
-DP_MODES = (DP_OFF, "server-fixed")
+CLIENT_FIXED = "client-fixed"
+DP_MODES = (DP_OFF, "server-fixed", CLIENT_FIXED)
 """``off``: no noise, no clipping; ``server-fixed``: Flower's server-side fixed clipping and
-Gaussian noise on the one-shot average."""
+Gaussian noise on the one-shot average; ``client-fixed``: each client clips its own update
+(Flower's ``fixedclipping_mod``), the server adds the same noise
+(``DifferentialPrivacyClientSideFixedClipping``)."""
 
 DP_DELTA = 1e-5
 """The delta at which a DP row's ``dp_epsilon`` is given."""

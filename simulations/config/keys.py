@@ -224,9 +224,10 @@ def declared_keys() -> dict[str, Key]:
         "dp": named(
             str,
             DP_OFF,
-            "differential privacy of the one-shot average: off, or server-fixed (Flower's "
+            "differential privacy of the one-shot average: off, server-fixed (Flower's "
             "server-side fixed clipping of each update to dp-clipping-norm, then Gaussian noise "
-            "of std dp-noise-multiplier * dp-clipping-norm / num-clients on the average)",
+            "of std dp-noise-multiplier * dp-clipping-norm / num-clients on the average), or "
+            "client-fixed (each client clips its own update: Flower's fixedclipping_mod)",
             DP_MODES,
         ),
         "dp-noise-multiplier": Key(
@@ -234,7 +235,7 @@ def declared_keys() -> dict[str, Key]:
             1.0,
             "DP noise multiplier z: the noise's std is z * dp-clipping-norm / num-clients",
             at_least(0.0),
-            applies=Rule('`dp = "server-fixed"`', lambda c: is_dp(c)),
+            applies=Rule('`dp` is not `"off"`', lambda c: is_dp(c)),
         ),
         "dp-clipping-norm": Key(
             float,
@@ -242,7 +243,7 @@ def declared_keys() -> dict[str, Key]:
             "DP clipping norm C: each client's update from the server's arrays is scaled to "
             "L2 norm at most C",
             at_least(0.0, strict=True),
-            applies=Rule('`dp = "server-fixed"`', lambda c: is_dp(c)),
+            applies=Rule('`dp` is not `"off"`', lambda c: is_dp(c)),
         ),
         "init": named(
             str,

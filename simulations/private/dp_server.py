@@ -1,11 +1,14 @@
-r"""The ServerApp mode of ``strategy = "average"`` with ``dp = "server-fixed"``.
+r"""The ServerApp mode of ``strategy = "average"`` with ``dp = "server-fixed"`` or
+``"client-fixed"``.
 
 :func:`run_dp_average` replaces the clear one-shot round when the run is differentially
 private: one round of Flower's ``FedAvg`` inside Flower's server-side fixed clipping
 (:func:`fedlmc.strategies.private.private_one_shot_average`) on the run's Grid, from the
 server's initialisation :math:`\theta_0` (``init = "shared"``): each client's update
 :math:`\theta_i - \theta_0` is clipped to L2 norm :math:`C` (``dp-clipping-norm``; a zero
-update is kept as it is), the clipped models are averaged (weighted by example counts, as
+update is kept as it is; with ``"client-fixed"`` each client clips its own update before it
+sends it, Flower's ``fixedclipping_mod``, :mod:`fedlmc.simulations.private.dp_client`), the
+clipped models are averaged (weighted by example counts, as
 ``FedAvg`` does) and Gaussian noise of standard deviation :math:`z C / N`
 (``dp-noise-multiplier`` :math:`z`, :math:`N` = ``num-clients``) is added to every value. The
 noise is drawn from NumPy's global generator, seeded with the run's ``seed`` first. Then the
@@ -34,7 +37,7 @@ import numpy as np
 from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits
 from fedlmc.merging.post_merge import ServerData, post_merge
-from fedlmc.simulations.config.dp import DP_DELTA
+from fedlmc.simulations.config.dp import CLIENT_FIXED, DP_DELTA
 
 __all__ = ["dp_epsilon", "run_dp_average"]
 
@@ -85,7 +88,8 @@ def run_dp_average(
         float(config["dp-noise-multiplier"]),
         float(config["dp-clipping-norm"]),
     )
-    strategy = private_one_shot_average(n_clients, z, clip)
+    side = "client" if config["dp"] == CLIENT_FIXED else "server"
+    strategy = private_one_shot_average(n_clients, z, clip, side)
     initial = {k: v.detach().cpu().clone() for k, v in template.state_dict().items()}
     np.random.seed(int(config["seed"]))  # Flower draws the noise from NumPy's global generator
     outcome.progress.training(n_clients, config["epochs"])

@@ -35,7 +35,7 @@ def test_a_shared_init_average_with_dp_is_accepted_with_its_settings():
         ({"dp-clipping-norm": 0.0}, r"dp-clipping-norm = 0.0: allowed: a number > 0"),
         ({"dp-noise-multiplier": -0.1}, r"dp-noise-multiplier = -0.1: allowed: a number >= 0"),
         ({"dp-clipping-norm": math.inf}, "dp-clipping-norm"),
-        ({"dp": "client"}, "dp = 'client': allowed: off, server-fixed"),
+        ({"dp": "client"}, "dp = 'client': allowed: off, server-fixed, client-fixed"),
     ],
 )
 def test_a_dp_cell_outside_what_dp_runs_is_refused_naming_the_value(change, message):
