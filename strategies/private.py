@@ -20,11 +20,12 @@ the server's arrays is meaningful only when every client starts from them: ``ini
 Flower 1.42 divides by the update's norm when it clips, so a client whose weights did not move
 (a zero update) raises ``ZeroDivisionError`` there; :class:`ZeroSafeServerSideFixedClipping`
 clips a zero update to itself (it is within every norm) and records what it received (replies,
-bytes) for the run's round columns. With ``side = "client"`` the clipping happens on each
-client instead (Flower's ``DifferentialPrivacyClientSideFixedClipping`` sends the norm, Flower's
-``fixedclipping_mod`` clips, :mod:`fedlmc.simulations.private.dp_client`) and the server only
-averages and adds the noise: :class:`CountingClientSideFixedClipping`. The run config's ``dp``
-key runs them
+bytes) for the run's round columns. Both wrappers draw Flower's noise (same standard
+deviation) from their own seeded generator (:class:`SeededNoise`), not NumPy's global one.
+With ``side = "client"`` the clipping happens on each client instead (Flower's
+``DifferentialPrivacyClientSideFixedClipping`` sends the norm, Flower's ``fixedclipping_mod``
+clips, :mod:`fedlmc.simulations.private.dp_client`) and the server only averages and adds the
+noise: :class:`CountingClientSideFixedClipping`. The run config's ``dp`` key runs them
 (:mod:`fedlmc.simulations.private.dp_server`); a notebook calls
 ``private_one_shot_average(...).start(grid=..., initial_arrays=..., num_rounds=1, ...)``.
 """
@@ -41,6 +42,7 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
     FedAvg,
 )
+from flwr.supercore.differential_privacy import compute_stdv
 
 __all__ = [
     "CountingClientSideFixedClipping",
@@ -61,7 +63,26 @@ def clip_update(arrays: list[np.ndarray], sent: list[np.ndarray], norm: float) -
     return [np.asarray(s + u * scale, dtype=a.dtype) for a, s, u in triples]
 
 
-class ZeroSafeServerSideFixedClipping(DifferentialPrivacyServerSideFixedClipping):
+class SeededNoise:
+    """Flower's Gaussian noise of standard deviation :math:`z C / N` (``compute_stdv``) drawn
+    from the wrapper's own generator (``noise_seed``) instead of NumPy's global one, so that
+    a run's noise is reproducible and two runs in one process do not share draws."""
+
+    noise_seed: int | None = None
+
+    def _add_noise_to_aggregated_arrays(self, aggregated_arrays: ArrayRecord) -> ArrayRecord:
+        rng = np.random.default_rng(self.noise_seed)
+        std = compute_stdv(self.noise_multiplier, self.clipping_norm, self.num_sampled_clients)
+        noisy = {
+            key: Array(np.asarray(a + rng.normal(0.0, std, a.shape).astype(a.dtype)))
+            for key, a in zip(
+                aggregated_arrays.keys(), aggregated_arrays.to_numpy_ndarrays(), strict=True
+            )
+        }
+        return ArrayRecord(noisy)
+
+
+class ZeroSafeServerSideFixedClipping(SeededNoise, DifferentialPrivacyServerSideFixedClipping):
     """Flower's server-side fixed clipping (no accountant) whose clipping accepts a zero
     update (:func:`clip_update`), then the wrapped strategy's average and Flower's noise.
     ``replies`` and ``bytes_received``: what the last round received."""
@@ -100,7 +121,7 @@ def _count_replies(strategy, replies: list[Message]) -> None:
     )
 
 
-class CountingClientSideFixedClipping(DifferentialPrivacyClientSideFixedClipping):
+class CountingClientSideFixedClipping(SeededNoise, DifferentialPrivacyClientSideFixedClipping):
     """Flower's client-side fixed clipping (no accountant: the clients clip, the server
     averages and adds Flower's noise), recording ``replies`` and ``bytes_received``."""
 
@@ -117,11 +138,16 @@ class CountingClientSideFixedClipping(DifferentialPrivacyClientSideFixedClipping
 
 
 def private_one_shot_average(
-    num_clients: int, noise_multiplier: float, clipping_norm: float, side: str = "server"
+    num_clients: int,
+    noise_multiplier: float,
+    clipping_norm: float,
+    side: str = "server",
+    noise_seed: int | None = None,
 ) -> ZeroSafeServerSideFixedClipping | CountingClientSideFixedClipping:
     """Flower's ``FedAvg`` over all ``num_clients`` nodes (training only) inside Flower's
     fixed-clipping DP wrapper of ``side`` ``"server"`` (zero-safe) or ``"client"`` (see the
-    module docstring). ``ValueError`` naming the value for a negative ``noise_multiplier``, a
+    module docstring), its noise drawn from a generator seeded with ``noise_seed`` (None: fresh
+    entropy). ``ValueError`` naming the value for a negative ``noise_multiplier``, a
     non-positive ``clipping_norm``, fewer than one client or another ``side``."""
     if side not in WRAPPERS:
         raise ValueError(f"side = {side!r}: allowed: {', '.join(WRAPPERS)}")
@@ -138,7 +164,9 @@ def private_one_shot_average(
         min_evaluate_nodes=0,
         min_available_nodes=num_clients,
     )
-    return WRAPPERS[side](average, noise_multiplier, clipping_norm, num_clients)
+    wrapper = WRAPPERS[side](average, noise_multiplier, clipping_norm, num_clients)
+    wrapper.noise_seed = noise_seed
+    return wrapper
 
 
 WRAPPERS = {"server": ZeroSafeServerSideFixedClipping, "client": CountingClientSideFixedClipping}

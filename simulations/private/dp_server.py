@@ -11,7 +11,7 @@ sends it, Flower's ``fixedclipping_mod``, :mod:`fedlmc.simulations.private.dp_cl
 clipped models are averaged (weighted by example counts, as
 ``FedAvg`` does) and Gaussian noise of standard deviation :math:`z C / N`
 (``dp-noise-multiplier`` :math:`z`, :math:`N` = ``num-clients``) is added to every value. The
-noise is drawn from NumPy's global generator, seeded with the run's ``seed`` first. Then the
+noise is drawn from a generator seeded with the run's ``seed`` (reproducible). Then the
 same post-merge steps on the server's data as the clear ``average`` (BatchNorm statistics
 re-estimated on the server split, the temperature of ``average_t`` fitted on it with
 ``calibration = "server"``). What differs from a clear run's rows:
@@ -31,8 +31,6 @@ import math
 import time
 from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits
@@ -89,9 +87,8 @@ def run_dp_average(
         float(config["dp-clipping-norm"]),
     )
     side = "client" if config["dp"] == CLIENT_FIXED else "server"
-    strategy = private_one_shot_average(n_clients, z, clip, side)
+    strategy = private_one_shot_average(n_clients, z, clip, side, noise_seed=int(config["seed"]))
     initial = {k: v.detach().cpu().clone() for k, v in template.state_dict().items()}
-    np.random.seed(int(config["seed"]))  # Flower draws the noise from NumPy's global generator
     outcome.progress.training(n_clients, config["epochs"])
     start = time.perf_counter()
     result = strategy.start(

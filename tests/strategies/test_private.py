@@ -182,3 +182,11 @@ def test_the_client_mod_leaves_a_run_without_client_clipping_untouched(task_iden
     message = _train_message([1.0, 2.0], {"dp": "server-fixed", KEY_CLIPPING_NORM: 1.0})
     reply = dp_clipping_mod(message, None, _trained_to([4.0, 6.0], []))
     np.testing.assert_allclose(reply.content["arrays"]["w"].numpy(), [4.0, 6.0])
+
+
+def test_the_noise_is_reproducible_from_its_seed(task_identity):
+    def noisy(seed: int) -> np.ndarray:
+        strategy = private_one_shot_average(2, 1.0, 2.0, noise_seed=seed)
+        return _aggregate(strategy, [0.0] * 50, [[1e-3] * 50, [1e-3] * 50])
+
+    assert np.array_equal(noisy(3), noisy(3)) and not np.array_equal(noisy(3), noisy(4))
