@@ -55,9 +55,12 @@ __all__ = [
 
 def clip_update(arrays: list[np.ndarray], sent: list[np.ndarray], norm: float) -> list:
     r"""``sent + (arrays - sent) * min(1, norm / ||arrays - sent||)``: the update clipped to
-    L2 norm ``norm`` (Flower's FlatClip); a zero update is returned as it is."""
+    L2 norm ``norm`` (Flower's FlatClip); a zero update is returned as it is. ``ValueError``
+    for an update whose norm is not finite (a client's reply is untrusted)."""
     update = [np.subtract(a, s) for a, s in zip(arrays, sent, strict=True)]
     length = math.sqrt(sum(float(np.sum(np.square(u, dtype=np.float64))) for u in update))
+    if not math.isfinite(length):
+        raise ValueError(f"a client's update has norm {length}: allowed: a finite norm")
     scale = 1.0 if length == 0.0 else min(1.0, norm / length)
     triples = zip(arrays, sent, update, strict=True)
     return [np.asarray(s + u * scale, dtype=a.dtype) for a, s, u in triples]

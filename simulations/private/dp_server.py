@@ -2,9 +2,9 @@ r"""The ServerApp mode of ``strategy = "average"`` with ``dp = "server-fixed"`` 
 ``"client-fixed"``.
 
 :func:`run_dp_average` replaces the clear one-shot round when the run is differentially
-private: one round of Flower's ``FedAvg`` inside Flower's server-side fixed clipping
-(:func:`fedlmc.strategies.private.private_one_shot_average`) on the run's Grid, from the
-server's initialisation :math:`\theta_0` (``init = "shared"``): each client's update
+private: one round of Flower's ``FedAvg`` inside Flower's server-side (or client-side) fixed
+clipping wrapper (:func:`fedlmc.strategies.private.private_one_shot_average`) on the run's
+Grid, from the server's initialisation :math:`\theta_0` (``init = "shared"``): each client's update
 :math:`\theta_i - \theta_0` is clipped to L2 norm :math:`C` (``dp-clipping-norm``; a zero
 update is kept as it is; with ``"client-fixed"`` each client clips its own update before it
 sends it, Flower's ``fixedclipping_mod``, :mod:`fedlmc.simulations.private.dp_client`), the

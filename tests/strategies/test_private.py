@@ -78,6 +78,12 @@ def test_a_zero_update_is_kept_as_it_is_where_flower_divides_by_zero(task_identi
     assert strategy.replies == 2 and strategy.bytes_received == 2 * 2 * 8
 
 
+def test_clip_update_refuses_an_update_that_is_not_finite():
+    sent = [np.zeros(2)]
+    with pytest.raises(ValueError, match="norm nan: allowed: a finite norm"):
+        clip_update([np.array([np.nan, 0.0])], sent, 1.0)
+
+
 def test_clip_update_scales_only_updates_longer_than_the_norm():
     sent = [np.zeros(2, dtype=np.float32), np.ones(1, dtype=np.float32)]
     long = clip_update([np.array([3.0, 0.0], np.float32), np.array([5.0], np.float32)], sent, 1.0)
