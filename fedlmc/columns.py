@@ -162,6 +162,17 @@ ROUND_COLUMNS_DECLARED = (
         "within it of the clear weighted average (`fedlmc.strategies.secure`)",
         source="server",
     ),
+    Column(
+        "dp_epsilon",
+        "epsilon of the DP row's one release, at delta 1e-5",
+        "`average` rows of a `dp` run (the noisy average of clipped updates)",
+        "\\(\\varepsilon\\) at \\(\\delta = 10^{-5}\\) of one Gaussian release with noise "
+        "multiplier `dp-noise-multiplier`, every client taking part (no sampling "
+        "amplification), from Flower's RDP accountant; `inf` with noise multiplier 0 (no "
+        "privacy); NaN where the accountant is not installed (Flower's optional "
+        '`dp-accounting`, `pip install "flwr[dp]"`) and in rows without DP',
+        source="server",
+    ),
 )
 
 PROVENANCE_COLUMNS = (

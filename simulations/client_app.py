@@ -81,6 +81,7 @@ from fedlmc.simulations.config import (
     keeps_trained_model,
 )
 from fedlmc.simulations.config.threads import config_slot_threads, pool_threads, use_threads
+from fedlmc.simulations.private.dp_client import dp_clipping_mod
 from fedlmc.simulations.private.secure_client import secure_train_mod
 from fedlmc.simulations.task import (
     build_from_config,
@@ -400,7 +401,7 @@ def evaluate_reply(message: Message, context: Context) -> Message:
 
 
 secure = secure_train_mod(train_reply, use_slot_threads)  # SecAgg+ rounds (secure-aggregation)
-app.train(mods=[secure])(_guarded(ERROR_TRAIN_FAILED, train_reply))
+app.train(mods=[secure, dp_clipping_mod])(_guarded(ERROR_TRAIN_FAILED, train_reply))
 app.query(TEMPERATURE_QUERY)(_guarded(ERROR_QUERY_FAILED, temperature_reply))
 app.query(BN_QUERY)(_guarded(ERROR_QUERY_FAILED, bn_stats_reply))
 app.query(UNIT_STATS_QUERY)(_guarded(ERROR_QUERY_FAILED, unit_stats_reply))

@@ -73,8 +73,10 @@ from fedlmc.simulations.config import (
     mixed_widths,
     validate_run_config,
 )
+from fedlmc.simulations.config.dp import is_dp
 from fedlmc.simulations.config.secure import is_secure
 from fedlmc.simulations.config.threads import server_threads, use_threads
+from fedlmc.simulations.private.dp_server import run_dp_average
 from fedlmc.simulations.private.secure_server import run_secure_average
 from fedlmc.simulations.records.out_dir_lock import out_dir_lock
 from fedlmc.simulations.records.progress import RunProgress, Say, flower_say, rows_destination
@@ -422,6 +424,12 @@ def run_secure(grid, config, splits, template, device, outcome: ServerOutcome) -
     run_secure_average(grid, config, splits, template, device, outcome, merged_row, widths)
 
 
+def run_dp(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
+    """``average`` under ``dp`` (:mod:`fedlmc.simulations.private.dp_server`)."""
+    widths = width_columns(config)
+    run_dp_average(grid, config, splits, template, device, outcome, merged_row, widths)
+
+
 MODES = {
     "compare": run_compare,
     "average": run_one_shot,
@@ -477,6 +485,7 @@ def run_mode(
         outcome.client_templates = client_templates(config, splits)
     outcome.weight_bound = weight_bound(config, simulated)
     mode = run_secure if is_secure(config) else MODES[config["strategy"]]
+    mode = run_dp if is_dp(config) else mode
     mode(grid, config, splits, template, device_of(config), outcome)
     outcome.timings["server_seconds"] = time.perf_counter() - start
     outcome.progress.finished(len(outcome.rows))

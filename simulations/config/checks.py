@@ -32,6 +32,7 @@ from fedlmc.simulations.config.derived import (
     uses_fedavg,
     widths_text,
 )
+from fedlmc.simulations.config.dp import check_dp
 from fedlmc.simulations.config.schema import (
     ConfigError,
     shown,
@@ -254,3 +255,8 @@ def check_secure_cell(config: Mapping[str, Any]) -> None:
     methods = [config["align"]] if config["strategy"] == "aligned" else []
     methods += method_list(config) if config["strategy"] == "compare" else []
     check_secure_aggregation(config, methods)
+
+
+def check_dp_cell(config: Mapping[str, Any]) -> None:
+    """``dp``: the settings DP runs with (:func:`fedlmc.simulations.config.dp.check_dp`)."""
+    check_dp(config)

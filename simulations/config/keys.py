@@ -21,6 +21,7 @@ from fedlmc.simulations.config.derived import (
     selected_methods,
     uses_fedavg,
 )
+from fedlmc.simulations.config.dp import DP_MODES, DP_OFF, is_dp
 from fedlmc.simulations.config.schema import (
     Key,
     Rule,
@@ -219,6 +220,30 @@ def declared_keys() -> dict[str, Key]:
             "smallest power of two >= 4x the initial model's largest |weight|, at least 8)",
             at_least(0.0),
             applies=Rule('`secure-aggregation = "secagg+"`', lambda c: is_secure(c)),
+        ),
+        "dp": named(
+            str,
+            DP_OFF,
+            "differential privacy of the one-shot average: off, server-fixed (Flower's "
+            "server-side fixed clipping of each update to dp-clipping-norm, then Gaussian noise "
+            "of std dp-noise-multiplier * dp-clipping-norm / num-clients on the average), or "
+            "client-fixed (each client clips its own update: Flower's fixedclipping_mod)",
+            DP_MODES,
+        ),
+        "dp-noise-multiplier": Key(
+            float,
+            1.0,
+            "DP noise multiplier z: the noise's std is z * dp-clipping-norm / num-clients",
+            at_least(0.0),
+            applies=Rule('`dp` is not `"off"`', lambda c: is_dp(c)),
+        ),
+        "dp-clipping-norm": Key(
+            float,
+            10.0,
+            "DP clipping norm C: each client's update from the server's arrays is scaled to "
+            "L2 norm at most C",
+            at_least(0.0, strict=True),
+            applies=Rule('`dp` is not `"off"`', lambda c: is_dp(c)),
         ),
         "init": named(
             str,

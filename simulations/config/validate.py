@@ -12,6 +12,7 @@ from fedlmc.merging.methods import (
 from fedlmc.simulations.config.checks import (
     check_cuda,
     check_data_source,
+    check_dp_cell,
     check_fedavg_rounds,
     check_local_sources,
     check_min_clients,
@@ -125,6 +126,7 @@ CONSISTENCY_CHECKS: list[Check] = [
     check_two_client_methods,
     check_widths,
     check_secure_cell,
+    check_dp_cell,
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
 about a new key joins this list (run by :func:`validate_run_config`)."""

@@ -6,12 +6,15 @@ Flower's RDP accountant (None without its optional dp-accounting dependency). In
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
-from fedlmc.strategies.private import one_round_epsilon, private_one_shot_average
+from fedlmc.strategies.private import clip_update, one_round_epsilon, private_one_shot_average
+from fedlmc.strategies.protocol import PARTITION_RECORD
 
 
 def _reply(values: list[float], node: int) -> Message:
@@ -40,7 +43,7 @@ def test_each_update_is_clipped_to_the_norm_relative_to_the_sent_arrays(task_ide
 
 def test_the_noise_has_standard_deviation_z_c_over_n(task_identity):
     strategy = private_one_shot_average(2, noise_multiplier=1.0, clipping_norm=2.0)
-    zeros, small = [0.0] * 20000, [1e-4] * 20000  # a zero update divides by zero in Flower 1.42
+    zeros, small = [0.0] * 20000, [1e-4] * 20000
     got = _aggregate(strategy, zeros, [small, small])
     assert got.std() == pytest.approx(1.0 * 2.0 / 2, rel=0.05)
 
@@ -65,3 +68,131 @@ def test_one_round_epsilon_falls_with_the_noise_multiplier():
     else:
         assert found == sorted(found, reverse=True) and found[-1] > 0
         assert one_round_epsilon(1.0, 2, 1e-5) == pytest.approx(found[1])  # no amplification
+
+
+def test_a_zero_update_is_kept_as_it_is_where_flower_divides_by_zero(task_identity):
+    strategy = private_one_shot_average(2, noise_multiplier=0.0, clipping_norm=1.0)
+    merged = _aggregate(strategy, [1.0, 2.0], [[1.0, 2.0], [4.0, 6.0]])
+    # client 1 did not move (kept), client 2's update (3, 4) of norm 5 is clipped to (0.6, 0.8)
+    np.testing.assert_allclose(merged, [1.3, 2.4])
+    assert strategy.replies == 2 and strategy.bytes_received == 2 * 2 * 8
+
+
+def test_clip_update_refuses_an_update_that_is_not_finite():
+    sent = [np.zeros(2)]
+    with pytest.raises(ValueError, match="norm nan: allowed: a finite norm"):
+        clip_update([np.array([np.nan, 0.0])], sent, 1.0)
+
+
+def test_clip_update_scales_only_updates_longer_than_the_norm():
+    sent = [np.zeros(2, dtype=np.float32), np.ones(1, dtype=np.float32)]
+    long = clip_update([np.array([3.0, 0.0], np.float32), np.array([5.0], np.float32)], sent, 1.0)
+    np.testing.assert_allclose(long[0], [0.6, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(long[1], [1.8], rtol=1e-6)
+    assert long[0].dtype == np.float32
+    short = clip_update([np.array([0.3, 0.0], np.float32), np.ones(1, np.float32)], sent, 1.0)
+    np.testing.assert_allclose(short[0], [0.3, 0.0])
+
+
+def test_the_dp_epsilon_column_is_inf_without_noise_and_falls_with_the_noise():
+    from fedlmc.simulations.private.dp_server import dp_epsilon
+
+    assert dp_epsilon(0.0, 2) == math.inf
+    found = [dp_epsilon(z, 2) for z in (0.5, 1.0, 5.0)]
+    if importlib.util.find_spec("dp_accounting") is None:
+        assert all(math.isnan(e) for e in found)  # the accountant is an optional dependency
+    else:
+        assert found == sorted(found, reverse=True) and found[-1] > 0
+
+
+TINY = {
+    "dataset": "mnist5k",
+    "model": "mlp",
+    "width": 0.25,
+    "depth": 2,
+    "base-hidden": 64,
+    "epochs": 1,
+    "batch-size": 128,
+    "timeout": 120.0,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["server-fixed", "client-fixed"])
+def test_a_dp_run_merges_the_clipped_updates_within_the_clipping_norm(mode):
+    """A real Flower simulation (Ray, 3 tiny clients), ``dp = mode`` with noise
+    multiplier 0 and a clipping norm far below the clients' update norms: the merged model's
+    step from the server's initialisation has norm at most C (an average of updates clipped
+    to C) and close to it (the clients' updates point the same way), the rows say what DP
+    gave (epsilon inf: no noise). Client-fixed: Flower's ``fixedclipping_mod`` clipped on
+    the clients (the server-side wrapper does not clip)."""
+
+    from fedlmc.simulations.config import validate_run_config
+    from fedlmc.simulations.federation import run_federation_outcome
+    from fedlmc.simulations.task import build_from_config, load_splits
+
+    clip = 0.5
+    config = validate_run_config(
+        {**TINY, "num-clients": 3, "strategy": "average", "init": "shared", "dp": mode}
+        | {"dp-noise-multiplier": 0.0, "dp-clipping-norm": clip}
+    )
+    outcome = run_federation_outcome(config)
+    initial = build_from_config(config, load_splits(config)).state_dict()
+    merged = outcome.merged["average"]
+    step = math.sqrt(sum(float(((merged[k] - initial[k]) ** 2).sum()) for k in initial))
+    assert 0.5 * clip < step <= clip * (1 + 1e-5)
+    rows = outcome.table().set_index("method")
+    assert (rows["dp_epsilon"] == math.inf).all() and (rows["clients_survived"] == 3).all()
+    assert (rows["server_sees"] == "sum").all() and rows["endpoint_acc_mean"].isna().all()
+
+
+def _train_message(values: list[float], config: dict) -> Message:
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({"w": Array(np.asarray(values, dtype=np.float64))}),
+            "config": ConfigRecord(config),
+            PARTITION_RECORD: ConfigRecord({"partition-id": 1}),
+        }
+    )
+    return Message(content, dst_node_id=1, message_type="train")
+
+
+def _trained_to(values: list[float], seen: list):
+    def handler(message: Message, context) -> Message:
+        seen.append(dict(message.content.config_records.get(PARTITION_RECORD, {})))
+        arrays = ArrayRecord({"w": Array(np.asarray(values, dtype=np.float64))})
+        return Message(RecordDict({"arrays": arrays}), reply_to=message)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("trained", "expected"),
+    [([4.0, 6.0], [1.6, 2.8]), ([1.0, 2.0], [1.0, 2.0]), ([1.3, 2.4], [1.3, 2.4])],
+)
+def test_the_client_mod_clips_the_update_from_the_sent_arrays(trained, expected, task_identity):
+    from fedlmc.simulations.private.dp_client import dp_clipping_mod
+
+    message = _train_message([1.0, 2.0], {"dp": "client-fixed", KEY_CLIPPING_NORM: 1.0})
+    seen: list = []
+    reply = dp_clipping_mod(message, None, _trained_to(trained, seen))
+    # update (3, 4) of norm 5 -> (0.6, 0.8); a zero update (Flower divides by its norm) and
+    # an update of norm 0.5 are sent as they are; the handler saw the partition record
+    np.testing.assert_allclose(reply.content["arrays"]["w"].numpy(), expected)
+    assert seen == [{"partition-id": 1}]
+
+
+def test_the_client_mod_leaves_a_run_without_client_clipping_untouched(task_identity):
+    from fedlmc.simulations.private.dp_client import dp_clipping_mod
+
+    message = _train_message([1.0, 2.0], {"dp": "server-fixed", KEY_CLIPPING_NORM: 1.0})
+    reply = dp_clipping_mod(message, None, _trained_to([4.0, 6.0], []))
+    np.testing.assert_allclose(reply.content["arrays"]["w"].numpy(), [4.0, 6.0])
+
+
+def test_the_noise_is_reproducible_from_its_seed(task_identity):
+    def noisy(seed: int) -> np.ndarray:
+        strategy = private_one_shot_average(2, 1.0, 2.0, noise_seed=seed)
+        return _aggregate(strategy, [0.0] * 50, [[1e-3] * 50, [1e-3] * 50])
+
+    assert np.array_equal(noisy(3), noisy(3)) and not np.array_equal(noisy(3), noisy(4))
