@@ -1,5 +1,7 @@
 """Flower's and Ray's console output during a sweep: Flower's logger at WARNING and its
-deprecation notice of ``run_simulation`` hidden, unless ``verbose`` (:func:`quiet_flower`)."""
+deprecation notice of ``run_simulation`` hidden, unless ``verbose`` (:func:`quiet_flower`), and
+the traceback Flower's simulation worker logs for a client actor that died because this process,
+its owner, is exiting (a stop signal: the actors go down with it) hidden always."""
 
 from __future__ import annotations
 
@@ -16,11 +18,22 @@ class _DropDeprecationNotice(logging.Filter):
         return "DEPRECATED FEATURE" not in record.getMessage()
 
 
+class _DropOwnerExitTraceback(logging.Filter):
+    """Hides Flower's worker traceback for a ``ClientAppActor`` whose owner (this process) has
+    died or is exiting: shutdown noise after SIGINT / SIGTERM, not a client failure (a client
+    that fails while the sweep runs is reported by the strategy, by name)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("ActorDiedError" in text and "its owner has died" in text)
+
+
 @contextmanager
 def quiet_flower(verbose: bool) -> Iterator[None]:
     """Flower's logger at WARNING (our strategies' warnings still show) unless ``verbose``."""
     logger = logging.getLogger("flwr")
-    level, notice = logger.level, _DropDeprecationNotice()
+    level, notice, shutdown = logger.level, _DropDeprecationNotice(), _DropOwnerExitTraceback()
+    logger.addFilter(shutdown)
     if not verbose:
         logger.setLevel(logging.WARNING)
         logger.addFilter(notice)
@@ -32,3 +45,4 @@ def quiet_flower(verbose: bool) -> Iterator[None]:
     finally:
         logger.setLevel(level)
         logger.removeFilter(notice)
+        logger.removeFilter(shutdown)

@@ -1,0 +1,60 @@
+"""Flower's console output during a sweep (:mod:`fedlmc.simulations.engine.log_filters`): the
+deprecation notice and the shutdown traceback of a client actor whose owner is exiting are
+hidden, every other error of Flower's still shows. In process, on Flower's own logger."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from fedlmc.simulations.engine.log_filters import quiet_flower
+
+OWNER_EXIT = (
+    "Traceback (most recent call last):\n  ...\nray.exceptions.ActorDiedError: The actor died "
+    "unexpectedly before finishing this task.\n\tclass_name: ClientAppActor\nThe actor is dead "
+    "because its owner has died. Owner worker exit type: INTENDED_USER_EXIT"
+)
+
+
+class Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def flower_log():
+    logger = logging.getLogger("flwr")
+    handler = Collect()
+    logger.addHandler(handler)
+    yield logger, handler.messages
+    logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_owner_exit_traceback_is_hidden_and_other_errors_show(flower_log, verbose):
+    logger, seen = flower_log
+    with quiet_flower(verbose):
+        logger.error(OWNER_EXIT)
+        logger.error("ray.exceptions.ActorDiedError: the actor died (a client crashed)")
+        logger.error("client 3 raised ValueError")
+    assert seen == [
+        "ray.exceptions.ActorDiedError: the actor died (a client crashed)",
+        "client 3 raised ValueError",
+    ]
+
+
+def test_the_deprecation_notice_is_hidden_unless_verbose_and_the_filters_are_removed(
+    flower_log,
+):
+    logger, seen = flower_log
+    with quiet_flower(verbose=False):
+        logger.warning("DEPRECATED FEATURE: run_simulation")
+    with quiet_flower(verbose=True):
+        logger.warning("DEPRECATED FEATURE: run_simulation")
+    logger.error(OWNER_EXIT)  # outside a sweep nothing is hidden
+    assert seen == ["DEPRECATED FEATURE: run_simulation", OWNER_EXIT]
