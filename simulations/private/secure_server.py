@@ -79,7 +79,7 @@ def run_secure_average(
 ) -> None:
     """The secure ``average`` mode (see the module docstring); fills ``outcome`` like the
     clear mode (its rows and merged state). ``merged_row`` and ``widths`` are the ServerApp's
-    row builder and width columns (:func:`fedlmc.simulations.server_app.merged_row`,
+    row builder and width columns (:func:`fedlmc.simulations.records.server_outcome.merged_row`,
     ``width_columns``)."""
     initial = {k: v.detach().cpu() for k, v in template.state_dict().items()}
     settings = secure_settings(
