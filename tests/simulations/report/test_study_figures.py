@@ -15,11 +15,7 @@ from fedlmc.simulations.report.study_figures import (
     lewc_closed_form,
     line_labels,
 )
-
-try:  # rootdir on sys.path, or tests/ itself (pytest's default import mode)
-    from tests.simulations.report.test_study_tables import rows_of
-except ImportError:
-    from test_new_study_tables import rows_of
+from tests.simulations.report.test_study_tables import rows_of
 
 SETTINGS = {"dpi": 40, "error-bars": "std", "title": ""}
 NAMES = ("barrier_vs_weight_decay", "lewc_scale_vs_depth")
