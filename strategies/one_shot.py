@@ -73,6 +73,7 @@ from fedlmc.merging.methods import (
     check_template_merge,
     merge_method,
     merge_states,
+    template_merge_names,
 )
 from fedlmc.merging.post_merge import (
     Calibration,
@@ -413,7 +414,8 @@ class PermutationAlignedAverage(OneShotAverage):
         method_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        entry = check_template_merge(method, f"{type(self).__name__}(method={method!r})")
+        aligning = [m for m in template_merge_names() if m != "average"]
+        entry = check_template_merge(method, f"{type(self).__name__}(method={method!r})", aligning)
         super().__init__(template, options, **kwargs)
         if entry.name == "average":
             raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")

@@ -310,15 +310,19 @@ def template_merge_names() -> tuple[str, ...]:
     return tuple(m.name for m in METHODS if m.template_shaped)
 
 
-def check_template_merge(method: str, where: str) -> MergeMethod:
+def check_template_merge(
+    method: str, where: str, allowed: Sequence[str] | None = None
+) -> MergeMethod:
     """The registered ``method`` (a ``_t`` suffix accepted); ``ValueError`` in one line, naming
     it, ``where`` (a consumer of template state dicts: a strategy, a saved merge) and the methods
-    allowed there, when its merge is a model of another architecture (``builds_model``)."""
+    ``allowed`` there (default: :func:`template_merge_names`), when its merge is a model of
+    another architecture (``builds_model``)."""
     entry = merge_method(method)
     if not entry.template_shaped:
+        names = template_merge_names() if allowed is None else allowed
         raise ValueError(
             f"{where}: merge method {entry.name!r} builds a model of another architecture (not "
-            f"a state dict of the model); allowed: {', '.join(template_merge_names())}"
+            f"a state dict of the model); allowed: {', '.join(names)}"
         )
     return entry
 
