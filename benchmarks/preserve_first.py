@@ -1,9 +1,10 @@
 r"""Benchmark: Preserve-First Merging (Qu and Horvath 2025) against the merge and the logit
 ensemble, on the embedded MNIST digits.
 
-PFM is a model, not a registered merge method (:mod:`fedlmc.merging.preserve_first`: it keeps
-every client's first layers, so it is no state dict of the template), so a sweep cannot run it;
-this script measures it on clients trained here like ``configs/baselines_quick.toml``'s (the
+PFM keeps every client's first layers, so its merge is a model, not a state dict of the
+template (:mod:`fedlmc.merging.preserve_first`); a sweep runs it with ``k = 1`` as the registered
+methods ``preserve_first`` and ``weight_matching_preserve_first``. This script sweeps ``k``: it
+measures PFM on clients trained here like ``configs/baselines_quick.toml``'s (the
 3,600-digit pool split IID, 12 epochs, lr 0.05, weight decay 3e-3, batch 128, each client its
 own seeded initialisation, a 3-hidden-layer MLP), not on the sweep's own clients. For each
 cell (width x clients x bias x seed) it evaluates on the 1,000 test digits, each at the

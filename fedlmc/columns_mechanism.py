@@ -335,7 +335,9 @@ def lewc_scope_family() -> tuple[Column, ...]:
             "why LEWC's columns are NaN",
             "merge rows, diagnostics on",
             "why LEWC's depth exponents do not exist for the model (a residual network: no "
-            "single depth per layer); empty where LEWC is defined",
+            "single depth per layer), or, for a merge that is a model of another architecture "
+            "(`preserve_first`), why every LEWC/LLFC and merged-model column is NaN; empty "
+            "where LEWC is defined",
             kind="text",
         ),
     )

@@ -72,6 +72,16 @@ def metric_family() -> tuple[Column, ...]:
             every,
             "filled for raw and `_t` rows",
         ),
+        Column(
+            "merged_parameters_ratio",
+            "parameters the row's model needs / the template's (one client's at its width)",
+            "merge and reference rows of the study",
+            "1 for every merge that is a state dict of the template; `1 + (N - 1) P_early / P` "
+            "for `preserve_first` and `weight_matching_preserve_first` (`P_early`: the "
+            "parameters of the first `k + 1` = 2 layers, whose outputs every client computes; "
+            "`P`: the model's); `N` for `ensemble` and `logit_ensemble` (every client's model "
+            "runs)",
+        ),
     )
 
 

@@ -68,7 +68,13 @@ from flwr.supercore import log
 from torch import Tensor, nn
 
 from fedlmc.evaluation import resolve_device
-from fedlmc.merging.methods import AUTO_TOLERANCE, merge_method, merge_states
+from fedlmc.merging.methods import (
+    AUTO_TOLERANCE,
+    check_template_merge,
+    merge_method,
+    merge_states,
+    template_merge_names,
+)
 from fedlmc.merging.post_merge import (
     Calibration,
     ServerData,
@@ -408,8 +414,9 @@ class PermutationAlignedAverage(OneShotAverage):
         method_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        aligning = [m for m in template_merge_names() if m != "average"]
+        entry = check_template_merge(method, f"{type(self).__name__}(method={method!r})", aligning)
         super().__init__(template, options, **kwargs)
-        entry = merge_method(method)
         if entry.name == "average":
             raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")
         on_clients = entry.clients_for_data and self.on_clients

@@ -15,9 +15,9 @@
 - :mod:`fedlmc.merging.alignment_record`: what an alignment did (groups aligned, units moved)
   and the line flagging a method that aligned nothing.
 - :mod:`fedlmc.merging.baselines`: published baselines registered as methods (RESCALE,
-  :mod:`fedlmc.merging.rescale`; CCA Merge, :mod:`fedlmc.merging.cca`), imported here so that
-  they are registered whenever the registry is; Preserve-First Merging
-  (:mod:`fedlmc.merging.preserve_first`) is a model, not a registered method.
+  :mod:`fedlmc.merging.rescale`; CCA Merge, :mod:`fedlmc.merging.cca`; Preserve-First Merging,
+  :mod:`fedlmc.merging.preserve_first`, a model of another architecture registered with
+  ``builds_model``), imported here so that they are registered whenever the registry is.
 
 The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
 :mod:`fedlmc.permutation` (MergeMany averages while it aligns).

@@ -1,4 +1,5 @@
-r"""Published baselines registered as merge methods: RESCALE (Vanishing Feature) and CCA Merge.
+r"""Published baselines registered as merge methods: RESCALE and Preserve-First Merging (Vanishing
+Feature) and CCA Merge.
 
 - ``average_rescale``, ``weight_matching_rescale``: the plain average, or weight matching onto
   client 0 then the average, followed by RESCALE (Qu and Horvath, CPAL 2025;
@@ -16,9 +17,20 @@ barrier and path columns stay NaN and they are compared by their ``merge_gap_*``
 ``_repair`` methods instead repair every point of their paths). ``cca_merge`` is an alignment
 followed by the plain average, so its paths are the usual ones between the mapped clients.
 
-Preserve-First Merging (the other VF method) is :mod:`fedlmc.merging.preserve_first`: its merged
-model keeps every client's first layers, so it is no state dict of the template and is not a
-registered method.
+- ``preserve_first``, ``weight_matching_preserve_first``: Preserve-First Merging (Qu and Horvath,
+  CPAL 2025; :mod:`fedlmc.merging.preserve_first`) with
+  :data:`~fedlmc.merging.preserve_first.PFM_LAYERS` preserved layer (the method option
+  ``pfm_layers``, e.g. ``compare_methods(..., method_options={"pfm_layers": 0})``, sets
+  another :math:`k`), of the clients as they are
+  or weight-matched onto client 0 (the basis Qu and Horvath evaluate): every client's first
+  layers run on the input, their outputs are averaged at the weights and the plain average's
+  later layers continue. The merge keeps :math:`N` copies of the first layers, so it is a model
+  of another architecture (registered with ``builds_model``): its rows have the accuracy, NLL,
+  ECE, temperature, merge gap and agreement of that model and ``merged_parameters_ratio``
+  :math:`1 + (N - 1) P_{\mathrm{early}} / P` (:math:`P_{\mathrm{early}}` the preserved
+  layers' parameters, :math:`P` the model's), NaN barriers (``on_path = False``) and NaN LEWC/LLFC
+  columns (``lewc_undefined_reason`` says why); strategies and saved merges refuse it.
+  Norm-free plain chains only.
 
 This module imports no torch at import time (it is imported by :mod:`fedlmc.merging.methods` to
 register the methods); each method imports what it needs when it runs.
@@ -31,12 +43,21 @@ from typing import TYPE_CHECKING
 
 from fedlmc.columns import Column
 from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS
-from fedlmc.merging.methods import Alignment, MergeJob, register_method, weight_matching_to_first
+from fedlmc.merging.methods import (
+    Alignment,
+    MergeJob,
+    plain_average,
+    register_method,
+    weight_matching_to_first,
+)
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    from collections.abc import Mapping, Sequence
+    from typing import Any
 
-__all__ = ["CCA_COLUMNS", "RESCALE_COLUMNS"]
+    from torch import Tensor, nn
+
+__all__ = ["CCA_COLUMNS", "RESCALE_COLUMNS", "preserve_first_model"]
 
 RESCALE_COLUMNS = (
     Column(
@@ -157,3 +178,39 @@ def cca_merge(job: MergeJob) -> Alignment:
     conditions = [_condition(t) for client in maps for t, _ in client.values()]
     worst = max(conditions) if conditions else math.nan
     return Alignment(aligned, info={"cca_map_condition": worst})
+
+
+def preserve_first_model(
+    template: nn.Module,
+    aligned: Sequence[dict[str, Tensor]],
+    weights: Sequence[float],
+    options: Mapping[str, Any],
+) -> nn.Module:
+    """PFM of the aligned clients at ``weights`` with ``options["pfm_layers"]`` preserved layers
+    (a method option, default :data:`~fedlmc.merging.preserve_first.PFM_LAYERS`;
+    :func:`fedlmc.merging.preserve_first.preserve_first`, which refuses a count out of range)."""
+    from fedlmc.merging.preserve_first import PFM_LAYERS, preserve_first
+
+    return preserve_first(template, aligned, weights, int(options.get("pfm_layers", PFM_LAYERS)))
+
+
+register_method(
+    "preserve_first",
+    description="Preserve-First Merging (Vanishing Feature): every client's first layer kept, "
+    "their outputs averaged, then the plain average's later layers (a model with N first "
+    "layers; norm-free chains)",
+    plain_chain_only=True,
+    on_path=False,
+    reestimate_bn=False,
+    builds_model=preserve_first_model,
+)(plain_average)
+register_method(
+    "weight_matching_preserve_first",
+    description="weight matching onto client 0, then Preserve-First Merging of the matched "
+    "clients (a model with N first layers; norm-free chains)",
+    plain_chain_only=True,
+    on_path=False,
+    reestimate_bn=False,
+    builds_model=preserve_first_model,
+    columns=ALIGNMENT_COLUMNS,
+)(weight_matching_to_first)

@@ -38,6 +38,15 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   :data:`fedlmc.merging.server_sees.SERVER_SEES` (``sum``: secure aggregation can run it;
   default ``each model``); the ``server_sees`` column, the methods table and ``fedlmc
   validate``'s refusal of a secure-aggregation cell read it;
+- ``builds_model``: for a method whose merge is a model of another architecture than the
+  template (Preserve-First Merging keeps every client's first layers),
+  ``builds_model(template, aligned, weights, options) -> nn.Module`` (``options``: the job's
+  method options), the model the study evaluates
+  (in eval mode; a ``parameter_count`` attribute, if it has one, is what it needs to predict).
+  Its merged state dict is then only the combination of the aligned clients its later layers
+  use: whatever needs a state dict of the template (the strategies, the saved merges, the
+  barrier paths, LEWC/LLFC) refuses it or leaves its columns NaN
+  (:func:`check_template_merge`);
 - ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
   a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
   ``average``);
@@ -62,7 +71,7 @@ without loading torch); each registered function imports what it needs when it r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -88,11 +97,13 @@ __all__ = [
     "MergeMethod",
     "base_method",
     "check_own_columns",
+    "check_template_merge",
     "merge_method",
     "merge_method_names",
     "mixed_width_row",
     "register_method",
     "study_methods",
+    "template_merge_names",
 ]
 
 CALIBRATED_SUFFIX = "_t"
@@ -101,6 +112,9 @@ REFERENCE_METHODS = {
     "logit_ensemble": "softmax of the weighted mean of the clients' logits (N forward passes)",
 }
 Combine = Callable[["PermutationSpec | None", Sequence["StateDict"], Sequence[float]], "StateDict"]
+BuildModel = Callable[
+    ["nn.Module", Sequence["StateDict"], Sequence[float], "Mapping[str, Any]"], "nn.Module"
+]
 
 
 class ClientQueries(Protocol):
@@ -188,6 +202,13 @@ class MergeMethod:
     counterpart_of: str = ""
     on_path: bool = True
     server_sees: str = DEFAULT_SERVER_SEES
+    builds_model: BuildModel | None = None
+
+    @property
+    def template_shaped(self) -> bool:
+        """Whether the merge is a state dict of the template (every method but those registered
+        with ``builds_model``)."""
+        return self.builds_model is None
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
@@ -220,6 +241,7 @@ def register_method(
     counterpart_of: str = "",
     on_path: bool = True,
     server_sees: str = DEFAULT_SERVER_SEES,
+    builds_model: BuildModel | None = None,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -249,6 +271,7 @@ def register_method(
             counterpart_of,
             on_path,
             server_sees,
+            builds_model,
         )
         METHODS.add(name, entry, replace=replace)
         return align
@@ -279,6 +302,29 @@ def check_own_columns(method: str, columns: Sequence[Column], *, replace: bool =
 def merge_method(name: str) -> MergeMethod:
     """The registered method ``name`` (a ``_t`` suffix is accepted: same merge, same weights)."""
     return METHODS.get(base_method(name))
+
+
+def template_merge_names() -> tuple[str, ...]:
+    """The registered methods whose merge is a state dict of the template (all but those
+    registered with ``builds_model``), in registration order."""
+    return tuple(m.name for m in METHODS if m.template_shaped)
+
+
+def check_template_merge(
+    method: str, where: str, allowed: Sequence[str] | None = None
+) -> MergeMethod:
+    """The registered ``method`` (a ``_t`` suffix accepted); ``ValueError`` in one line, naming
+    it, ``where`` (a consumer of template state dicts: a strategy, a saved merge) and the methods
+    ``allowed`` there (default: :func:`template_merge_names`), when its merge is a model of
+    another architecture (``builds_model``)."""
+    entry = merge_method(method)
+    if not entry.template_shaped:
+        names = template_merge_names() if allowed is None else allowed
+        raise ValueError(
+            f"{where}: merge method {entry.name!r} builds a model of another architecture (not "
+            f"a state dict of the model); allowed: {', '.join(names)}"
+        )
+    return entry
 
 
 def merge_method_names() -> tuple[str, ...]:

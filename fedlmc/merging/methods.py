@@ -44,11 +44,13 @@ from fedlmc.merging.method_registry import (
     MergeMethod,
     base_method,
     check_own_columns,
+    check_template_merge,
     merge_method,
     merge_method_names,
     mixed_width_row,
     register_method,
     study_methods,
+    template_merge_names,
 )
 
 if TYPE_CHECKING:
@@ -76,6 +78,8 @@ __all__ = [
     "calibrated_nll",
     "check_one_width",
     "check_own_columns",
+    "check_plain_chain",
+    "check_template_merge",
     "embed_first_slots",
     "embed_matched_slots",
     "holder_combination",
@@ -92,6 +96,7 @@ __all__ = [
     "random_permutation_control",
     "register_method",
     "study_methods",
+    "template_merge_names",
     "weight_matching_to_first",
 ]
 
@@ -158,15 +163,18 @@ def merge_states(
     :class:`MergeJob`. ``ValueError``, before any work, when the method is unknown, needs
     ``server_data`` (or, for methods that take the clients' data instead, ``clients``) that is
     missing, needs the ``clients`` of a federation that are missing, or does not accept this
-    many clients, and when the clients' state dicts differ in shape for a method that is not
-    ``mixed_widths`` (those embed every client into ``template``'s shapes, the server width);
-    after the merge when the method reports a column it did not declare.
+    many clients, when the method is ``plain_chain_only`` and ``template`` is no norm-free plain
+    chain (:func:`check_plain_chain`), and when the clients' state dicts differ in shape for a
+    method that is not ``mixed_widths`` (those embed every client into ``template``'s shapes,
+    the server width); after the merge when the method reports a column it did not declare.
     """
     from fedlmc.averaging import average, normalised_weights
     from fedlmc.evaluation import resolve_device
 
     entry = merge_method(method)
     _check_request(entry, states, server_data, clients)
+    if entry.plain_chain_only:
+        check_plain_chain(entry.name, template, spec)
     w = normalised_weights(weights, len(states))
     if len(states) == 1 and not entry.mixed_widths:
         merged, aligned, info = average(states, w), list(states), {}
@@ -237,6 +245,30 @@ def _run(entry: MergeMethod, job: MergeJob) -> tuple[StateDict, list[StateDict],
         spec = job.spec if entry.combine is None else job.permutation_spec()
         merged = entry.combined(spec, alignment.aligned, w)
     return merged, alignment.aligned, dict(alignment.info)
+
+
+def check_plain_chain(method: str, template: nn.Module, spec: PermutationSpec | None) -> None:
+    """``ValueError`` naming ``method``, the model and why, when ``template`` (under ``spec``,
+    default: its own) is no norm-free plain chain of Linear/Conv layers
+    (:func:`fedlmc.permutation.chain.chain_layers`, and no state key outside the chain's weights
+    and biases: no BatchNorm or other norm layer), which a ``plain_chain_only`` method needs."""
+    from fedlmc.permutation.chain import chain_layers
+    from fedlmc.permutation.model_spec import permutation_spec
+
+    state = template.state_dict()
+    layers = chain_layers(spec or permutation_spec(template), state)
+    if layers is None:
+        reason = "its Linear/Conv layers are not one chain (residual?)"
+    else:
+        own = {f"{layer}.{name}" for layer in layers for name in ("weight", "bias")}
+        others = [key for key in state if key not in own]
+        if not others:
+            return
+        reason = f"state key {others[0]!r} is no Linear/Conv weight or bias of the chain"
+    raise ValueError(
+        f"{method}: model {type(template).__name__!r} is not supported: {reason}; allowed: "
+        "plain feed-forward chains without norm layers (MLP, VGG-11 with norm = 'none')"
+    )
 
 
 def check_one_width(method: str, states: Sequence[StateDict]) -> None:

@@ -27,8 +27,10 @@ single default. Here the default is :data:`PFM_LAYERS` = 1 preserved layer (the 
 setting that is not the merge).
 
 The merged model holds every client's first layers, so it is not a state dict of the template:
-PFM is a model (:class:`PreserveFirstModel`) for notebooks and benchmarks, not a registered
-merge method (the registry's merges are template state dicts).
+it is a model (:class:`PreserveFirstModel`), and the registered methods ``preserve_first`` and
+``weight_matching_preserve_first`` (:mod:`fedlmc.merging.baselines`, with :data:`PFM_LAYERS`)
+declare it with the registry's ``builds_model``: the study evaluates this model, the consumers
+of template state dicts refuse it.
 """
 
 from __future__ import annotations

@@ -154,4 +154,5 @@ def reference_row(context: StudyContext, baseline: ClientBaseline, method: str) 
             [e["nll_calibrated"] for e in baseline.endpoints]
         )
     row.update(agreement_columns(baseline.top1, baseline.top1[method]))
+    row["merged_parameters_ratio"] = float(context.num_clients)  # every client's model runs
     return row

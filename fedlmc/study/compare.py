@@ -63,7 +63,13 @@ from torch import Tensor, nn
 from fedlmc.analysis.diagnostics import layer_names_of
 from fedlmc.averaging import normalised_weights
 from fedlmc.evaluation import resolve_device
-from fedlmc.merging.methods import CALIBRATED_SUFFIX, REFERENCE_METHODS, base_method
+from fedlmc.merging.methods import (
+    CALIBRATED_SUFFIX,
+    REFERENCE_METHODS,
+    base_method,
+    check_plain_chain,
+    merge_method,
+)
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
 from fedlmc.study.barriers import (
@@ -95,7 +101,13 @@ from fedlmc.study.diagnostic_columns import (
     lewc_undefined_reason,
     prediction_columns,
 )
-from fedlmc.study.merge import Merged, merge_clients, merge_in_context, path_rule
+from fedlmc.study.merge import (
+    Merged,
+    merge_clients,
+    merge_in_context,
+    parameters_ratio,
+    path_rule,
+)
 from fedlmc.study.rows import (
     empty_row,
     metric_columns,
@@ -192,6 +204,7 @@ def _base_columns(context: StudyContext, baseline: ClientBaseline, method: str) 
     pred = Predictions.of(merged.model, context.splits, context.device)
     metrics = pred.metrics(context.splits.test[1])
     columns: dict[str, Any] = {"merge_seconds": merged.seconds, **merged.info}
+    columns["merged_parameters_ratio"] = parameters_ratio(merged, context.template)
     columns.update(gap_columns(baseline.endpoints, metrics))
     columns.update(agreement_columns(baseline.top1, pred.test.argmax(dim=1)))
     columns.update(temperature_columns(baseline, pred.temperature))
@@ -204,8 +217,11 @@ def _base_columns(context: StudyContext, baseline: ClientBaseline, method: str) 
 
 def _path_columns(context: StudyContext, merged: Merged, method: str) -> dict[str, Any]:
     """With diagnostics: the barriers of two clients' path, or, for more, of each client's path
-    to the merge and between every pair (up to :data:`PAIRWISE_MAX_CLIENTS` clients)."""
+    to the merge and between every pair (up to :data:`PAIRWISE_MAX_CLIENTS` clients); none for
+    a merge that is no state dict of the template (no path reaches it: NaN)."""
     columns: dict[str, Any] = {}
+    if not merged.template_shaped:
+        return columns
     if context.diagnostics and context.num_clients == 2 and merged.path is not None:
         context.say(f"interpolation curve: {method}")
         depth = 0 if context.lewc_undefined else len(context.layer_names)
@@ -261,7 +277,8 @@ def compare_methods(
 
     ``methods`` defaults to every study method (:func:`fedlmc.merging.methods.study_methods`)
     that accepts this many clients (:func:`default_methods`); a method that does not
-    (``random_direction`` with more than two) is refused before any work.
+    (``random_direction`` with more than two), or a ``plain_chain_only`` one for a model that is
+    no norm-free plain chain, is refused before any work.
     Each base merge is computed once; its ``_t`` row reuses it with the server-fitted
     temperature. Raw rows have ``temperature = 1``; ``nll_raw``/``nll_calibrated`` (and ECE) are
     filled for both; the ``merge_gap_*`` columns compare with the unweighted mean endpoint.
@@ -293,6 +310,7 @@ def compare_methods(
     if spec is None and aligning and not hasattr(template, "permutation_spec"):
         # derived once from the graph on two test inputs, shared by every method
         spec = permutation_spec(template, splits.test[0][:2].to(dev))
+    _check_plain_chain_methods(template, spec, methods)
     context = study_context(
         template,
         states,
@@ -311,6 +329,17 @@ def compare_methods(
     return _rows(context, client_baseline(context, client_templates), methods)
 
 
+def _check_plain_chain_methods(
+    template: nn.Module, spec: PermutationSpec | None, methods: Sequence[str]
+) -> None:
+    """``ValueError``, before any work, for the first ``plain_chain_only`` method of ``methods``
+    when ``template`` is no norm-free plain chain
+    (:func:`fedlmc.merging.methods.check_plain_chain`)."""
+    for method in methods:
+        if method not in REFERENCE_METHODS and merge_method(method).plain_chain_only:
+            check_plain_chain(base_method(method), template, spec)
+
+
 def _rows(context: StudyContext, baseline: ClientBaseline, methods: Sequence[str]) -> Comparison:
     """One row per method; each base merge computed once and shared with its ``_t`` row."""
     shared: dict[str, _BaseMerge] = {}
@@ -322,7 +351,8 @@ def _rows(context: StudyContext, baseline: ClientBaseline, methods: Sequence[str
         base = base_method(method)
         if base not in shared:
             shared[base] = _base_columns(context, baseline, base)
-            result.merged[base] = shared[base].merged.state
+            if shared[base].merged.template_shaped:  # only template state dicts are kept
+                result.merged[base] = shared[base].merged.state
         found = shared[base]
         row = empty_row(method, context.num_clients)
         row.update(baseline.common)

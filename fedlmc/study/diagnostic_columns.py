@@ -40,6 +40,7 @@ StateDict = dict[str, Tensor]
 
 __all__ = [
     "LEWC_ONLY",
+    "NOT_TEMPLATE_REASON",
     "QUARTER",
     "bias_mismatch",
     "diagnostic_columns",
@@ -138,12 +139,24 @@ def _orthogonality_mean(layers: Sequence[Mapping[str, Any]]) -> float:
     return finite_mean(values)
 
 
+NOT_TEMPLATE_REASON = (
+    "the merge is a model of another architecture (builds_model; preserve_first keeps every "
+    "client's first layers): no state dict of the template to measure LEWC/LLFC, the logit "
+    "norm ratio, dead units or bias shares on"
+)
+"""``lewc_undefined_reason`` of a merge that is no state dict of the template."""
+
+
 def diagnostic_columns(context: StudyContext, merged: Merged) -> dict[str, Any]:
     """LEWC and LLFC per layer on the combined weights (at the merge weights and, for two
     clients, at lambda = 1/4; LEWC's columns NaN where ``context.lewc_undefined``), the logit
     norm ratio, dead units and bias shares of the evaluated merge, and reciprocal orthogonality
     and ReLU additivity of clients 0 and 1 (in the merged basis), all on the context's
-    ``diagnostic_x``."""
+    ``diagnostic_x``. For a merge that is no state dict of the template (``builds_model``) only
+    the clients' columns (orthogonality, ReLU additivity) and ``lewc_undefined_reason``
+    (:data:`NOT_TEMPLATE_REASON`)."""
+    if not merged.template_shaped:
+        return {"lewc_undefined_reason": NOT_TEMPLATE_REASON, **_pair_columns(context, merged)}
     template, x, names = context.template, context.diagnostic_x, context.layer_names
     weights, undefined = list(context.weights), context.lewc_undefined
     columns: dict[str, Any] = {

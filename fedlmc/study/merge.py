@@ -6,7 +6,11 @@ pipeline on the server split (:func:`fedlmc.merging.post_merge.post_merge`: Batc
 re-estimated, or, for REPAIR methods, every hidden unit repaired). The :class:`Merged` it returns
 carries what the rows' columns need: the evaluated model, the aligned clients, the weights as
 the method combined them, the method's path rule :math:`\theta(\lambda)` between two models and
-the time it took. :func:`merge_clients` is the same merge for a caller without a context.
+the time it took. A method registered with ``builds_model`` (Preserve-First Merging) evaluates
+the model it builds from the aligned clients instead, with no post-merge step (its methods are
+plain chains without BatchNorm); its ``state`` is then the combination of the aligned clients
+its later layers use, and ``template_shaped`` is false. :func:`merge_clients` is the same merge
+for a caller without a context (template-shaped merges only).
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from torch import Tensor, nn
 from fedlmc.analysis.paths import PathRule
 from fedlmc.averaging import interpolate, normalised_weights
 from fedlmc.evaluation import resolve_device
-from fedlmc.merging.methods import base_method, merge_method, merge_states
-from fedlmc.merging.post_merge import ServerData, post_merge
+from fedlmc.merging.methods import base_method, check_template_merge, merge_method, merge_states
+from fedlmc.merging.post_merge import PostMerged, ServerData, post_merge
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
 from fedlmc.study.context import StudyContext, check_states
@@ -33,7 +37,14 @@ if TYPE_CHECKING:
 
 StateDict = dict[str, Tensor]
 
-__all__ = ["Merged", "merge_clients", "merge_in_context", "path_rule"]
+__all__ = [
+    "Merged",
+    "merge_clients",
+    "merge_in_context",
+    "parameter_count",
+    "parameters_ratio",
+    "path_rule",
+]
 
 
 @dataclass
@@ -41,7 +52,9 @@ class Merged:
     """A merged model with what the diagnostics need: the aligned clients, the weights as the
     method combined them (``combined``: before BatchNorm re-estimation or REPAIR), the method's
     path rule between two models (``path``; ``None`` for a method whose merge is on no path
-    between them, e.g. ``random_direction``) and the timing."""
+    between them, e.g. ``random_direction``) and the timing. ``template_shaped`` is false for a
+    method registered with ``builds_model``: ``model`` is then of another architecture and
+    ``state`` only the combination of the aligned clients (no state dict of ``model``)."""
 
     model: nn.Module
     state: StateDict
@@ -52,6 +65,24 @@ class Merged:
     info: dict[str, Any] = field(default_factory=dict)
     combined: StateDict = field(default_factory=dict)
     path: PathRule | None = interpolate
+    template_shaped: bool = True
+
+
+def parameter_count(model: nn.Module) -> int:
+    """The parameters ``model`` needs to predict: its ``parameter_count`` attribute where it has
+    one (:attr:`fedlmc.merging.preserve_first.PreserveFirstModel.parameter_count`), else the
+    number of entries of its parameters."""
+    counted = getattr(model, "parameter_count", None)
+    return int(counted) if counted is not None else sum(p.numel() for p in model.parameters())
+
+
+def parameters_ratio(merged: Merged, template: nn.Module) -> float:
+    r"""``merged_parameters_ratio``: :math:`P_{\mathrm{merge}} / P_{\mathrm{template}}`, the
+    parameters the merged model needs (:func:`parameter_count`) over the template's; 1 for every
+    merge that is a state dict of the template."""
+    if merged.template_shaped:
+        return 1.0
+    return parameter_count(merged.model) / parameter_count(template)
 
 
 def path_rule(method: str, template: nn.Module, spec: PermutationSpec | None) -> PathRule | None:
@@ -86,10 +117,17 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         options=dict(context.method_options),
         with_info=True,
     )
-    source = None if server_data is None else ServerData(*server_data)
-    finished = post_merge(
-        context.template, merged, aligned, weights, method, source, device=context.device
-    )
+    entry = merge_method(method)
+    if entry.template_shaped:
+        source = None if server_data is None else ServerData(*server_data)
+        finished = post_merge(
+            context.template, merged, aligned, weights, method, source, device=context.device
+        )
+    else:
+        options = dict(context.method_options)
+        model = entry.builds_model(context.template, aligned, weights, options)
+        model = model.to(context.device).eval()
+        finished = PostMerged(model, merged, "none", repaired=False)
     if context.device.type == "cuda":
         torch.cuda.synchronize(context.device)
     return Merged(
@@ -102,6 +140,7 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         info=info,
         combined=merged,
         path=path_rule(method, context.template, context.spec),
+        template_shaped=entry.template_shaped,
     )
 
 
@@ -128,7 +167,7 @@ def merge_clients(
     + BN reset), "bn_reset", "aligned"}``; ``aligned`` is the list of clients in the merged basis
     (client 0 unchanged for the reference-based methods).
     """
-    merge_method(method)  # ValueError naming the registered methods
+    check_template_merge(method, "merge_clients")  # ValueError naming the registered methods
     check_states(states)
     context = StudyContext(
         template=template,

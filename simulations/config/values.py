@@ -12,8 +12,10 @@ from fedlmc.data.catalog import (
 )
 from fedlmc.merging.hooks import resolve_method_entry
 from fedlmc.merging.methods import (
+    merge_method,
     merge_method_names,
     study_methods,
+    template_merge_names,
 )
 from fedlmc.models.registry import (
     is_factory_path,
@@ -43,8 +45,9 @@ def cell_methods() -> tuple[str, ...]:
 
 
 def aligning_methods() -> tuple[str, ...]:
-    """The merge methods of the ``aligned`` strategy: every registered one but ``average``."""
-    return tuple(m for m in merge_method_names() if m != "average")
+    """The merge methods of the ``aligned`` strategy: every registered one but ``average`` and
+    those whose merge is no state dict of the model (``builds_model``: ``preserve_first``)."""
+    return tuple(m for m in template_merge_names() if m != "average")
 
 
 def dataset_names() -> tuple[str, ...]:
@@ -99,6 +102,11 @@ def _align(value: Any) -> str | None:
         return str(error)
     if name in aligning_methods():
         return None
+    if name in merge_method_names() and not merge_method(name).template_shaped:
+        return (
+            f"merge method {name!r} builds a model of another architecture, not a state dict "
+            f"of the model the strategy returns; allowed: {', '.join(aligning_methods())}"
+        )
     return f"allowed: {', '.join(aligning_methods())}, or a 'package.module:function' merge method"
 
 

@@ -3,11 +3,13 @@
 A run's out dir (``fedlmc run out-dir=...``, the ServerApp under ``flwr run``, a sweep's
 ``cells/<cell_id>/``) holds ``merged-<method>.safetensors``: the merged, finished weights
 (BatchNorm statistics re-estimated, REPAIR applied where the method does) as a plain state dict,
-one file per merge, shared by a method and its ``_t`` row; the file has no metadata. The model
-they belong to is in ``results.csv`` beside it (a sweep's: one folder up, the cell's rows): the
-row's run-config columns rebuild the architecture (model, width or ``server-width``, depth,
-norm, bias, ... and the data set's input shape and classes), and the ``<method>_t`` row's
-``temperature`` is the temperature fitted for that merge (``T = 1`` without a ``_t`` row).
+one file per merge, shared by a method and its ``_t`` row (none for a merge that is a model of
+another architecture, ``preserve_first``: :func:`load_merged` refuses it); the file has no
+metadata. The model they belong to is in ``results.csv`` beside it (a sweep's: one folder up,
+the cell's rows): the row's run-config columns rebuild the architecture (model, width or
+``server-width``, depth, norm, bias, ... and the data set's input shape and classes), and the
+``<method>_t`` row's ``temperature`` is the temperature fitted for that merge (``T = 1``
+without a ``_t`` row).
 """
 
 from __future__ import annotations
@@ -95,6 +97,18 @@ def fitted_temperature(rows: pd.DataFrame, method: str) -> float:
     return float(calibrated["temperature"].iloc[0]) if len(calibrated) else 1.0
 
 
+def _check_saved_kind(base: str) -> None:
+    """A :class:`ConfigError` for a registered merge that is no state dict of the model
+    (``builds_model``: ``preserve_first``): none is saved, its rows are all there is."""
+    from fedlmc.merging.methods import METHODS, check_template_merge
+
+    if base in METHODS:
+        try:
+            check_template_merge(base, "load_merged")
+        except ValueError as error:
+            raise ConfigError(f"{error} (no merged-{base}{SUFFIX} is saved)") from None
+
+
 def load_merged(out_dir: str | Path, method: str) -> MergedModel:
     """The merge ``method`` saved in ``out_dir`` (module docstring): its model with the merged
     weights (eval mode, on the CPU) and its fitted temperature. ``method`` may name the ``_t``
@@ -107,6 +121,7 @@ def load_merged(out_dir: str | Path, method: str) -> MergedModel:
 
     folder = Path(out_dir)
     base = method.removesuffix(CALIBRATED)
+    _check_saved_kind(base)
     path = folder / f"{PREFIX}{base}{SUFFIX}"
     if not path.is_file():
         saved = ", ".join(saved_methods(folder)) or "none"
