@@ -276,9 +276,10 @@ def compare_methods(
     client models, and the merged weights of each base merge (``Comparison.merged``).
 
     ``methods`` defaults to every study method (:func:`fedlmc.merging.methods.study_methods`)
-    that accepts this many clients (:func:`default_methods`); a method that does not
-    (``random_direction`` with more than two), or a ``plain_chain_only`` one for a model that is
-    no norm-free plain chain, is refused before any work.
+    that accepts this many clients (:func:`default_methods`) and, for a model that is no
+    norm-free plain chain (a ResNet, a BatchNorm model), is not ``plain_chain_only``. A method
+    given explicitly that does not accept them (``random_direction`` with more than two
+    clients, a ``plain_chain_only`` one on such a model) is refused before any work.
     Each base merge is computed once; its ``_t`` row reuses it with the server-fitted
     temperature. Raw rows have ``temperature = 1``; ``nll_raw``/``nll_calibrated`` (and ECE) are
     filled for both; the ``merge_gap_*`` columns compare with the unweighted mean endpoint.
@@ -297,6 +298,7 @@ def compare_methods(
     (:func:`study_context`) that every step of the study reads.
     """
     check_states(states)
+    defaulted = methods is None
     methods = check_client_count(
         check_methods(default_methods(len(states)) if methods is None else methods), len(states)
     )
@@ -310,6 +312,8 @@ def compare_methods(
     if spec is None and aligning and not hasattr(template, "permutation_spec"):
         # derived once from the graph on two test inputs, shared by every method
         spec = permutation_spec(template, splits.test[0][:2].to(dev))
+    if defaulted:
+        methods = _methods_for_model(template, spec, methods)
     _check_plain_chain_methods(template, spec, methods)
     context = study_context(
         template,
@@ -327,6 +331,20 @@ def compare_methods(
         progress=progress,
     )
     return _rows(context, client_baseline(context, client_templates), methods)
+
+
+def _methods_for_model(
+    template: nn.Module, spec: PermutationSpec | None, methods: Sequence[str]
+) -> list[str]:
+    """The default ``methods`` without the ``plain_chain_only`` ones when ``template`` is no
+    norm-free plain chain (a ResNet or a BatchNorm VGG gets every other method)."""
+    try:
+        _check_plain_chain_methods(template, spec, methods)
+    except ValueError:
+        return [
+            m for m in methods if m in REFERENCE_METHODS or not merge_method(m).plain_chain_only
+        ]
+    return list(methods)
 
 
 def _check_plain_chain_methods(

@@ -474,3 +474,29 @@ def test_auto_keeps_the_plain_average_within_tolerance_and_aligns_beyond(templat
     assert strict["auto"]["auto_nll_gap"] == lenient["auto"]["auto_nll_gap"] > 0.1
     assert strict["auto"]["accuracy"] == strict["weight_matching"]["accuracy"]
     assert math.isnan(strict["weight_matching"]["auto_nll_gap"])
+
+
+def test_default_methods_on_a_batchnorm_model_leave_out_the_plain_chain_ones(splits):
+    """``methods=None`` on a BatchNorm MLP runs every default method the model supports: the
+    ``plain_chain_only`` ones (LEWC biases, CCA Merge, Preserve-First) are left out, not refused."""
+    from fedlmc.study.compare import compare_methods
+    from fedlmc.study.context import default_methods
+
+    states = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = build_model(
+            "mlp", width=0.25, norm="bn", num_classes=splits.num_classes, in_shape=splits.in_shape
+        )
+        states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    rows = compare_methods(
+        load_state(model, states[0]), states, None, splits, diagnostics=False, lambdas=2
+    ).rows
+    chain_only = {
+        m
+        for m in default_methods(2)
+        if m not in REFERENCE_METHODS and merge_method(m).plain_chain_only
+    }
+    assert {"average_lewc_bias", "cca_merge", "preserve_first"} <= chain_only
+    assert [r["method"] for r in rows] == [m for m in default_methods(2) if m not in chain_only]
+    assert all(finite(r["accuracy"]) for r in rows)
