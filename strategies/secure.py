@@ -38,6 +38,18 @@ keep the initial model's value (the clear average takes their maximum; the merge
 BatchNorm statistics are re-estimated anyway). Every client shares its key with every other
 (``num_shares`` = 1.0, all :math:`N`) and any majority can unmask (``reconstruction_threshold`` =
 :math:`\lfloor N/2 \rfloor + 1`, at least 2).
+
+**A client that drops out** (:func:`secure_round`). Every stage waits at most ``timeout``
+seconds (Flower's default waits forever); a node that sends no good reply (an error of its
+own, the SuperLink's "Node Unavailable" once its heartbeats stopped, or nothing in time) is
+recorded in :attr:`SecureRound.dropped` with the stage it missed. Dropped in the
+masked-vector stage (after it shared its keys), SecAgg+ removes its pairwise masks from the
+survivors' shares of its key and the aggregate is the weighted average of the survivors,
+while at least ``reconstruction_threshold`` of them remain; dropped in the unmask stage, its
+masked vector is already in the sum. Fewer survivors than the threshold, or a node dropped
+before its key shares reached the others (setup or share-keys stage: Flower 1.42's survivors
+then fail the unmask stage asking for shares they never received), give no aggregate:
+:class:`SecureAggregationError` names the stage, the threshold and every dropped node.
 """
 
 from __future__ import annotations
@@ -71,6 +83,7 @@ __all__ = [
     "SecureSettings",
     "SumOnlyFedAvg",
     "check_in_range",
+    "dropped_text",
     "float_keys",
     "from_secure_arrays",
     "secure_arrays",
@@ -256,16 +269,22 @@ class SumOnlyFedAvg(FedAvg):
 
 
 class _RecordingSecAggPlus(SecAggPlusWorkflow):
-    """SecAgg+ that keeps the reasons of the failures it met (the workflow itself drops them)."""
+    """SecAgg+ that keeps the reasons of the failures it met (the workflow itself drops them)
+    and, in ``dropped``, every node that gave no good reply: ``{node id: "stage: reason"}``
+    at the first stage it missed (the grid it runs on is a :class:`_WatchingGrid`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.failures: list[str] = []
+        self.dropped: dict[int, str] = {}
         self.halted_at = ""
 
     def _recorded(self, stage: str, step: Any, grid: Any, context: Any, state: Any) -> bool:
+        grid.unanswered = {}
         done = step(grid, context, state)
         self.failures += [failure_text(f) for f in state.failures[len(self.failures) :]]
+        for node, reason in grid.unanswered.items():
+            self.dropped.setdefault(node, f"SecAgg+ stage {stage!r}: {reason}")
         if not done and not self.halted_at:
             self.halted_at = stage
         return done
@@ -294,20 +313,48 @@ def failure_text(failure: Any) -> str:
     return lines[-1] if lines else text
 
 
-class _CountingGrid:
-    """A Grid seen through the bytes of the replies it receives (everything else delegated)."""
+class _WatchingGrid:
+    """A Grid seen through the replies it receives: their bytes, and in ``unanswered`` the
+    nodes of the last :meth:`send_and_receive` that sent no good reply, with the reason
+    (:func:`unanswered_nodes`); everything else delegated."""
 
     def __init__(self, grid: Any) -> None:
         self._grid = grid
         self.bytes_received = 0
+        self.unanswered: dict[int, str] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
 
     def send_and_receive(self, messages, *, timeout: float | None = None):
-        replies = self._grid.send_and_receive(messages, timeout=timeout)
+        messages = list(messages)
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
         self.bytes_received += sum(reply_bytes(r) for r in replies)
+        self.unanswered.update(unanswered_nodes(messages, replies, timeout))
         return replies
+
+
+def unanswered_nodes(
+    messages: Sequence[Any], replies: Sequence[Any], timeout: float | None
+) -> dict[int, str]:
+    """``{node id: reason}`` for every destination of ``messages`` without a good reply: an
+    error reply's reason (:func:`failure_text`; the SuperLink answers a message to a node whose
+    heartbeats stopped with an error of its own, matched by ``reply_to_message_id``) or "no
+    reply within the timeout"."""
+    ids = [(m.metadata.message_id, m.metadata.dst_node_id) for m in messages]
+    sent = {message_id: node for message_id, node in ids if message_id}
+    answered = {r.metadata.src_node_id for r in replies if not r.has_error()}
+    errors = {}
+    for reply in replies:
+        if reply.has_error():
+            node = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            errors[node] = failure_text(reply.error)
+    missing = f"no reply within the timeout ({timeout:g} s)" if timeout else "no reply"
+    return {
+        node: errors.get(node, missing)
+        for node in dict.fromkeys(m.metadata.dst_node_id for m in messages)
+        if node not in answered
+    }
 
 
 def reply_bytes(message: Any) -> int:
@@ -324,10 +371,16 @@ def reply_bytes(message: Any) -> int:
     return int(total)
 
 
+def dropped_text(dropped: Mapping[int, str]) -> str:
+    """``"node N: SecAgg+ stage 'S': reason; ..."`` on one line, in node order."""
+    return "; ".join(f"node {node}: {dropped[node]}" for node in sorted(dropped))
+
+
 @dataclass
 class SecureRound:
     """What one SecAgg+ round gave: the unmasked weighted average of what the clients sent,
-    their example counts and metrics, what the strategy received, the failures and the cost
+    their example counts and metrics, what the strategy received, the failures, the nodes
+    dropped (``{node id: "SecAgg+ stage 'S': reason"}``, :func:`dropped_text`) and the cost
     (message rounds, bytes the clients sent, wall seconds)."""
 
     aggregate: list[np.ndarray]
@@ -336,6 +389,7 @@ class SecureRound:
     metrics: list[dict[str, Any]]
     received: list[list[np.ndarray]]
     failures: list[str] = field(default_factory=list)
+    dropped: dict[int, str] = field(default_factory=dict)
     rounds: int = SECURE_MESSAGE_ROUNDS
     bytes_sent: int = 0
     seconds: float = 0.0
@@ -380,13 +434,16 @@ def secure_round(
         modulus_range=settings.modulus_range,
         timeout=timeout,
     )
-    counting = _CountingGrid(grid)
-    DefaultWorkflow(fit_workflow=secagg)(counting, legacy)
+    watching = _WatchingGrid(grid)
+    DefaultWorkflow(fit_workflow=secagg)(watching, legacy)
     if not strategy.received:
+        dropped = dropped_text(secagg.dropped) or "none"
         reasons = "; ".join(dict.fromkeys(secagg.failures + strategy.failures)) or "none given"
         raise SecureAggregationError(
             f"SecAgg+ halted at its {secagg.halted_at or 'last'} stage with no aggregate "
-            f"(need {threshold} of {num_clients} clients to unmask); failures: {reasons}"
+            f"(need {threshold} of {num_clients} clients to unmask; "
+            f"{num_clients - len(secagg.dropped)} remained); dropped: {dropped}; "
+            f"failures: {reasons}"
         )
     return SecureRound(
         strategy.received[0],
@@ -395,7 +452,8 @@ def secure_round(
         strategy.metrics,
         strategy.received,
         failures=secagg.failures + strategy.failures,
-        bytes_sent=counting.bytes_received,
+        bytes_sent=watching.bytes_received,
+        dropped=dict(secagg.dropped),
         seconds=time.perf_counter() - start,
     )
 

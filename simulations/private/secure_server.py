@@ -15,7 +15,10 @@ is fitted on the server split (``calibration = "server"``) or, with ``calibratio
 - ``rounds`` counts SecAgg+'s four message rounds (four more per secure temperature round),
   ``bytes_sent_by_clients`` every reply's payload (public keys, encrypted shares, the masked
   vectors, the unmasking shares), ``round_seconds`` the wall time of all secure rounds,
-  ``clients_survived`` the clients whose masked vectors entered the sum;
+  ``clients_survived`` the clients whose masked vectors entered the sum, ``clients_dropped``
+  the others and ``clients_dropped_reasons`` (= ``clients_failed``) each by node id, with the
+  SecAgg+ stage it missed and why (``"node N: SecAgg+ stage 'masked vectors': Error: Node
+  Unavailable ..."``: the server never learns a dropped node's partition);
 - ``secagg_error_bound``: the largest difference of a merged value from the clear weighted
   average the quantisation allows (:meth:`fedlmc.strategies.secure.SecureSettings.error_bound`).
 """
@@ -34,6 +37,7 @@ from fedlmc.strategies.secure import (
     CLIPPING_KEY,
     MAX_WEIGHT_KEY,
     SecureResult,
+    dropped_text,
     secure_average,
     secure_settings,
 )
@@ -59,11 +63,12 @@ def secure_round_columns(
 
     train_seconds = [float(m.get("train-seconds", math.nan)) for m in result.metrics]
     survived = len(result.num_examples)
+    dropped = dropped_text(result.dropped)
     columns = {
         "clients_survived": survived,
-        "clients_failed": "; ".join(result.failures),
+        "clients_failed": dropped,
         "clients_dropped": int(config["num-clients"]) - survived,
-        "clients_dropped_reasons": "",
+        "clients_dropped_reasons": dropped,
         "bytes_sent_by_clients": int(result.bytes_sent),
         "rounds": int(result.rounds),
         "train_seconds": float(sum(train_seconds)),
@@ -89,6 +94,8 @@ def run_secure_average(
     outcome.progress.training(config["num-clients"], config["epochs"])
     n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
     result = secure_average(grid, initial, n_clients, sent, settings, timeout)
+    if result.dropped:  # the survivors' masks were removed without them (SecAgg+'s promise)
+        outcome.progress(f"SecAgg+ merged without {dropped_text(result.dropped)}")
     outcome.progress.trained(len(result.num_examples), result.seconds)
     start = time.perf_counter()
     server = ServerData(*splits.server) if len(splits.server[1]) else None
