@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Context, RecordDict
-from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server import LegacyContext, ServerConfig
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -220,11 +220,12 @@ def from_secure_arrays(
 
 
 class SumOnlyFedAvg(FedAvg):
-    """The legacy strategy the SecAgg+ workflow drives: samples all ``num_clients`` nodes,
-    sends them ``fit_config`` and the initial parameters, and returns the aggregate the
-    workflow hands it. ``received`` keeps every parameter list its ``aggregate_fit`` received
-    (SecAgg+ gives each result the same unmasked aggregate), ``num_examples`` and ``metrics``
-    each result's counts and metrics, ``failures`` the failures' text."""
+    """The legacy strategy the SecAgg+ workflow drives: samples ``num_clients`` nodes (the
+    lowest node ids), sends them ``fit_config`` and the initial parameters, and returns the
+    aggregate the workflow hands it. ``received`` keeps every parameter list its
+    ``aggregate_fit`` received (SecAgg+ gives each result the same unmasked aggregate),
+    ``num_examples`` and ``metrics`` each result's counts and metrics, ``failures`` the
+    failures' text."""
 
     server_sees = "sum"
     """What the strategy receives of the clients (:mod:`fedlmc.merging.server_sees`)."""
@@ -241,10 +242,23 @@ class SumOnlyFedAvg(FedAvg):
             initial_parameters=initial,
             on_fit_config_fn=lambda _round: dict(fit_config),
         )
+        self.num_clients = num_clients
+        self.fit_config = dict(fit_config)
         self.received: list[list[np.ndarray]] = []
         self.num_examples: list[int] = []
         self.metrics: list[dict[str, Any]] = []
         self.failures: list[str] = []
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """The ``num_clients`` connected nodes with the lowest node ids (as the clear round
+        chooses them), never more: ``FedAvg``'s ``fraction_fit = 1.0`` would take every
+        connected node. Waits for ``num_clients`` nodes as ``FedAvg`` does."""
+        client_manager.wait_for(self.num_clients)
+        proxies = sorted(client_manager.all().values(), key=lambda proxy: proxy.node_id)
+        fit_ins = FitIns(parameters, dict(self.fit_config))
+        return [(proxy, fit_ins) for proxy in proxies[: self.num_clients]]
 
     def aggregate_fit(
         self,

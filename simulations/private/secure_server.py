@@ -6,8 +6,9 @@ Grid, in a simulation or a deployment alike, then the same post-merge steps on t
 own data as the clear ``average`` strategy (BatchNorm statistics re-estimated on the server
 split; the server holds the merged model, never a client's). The temperature of ``average_t``
 is fitted on the server split (``calibration = "server"``) or, with ``calibration =
-"federated"``, by secure Newton rounds on the clients' held-out data
-(:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL means); no
+"federated"``, by secure Newton rounds on the held-out data of the clients that survived the
+average's round (:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL
+means); no
 ``average_t`` with ``"none"``. What differs from a clear run's rows:
 
 - the endpoint and merge-gap columns are NaN: the server never holds a client's model to
@@ -114,8 +115,8 @@ def run_secure_average(
     reference = server.temperature(model)[0] if calibrated and server is not None else math.nan
     temperature = reference
     if config["calibration"] == "federated":
-        fitted = secure_temperature(
-            grid, finished.state, n_clients, config, settings.max_weight, timeout
+        fitted = secure_temperature(  # on the clients that survived the average's round
+            grid, finished.state, n, config, settings.max_weight, timeout
         )
         outcome.secure["average_t"] = fitted
         temperature = fitted.temperature

@@ -129,5 +129,8 @@ def test_a_supernode_killed_in_the_secure_round_leaves_the_merge_of_the_survivor
     # ... and not the average of all three (partition 2's model would move it well past that)
     _, victim_state, victim_count, _ = _clients_in_process(config, 3, partitions=[VICTIM])
     with_victim = average(states + victim_state, counts + victim_count)
-    assert max(float((merged[k] - with_victim[k]).abs().max()) for k in gaps) > 100 * bound
+    off = max(float((merged[k] - with_victim[k]).abs().max()) for k in gaps)
+    print(f"largest difference from the survivors' clear average {max(gaps.values()):.2e}")
+    print(f"(bound {row['secagg_error_bound']:.2e}); from all three's {off:.3f}")
+    assert off > 100 * bound
     assert torch.isfinite(torch.cat([v.reshape(-1) for v in merged.values()])).all()

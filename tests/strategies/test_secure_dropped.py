@@ -132,9 +132,9 @@ def client_error_reply(message: Message, error: Exception) -> Message:
 SETTINGS = SecureSettings(clipping_range=8.0, max_weight=1000.0)
 
 
-def run_round(dead: dict[int, int]):
+def run_round(dead: dict[int, int], num_clients: int = len(NODES)):
     sent = [np.zeros((4, 3)), np.zeros((5,))]
-    return secure_round(InProcessGrid(dead), sent, len(NODES), {}, SETTINGS, timeout=30.0)
+    return secure_round(InProcessGrid(dead), sent, num_clients, {}, SETTINGS, timeout=30.0)
 
 
 def clear_average(nodes) -> list[np.ndarray]:
@@ -151,6 +151,17 @@ def test_every_client_answering_gives_the_average_of_all_three():
     found = run_round({})
     assert found.dropped == {} and len(found.num_examples) == 3
     assert max_gap(found.aggregate, clear_average(NODES)) <= found.error_bound
+
+
+def test_a_round_of_fewer_clients_than_nodes_merges_the_lowest_node_ids_only():
+    """Three nodes connected, ``num_clients = 2``: the two lowest node ids take part (as in
+    the clear round), not every connected node (FedAvg's ``fraction_fit = 1.0`` took all)."""
+    grid = InProcessGrid({})
+    sent = [np.zeros((4, 3)), np.zeros((5,))]
+    found = secure_round(grid, sent, 2, {}, SETTINGS, timeout=30.0)
+    assert grid.received == {11: 4, 22: 4, 33: 0}
+    assert sorted(found.num_examples) == [COUNTS[11], COUNTS[22]]
+    assert max_gap(found.aggregate, clear_average((11, 22))) <= found.error_bound
 
 
 @pytest.mark.parametrize("stage", [2, 3])
