@@ -132,5 +132,5 @@ def test_a_supernode_killed_in_the_secure_round_leaves_the_merge_of_the_survivor
     off = max(float((merged[k] - with_victim[k]).abs().max()) for k in gaps)
     print(f"largest difference from the survivors' clear average {max(gaps.values()):.2e}")
     print(f"(bound {row['secagg_error_bound']:.2e}); from all three's {off:.3f}")
-    assert off > 100 * bound
+    assert off > 10 * bound
     assert torch.isfinite(torch.cat([v.reshape(-1) for v in merged.values()])).all()
