@@ -284,21 +284,25 @@ class SumOnlyFedAvg(FedAvg):
 
 class _RecordingSecAggPlus(SecAggPlusWorkflow):
     """SecAgg+ that keeps the reasons of the failures it met (the workflow itself drops them)
-    and, in ``dropped``, every node that gave no good reply: ``{node id: "stage: reason"}``
-    at the first stage it missed (the grid it runs on is a :class:`_WatchingGrid`)."""
+    and every node that gave no good reply, ``{node id: "SecAgg+ stage 'S': reason"}`` at the
+    first stage it missed: in ``dropped`` before its masked vector reached the sum, in
+    ``unmask_missed`` after (the grid it runs on is a :class:`_WatchingGrid`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.failures: list[str] = []
         self.dropped: dict[int, str] = {}
+        self.unmask_missed: dict[int, str] = {}
         self.halted_at = ""
 
     def _recorded(self, stage: str, step: Any, grid: Any, context: Any, state: Any) -> bool:
         grid.unanswered = {}
         done = step(grid, context, state)
         self.failures += [failure_text(f) for f in state.failures[len(self.failures) :]]
+        missed = self.unmask_missed if stage == "unmask" else self.dropped
         for node, reason in grid.unanswered.items():
-            self.dropped.setdefault(node, f"SecAgg+ stage {stage!r}: {reason}")
+            if node not in self.dropped:
+                missed.setdefault(node, f"SecAgg+ stage {stage!r}: {reason}")
         if not done and not self.halted_at:
             self.halted_at = stage
         return done
@@ -394,8 +398,10 @@ def dropped_text(dropped: Mapping[int, str]) -> str:
 class SecureRound:
     """What one SecAgg+ round gave: the unmasked weighted average of what the clients sent,
     their example counts and metrics, what the strategy received, the failures, the nodes
-    dropped (``{node id: "SecAgg+ stage 'S': reason"}``, :func:`dropped_text`) and the cost
-    (message rounds, bytes the clients sent, wall seconds)."""
+    dropped before their masked vector reached the sum (``{node id: "SecAgg+ stage 'S':
+    reason"}``, :func:`dropped_text`), those whose vector is in the sum but whose unmasking
+    shares did not arrive (``unmask_missed``, same form) and the cost (message rounds, bytes
+    the clients sent, wall seconds)."""
 
     aggregate: list[np.ndarray]
     settings: SecureSettings
@@ -404,6 +410,7 @@ class SecureRound:
     received: list[list[np.ndarray]]
     failures: list[str] = field(default_factory=list)
     dropped: dict[int, str] = field(default_factory=dict)
+    unmask_missed: dict[int, str] = field(default_factory=dict)
     rounds: int = SECURE_MESSAGE_ROUNDS
     bytes_sent: int = 0
     seconds: float = 0.0
@@ -451,12 +458,12 @@ def secure_round(
     watching = _WatchingGrid(grid)
     DefaultWorkflow(fit_workflow=secagg)(watching, legacy)
     if not strategy.received:
-        dropped = dropped_text(secagg.dropped) or "none"
+        missed = secagg.dropped | secagg.unmask_missed
         reasons = "; ".join(dict.fromkeys(secagg.failures + strategy.failures)) or "none given"
         raise SecureAggregationError(
             f"SecAgg+ halted at its {secagg.halted_at or 'last'} stage with no aggregate "
             f"(need {threshold} of {num_clients} clients to unmask; "
-            f"{num_clients - len(secagg.dropped)} remained); dropped: {dropped}; "
+            f"{num_clients - len(missed)} remained); dropped: {dropped_text(missed) or 'none'}; "
             f"failures: {reasons}"
         )
     return SecureRound(
@@ -468,6 +475,7 @@ def secure_round(
         failures=secagg.failures + strategy.failures,
         bytes_sent=watching.bytes_received,
         dropped=dict(secagg.dropped),
+        unmask_missed=dict(secagg.unmask_missed),
         seconds=time.perf_counter() - start,
     )
 

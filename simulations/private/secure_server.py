@@ -97,6 +97,9 @@ def run_secure_average(
     result = secure_average(grid, initial, n_clients, sent, settings, timeout)
     if result.dropped:  # the survivors' masks were removed without them (SecAgg+'s promise)
         outcome.progress(f"SecAgg+ merged without {dropped_text(result.dropped)}")
+    if result.unmask_missed:  # their masked vectors are in the sum
+        late = dropped_text(result.unmask_missed)
+        outcome.progress(f"SecAgg+ merged, unmasked without the shares of {late}")
     outcome.progress.trained(len(result.num_examples), result.seconds)
     start = time.perf_counter()
     server = ServerData(*splits.server) if len(splits.server[1]) else None
