@@ -70,7 +70,7 @@ def test_a_supernode_killed_in_the_secure_round_leaves_the_merge_of_the_survivor
     from fedlmc.averaging import average
     from fedlmc.simulations.config import validate_run_config
     from fedlmc.strategies.secure import float_keys
-    from tests.strategies.test_secure import _clients_in_process
+    from tests.strategies.test_secure import clients_in_process
 
     out = tmp_path / "secure"
     run_config = (
@@ -126,14 +126,14 @@ def test_a_supernode_killed_in_the_secure_round_leaves_the_merge_of_the_survivor
     # the merged model is the clear weighted average of the two survivors (partitions 0 and 1,
     # retrained in process with the same seeds), within the quantisation bound
     config = validate_run_config(parse_config_args([run_config]))
-    _, states, counts, _ = _clients_in_process(config, 3, partitions=[0, 1])
+    _, states, counts, _ = clients_in_process(config, 3, partitions=[0, 1])
     clear = average(states, counts)
     merged = load_file(str(out / "merged-average.safetensors"))
     bound = float(row["secagg_error_bound"]) + 1e-5  # + the retraining's float32 drift
     gaps = {k: float((merged[k] - clear[k]).abs().max()) for k in float_keys(clear)}
     assert max(gaps.values()) <= bound, gaps
     # ... and not the average of all three (partition 2's model would move it well past that)
-    _, victim_state, victim_count, _ = _clients_in_process(config, 3, partitions=[VICTIM])
+    _, victim_state, victim_count, _ = clients_in_process(config, 3, partitions=[VICTIM])
     with_victim = average(states + victim_state, counts + victim_count)
     off = max(float((merged[k] - with_victim[k]).abs().max()) for k in gaps)
     print(f"largest difference from the survivors' clear average {max(gaps.values()):.2e}")

@@ -111,7 +111,7 @@ TINY = {
 }
 
 
-def _clients_in_process(config, count, partitions=None):
+def clients_in_process(config, count, partitions=None):
     """The clients' trained weights redone by hand with the same seeds and one thread (as a
     simulated client slot computes): partitions ``partitions`` (default all) of ``count``."""
     from fedlmc.simulations.task import (
@@ -167,7 +167,7 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     )
     outcome = run_federation_outcome(config)
     result = outcome.secure["average"]
-    splits, states, counts, calibration = _clients_in_process(config, 3)
+    splits, states, counts, calibration = clients_in_process(config, 3)
     assert sorted(result.num_examples) == sorted(counts)
     clear = average(states, counts)
     bound = result.error_bound

@@ -25,7 +25,6 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.constant import ErrorCode
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedlmc.strategies.secure import (
     SecureAggregationError,
@@ -40,11 +39,9 @@ COUNTS = {11: 300, 22: 500, 33: 400}
 
 
 @pytest.fixture(autouse=True)
-def server_task(monkeypatch):
+def server_task(task_identity):
     """The identity a ServerApp process has (Flower's ``Message`` reads it to address its
-    instructions); restored after each test."""
-    for name, value in {"_run_id": 7, "_node_id": 0, "_task_id": 1}.items():
-        monkeypatch.setattr(TaskIdentity, name, value)
+    instructions): the shared ``task_identity`` fixture, for every test here."""
 
 
 def client_arrays(node: int) -> list[np.ndarray]:
