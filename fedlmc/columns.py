@@ -90,7 +90,9 @@ ROUND_COLUMNS_DECLARED = (
         "clients_dropped_reasons",
         "why each dropped client was dropped",
         "federation rows",
-        '`"node N (partition P): [QUERY reply:] reason; ..."` for each dropped client',
+        '`"node N (partition P): [QUERY reply:] reason; ..."` for each dropped client; under '
+        "SecAgg+ `\"node N: SecAgg+ stage 'S': reason; ...\"` (the server never learns a dropped "
+        "node's partition)",
         kind="text",
         source="round",
     ),

@@ -38,6 +38,18 @@ keep the initial model's value (the clear average takes their maximum; the merge
 BatchNorm statistics are re-estimated anyway). Every client shares its key with every other
 (``num_shares`` = 1.0, all :math:`N`) and any majority can unmask (``reconstruction_threshold`` =
 :math:`\lfloor N/2 \rfloor + 1`, at least 2).
+
+**A client that drops out** (:func:`secure_round`). Every stage waits at most ``timeout``
+seconds (Flower's default waits forever); a node that sends no good reply (an error of its
+own, the SuperLink's "Node Unavailable" once its heartbeats stopped, or nothing in time) is
+recorded in :attr:`SecureRound.dropped` with the stage it missed. Dropped in the
+masked-vector stage (after it shared its keys), SecAgg+ removes its pairwise masks from the
+survivors' shares of its key and the aggregate is the weighted average of the survivors,
+while at least ``reconstruction_threshold`` of them remain; dropped in the unmask stage, its
+masked vector is already in the sum. Fewer survivors than the threshold, or a node dropped
+before its key shares reached the others (setup or share-keys stage: Flower 1.42's survivors
+then fail the unmask stage asking for shares they never received), give no aggregate:
+:class:`SecureAggregationError` names the stage, the threshold and every dropped node.
 """
 
 from __future__ import annotations
@@ -51,7 +63,7 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Context, RecordDict
-from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server import LegacyContext, ServerConfig
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -71,6 +83,7 @@ __all__ = [
     "SecureSettings",
     "SumOnlyFedAvg",
     "check_in_range",
+    "dropped_text",
     "float_keys",
     "from_secure_arrays",
     "secure_arrays",
@@ -207,11 +220,12 @@ def from_secure_arrays(
 
 
 class SumOnlyFedAvg(FedAvg):
-    """The legacy strategy the SecAgg+ workflow drives: samples all ``num_clients`` nodes,
-    sends them ``fit_config`` and the initial parameters, and returns the aggregate the
-    workflow hands it. ``received`` keeps every parameter list its ``aggregate_fit`` received
-    (SecAgg+ gives each result the same unmasked aggregate), ``num_examples`` and ``metrics``
-    each result's counts and metrics, ``failures`` the failures' text."""
+    """The legacy strategy the SecAgg+ workflow drives: samples ``num_clients`` nodes (the
+    lowest node ids), sends them ``fit_config`` and the initial parameters, and returns the
+    aggregate the workflow hands it. ``received`` keeps every parameter list its
+    ``aggregate_fit`` received (SecAgg+ gives each result the same unmasked aggregate),
+    ``num_examples`` and ``metrics`` each result's counts and metrics, ``failures`` the
+    failures' text."""
 
     server_sees = "sum"
     """What the strategy receives of the clients (:mod:`fedlmc.merging.server_sees`)."""
@@ -228,10 +242,23 @@ class SumOnlyFedAvg(FedAvg):
             initial_parameters=initial,
             on_fit_config_fn=lambda _round: dict(fit_config),
         )
+        self.num_clients = num_clients
+        self.fit_config = dict(fit_config)
         self.received: list[list[np.ndarray]] = []
         self.num_examples: list[int] = []
         self.metrics: list[dict[str, Any]] = []
         self.failures: list[str] = []
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """The ``num_clients`` connected nodes with the lowest node ids (as the clear round
+        chooses them), never more: ``FedAvg``'s ``fraction_fit = 1.0`` would take every
+        connected node. Waits for ``num_clients`` nodes as ``FedAvg`` does."""
+        client_manager.wait_for(self.num_clients)
+        proxies = sorted(client_manager.all().values(), key=lambda proxy: proxy.node_id)
+        fit_ins = FitIns(parameters, dict(self.fit_config))
+        return [(proxy, fit_ins) for proxy in proxies[: self.num_clients]]
 
     def aggregate_fit(
         self,
@@ -256,16 +283,26 @@ class SumOnlyFedAvg(FedAvg):
 
 
 class _RecordingSecAggPlus(SecAggPlusWorkflow):
-    """SecAgg+ that keeps the reasons of the failures it met (the workflow itself drops them)."""
+    """SecAgg+ that keeps the reasons of the failures it met (the workflow itself drops them)
+    and every node that gave no good reply, ``{node id: "SecAgg+ stage 'S': reason"}`` at the
+    first stage it missed: in ``dropped`` before its masked vector reached the sum, in
+    ``unmask_missed`` after (the grid it runs on is a :class:`_WatchingGrid`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.failures: list[str] = []
+        self.dropped: dict[int, str] = {}
+        self.unmask_missed: dict[int, str] = {}
         self.halted_at = ""
 
     def _recorded(self, stage: str, step: Any, grid: Any, context: Any, state: Any) -> bool:
+        grid.unanswered = {}
         done = step(grid, context, state)
         self.failures += [failure_text(f) for f in state.failures[len(self.failures) :]]
+        missed = self.unmask_missed if stage == "unmask" else self.dropped
+        for node, reason in grid.unanswered.items():
+            if node not in self.dropped:
+                missed.setdefault(node, f"SecAgg+ stage {stage!r}: {reason}")
         if not done and not self.halted_at:
             self.halted_at = stage
         return done
@@ -294,20 +331,48 @@ def failure_text(failure: Any) -> str:
     return lines[-1] if lines else text
 
 
-class _CountingGrid:
-    """A Grid seen through the bytes of the replies it receives (everything else delegated)."""
+class _WatchingGrid:
+    """A Grid seen through the replies it receives: their bytes, and in ``unanswered`` the
+    nodes of the last :meth:`send_and_receive` that sent no good reply, with the reason
+    (:func:`unanswered_nodes`); everything else delegated."""
 
     def __init__(self, grid: Any) -> None:
         self._grid = grid
         self.bytes_received = 0
+        self.unanswered: dict[int, str] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
 
     def send_and_receive(self, messages, *, timeout: float | None = None):
-        replies = self._grid.send_and_receive(messages, timeout=timeout)
+        messages = list(messages)
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
         self.bytes_received += sum(reply_bytes(r) for r in replies)
+        self.unanswered.update(unanswered_nodes(messages, replies, timeout))
         return replies
+
+
+def unanswered_nodes(
+    messages: Sequence[Any], replies: Sequence[Any], timeout: float | None
+) -> dict[int, str]:
+    """``{node id: reason}`` for every destination of ``messages`` without a good reply: an
+    error reply's reason (:func:`failure_text`; the SuperLink answers a message to a node whose
+    heartbeats stopped with an error of its own, matched by ``reply_to_message_id``) or "no
+    reply within the timeout"."""
+    ids = [(m.metadata.message_id, m.metadata.dst_node_id) for m in messages]
+    sent = {message_id: node for message_id, node in ids if message_id}
+    answered = {r.metadata.src_node_id for r in replies if not r.has_error()}
+    errors = {}
+    for reply in replies:
+        if reply.has_error():
+            node = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            errors[node] = failure_text(reply.error)
+    missing = f"no reply within the timeout ({timeout:g} s)" if timeout else "no reply"
+    return {
+        node: errors.get(node, missing)
+        for node in dict.fromkeys(m.metadata.dst_node_id for m in messages)
+        if node not in answered
+    }
 
 
 def reply_bytes(message: Any) -> int:
@@ -324,11 +389,19 @@ def reply_bytes(message: Any) -> int:
     return int(total)
 
 
+def dropped_text(dropped: Mapping[int, str]) -> str:
+    """``"node N: SecAgg+ stage 'S': reason; ..."`` on one line, in node order."""
+    return "; ".join(f"node {node}: {dropped[node]}" for node in sorted(dropped))
+
+
 @dataclass
 class SecureRound:
     """What one SecAgg+ round gave: the unmasked weighted average of what the clients sent,
-    their example counts and metrics, what the strategy received, the failures and the cost
-    (message rounds, bytes the clients sent, wall seconds)."""
+    their example counts and metrics, what the strategy received, the failures, the nodes
+    dropped before their masked vector reached the sum (``{node id: "SecAgg+ stage 'S':
+    reason"}``, :func:`dropped_text`), those whose vector is in the sum but whose unmasking
+    shares did not arrive (``unmask_missed``, same form) and the cost (message rounds, bytes
+    the clients sent, wall seconds)."""
 
     aggregate: list[np.ndarray]
     settings: SecureSettings
@@ -336,6 +409,8 @@ class SecureRound:
     metrics: list[dict[str, Any]]
     received: list[list[np.ndarray]]
     failures: list[str] = field(default_factory=list)
+    dropped: dict[int, str] = field(default_factory=dict)
+    unmask_missed: dict[int, str] = field(default_factory=dict)
     rounds: int = SECURE_MESSAGE_ROUNDS
     bytes_sent: int = 0
     seconds: float = 0.0
@@ -380,13 +455,16 @@ def secure_round(
         modulus_range=settings.modulus_range,
         timeout=timeout,
     )
-    counting = _CountingGrid(grid)
-    DefaultWorkflow(fit_workflow=secagg)(counting, legacy)
+    watching = _WatchingGrid(grid)
+    DefaultWorkflow(fit_workflow=secagg)(watching, legacy)
     if not strategy.received:
+        missed = secagg.dropped | secagg.unmask_missed
         reasons = "; ".join(dict.fromkeys(secagg.failures + strategy.failures)) or "none given"
         raise SecureAggregationError(
             f"SecAgg+ halted at its {secagg.halted_at or 'last'} stage with no aggregate "
-            f"(need {threshold} of {num_clients} clients to unmask); failures: {reasons}"
+            f"(need {threshold} of {num_clients} clients to unmask; "
+            f"{num_clients - len(missed)} remained); dropped: {dropped_text(missed) or 'none'}; "
+            f"failures: {reasons}"
         )
     return SecureRound(
         strategy.received[0],
@@ -395,7 +473,9 @@ def secure_round(
         strategy.metrics,
         strategy.received,
         failures=secagg.failures + strategy.failures,
-        bytes_sent=counting.bytes_received,
+        bytes_sent=watching.bytes_received,
+        dropped=dict(secagg.dropped),
+        unmask_missed=dict(secagg.unmask_missed),
         seconds=time.perf_counter() - start,
     )
 

@@ -6,8 +6,9 @@ Grid, in a simulation or a deployment alike, then the same post-merge steps on t
 own data as the clear ``average`` strategy (BatchNorm statistics re-estimated on the server
 split; the server holds the merged model, never a client's). The temperature of ``average_t``
 is fitted on the server split (``calibration = "server"``) or, with ``calibration =
-"federated"``, by secure Newton rounds on the clients' held-out data
-(:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL means); no
+"federated"``, by secure Newton rounds on the held-out data of the clients that survived the
+average's round (:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL
+means); no
 ``average_t`` with ``"none"``. What differs from a clear run's rows:
 
 - the endpoint and merge-gap columns are NaN: the server never holds a client's model to
@@ -15,7 +16,10 @@ is fitted on the server split (``calibration = "server"``) or, with ``calibratio
 - ``rounds`` counts SecAgg+'s four message rounds (four more per secure temperature round),
   ``bytes_sent_by_clients`` every reply's payload (public keys, encrypted shares, the masked
   vectors, the unmasking shares), ``round_seconds`` the wall time of all secure rounds,
-  ``clients_survived`` the clients whose masked vectors entered the sum;
+  ``clients_survived`` the clients whose masked vectors entered the sum, ``clients_dropped``
+  the others and ``clients_dropped_reasons`` (= ``clients_failed``) each by node id, with the
+  SecAgg+ stage it missed and why (``"node N: SecAgg+ stage 'masked vectors': Error: Node
+  Unavailable ..."``: the server never learns a dropped node's partition);
 - ``secagg_error_bound``: the largest difference of a merged value from the clear weighted
   average the quantisation allows (:meth:`fedlmc.strategies.secure.SecureSettings.error_bound`).
 """
@@ -34,6 +38,7 @@ from fedlmc.strategies.secure import (
     CLIPPING_KEY,
     MAX_WEIGHT_KEY,
     SecureResult,
+    dropped_text,
     secure_average,
     secure_settings,
 )
@@ -59,11 +64,12 @@ def secure_round_columns(
 
     train_seconds = [float(m.get("train-seconds", math.nan)) for m in result.metrics]
     survived = len(result.num_examples)
+    dropped = dropped_text(result.dropped)
     columns = {
         "clients_survived": survived,
-        "clients_failed": "; ".join(result.failures),
+        "clients_failed": dropped,
         "clients_dropped": int(config["num-clients"]) - survived,
-        "clients_dropped_reasons": "",
+        "clients_dropped_reasons": dropped,
         "bytes_sent_by_clients": int(result.bytes_sent),
         "rounds": int(result.rounds),
         "train_seconds": float(sum(train_seconds)),
@@ -89,6 +95,11 @@ def run_secure_average(
     outcome.progress.training(config["num-clients"], config["epochs"])
     n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
     result = secure_average(grid, initial, n_clients, sent, settings, timeout)
+    if result.dropped:  # the survivors' masks were removed without them (SecAgg+'s promise)
+        outcome.progress(f"SecAgg+ merged without {dropped_text(result.dropped)}")
+    if result.unmask_missed:  # their masked vectors are in the sum
+        late = dropped_text(result.unmask_missed)
+        outcome.progress(f"SecAgg+ merged, unmasked without the shares of {late}")
     outcome.progress.trained(len(result.num_examples), result.seconds)
     start = time.perf_counter()
     server = ServerData(*splits.server) if len(splits.server[1]) else None
@@ -107,8 +118,8 @@ def run_secure_average(
     reference = server.temperature(model)[0] if calibrated and server is not None else math.nan
     temperature = reference
     if config["calibration"] == "federated":
-        fitted = secure_temperature(
-            grid, finished.state, n_clients, config, settings.max_weight, timeout
+        fitted = secure_temperature(  # on the clients that survived the average's round
+            grid, finished.state, n, config, settings.max_weight, timeout
         )
         outcome.secure["average_t"] = fitted
         temperature = fitted.temperature

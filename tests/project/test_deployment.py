@@ -169,7 +169,7 @@ def start_deployment(tmp_path_factory, page: PageDeployment) -> Iterator[dict]:
             args = shlex.split(with_free_ports(shlex.join(words), ports))
             process, log = start(f"{i}-{args[0]}", [str(BIN / args[0]), *args[1:]])
             wait_for_port(int(args[args.index("--port") + 1]), process, log)
-        yield {"env": env, "logs": logs, "page": page, "ports": ports}
+        yield {"env": env, "logs": logs, "page": page, "ports": ports, "processes": processes}
     finally:
         for process in reversed(processes):
             stop(process)

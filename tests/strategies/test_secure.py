@@ -111,9 +111,9 @@ TINY = {
 }
 
 
-def _clients_in_process(config, count):
+def clients_in_process(config, count, partitions=None):
     """The clients' trained weights redone by hand with the same seeds and one thread (as a
-    simulated client slot computes)."""
+    simulated client slot computes): partitions ``partitions`` (default all) of ``count``."""
     from fedlmc.simulations.task import (
         build_from_config,
         client_calibration_data,
@@ -130,7 +130,7 @@ def _clients_in_process(config, count):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for pid in range(count):
+        for pid in range(count) if partitions is None else partitions:
             model = build_from_config(config, splits, seed=client_seed(config["seed"], pid))
             model.load_state_dict(initial)
             data = client_train_data(config, pid, count)
@@ -167,7 +167,7 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     )
     outcome = run_federation_outcome(config)
     result = outcome.secure["average"]
-    splits, states, counts, calibration = _clients_in_process(config, 3)
+    splits, states, counts, calibration = clients_in_process(config, 3)
     assert sorted(result.num_examples) == sorted(counts)
     clear = average(states, counts)
     bound = result.error_bound
