@@ -38,6 +38,11 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   :data:`fedlmc.merging.server_sees.SERVER_SEES` (``sum``: secure aggregation can run it;
   default ``each model``); the ``server_sees`` column, the methods table and ``fedlmc
   validate``'s refusal of a secure-aggregation cell read it;
+- ``sum_exponents``: for a ``sum`` rule that is one weighted sum with a per-key power of the
+  weights, :math:`\sum_i w_i^{1+e_k} \theta_i[k]`, the exponents ``sum_exponents(spec, state)
+  -> {key: e_k}`` (:mod:`fedlmc.merging.sum_form`): what each client pre-scales and the server
+  post-scales, so that the method runs under secure aggregation; ``secure_note``: for a ``sum``
+  rule without them, what it would need to run securely (the refusal says it);
 - ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
   a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
   ``average``);
@@ -67,13 +72,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
-from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, check_server_sees
+from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SECURE_SUM, check_server_sees
 from fedlmc.registry import Registry
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
+    from fedlmc.merging.sum_form import SumExponents
     from fedlmc.permutation.spec import PermutationSpec
 
     StateDict = dict[str, Tensor]
@@ -188,6 +194,13 @@ class MergeMethod:
     counterpart_of: str = ""
     on_path: bool = True
     server_sees: str = DEFAULT_SERVER_SEES
+    sum_exponents: SumExponents | None = None
+    secure_note: str = ""
+
+    @property
+    def runs_securely(self) -> bool:
+        """Whether secure aggregation can run the rule: ``sum`` with its ``sum_exponents``."""
+        return self.server_sees == SECURE_SUM and self.sum_exponents is not None
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
@@ -220,6 +233,8 @@ def register_method(
     counterpart_of: str = "",
     on_path: bool = True,
     server_sees: str = DEFAULT_SERVER_SEES,
+    sum_exponents: SumExponents | None = None,
+    secure_note: str = "",
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -230,6 +245,11 @@ def register_method(
         )
     check_own_columns(name, tuple(columns), replace=replace)
     check_server_sees(name, server_sees)
+    if sum_exponents is not None and server_sees != SECURE_SUM:
+        raise ValueError(
+            f"merge method {name!r}: sum_exponents with server_sees = {server_sees!r}; "
+            f"allowed only with server_sees = {SECURE_SUM!r}"
+        )
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
         entry = MergeMethod(
@@ -249,6 +269,8 @@ def register_method(
             counterpart_of,
             on_path,
             server_sees,
+            sum_exponents,
+            secure_note,
         )
         METHODS.add(name, entry, replace=replace)
         return align
