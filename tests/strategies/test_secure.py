@@ -96,6 +96,33 @@ def test_flowers_quantisation_stays_within_the_documented_bound():
     assert settings.step == pytest.approx(16 / 2**22)
 
 
+def test_flowers_quantisation_of_prescaled_biases_stays_within_the_exponent_bound():
+    """``average_lewc_bias`` through SecAgg+'s arithmetic: each client pre-scales the bias of
+    depth l by its share r_i^(l-1), the server post-scales the mean by (sum r)^-(l-1); the
+    result is the clear rule at the count weights within the bound of exponent l - 1."""
+    from fedlmc.merging.sum_form import client_scaled, server_rescaled
+
+    rng = np.random.default_rng(1)
+    settings = SecureSettings(clipping_range=8.0, max_weight=5000.0)
+    counts = [1200, 900, 1500]  # shares sum to 0.72: the post-scale amplifies the error
+    biases = [{f"b{d}": torch.as_tensor(rng.uniform(-8, 8, size=256)) for d in range(4)}]
+    biases += [{k: torch.as_tensor(rng.uniform(-8, 8, size=256)) for k in biases[0]} for _ in "ab"]
+    exponents = {f"b{d}": d for d in range(4)}
+    sent = [
+        secure_arrays(client_scaled(b, exponents, settings.share(n)))
+        for b, n in zip(biases, counts, strict=True)
+    ]
+    mean = dict(zip(exponents, _secagg_arithmetic(sent, counts, settings), strict=True))
+    total = sum(settings.share(n) for n in counts)
+    got = server_rescaled({k: torch.as_tensor(v) for k, v in mean.items()}, exponents, total)
+    w = [n / sum(counts) for n in counts]
+    for key, e in exponents.items():
+        clear = sum(wi ** (e + 1) * b[key] for wi, b in zip(w, biases, strict=True))
+        error = float((got[key] - clear).abs().max())
+        assert 0 < error <= settings.exponent_error_bound(counts, e), key
+    assert settings.exponent_error_bound(counts, 0) == pytest.approx(settings.error_bound(counts))
+
+
 # ----------------------------------------------------------------------------- Flower
 
 
