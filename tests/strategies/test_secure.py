@@ -3,7 +3,9 @@ settings rule, the range check, the state round trip and the error bound on Flow
 quantisation arithmetic (in process), and one real SecAgg+ round in a Flower simulation (Ray,
 3 tiny clients, slow): the merge equals the clear plain average within the bound, its accuracy
 within 0.002, the server-side strategy never received one client's arrays, and the secure
-federated temperature is the pooled held-out optimum within the quantisation error."""
+federated temperature is the pooled held-out optimum within the quantisation error; in the same
+Ray session, ``average_lewc_bias`` under SecAgg+ equals its clear merge within its bound. In
+process: ``average_lewc_bias``'s pre-scaled biases through Flower's arithmetic."""
 
 from __future__ import annotations
 
@@ -179,20 +181,39 @@ def _clients_in_process(config, count):
     return splits, states, counts, calibration
 
 
+def _secure_cells(configs: dict[str, dict]) -> dict[str, object]:
+    """Cell key -> its ServerOutcome: every config in one simulation of the sweep engine (one
+    Ray session), one cell at a time as a secure sweep runs them."""
+    from fedlmc.simulations.engine.cells import run_cells
+    from fedlmc.simulations.engine.sweep_server import CellJob
+
+    results = {}
+    jobs = [CellJob(key, config) for key, config in configs.items()]
+    run_cells(jobs, lambda r: results.__setitem__(r.key, r), max_in_flight=1)
+    for result in results.values():
+        if result.error is not None:
+            raise result.error
+    return {key: result.outcome for key, result in results.items()}
+
+
 @pytest.mark.slow
 def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_the_sum():
     from fedlmc.averaging import average, load_state
     from fedlmc.evaluation import metrics_from_logits, predict_logits
     from fedlmc.merging.calibrate import fit_temperature, temperature_statistics
     from fedlmc.simulations.config import validate_run_config
-    from fedlmc.simulations.runs.federation import run_federation_outcome
     from fedlmc.simulations.task import build_from_config
 
     config = validate_run_config(
         {**TINY, "num-clients": 3, "strategy": "average", "init": "shared"}
         | {"secure-aggregation": "secagg+", "calibration": "federated"}
     )
-    outcome = run_federation_outcome(config)
+    lewc_config = validate_run_config(
+        {**TINY, "num-clients": 3, "strategy": "aligned", "align": "average_lewc_bias"}
+        | {"init": "shared", "secure-aggregation": "secagg+", "calibration": "none"}
+    )
+    outcomes = _secure_cells({"average": config, "lewc": lewc_config})
+    outcome = outcomes["average"]
     result = outcome.secure["average"]
     splits, states, counts, calibration = _clients_in_process(config, 3)
     assert sorted(result.num_examples) == sorted(counts)
@@ -233,3 +254,34 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     slack = 2 * fitted.error_bound / (curvature.hess_sum / curvature.count) + 1e-4
     assert abs(math.log(rows.loc["average_t", "temperature"]) - math.log(best)) <= slack
     assert (rows["rounds"] == 4 + fitted.message_rounds).all() and fitted.message_rounds >= 4
+    _check_the_secure_lewc_bias_merge(outcomes["lewc"], lewc_config)
+
+
+def _check_the_secure_lewc_bias_merge(outcome, config) -> None:
+    """``average_lewc_bias`` under SecAgg+ (pre-scaled biases, post-scaled mean) equals the
+    clear rule on the same clients (retrained in process) within its exponent bound, with the
+    accuracy within 0.002; it is not the plain average (the pre-scale happened)."""
+    from fedlmc.averaging import average, load_state
+    from fedlmc.evaluation import metrics_from_logits, predict_logits
+    from fedlmc.merging.methods import merge_states
+    from fedlmc.simulations.task import build_from_config
+
+    result = outcome.secure["average_lewc_bias"]
+    splits, states, counts, _ = _clients_in_process(config, 3)
+    assert sorted(result.num_examples) == sorted(counts)
+    template = build_from_config(config, splits)
+    clear, _ = merge_states("average_lewc_bias", template, states, counts)
+    plain = average(states, counts)
+    merged = outcome.merged["average_lewc_bias"]
+    bound, drift = result.error_bound, 1e-5
+    assert set(result.exponents.values()) == {1, 2}  # the biases of layers 2 and 3
+    for key in float_keys(clear):
+        assert float((merged[key] - clear[key]).abs().max()) <= bound + drift, key
+    deepest = max(result.exponents, key=result.exponents.get)
+    assert float((merged[deepest] - plain[deepest]).abs().max()) > 100 * bound
+    rows = outcome.table().set_index("method")
+    assert list(rows.index) == ["average_lewc_bias"] and rows["server_sees"].eq("sum").all()
+    model = load_state(template, clear).eval()
+    clear_acc = metrics_from_logits(predict_logits(model, splits.test[0]), splits.test[1], 1.0)
+    assert abs(rows.loc["average_lewc_bias", "accuracy"] - clear_acc["accuracy"]) <= 0.002
+    assert rows.loc["average_lewc_bias", "secagg_error_bound"] == pytest.approx(bound)
