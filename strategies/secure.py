@@ -25,6 +25,14 @@ one step :math:`2c/Q`, and replacing :math:`r_i` by :math:`n_i / M` moves a weig
 :math:`1/(2Q)`, a value by at most :math:`2c` times that. That is the clear plain average
 :math:`\sum_i n_i \theta_i / \sum_i n_i` within the bound.
 
+**Rules with a power of the weights** (``average_lewc_bias``: layer :math:`l`'s bias
+:math:`\sum_i w_i^{\,l} b^{(i)}_l`): :func:`secure_average` with the rule's per-key
+``exponents`` :math:`e_k` (:mod:`fedlmc.merging.sum_form`). Each client pre-scales key
+:math:`k` by its own share :math:`r_i^{\,e_k}` (:meth:`SecureSettings.share`, the ratio SecAgg+
+itself applies) and the server post-scales the mean by :math:`(\sum_j r_j)^{-e_k}`, from the
+example counts Flower's legacy results carry in the clear; the bound of a key grows with the
+post-scale (:meth:`SecureSettings.exponent_error_bound`).
+
 **The settings rule** (:func:`secure_settings`, before any work): :math:`Q = 2^{22}` and a
 modulus of :math:`2^{32}` (Flower's defaults); :math:`M` = the size of the clients' training
 pool (no client has more examples); :math:`c` = the smallest power of two at least
