@@ -309,8 +309,7 @@ def automatic_choice(job: MergeJob) -> Alignment:
 @register_method(
     "embed_average",
     server_sees="sum",
-    secure_note="each client's model zero-padded to the server's shapes before the secure sum "
-    "(the secure round of clients of different widths is not built)",
+    sum_exponents=plain_exponents,
     description="mixed widths: every client embedded at the first units of the server width "
     "(HeteroFL's nesting), then the plain weighted average",
     mixed_widths=True,
@@ -368,7 +367,7 @@ register_method(
     "heterofl",
     server_sees="sum",
     secure_note="a second secure sum, of the clients' weighted holder masks, to divide each "
-    "entry by (the secure round of clients of different widths is not built)",
+    "entry by (not built)",
     description="mixed widths: every client embedded at the first units of the server width, "
     "each entry averaged over the clients that hold it (HeteroFL's aggregation)",
     combine=holder_combination,

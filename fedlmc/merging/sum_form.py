@@ -25,6 +25,11 @@ The plain average has every exponent :math:`e_k = 0` (:func:`plain_exponents`);
 (:func:`lewc_bias_exponents`). A merge method registers its exponents as ``sum_exponents``
 (:mod:`fedlmc.merging.method_registry`); that is what makes it run under secure aggregation.
 
+**Mixed widths.** A method that takes clients of different widths (``embed_average``) is
+the plain weighted mean of the clients embedded into the server's shapes at their first units
+(HeteroFL's nesting, zero elsewhere): each client embeds its own model before it sends it
+(:func:`embedded_for_sum`), with no other client's model needed, and the exponents are 0.
+
 **Range.** With :math:`s_i \le 1` (SecAgg+'s :math:`s_i = n_i / M`, no client above
 ``max_weight`` :math:`M`), a pre-scaled value :math:`|s_i^{\,e} x| \le |x|`: whatever range holds
 the clients' trained weights holds what they send, so the clipping rule on the initial model is
@@ -41,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    from torch import Tensor, nn
 
     from fedlmc.permutation.spec import PermutationSpec
 
@@ -53,6 +58,7 @@ __all__ = [
     "Exponents",
     "SumExponents",
     "client_scaled",
+    "embedded_for_sum",
     "error_bound",
     "lewc_bias_exponents",
     "plain_exponents",
@@ -106,6 +112,20 @@ def _scaled(value: Tensor, factor: float) -> Tensor:
     if factor == 1.0 or not value.is_floating_point():
         return value
     return (value.detach().to(torch.float64) * factor).to(value.dtype)
+
+
+def embedded_for_sum(
+    state: Mapping[str, Tensor], server: nn.Module, spec: PermutationSpec
+) -> StateDict:
+    """``state`` embedded into ``server``'s shapes at its first units
+    (:func:`fedlmc.permutation.embed.embed_state`; unchanged when the shapes already agree):
+    what a client of a mixed-width ``sum`` rule sends (``embed_average``'s embedding)."""
+    from fedlmc.permutation.embed import embed_state
+
+    shapes = {k: tuple(v.shape) for k, v in server.state_dict().items()}
+    if all(tuple(v.shape) == shapes.get(k) for k, v in state.items()):
+        return dict(state)
+    return dict(embed_state(state, server, "first", spec=spec))
 
 
 def secure_sum_merge(

@@ -100,17 +100,23 @@ def _train_content(
 
 
 def scaled_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count: int) -> dict:
-    """``state`` pre-scaled for the merge the server named (:data:`MERGE_KEY`, default the
-    plain average): each key times this client's SecAgg+ share to the power of the method's
-    ``sum_exponents`` (:func:`fedlmc.merging.sum_form.client_scaled`)."""
+    """``state`` prepared for the merge the server named (:data:`MERGE_KEY`, default the plain
+    average) on the server's ``model``: a client narrower than the server embedded at its
+    first units when the method takes mixed widths (``embed_average``: HeteroFL's nesting,
+    :func:`fedlmc.merging.sum_form.embedded_for_sum`), then each key times this client's
+    SecAgg+ share to the power of the method's ``sum_exponents``
+    (:func:`fedlmc.merging.sum_form.client_scaled`)."""
     from fedlmc.merging.methods import merge_method
-    from fedlmc.merging.sum_form import client_scaled
+    from fedlmc.merging.sum_form import client_scaled, embedded_for_sum
     from fedlmc.permutation.model_spec import permutation_spec
 
     entry = merge_method(str(fit_config.get(MERGE_KEY, "average")))
     if not entry.runs_securely:
         raise ValueError(f"merge method {entry.name!r} does not run under secure aggregation")
-    exponents = entry.sum_exponents(permutation_spec(model), state)
+    spec = permutation_spec(model)
+    if entry.mixed_widths:
+        state = embedded_for_sum(state, model, spec)
+    exponents = entry.sum_exponents(spec, state)
     if not any(exponents.values()):
         return state
     settings = SecureSettings(float(fit_config[CLIPPING_KEY]), float(fit_config[MAX_WEIGHT_KEY]))

@@ -4,8 +4,9 @@ quantisation arithmetic (in process), and one real SecAgg+ round in a Flower sim
 3 tiny clients, slow): the merge equals the clear plain average within the bound, its accuracy
 within 0.002, the server-side strategy never received one client's arrays, and the secure
 federated temperature is the pooled held-out optimum within the quantisation error; in the same
-Ray session, ``average_lewc_bias`` under SecAgg+ equals its clear merge within its bound. In
-process: ``average_lewc_bias``'s pre-scaled biases through Flower's arithmetic."""
+Ray session, ``average_lewc_bias`` and ``embed_average`` (clients of two widths) under SecAgg+
+equal their clear merges within their bounds. In process: ``average_lewc_bias``'s pre-scaled
+biases through Flower's arithmetic."""
 
 from __future__ import annotations
 
@@ -143,6 +144,8 @@ TINY = {
 def _clients_in_process(config, count):
     """The clients' trained weights redone by hand with the same seeds and one thread (as a
     simulated client slot computes)."""
+    from fedlmc.simulations.client_app import shared_start
+    from fedlmc.simulations.config import client_width
     from fedlmc.simulations.task import (
         build_from_config,
         client_calibration_data,
@@ -160,8 +163,10 @@ def _clients_in_process(config, count):
     torch.set_num_threads(1)
     try:
         for pid in range(count):
-            model = build_from_config(config, splits, seed=client_seed(config["seed"], pid))
-            model.load_state_dict(initial)
+            width = client_width(config, pid)
+            seed = client_seed(config["seed"], pid)
+            model = build_from_config(config, splits, seed=seed, width=width)
+            model.load_state_dict(shared_start(initial, model))  # sliced when narrower
             data = client_train_data(config, pid, count)
             held_out = client_calibration_data(config, pid, count)
             model, _ = train_model(
@@ -212,7 +217,13 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
         {**TINY, "num-clients": 3, "strategy": "aligned", "align": "average_lewc_bias"}
         | {"init": "shared", "secure-aggregation": "secagg+", "calibration": "none"}
     )
-    outcomes = _secure_cells({"average": config, "lewc": lewc_config})
+    mixed_config = validate_run_config(
+        {**TINY, "num-clients": 3, "strategy": "aligned", "align": "embed_average"}
+        | {"init": "shared", "secure-aggregation": "secagg+", "calibration": "none"}
+        | {"client-widths": "0.125,0.25,0.25"}
+    )
+    cells = {"average": config, "lewc": lewc_config, "mixed": mixed_config}
+    outcomes = _secure_cells(cells)
     outcome = outcomes["average"]
     result = outcome.secure["average"]
     splits, states, counts, calibration = _clients_in_process(config, 3)
@@ -254,34 +265,39 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     slack = 2 * fitted.error_bound / (curvature.hess_sum / curvature.count) + 1e-4
     assert abs(math.log(rows.loc["average_t", "temperature"]) - math.log(best)) <= slack
     assert (rows["rounds"] == 4 + fitted.message_rounds).all() and fitted.message_rounds >= 4
-    _check_the_secure_lewc_bias_merge(outcomes["lewc"], lewc_config)
+    lewc, plain = _check_the_secure_merge(outcomes["lewc"], lewc_config, "average_lewc_bias")
+    lewc_result = outcomes["lewc"].secure["average_lewc_bias"]
+    assert set(lewc_result.exponents.values()) == {1, 2}  # the biases of layers 2 and 3
+    deepest = max(lewc_result.exponents, key=lewc_result.exponents.get)  # the pre-scale happened
+    assert float((lewc[deepest] - plain[deepest]).abs().max()) > 100 * lewc_result.error_bound
+    mixed, _ = _check_the_secure_merge(outcomes["mixed"], mixed_config, "embed_average")
+    assert outcomes["mixed"].secure["embed_average"].exponents == {}
+    assert mixed["hidden.0.linear.weight"].shape[0] == 16  # the server's width, not client 0's
 
 
-def _check_the_secure_lewc_bias_merge(outcome, config) -> None:
-    """``average_lewc_bias`` under SecAgg+ (pre-scaled biases, post-scaled mean) equals the
-    clear rule on the same clients (retrained in process) within its exponent bound, with the
-    accuracy within 0.002; it is not the plain average (the pre-scale happened)."""
+def _check_the_secure_merge(outcome, config, method: str):
+    """``method`` under SecAgg+ (each client's arrays pre-scaled or embedded, the mean
+    post-scaled) equals the clear rule on the same clients (retrained in process) within its
+    bound, with the accuracy within 0.002; returns the secure merge and the clear plain average
+    of the (embedded) clients."""
     from fedlmc.averaging import average, load_state
     from fedlmc.evaluation import metrics_from_logits, predict_logits
     from fedlmc.merging.methods import merge_states
     from fedlmc.simulations.task import build_from_config
 
-    result = outcome.secure["average_lewc_bias"]
+    result = outcome.secure[method]
     splits, states, counts, _ = _clients_in_process(config, 3)
     assert sorted(result.num_examples) == sorted(counts)
     template = build_from_config(config, splits)
-    clear, _ = merge_states("average_lewc_bias", template, states, counts)
-    plain = average(states, counts)
-    merged = outcome.merged["average_lewc_bias"]
+    clear, aligned = merge_states(method, template, states, counts)
+    merged = outcome.merged[method]
     bound, drift = result.error_bound, 1e-5
-    assert set(result.exponents.values()) == {1, 2}  # the biases of layers 2 and 3
     for key in float_keys(clear):
         assert float((merged[key] - clear[key]).abs().max()) <= bound + drift, key
-    deepest = max(result.exponents, key=result.exponents.get)
-    assert float((merged[deepest] - plain[deepest]).abs().max()) > 100 * bound
     rows = outcome.table().set_index("method")
-    assert list(rows.index) == ["average_lewc_bias"] and rows["server_sees"].eq("sum").all()
+    assert list(rows.index) == [method] and rows["server_sees"].eq("sum").all()
     model = load_state(template, clear).eval()
     clear_acc = metrics_from_logits(predict_logits(model, splits.test[0]), splits.test[1], 1.0)
-    assert abs(rows.loc["average_lewc_bias", "accuracy"] - clear_acc["accuracy"]) <= 0.002
-    assert rows.loc["average_lewc_bias", "secagg_error_bound"] == pytest.approx(bound)
+    assert abs(rows.loc[method, "accuracy"] - clear_acc["accuracy"]) <= 0.002
+    assert rows.loc[method, "secagg_error_bound"] == pytest.approx(bound)
+    return merged, average(aligned, counts)

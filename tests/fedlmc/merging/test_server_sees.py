@@ -96,12 +96,14 @@ def test_the_secure_plain_average_and_lewc_bias_merge_are_accepted():
     assert validate_run_config({"strategy": "aligned"})["secure-aggregation"] == "off"
     lewc = validate_run_config({**SECURE, "strategy": "aligned", "align": "average_lewc_bias"})
     assert lewc["align"] == "average_lewc_bias"
+    mixed = {"strategy": "aligned", "align": "embed_average", "client-widths": "0.5,1,1"}
+    assert validate_run_config({**SECURE, **mixed})["align"] == "embed_average"
 
 
 def test_every_sum_rule_runs_securely_or_says_what_it_would_need():
     """No silent mismatch: a method declared ``sum`` either registers its sum exponents (and
     the check accepts it) or a note that the refusal quotes."""
-    assert secure_methods() == ("average", "average_lewc_bias")
+    assert secure_methods() == ("average", "average_lewc_bias", "embed_average")
     for entry in METHODS:
         if entry.server_sees == "sum" and not entry.runs_securely:
             assert entry.secure_note
@@ -139,6 +141,7 @@ def test_fedlmc_validate_refuses_it_on_one_line_with_a_non_zero_status(tmp_path,
     assert status != 0
     assert len(err) == 1 and "merge method 'weight_matching' needs the server to see" in err[0]
     assert err[0].endswith(
-        "allowed: strategy = 'average', or strategy = 'aligned' with align = 'average_lewc_bias'"
+        "allowed: strategy = 'average', or strategy = 'aligned' with align = "
+        "'average_lewc_bias' / 'embed_average'"
     )
     assert not (tmp_path / "out").exists()

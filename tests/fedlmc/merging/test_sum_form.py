@@ -12,6 +12,7 @@ from fedlmc.averaging import average
 from fedlmc.merging.methods import merge_method, merge_states
 from fedlmc.merging.sum_form import (
     client_scaled,
+    embedded_for_sum,
     error_bound,
     lewc_bias_exponents,
     plain_exponents,
@@ -78,6 +79,21 @@ def test_the_plain_average_needs_no_scaling(mlp):
         torch.testing.assert_close(secure[key], clear[key], rtol=0, atol=1e-13)
     sent = client_scaled(states[0], plain_exponents(None, states[0]), 0.3)
     assert all(torch.equal(states[0][k], v) for k, v in sent.items())
+
+
+def test_mixed_widths_embedded_by_each_client_then_averaged_are_the_embed_average_merge():
+    server = build_model("mlp", width=0.25, bias=True).double()
+    narrow = build_model("mlp", width=0.125, bias=True).double()
+    states = _clients(narrow, 1) + _clients(server, 2)
+    spec = permutation_spec(server)
+    sent = [embedded_for_sum(sd, server, spec) for sd in states]
+    assert all(sent[0][k].shape == v.shape for k, v in server.state_dict().items())
+    assert float(sent[0]["hidden.0.linear.weight"][16:].abs().max()) == 0.0  # zero-padded
+    assert all(torch.equal(sent[2][k], v) for k, v in states[2].items())  # server width: as is
+    secure = secure_sum_merge(sent, plain_exponents(spec, sent[0]), SHARES)
+    clear, _ = merge_states("embed_average", server, states, SHARES)
+    for key in clear:
+        torch.testing.assert_close(secure[key], clear[key], rtol=0, atol=1e-13)
 
 
 def test_what_a_client_sends_is_never_larger_than_its_trained_weights(mlp):

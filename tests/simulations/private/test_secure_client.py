@@ -36,3 +36,15 @@ def test_the_plain_average_sends_the_weights_as_trained_and_other_rules_are_refu
     assert scaled_for_merge(state, model, _config("average"), 1200) is state
     with pytest.raises(ValueError, match="'weight_matching' does not run under secure"):
         scaled_for_merge(state, model, _config("weight_matching"), 1200)
+
+
+def test_a_narrower_client_of_embed_average_sends_its_model_embedded_in_the_server_shapes():
+    server = build_model("mlp", width=0.25, bias=True)
+    narrow = build_model("mlp", width=0.125, bias=True).state_dict()
+    sent = scaled_for_merge(narrow, server, _config("embed_average"), 1200)
+    for key, value in server.state_dict().items():
+        assert sent[key].shape == value.shape
+    torch.testing.assert_close(
+        sent["hidden.1.linear.weight"][:16, :16], narrow["hidden.1.linear.weight"]
+    )
+    assert float(sent["hidden.1.linear.weight"][16:].abs().max()) == 0.0
