@@ -1,5 +1,6 @@
 """The ServerApp mode of ``secure-aggregation = "secagg+"``: ``strategy = "average"``, or
-``"aligned"`` with a method that runs securely (``align = "average_lewc_bias"``).
+``"aligned"`` with a method that runs securely (``align = "average_lewc_bias"`` or
+``"embed_average"``).
 
 :func:`run_secure_average` replaces the clear one-shot round (``run_one_shot``) when the run
 is secure: one SecAgg+ round (:func:`fedlmc.strategies.secure.secure_average`) on the run's
