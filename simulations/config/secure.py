@@ -2,8 +2,9 @@
 
 ``secure-aggregation = "secagg+"`` merges ``strategy = "average"``, or ``strategy =
 "aligned"`` with a ``sum`` method that registers its ``sum_exponents`` (``align =
-"average_lewc_bias"`` or ``"embed_average"``), through Flower's SecAgg+ (:mod:`fedlmc.strategies.secure`), so the
-server obtains only the weighted sum of the clients' (pre-scaled) arrays.
+"average_lewc_bias"`` or ``"embed_average"``), through Flower's SecAgg+
+(:mod:`fedlmc.strategies.secure`), so the server obtains only the weighted sum of the
+clients' (pre-scaled or embedded) arrays.
 :func:`check_secure_aggregation` refuses, before any work, every cell whose merge needs more
 than a sum (naming the method and what its rule needs the server to see,
 :mod:`fedlmc.merging.server_sees`), a ``sum`` rule not built securely (naming what it would
