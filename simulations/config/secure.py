@@ -110,8 +110,8 @@ def check_secure_aggregation(config: Mapping[str, Any], methods: Sequence[str]) 
     """A secure cell: ``strategy = "average"``, or ``"aligned"`` with a method of
     :func:`secure_methods` (the first of the cell's merge ``methods`` whose rule needs more
     than a sum, or is a sum not built securely, is named with what it would need; the widths
-    check already refuses these for clients of different widths; ``num-clients`` is at least
-    2) and no warm-up rounds (they average in the clear)."""
+    check already refuses a one-width method for clients of different widths; ``num-clients``
+    is at least 2) and no warm-up rounds (they average in the clear)."""
     if not is_secure(config):
         return
     mode = config["secure-aggregation"]

@@ -55,8 +55,11 @@ __all__ = [
 
 
 def secure_merge_method(config: Mapping[str, Any]) -> str:
-    """The merge a secure run computes: ``average``, or the ``align`` method of ``aligned``."""
-    return config["align"] if config["strategy"] == "aligned" else "average"
+    """The merge a secure run computes: ``average``, or the ``align`` method of ``aligned``
+    (:func:`fedlmc.simulations.config.derived.align_method`)."""
+    from fedlmc.simulations.config.derived import align_method
+
+    return align_method(config) if config["strategy"] == "aligned" else "average"
 
 
 def secure_fit_config(
