@@ -29,6 +29,7 @@ from fedlmc.simulations.config.tables import (  # noqa: E402
     keys_table,
     methods_table,
     models_table,
+    secure_methods_table,
     training_columns_table,
 )
 from fedlmc.simulations.report.figure_table import figures_markdown  # noqa: E402
@@ -41,6 +42,7 @@ BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "columns": ("reference/columns.md", columns_table),
     "training-columns": ("reference/columns.md", training_columns_table),
     "figures": ("sweeps.md", figures_markdown),
+    "secure-methods": ("private.md", secure_methods_table),
 }
 """Block name -> (page under docs/, the function that makes its table)."""
 

@@ -156,12 +156,14 @@ ROUND_COLUMNS_DECLARED = (
     ),
     Column(
         "secagg_error_bound",
-        "largest difference from the clear average SecAgg+'s quantisation allows",
-        '`average` rows of a `secure-aggregation = "secagg+"` run',
-        "\\(3 N c / (Q \\sum_i n_i / M)\\): \\(N\\) clients, clipping range \\(c\\), "
-        "quantisation range \\(Q = 2^{22}\\), \\(M\\) = SecAgg+'s `max_weight` (the "
-        "training pool's size), \\(n_i\\) the clients' examples: every merged value is "
-        "within it of the clear weighted average (`fedlmc.strategies.secure`)",
+        "largest difference from the clear merge SecAgg+'s quantisation allows",
+        'rows of a `secure-aggregation = "secagg+"` run',
+        "\\(3 N c / (Q S)\\) for the plain average, \\(S = \\sum_i n_i / M\\): \\(N\\) "
+        "clients, clipping range \\(c\\), quantisation range \\(Q = 2^{22}\\), \\(M\\) = "
+        "SecAgg+'s `max_weight` (the training pool's size), \\(n_i\\) the clients' examples: "
+        "every merged value is within it of the clear weighted average "
+        "(`fedlmc.strategies.secure`); for `average_lewc_bias` the largest over its layers of "
+        "\\((N c / (Q S))(2 S^{1-l} + l)\\) (`fedlmc.merging.sum_form.error_bound`)",
         source="server",
     ),
     Column(

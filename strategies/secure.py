@@ -25,6 +25,14 @@ one step :math:`2c/Q`, and replacing :math:`r_i` by :math:`n_i / M` moves a weig
 :math:`1/(2Q)`, a value by at most :math:`2c` times that. That is the clear plain average
 :math:`\sum_i n_i \theta_i / \sum_i n_i` within the bound.
 
+**Rules with a power of the weights** (``average_lewc_bias``: layer :math:`l`'s bias
+:math:`\sum_i w_i^{\,l} b^{(i)}_l`): :func:`secure_average` with the rule's per-key
+``exponents`` :math:`e_k` (:mod:`fedlmc.merging.sum_form`). Each client pre-scales key
+:math:`k` by its own share :math:`r_i^{\,e_k}` (:meth:`SecureSettings.share`, the ratio SecAgg+
+itself applies) and the server post-scales the mean by :math:`(\sum_j r_j)^{-e_k}`, from the
+example counts Flower's legacy results carry in the clear; the bound of a key grows with the
+post-scale (:meth:`SecureSettings.exponent_error_bound`).
+
 **The settings rule** (:func:`secure_settings`, before any work): :math:`Q = 2^{22}` and a
 modulus of :math:`2^{32}` (Flower's defaults); :math:`M` = the size of the clients' training
 pool (no client has more examples); :math:`c` = the smallest power of two at least
@@ -74,6 +82,7 @@ __all__ = [
     "CLIPPING_KEY",
     "HEADROOM",
     "MAX_WEIGHT_KEY",
+    "MERGE_KEY",
     "MIN_CLIPPING_RANGE",
     "QUANTIZATION_RANGE",
     "OutOfRangeError",
@@ -98,6 +107,7 @@ MIN_CLIPPING_RANGE = 8.0
 HEADROOM = 4.0
 CLIPPING_KEY = "secagg-clip"
 MAX_WEIGHT_KEY = "secagg-max-weight"
+MERGE_KEY = "secagg-merge"
 """Fit-config entries a secure round adds for the clients' own checks (not run-config keys)."""
 SECURE_MESSAGE_ROUNDS = 4
 """SecAgg+'s message rounds with the clients: setup, key sharing, masked vectors, unmasking."""
@@ -116,7 +126,9 @@ class SecureAggregationError(RuntimeError):
 @dataclass(frozen=True)
 class SecureSettings:
     """SecAgg+'s clipping range :math:`c`, quantisation range :math:`Q`, modulus and
-    ``max_weight`` :math:`M` (see the module docstring)."""
+    ``max_weight`` :math:`M` (see the module docstring). A merge rule with per-key weight
+    exponents (:mod:`fedlmc.merging.sum_form`) uses :meth:`share` and
+    :meth:`exponent_error_bound`."""
 
     clipping_range: float
     max_weight: float
@@ -134,6 +146,23 @@ class SecureSettings:
         ratio_sum = sum(n / self.max_weight for n in num_examples)
         n = len(num_examples)
         return 3.0 * n * self.clipping_range / (self.quantization_range * ratio_sum)
+
+    def share(self, num_examples: int) -> float:
+        r""":math:`r_i = \mathrm{round}(Q\, n_i / M) / Q`: the weight SecAgg+ itself gives a
+        client of ``num_examples`` (``secaggplus_mod``'s ``dq_ratio``), the share a client
+        pre-scales by (:func:`fedlmc.merging.sum_form.client_scaled`)."""
+        return round(num_examples / self.max_weight * self.quantization_range) / (
+            self.quantization_range
+        )
+
+    def exponent_error_bound(self, num_examples: Sequence[int], exponent: int) -> float:
+        """:func:`fedlmc.merging.sum_form.error_bound` of a value of weight exponent
+        ``exponent`` for this round's clients (``exponent`` 0: :meth:`error_bound`)."""
+        from fedlmc.merging.sum_form import error_bound
+
+        total = sum(self.share(n) for n in num_examples)
+        c, q = self.clipping_range, self.quantization_range
+        return error_bound(exponent, len(num_examples), c, q, total)
 
     def shares(self, num_clients: int) -> tuple[float, int]:
         """``(num_shares, reconstruction_threshold)``: ``1.0`` (Flower's float form: every
@@ -423,9 +452,17 @@ class SecureRound:
 
 @dataclass
 class SecureResult(SecureRound):
-    """A secure plain average: the round and the merged state (the initial model's keys)."""
+    """A secure merge: the round, the merged state (the initial model's keys) and the rule's
+    weight exponents per key (:mod:`fedlmc.merging.sum_form`; empty: the plain average)."""
 
     merged_state: StateDict = field(default_factory=dict)
+    exponents: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def error_bound(self) -> float:
+        """The largest :meth:`SecureSettings.exponent_error_bound` over the rule's exponents."""
+        powers = set(self.exponents.values()) or {0}
+        return max(self.settings.exponent_error_bound(self.num_examples, e) for e in powers)
 
 
 def secure_round(
@@ -487,11 +524,20 @@ def secure_average(
     fit_config: Mapping[str, Any],
     settings: SecureSettings,
     timeout: float | None = None,
+    exponents: Mapping[str, int] | None = None,
 ) -> SecureResult:
-    """The secure plain average: a :func:`secure_round` in which every client trains from
-    ``initial`` (all its arrays, in order) and answers its floating-point arrays; the merged
-    state has ``initial``'s keys (:func:`from_secure_arrays`)."""
+    """The secure merge: a :func:`secure_round` in which every client trains from ``initial``
+    (all its arrays, in order) and answers its floating-point arrays, each key pre-scaled by
+    its share to the power ``exponents[key]`` (none: the plain average); the weighted mean,
+    with ``initial``'s keys (:func:`from_secure_arrays`), post-scaled by the summed shares of
+    the clients in it to the power ``-exponents[key]``
+    (:func:`fedlmc.merging.sum_form.server_rescaled`)."""
+    from fedlmc.merging.sum_form import server_rescaled
+
     sent = [v.detach().cpu().numpy() for v in initial.values()]
     found = secure_round(grid, sent, num_clients, fit_config, settings, timeout)
-    merged = from_secure_arrays(initial, found.aggregate)
-    return SecureResult(**vars(found), merged_state=merged)
+    mean = from_secure_arrays(initial, found.aggregate)
+    powers = {k: int(e) for k, e in (exponents or {}).items() if e}
+    total = sum(settings.share(n) for n in found.num_examples)
+    merged = server_rescaled(mean, powers, total) if powers else mean
+    return SecureResult(**vars(found), merged_state=merged, exponents=powers)

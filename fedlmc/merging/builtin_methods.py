@@ -19,6 +19,7 @@ from fedlmc.columns import Column
 from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS, alignment_info
 from fedlmc.merging.method_registry import Alignment, MergeJob, register_method
 from fedlmc.merging.random_direction import RANDOM_DIRECTION_COLUMNS
+from fedlmc.merging.sum_form import lewc_bias_exponents, plain_exponents
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -28,7 +29,12 @@ if TYPE_CHECKING:
     StateDict = dict[str, Tensor]
 
 
-@register_method("average", description="plain weighted average, no permutation", server_sees="sum")
+@register_method(
+    "average",
+    description="plain weighted average, no permutation",
+    server_sees="sum",
+    sum_exponents=plain_exponents,
+)
 def plain_average(job: MergeJob) -> Alignment:
     r""":math:`\pi_i = \mathrm{id}`: the clients as they are."""
     return Alignment(list(job.states))
@@ -188,6 +194,7 @@ def lewc_bias_combination(
 register_method(
     "average_lewc_bias",
     server_sees="sum",
+    sum_exponents=lewc_bias_exponents,
     description="plain average, but layer l's bias combined as sum_i w_i^l b_i, the way LEWC "
     "says the signal combines (norm-free plain chains: MLP, VGG without BatchNorm)",
     combine=lewc_bias_combination,
@@ -302,6 +309,7 @@ def automatic_choice(job: MergeJob) -> Alignment:
 @register_method(
     "embed_average",
     server_sees="sum",
+    sum_exponents=plain_exponents,
     description="mixed widths: every client embedded at the first units of the server width "
     "(HeteroFL's nesting), then the plain weighted average",
     mixed_widths=True,
@@ -358,6 +366,8 @@ def holder_combination(
 register_method(
     "heterofl",
     server_sees="sum",
+    secure_note="a second secure sum, of the clients' weighted holder masks, to divide each "
+    "entry by (not built)",
     description="mixed widths: every client embedded at the first units of the server width, "
     "each entry averaged over the clients that hold it (HeteroFL's aggregation)",
     combine=holder_combination,

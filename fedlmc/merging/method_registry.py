@@ -47,6 +47,11 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   use: whatever needs a state dict of the template (the strategies, the saved merges, the
   barrier paths, LEWC/LLFC) refuses it or leaves its columns NaN
   (:func:`check_template_merge`);
+- ``sum_exponents``: for a ``sum`` rule that is one weighted sum with a per-key power of the
+  weights, :math:`\sum_i w_i^{1+e_k} \theta_i[k]`, the exponents ``sum_exponents(spec, state)
+  -> {key: e_k}`` (:mod:`fedlmc.merging.sum_form`): what each client pre-scales and the server
+  post-scales, so that the method runs under secure aggregation; ``secure_note``: for a ``sum``
+  rule without them, what it would need to run securely (the refusal says it);
 - ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
   a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
   ``average``);
@@ -76,13 +81,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
-from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, check_server_sees
+from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SECURE_SUM, check_server_sees
 from fedlmc.registry import Registry
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
+    from fedlmc.merging.sum_form import SumExponents
     from fedlmc.permutation.spec import PermutationSpec
 
     StateDict = dict[str, Tensor]
@@ -210,6 +216,14 @@ class MergeMethod:
         with ``builds_model``)."""
         return self.builds_model is None
 
+    sum_exponents: SumExponents | None = None
+    secure_note: str = ""
+
+    @property
+    def runs_securely(self) -> bool:
+        """Whether secure aggregation can run the rule: ``sum`` with its ``sum_exponents``."""
+        return self.server_sees == SECURE_SUM and self.sum_exponents is not None
+
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
     ) -> StateDict:
@@ -242,6 +256,8 @@ def register_method(
     on_path: bool = True,
     server_sees: str = DEFAULT_SERVER_SEES,
     builds_model: BuildModel | None = None,
+    sum_exponents: SumExponents | None = None,
+    secure_note: str = "",
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -252,6 +268,11 @@ def register_method(
         )
     check_own_columns(name, tuple(columns), replace=replace)
     check_server_sees(name, server_sees)
+    if sum_exponents is not None and server_sees != SECURE_SUM:
+        raise ValueError(
+            f"merge method {name!r}: sum_exponents with server_sees = {server_sees!r}; "
+            f"allowed only with server_sees = {SECURE_SUM!r}"
+        )
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
         entry = MergeMethod(
@@ -272,6 +293,8 @@ def register_method(
             on_path,
             server_sees,
             builds_model,
+            sum_exponents,
+            secure_note,
         )
         METHODS.add(name, entry, replace=replace)
         return align

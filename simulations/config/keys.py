@@ -209,8 +209,10 @@ def declared_keys() -> dict[str, Key]:
         "secure-aggregation": named(
             str,
             SECURE_OFF,
-            "secure aggregation of the one-shot average: off (every client's weights reach "
-            "the server), or secagg+ (Flower's SecAgg+: the server sees only their weighted sum)",
+            "secure aggregation of the one-shot merge: off (every client's weights reach the "
+            "server), or secagg+ (Flower's SecAgg+: the server sees only their weighted sum; "
+            "strategy = average, or aligned with align = average_lewc_bias (the clients "
+            "pre-scale their biases) or embed_average (they embed their widths first))",
             SECURE_MODES,
         ),
         "secagg-clipping-range": Key(

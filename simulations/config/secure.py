@@ -1,10 +1,14 @@
 """The ``secure-aggregation`` run-config key: its values and the check of a cell that uses it.
 
-``secure-aggregation = "secagg+"`` merges ``strategy = "average"`` through Flower's SecAgg+
-(:mod:`fedlmc.strategies.secure`), so the server obtains only the weighted sum of the clients'
-arrays. :func:`check_secure_aggregation` refuses, before any work, every cell whose merge needs
-more than a sum (naming the method and what its rule needs the server to see,
-:mod:`fedlmc.merging.server_sees`) and the settings the secure path does not run. No Flower
+``secure-aggregation = "secagg+"`` merges ``strategy = "average"``, or ``strategy =
+"aligned"`` with a ``sum`` method that registers its ``sum_exponents`` (``align =
+"average_lewc_bias"`` or ``"embed_average"``), through Flower's SecAgg+
+(:mod:`fedlmc.strategies.secure`), so the server obtains only the weighted sum of the
+clients' (pre-scaled or embedded) arrays.
+:func:`check_secure_aggregation` refuses, before any work, every cell whose merge needs more
+than a sum (naming the method and what its rule needs the server to see,
+:mod:`fedlmc.merging.server_sees`), a ``sum`` rule not built securely (naming what it would
+need, its registered ``secure_note``) and the settings the secure path does not run. No Flower
 import here: the run-config validation reads it.
 """
 
@@ -23,6 +27,8 @@ __all__ = [
     "check_secure_aggregation",
     "is_secure",
     "secure_cells_in_flight",
+    "secure_choices",
+    "secure_methods",
 ]
 
 SECURE_OFF = "off"
@@ -43,6 +49,22 @@ def secure_cells_in_flight(configs: Sequence[Mapping[str, Any]], wanted: int) ->
     return 1 if any(is_secure(c) for c in configs) else wanted
 
 
+def secure_methods() -> tuple[str, ...]:
+    """The merge methods secure aggregation runs, from the registry: ``server_sees = "sum"``
+    with their ``sum_exponents`` (:mod:`fedlmc.merging.sum_form`)."""
+    from fedlmc.merging.methods import METHODS
+
+    return tuple(m.name for m in METHODS if m.runs_securely)
+
+
+def secure_choices() -> str:
+    """The cells a secure run allows, as the refusals say it."""
+    aligned = [repr(m) for m in secure_methods() if m != "average"]
+    return "strategy = 'average'" + (
+        f", or strategy = 'aligned' with align = {' / '.join(aligned)}" if aligned else ""
+    )
+
+
 def _needs_more_than_sum(method: str) -> str | None:
     """What ``method``'s rule needs the server to see when that is more than a sum, else None."""
     from fedlmc.study.rows import server_sees_of
@@ -51,28 +73,45 @@ def _needs_more_than_sum(method: str) -> str | None:
     return None if sees == SECURE_SUM else sees
 
 
+def _not_built(method: str) -> str | None:
+    """Why the ``sum`` rule ``method`` does not run securely here (its ``secure_note``), or
+    None when it runs (or is no registered merge method: a reference row such as ``fedavg``)."""
+    from fedlmc.merging.methods import METHODS
+
+    entry = METHODS.get(base_method(method)) if base_method(method) in METHODS else None
+    if entry is None or entry.runs_securely:
+        return None
+    return entry.secure_note or "it registers no sum_exponents (how each client would pre-scale)"
+
+
 def _refuse_methods(config: Mapping[str, Any], mode: str, methods: Sequence[str]) -> None:
-    strategy = config["strategy"]
+    strategy, allowed = config["strategy"], secure_choices()
     for method in methods:
         sees = _needs_more_than_sum(method)
         if sees is not None:
             raise ConfigError(
                 f"secure-aggregation = {mode!r}: merge method {method!r} needs the server to "
-                f"see {sees}, secure aggregation gives it only a sum; allowed: "
-                "strategy = 'average'"
+                f"see {sees}, secure aggregation gives it only a sum; allowed: {allowed}"
             )
-    if strategy != "average":
+        missing = _not_built(method)
+        if missing is not None:
+            raise ConfigError(
+                f"secure-aggregation = {mode!r}: merge method {method!r} is a sum, but fedlmc "
+                f"does not run it securely yet: it needs {missing}; allowed: {allowed}"
+            )
+    if strategy not in ("average", "aligned"):
         raise ConfigError(
             f"secure-aggregation = {mode!r} with strategy = {strategy!r}: allowed only with "
-            "strategy = 'average' (the one merge fedlmc runs under secure aggregation)"
+            f"{allowed} (one merge per secure round)"
         )
 
 
 def check_secure_aggregation(config: Mapping[str, Any], methods: Sequence[str]) -> None:
-    """A secure cell: ``strategy = "average"`` (the first of the cell's merge ``methods``
-    whose rule needs more than a sum is named; the widths check already refuses ``average``
-    for clients of different widths; ``num-clients`` is at least 2) and no warm-up rounds
-    (they average in the clear)."""
+    """A secure cell: ``strategy = "average"``, or ``"aligned"`` with a method of
+    :func:`secure_methods` (the first of the cell's merge ``methods`` whose rule needs more
+    than a sum, or is a sum not built securely, is named with what it would need; the widths
+    check already refuses a one-width method for clients of different widths; ``num-clients``
+    is at least 2) and no warm-up rounds (they average in the clear)."""
     if not is_secure(config):
         return
     mode = config["secure-aggregation"]

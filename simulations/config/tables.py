@@ -24,6 +24,7 @@ __all__ = [
     "models_table",
     "pyproject_config",
     "pyproject_config_of",
+    "secure_methods_table",
     "with_pyproject_config",
 ]
 
@@ -78,6 +79,31 @@ def methods_table() -> str:
         "what",
         "server sees",
     ]
+    return _table(header, rows)
+
+
+def _secure_row(method: MergeMethod) -> list[str]:
+    """A method's row of :func:`secure_methods_table`."""
+    name = f"`{method.name}`, `{method.name}{CALIBRATED_SUFFIX}`"
+    if method.runs_securely:
+        cell = (
+            '`strategy = "average"`'
+            if method.name == "average"
+            else f'`strategy = "aligned"`, `align = "{method.name}"`'
+        )
+        return [name, method.server_sees, "yes", cell]
+    if method.server_sees == "sum":
+        need = method.secure_note or "its sum_exponents (how each client would pre-scale)"
+        return [name, method.server_sees, "not built", f"would need {need}"]
+    return [name, method.server_sees, "no", "its rule needs more than a sum"]
+
+
+def secure_methods_table() -> str:
+    """Every registered merge method: what its rule needs the server to see, whether
+    ``secure-aggregation = "secagg+"`` runs it (a ``sum`` rule with its ``sum_exponents``) and
+    with which run config, or what it would need."""
+    rows = [_secure_row(m) for m in METHODS]
+    header = ["method (rows)", "server sees", "runs under SecAgg+", "run config, or why not"]
     return _table(header, rows)
 
 

@@ -10,12 +10,14 @@ Flower's SecAgg+ workflow (it carries the ``secaggplus_configs`` record) goes th
 
 :func:`secure_fit_reply` trains exactly as the clear ``train`` handler does (the
 ``train_reply`` it is given: :func:`fedlmc.simulations.client_app.train_reply`, same seeds),
-checks that every trained
-floating-point value lies inside the clipping range the server chose (an error reply naming the
-key and value, never a silent clip: :func:`fedlmc.strategies.secure.check_in_range`) and that
-its example count is at most ``max_weight``, and answers in the legacy ``FitRes`` format with
-its floating-point arrays only (:func:`fedlmc.strategies.secure.secure_arrays`), which the mod
-then quantises and masks. No weight leaves the client in the clear.
+checks that its example count is at most ``max_weight``, pre-scales its arrays for the merge
+the server named (:func:`scaled_for_merge`: its share to the power of the method's
+``sum_exponents``, nothing for the plain average), checks that every floating-point value it
+sends lies inside the clipping range the server chose (an error reply naming the key and
+value, never a silent clip: :func:`fedlmc.strategies.secure.check_in_range`),
+and answers in the legacy ``FitRes`` format with its floating-point arrays only
+(:func:`fedlmc.strategies.secure.secure_arrays`), which the mod then quantises and masks. No
+weight leaves the client in the clear.
 """
 
 from __future__ import annotations
@@ -39,12 +41,14 @@ from fedlmc.strategies.protocol import (
 from fedlmc.strategies.secure import (
     CLIPPING_KEY,
     MAX_WEIGHT_KEY,
+    MERGE_KEY,
+    SecureSettings,
     check_in_range,
     secure_arrays,
 )
 from fedlmc.strategies.secure_temperature import LOG_T_KEY, TASK_KEY, TEMPERATURE_TASK
 
-__all__ = ["secure_fit_reply", "secure_train_mod"]
+__all__ = ["scaled_for_merge", "secure_fit_reply", "secure_train_mod"]
 REPORTED_METRICS = ("partition-id", "train-loss", "train-accuracy", "train-seconds")
 
 
@@ -73,22 +77,50 @@ def secure_train_mod(train_reply: Handler, use_threads: Handler) -> Callable[...
     return mod
 
 
-def _train_content(message: Message, fit_config: dict[str, Any], arrays: list) -> RecordDict:
-    """The content of the clear ``train`` message equivalent to a legacy fit instruction: the
-    initial arrays under the model's keys, the fit config and the sweep's partition record."""
+def _train_content(
+    message: Message, fit_config: dict[str, Any], arrays: list
+) -> tuple[RecordDict, Any]:
+    """The content of the clear ``train`` message equivalent to a legacy fit instruction (the
+    initial arrays under the model's keys, the fit config and the sweep's partition record),
+    and the model they belong to."""
     import torch
 
     from fedlmc.simulations.task import build_from_config, client_run_config, load_splits
 
     config = client_run_config({}, fit_config)
-    keys = list(build_from_config(config, load_splits(config)).state_dict())
+    model = build_from_config(config, load_splits(config))
+    keys = list(model.state_dict())
     if len(keys) != len(arrays):
         raise ValueError(f"received {len(arrays)} initial arrays for a model of {len(keys)}")
     state = {k: torch.as_tensor(a) for k, a in zip(keys, arrays, strict=True)}
     content = RecordDict({"arrays": state_to_record(state), "config": ConfigRecord(fit_config)})
     if PARTITION_RECORD in message.content.config_records:
         content[PARTITION_RECORD] = message.content.config_records[PARTITION_RECORD]
-    return content
+    return content, model
+
+
+def scaled_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count: int) -> dict:
+    """``state`` prepared for the merge the server named (:data:`MERGE_KEY`, default the plain
+    average) on the server's ``model``: a client narrower than the server embedded at its
+    first units when the method takes mixed widths (``embed_average``: HeteroFL's nesting,
+    :func:`fedlmc.merging.sum_form.embedded_for_sum`), then each key times this client's
+    SecAgg+ share to the power of the method's ``sum_exponents``
+    (:func:`fedlmc.merging.sum_form.client_scaled`)."""
+    from fedlmc.merging.methods import merge_method
+    from fedlmc.merging.sum_form import client_scaled, embedded_for_sum
+    from fedlmc.permutation.model_spec import permutation_spec
+
+    entry = merge_method(str(fit_config.get(MERGE_KEY, "average")))
+    if not entry.runs_securely:
+        raise ValueError(f"merge method {entry.name!r} does not run under secure aggregation")
+    spec = permutation_spec(model)
+    if entry.mixed_widths:
+        state = embedded_for_sum(state, model, spec)
+    exponents = entry.sum_exponents(spec, state)
+    if not any(exponents.values()):
+        return state
+    settings = SecureSettings(float(fit_config[CLIPPING_KEY]), float(fit_config[MAX_WEIGHT_KEY]))
+    return client_scaled(state, exponents, settings.share(count))
 
 
 def _clear_train_reply(
@@ -113,26 +145,33 @@ def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -
     arrays = parameters_to_ndarrays(fit_ins.parameters)
     if fit_config.get(TASK_KEY) == TEMPERATURE_TASK:
         return secure_temperature_reply(message, context, fit_config, arrays)
-    content = _train_content(message, fit_config, arrays)
+    content, model = _train_content(message, fit_config, arrays)
     reply = _clear_train_reply(message, context, content, train_reply)
     state = record_to_state(reply.content.array_records["arrays"])
     metrics = reply.content.metric_records["metrics"]
     pid = int(metrics["partition-id"])
-    check_in_range(state, float(fit_config[CLIPPING_KEY]), f"client partition {pid}")
     count = int(metrics["num-examples"])
+    _check_count(count, fit_config, pid)
+    state = scaled_for_merge(state, model, fit_config, count)
+    check_in_range(state, float(fit_config[CLIPPING_KEY]), f"client partition {pid}")
     reported = {k: metrics[k] for k in REPORTED_METRICS}
     return _fit_reply(message, secure_arrays(state), count, fit_config, reported)
+
+
+def _check_count(count: int, fit_config: dict, pid: Any) -> None:
+    """``ValueError`` when ``count`` exceeds the server's ``max_weight``."""
+    if count > float(fit_config[MAX_WEIGHT_KEY]):
+        raise ValueError(
+            f"client partition {pid}: {count} examples; allowed: at most "
+            f"the max_weight {fit_config[MAX_WEIGHT_KEY]} the server set"
+        )
 
 
 def _fit_reply(
     message: Message, arrays: list, count: int, fit_config: dict, metrics: dict
 ) -> Message:
     """The legacy ``FitRes`` reply (checked: ``count`` at most the server's ``max_weight``)."""
-    if count > float(fit_config[MAX_WEIGHT_KEY]):
-        raise ValueError(
-            f"client partition {metrics['partition-id']}: {count} examples; allowed: at most "
-            f"the max_weight {fit_config[MAX_WEIGHT_KEY]} the server set"
-        )
+    _check_count(count, fit_config, metrics["partition-id"])
     fit_res = FitRes(Status(Code.OK, "ok"), ndarrays_to_parameters(arrays), count, metrics)
     return Message(compat.fitres_to_recorddict(fit_res, keep_input=True), reply_to=message)
 

@@ -1,10 +1,16 @@
-"""The ServerApp mode of ``strategy = "average"`` with ``secure-aggregation = "secagg+"``.
+"""The ServerApp mode of ``secure-aggregation = "secagg+"``: ``strategy = "average"``, or
+``"aligned"`` with a method that runs securely (``align = "average_lewc_bias"`` or
+``"embed_average"``).
 
 :func:`run_secure_average` replaces the clear one-shot round (``run_one_shot``) when the run
 is secure: one SecAgg+ round (:func:`fedlmc.strategies.secure.secure_average`) on the run's
 Grid, in a simulation or a deployment alike, then the same post-merge steps on the server's
-own data as the clear ``average`` strategy (BatchNorm statistics re-estimated on the server
-split; the server holds the merged model, never a client's). The temperature of ``average_t``
+own data as the clear strategy (BatchNorm statistics re-estimated on the server split where
+the method does; the server holds the merged model, never a client's). The merge method
+(:func:`secure_merge_method`) travels in the fit config (:data:`MERGE_KEY`): each client
+pre-scales its arrays by its share to the power of the method's ``sum_exponents`` and the
+server post-scales the weighted mean (:mod:`fedlmc.merging.sum_form`; the plain average's
+exponents are all 0). The temperature of the ``_t`` row
 is fitted on the server split (``calibration = "server"``) or, with ``calibration =
 "federated"``, by secure Newton rounds on the held-out data of the clients that survived the
 average's round (:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL
@@ -37,6 +43,7 @@ from fedlmc.merging.post_merge import ServerData, post_merge
 from fedlmc.strategies.secure import (
     CLIPPING_KEY,
     MAX_WEIGHT_KEY,
+    MERGE_KEY,
     SecureResult,
     dropped_text,
     secure_average,
@@ -44,15 +51,44 @@ from fedlmc.strategies.secure import (
 )
 from fedlmc.strategies.secure_temperature import SecureTemperature, secure_temperature
 
-__all__ = ["run_secure_average", "secure_fit_config", "secure_round_columns"]
+__all__ = [
+    "run_secure_average",
+    "secure_fit_config",
+    "secure_merge_method",
+    "secure_round_columns",
+]
 
 
-def secure_fit_config(config: Mapping[str, Any], clipping: float, max_weight: float) -> dict:
-    """What the secure round sends every client: the run config, the round and the clients'
-    check values (the clipping range and ``max_weight``)."""
+def secure_merge_method(config: Mapping[str, Any]) -> str:
+    """The merge a secure run computes: ``average``, or the ``align`` method of ``aligned``
+    (:func:`fedlmc.simulations.config.derived.align_method`)."""
+    from fedlmc.simulations.config.derived import align_method
+
+    return align_method(config) if config["strategy"] == "aligned" else "average"
+
+
+def secure_fit_config(
+    config: Mapping[str, Any], clipping: float, max_weight: float, method: str = "average"
+) -> dict:
+    """What the secure round sends every client: the run config, the round, the clients'
+    check values (the clipping range and ``max_weight``) and the merge ``method`` whose
+    ``sum_exponents`` they pre-scale by."""
     sent = {k: v for k, v in config.items()}
     sent.update({"server-round": 1, CLIPPING_KEY: float(clipping), MAX_WEIGHT_KEY: max_weight})
+    sent[MERGE_KEY] = method
     return sent
+
+
+def merge_exponents(method: str, template) -> dict[str, int]:
+    """The per-key weight exponents of ``method``'s rule on ``template``
+    (:mod:`fedlmc.merging.sum_form`)."""
+    from fedlmc.merging.methods import merge_method
+    from fedlmc.permutation.model_spec import permutation_spec
+
+    entry = merge_method(method)
+    if entry.sum_exponents is None:  # the run-config check refuses it first
+        raise ValueError(f"merge method {method!r} does not run under secure aggregation")
+    return entry.sum_exponents(permutation_spec(template), template.state_dict())
 
 
 def secure_round_columns(
@@ -83,18 +119,20 @@ def secure_round_columns(
 def run_secure_average(
     grid, config, splits: DataSplits, template, device, outcome, merged_row, widths
 ) -> None:
-    """The secure ``average`` mode (see the module docstring); fills ``outcome`` like the
+    """The secure mode (see the module docstring); fills ``outcome`` like the
     clear mode (its rows and merged state). ``merged_row`` and ``widths`` are the ServerApp's
     row builder and width columns (:func:`fedlmc.simulations.records.server_outcome.merged_row`,
     ``width_columns``)."""
+    method = secure_merge_method(config)
     initial = {k: v.detach().cpu() for k, v in template.state_dict().items()}
     settings = secure_settings(
         initial, len(splits.train[1]), float(config["secagg-clipping-range"])
     )
-    sent = secure_fit_config(config, settings.clipping_range, settings.max_weight)
+    sent = secure_fit_config(config, settings.clipping_range, settings.max_weight, method)
+    exponents = merge_exponents(method, template)
     outcome.progress.training(config["num-clients"], config["epochs"])
     n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
-    result = secure_average(grid, initial, n_clients, sent, settings, timeout)
+    result = secure_average(grid, initial, n_clients, sent, settings, timeout, exponents)
     if result.dropped:  # the survivors' masks were removed without them (SecAgg+'s promise)
         outcome.progress(f"SecAgg+ merged without {dropped_text(result.dropped)}")
     if result.unmask_missed:  # their masked vectors are in the sum
@@ -104,16 +142,14 @@ def run_secure_average(
     start = time.perf_counter()
     server = ServerData(*splits.server) if len(splits.server[1]) else None
     weights = [n / sum(result.num_examples) for n in result.num_examples]
-    finished = post_merge(
-        template, result.merged_state, [], weights, "average", server, device=device
-    )
+    finished = post_merge(template, result.merged_state, [], weights, method, server, device=device)
     merge_seconds = time.perf_counter() - start
-    outcome.merged["average"] = finished.state
+    outcome.merged[method] = finished.state
     model = load_state(template, finished.state).to(device).eval()
     columns = secure_round_columns(result, config, widths)
     columns.update(merge_seconds=merge_seconds, secagg_error_bound=result.error_bound)
     n = len(result.num_examples)
-    rows = [merged_row("average", model, splits, None, [], n, device)]
+    rows = [merged_row(method, model, splits, None, [], n, device)]
     calibrated = config["calibration"] != "none"
     reference = server.temperature(model)[0] if calibrated and server is not None else math.nan
     temperature = reference
@@ -121,15 +157,15 @@ def run_secure_average(
         fitted = secure_temperature(  # on the clients that survived the average's round
             grid, finished.state, n, config, settings.max_weight, timeout
         )
-        outcome.secure["average_t"] = fitted
+        outcome.secure[f"{method}_t"] = fitted
         temperature = fitted.temperature
         columns = add_temperature_rounds(columns, fitted)
     if calibrated and math.isfinite(temperature):
-        row = merged_row("average_t", model, splits, temperature, [], n, device)
+        row = merged_row(f"{method}_t", model, splits, temperature, [], n, device)
         row["temperature_server_split"] = reference
         rows.append(row)
     outcome.rows.extend({**row, **columns} for row in rows)
-    outcome.secure["average"] = result
+    outcome.secure[method] = result
 
 
 def add_temperature_rounds(columns: dict[str, Any], fitted: SecureTemperature) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from fedlmc.simulations.config.tables import (
     keys_table,
     methods_table,
     models_table,
+    secure_methods_table,
     training_columns_table,
 )
 from fedlmc.simulations.report.figure_table import figures_markdown
@@ -196,6 +197,7 @@ def test_docs_tables_are_the_registries():
     made["training-columns"] = training_columns_table
     made["datasets"] = datasets_markdown
     made["figures"] = figures_markdown
+    made["secure-methods"] = secure_methods_table
     assert {name: make for name, (_, make) in gen.BLOCKS.items()} == made
     for name, (page, make) in gen.BLOCKS.items():
         text = (ROOT / "docs" / page).read_text()

@@ -3,7 +3,10 @@ settings rule, the range check, the state round trip and the error bound on Flow
 quantisation arithmetic (in process), and one real SecAgg+ round in a Flower simulation (Ray,
 3 tiny clients, slow): the merge equals the clear plain average within the bound, its accuracy
 within 0.002, the server-side strategy never received one client's arrays, and the secure
-federated temperature is the pooled held-out optimum within the quantisation error."""
+federated temperature is the pooled held-out optimum within the quantisation error; in the same
+Ray session, ``average_lewc_bias`` and ``embed_average`` (clients of two widths) under SecAgg+
+equal their clear merges within their bounds. In process: ``average_lewc_bias``'s pre-scaled
+biases through Flower's arithmetic."""
 
 from __future__ import annotations
 
@@ -96,6 +99,33 @@ def test_flowers_quantisation_stays_within_the_documented_bound():
     assert settings.step == pytest.approx(16 / 2**22)
 
 
+def test_flowers_quantisation_of_prescaled_biases_stays_within_the_exponent_bound():
+    """``average_lewc_bias`` through SecAgg+'s arithmetic: each client pre-scales the bias of
+    depth l by its share r_i^(l-1), the server post-scales the mean by (sum r)^-(l-1); the
+    result is the clear rule at the count weights within the bound of exponent l - 1."""
+    from fedlmc.merging.sum_form import client_scaled, server_rescaled
+
+    rng = np.random.default_rng(1)
+    settings = SecureSettings(clipping_range=8.0, max_weight=5000.0)
+    counts = [1200, 900, 1500]  # shares sum to 0.72: the post-scale amplifies the error
+    biases = [{f"b{d}": torch.as_tensor(rng.uniform(-8, 8, size=256)) for d in range(4)}]
+    biases += [{k: torch.as_tensor(rng.uniform(-8, 8, size=256)) for k in biases[0]} for _ in "ab"]
+    exponents = {f"b{d}": d for d in range(4)}
+    sent = [
+        secure_arrays(client_scaled(b, exponents, settings.share(n)))
+        for b, n in zip(biases, counts, strict=True)
+    ]
+    mean = dict(zip(exponents, _secagg_arithmetic(sent, counts, settings), strict=True))
+    total = sum(settings.share(n) for n in counts)
+    got = server_rescaled({k: torch.as_tensor(v) for k, v in mean.items()}, exponents, total)
+    w = [n / sum(counts) for n in counts]
+    for key, e in exponents.items():
+        clear = sum(wi ** (e + 1) * b[key] for wi, b in zip(w, biases, strict=True))
+        error = float((got[key] - clear).abs().max())
+        assert 0 < error <= settings.exponent_error_bound(counts, e), key
+    assert settings.exponent_error_bound(counts, 0) == pytest.approx(settings.error_bound(counts))
+
+
 # ----------------------------------------------------------------------------- Flower
 
 
@@ -114,6 +144,8 @@ TINY = {
 def clients_in_process(config, count, partitions=None):
     """The clients' trained weights redone by hand with the same seeds and one thread (as a
     simulated client slot computes): partitions ``partitions`` (default all) of ``count``."""
+    from fedlmc.simulations.client_app import shared_start
+    from fedlmc.simulations.config import client_width
     from fedlmc.simulations.task import (
         build_from_config,
         client_calibration_data,
@@ -131,8 +163,10 @@ def clients_in_process(config, count, partitions=None):
     torch.set_num_threads(1)
     try:
         for pid in range(count) if partitions is None else partitions:
-            model = build_from_config(config, splits, seed=client_seed(config["seed"], pid))
-            model.load_state_dict(initial)
+            width = client_width(config, pid)
+            seed = client_seed(config["seed"], pid)
+            model = build_from_config(config, splits, seed=seed, width=width)
+            model.load_state_dict(shared_start(initial, model))  # sliced when narrower
             data = client_train_data(config, pid, count)
             held_out = client_calibration_data(config, pid, count)
             model, _ = train_model(
@@ -152,20 +186,45 @@ def clients_in_process(config, count, partitions=None):
     return splits, states, counts, calibration
 
 
+def _secure_cells(configs: dict[str, dict]) -> dict[str, object]:
+    """Cell key -> its ServerOutcome: every config in one simulation of the sweep engine (one
+    Ray session), one cell at a time as a secure sweep runs them."""
+    from fedlmc.simulations.engine.cells import run_cells
+    from fedlmc.simulations.engine.sweep_server import CellJob
+
+    results = {}
+    jobs = [CellJob(key, config) for key, config in configs.items()]
+    run_cells(jobs, lambda r: results.__setitem__(r.key, r), max_in_flight=1)
+    for result in results.values():
+        if result.error is not None:
+            raise result.error
+    return {key: result.outcome for key, result in results.items()}
+
+
 @pytest.mark.slow
 def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_the_sum():
     from fedlmc.averaging import average, load_state
     from fedlmc.evaluation import metrics_from_logits, predict_logits
     from fedlmc.merging.calibrate import fit_temperature, temperature_statistics
     from fedlmc.simulations.config import validate_run_config
-    from fedlmc.simulations.runs.federation import run_federation_outcome
     from fedlmc.simulations.task import build_from_config
 
     config = validate_run_config(
         {**TINY, "num-clients": 3, "strategy": "average", "init": "shared"}
         | {"secure-aggregation": "secagg+", "calibration": "federated"}
     )
-    outcome = run_federation_outcome(config)
+    lewc_config = validate_run_config(
+        {**TINY, "num-clients": 3, "strategy": "aligned", "align": "average_lewc_bias"}
+        | {"init": "shared", "secure-aggregation": "secagg+", "calibration": "none"}
+    )
+    mixed_config = validate_run_config(
+        {**TINY, "num-clients": 3, "strategy": "aligned", "align": "embed_average"}
+        | {"init": "shared", "secure-aggregation": "secagg+", "calibration": "none"}
+        | {"client-widths": "0.125,0.25,0.25"}
+    )
+    cells = {"average": config, "lewc": lewc_config, "mixed": mixed_config}
+    outcomes = _secure_cells(cells)
+    outcome = outcomes["average"]
     result = outcome.secure["average"]
     splits, states, counts, calibration = clients_in_process(config, 3)
     assert sorted(result.num_examples) == sorted(counts)
@@ -206,3 +265,39 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     slack = 2 * fitted.error_bound / (curvature.hess_sum / curvature.count) + 1e-4
     assert abs(math.log(rows.loc["average_t", "temperature"]) - math.log(best)) <= slack
     assert (rows["rounds"] == 4 + fitted.message_rounds).all() and fitted.message_rounds >= 4
+    lewc, plain = _check_the_secure_merge(outcomes["lewc"], lewc_config, "average_lewc_bias")
+    lewc_result = outcomes["lewc"].secure["average_lewc_bias"]
+    assert set(lewc_result.exponents.values()) == {1, 2}  # the biases of layers 2 and 3
+    deepest = max(lewc_result.exponents, key=lewc_result.exponents.get)  # the pre-scale happened
+    assert float((lewc[deepest] - plain[deepest]).abs().max()) > 100 * lewc_result.error_bound
+    mixed, _ = _check_the_secure_merge(outcomes["mixed"], mixed_config, "embed_average")
+    assert outcomes["mixed"].secure["embed_average"].exponents == {}
+    assert mixed["hidden.0.linear.weight"].shape[0] == 16  # the server's width, not client 0's
+
+
+def _check_the_secure_merge(outcome, config, method: str):
+    """``method`` under SecAgg+ (each client's arrays pre-scaled or embedded, the mean
+    post-scaled) equals the clear rule on the same clients (retrained in process) within its
+    bound, with the accuracy within 0.002; returns the secure merge and the clear plain average
+    of the (embedded) clients."""
+    from fedlmc.averaging import average, load_state
+    from fedlmc.evaluation import metrics_from_logits, predict_logits
+    from fedlmc.merging.methods import merge_states
+    from fedlmc.simulations.task import build_from_config
+
+    result = outcome.secure[method]
+    splits, states, counts, _ = clients_in_process(config, 3)
+    assert sorted(result.num_examples) == sorted(counts)
+    template = build_from_config(config, splits)
+    clear, aligned = merge_states(method, template, states, counts)
+    merged = outcome.merged[method]
+    bound, drift = result.error_bound, 1e-5
+    for key in float_keys(clear):
+        assert float((merged[key] - clear[key]).abs().max()) <= bound + drift, key
+    rows = outcome.table().set_index("method")
+    assert list(rows.index) == [method] and rows["server_sees"].eq("sum").all()
+    model = load_state(template, clear).eval()
+    clear_acc = metrics_from_logits(predict_logits(model, splits.test[0]), splits.test[1], 1.0)
+    assert abs(rows.loc[method, "accuracy"] - clear_acc["accuracy"]) <= 0.002
+    assert rows.loc[method, "secagg_error_bound"] == pytest.approx(bound)
+    return merged, average(aligned, counts)

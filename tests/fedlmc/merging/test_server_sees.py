@@ -8,9 +8,11 @@ import pytest
 
 from fedlmc.merging.methods import METHODS, Alignment, register_method
 from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SERVER_SEES
+from fedlmc.merging.sum_form import plain_exponents
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.config.schema import ConfigError
+from fedlmc.simulations.config.secure import secure_methods
 from fedlmc.simulations.config.tables import methods_table
 from fedlmc.study.rows import empty_row
 
@@ -88,10 +90,44 @@ def test_a_secure_cell_that_needs_more_than_a_sum_is_refused(extra, named):
     assert named in str(err.value)
 
 
-def test_the_secure_plain_average_is_accepted():
+def test_the_secure_plain_average_and_lewc_bias_merge_are_accepted():
     config = validate_run_config({**SECURE, "strategy": "average"})
     assert config["secure-aggregation"] == "secagg+"
     assert validate_run_config({"strategy": "aligned"})["secure-aggregation"] == "off"
+    lewc = validate_run_config({**SECURE, "strategy": "aligned", "align": "average_lewc_bias"})
+    assert lewc["align"] == "average_lewc_bias"
+    mixed = {"strategy": "aligned", "align": "embed_average", "client-widths": "0.5,1,1"}
+    assert validate_run_config({**SECURE, **mixed})["align"] == "embed_average"
+
+
+def test_every_sum_rule_runs_securely_or_says_what_it_would_need():
+    """No silent mismatch: a method declared ``sum`` either registers its sum exponents (and
+    the check accepts it) or a note that the refusal quotes."""
+    assert secure_methods() == ("average", "average_lewc_bias", "embed_average")
+    for entry in METHODS:
+        if entry.server_sees == "sum" and not entry.runs_securely:
+            assert entry.secure_note
+            with pytest.raises(ConfigError, match="is a sum, but fedlmc does not run it") as err:
+                validate_run_config({**SECURE, "strategy": "aligned", "align": entry.name})
+            assert f"merge method {entry.name!r}" in str(err.value)
+            assert entry.secure_note in str(err.value)
+            assert "align = 'average_lewc_bias'" in str(err.value)
+
+
+def test_sum_exponents_need_a_sum_rule_and_a_sum_without_them_is_refused_securely():
+    with pytest.raises(ValueError, match=r"sum_exponents with server_sees = 'each model'"):
+        register_method("s33_x", description="x", sum_exponents=plain_exponents)
+
+    @register_method("s33_sum", description="test: a sum without exponents", server_sees="sum")
+    def summed(job) -> Alignment:
+        return Alignment(list(job.states))
+
+    try:
+        assert not METHODS.get("s33_sum").runs_securely
+        with pytest.raises(ConfigError, match="it registers no sum_exponents"):
+            validate_run_config({**SECURE, "strategy": "aligned", "align": "s33_sum"})
+    finally:
+        METHODS.remove("s33_sum")
 
 
 def test_fedlmc_validate_refuses_it_on_one_line_with_a_non_zero_status(tmp_path, capsys):
@@ -104,4 +140,8 @@ def test_fedlmc_validate_refuses_it_on_one_line_with_a_non_zero_status(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert status != 0
     assert len(err) == 1 and "merge method 'weight_matching' needs the server to see" in err[0]
+    assert err[0].endswith(
+        "allowed: strategy = 'average', or strategy = 'aligned' with align = "
+        "'average_lewc_bias' / 'embed_average'"
+    )
     assert not (tmp_path / "out").exists()

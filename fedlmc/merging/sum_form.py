@@ -1,0 +1,167 @@
+r"""The weighted-sum form of a ``sum`` merge rule: what each client sends so that secure
+aggregation's weighted mean, rescaled on the server, is the rule's merge.
+
+Secure aggregation (Flower's SecAgg+) gives the server one thing: the weighted mean
+:math:`\sum_i s_i x_i / \sum_j s_j` of what the clients send, with public shares
+:math:`s_i \propto n_i` (the example counts travel in the clear). A rule that is a sum with a
+per-key *power* of the weights,
+
+.. math::
+
+    \bar\theta[k] = \sum_i w_i^{\,1 + e_k}\, \theta_i[k], \qquad w_i = \frac{s_i}{\sum_j s_j},
+
+runs as one such mean: client :math:`i` pre-scales key :math:`k` by :math:`s_i^{\,e_k}` (its
+own share, no other client's), and the server post-scales the mean by
+:math:`(\sum_j s_j)^{-e_k}` (the public counts):
+
+.. math::
+
+    \Big(\sum_j s_j\Big)^{-e_k} \frac{\sum_i s_i\, s_i^{\,e_k} \theta_i[k]}{\sum_j s_j}
+    = \sum_i \Big(\frac{s_i}{\sum_j s_j}\Big)^{1+e_k} \theta_i[k].
+
+The plain average has every exponent :math:`e_k = 0` (:func:`plain_exponents`);
+``average_lewc_bias`` (LEWC's bias rule :math:`\sum_i w_i^{\,l} b^{(i)}_l`) has
+:math:`e = l - 1` on the bias of chain layer :math:`l` and 0 elsewhere
+(:func:`lewc_bias_exponents`). A merge method registers its exponents as ``sum_exponents``
+(:mod:`fedlmc.merging.method_registry`); that is what makes it run under secure aggregation.
+
+**Mixed widths.** A method that takes clients of different widths (``embed_average``) is
+the plain weighted mean of the clients embedded into the server's shapes at their first units
+(HeteroFL's nesting, zero elsewhere): each client embeds its own model before it sends it
+(:func:`embedded_for_sum`), with no other client's model needed, and the exponents are 0.
+
+**Range.** With :math:`s_i \le 1` (SecAgg+'s :math:`s_i = n_i / M`, no client above
+``max_weight`` :math:`M`), a pre-scaled value :math:`|s_i^{\,e} x| \le |x|`: whatever range holds
+the clients' trained weights holds what they send, so the clipping rule on the initial model is
+unchanged; each client checks the arrays it actually sends.
+
+**Error.** The post-scale multiplies the mean's quantisation error by
+:math:`(\sum_j s_j)^{-e_k}` (:func:`error_bound`). No Flower import here, and no torch at
+import time (the run-config validation reads the registry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+    from fedlmc.permutation.spec import PermutationSpec
+
+StateDict = dict[str, "Tensor"]
+Exponents = dict[str, int]
+SumExponents = Callable[["PermutationSpec", Mapping[str, "Tensor"]], Exponents]
+
+__all__ = [
+    "Exponents",
+    "SumExponents",
+    "client_scaled",
+    "embedded_for_sum",
+    "error_bound",
+    "lewc_bias_exponents",
+    "plain_exponents",
+    "secure_sum_merge",
+    "server_rescaled",
+]
+
+
+def plain_exponents(spec: PermutationSpec | None, state: Mapping[str, Tensor]) -> Exponents:
+    """The plain average :math:`\\sum_i w_i \\theta_i`: exponent 0 on every key."""
+    return {key: 0 for key in state}
+
+
+def lewc_bias_exponents(spec: PermutationSpec, state: Mapping[str, Tensor]) -> Exponents:
+    r""":math:`e = l - 1` on the bias of chain layer :math:`l` (1-based, input to output), 0
+    elsewhere: ``average_lewc_bias``'s :math:`\sum_i w_i^{\,l} b^{(i)}_l`. ``ValueError`` for a
+    model that is no norm-free plain chain (:func:`fedlmc.permutation.chain.norm_free_chain`)."""
+    from fedlmc.permutation.chain import norm_free_chain
+
+    exponents = plain_exponents(spec, state)
+    for depth, layer in enumerate(norm_free_chain(spec, state), start=1):
+        if f"{layer}.bias" in state:
+            exponents[f"{layer}.bias"] = depth - 1
+    return exponents
+
+
+def client_scaled(
+    state: Mapping[str, Tensor], exponents: Mapping[str, int], share: float
+) -> StateDict:
+    r"""What client :math:`i` sends: every key :math:`k` times :math:`s_i^{\,e_k}` (its own
+    ``share``, in float64, cast back to the key's dtype; keys of exponent 0 unchanged)."""
+    if not 0 < share <= 1:
+        raise ValueError(f"share = {share}: allowed: 0 < share <= 1 (n_i / max_weight)")
+    return {k: _scaled(v, share ** exponents.get(k, 0)) for k, v in state.items()}
+
+
+def server_rescaled(
+    mean: Mapping[str, Tensor], exponents: Mapping[str, int], total_share: float
+) -> StateDict:
+    r"""The merge from the secure weighted mean: every key :math:`k` times
+    :math:`(\sum_j s_j)^{-e_k}` (``total_share`` :math:`= \sum_j s_j` over the clients in the
+    sum)."""
+    if not total_share > 0:
+        raise ValueError(f"total_share = {total_share}: allowed: > 0")
+    return {k: _scaled(v, total_share ** -exponents.get(k, 0)) for k, v in mean.items()}
+
+
+def _scaled(value: Tensor, factor: float) -> Tensor:
+    import torch
+
+    if factor == 1.0 or not value.is_floating_point():
+        return value
+    return (value.detach().to(torch.float64) * factor).to(value.dtype)
+
+
+def embedded_for_sum(
+    state: Mapping[str, Tensor], server: nn.Module, spec: PermutationSpec
+) -> StateDict:
+    """``state`` embedded into ``server``'s shapes at its first units
+    (:func:`fedlmc.permutation.embed.embed_state`; unchanged when the shapes already agree):
+    what a client of a mixed-width ``sum`` rule sends (``embed_average``'s embedding)."""
+    from fedlmc.permutation.embed import embed_state
+
+    shapes = {k: tuple(v.shape) for k, v in server.state_dict().items()}
+    if all(tuple(v.shape) == shapes.get(k) for k, v in state.items()):
+        return dict(state)
+    return dict(embed_state(state, server, "first", spec=spec))
+
+
+def secure_sum_merge(
+    states: Sequence[Mapping[str, Tensor]], exponents: Mapping[str, int], shares: Sequence[float]
+) -> StateDict:
+    r"""What the server obtains in exact arithmetic (no quantisation): the clients'
+    :func:`client_scaled` arrays, their ``shares``-weighted mean, :func:`server_rescaled`.
+    Floating-point keys only (the mean is in float64, cast back)."""
+    import torch
+
+    sent = [client_scaled(sd, exponents, s) for sd, s in zip(states, shares, strict=True)]
+    total = float(sum(shares))
+    mean = {}
+    for key, ref in states[0].items():
+        if ref.is_floating_point():
+            summed = sum(s * sd[key].to(torch.float64) for s, sd in zip(shares, sent, strict=True))
+            mean[key] = (summed / total).to(ref.dtype)
+    return server_rescaled(mean, exponents, total)
+
+
+def error_bound(
+    exponent: int, num_clients: int, clipping_range: float, levels: int, total_share: float
+) -> float:
+    r"""The largest difference of a securely merged value of exponent :math:`e` from the clear
+    rule at the clients' count weights :math:`n_i / \sum_j n_j`, with :math:`N` clients,
+    clipping range :math:`c`, :math:`Q` quantisation levels and :math:`S = \sum_j s_j`:
+
+    .. math::
+
+        |\varepsilon_e| \le \frac{N c}{Q S}\,\big(2 S^{-e} + e + 1\big).
+
+    The mean's quantisation (one level :math:`2c/Q` per client, :math:`2Nc/(QS)`) is multiplied
+    by the post-scale :math:`S^{-e}`; the shares' rounding to a level (:math:`|s_i - n_i/M| \le
+    1/(2Q)`) moves the normalised weights by :math:`N/(QS)` in all, and
+    :math:`w^{1+e}` by at most :math:`1 + e` times that (:math:`|a^p - b^p| \le p|a - b|` on
+    :math:`[0, 1]`), a value by :math:`c` times that. :math:`e = 0` is the plain average's
+    :math:`3Nc/(QS)`."""
+    base = num_clients * clipping_range / (levels * total_share)
+    return base * (2.0 * total_share**-exponent + exponent + 1)

@@ -1,0 +1,115 @@
+"""The weighted-sum form of a ``sum`` rule (fedlmc.merging.sum_form): the clients' pre-scaled
+arrays, averaged at their shares and post-scaled on the server, are exactly the clear merge
+(``average_lewc_bias`` and ``average``) on a tiny MLP with biases; the exponents, the range of
+what is sent, and the error bound at exponent 0. In process, float64, no Flower."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedlmc.averaging import average
+from fedlmc.merging.methods import merge_method, merge_states
+from fedlmc.merging.sum_form import (
+    client_scaled,
+    embedded_for_sum,
+    error_bound,
+    lewc_bias_exponents,
+    plain_exponents,
+    secure_sum_merge,
+    server_rescaled,
+)
+from fedlmc.models.classifiers import build_model
+from fedlmc.permutation import permutation_spec
+
+SHARES = [0.3, 0.125, 0.45]  # n_i / M for three clients, summing to 0.875 (< 1: a scale to undo)
+
+
+def _clients(template, count: int = 3) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    return [
+        {
+            k: torch.randn(v.shape, generator=generator, dtype=torch.float64)
+            for k, v in template.state_dict().items()
+        }
+        for _ in range(count)
+    ]
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return build_model("mlp", width=0.125, bias=True).double()  # 3 hidden layers: 4 biases
+
+
+def test_lewc_exponents_are_depth_minus_one_on_the_biases_and_zero_on_the_weights(mlp):
+    state = mlp.state_dict()
+    exponents = lewc_bias_exponents(permutation_spec(mlp), state)
+    biases = [k for k in state if k.endswith(".bias")]
+    assert [exponents[k] for k in biases] == [0, 1, 2, 3]
+    assert all(exponents[k] == 0 for k in state if k.endswith(".weight"))
+    assert plain_exponents(None, state) == dict.fromkeys(state, 0)
+    assert merge_method("average_lewc_bias").sum_exponents is lewc_bias_exponents
+    residual = build_model("resnet20", width=0.25)
+    with pytest.raises(ValueError, match="not one chain"):
+        lewc_bias_exponents(permutation_spec(residual), residual.state_dict())
+
+
+def test_prescaled_then_postscaled_weighted_mean_is_the_lewc_bias_merge_exactly(mlp):
+    states = _clients(mlp)
+    spec = permutation_spec(mlp)
+    secure = secure_sum_merge(states, lewc_bias_exponents(spec, states[0]), SHARES)
+    clear, _ = merge_states("average_lewc_bias", mlp, states, SHARES)
+    plain = average(states, SHARES)
+    for key in clear:
+        torch.testing.assert_close(secure[key], clear[key], rtol=0, atol=1e-13)
+    deepest = [k for k in clear if k.endswith(".bias")][-1]  # w^4 vs w: the rules differ
+    assert float((clear[deepest] - plain[deepest]).abs().max()) > 0.1
+    # Without the post-scale the mean is off by the summed shares to the power l - 1.
+    exponents = lewc_bias_exponents(spec, states[0])
+    sent = [client_scaled(sd, exponents, s) for sd, s in zip(states, SHARES, strict=True)]
+    mean = average(sent, SHARES)
+    torch.testing.assert_close(mean[deepest] / sum(SHARES) ** 3, clear[deepest])
+
+
+def test_the_plain_average_needs_no_scaling(mlp):
+    states = _clients(mlp)
+    secure = secure_sum_merge(states, plain_exponents(None, states[0]), SHARES)
+    clear = average(states, SHARES)
+    for key in clear:
+        torch.testing.assert_close(secure[key], clear[key], rtol=0, atol=1e-13)
+    sent = client_scaled(states[0], plain_exponents(None, states[0]), 0.3)
+    assert all(torch.equal(states[0][k], v) for k, v in sent.items())
+
+
+def test_mixed_widths_embedded_by_each_client_then_averaged_are_the_embed_average_merge():
+    server = build_model("mlp", width=0.25, bias=True).double()
+    narrow = build_model("mlp", width=0.125, bias=True).double()
+    states = _clients(narrow, 1) + _clients(server, 2)
+    spec = permutation_spec(server)
+    sent = [embedded_for_sum(sd, server, spec) for sd in states]
+    assert all(sent[0][k].shape == v.shape for k, v in server.state_dict().items())
+    assert float(sent[0]["hidden.0.linear.weight"][16:].abs().max()) == 0.0  # zero-padded
+    assert all(torch.equal(sent[2][k], v) for k, v in states[2].items())  # server width: as is
+    secure = secure_sum_merge(sent, plain_exponents(spec, sent[0]), SHARES)
+    clear, _ = merge_states("embed_average", server, states, SHARES)
+    for key in clear:
+        torch.testing.assert_close(secure[key], clear[key], rtol=0, atol=1e-13)
+
+
+def test_what_a_client_sends_is_never_larger_than_its_trained_weights(mlp):
+    state = _clients(mlp, 1)[0]
+    exponents = lewc_bias_exponents(permutation_spec(mlp), state)
+    sent = client_scaled(state, exponents, 0.3)
+    for key, value in state.items():
+        assert float(sent[key].abs().max()) <= float(value.abs().max())
+        assert torch.allclose(sent[key], value * 0.3 ** exponents[key])
+    with pytest.raises(ValueError, match=r"share = 1.5: allowed: 0 < share <= 1"):
+        client_scaled(state, exponents, 1.5)
+    with pytest.raises(ValueError, match=r"total_share = 0: allowed: > 0"):
+        server_rescaled(state, exponents, 0)
+
+
+def test_the_error_bound_is_the_plain_one_at_exponent_0_and_grows_with_the_post_scale():
+    plain = error_bound(0, 3, 8.0, 2**22, 0.875)
+    assert plain == pytest.approx(3 * 3 * 8.0 / (2**22 * 0.875))
+    assert error_bound(3, 3, 8.0, 2**22, 0.875) > error_bound(3, 3, 8.0, 2**22, 1.0) > plain

@@ -1,0 +1,50 @@
+"""The secure client's pre-scale (simulations/private/secure_client.py, ``scaled_for_merge``):
+what a client sends for the merge the server names, in process on a tiny MLP with biases (the
+SecAgg+ round itself runs in tests/strategies/test_secure.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedlmc.models.classifiers import build_model
+from fedlmc.simulations.private.secure_client import scaled_for_merge
+from fedlmc.strategies.secure import CLIPPING_KEY, MAX_WEIGHT_KEY, MERGE_KEY, SecureSettings
+
+
+def _config(method: str) -> dict:
+    return {CLIPPING_KEY: 8.0, MAX_WEIGHT_KEY: 3000.0, MERGE_KEY: method}
+
+
+def test_lewc_bias_merge_scales_the_layer_l_bias_by_the_share_to_the_l_minus_1():
+    model = build_model("mlp", width=0.125, bias=True)
+    state = model.state_dict()
+    sent = scaled_for_merge(state, model, _config("average_lewc_bias"), 1200)
+    share = SecureSettings(8.0, 3000.0).share(1200)
+    assert share == pytest.approx(0.4)
+    biases = [k for k in state if k.endswith(".bias")]
+    for depth, key in enumerate(biases, start=1):
+        torch.testing.assert_close(sent[key], state[key] * share ** (depth - 1))
+    for key in state:
+        if key.endswith(".weight"):
+            assert torch.equal(sent[key], state[key])
+
+
+def test_the_plain_average_sends_the_weights_as_trained_and_other_rules_are_refused():
+    model = build_model("mlp", width=0.125, bias=True)
+    state = model.state_dict()
+    assert scaled_for_merge(state, model, _config("average"), 1200) is state
+    with pytest.raises(ValueError, match="'weight_matching' does not run under secure"):
+        scaled_for_merge(state, model, _config("weight_matching"), 1200)
+
+
+def test_a_narrower_client_of_embed_average_sends_its_model_embedded_in_the_server_shapes():
+    server = build_model("mlp", width=0.25, bias=True)
+    narrow = build_model("mlp", width=0.125, bias=True).state_dict()
+    sent = scaled_for_merge(narrow, server, _config("embed_average"), 1200)
+    for key, value in server.state_dict().items():
+        assert sent[key].shape == value.shape
+    torch.testing.assert_close(
+        sent["hidden.1.linear.weight"][:16, :16], narrow["hidden.1.linear.weight"]
+    )
+    assert float(sent["hidden.1.linear.weight"][16:].abs().max()) == 0.0
