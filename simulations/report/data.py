@@ -59,6 +59,35 @@ def spread(values: pd.Series, kind: str) -> float:
     return std / math.sqrt(len(values)) if kind == "sem" else std
 
 
+FEW_SEEDS = 3
+"""Below this many values a table cell names its count: ``0.9200 ± 0.0100 (n=2)``."""
+
+
+def spread_legend(kind: str) -> str:
+    """What a table cell ``mean ± spread (n=k)`` means, for the top of a report."""
+    what = {
+        "std": "the standard deviation over seeds (ddof = 1)",
+        "sem": "the standard error over seeds (ddof = 1 std / sqrt(n))",
+    }.get(kind)
+    shown = f"a cell is the mean ± {what}" if what else "a cell is the mean over seeds"
+    return (
+        f"Every table averages over seeds only: {shown}; a cell from fewer than {FEW_SEEDS} "
+        "seeds names its count, (n=2) or (n=1)."
+    )
+
+
+def spread_text(mean: float, spread_value: float, count: int, kind: str) -> str:
+    """One table cell: ``mean ± spread`` (``kind`` ``std`` or ``sem``, :func:`spread`), then
+    ``(n=count)`` when ``count`` < :data:`FEW_SEEDS`; no ``±`` for one value or ``kind =
+    "none"``; empty for a mean that is not finite."""
+    if not math.isfinite(mean):
+        return ""
+    text = f"{mean:.4f}"
+    if count > 1 and kind != "none":
+        text += f" ± {spread_value:.4f}"
+    return f"{text} (n={count})" if count < FEW_SEEDS else text
+
+
 def aggregate(rows: pd.DataFrame, by: Sequence[str], value: str, kind: str) -> pd.DataFrame:
     """Mean and spread of ``value`` over the rows of each ``by`` group, sorted by ``by``."""
     numeric = rows.assign(**{value: pd.to_numeric(rows[value], errors="coerce")})
@@ -189,22 +218,12 @@ def mean_of_lists(lists: Sequence[Sequence[float]]) -> np.ndarray:
 def mean_spread_table(
     rows: pd.DataFrame, value: str, methods: Sequence[str], kind: str, x: str = "width"
 ) -> pd.DataFrame:
-    """Methods x ``x`` cells ``mean ± spread`` (just the mean for one seed); each method split
+    """Methods x ``x`` cells ``mean ± spread`` (:func:`spread_text`: the seed count where
+    fewer than :data:`FEW_SEEDS`); each method split
     by the other varying keys (``average (bias=false)``), never averaged over them."""
     rows, methods = with_split_methods(rows[rows["method"].isin(methods)], methods, [x])
     table = aggregate(rows, ["method", x], value, kind)
-    text = table.apply(
-        lambda r: (
-            ""
-            if not math.isfinite(r["mean"])
-            else (
-                f"{r['mean']:.4f} ± {r['spread']:.4f}"
-                if r["count"] > 1 and kind != "none"
-                else f"{r['mean']:.4f}"
-            )
-        ),
-        axis=1,
-    )
+    text = table.apply(lambda r: spread_text(r["mean"], r["spread"], int(r["count"]), kind), axis=1)
     pivot = table.assign(text=text).pivot(index="method", columns=x, values="text")
     return pivot.reindex([m for m in methods if m in pivot.index]).fillna("")
 
@@ -214,8 +233,9 @@ def width_labels(pairs: Sequence[tuple[float, str]]) -> list[str]:
     return [f"{width:g} ({label})" for width, label in pairs]
 
 
-def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Mean endpoint accuracy (mean/min/max) and ensemble accuracy per width."""
+def reference_table(rows: pd.DataFrame, kind: str = "none") -> pd.DataFrame:
+    """Endpoint accuracy (mean/min/max over the clients) and ensemble accuracy per width,
+    averaged over seeds: numbers for ``kind = "none"``, else :func:`mean_spread_text` cells."""
     cells = rows.drop_duplicates("cell_id")
     columns = [
         c
@@ -230,12 +250,15 @@ def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
     ]
     if not columns:
         return pd.DataFrame()
-    numeric = cells[["width", *columns]].apply(pd.to_numeric, errors="coerce")
+    numeric = cells[columns].apply(pd.to_numeric, errors="coerce")
     labels = split_labels(cells, ["width"])
-    if labels is None:
-        return numeric.groupby("width").mean().T
-    table = numeric.drop(columns="width").groupby([cells["width"], labels]).mean().T
-    table.columns = width_labels(table.columns)
+    grouped = numeric.groupby(cells["width"] if labels is None else [cells["width"], labels])
+    if kind == "none":
+        table = grouped.mean().T
+    else:
+        table = grouped.agg(lambda v: mean_spread_text(v, kind)).T
+    if labels is not None:
+        table.columns = width_labels(table.columns)
     return table
 
 
@@ -250,8 +273,9 @@ TABLE1_COLUMNS = (
 def table1(rows: pd.DataFrame, kind: str = "none") -> pd.DataFrame:
     """The paper's Table 1 layout: per width, barriers at lambda = 1/2 (signed; accuracy as a
     fraction, like every accuracy of the report) of plain averaging and of weight matching,
-    mean over seeds (``kind`` ``std`` or ``sem``: the text ``mean ± spread`` where a width has
-    several seeds); one row per width and value of the other varying keys (``1 (bias=false)``)."""
+    mean over seeds (``kind`` ``std`` or ``sem``: the text of :func:`mean_spread_text`, the
+    seed count where fewer than :data:`FEW_SEEDS`); one row per width and value of the other
+    varying keys (``1 (bias=false)``)."""
     columns: dict[str, pd.Series] = {}
     for method, name in TABLE1_METHODS:
         subset = rows[rows["method"] == method]
@@ -261,7 +285,7 @@ def table1(rows: pd.DataFrame, kind: str = "none") -> pd.DataFrame:
             if has_values(subset, column):
                 values = pd.to_numeric(subset[column], errors="coerce") * scale
                 found = values.groupby(groups).mean()
-                if kind != "none" and values.groupby(groups).count().max() > 1:
+                if kind != "none":
                     found = values.groupby(groups).apply(lambda v: mean_spread_text(v, kind))
                 if labels is not None:
                     found.index = width_labels(found.index)
@@ -270,25 +294,23 @@ def table1(rows: pd.DataFrame, kind: str = "none") -> pd.DataFrame:
 
 
 def mean_spread_text(values: pd.Series, kind: str) -> str:
-    """``"mean ± spread"`` of the finite values (just the mean for one value or ``kind =
-    "none"``); empty when there is none."""
+    """:func:`spread_text` of the finite values: ``"mean ± spread"``, ``(n=k)`` where fewer
+    than :data:`FEW_SEEDS`; empty when there is none."""
     finite = pd.to_numeric(values, errors="coerce").dropna()
     if finite.empty:
         return ""
-    mean = float(finite.mean())
-    if len(finite) < 2 or kind == "none":
-        return f"{mean:.4f}"
-    return f"{mean:.4f} ± {spread(finite, kind):.4f}"
+    return spread_text(float(finite.mean()), spread(finite, kind), len(finite), kind)
 
 
 AUTO_METHODS = ("auto", "auto_t")
 ALWAYS_ALIGNED = ("weight_matching", "weight_matching_t")
 
 
-def auto_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per width: what ``auto`` picked in how many cells, its mean calibrated-NLL gap, its mean
-    ``merge_seconds`` and, where the same sweep has ``weight_matching`` rows, theirs and the
-    ratio (auto / always weight matching; below 1 = saved)."""
+def auto_table(rows: pd.DataFrame, kind: str = "std") -> pd.DataFrame:
+    """Per width: what ``auto`` picked in how many cells, its calibrated-NLL gap and its
+    ``merge_seconds`` (:func:`mean_spread_text` over the cells) and, where the same sweep has
+    ``weight_matching`` rows, theirs and the ratio of the means (auto / always weight
+    matching; below 1 = saved)."""
     if "auto_choice" not in rows:
         return pd.DataFrame()
     picked = rows["auto_choice"].map(lambda v: isinstance(v, str) and v != "")
@@ -299,17 +321,18 @@ def auto_table(rows: pd.DataFrame) -> pd.DataFrame:
     table = []
     for width, group in auto.groupby("width"):
         counts = group["auto_choice"].value_counts().sort_index()
+        auto_seconds = pd.to_numeric(group["merge_seconds"])
         entry = {
             "width": width,
             "auto picked (cells)": ", ".join(f"{c} x{n}" for c, n in counts.items()),
-            "auto_nll_gap (nats)": pd.to_numeric(group["auto_nll_gap"]).mean(),
-            "auto merge s": pd.to_numeric(group["merge_seconds"]).mean(),
+            "auto_nll_gap (nats)": mean_spread_text(group["auto_nll_gap"], kind),
+            "auto merge s": mean_spread_text(auto_seconds, kind),
         }
         same = aligned[aligned["width"] == width]
         if has_values(same, "merge_seconds"):
-            seconds = pd.to_numeric(same["merge_seconds"]).mean()
-            entry["weight matching merge s"] = seconds
-            entry["auto / weight matching time"] = entry["auto merge s"] / seconds
+            seconds = pd.to_numeric(same["merge_seconds"])
+            entry["weight matching merge s"] = mean_spread_text(seconds, kind)
+            entry["auto / weight matching time"] = auto_seconds.mean() / seconds.mean()
         table.append(entry)
     return pd.DataFrame(table).set_index("width")
 

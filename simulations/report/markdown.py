@@ -28,6 +28,7 @@ from fedlmc.simulations.report.data import (
     panels,
     reference_table,
     same_values,
+    spread_legend,
     table1,
 )
 from fedlmc.simulations.report.figure_table import omitted_figures
@@ -137,9 +138,9 @@ def communication_section(rows: pd.DataFrame, methods: Sequence[str]) -> list[st
     ]
 
 
-def auto_section(rows: pd.DataFrame) -> list[str]:
+def auto_section(rows: pd.DataFrame, kind: str) -> list[str]:
     """The ``auto`` table (:func:`auto_table`) with its heading, when there are auto rows."""
-    table = auto_table(rows)
+    table = auto_table(rows, kind)
     if table.empty:
         return []
     return [
@@ -286,6 +287,8 @@ def report_markdown(
         f"{cells} cell(s), {failed['cell_id'].nunique() if len(failed) else 0} failed; "
         f"varying: {', '.join(varying_keys(rows)) or 'nothing'}.",
         "",
+        spread_legend(kind),
+        "",
     ]
     versions = record.get("versions", {})
     if versions:
@@ -301,10 +304,10 @@ def report_markdown(
             "",
         ]
         lines += [line for note in coinciding_methods_notes(rows) for line in (note, "")]
-        refs = reference_table(rows)
+        refs = reference_table(rows, kind)
         if not refs.empty:
             lines += [
-                "## Reference accuracies (mean over cells)",
+                f"## Reference accuracies{spread_note}",
                 "",
                 markdown_table(refs, "width"),
                 "",
@@ -334,7 +337,7 @@ def report_markdown(
                 "",
             ]
         lines += study_sections(rows, kind, markdown_table)
-        lines += auto_section(rows)
+        lines += auto_section(rows, kind)
         lines += temperature_gap_section(rows, kind)
         lines += communication_section(rows, methods)
         lines += convergence_section(training)

@@ -342,13 +342,19 @@ def test_report_shows_auto_choices_temperature_gaps_and_communication(tmp_path):
     text = report_markdown(frame, {}, [], tmp_path, settings)
 
     auto = text.split("## auto: the merge it picked")[1].split("##")[0]
-    assert "| 1 | weight_matching x2 | 0.3000 | 1.2000 | 1.0000 | 1.2000 |" in auto
-    assert "| 8 | average x2 | 0.0100 | 0.1000 | 1.0000 | 0.1000 |" in auto
+    assert (
+        "| 1 | weight_matching x2 | 0.3000 ± 0.0000 (n=2) | 1.2000 ± 0.0000 (n=2) "
+        "| 1.0000 ± 0.0000 (n=2) | 1.2000 |" in auto
+    )
+    assert (
+        "| 8 | average x2 | 0.0100 ± 0.0000 (n=2) | 0.1000 ± 0.0000 (n=2) "
+        "| 1.0000 ± 0.0000 (n=2) | 0.1000 |" in auto
+    )
 
     gap = text.split("log T (as calibrated) - log T (fitted on the server split)")[1]
     gap = gap.split("##")[0]
-    assert f"| average_t (calibration-holdout=0) | {math.log(0.5):.4f} ± 0.0000 |" in gap
-    assert "| average_t (calibration-holdout=0.1) | 0.0000 ± 0.0000 |" in gap
+    assert f"| average_t (calibration-holdout=0) | {math.log(0.5):.4f} ± 0.0000 (n=2) |" in gap
+    assert "| average_t (calibration-holdout=0.1) | 0.0000 ± 0.0000 (n=2) |" in gap
 
     sent = text.split("## Communication")[1].split("##")[0]
     assert "| auto | 2.0 kB / 4 | 2.0 kB / 4 |" in sent

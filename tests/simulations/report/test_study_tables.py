@@ -72,10 +72,12 @@ def test_mean_stable_rank_is_the_mean_over_layers_and_nan_without_it():
     assert mean_stable_rank(pd.DataFrame({"x": [1]})).isna().all()
 
 
-def test_mean_spread_text_names_mean_and_std_only_with_several_values():
-    assert mean_spread_text(pd.Series([1.0, 3.0]), "std") == "2.0000 ± 1.4142"
-    assert mean_spread_text(pd.Series([1.0, 3.0]), "none") == "2.0000"
-    assert mean_spread_text(pd.Series([2.0, math.nan]), "std") == "2.0000"
+def test_mean_spread_text_names_the_spread_and_the_count_below_three_values():
+    assert mean_spread_text(pd.Series([1.0, 3.0, 5.0]), "std") == "3.0000 ± 2.0000"
+    assert mean_spread_text(pd.Series([1.0, 3.0, 5.0]), "sem") == f"3.0000 ± {2 / 3**0.5:.4f}"
+    assert mean_spread_text(pd.Series([1.0, 3.0]), "std") == "2.0000 ± 1.4142 (n=2)"
+    assert mean_spread_text(pd.Series([1.0, 3.0]), "none") == "2.0000 (n=2)"
+    assert mean_spread_text(pd.Series([2.0, math.nan]), "std") == "2.0000 (n=1)"
     assert mean_spread_text(pd.Series([math.nan]), "std") == ""
 
 
@@ -86,16 +88,17 @@ def test_settings_keep_every_varying_key_but_the_seed_apart():
     assert len(table) == 2 * 2 * 2  # decays x widths x biases, seeds averaged
     # width 4, bias: base 0.4 + 0.5 (+ 0.2 for seed 1): mean 1.0, std 0.1414
     label = "weight-decay=0.01, width=4, bias=true"
-    assert table.loc[label, "max over lambda, calibrated"] == "1.0000 ± 0.1414"
-    assert table.loc[label, "loss barrier at 1/2, raw"] == "2.0000 ± 0.1414"
+    assert table.loc[label, "max over lambda, calibrated"] == "1.0000 ± 0.1414 (n=2)"
+    assert table.loc[label, "loss barrier at 1/2, raw"] == "2.0000 ± 0.1414 (n=2)"
 
 
 def test_a_per_cell_value_counts_once_per_cell_not_once_per_method():
     table = temperature_table(rows_of(widths=(1.0,)), "std")
     # clients' T 2.0 and 3.0 in the two cells: std 0.7071 (0.6124 if each method row counted)
-    assert table.loc["width=1", "clients' T (mean)"] == "2.5000 ± 0.7071"
-    assert table.loc["width=1", "T of average_t"] == "0.2000 ± 0.1414"
-    assert table.loc["width=1", "average: LEWC's prediction of that ratio"] == "0.1250 ± 0.0000"
+    assert table.loc["width=1", "clients' T (mean)"] == "2.5000 ± 0.7071 (n=2)"
+    assert table.loc["width=1", "T of average_t"] == "0.2000 ± 0.1414 (n=2)"
+    lewc = table.loc["width=1", "average: LEWC's prediction of that ratio"]
+    assert lewc == "0.1250 ± 0.0000 (n=2)"
 
 
 def test_weight_decay_table_only_when_the_weight_decay_varies():
@@ -103,9 +106,9 @@ def test_weight_decay_table_only_when_the_weight_decay_varies():
     table = weight_decay_table(rows_of(decays=(0.0, 5e-4), widths=(4.0,)), "std")
     assert list(table.index) == ["weight-decay=0, width=4", "weight-decay=0.0005, width=4"]
     row = table.loc["weight-decay=0, width=4"]
-    assert row["stable rank of the hidden weights (mean)"] == "8.0000 ± 0.0000"
-    assert row["average: calibrated barrier at 1/2"] == "0.5000 ± 0.1414"
-    assert row["weight matching: calibrated barrier at 1/2"] == "0.4500 ± 0.1414"
+    assert row["stable rank of the hidden weights (mean)"] == "8.0000 ± 0.0000 (n=2)"
+    assert row["average: calibrated barrier at 1/2"] == "0.5000 ± 0.1414 (n=2)"
+    assert row["weight matching: calibrated barrier at 1/2"] == "0.4500 ± 0.1414 (n=2)"
 
 
 def test_spread_is_named_in_each_heading():
@@ -132,9 +135,9 @@ def test_no_table_without_its_columns():
 def test_table1_shows_the_spread_over_seeds_when_asked():
     rows = rows_of(widths=(4.0,))
     shown = table1(rows, "std")
-    assert shown.loc[4.0, "no permutation: loss barrier, calibrated"] == "0.5000 ± 0.1414"
-    assert shown.loc[4.0, "weight matching: loss barrier, calibrated"] == "0.4500 ± 0.1414"
+    assert shown.loc[4.0, "no permutation: loss barrier, calibrated"] == "0.5000 ± 0.1414 (n=2)"
+    assert shown.loc[4.0, "weight matching: loss barrier, calibrated"] == "0.4500 ± 0.1414 (n=2)"
     means = table1(rows)
     assert means.loc[4.0, "no permutation: loss barrier, calibrated"] == pytest.approx(0.5)
     one_seed = table1(rows_of(widths=(4.0,), seeds=(1,)), "std")
-    assert one_seed.loc[4.0, "no permutation: loss barrier, calibrated"] == pytest.approx(0.6)
+    assert one_seed.loc[4.0, "no permutation: loss barrier, calibrated"] == "0.6000 (n=1)"
