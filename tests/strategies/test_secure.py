@@ -126,6 +126,32 @@ def test_flowers_quantisation_of_prescaled_biases_stays_within_the_exponent_boun
     assert settings.exponent_error_bound(counts, 0) == pytest.approx(settings.error_bound(counts))
 
 
+def test_flowers_quantisation_of_held_values_over_holder_masks_stays_within_the_ratio_bound():
+    """``heterofl`` through SecAgg+'s arithmetic: clients holding the first 16, 48 and 56 of 64
+    entries send their held values (0 elsewhere) and their masks times c; the first mean over
+    the second is the clear holder average at the count weights within the ratio bound, and the
+    entries held by nobody are exactly the empty-slot value."""
+    from fedlmc.strategies.secure import holder_divided
+
+    rng = np.random.default_rng(2)
+    settings = SecureSettings(clipping_range=8.0, max_weight=5000.0)
+    counts = [1200, 900, 1500]
+    masks = [np.arange(64) < held for held in (16, 48, 56)]
+    values = [np.where(m, rng.uniform(-8, 8, size=64), 0.0) for m in masks]
+    sent = [[v, 8.0 * m] for v, m in zip(values, masks, strict=True)]
+    aggregate = _secagg_arithmetic(sent, counts, settings)
+    (got,) = holder_divided({"w": torch.zeros(64)}, aggregate, settings, counts)
+    mass = sum(n * m for n, m in zip(counts, masks, strict=True))
+    clear = sum(n * v for n, v in zip(counts, values, strict=True)) / np.maximum(mass, 1)
+    error = float(np.abs(got[:56] - clear[:56]).max())
+    assert 0 < error <= settings.holder_error_bound(counts)
+    assert np.array_equal(got[56:], np.zeros(8))  # held by nobody: 0, as the clear rule
+    plain = aggregate[0]  # the mean without the division shrinks the entries held by few
+    assert float(np.abs(plain[:48] - clear[:48]).max()) > 1000 * settings.holder_error_bound(counts)
+    with pytest.raises(ValueError, match="got 1 aggregated arrays for 2 x 1 float keys"):
+        holder_divided({"w": torch.zeros(64)}, aggregate[:1], settings, counts)
+
+
 # ----------------------------------------------------------------------------- Flower
 
 

@@ -127,9 +127,7 @@ def test_held_values_over_held_masks_are_the_heterofl_merge_on_clients_of_two_wi
     the wider client holds an entry."""
     server = build_model("mlp", width=0.25, bias=True).double()
     widths = [0.125, 0.1875, 0.125]
-    states = [
-        _clients(build_model("mlp", width=w, bias=True).double(), 1)[0] for w in widths
-    ]
+    states = [_clients(build_model("mlp", width=w, bias=True).double(), 1)[0] for w in widths]
     spec = permutation_spec(server)
     values, masks = held_for_sum(states[0], server, spec, 8.0)
     assert set(masks) == set(values) == set(server.state_dict())
@@ -148,7 +146,8 @@ def test_held_values_over_held_masks_are_the_heterofl_merge_on_clients_of_two_wi
 
 def test_an_entry_held_by_nobody_takes_the_empty_slot_value_and_the_threshold_decides():
     mean = {"bn.running_var": torch.tensor([0.6, 1e-9, 0.0]), "fc.bias": torch.tensor([0.3, 0.0])}
-    masks = {"bn.running_var": 8.0 * torch.tensor([0.75, 1e-9, 0.0]), "fc.bias": 8.0 * torch.ones(2)}
+    masks = {"bn.running_var": torch.tensor([0.75, 1e-9, 0.0]), "fc.bias": torch.ones(2)}
+    masks = {k: 8.0 * v for k, v in masks.items()}  # sent times the clipping range
     got = divided_by_holders(mean, masks, 8.0, threshold=0.1)
     torch.testing.assert_close(got["bn.running_var"], torch.tensor([0.8, 1.0, 1.0]))
     torch.testing.assert_close(got["fc.bias"], torch.tensor([0.3, 0.0]))
