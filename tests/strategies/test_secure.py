@@ -4,9 +4,10 @@ quantisation arithmetic (in process), and one real SecAgg+ round in a Flower sim
 3 tiny clients, slow): the merge equals the clear plain average within the bound, its accuracy
 within 0.002, the server-side strategy never received one client's arrays, and the secure
 federated temperature is the pooled held-out optimum within the quantisation error; in the same
-Ray session, ``average_lewc_bias`` and ``embed_average`` (clients of two widths) under SecAgg+
-equal their clear merges within their bounds. In process: ``average_lewc_bias``'s pre-scaled
-biases through Flower's arithmetic."""
+Ray session, ``average_lewc_bias``, ``embed_average`` and ``heterofl`` (clients of two widths)
+under SecAgg+ equal their clear merges within their bounds. In process: ``average_lewc_bias``'s
+pre-scaled biases and ``heterofl``'s held values over holder masks through Flower's
+arithmetic."""
 
 from __future__ import annotations
 
@@ -248,7 +249,9 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
         | {"init": "shared", "secure-aggregation": "secagg+", "calibration": "none"}
         | {"client-widths": "0.125,0.25,0.25"}
     )
+    hetero_config = validate_run_config({**mixed_config, "align": "heterofl"})
     cells = {"average": config, "lewc": lewc_config, "mixed": mixed_config}
+    cells["hetero"] = hetero_config
     outcomes = _secure_cells(cells)
     outcome = outcomes["average"]
     result = outcome.secure["average"]
@@ -299,6 +302,14 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     mixed, _ = _check_the_secure_merge(outcomes["mixed"], mixed_config, "embed_average")
     assert outcomes["mixed"].secure["embed_average"].exponents == {}
     assert mixed["hidden.0.linear.weight"].shape[0] == 16  # the server's width, not client 0's
+    hetero, _ = _check_the_secure_merge(outcomes["hetero"], hetero_config, "heterofl")
+    hetero_result = outcomes["hetero"].secure["heterofl"]
+    assert len(hetero_result.received[0]) == 2 * len(float_keys(hetero))  # values, then masks
+    # Units 8..15 are held by clients 1 and 2 only: heterofl averages them over those two,
+    # embed_average shrinks them by client 0's weight (the division happened).
+    key = "hidden.0.linear.weight"
+    assert float((hetero[key][8:] - mixed[key][8:]).abs().max()) > 100 * hetero_result.error_bound
+    assert hetero_result.bytes_sent > 1.5 * outcomes["mixed"].secure["embed_average"].bytes_sent
 
 
 def _check_the_secure_merge(outcome, config, method: str):
