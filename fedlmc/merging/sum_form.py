@@ -215,10 +215,11 @@ def divided_by_holders(
     threshold: float,
 ) -> StateDict:
     r"""The holder-divided merge from the secure means: :math:`A[k]/B[k]` with :math:`A` =
-    ``mean`` and :math:`B` = ``mask_mean / mask_scale`` where :math:`B > ` ``threshold`` (some
-    client holds the entry), else the empty-slot value (:func:`fedlmc.permutation.embed.
-    fill_value`), as :func:`fedlmc.merging.widths.holder_average` fills an entry held by
-    nobody. In float64, cast back to ``mean``'s dtypes; a key without a mask is kept."""
+    ``mean`` and :math:`B` = ``mask_mean / mask_scale`` where :math:`B[k]` is above
+    ``threshold`` (some client holds the entry), else the empty-slot value
+    (:func:`fedlmc.permutation.embed.fill_value`), as
+    :func:`fedlmc.merging.widths.holder_average` fills an entry held by nobody. In float64,
+    cast back to ``mean``'s dtypes; a key without a mask is kept."""
     import torch
 
     from fedlmc.permutation.embed import fill_value
