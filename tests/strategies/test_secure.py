@@ -299,10 +299,11 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     assert set(lewc_result.exponents.values()) == {1, 2}  # the biases of layers 2 and 3
     deepest = max(lewc_result.exponents, key=lewc_result.exponents.get)  # the pre-scale happened
     assert float((lewc[deepest] - plain[deepest]).abs().max()) > 100 * lewc_result.error_bound
-    mixed, _ = _check_the_secure_merge(outcomes["mixed"], mixed_config, "embed_average")
+    widths = clients_in_process(mixed_config, 3)  # the same clients train in both cells
+    mixed, _ = _check_the_secure_merge(outcomes["mixed"], mixed_config, "embed_average", widths)
     assert outcomes["mixed"].secure["embed_average"].exponents == {}
     assert mixed["hidden.0.linear.weight"].shape[0] == 16  # the server's width, not client 0's
-    hetero, _ = _check_the_secure_merge(outcomes["hetero"], hetero_config, "heterofl")
+    hetero, _ = _check_the_secure_merge(outcomes["hetero"], hetero_config, "heterofl", widths)
     hetero_result = outcomes["hetero"].secure["heterofl"]
     assert len(hetero_result.received[0]) == 2 * len(float_keys(hetero))  # values, then masks
     # Units 8..15 are held by clients 1 and 2 only: heterofl averages them over those two,
@@ -312,18 +313,19 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     assert hetero_result.bytes_sent > 1.5 * outcomes["mixed"].secure["embed_average"].bytes_sent
 
 
-def _check_the_secure_merge(outcome, config, method: str):
+def _check_the_secure_merge(outcome, config, method: str, clients=None):
     """``method`` under SecAgg+ (each client's arrays pre-scaled or embedded, the mean
     post-scaled) equals the clear rule on the same clients (retrained in process) within its
     bound, with the accuracy within 0.002; returns the secure merge and the clear plain average
-    of the (embedded) clients."""
+    of the (embedded) clients. ``clients``: :func:`clients_in_process` of ``config`` when
+    already computed (two cells of the same clients)."""
     from fedlmc.averaging import average, load_state
     from fedlmc.evaluation import metrics_from_logits, predict_logits
     from fedlmc.merging.methods import merge_states
     from fedlmc.simulations.task import build_from_config
 
     result = outcome.secure[method]
-    splits, states, counts, _ = clients_in_process(config, 3)
+    splits, states, counts, _ = clients or clients_in_process(config, 3)
     assert sorted(result.num_examples) == sorted(counts)
     template = build_from_config(config, splits)
     clear, aligned = merge_states(method, template, states, counts)
