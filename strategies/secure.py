@@ -31,7 +31,11 @@ one step :math:`2c/Q`, and replacing :math:`r_i` by :math:`n_i / M` moves a weig
 :math:`k` by its own share :math:`r_i^{\,e_k}` (:meth:`SecureSettings.share`, the ratio SecAgg+
 itself applies) and the server post-scales the mean by :math:`(\sum_j r_j)^{-e_k}`, from the
 example counts Flower's legacy results carry in the clear; the bound of a key grows with the
-post-scale (:meth:`SecureSettings.exponent_error_bound`).
+post-scale (:meth:`SecureSettings.exponent_error_bound`). **HeteroFL** (``heterofl``: each
+entry averaged over the clients holding it): the clients send their held values and their
+holder masks times :math:`c` in the same round (masks in :math:`[0, c]`, inside the range), and
+the server divides the first mean by the second (:func:`holder_divided`,
+:meth:`SecureSettings.holder_error_bound`).
 
 **The settings rule** (:func:`secure_settings`, before any work): :math:`Q = 2^{22}` and a
 modulus of :math:`2^{32}` (Flower's defaults); :math:`M` = the size of the clients' training
@@ -95,6 +99,7 @@ __all__ = [
     "dropped_text",
     "float_keys",
     "from_secure_arrays",
+    "holder_divided",
     "secure_arrays",
     "secure_average",
     "secure_round",
@@ -163,6 +168,15 @@ class SecureSettings:
         total = sum(self.share(n) for n in num_examples)
         c, q = self.clipping_range, self.quantization_range
         return error_bound(exponent, len(num_examples), c, q, total)
+
+    def holder_error_bound(self, num_examples: Sequence[int]) -> float:
+        """:func:`fedlmc.merging.sum_form.holder_error_bound` of a holder-divided value
+        (``heterofl``) for this round's clients (the smallest share decides)."""
+        from fedlmc.merging.sum_form import holder_error_bound
+
+        smallest = min(self.share(n) for n in num_examples)
+        c, q = self.clipping_range, self.quantization_range
+        return holder_error_bound(len(num_examples), c, q, smallest)
 
     def shares(self, num_clients: int) -> tuple[float, int]:
         """``(num_shares, reconstruction_threshold)``: ``1.0`` (Flower's float form: every
@@ -457,10 +471,14 @@ class SecureResult(SecureRound):
 
     merged_state: StateDict = field(default_factory=dict)
     exponents: dict[str, int] = field(default_factory=dict)
+    divided_by_holders: bool = False
 
     @property
     def error_bound(self) -> float:
-        """The largest :meth:`SecureSettings.exponent_error_bound` over the rule's exponents."""
+        """The largest :meth:`SecureSettings.exponent_error_bound` over the rule's exponents
+        (:meth:`SecureSettings.holder_error_bound` for a holder-divided merge)."""
+        if self.divided_by_holders:
+            return self.settings.holder_error_bound(self.num_examples)
         powers = set(self.exponents.values()) or {0}
         return max(self.settings.exponent_error_bound(self.num_examples, e) for e in powers)
 
@@ -525,19 +543,50 @@ def secure_average(
     settings: SecureSettings,
     timeout: float | None = None,
     exponents: Mapping[str, int] | None = None,
+    divide_by_holders: bool = False,
 ) -> SecureResult:
     """The secure merge: a :func:`secure_round` in which every client trains from ``initial``
     (all its arrays, in order) and answers its floating-point arrays, each key pre-scaled by
     its share to the power ``exponents[key]`` (none: the plain average); the weighted mean,
     with ``initial``'s keys (:func:`from_secure_arrays`), post-scaled by the summed shares of
     the clients in it to the power ``-exponents[key]``
-    (:func:`fedlmc.merging.sum_form.server_rescaled`)."""
+    (:func:`fedlmc.merging.sum_form.server_rescaled`). With ``divide_by_holders`` the clients
+    answer their held values then their holder masks (twice the arrays) and the mean of the
+    first is divided by that of the second (:func:`holder_divided`)."""
     from fedlmc.merging.sum_form import server_rescaled
 
     sent = [v.detach().cpu().numpy() for v in initial.values()]
     found = secure_round(grid, sent, num_clients, fit_config, settings, timeout)
-    mean = from_secure_arrays(initial, found.aggregate)
+    aggregate = found.aggregate
+    if divide_by_holders:
+        aggregate = holder_divided(initial, aggregate, settings, found.num_examples)
+    mean = from_secure_arrays(initial, aggregate)
     powers = {k: int(e) for k, e in (exponents or {}).items() if e}
     total = sum(settings.share(n) for n in found.num_examples)
     merged = server_rescaled(mean, powers, total) if powers else mean
-    return SecureResult(**vars(found), merged_state=merged, exponents=powers)
+    held = {"divided_by_holders": divide_by_holders}
+    return SecureResult(**vars(found), merged_state=merged, exponents=powers, **held)
+
+
+def holder_divided(
+    initial: Mapping[str, torch.Tensor],
+    aggregate: Sequence[np.ndarray],
+    settings: SecureSettings,
+    num_examples: Sequence[int],
+) -> list[np.ndarray]:
+    r"""The secure means of the held values (the first half of ``aggregate``) divided by those
+    of the holder masks (the second half, sent times :math:`c`), in float64: the empty-slot
+    value where the mask mean is at most :math:`r/(2S)` (:math:`r` the smallest share,
+    :math:`S` their sum; :func:`fedlmc.merging.sum_form.divided_by_holders`)."""
+    from fedlmc.merging.sum_form import divided_by_holders
+
+    keys = float_keys(initial)
+    n = len(keys)
+    if len(aggregate) != 2 * n:
+        raise ValueError(f"got {len(aggregate)} aggregated arrays for 2 x {len(keys)} float keys")
+    as64 = [torch.as_tensor(np.asarray(a, dtype=np.float64)) for a in aggregate]
+    halves = [dict(zip(keys, as64[:n], strict=True)), dict(zip(keys, as64[n:], strict=True))]
+    shares = [settings.share(n) for n in num_examples]
+    threshold = min(shares) / (2 * sum(shares))
+    merged = divided_by_holders(*halves, settings.clipping_range, threshold)
+    return [merged[k].numpy() for k in keys]

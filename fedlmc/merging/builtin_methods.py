@@ -366,8 +366,8 @@ def holder_combination(
 register_method(
     "heterofl",
     server_sees="sum",
-    secure_note="a second secure sum, of the clients' weighted holder masks, to divide each "
-    "entry by (not built)",
+    sum_exponents=plain_exponents,
+    divide_by_holders=True,
     description="mixed widths: every client embedded at the first units of the server width, "
     "each entry averaged over the clients that hold it (HeteroFL's aggregation)",
     combine=holder_combination,

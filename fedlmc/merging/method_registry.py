@@ -50,7 +50,10 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
 - ``sum_exponents``: for a ``sum`` rule that is one weighted sum with a per-key power of the
   weights, :math:`\sum_i w_i^{1+e_k} \theta_i[k]`, the exponents ``sum_exponents(spec, state)
   -> {key: e_k}`` (:mod:`fedlmc.merging.sum_form`): what each client pre-scales and the server
-  post-scales, so that the method runs under secure aggregation; ``secure_note``: for a ``sum``
+  post-scales, so that the method runs under secure aggregation; ``divide_by_holders``: a
+  ``mixed_widths`` rule that averages each entry over the clients holding it (HeteroFL): each
+  client also sends its holder masks in the same secure sum and the server divides by their
+  sum (:func:`fedlmc.merging.sum_form.divided_by_holders`); ``secure_note``: for a ``sum``
   rule without them, what it would need to run securely (the refusal says it);
 - ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
   a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
@@ -218,6 +221,7 @@ class MergeMethod:
 
     sum_exponents: SumExponents | None = None
     secure_note: str = ""
+    divide_by_holders: bool = False
 
     @property
     def runs_securely(self) -> bool:
@@ -258,6 +262,7 @@ def register_method(
     builds_model: BuildModel | None = None,
     sum_exponents: SumExponents | None = None,
     secure_note: str = "",
+    divide_by_holders: bool = False,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -272,6 +277,11 @@ def register_method(
         raise ValueError(
             f"merge method {name!r}: sum_exponents with server_sees = {server_sees!r}; "
             f"allowed only with server_sees = {SECURE_SUM!r}"
+        )
+    if divide_by_holders and (sum_exponents is None or not mixed_widths):
+        raise ValueError(
+            f"merge method {name!r}: divide_by_holders without sum_exponents and "
+            "mixed_widths; allowed only on a mixed-widths rule with its sum_exponents"
         )
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
@@ -295,6 +305,7 @@ def register_method(
             builds_model,
             sum_exponents,
             secure_note,
+            divide_by_holders,
         )
         METHODS.add(name, entry, replace=replace)
         return align

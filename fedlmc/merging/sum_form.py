@@ -30,6 +30,19 @@ the plain weighted mean of the clients embedded into the server's shapes at thei
 (HeteroFL's nesting, zero elsewhere): each client embeds its own model before it sends it
 (:func:`embedded_for_sum`), with no other client's model needed, and the exponents are 0.
 
+**Holder division** (``heterofl``: each entry averaged over the clients that hold it,
+:math:`\bar\theta[k] = \sum_i s_i m_i[k]\, x_i[k] / \sum_i s_i m_i[k]`, :math:`m_i` client
+:math:`i`'s holder mask, 1 where its nested-width model holds the entry): in the same secure
+round each client sends its embedded model with the entries it does not hold set to 0 and,
+per floating-point key, its holder mask times the clipping range :math:`c` (:func:`held_for_sum`;
+twice the arrays, so about twice the bytes). The server gets both weighted means,
+:math:`A[k] = \sum_i s_i m_i[k] x_i[k] / S` and :math:`cB[k] = c \sum_i s_i m_i[k] / S`, and
+divides (:func:`divided_by_holders`): :math:`A/B` where some client holds the entry, the
+empty-slot value (:func:`fedlmc.permutation.embed.fill_value`: 0, 1 for ``running_var``) where
+none does, as the clear rule. The masks are summed securely too: the server never learns which
+client holds what. Scaling the masks by :math:`c` puts them on the clipping range, so their
+quantisation error relative to :math:`B` is :math:`1/c` of the values' (:func:`holder_error_bound`).
+
 **Range.** With :math:`s_i \le 1` (SecAgg+'s :math:`s_i = n_i / M`, no client above
 ``max_weight`` :math:`M`), a pre-scaled value :math:`|s_i^{\,e} x| \le |x|`: whatever range holds
 the clients' trained weights holds what they send, so the clipping rule on the initial model is
@@ -58,10 +71,14 @@ __all__ = [
     "Exponents",
     "SumExponents",
     "client_scaled",
+    "divided_by_holders",
     "embedded_for_sum",
     "error_bound",
+    "held_for_sum",
+    "holder_error_bound",
     "lewc_bias_exponents",
     "plain_exponents",
+    "secure_holder_merge",
     "secure_sum_merge",
     "server_rescaled",
 ]
@@ -165,3 +182,109 @@ def error_bound(
     :math:`3Nc/(QS)`."""
     base = num_clients * clipping_range / (levels * total_share)
     return base * (2.0 * total_share**-exponent + exponent + 1)
+
+
+def held_for_sum(
+    state: Mapping[str, Tensor], server: nn.Module, spec: PermutationSpec, mask_scale: float
+) -> tuple[StateDict, StateDict]:
+    """What a client of a holder-divided rule (``heterofl``) sends: ``state`` embedded into
+    ``server``'s shapes at its first units with every entry it does not hold set to 0
+    (``running_var``'s empty slots too), and, per floating-point key, its holder mask times
+    ``mask_scale`` (``mask_scale`` where it holds the entry, 0 elsewhere; all ``mask_scale``
+    at the server's width)."""
+    import torch
+
+    from fedlmc.permutation.embed import embed_state
+
+    embedded = embed_state(state, server, "first", spec=spec)
+    values, masks = {}, {}
+    for key, value in embedded.items():
+        if not value.is_floating_point():
+            values[key] = value
+            continue
+        held = embedded.holders[key].to(value.device)
+        values[key] = torch.where(held, value, torch.zeros_like(value))
+        masks[key] = held.to(value.dtype) * mask_scale
+    return values, masks
+
+
+def divided_by_holders(
+    mean: Mapping[str, Tensor],
+    mask_mean: Mapping[str, Tensor],
+    mask_scale: float,
+    threshold: float,
+) -> StateDict:
+    r"""The holder-divided merge from the secure means: :math:`A[k]/B[k]` with :math:`A` =
+    ``mean`` and :math:`B` = ``mask_mean / mask_scale`` where :math:`B[k]` is above
+    ``threshold`` (some client holds the entry), else the empty-slot value
+    (:func:`fedlmc.permutation.embed.fill_value`), as
+    :func:`fedlmc.merging.widths.holder_average` fills an entry held by nobody. In float64,
+    cast back to ``mean``'s dtypes; a key without a mask is kept."""
+    import torch
+
+    from fedlmc.permutation.embed import fill_value
+
+    merged = {}
+    for key, value in mean.items():
+        if key not in mask_mean:
+            merged[key] = value
+            continue
+        held = mask_mean[key].to(torch.float64) / mask_scale
+        ratio = value.to(torch.float64) / held.clamp_min(max(threshold, 1e-300))
+        merged[key] = torch.where(held > threshold, ratio, fill_value(key)).to(value.dtype)
+    return merged
+
+
+def secure_holder_merge(
+    states: Sequence[Mapping[str, Tensor]],
+    server: nn.Module,
+    spec: PermutationSpec,
+    shares: Sequence[float],
+) -> StateDict:
+    """What the server obtains for a holder-divided rule in exact arithmetic: each client's
+    :func:`held_for_sum` arrays, their ``shares``-weighted means, :func:`divided_by_holders`
+    (threshold 0). Floating-point keys only."""
+    sent = [held_for_sum(sd, server, spec, 1.0) for sd in states]
+    plain = dict.fromkeys(sent[0][0], 0)
+    mean = secure_sum_merge([values for values, _ in sent], plain, shares)
+    mask_mean = secure_sum_merge([masks for _, masks in sent], plain, shares)
+    return divided_by_holders(mean, mask_mean, 1.0, 0.0)
+
+
+def holder_error_bound(
+    num_clients: int, clipping_range: float, levels: int, min_share: float
+) -> float:
+    r"""The largest difference of a holder-divided secure value (:func:`divided_by_holders`)
+    from the clear rule at the count weights, with :math:`N` clients, clipping range :math:`c`,
+    :math:`Q` levels and :math:`r = \min_i s_i` the smallest client share:
+
+    .. math::
+
+        |\varepsilon| \le \frac{4 N c}{Q r - 2 N} + \frac{N c}{Q r}.
+
+    With :math:`S = \sum_j s_j`, the server's means are :math:`A = a + \alpha`,
+    :math:`B = b + \beta` with :math:`|\alpha| \le 2Nc/(QS)` (one level :math:`2c/Q` per client)
+    and :math:`|\beta| \le 2N/(QS)` (the masks are sent times :math:`c`, the mean divided by
+    :math:`c`). Then
+
+    .. math::
+
+        \frac{A}{B} - \frac{a}{b} = \frac{\alpha - (a/b)\,\beta}{b + \beta}, \qquad
+        \Big|\frac{A}{B} - \frac{a}{b}\Big| \le \frac{|\alpha| + c|\beta|}{b - |\beta|}
+        \le \frac{4Nc/(QS)}{r/S - 2N/(QS)},
+
+    since :math:`a/b` is a convex combination of the holders' values (:math:`|a/b| \le c`) and
+    an entry held by anyone has :math:`b \ge r/S`. The shares' rounding to a level
+    (:math:`|s_i - n_i/M| \le 1/(2Q)`) moves the holders' normalised weights by at most
+    :math:`N/(Q R) \le N/(Q r)` in all (:math:`R \ge r` their summed shares), a value by
+    :math:`c` times that. An entry held by nobody has :math:`|B| \le 2N/(QS) < r/(2S)`, one held
+    by anyone :math:`B > r/(2S)`: the threshold :math:`r/(2S)` tells them apart exactly when
+    :math:`Q r > 4N` (``ValueError`` otherwise)."""
+    n, c = num_clients, clipping_range
+    if not levels * min_share > 4 * n:
+        raise ValueError(
+            f"smallest share {min_share:g} with {n} clients and {levels} levels: allowed: "
+            f"share > 4 * clients / levels = {4 * n / levels:g} (the holder masks' "
+            "quantisation would hide who holds an entry)"
+        )
+    return 4 * n * c / (levels * min_share - 2 * n) + n * c / (levels * min_share)

@@ -212,7 +212,8 @@ def declared_keys() -> dict[str, Key]:
             "secure aggregation of the one-shot merge: off (every client's weights reach the "
             "server), or secagg+ (Flower's SecAgg+: the server sees only their weighted sum; "
             "strategy = average, or aligned with align = average_lewc_bias (the clients "
-            "pre-scale their biases) or embed_average (they embed their widths first))",
+            "pre-scale their biases), embed_average (they embed their widths first) or heterofl "
+            "(they also send their holder masks: about twice the bytes))",
             SECURE_MODES,
         ),
         "secagg-clipping-range": Key(

@@ -2,7 +2,8 @@
 
 ``secure-aggregation = "secagg+"`` merges ``strategy = "average"``, or ``strategy =
 "aligned"`` with a ``sum`` method that registers its ``sum_exponents`` (``align =
-"average_lewc_bias"`` or ``"embed_average"``), through Flower's SecAgg+
+"average_lewc_bias"``, ``"embed_average"`` or ``"heterofl"``, which also registers
+``divide_by_holders``: its clients add their holder masks to the sum), through Flower's SecAgg+
 (:mod:`fedlmc.strategies.secure`), so the server obtains only the weighted sum of the
 clients' (pre-scaled or embedded) arrays.
 :func:`check_secure_aggregation` refuses, before any work, every cell whose merge needs more

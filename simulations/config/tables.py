@@ -91,7 +91,8 @@ def _secure_row(method: MergeMethod) -> list[str]:
             if method.name == "average"
             else f'`strategy = "aligned"`, `align = "{method.name}"`'
         )
-        return [name, method.server_sees, "yes", cell]
+        runs = "yes, plus the holder masks (about twice the bytes)"
+        return [name, method.server_sees, runs if method.divide_by_holders else "yes", cell]
     if method.server_sees == "sum":
         need = method.secure_note or "its sum_exponents (how each client would pre-scale)"
         return [name, method.server_sees, "not built", f"would need {need}"]

@@ -12,7 +12,8 @@ Flower's SecAgg+ workflow (it carries the ``secaggplus_configs`` record) goes th
 ``train_reply`` it is given: :func:`fedlmc.simulations.client_app.train_reply`, same seeds),
 checks that its example count is at most ``max_weight``, pre-scales its arrays for the merge
 the server named (:func:`scaled_for_merge`: its share to the power of the method's
-``sum_exponents``, nothing for the plain average), checks that every floating-point value it
+``sum_exponents``, nothing for the plain average; for ``heterofl`` its held values and
+holder masks, :func:`sent_for_merge`), checks that every floating-point value it
 sends lies inside the clipping range the server chose (an error reply naming the key and
 value, never a silent clip: :func:`fedlmc.strategies.secure.check_in_range`),
 and answers in the legacy ``FitRes`` format with its floating-point arrays only
@@ -48,7 +49,7 @@ from fedlmc.strategies.secure import (
 )
 from fedlmc.strategies.secure_temperature import LOG_T_KEY, TASK_KEY, TEMPERATURE_TASK
 
-__all__ = ["scaled_for_merge", "secure_fit_reply", "secure_train_mod"]
+__all__ = ["scaled_for_merge", "secure_fit_reply", "secure_train_mod", "sent_for_merge"]
 REPORTED_METRICS = ("partition-id", "train-loss", "train-accuracy", "train-seconds")
 
 
@@ -123,6 +124,22 @@ def scaled_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count:
     return client_scaled(state, exponents, settings.share(count))
 
 
+def sent_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count: int) -> list[dict]:
+    """The state dicts a client sends in the secure round, in order: its
+    :func:`scaled_for_merge` state; for a rule that divides by the holders (``heterofl``), its
+    model embedded in the server's shapes with the entries it does not hold set to 0 and its
+    holder masks times the clipping range (:func:`fedlmc.merging.sum_form.held_for_sum`)."""
+    from fedlmc.merging.methods import merge_method
+    from fedlmc.merging.sum_form import held_for_sum
+    from fedlmc.permutation.model_spec import permutation_spec
+
+    entry = merge_method(str(fit_config.get(MERGE_KEY, "average")))
+    if not entry.divide_by_holders:
+        return [scaled_for_merge(state, model, fit_config, count)]
+    clipping = float(fit_config[CLIPPING_KEY])
+    return list(held_for_sum(state, model, permutation_spec(model), clipping))
+
+
 def _clear_train_reply(
     message: Message, context: Context, content: RecordDict, train_reply: Handler
 ) -> Message:
@@ -152,10 +169,12 @@ def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -
     pid = int(metrics["partition-id"])
     count = int(metrics["num-examples"])
     _check_count(count, fit_config, pid)
-    state = scaled_for_merge(state, model, fit_config, count)
-    check_in_range(state, float(fit_config[CLIPPING_KEY]), f"client partition {pid}")
+    sent = sent_for_merge(state, model, fit_config, count)
+    for part in sent:
+        check_in_range(part, float(fit_config[CLIPPING_KEY]), f"client partition {pid}")
     reported = {k: metrics[k] for k in REPORTED_METRICS}
-    return _fit_reply(message, secure_arrays(state), count, fit_config, reported)
+    arrays = [array for part in sent for array in secure_arrays(part)]
+    return _fit_reply(message, arrays, count, fit_config, reported)
 
 
 def _check_count(count: int, fit_config: dict, pid: Any) -> None:

@@ -1,6 +1,6 @@
 """The ServerApp mode of ``secure-aggregation = "secagg+"``: ``strategy = "average"``, or
-``"aligned"`` with a method that runs securely (``align = "average_lewc_bias"`` or
-``"embed_average"``).
+``"aligned"`` with a method that runs securely (``align = "average_lewc_bias"``,
+``"embed_average"`` or ``"heterofl"``).
 
 :func:`run_secure_average` replaces the clear one-shot round (``run_one_shot``) when the run
 is secure: one SecAgg+ round (:func:`fedlmc.strategies.secure.secure_average`) on the run's
@@ -10,7 +10,9 @@ the method does; the server holds the merged model, never a client's). The merge
 (:func:`secure_merge_method`) travels in the fit config (:data:`MERGE_KEY`): each client
 pre-scales its arrays by its share to the power of the method's ``sum_exponents`` and the
 server post-scales the weighted mean (:mod:`fedlmc.merging.sum_form`; the plain average's
-exponents are all 0). The temperature of the ``_t`` row
+exponents are all 0); for a rule that divides by the holders (``heterofl``) the clients also
+send their holder masks and the server divides the two means
+(:func:`fedlmc.strategies.secure.holder_divided`). The temperature of the ``_t`` row
 is fitted on the server split (``calibration = "server"``) or, with ``calibration =
 "federated"``, by secure Newton rounds on the held-out data of the clients that survived the
 average's round (:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL
@@ -26,8 +28,9 @@ means); no
   the others and ``clients_dropped_reasons`` (= ``clients_failed``) each by node id, with the
   SecAgg+ stage it missed and why (``"node N: SecAgg+ stage 'masked vectors': Error: Node
   Unavailable ..."``: the server never learns a dropped node's partition);
-- ``secagg_error_bound``: the largest difference of a merged value from the clear weighted
-  average the quantisation allows (:meth:`fedlmc.strategies.secure.SecureSettings.error_bound`).
+- ``secagg_error_bound``: the largest difference of a merged value from the clear rule the
+  quantisation allows (:attr:`fedlmc.strategies.secure.SecureResult.error_bound`: the plain
+  :math:`3Nc/(QS)`, grown by a post-scale, or the ratio bound of ``heterofl``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 
 from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits
+from fedlmc.merging.methods import merge_method
 from fedlmc.merging.post_merge import ServerData, post_merge
 from fedlmc.strategies.secure import (
     CLIPPING_KEY,
@@ -82,13 +86,15 @@ def secure_fit_config(
 def merge_exponents(method: str, template) -> dict[str, int]:
     """The per-key weight exponents of ``method``'s rule on ``template``
     (:mod:`fedlmc.merging.sum_form`)."""
-    from fedlmc.merging.methods import merge_method
     from fedlmc.permutation.model_spec import permutation_spec
 
     entry = merge_method(method)
     if entry.sum_exponents is None:  # the run-config check refuses it first
         raise ValueError(f"merge method {method!r} does not run under secure aggregation")
-    return entry.sum_exponents(permutation_spec(template), template.state_dict())
+    exponents = entry.sum_exponents(permutation_spec(template), template.state_dict())
+    if entry.divide_by_holders and any(exponents.values()):
+        raise ValueError(f"merge method {method!r}: holder division with nonzero exponents")
+    return exponents
 
 
 def secure_round_columns(
@@ -132,7 +138,8 @@ def run_secure_average(
     exponents = merge_exponents(method, template)
     outcome.progress.training(config["num-clients"], config["epochs"])
     n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
-    result = secure_average(grid, initial, n_clients, sent, settings, timeout, exponents)
+    holders = merge_method(method).divide_by_holders
+    result = secure_average(grid, initial, n_clients, sent, settings, timeout, exponents, holders)
     if result.dropped:  # the survivors' masks were removed without them (SecAgg+'s promise)
         outcome.progress(f"SecAgg+ merged without {dropped_text(result.dropped)}")
     if result.unmask_missed:  # their masked vectors are in the sum

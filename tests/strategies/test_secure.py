@@ -4,9 +4,10 @@ quantisation arithmetic (in process), and one real SecAgg+ round in a Flower sim
 3 tiny clients, slow): the merge equals the clear plain average within the bound, its accuracy
 within 0.002, the server-side strategy never received one client's arrays, and the secure
 federated temperature is the pooled held-out optimum within the quantisation error; in the same
-Ray session, ``average_lewc_bias`` and ``embed_average`` (clients of two widths) under SecAgg+
-equal their clear merges within their bounds. In process: ``average_lewc_bias``'s pre-scaled
-biases through Flower's arithmetic."""
+Ray session, ``average_lewc_bias``, ``embed_average`` and ``heterofl`` (clients of two widths)
+under SecAgg+ equal their clear merges within their bounds. In process: ``average_lewc_bias``'s
+pre-scaled biases and ``heterofl``'s held values over holder masks through Flower's
+arithmetic."""
 
 from __future__ import annotations
 
@@ -126,6 +127,32 @@ def test_flowers_quantisation_of_prescaled_biases_stays_within_the_exponent_boun
     assert settings.exponent_error_bound(counts, 0) == pytest.approx(settings.error_bound(counts))
 
 
+def test_flowers_quantisation_of_held_values_over_holder_masks_stays_within_the_ratio_bound():
+    """``heterofl`` through SecAgg+'s arithmetic: clients holding the first 16, 48 and 56 of 64
+    entries send their held values (0 elsewhere) and their masks times c; the first mean over
+    the second is the clear holder average at the count weights within the ratio bound, and the
+    entries held by nobody are exactly the empty-slot value."""
+    from fedlmc.strategies.secure import holder_divided
+
+    rng = np.random.default_rng(2)
+    settings = SecureSettings(clipping_range=8.0, max_weight=5000.0)
+    counts = [1200, 900, 1500]
+    masks = [np.arange(64) < held for held in (16, 48, 56)]
+    values = [np.where(m, rng.uniform(-8, 8, size=64), 0.0) for m in masks]
+    sent = [[v, 8.0 * m] for v, m in zip(values, masks, strict=True)]
+    aggregate = _secagg_arithmetic(sent, counts, settings)
+    (got,) = holder_divided({"w": torch.zeros(64)}, aggregate, settings, counts)
+    mass = sum(n * m for n, m in zip(counts, masks, strict=True))
+    clear = sum(n * v for n, v in zip(counts, values, strict=True)) / np.maximum(mass, 1)
+    error = float(np.abs(got[:56] - clear[:56]).max())
+    assert 0 < error <= settings.holder_error_bound(counts)
+    assert np.array_equal(got[56:], np.zeros(8))  # held by nobody: 0, as the clear rule
+    plain = aggregate[0]  # the mean without the division shrinks the entries held by few
+    assert float(np.abs(plain[:48] - clear[:48]).max()) > 1000 * settings.holder_error_bound(counts)
+    with pytest.raises(ValueError, match="got 1 aggregated arrays for 2 x 1 float keys"):
+        holder_divided({"w": torch.zeros(64)}, aggregate[:1], settings, counts)
+
+
 # ----------------------------------------------------------------------------- Flower
 
 
@@ -222,7 +249,9 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
         | {"init": "shared", "secure-aggregation": "secagg+", "calibration": "none"}
         | {"client-widths": "0.125,0.25,0.25"}
     )
+    hetero_config = validate_run_config({**mixed_config, "align": "heterofl"})
     cells = {"average": config, "lewc": lewc_config, "mixed": mixed_config}
+    cells["hetero"] = hetero_config
     outcomes = _secure_cells(cells)
     outcome = outcomes["average"]
     result = outcome.secure["average"]
@@ -270,23 +299,33 @@ def test_secagg_plus_average_equals_the_clear_average_and_the_server_sees_only_t
     assert set(lewc_result.exponents.values()) == {1, 2}  # the biases of layers 2 and 3
     deepest = max(lewc_result.exponents, key=lewc_result.exponents.get)  # the pre-scale happened
     assert float((lewc[deepest] - plain[deepest]).abs().max()) > 100 * lewc_result.error_bound
-    mixed, _ = _check_the_secure_merge(outcomes["mixed"], mixed_config, "embed_average")
+    widths = clients_in_process(mixed_config, 3)  # the same clients train in both cells
+    mixed, _ = _check_the_secure_merge(outcomes["mixed"], mixed_config, "embed_average", widths)
     assert outcomes["mixed"].secure["embed_average"].exponents == {}
     assert mixed["hidden.0.linear.weight"].shape[0] == 16  # the server's width, not client 0's
+    hetero, _ = _check_the_secure_merge(outcomes["hetero"], hetero_config, "heterofl", widths)
+    hetero_result = outcomes["hetero"].secure["heterofl"]
+    assert len(hetero_result.received[0]) == 2 * len(float_keys(hetero))  # values, then masks
+    # Units 8..15 are held by clients 1 and 2 only: heterofl averages them over those two,
+    # embed_average shrinks them by client 0's weight (the division happened).
+    key = "hidden.0.linear.weight"
+    assert float((hetero[key][8:] - mixed[key][8:]).abs().max()) > 100 * hetero_result.error_bound
+    assert hetero_result.bytes_sent > 1.5 * outcomes["mixed"].secure["embed_average"].bytes_sent
 
 
-def _check_the_secure_merge(outcome, config, method: str):
+def _check_the_secure_merge(outcome, config, method: str, clients=None):
     """``method`` under SecAgg+ (each client's arrays pre-scaled or embedded, the mean
     post-scaled) equals the clear rule on the same clients (retrained in process) within its
     bound, with the accuracy within 0.002; returns the secure merge and the clear plain average
-    of the (embedded) clients."""
+    of the (embedded) clients. ``clients``: :func:`clients_in_process` of ``config`` when
+    already computed (two cells of the same clients)."""
     from fedlmc.averaging import average, load_state
     from fedlmc.evaluation import metrics_from_logits, predict_logits
     from fedlmc.merging.methods import merge_states
     from fedlmc.simulations.task import build_from_config
 
     result = outcome.secure[method]
-    splits, states, counts, _ = clients_in_process(config, 3)
+    splits, states, counts, _ = clients or clients_in_process(config, 3)
     assert sorted(result.num_examples) == sorted(counts)
     template = build_from_config(config, splits)
     clear, aligned = merge_states(method, template, states, counts)

@@ -90,7 +90,7 @@ def test_a_secure_cell_that_needs_more_than_a_sum_is_refused(extra, named):
     assert named in str(err.value)
 
 
-def test_the_secure_plain_average_and_lewc_bias_merge_are_accepted():
+def test_the_secure_plain_average_lewc_bias_embed_average_and_heterofl_are_accepted():
     config = validate_run_config({**SECURE, "strategy": "average"})
     assert config["secure-aggregation"] == "secagg+"
     assert validate_run_config({"strategy": "aligned"})["secure-aggregation"] == "off"
@@ -98,12 +98,14 @@ def test_the_secure_plain_average_and_lewc_bias_merge_are_accepted():
     assert lewc["align"] == "average_lewc_bias"
     mixed = {"strategy": "aligned", "align": "embed_average", "client-widths": "0.5,1,1"}
     assert validate_run_config({**SECURE, **mixed})["align"] == "embed_average"
+    hetero = {**mixed, "align": "heterofl", "init": "shared"}
+    assert validate_run_config({**SECURE, **hetero})["align"] == "heterofl"
 
 
 def test_every_sum_rule_runs_securely_or_says_what_it_would_need():
     """No silent mismatch: a method declared ``sum`` either registers its sum exponents (and
     the check accepts it) or a note that the refusal quotes."""
-    assert secure_methods() == ("average", "average_lewc_bias", "embed_average")
+    assert secure_methods() == ("average", "average_lewc_bias", "embed_average", "heterofl")
     for entry in METHODS:
         if entry.server_sees == "sum" and not entry.runs_securely:
             assert entry.secure_note
@@ -117,6 +119,8 @@ def test_every_sum_rule_runs_securely_or_says_what_it_would_need():
 def test_sum_exponents_need_a_sum_rule_and_a_sum_without_them_is_refused_securely():
     with pytest.raises(ValueError, match=r"sum_exponents with server_sees = 'each model'"):
         register_method("s33_x", description="x", sum_exponents=plain_exponents)
+    with pytest.raises(ValueError, match=r"'s33_y': divide_by_holders without sum_exponents and"):
+        register_method("s33_y", description="y", server_sees="sum", divide_by_holders=True)
 
     @register_method("s33_sum", description="test: a sum without exponents", server_sees="sum")
     def summed(job) -> Alignment:
@@ -142,6 +146,6 @@ def test_fedlmc_validate_refuses_it_on_one_line_with_a_non_zero_status(tmp_path,
     assert len(err) == 1 and "merge method 'weight_matching' needs the server to see" in err[0]
     assert err[0].endswith(
         "allowed: strategy = 'average', or strategy = 'aligned' with align = "
-        "'average_lewc_bias' / 'embed_average'"
+        "'average_lewc_bias' / 'embed_average' / 'heterofl'"
     )
     assert not (tmp_path / "out").exists()

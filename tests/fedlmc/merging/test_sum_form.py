@@ -1,7 +1,8 @@
 """The weighted-sum form of a ``sum`` rule (fedlmc.merging.sum_form): the clients' pre-scaled
 arrays, averaged at their shares and post-scaled on the server, are exactly the clear merge
-(``average_lewc_bias`` and ``average``) on a tiny MLP with biases; the exponents, the range of
-what is sent, and the error bound at exponent 0. In process, float64, no Flower."""
+(``average_lewc_bias`` and ``average``) on a tiny MLP with biases; the held values divided by
+the summed holder masks are exactly ``heterofl``'s clear merge on clients of two widths; the
+exponents, the range of what is sent, and the error bounds. In process, float64, no Flower."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ from fedlmc.averaging import average
 from fedlmc.merging.methods import merge_method, merge_states
 from fedlmc.merging.sum_form import (
     client_scaled,
+    divided_by_holders,
     embedded_for_sum,
     error_bound,
+    held_for_sum,
+    holder_error_bound,
     lewc_bias_exponents,
     plain_exponents,
+    secure_holder_merge,
     secure_sum_merge,
     server_rescaled,
 )
@@ -113,3 +118,45 @@ def test_the_error_bound_is_the_plain_one_at_exponent_0_and_grows_with_the_post_
     plain = error_bound(0, 3, 8.0, 2**22, 0.875)
     assert plain == pytest.approx(3 * 3 * 8.0 / (2**22 * 0.875))
     assert error_bound(3, 3, 8.0, 2**22, 0.875) > error_bound(3, 3, 8.0, 2**22, 1.0) > plain
+
+
+def test_held_values_over_held_masks_are_the_heterofl_merge_on_clients_of_two_widths():
+    """Server 0.25 (32 units), clients 0.125 (16) and 0.1875 (24): the shares-weighted mean of
+    the held values divided by that of the masks is ``heterofl``'s clear merge; units 24..31,
+    held by nobody, keep the empty-slot value 0 in both; ``embed_average`` differs where only
+    the wider client holds an entry."""
+    server = build_model("mlp", width=0.25, bias=True).double()
+    widths = [0.125, 0.1875, 0.125]
+    states = [_clients(build_model("mlp", width=w, bias=True).double(), 1)[0] for w in widths]
+    spec = permutation_spec(server)
+    values, masks = held_for_sum(states[0], server, spec, 8.0)
+    assert set(masks) == set(values) == set(server.state_dict())
+    assert float(masks["hidden.0.linear.weight"][:16].min()) == 8.0
+    assert float(masks["hidden.0.linear.weight"][16:].abs().max()) == 0.0
+    secure = secure_holder_merge(states, server, spec, SHARES)
+    clear, _ = merge_states("heterofl", server, states, SHARES)
+    embedded, _ = merge_states("embed_average", server, states, SHARES)
+    for key in clear:
+        torch.testing.assert_close(secure[key], clear[key], rtol=0, atol=1e-13)
+    weight = "hidden.0.linear.weight"
+    assert float(secure[weight][24:].abs().max()) == 0.0  # held by nobody
+    torch.testing.assert_close(secure[weight][16:24], states[1][weight][16:24])  # one holder
+    assert float((clear[weight][:24] - embedded[weight][:24]).abs().max()) > 0.1
+
+
+def test_an_entry_held_by_nobody_takes_the_empty_slot_value_and_the_threshold_decides():
+    mean = {"bn.running_var": torch.tensor([0.6, 1e-9, 0.0]), "fc.bias": torch.tensor([0.3, 0.0])}
+    masks = {"bn.running_var": torch.tensor([0.75, 1e-9, 0.0]), "fc.bias": torch.ones(2)}
+    masks = {k: 8.0 * v for k, v in masks.items()}  # sent times the clipping range
+    got = divided_by_holders(mean, masks, 8.0, threshold=0.1)
+    torch.testing.assert_close(got["bn.running_var"], torch.tensor([0.8, 1.0, 1.0]))
+    torch.testing.assert_close(got["fc.bias"], torch.tensor([0.3, 0.0]))
+    assert merge_method("heterofl").runs_securely and merge_method("heterofl").divide_by_holders
+
+
+def test_the_holder_bound_grows_as_the_smallest_share_shrinks_and_refuses_too_small_shares():
+    bound = holder_error_bound(3, 8.0, 2**22, 0.125)
+    assert bound == pytest.approx(4 * 3 * 8 / (2**22 * 0.125 - 6) + 3 * 8 / (2**22 * 0.125))
+    assert holder_error_bound(3, 8.0, 2**22, 0.0625) > bound > error_bound(0, 3, 8.0, 2**22, 0.875)
+    with pytest.raises(ValueError, match=r"smallest share 1e-06 with 3 clients"):
+        holder_error_bound(3, 8.0, 2**22, 1e-6)

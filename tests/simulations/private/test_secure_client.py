@@ -1,5 +1,6 @@
 """The secure client's pre-scale (simulations/private/secure_client.py, ``scaled_for_merge``):
-what a client sends for the merge the server names, in process on a tiny MLP with biases (the
+what a client sends for the merge the server names (``heterofl``: its held values and holder
+masks, ``sent_for_merge``), in process on a tiny MLP with biases (the
 SecAgg+ round itself runs in tests/strategies/test_secure.py)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from fedlmc.models.classifiers import build_model
-from fedlmc.simulations.private.secure_client import scaled_for_merge
+from fedlmc.simulations.private.secure_client import scaled_for_merge, sent_for_merge
 from fedlmc.strategies.secure import CLIPPING_KEY, MAX_WEIGHT_KEY, MERGE_KEY, SecureSettings
 
 
@@ -48,3 +49,16 @@ def test_a_narrower_client_of_embed_average_sends_its_model_embedded_in_the_serv
         sent["hidden.1.linear.weight"][:16, :16], narrow["hidden.1.linear.weight"]
     )
     assert float(sent["hidden.1.linear.weight"][16:].abs().max()) == 0.0
+
+
+def test_a_heterofl_client_sends_its_held_values_then_its_holder_masks_times_the_range():
+    server = build_model("mlp", width=0.25, bias=True)
+    narrow = build_model("mlp", width=0.125, bias=True).state_dict()
+    values, masks = sent_for_merge(narrow, server, _config("heterofl"), 1200)
+    assert list(values) == list(masks) == list(server.state_dict())  # same order: one array each
+    key = "hidden.1.linear.weight"
+    torch.testing.assert_close(values[key][:16, :16], narrow[key])
+    assert float(values[key][16:].abs().max()) == 0.0
+    assert float(masks[key][:16, :16].min()) == 8.0 and float(masks[key][16:].max()) == 0.0
+    (average,) = sent_for_merge(narrow, server, _config("embed_average"), 1200)
+    torch.testing.assert_close(average[key], values[key])
