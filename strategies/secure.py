@@ -297,7 +297,10 @@ class SumOnlyFedAvg(FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """The ``num_clients`` connected nodes with the lowest node ids (as the clear round
         chooses them), never more: ``FedAvg``'s ``fraction_fit = 1.0`` would take every
-        connected node. Waits for ``num_clients`` nodes as ``FedAvg`` does."""
+        connected node. Waits for ``num_clients`` nodes as ``FedAvg`` does; asks for the count
+        first because Flower's legacy workflow registers the grid's nodes only inside
+        ``num_available``/``all``/``sample`` (or every 5 s), never inside ``wait_for``."""
+        client_manager.num_available()
         client_manager.wait_for(self.num_clients)
         proxies = sorted(client_manager.all().values(), key=lambda proxy: proxy.node_id)
         fit_ins = FitIns(parameters, dict(self.fit_config))

@@ -1,9 +1,10 @@
 """Reliability: a client that never answers, provenance of the results, no unpickling.
 
-Two federations through Flower's simulation engine (Ray) with a test-only hanging client
+Two federations through Flower's simulation engine (Ray): one with a test-only hanging client
 (``inject-failure = "hang:ID"``: the client sleeps until just past the server's deadline and then
-gives up). ``HANG_TIMEOUT`` must exceed the clients' start-up (Ray actors + imports: 20-30 s on a
-loaded 2-core machine) plus their training, so that the survivors always answer in time.
+gives up), one with a client that raises. ``HANG_TIMEOUT`` must exceed the clients' start-up
+(Ray actors + imports: 20-30 s on a loaded 2-core machine) plus their training, so that the
+survivors always answer in time.
 """
 
 from __future__ import annotations
@@ -162,18 +163,20 @@ def test_merged_weights_are_safetensors_only(hang_run):
             assert torch.equal(tensor, outcome.merged["average"][key].cpu())
 
 
-def test_too_few_survivors_after_a_hang_is_a_clear_error(tmp_path):
+def test_too_few_survivors_is_a_clear_error_and_writes_no_results(tmp_path):
+    """One of 2 clients fails (it raises: no wait; the same refusal after a hang, with "no reply
+    before the timeout", is tests/simulations/engine/test_cells.py's ``hung`` cell)."""
     config = {
         **TINY,
         "num-clients": 2,
         "min-clients": 2,
         "calibration": "none",
-        "inject-failure": "hang:1",
+        "inject-failure": "raise:1",
         "out-dir": str(tmp_path),
     }
     with pytest.raises(
         NotEnoughClientsError,
-        match=r"only 1 client\(s\) survived \(min-clients = 2\).*no reply before the timeout",
+        match=r"only 1 client\(s\) survived \(min-clients = 2\).*injected failure on partition 1",
     ):
         run_federation(config)
     assert not (tmp_path / "results.csv").exists()

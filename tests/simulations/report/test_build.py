@@ -67,12 +67,14 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
     # unit per quantity: the per-method tables show the same barrier)
     first = text.split("the paper's Table 1 layout")[1].split("##")[0]
     assert "| width | no permutation: accuracy barrier | no permutation: loss barrier |" in first
+    # one seed per width: every cell names its count (n=1), with no spread
     accuracy = frame[frame["method"] == "average"].groupby("width")["accuracy_barrier_half"]
     for width, value in accuracy.mean().items():
-        assert f"| {width:g} | {value:.4f} | " in first
+        assert f"| {width:g} | {value:.4f} (n=1) | " in first
     plain = frame[frame["method"] == "average"].groupby("width")["loss_barrier_half"].mean()
     for width, value in plain.items():
-        assert f"| {width:g} | " in first and f" {value:.4f} |" in first
+        assert f"| {width:g} | " in first and f" {value:.4f} (n=1) |" in first
+    assert "±" not in first.split("|", 1)[1]
     for path in paths[:-1]:
         assert f"](figures/{path.name})" in text
     # the table holds the mean accuracy of each method at each width, 4 decimals
@@ -81,7 +83,7 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
     assert "| method | " + " | ".join(f"{w:g}" for w in widths) + " |" in table
     for method in ("average", "weight_matching", "ensemble"):
         accs = frame[frame["method"] == method].sort_values("width")["accuracy"]
-        assert f"| {method} | " + " | ".join(f"{a:.4f}" for a in accs) + " |" in table
+        assert f"| {method} | " + " | ".join(f"{a:.4f} (n=1)" for a in accs) + " |" in table
     # the convergence section: per width, the clients' final-epoch loss from training.csv
     convergence = text.split("## Convergence of the clients' training")[1].split("##")[0]
     training = read_training(out)
