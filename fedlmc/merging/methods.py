@@ -93,6 +93,7 @@ __all__ = [
     "permuted",
     "plain_average",
     "random_direction",
+    "plain_chain_reason",
     "random_permutation_control",
     "register_method",
     "study_methods",
@@ -247,28 +248,35 @@ def _run(entry: MergeMethod, job: MergeJob) -> tuple[StateDict, list[StateDict],
     return merged, alignment.aligned, dict(alignment.info)
 
 
-def check_plain_chain(method: str, template: nn.Module, spec: PermutationSpec | None) -> None:
-    """``ValueError`` naming ``method``, the model and why, when ``template`` (under ``spec``,
-    default: its own) is no norm-free plain chain of Linear/Conv layers
-    (:func:`fedlmc.permutation.chain.chain_layers`, and no state key outside the chain's weights
-    and biases: no BatchNorm or other norm layer), which a ``plain_chain_only`` method needs."""
-    from fedlmc.permutation.chain import chain_layers
+def plain_chain_reason(template: nn.Module, spec: PermutationSpec | None) -> str:
+    """Why ``template`` (under ``spec``, default: its own) is no norm-free plain chain of
+    Linear/Conv layers (:func:`fedlmc.permutation.chain.chain_layers`, and no state key outside
+    the chain's weights and biases, :func:`fedlmc.permutation.chain.outside_chain_key`: no
+    BatchNorm or other norm layer); ``""`` when it is one."""
+    from fedlmc.permutation.chain import chain_layers, outside_chain_key
     from fedlmc.permutation.model_spec import permutation_spec
 
     state = template.state_dict()
     layers = chain_layers(spec or permutation_spec(template), state)
     if layers is None:
-        reason = "its Linear/Conv layers are not one chain (residual?)"
-    else:
-        own = {f"{layer}.{name}" for layer in layers for name in ("weight", "bias")}
-        others = [key for key in state if key not in own]
-        if not others:
-            return
-        reason = f"state key {others[0]!r} is no Linear/Conv weight or bias of the chain"
-    raise ValueError(
-        f"{method}: model {type(template).__name__!r} is not supported: {reason}; allowed: "
-        "plain feed-forward chains without norm layers (MLP, VGG-11 with norm = 'none')"
+        return "its Linear/Conv layers are not one chain (residual?)"
+    other = outside_chain_key(layers, state)
+    return (
+        ""
+        if other is None
+        else f"state key {other!r} is no Linear/Conv weight or bias of the chain"
     )
+
+
+def check_plain_chain(method: str, template: nn.Module, spec: PermutationSpec | None) -> None:
+    """``ValueError`` naming ``method``, the model and why (:func:`plain_chain_reason`), when
+    ``template`` is no norm-free plain chain, which a ``plain_chain_only`` method needs."""
+    reason = plain_chain_reason(template, spec)
+    if reason:
+        raise ValueError(
+            f"{method}: model {type(template).__name__!r} is not supported: {reason}; allowed: "
+            "plain feed-forward chains without norm layers (MLP, VGG-11 with norm = 'none')"
+        )
 
 
 def check_one_width(method: str, states: Sequence[StateDict]) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "depth_weighted_bias_average",
     "lewc_bias_targets",
     "norm_free_chain",
+    "outside_chain_key",
     "residual_reason",
 ]
 
@@ -109,14 +110,20 @@ def norm_free_chain(spec: PermutationSpec, state: Mapping[str, Tensor]) -> list[
             "depth-weighted biases need a plain feed-forward chain (MLP, VGG without BatchNorm, "
             "a derived spec of a chain); this model's layers are not one chain (residual?)"
         )
-    own = {f"{layer}.{name}" for layer in layers for name in ("weight", "bias")}
-    others = [key for key in state if key not in own]
-    if others:
+    other = outside_chain_key(layers, state)
+    if other is not None:
         raise ValueError(
-            f"depth-weighted biases need a norm-free chain; state key {others[0]!r} is not a "
+            f"depth-weighted biases need a norm-free chain; state key {other!r} is not a "
             "Linear/Conv weight or bias of the chain (norm = 'none' allowed only)"
         )
     return layers
+
+
+def outside_chain_key(layers: Sequence[str], state: Mapping[str, Tensor]) -> str | None:
+    """The first key of ``state`` that is no weight or bias of the chain ``layers`` (a norm
+    layer's parameter or running statistic), or ``None`` for a norm-free chain."""
+    own = {f"{layer}.{name}" for layer in layers for name in ("weight", "bias")}
+    return next((key for key in state if key not in own), None)
 
 
 def lewc_bias_targets(

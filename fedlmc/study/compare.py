@@ -69,6 +69,7 @@ from fedlmc.merging.methods import (
     base_method,
     check_plain_chain,
     merge_method,
+    plain_chain_reason,
 )
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
@@ -337,14 +338,11 @@ def _methods_for_model(
     template: nn.Module, spec: PermutationSpec | None, methods: Sequence[str]
 ) -> list[str]:
     """The default ``methods`` without the ``plain_chain_only`` ones when ``template`` is no
-    norm-free plain chain (a ResNet or a BatchNorm VGG gets every other method)."""
-    try:
-        _check_plain_chain_methods(template, spec, methods)
-    except ValueError:
-        return [
-            m for m in methods if m in REFERENCE_METHODS or not merge_method(m).plain_chain_only
-        ]
-    return list(methods)
+    norm-free plain chain (a ResNet or a BatchNorm VGG gets every other method;
+    :func:`fedlmc.merging.methods.plain_chain_reason`)."""
+    if not plain_chain_reason(template, spec):
+        return list(methods)
+    return [m for m in methods if m in REFERENCE_METHODS or not merge_method(m).plain_chain_only]
 
 
 def _check_plain_chain_methods(
