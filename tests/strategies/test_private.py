@@ -15,6 +15,7 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from fedlmc.strategies.private import clip_update, one_round_epsilon, private_one_shot_average
 from fedlmc.strategies.protocol import PARTITION_RECORD
+from tests.strategies.test_secure import TINY  # the same tiny private run
 
 
 def _reply(values: list[float], node: int) -> Message:
@@ -105,18 +106,6 @@ def test_the_dp_epsilon_column_is_inf_without_noise_and_falls_with_the_noise():
         assert found == sorted(found, reverse=True) and found[-1] > 0
 
 
-TINY = {
-    "dataset": "mnist5k",
-    "model": "mlp",
-    "width": 0.25,
-    "depth": 2,
-    "base-hidden": 64,
-    "epochs": 1,
-    "batch-size": 128,
-    "timeout": 120.0,
-}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["server-fixed", "client-fixed"])
 def test_a_dp_run_merges_the_clipped_updates_within_the_clipping_norm(mode):
@@ -128,7 +117,7 @@ def test_a_dp_run_merges_the_clipped_updates_within_the_clipping_norm(mode):
     the clients (the server-side wrapper does not clip)."""
 
     from fedlmc.simulations.config import validate_run_config
-    from fedlmc.simulations.federation import run_federation_outcome
+    from fedlmc.simulations.runs.federation import run_federation_outcome
     from fedlmc.simulations.task import build_from_config, load_splits
 
     clip = 0.5
