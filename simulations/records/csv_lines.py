@@ -36,6 +36,7 @@ from pathlib import Path
 from fedlmc.simulations.config.schema import ConfigError
 
 __all__ = [
+    "CONTROL",
     "Lines",
     "RowCheck",
     "bad_lines_warning",

@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedlmc.io import atomic_write_csv
-from fedlmc.simulations.config.schema import ConfigError
+from fedlmc.simulations.config.schema import ConfigError, shown
 from fedlmc.simulations.records.csv_lines import (
+    CONTROL,
     Lines,
     bad_lines_warning,
     is_number,
@@ -54,6 +55,7 @@ from fedlmc.study.rows import column_table
 RESULTS = "results.csv"
 REJECTED = "results.rejected.csv"
 CONFIG = "config.json"
+RUN_FILES = (RESULTS, "training.csv")  # what a run's ServerApp writes in its out-dir
 if TYPE_CHECKING:
     import pandas as pd
 LEAD_COLUMNS = ("cell_id", "status", "error")
@@ -288,8 +290,21 @@ def refuse_mixing(out_dir: str | os.PathLike, writer: str) -> None:
         )
 
 
+def check_plain_path(path: str | os.PathLike, key: str) -> None:
+    """:class:`ConfigError` when ``path`` holds a control character (a line end, an escape
+    code): a folder or file of that name would be created, and every line naming it broken."""
+    found = CONTROL.search(str(path))
+    if found:
+        raise ConfigError(
+            f"{key} = {shown(str(path))} holds a control character ({found.group()!r}); "
+            "allowed: a path of printable characters"
+        )
+
+
 def check_writable_folder(path: str | os.PathLike, key: str) -> None:
-    """:class:`ConfigError` unless ``path`` is (or can be created as) a writable folder."""
+    """:class:`ConfigError` unless ``path`` is (or can be created as) a writable folder and
+    holds no control character (:func:`check_plain_path`)."""
+    check_plain_path(path, key)
     folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{key} = {str(path)!r} is a file; allowed: a folder")
@@ -301,8 +316,9 @@ def check_writable_folder(path: str | os.PathLike, key: str) -> None:
 
 
 def check_writable_file(path: str | os.PathLike, key: str) -> None:
-    """:class:`ConfigError` unless ``path`` can be written: its folder exists and is writable
-    and it is not a folder."""
+    """:class:`ConfigError` unless ``path`` can be written: no control character in it
+    (:func:`check_plain_path`), its folder exists and is writable and it is not a folder."""
+    check_plain_path(path, key)
     file = Path(path).expanduser()
     parent = file.parent if str(file.parent) else Path(".")
     if file.is_dir():
@@ -313,7 +329,40 @@ def check_writable_file(path: str | os.PathLike, key: str) -> None:
         raise ConfigError(f"{key} = {str(path)!r} is not writable")
 
 
+def check_csv_target(path: str | os.PathLike, out_dir: str | os.PathLike) -> None:
+    """Before any work, and again under the lock of its folder: :class:`ConfigError` unless
+    ``fedlmc run --csv path`` (the run's ``out-dir`` is ``out_dir``, empty for none) may write
+    ``path``: it must be writable (:func:`check_writable_file`), not be a file the run's
+    ServerApp writes itself (``results.csv``, ``training.csv`` of its ``out-dir``), and replace
+    no rows another command wrote: a file holding a sweep's rows (a ``cell_id`` header, wherever
+    it is), any file of a sweep's out dir, or any file of another run's out dir."""
+    check_plain_path(path, "--csv")
+    file = Path(path).expanduser().resolve()
+    own = Path(out_dir).expanduser().resolve() if out_dir else None
+    if file.parent == own and file.name in RUN_FILES:
+        raise ConfigError(
+            f"--csv {str(path)!r}: the run writes it itself (the {file.name} of its out-dir); "
+            "allowed: another file"
+        )
+    check_writable_file(path, "--csv")
+    if not file.is_file():
+        return
+    kind = out_dir_kind(file.parent)
+    if has_sweep_header(file) or kind == "sweep":
+        what = "holds a sweep's rows" if has_sweep_header(file) else "is a file of a sweep's"
+        raise ConfigError(
+            f"--csv {str(path)!r} {what} out dir {str(file.parent)!r}; a run's rows would "
+            "replace what the sweep wrote; allowed: a new file, or one outside that folder"
+        )
+    if kind == "run" and file.parent != own:
+        raise ConfigError(
+            f"--csv {str(path)!r} is a file of a fedlmc run's out dir {str(file.parent)!r}; "
+            "this run would replace what that run wrote; allowed: a new file, or its own out-dir"
+        )
+
+
 __all__ = [
+    "check_csv_target",
     "check_writable_file",
     "finished_cells",
     "incomplete_cells",
