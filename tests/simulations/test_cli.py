@@ -3,7 +3,9 @@ one-line errors with exit status 2."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,37 +32,113 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
     )
 
 
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process below it (``/proc/*/stat``'s parent ids)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rpartition(")")[2].split()[1])
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo += parents.get(pid, [])
+    return found
+
+
+def socket_inodes(pids: set[int]) -> set[str]:
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        inodes |= {link[8:-1] for link in links if link.startswith("socket:[")}
+    return inodes
+
+
+def tcp_address(hex_address: str) -> str:
+    """A ``/proc/net/tcp[6]`` local address (host byte order words) as text."""
+    host = bytes.fromhex(hex_address.partition(":")[0])
+    words = b"".join(host[i : i + 4][::-1] for i in range(0, len(host), 4))
+    return socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)
+
+
+def listening_addresses(root: int) -> set[str]:
+    """The addresses the TCP sockets of ``root`` and its children listen on."""
+    inodes = socket_inodes(process_tree(root))
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN
+                found.add(tcp_address(fields[1]))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
 @pytest.mark.slow
-def test_run_prints_one_row_per_method(tmp_path):
+def test_run_prints_one_row_per_method_and_listens_on_loopback_only(tmp_path):
     """Three clients: the rows, the stages on stderr, where the rows went (nowhere on disk:
-    no out-dir) and no column that has no value for the run (the barriers)."""
+    no out-dir) and no column that has no value for the run (the barriers). While it runs,
+    every TCP socket that it and its children (Ray's GCS, raylet, agents, the client actors)
+    listen on is on the loopback interface: a local Ray is not reachable from the network."""
     csv = tmp_path / "rows.csv"
-    done = run_cli(
-        "run",
-        "epochs=1",
-        "width=0.125",
-        "num-clients=3",
-        "lambdas=3",
-        "diagnostics=false",
-        "methods=average,average_t,ensemble",
-        "--csv",
-        str(csv),
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    args = ["epochs=1", "width=0.125", "num-clients=3", "lambdas=3", "diagnostics=false"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedlmc.simulations.cli",
+            "run",
+            *args,
+            "methods=average,average_t,ensemble",
+            "--csv",
+            str(csv),
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         cwd=tmp_path,
+        env=env,
+        start_new_session=True,
     )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    listening: set[str] = set()
+    try:
+        while proc.poll() is None:
+            listening |= listening_addresses(proc.pid)
+            time.sleep(0.5)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert listening and all(is_loopback(a) for a in listening), sorted(listening)
+    lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["method", "accuracy"])
     methods = [line.split()[0] for line in lines[header + 1 : header + 4]]
     assert methods == ["average", "average_t", "ensemble"]
     assert "loss_barrier_half" not in lines[header] and "lewc_cos_mean" not in lines[header]
     left_out = "not shown: loss_barrier_half (no value in any row; applies to: two-client"
-    assert left_out in done.stdout
-    stages = [line for line in done.stderr.splitlines() if line.startswith("fedlmc run: [")]
+    assert left_out in out
+    stages = [line for line in err.splitlines() if line.startswith("fedlmc run: [")]
     assert "waiting for 3 clients to train (1 epoch(s) each)" in stages[0]
     assert "3 client model(s) received" in stages[1]
     assert "merge and evaluation 1/1: average" in stages[2]
     assert "evaluation done: 3 row(s)" in stages[3]
-    assert "fedlmc run: out-dir is empty: the rows were not written to disk" in done.stderr
+    assert "fedlmc run: out-dir is empty: the rows were not written to disk" in err
     import pandas as pd
 
     rows = pd.read_csv(csv)
