@@ -140,13 +140,28 @@ def _frame(header: Sequence[str], rows: Sequence[Sequence[str]]) -> pd.DataFrame
     return frame
 
 
-def warn_foreign(path: Path, rows: int, cells: int, where: str) -> None:
-    """The warning naming how many rows of ``path`` belong to cells of another sweep."""
-    print(
-        f"fedlmc: warning: {rows} row(s) of {cells} cell(s) not in this sweep's {CONFIG} "
-        f"(another sweep's rows) in {str(path)!r} {where}",
-        file=sys.stderr,
-    )
+def put_aside(path: Path, lines: Lines, *, set_aside_bad: bool, rerun: str = "") -> bool:
+    """Take another sweep's rows (cells its folder's ``config.json`` does not hold) out of the
+    good rows of ``lines`` (read from the sweep's CSV file at ``path``); name them and the bad
+    lines in a warning each, and with ``set_aside_bad`` move both, as they were, to the file's
+    rejected-lines file (``rerun``: what the warning adds then). Whether anything was moved
+    (the caller then rewrites ``path`` without them)."""
+    foreign, cells = foreign_rows(lines, sweep_methods(path.parent))
+    if not (lines.bad or foreign):
+        return False
+    where = "left out"
+    if set_aside_bad:
+        target = set_aside(path, lines.header, [line for line, _ in lines.bad] + foreign)
+        where = f"moved to {str(target)!r}"
+    if lines.bad:
+        bad_lines_warning(path, lines.bad, where + (rerun if set_aside_bad else ""))
+    if foreign:
+        print(
+            f"fedlmc: warning: {len(foreign)} row(s) of {len(cells)} cell(s) not in this "
+            f"sweep's {CONFIG} (another sweep's rows) in {str(path)!r} {where}",
+            file=sys.stderr,
+        )
+    return set_aside_bad
 
 
 def read_results(
@@ -163,19 +178,10 @@ def read_results(
     if not path.exists():
         return _frame(LEAD_COLUMNS, [])
     lines = split_rows(path)
-    foreign, cells = foreign_rows(lines, sweep_methods(out_dir))
+    moved = put_aside(path, lines, set_aside_bad=set_aside_bad, rerun="; their cells run again")
     frame = _frame(lines.header or LEAD_COLUMNS, lines.good)
-    if lines.bad or foreign:
-        where = "left out"
-        if set_aside_bad:
-            target = set_aside(path, lines.header, [line for line, _ in lines.bad] + foreign)
-            atomic_write_csv(path, frame)
-            where = f"moved to {str(target)!r}"
-        if lines.bad:
-            rerun = "; their cells run again" if set_aside_bad else ""
-            bad_lines_warning(path, lines.bad, where + rerun)
-        if foreign:
-            warn_foreign(path, len(foreign), len(cells), where)
+    if moved:
+        atomic_write_csv(path, frame)  # what was moved out of it is in the rejected file
     if check_cells:
         warn_incomplete(path, frame, rerun=set_aside_bad)
     return frame

@@ -37,20 +37,8 @@ from typing import Any
 import pandas as pd
 
 from fedlmc.io import atomic_write_csv
-from fedlmc.simulations.records.csv_lines import (
-    bad_lines_warning,
-    is_number,
-    set_aside,
-    shown_field,
-    split_lines,
-)
-from fedlmc.simulations.records.results_file import (
-    CELL_ID,
-    foreign_rows,
-    numeric_columns,
-    sweep_methods,
-    warn_foreign,
-)
+from fedlmc.simulations.records.csv_lines import is_number, shown_field, split_lines
+from fedlmc.simulations.records.results_file import CELL_ID, numeric_columns, put_aside
 from fedlmc.training_columns import (
     CLIENT_EPOCH,
     FEDAVG_ROUND,
@@ -245,16 +233,7 @@ def training_text(out_dir: str | os.PathLike, *, set_aside_bad: bool) -> pd.Data
         return None
     numeric = numeric_columns()
     lines = split_lines(path, REQUIRED, lambda values: row_problem(values, numeric))
-    foreign, cells = foreign_rows(lines, sweep_methods(out_dir))
-    if lines.bad or foreign:
-        where = "left out"
-        if set_aside_bad:
-            target = set_aside(path, lines.header, [line for line, _ in lines.bad] + foreign)
-            where = f"moved to {str(target)!r}"
-        if lines.bad:
-            bad_lines_warning(path, lines.bad, where)
-        if foreign:
-            warn_foreign(path, len(foreign), len(cells), where)
+    put_aside(path, lines, set_aside_bad=set_aside_bad)  # the caller rewrites the file
     if lines.header is None:
         return None
     return pd.DataFrame(lines.good, columns=lines.header, dtype=str)

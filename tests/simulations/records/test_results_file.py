@@ -58,6 +58,12 @@ def undamaged(tmp_path_factory) -> tuple[Path, pd.DataFrame]:
     return out, by_cell(read_results(out))
 
 
+def resumed_running_nothing(out: Path) -> pd.DataFrame:
+    """The sweep rerun in ``out`` where every cell is complete: it must run none."""
+    runner = lambda _config: pytest.fail("a complete cell was rerun")  # noqa: E731
+    return run_sweep(sweep_from_mapping(SWEEP), out, runner=runner, progress=False)
+
+
 def by_cell(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["cell_id", "method"]).reset_index(drop=True)
 
@@ -150,12 +156,7 @@ def test_a_damaged_results_file_ends_with_the_rows_of_an_undamaged_one(
         assert not (out / REJECTED).exists()
         assert "lack rows" in err and "they run again" in err
     # a second rerun has nothing left to do
-    again = run_sweep(
-        sweep_from_mapping(SWEEP),
-        out,
-        runner=lambda _config: pytest.fail("a complete cell was rerun"),
-        progress=False,
-    )
+    again = resumed_running_nothing(out)
     pd.testing.assert_frame_equal(by_cell(again), expected)
 
 
@@ -265,12 +266,7 @@ def test_a_byte_order_mark_or_junk_before_the_header_and_the_sweep_resumes(
     results = out / "results.csv"
     results.write_bytes(prefix.encode("utf-8") + results.read_bytes())
     assert out_dir_kind(out) == "sweep"
-    table = run_sweep(
-        sweep_from_mapping(SWEEP),
-        out,
-        runner=lambda _config: pytest.fail("a complete cell was rerun"),
-        progress=False,
-    )
+    table = resumed_running_nothing(out)
     pd.testing.assert_frame_equal(by_cell(table), expected)
     err = capsys.readouterr().err
     if junk is not None:
@@ -301,12 +297,7 @@ def test_another_sweeps_rows_are_set_aside_and_counted(tmp_path, capsys, undamag
     pd.testing.assert_frame_equal(by_cell(report_view), expected)
     err = capsys.readouterr().err
     assert "8 row(s) of 4 cell(s) not in this sweep's config.json" in err and "left out" in err
-    table = run_sweep(
-        sweep_from_mapping(SWEEP),
-        out,
-        runner=lambda _config: pytest.fail("a complete cell was rerun"),
-        progress=False,
-    )
+    table = resumed_running_nothing(out)
     pd.testing.assert_frame_equal(by_cell(table), expected)
     err = capsys.readouterr().err
     assert "8 row(s) of 4 cell(s)" in err and REJECTED in err
