@@ -144,7 +144,7 @@ def _as_text(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _raw_rows(out_dir: Path) -> pd.DataFrame:
     """The good rows of a sweep's ``training.csv`` as text, exactly as written; its bad lines
-    and another sweep's rows moved to ``training.rejected.csv`` first (:func:`read_training`;
+    and another sweep's rows moved to ``training.rejected.csv`` first (:func:`training_text`;
     an empty frame when the file is absent or holds no ``cell_id``)."""
     read = training_text(out_dir, set_aside_bad=True)
     if read is None or "cell_id" not in read.columns:
