@@ -7,12 +7,40 @@ registry instead of being written out again. Imports nothing heavy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Generic, TypeVar
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "signature_problem"]
+POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+MAX_SHOWN = 120  # characters of a signature shown in a message
+
+
+def signature_problem(function: Callable[..., Any], leading: Sequence[str]) -> str | None:
+    """Why ``function`` is not an entry called as ``function(*values of leading)``: its first
+    positional parameters must be named ``leading`` (``("job",)`` for a merge function,
+    ``("width", "num_classes", "in_shape", "norm")`` for a model factory), it may take no
+    ``*args`` and every other parameter needs a default; ``None`` when it fits. A callable
+    whose signature cannot be read (a C built-in such as ``os.system``) does not fit."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return "its signature cannot be read (a built-in, not a Python function)"
+    params = list(signature.parameters.values())
+    first = [p for p in params if p.kind in POSITIONAL][: len(leading)]
+    text = str(signature.replace(return_annotation=inspect.Signature.empty))
+    takes = f"it takes {text[:MAX_SHOWN]}{'...' if len(text) > MAX_SHOWN else ''}"
+    if [p.name for p in first] != list(leading):
+        return takes
+    for param in params:
+        if param.kind == inspect.Parameter.VAR_POSITIONAL:
+            return f"{takes}: *{param.name} as well"
+        required = param.default is inspect.Parameter.empty
+        if param not in first and required and param.kind != inspect.Parameter.VAR_KEYWORD:
+            return f"{takes}: {param.name} has no default"
+    return None
 
 
 class Registry(Generic[T]):

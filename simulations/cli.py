@@ -2,12 +2,16 @@
 
 - ``fedlmc sweep CONFIG.toml [key=value ...] [--out DIR] [--force] [--ray-address ADDR]``: run
   (or resume) a sweep in one Flower simulation (:mod:`fedlmc.simulations.engine.cells`), then build
-  its report; the default out dir is ``results/<name>``.
+  its report; the default out dir is ``results/<name>``. A grid of more than ``--max-cells``
+  (default 1000) points is refused before any cell is validated; the first line says how many
+  cells and client-epochs of training are left.
 - ``fedlmc report DIR``: (re)build the figures and ``report.md`` of a sweep's out dir (a run's
   out dir is refused with the reason).
 - ``fedlmc run [key=value ...] [--csv FILE] [--ray-address ADDR]``: one federation with the
   given run-config keys; prints its rows. Its ``out-dir`` and ``--csv`` are checked before any
-  work (writable; an out dir holding a sweep is refused).
+  work (writable; an out dir holding a sweep is refused, and so is a ``--csv`` file holding
+  another command's rows) and held locked while it runs
+  (:mod:`fedlmc.simulations.runs.run_outputs`).
 - ``fedlmc validate CONFIG.toml [key=value ...] [--out DIR]``: check a sweep (every cell, the
   memory its models need, and that the out dir is a writable folder holding no ``fedlmc run``
   results) and print its expanded cells.
@@ -19,7 +23,8 @@
   run's out dir to a tracker (:mod:`fedlmc.simulations.tracking`: ``tensorboard``, ``mlflow``,
   each an optional extra); ``sweep`` and ``run`` take ``--track NAME`` to export when they
   finish (a run needs an ``out-dir``). The tracker's name and its extra being installed are
-  checked before any work; exporting again skips the runs already there.
+  checked before any work; exporting again skips the runs already there. ``track`` holds the
+  out dir's lock while it exports (refused while a sweep writes there).
 - ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once
   (md5-checked, :func:`fedlmc.data.download.fetch_dataset`); a failed download exits 1 with one
   line. ``fedlmc data list``: the registered data sets (a markdown table, as in the docs).
@@ -36,19 +41,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedlmc.data.catalog import DOWNLOADABLE, datasets_markdown
-from fedlmc.io import atomic_write_text
+from fedlmc.io import atomic_write_csv, atomic_write_text
 from fedlmc.simulations.config import (
+    MAX_CELLS,
     ConfigError,
     absolute_paths,
     cell_default_methods_note,
     cell_id,
     cell_methods,
+    client_epochs,
     expand_grid,
     grid_points,
     load_sweep_config,
@@ -113,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="cells run at once (default: ceil(client slots / num-clients) + 1)",
     )
     sweep.add_argument("--quiet", action="store_true", help="no progress bar or cell lines")
+    add_max_cells(sweep)
     add_track_options(sweep, "--track")
 
     report = sub.add_parser("report", help="build figures and report.md from a sweep folder")
@@ -139,9 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--no-device-check",
         action="store_true",
-        help="do not check that requested GPUs are visible and that the models fit this "
-        "machine's memory (for configs meant for another machine)",
+        help="do not check that requested GPUs are visible, that the models fit this "
+        "machine's memory and that a model factory imports here (for configs meant for "
+        "another machine)",
     )
+    add_max_cells(validate)
     sub.add_parser("methods", help="list the registered merge methods (markdown)")
     sub.add_parser("models", help="list the registered models and their options (markdown)")
     keys = sub.add_parser("keys", help="list every run-config key with its default (markdown)")
@@ -176,6 +185,17 @@ def add_ray_address(parser: argparse.ArgumentParser) -> None:
         metavar="ADDR",
         help="join an existing Ray cluster (auto, HOST:PORT or ray://HOST:PORT) instead of "
         "starting a local Ray",
+    )
+
+
+def add_max_cells(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-cells",
+        type=positive_int,
+        default=MAX_CELLS,
+        metavar="N",
+        help=f"allow a grid of up to N cells (default {MAX_CELLS}: a larger grid is refused "
+        "before any cell is validated)",
     )
 
 
@@ -272,10 +292,12 @@ def positive_int(text: str) -> int:
 def command_sweep(args: argparse.Namespace) -> int:
     from fedlmc.simulations.engine.cells import EngineError
     from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+    from fedlmc.simulations.records.results_file import check_writable_folder
     from fedlmc.simulations.runs.sweep import run_sweep
 
-    sweep = load_sweep_config(args.config, args.overrides)
+    sweep = load_sweep_config(args.config, args.overrides, max_cells=args.max_cells)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
+    check_writable_folder(out_dir, "--out")
     tracking = track_request(args, out_dir)
     with out_dir_lock(out_dir, "fedlmc sweep"):  # the cells, the report and the export
         try:
@@ -337,6 +359,7 @@ def refuse_run_folder(folder: str) -> None:
 def command_run(args: argparse.Namespace) -> int:
     from fedlmc.simulations.records.progress import stderr_say
     from fedlmc.simulations.runs.federation import run_federation
+    from fedlmc.simulations.runs.run_outputs import check_run_outputs, holding_outputs
     from fedlmc.strategies import ClientsFailedError
 
     values = dict(parse_override(text) for text in args.overrides)
@@ -352,7 +375,7 @@ def command_run(args: argparse.Namespace) -> int:
             "out-dir=DIR"
         )
     tracking = track_request(args, config["out-dir"])
-    with run_lock(config["out-dir"]):
+    with holding_outputs(config, args.csv):
         try:
             rows = run_federation(config, ray_address=args.ray_address, say=stderr_say)
         except ClientsFailedError as err:  # the clients, not the configuration, failed: exit 1
@@ -365,21 +388,6 @@ def command_run(args: argparse.Namespace) -> int:
             return failure("the federation", err)
         show_rows(rows, config, args.csv)
         return 0 if tracking is None else export_to_tracker(config["out-dir"], tracking)
-
-
-@contextmanager
-def run_lock(out_dir: str) -> Iterator[None]:
-    """A run's hold on its ``out-dir`` (:mod:`fedlmc.simulations.records.out_dir_lock`) for the
-    whole federation, its kind checked again under the lock; nothing without an out dir."""
-    from fedlmc.simulations.records.out_dir_lock import out_dir_lock
-    from fedlmc.simulations.records.results_file import refuse_mixing
-
-    if not out_dir:
-        yield
-        return
-    with out_dir_lock(out_dir, "fedlmc run"):
-        refuse_mixing(out_dir, "run")
-        yield
 
 
 def show_rows(rows: pd.DataFrame, config, csv_path: str | None) -> None:
@@ -398,7 +406,7 @@ def show_rows(rows: pd.DataFrame, config, csv_path: str | None) -> None:
         print(note)
     print_alignment_flags(rows)
     if csv_path:
-        rows.to_csv(csv_path, index=False)
+        atomic_write_csv(csv_path, rows)
         print(f"rows written to {csv_path}")
 
 
@@ -424,38 +432,38 @@ def shown_columns(rows) -> tuple[list[str], list[str]]:
     return [c for c in present if c not in empty], lines
 
 
-def check_run_outputs(config, csv_path: str | None) -> None:
-    """Before any work: the run's ``out-dir`` is a writable folder, and the ``--csv`` path is
-    writable (:mod:`fedlmc.simulations.records.results_file`); that the folder holds no sweep is
-    checked under its lock (:func:`run_lock`), so that a folder in use names its holder."""
-    from fedlmc.simulations.records.results_file import check_writable_file, check_writable_folder
-
-    if config["out-dir"]:
-        check_writable_folder(config["out-dir"], "out-dir")
-    if csv_path:
-        check_writable_file(csv_path, "--csv")
-
-
 def command_track(args: argparse.Namespace) -> int:
+    from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+
     out_dir = Path(args.dir)
     if not (out_dir / "results.csv").is_file():
         raise ConfigError(
             f"dir = {args.dir!r}: no results.csv there; allowed: a sweep's or a fedlmc run's "
             "out dir"
         )
-    return export_to_tracker(out_dir, track_request(args, out_dir, "--to"))
+    request = track_request(args, out_dir, "--to")
+    with out_dir_lock(out_dir, "fedlmc track"):  # never beside a sweep writing there
+        return export_to_tracker(out_dir, request)
 
 
 def command_validate(args: argparse.Namespace) -> int:
     from fedlmc.simulations.records.results_file import check_writable_folder, refuse_mixing
 
-    sweep = load_sweep_config(args.config, args.overrides, check_devices=not args.no_device_check)
+    sweep = load_sweep_config(
+        args.config,
+        args.overrides,
+        check_devices=not args.no_device_check,
+        max_cells=args.max_cells,
+    )
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
     check_writable_folder(out_dir, "--out")
     refuse_mixing(out_dir, "sweep")
     cells = expand_grid(sweep)
     axes = list(sweep.grid)
-    print(f"{sweep.name}: {len(cells)} cell(s); grid axes: {', '.join(axes) or 'none'}")
+    print(
+        f"{sweep.name}: {len(cells)} cell(s), {client_epochs(cells):,} client-epochs of "
+        f"training; grid axes: {', '.join(axes) or 'none'}"
+    )
     for point, cell in zip(grid_points(sweep), cells, strict=True):
         values = " ".join(f"{k}={v}" for k, v in point.items()) or "(base values)"
         print(f"  {cell_id(cell)}  {values}")

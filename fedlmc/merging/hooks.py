@@ -10,9 +10,11 @@ resolves the entry through :func:`resolve_method_entry`:
 2. if it registered a method ``name`` (``@register_method("name", ...)``, with all its
    declarations: columns, data needs, ...), that method is the entry (a function ``name`` of
    the module that is not that method, e.g. one named like a built-in method, is refused);
-3. else, if ``name`` is a function of the module, it is registered as method ``name`` with
-   the defaults of :func:`~fedlmc.merging.methods.register_method`: a plain merge function
-   ``name(job) -> Alignment``;
+3. else, if ``name`` is a function of the module called as ``name(job)`` (its one required
+   parameter is ``job``: :func:`check_merge_function`; ``os:system``, which takes
+   ``(command)``, is refused), it is registered as method ``name`` with the defaults of
+   :func:`~fedlmc.merging.methods.register_method`: a plain merge function
+   ``name(job) -> Alignment`` (a method the module registered is checked the same way);
 4. else ``ValueError`` naming the entry and what is allowed.
 
 The entry stands for the registered method: its rows are ``name`` (and ``name_t`` for the
@@ -26,6 +28,7 @@ import os
 
 from fedlmc.merging.methods import CALIBRATED_SUFFIX, METHODS, base_method, register_method
 from fedlmc.models.registry import MODEL_ALLOW_VARIABLE, factory_allowed, is_factory_path
+from fedlmc.registry import signature_problem
 
 __all__ = ["is_method_path", "resolve_method_entry"]
 
@@ -66,6 +69,7 @@ def resolve_method_entry(entry: str) -> str:
                 f"merge method {entry!r}: {base!r} is already another method's name; allowed: "
                 "a function of another name"
             )
+        check_merge_function(entry, METHODS.get(base).align)
         return name
     if not callable(function) or isinstance(function, type):
         raise ValueError(
@@ -73,5 +77,19 @@ def resolve_method_entry(entry: str) -> str:
             f"no function {base!r}; allowed: a function job -> Alignment, or a method the module "
             "registers with @register_method"
         )
+    check_merge_function(entry, function)
     register_method(base, description=f"user merge function {location}:{base}")(function)
     return base + CALIBRATED_SUFFIX if name != base else base
+
+
+def check_merge_function(entry: str, function: object) -> None:
+    """``ValueError`` unless ``function`` is called as a merge function, ``function(job)``
+    (:func:`fedlmc.registry.signature_problem`): ``os:system`` takes ``(command)``, a C
+    built-in no readable signature, and neither is registered as a merge method."""
+    problem = signature_problem(function, ("job",))
+    if problem is not None:
+        raise ValueError(
+            f"merge method {entry!r}: {problem}; allowed: a function merge(job) -> Alignment "
+            "(a MergeJob in, an Alignment out), or a method the module registers with "
+            "@register_method"
+        )

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlmc.models import sizes
-from fedlmc.registry import Registry
+from fedlmc.registry import Registry, signature_problem
 
 __all__ = [
     "MODELS",
@@ -48,6 +48,7 @@ __all__ = [
     "parameter_count",
     "register_model",
     "public_options",
+    "user_factory",
 ]
 
 NORMS = ("bn", "ln", "none")
@@ -99,8 +100,15 @@ class ModelEntry:
 
     def build_function(self) -> Callable[..., Any]:
         """The builder, importing ``"module:attribute"`` / ``"path/file.py:attribute"`` paths on
-        first use."""
-        return self.builder if callable(self.builder) else import_factory(self.builder)
+        first use (a user factory, the entry :func:`model_entry` makes of a path, checked by
+        :func:`user_factory`)."""
+        if callable(self.builder):
+            return self.builder
+        return (
+            user_factory(self.builder)
+            if self.name == self.builder
+            else import_factory(self.builder)
+        )
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Every option of this model: defaults overlaid by ``options``, each type-checked."""
@@ -197,6 +205,25 @@ def import_factory(path: str) -> Callable[..., Any]:
         raise ValueError(f"model factory {path!r} cannot be imported: {error}") from None
     if not callable(factory):
         raise ValueError(f"model factory {path!r} is not callable")
+    return factory
+
+
+FACTORY_PARAMETERS = ("width", "num_classes", "in_shape", "norm")
+"""The parameters a user model factory is called with, in order (the builders' own)."""
+
+
+def user_factory(path: str) -> Callable[..., Any]:
+    """The user model factory ``path`` names (:func:`import_factory`: the allow-list applies),
+    checked to be called as ``factory(width, num_classes, in_shape, norm)``
+    (:func:`fedlmc.registry.signature_problem`); ``ValueError`` naming the path and what it
+    takes otherwise (``os:system`` takes ``(command)``)."""
+    factory = import_factory(path)
+    problem = signature_problem(factory, FACTORY_PARAMETERS)
+    if problem is not None:
+        raise ValueError(
+            f"model factory {path!r}: {problem}; allowed: a function or class called as "
+            f"factory({', '.join(FACTORY_PARAMETERS)}) that returns a torch.nn.Module"
+        )
     return factory
 
 

@@ -70,6 +70,7 @@ from fedlmc.simulations.config.schema import ConfigError  # noqa: F401
 from fedlmc.simulations.config.sweep_file import (  # noqa: F401
     HUGE_INTEGER,
     LINK,
+    MAX_CELLS,
     MAX_NAME,
     NAME_PATTERN,
     NOT_SWEEPABLE,
@@ -79,6 +80,7 @@ from fedlmc.simulations.config.sweep_file import (  # noqa: F401
     SweepConfig,
     apply_override,
     axis_keys,
+    client_epochs,
     expand_grid,
     grid_points,
     huge_integer,

@@ -18,7 +18,10 @@ from fedlmc.data.catalog import (
 from fedlmc.merging.methods import merge_method as merge_method_entry
 from fedlmc.models.registry import (
     MODELS,
+    is_factory_path,
     model_entry,
+    model_names,
+    user_factory,
 )
 from fedlmc.simulations.config.derived import (
     client_pool_size,
@@ -72,16 +75,25 @@ HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or 
 
 
 def check_local_sources(config: Mapping[str, Any]) -> None:
-    """Before Ray starts: a model factory file (``path/file.py:make_net``) must exist, and an
-    ``hf:`` data source must be an existing local file or folder or look like a hub name
-    (``name`` or ``owner/name``: ``hf:../../x`` is neither). Machine-dependent: skipped with
+    """Before Ray starts: a model factory file (``path/file.py:make_net``) must exist and the
+    factory a path names must import here and be called as ``factory(width, num_classes,
+    in_shape, norm)`` (:func:`fedlmc.models.registry.user_factory`: ``os:system`` is refused,
+    and so is any factory the allow-list ``FEDLMC_MODEL_ALLOW`` leaves out), and an ``hf:``
+    data source must be an existing local file or folder or look like a hub name (``name`` or
+    ``owner/name``: ``hf:../../x`` is neither). Machine-dependent: skipped with
     ``check_devices=False`` (``--no-device-check``)."""
-    location = config["model"].rpartition(":")[0]
+    model = config["model"]
+    location = model.rpartition(":")[0]
     if location.endswith(".py") and not Path(location).expanduser().is_file():
         raise ConfigError(
-            f"model = {shown(config['model'])}: no such file {shown(location)}; allowed: a "
+            f"model = {shown(model)}: no such file {shown(location)}; allowed: a "
             "registered model, 'package.module:make_net' or an existing 'file.py:make_net'"
         )
+    if model not in model_names() and is_factory_path(model):
+        try:
+            user_factory(model)
+        except ValueError as err:
+            raise ConfigError(f"model = {shown(model)}: {err}") from None
     if is_hf_name(config["dataset"]):
         name = config["dataset"][len("hf:") :]
         if not os.path.exists(os.path.expanduser(name)) and not HUB_NAME.fullmatch(name):

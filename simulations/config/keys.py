@@ -45,6 +45,7 @@ from fedlmc.simulations.config.values import (
     _methods,
     _model,
     _model_option_keys,
+    _plain_path,
     _share,
     _strategy_is,
     _widths_list,
@@ -328,7 +329,9 @@ def declared_keys() -> dict[str, Key]:
             float, 600.0, "seconds to wait for clients", at_least(0.0, strict=True), runtime=True
         ),
         "inject-failure": Key(str, "none", "test-only failure injection", _failures),
-        "out-dir": Key(str, "", "folder for results.csv and merged weights", runtime=True),
+        "out-dir": Key(
+            str, "", "folder for results.csv and merged weights", _plain_path, runtime=True
+        ),
     }
 
 

@@ -3,6 +3,7 @@ the expansion of the grid into validated cells."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlmc.simulations.config.cell_identity import canonical_run_config, cell_id
+from fedlmc.simulations.config.derived import row_methods
 from fedlmc.simulations.config.keys import run_schema
 from fedlmc.simulations.config.report_keys import REPORT_SCHEMA
 from fedlmc.simulations.config.schema import (
@@ -39,6 +41,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = raw
     except ValueError:  # an integer of more digits than Python converts (4300)
         raise ConfigError(out_of_range(key, raw, run_schema().get(key))) from None
+    except RecursionError:
+        raise ConfigError(f"override {key}=...: {TOO_DEEP}") from None
     return key, value
 
 
@@ -77,7 +81,12 @@ SWEEP_KEYS = ("name", "description", "run", "grid", "report")
 SWEEP_TABLES = ("run", "grid", "report")
 NOT_SWEEPABLE = ("out-dir",)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
+MAX_CELLS = 1000  # grid points a sweep may have unless asked for more (max_cells, --max-cells)
 MAX_NAME = 100  # characters of a sweep name: it names the default out dir, results/<name>
+TOO_DEEP = (
+    "arrays or tables nested too deep for the TOML reader (Python's recursion limit); allowed: "
+    "values nested a few levels at most (a linked grid axis is a list of lists)"
+)
 HUGE_INTEGER = re.compile(r"[+-]?\d[\d_]{999,}")
 TOML_KEY = re.compile(r"\s*([A-Za-z0-9_.\"-]+)\s*=")
 
@@ -116,6 +125,8 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {str(path)!r}: malformed TOML: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {str(path)!r}: {TOO_DEEP}") from None
     except ValueError:  # an integer of more digits than Python converts (4300)
         key, raw = huge_integer(text)
         message = out_of_range(key, raw, run_schema().get(key.rpartition(".")[2]))
@@ -138,10 +149,14 @@ def load_sweep_config(
     overrides: Sequence[str] = (),
     *,
     check_devices: bool = True,
+    max_cells: int = MAX_CELLS,
 ) -> SweepConfig:
-    """Read, override (rules above) and validate the sweep at ``path``, every cell included."""
+    """Read, override (rules above) and validate the sweep at ``path``, every cell included
+    (a grid of more than ``max_cells`` points is refused first: :func:`check_grid_size`)."""
     data = read_toml(path)
-    return sweep_from_mapping(data, overrides, source=str(path), check_devices=check_devices)
+    return sweep_from_mapping(
+        data, overrides, source=str(path), check_devices=check_devices, max_cells=max_cells
+    )
 
 
 def sweep_from_mapping(
@@ -150,8 +165,10 @@ def sweep_from_mapping(
     *,
     source: str = "",
     check_devices: bool = True,
+    max_cells: int = MAX_CELLS,
 ) -> SweepConfig:
-    """A :class:`SweepConfig` from TOML-shaped data plus overrides; raises :class:`ConfigError`."""
+    """A :class:`SweepConfig` from TOML-shaped data plus overrides; raises :class:`ConfigError`
+    (for a grid of more than ``max_cells`` points before any cell is validated)."""
     raw = _copy_tables(data)
     for text in overrides:
         apply_override(raw, text)
@@ -164,8 +181,39 @@ def sweep_from_mapping(
         source=source,
         check_devices=check_devices,
     )
+    check_grid_size(sweep, max_cells)
     expand_grid(sweep)
     return sweep
+
+
+def grid_size(sweep: SweepConfig) -> int:
+    """How many points the grid has: the product of its axes' lengths (cells that coincide
+    once canonical are counted once each later, by :func:`unique_cells`)."""
+    return math.prod(len(values) for values in sweep.grid.values())
+
+
+def check_grid_size(sweep: SweepConfig, max_cells: int) -> None:
+    """:class:`ConfigError` naming the count when the grid has more than ``max_cells`` points:
+    counted from the axes' lengths, before any cell is built or validated."""
+    size = grid_size(sweep)
+    if size <= max_cells:
+        return
+    axes = " x ".join(f"{len(v)} ({axis})" for axis, v in sweep.grid.items())
+    raise ConfigError(
+        f"grid of {size:,} cells ({axes}), each a federation of its own; allowed: at most "
+        f"{max_cells:,} cells unless asked (--max-cells {size}, or max_cells= in Python)"
+    )
+
+
+def client_epochs(cells: Sequence[Mapping[str, Any]]) -> int:
+    """The training a sweep's ``cells`` ask for, in client-epochs (one client training one
+    epoch on its partition): ``num-clients x epochs`` per cell, twice for a ``compare`` cell
+    that also reports FedAvg (its rounds train as long again)."""
+    total = 0
+    for cell in cells:
+        again = cell["strategy"] == "compare" and "fedavg" in row_methods(cell)
+        total += int(cell["num-clients"]) * int(cell["epochs"]) * (2 if again else 1)
+    return total
 
 
 def _copy_tables(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -231,12 +279,19 @@ def _drop_key(raw: dict[str, Any], key: str, keep: str = "") -> None:
 
 
 def _check_name(name: Any) -> str:
+    """The sweep's name: it names the default out dir ``results/<name>``, so it is one plain
+    folder name (no path separator, no control character, not ``.`` or ``..``)."""
     if name is None:
         raise ConfigError("name is missing: allowed: a string of letters, digits, '.', '_', '-'")
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or len(name) > MAX_NAME:
         raise ConfigError(
             f"name = {shown(name)}: allowed: a non-empty string of at most {MAX_NAME} letters, "
             "digits, '.', '_', '-'"
+        )
+    if not name.strip("."):
+        raise ConfigError(
+            f"name = {shown(name)}: dots alone name no folder of their own (results/{name} is "
+            "not a folder inside results/); allowed: a name with a letter, digit, '_' or '-'"
         )
     return name
 

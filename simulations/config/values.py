@@ -4,6 +4,7 @@ sets, models, methods) read from the registries, and the value checks the key ta
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from fedlmc.data.catalog import (
@@ -108,6 +109,16 @@ def _align(value: Any) -> str | None:
             f"of the model the strategy returns; allowed: {', '.join(aligning_methods())}"
         )
     return f"allowed: {', '.join(aligning_methods())}, or a 'package.module:function' merge method"
+
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters, DEL
+
+
+def _plain_path(value: Any) -> str | None:
+    found = CONTROL.search(value)
+    if found is None:
+        return None
+    return f"holds a control character ({found.group()!r}); allowed: a path of printable characters"
 
 
 def parse_widths(text: str) -> tuple[float, ...]:

@@ -93,6 +93,7 @@ from fedlmc.simulations.config.threads import (
 from fedlmc.simulations.engine.exit_workaround import exit_even_if_stuck
 from fedlmc.simulations.engine.log_filters import quiet_flower
 from fedlmc.simulations.engine.ray_runtime import (
+    RayStartError,
     backend_config,
     client_slots,
     init_ray,
@@ -202,6 +203,8 @@ def _run_group(
             init_ray(ray_address, backend["init_args"], config_slot_threads(jobs[0].config))
             restore_signals()  # the command's SIGTERM handler, not ray.init's sys.exit
             slots = client_slots(backend["client_resources"])
+        except RayStartError as err:  # one line: what Ray said and what to do
+            raise EngineError(str(err)) from None
         except BaseException:
             if ray.is_initialized():
                 ray.shutdown()

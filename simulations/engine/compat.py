@@ -11,6 +11,15 @@
   ``ray.init`` does, so :func:`fedlmc.simulations.engine.ray_runtime.check_ray_address` probes the
   address Ray would join.
 
+- :func:`loopback_node`: Ray takes a local node's address from
+  ``ray._private.services.get_node_ip_address``, which on Linux is the address other machines
+  reach it by (``_node_ip_address="127.0.0.1"`` is turned into that address too). While
+  ``ray._private.ray_constants.ENABLE_RAY_CLUSTER`` is false (what the environment variable
+  ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets when Ray is imported; Ray's own default on
+  macOS and Windows) it is ``127.0.0.1``, and a node started then binds its GCS, raylet,
+  object manager, agents and every worker's gRPC server to the loopback interface only
+  (Ray's servers listen on ``127.0.0.1`` exactly when the node's address is ``127.0.0.1``).
+
 If one of them changes, this module is the one place to change;
 ``tests/strategies/test_flower_compat.py`` fails first (it checks each signature and calls each for
 real).
@@ -18,10 +27,14 @@ real).
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-__all__ = ["ray_bootstrap_address", "register_before_thread_join"]
+__all__ = ["loopback_node", "ray_bootstrap_address", "register_before_thread_join"]
+
+CLUSTER_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray reads it when it is imported
 
 
 def register_before_thread_join(func: Callable[[], None]) -> None:
@@ -37,3 +50,24 @@ def ray_bootstrap_address(address: str) -> str | None:
     from ray._private.services import canonicalize_bootstrap_address
 
     return canonicalize_bootstrap_address(address)
+
+
+@contextmanager
+def loopback_node() -> Iterator[None]:
+    """While the block runs (``ray.init`` of a local node), Ray's node address is
+    ``127.0.0.1`` (module docstring); this process's and its children's environment say so
+    too (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by a Ray imported there). Both are put
+    back afterwards; the started node keeps its loopback address."""
+    from ray._private import ray_constants
+
+    before, variable = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(CLUSTER_VARIABLE)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[CLUSTER_VARIABLE] = "0"
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+        if variable is None:
+            os.environ.pop(CLUSTER_VARIABLE, None)
+        else:
+            os.environ[CLUSTER_VARIABLE] = variable

@@ -1,7 +1,12 @@
 """Flower's and Ray's console output during a sweep: Flower's logger at WARNING and its
 deprecation notice of ``run_simulation`` hidden, unless ``verbose`` (:func:`quiet_flower`), and
-the traceback Flower's simulation worker logs for a client actor that died because this process,
-its owner, is exiting (a stop signal: the actors go down with it) hidden always."""
+the errors and tracebacks Flower's simulation worker logs for a client actor that died because
+this process is stopping hidden always: its owner (this process) exiting, or the stop signal
+itself (SIGTERM or SIGINT sent to the process group reaches the Ray workers too, and each client
+actor in the middle of a message dies with it: two tracebacks for two clients). Once
+:func:`fedlmc.simulations.engine.stop_signals.stopping` says a stop signal was caught, every
+error Flower's message-processing worker logs is such noise: the cells in flight are abandoned
+and the command's one line says so."""
 
 from __future__ import annotations
 
@@ -9,6 +14,12 @@ import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from fedlmc.simulations.engine.stop_signals import stopping
+
+FLOWER_WORKER_MODULES = ("vce_api", "raybackend")
+"""Flower's modules that log a client actor's failure while processing a message (the
+simulation engine's worker loop and its Ray backend)."""
 
 
 class _DropDeprecationNotice(logging.Filter):
@@ -19,13 +30,16 @@ class _DropDeprecationNotice(logging.Filter):
 
 
 class _DropOwnerExitTraceback(logging.Filter):
-    """Hides Flower's worker traceback for a ``ClientAppActor`` whose owner (this process) has
-    died or is exiting: shutdown noise after SIGINT / SIGTERM, not a client failure (a client
-    that fails while the sweep runs is reported by the strategy, by name)."""
+    """Hides Flower's worker errors for a ``ClientAppActor`` whose owner (this process) has
+    died or is exiting, and every error of Flower's message worker once a stop signal was
+    caught: shutdown noise after SIGINT / SIGTERM, not a client failure (a client that fails
+    while the sweep runs is reported by the strategy, by name)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        return not ("ActorDiedError" in text and "its owner has died" in text)
+        if "ActorDiedError" in text and "its owner has died" in text:
+            return False
+        return not (stopping() and record.module in FLOWER_WORKER_MODULES)
 
 
 @contextmanager

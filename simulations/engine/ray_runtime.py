@@ -1,7 +1,17 @@
 """Ray for the sweep engine: Flower's backend config, starting Ray or joining a cluster
 (:func:`init_ray`; an address where nothing answers is refused at once with
 :class:`ClusterError`, :func:`check_ray_address`) and the number of client slots Flower will
-run (:func:`client_slots`)."""
+run (:func:`client_slots`).
+
+A local Ray (no ``--ray-address``) is this machine's alone: its node address is ``127.0.0.1``
+(:func:`fedlmc.simulations.engine.compat.loopback_node`), so its GCS, raylet, object manager,
+agents and workers, the driver's own gRPC server included, listen on the loopback interface
+only (Ray's servers have no authentication: on every interface, anyone who reaches the machine
+could run code in them), and its dashboard is off. It waits longer than Ray's defaults for
+what a loaded machine makes slow (:data:`LOCAL_SYSTEM_CONFIG`); a start that fails all the same
+(Ray's own 30 s wait for its node to register is fixed in Ray 2.55) ends in one line saying
+what happened and what to do (:class:`RayStartError`). Joining a cluster changes none of this:
+the cluster's own ``ray start`` decides where it listens."""
 
 from __future__ import annotations
 
@@ -12,13 +22,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedlmc.simulations.config.threads import thread_environment, thread_variables
-from fedlmc.simulations.engine.compat import ray_bootstrap_address
+from fedlmc.simulations.engine.compat import loopback_node, ray_bootstrap_address
 
 CONNECT_TIMEOUT = 5.0  # seconds to reach a --ray-address before refusing it
+LOCAL_SYSTEM_CONFIG = {
+    "worker_niceness": 0,  # the clients at this process's priority (init_ray's docstring)
+    "raylet_start_wait_time_s": 60,  # a worker's wait for the raylet (Ray: 10 s)
+    "worker_register_timeout_seconds": 180,  # a started worker's registration (Ray: 60 s)
+}
+"""Ray's ``_system_config`` of a local Ray: its start-up waits lengthened where Ray allows it."""
 
 
 class ClusterError(ValueError):
     """No Ray cluster answers at the given address, or none can host a client."""
+
+
+class RayStartError(RuntimeError):
+    """A local Ray did not start (e.g. its start-up wait ran out on a loaded machine): one line
+    saying what Ray reported and what to do."""
 
 
 def backend_config(
@@ -115,13 +136,50 @@ def init_ray(
     threads = thread_variables(worker_threads)
     if joining:
         args.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": pythonpath, **threads}})
-    else:
-        args.setdefault("_system_config", {"worker_niceness": 0})
+        try:
+            with thread_environment(worker_threads):
+                ray.init(**args)
+        except ConnectionError as err:
+            raise ClusterError(f"--ray-address {ray_address}: {one_line(err)}") from None
+        return
+    args.setdefault("_system_config", dict(LOCAL_SYSTEM_CONFIG))
+    start_local_ray(args, worker_threads)
+
+
+def start_local_ray(args: Mapping[str, Any], worker_threads: int) -> None:
+    """``ray.init(**args)`` of a local Ray on the loopback interface (module docstring);
+    :class:`RayStartError` when it fails to start."""
+    import ray
+
     try:
-        with thread_environment(worker_threads):  # a local Ray's workers inherit it
+        with thread_environment(worker_threads), loopback_node():  # the workers inherit both
             ray.init(**args)
-    except ConnectionError as err:
-        raise ClusterError(f"--ray-address {ray_address}: {' '.join(str(err).split())}") from None
+    except Exception as err:  # noqa: BLE001 - Ray raises bare exceptions: one line for each
+        if ray.is_initialized():
+            ray.shutdown()
+        raise RayStartError(start_failure(err)) from None
+
+
+def one_line(err: BaseException) -> str:
+    """An exception's text on one line."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def start_failure(err: BaseException) -> str:
+    """What to tell the user when a local Ray did not start: Ray's reason, this machine's
+    load, and what to do (a timed-out start on a loaded machine: wait for a quieter moment;
+    the results already written stay, and a sweep resumes where it stopped)."""
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    reason = f"{type(err).__name__}: {one_line(err)}"
+    if "timed out" in reason.lower():
+        advice = (
+            f"this machine is loaded (load average {load:.1f} on {cores} cores) and Ray's "
+            "start-up wait ran out: nothing ran; try again when it is quieter"
+        )
+    else:
+        advice = "nothing ran; fix the cause above and try again"
+    return f"Ray did not start ({reason}); {advice}"
 
 
 def client_slots(client_resources: Mapping[str, float]) -> int:

@@ -17,6 +17,11 @@
   seconds later, sends it again to the main thread alone (``signal.pthread_kill``), which
   interrupts the wait. A signal whose handler did run is never resent: a second one in the
   middle of the clean stop (Ray shutting down) would kill the process.
+- :func:`stopping`: whether a stop signal was caught, known the moment it arrives (the relay
+  reads it from the wakeup descriptor at once). A signal to the process group (Ctrl-C, a batch
+  system's SIGTERM) also reaches the Ray workers, whose client actors die mid-message; Flower
+  then logs each as an error with a traceback. Those are shutdown noise once the process is
+  stopping, and :func:`fedlmc.simulations.engine.log_filters.quiet_flower` hides them.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ import signal
 import threading
 import time
 
-__all__ = ["RELAY_AFTER", "Terminated", "exit_status", "handle_signals", "restore_signals"]
+__all__ = [
+    "RELAY_AFTER",
+    "Terminated",
+    "exit_status",
+    "handle_signals",
+    "restore_signals",
+    "stopping",
+]
 
 INTERRUPTED = 128 + signal.SIGINT  # 130
 RELAY_AFTER = 0.5  # seconds the main thread has to run a handler before the relay resends
@@ -34,6 +46,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _handled = {signal.SIGINT: 0, signal.SIGTERM: 0}  # handler runs per signal (main thread)
 _relay_started = False
 _installed = False
+_stopping = threading.Event()  # set as soon as a stop signal is caught, in any thread
 
 
 class Terminated(KeyboardInterrupt):
@@ -43,7 +56,16 @@ class Terminated(KeyboardInterrupt):
     exit_status = 128 + signal.SIGTERM
 
 
+def stopping() -> bool:
+    """Whether this process caught SIGINT or SIGTERM (it is stopping): set by the relay the
+    moment the signal arrives, before the main thread's handler runs, so that the shutdown
+    noise of the client actors that die with the process group can be told from a client
+    failure (:mod:`fedlmc.simulations.engine.log_filters`)."""
+    return _stopping.is_set()
+
+
 def _on_signal(signum: int, frame: object) -> None:
+    _stopping.set()
     _handled[signum] += 1
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
@@ -105,6 +127,7 @@ def _relay(read_end: int, main: int | None) -> None:
         for signum in data:
             if signum in received:
                 received[signum] += 1
+                _stopping.set()
         time.sleep(RELAY_AFTER)
         for signum, count in received.items():
             if _handled[signum] < count and main is not None:

@@ -1,5 +1,6 @@
 """What a run leaves in its out dir and tells its user, below the Flower app that writes it.
 
+:mod:`~fedlmc.simulations.records.csv_lines` (the line-by-line reader both CSV files share),
 :mod:`~fedlmc.simulations.records.results_file` (``results.csv``: its schema, reading with
 rejected lines kept, which cells are finished), :mod:`~fedlmc.simulations.records.cell_rows` (a
 cell's rows and their atomic append), :mod:`~fedlmc.simulations.records.training_file`

@@ -34,23 +34,32 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedlmc.io import atomic_write_csv
-from fedlmc.simulations.config.schema import ConfigError
+from fedlmc.simulations.config.schema import ConfigError, shown
+from fedlmc.simulations.records.csv_lines import (
+    CONTROL,
+    Lines,
+    bad_lines_warning,
+    is_number,
+    plain_text,
+    set_aside,
+    shown_field,
+    split_lines,
+)
 from fedlmc.study.rows import column_table
 
 RESULTS = "results.csv"
 REJECTED = "results.rejected.csv"
 CONFIG = "config.json"
+RUN_FILES = (RESULTS, "training.csv")  # what a run's ServerApp writes in its out-dir
 if TYPE_CHECKING:
     import pandas as pd
 LEAD_COLUMNS = ("cell_id", "status", "error")
 CELL_ID = re.compile(r"[0-9a-f]{12}")
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters, DEL
-NOT_UTF8 = re.compile(r"[\udc80-\udcff]")  # bytes kept by errors="surrogateescape"
 NUMERIC_TYPES = (int, float)
 
 
@@ -63,111 +72,51 @@ def numeric_columns() -> tuple[str, ...]:
     return tuple(dict.fromkeys([*(c.name for c in column_table() if not c.is_string), *keys]))
 
 
-def plain_text(value: object) -> object:
-    """``value`` with every control character (a line end, a NUL byte, an escape code) replaced
-    by a space when it is a string (the writers' half of the one-line-per-row rule)."""
-    return CONTROL.sub(" ", value) if isinstance(value, str) else value
-
-
-def _is_number(text: str) -> bool:
-    if text == "":
-        return True
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _shown(text: str) -> str:
-    return repr(text[:20] + ("..." if len(text) > 20 else ""))
-
-
-def row_problem(
-    row: Sequence[str],
-    header: Sequence[str],
-    *,
-    last: bool,
-    cut_off: bool,
-    numeric: Sequence[str] | None = None,
-) -> str | None:
-    """Why ``row`` (fields as read) does not fit ``header``; ``None`` for a good row.
-    ``numeric``: the numeric columns (default :func:`numeric_columns`)."""
-    if len(row) != len(header):
-        return f"{len(row)} fields where the header has {len(header)}"
-    if last and cut_off:
-        return "cut off (the file does not end with a line end)"
-    values = dict(zip(header, row, strict=True))
-    for column, text in values.items():
-        found = CONTROL.search(text)
-        if found:
-            return f"{column} holds a control character ({found.group()!r}); allowed: plain text"
+def row_problem(values: Mapping[str, str], numeric: Sequence[str]) -> str | None:
+    """Why a row of ``results.csv`` (``column -> field``) is bad, beyond what every line is
+    checked for (:func:`fedlmc.simulations.records.csv_lines.split_lines`); ``None`` for a good
+    row. ``numeric``: the numeric columns of the file (:func:`numeric_columns`)."""
     if not CELL_ID.fullmatch(values.get("cell_id", "")):
-        return f"cell_id {_shown(values.get('cell_id', ''))} is not 12 hex digits"
+        return f"cell_id {shown_field(values.get('cell_id', ''))} is not 12 hex digits"
     if values.get("status") not in ("ok", "failed"):
-        return f"status {_shown(values.get('status', ''))}; allowed: ok, failed"
-    for column in numeric_columns() if numeric is None else numeric:
-        if column in values and not _is_number(values[column]):
-            return f"{column} = {_shown(values[column])} is not a number"
+        return f"status {shown_field(values.get('status', ''))}; allowed: ok, failed"
+    for column in numeric:
+        if column in values and not is_number(values[column]):
+            return f"{column} = {shown_field(values[column])} is not a number"
     return None
 
 
-def parse_line(line: str) -> list[str] | None:
-    """The fields of one physical line of a CSV file; ``None`` when the line does not parse on
-    its own (an unclosed quote)."""
-    try:
-        return next(csv.reader([line], strict=True), [])
-    except csv.Error:
-        return None
-
-
-def read_lines(path: Path) -> tuple[bool, list[str]]:
-    """``(ends with a line end, physical lines)`` of ``path``; each line decoded as UTF-8 on its
-    own (bytes that are not UTF-8 kept as surrogates, :data:`NOT_UTF8`, so that one bad byte
-    spoils one line only), a trailing carriage return dropped."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"results file {str(path)!r}: cannot read it ({err})") from None
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the end of the last line
-    text = [line.decode("utf-8", errors="surrogateescape").removesuffix("\r") for line in lines]
-    return data.endswith(b"\n"), text
-
-
-def split_rows(path: Path) -> tuple[list[str], list[list[str]], list[tuple[str, str]]]:
-    """``(header, good rows, [(bad line, reason)])`` of the CSV file at ``path``, read line by
-    line (module docstring); a bad line is kept exactly as it was in the file."""
-    ends_well, lines = read_lines(path)
-    numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
-    if not numbered:
-        return list(LEAD_COLUMNS), [], []
-    header = parse_line(numbered[0][1]) or []
-    if "cell_id" not in header:
+def split_rows(path: Path) -> Lines:
+    """The header, good rows and bad lines of the ``results.csv`` at ``path`` (module
+    docstring); :class:`ConfigError` for a file of one ``fedlmc run``'s rows (no ``cell_id``)
+    in a folder that is no sweep's."""
+    numeric = numeric_columns()
+    lines = split_lines(path, LEAD_COLUMNS, lambda values: row_problem(values, numeric))
+    if lines.header is None and lines.bad and not sweep_methods(path.parent):
         raise ConfigError(
             f"results file {str(path)!r} has no cell_id column: it holds one fedlmc run's rows, "
             "not a sweep's; allowed: a sweep out dir"
         )
-    cut_off = not ends_well
-    last = numbered[-1][0]
-    numeric = [c for c in numeric_columns() if c in header]
-    good, bad = [], []
-    for number, line in numbered[1:]:
-        row = parse_line(line)
-        if NOT_UTF8.search(line):
-            problem = "not UTF-8 text"
-        elif row is None:
-            problem = "an unclosed quote"
-        else:
-            problem = row_problem(
-                row, header, last=number == last, cut_off=cut_off, numeric=numeric
-            )
-        if problem is None:
-            good.append(row)
-        else:
-            bad.append((line, f"line {number}: {problem}"))
-    return header, good, bad
+    return lines
+
+
+def foreign_rows(lines: Lines, cells: Collection[str]) -> tuple[list[str], set[str]]:
+    """Take the good rows of ``lines`` whose ``cell_id`` is not one of ``cells`` (another
+    sweep's rows) out of them; ``(those rows as lines, their cell ids)``. Nothing when
+    ``cells`` is empty (a folder whose ``config.json`` lists none)."""
+    if lines.header is None or not cells:
+        return [], set()
+    at = lines.header.index("cell_id")
+    foreign = [row for row in lines.good if row[at] not in cells]
+    lines.good = [row for row in lines.good if row[at] in cells]
+    return [csv_line(row) for row in foreign], {row[at] for row in foreign}
+
+
+def csv_line(fields: Sequence[str]) -> str:
+    """``fields`` as one CSV line (no line end), as the writers write it."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="").writerow(fields)
+    return buffer.getvalue()
 
 
 def _frame(header: Sequence[str], rows: Sequence[Sequence[str]]) -> pd.DataFrame:
@@ -191,25 +140,36 @@ def _frame(header: Sequence[str], rows: Sequence[Sequence[str]]) -> pd.DataFrame
     return frame
 
 
-def set_aside(path: Path, header: Sequence[str], lines: Sequence[str]) -> Path:
-    """Append the bad ``lines``, byte for byte as they were, to ``results.rejected.csv`` beside
-    ``path`` (the header first when the file is new)."""
-    target = path.with_name(REJECTED)
-    head = b"" if target.exists() else (",".join(header) + "\n").encode("utf-8")
-    body = b"".join(line.encode("utf-8", errors="surrogateescape") + b"\n" for line in lines)
-    with target.open("ab") as handle:
-        handle.write(head + body)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return target
+def put_aside(path: Path, lines: Lines, *, set_aside_bad: bool, rerun: str = "") -> bool:
+    """Take another sweep's rows (cells its folder's ``config.json`` does not hold) out of the
+    good rows of ``lines`` (read from the sweep's CSV file at ``path``); name them and the bad
+    lines in a warning each, and with ``set_aside_bad`` move both, as they were, to the file's
+    rejected-lines file (``rerun``: what the warning adds then). Whether anything was moved
+    (the caller then rewrites ``path`` without them)."""
+    foreign, cells = foreign_rows(lines, sweep_methods(path.parent))
+    if not (lines.bad or foreign):
+        return False
+    where = "left out"
+    if set_aside_bad:
+        target = set_aside(path, lines.header, [line for line, _ in lines.bad] + foreign)
+        where = f"moved to {str(target)!r}"
+    if lines.bad:
+        bad_lines_warning(path, lines.bad, where + (rerun if set_aside_bad else ""))
+    if foreign:
+        print(
+            f"fedlmc: warning: {len(foreign)} row(s) of {len(cells)} cell(s) not in this "
+            f"sweep's {CONFIG} (another sweep's rows) in {str(path)!r} {where}",
+            file=sys.stderr,
+        )
+    return set_aside_bad
 
 
 def read_results(
     out_dir: str | os.PathLike, *, set_aside_bad: bool = False, check_cells: bool = True
 ) -> pd.DataFrame:
     """``out_dir/results.csv`` validated (module docstring); an empty frame when absent.
-    ``set_aside_bad``: move the bad lines to ``results.rejected.csv``; ``check_cells``: warn
-    about cells that lack rows.
+    ``set_aside_bad``: move the bad lines (and the rows of cells the sweep's ``config.json`` does
+    not hold) to ``results.rejected.csv``; ``check_cells``: warn about cells that lack rows.
 
     Floats read back exactly (pandas writes the shortest round-trip repr and its default parser
     reads it back bit for bit); only empty cells and ``nan`` are missing values.
@@ -217,21 +177,11 @@ def read_results(
     path = Path(out_dir) / RESULTS
     if not path.exists():
         return _frame(LEAD_COLUMNS, [])
-    header, good, bad = split_rows(path)
-    frame = _frame(header, good)
-    if bad:
-        reasons = "; ".join(reason for _, reason in bad[:5])
-        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
-        if set_aside_bad:
-            target = set_aside(path, header, [line for line, _ in bad])
-            atomic_write_csv(path, frame)
-            where = f"moved to {str(target)!r}; their cells run again"
-        else:
-            where = "left out"
-        print(
-            f"fedlmc: warning: {len(bad)} bad row(s) in {str(path)!r} {where}: {reasons}{more}",
-            file=sys.stderr,
-        )
+    lines = split_rows(path)
+    moved = put_aside(path, lines, set_aside_bad=set_aside_bad, rerun="; their cells run again")
+    frame = _frame(lines.header or LEAD_COLUMNS, lines.good)
+    if moved:
+        atomic_write_csv(path, frame)  # what was moved out of it is in the rejected file
     if check_cells:
         warn_incomplete(path, frame, rerun=set_aside_bad)
     return frame
@@ -240,15 +190,25 @@ def read_results(
 # ----------------------------------------------------------------------------- whole cells
 
 
+def sweep_record_of(out_dir: str | os.PathLike) -> dict[str, Any]:
+    """The sweep record in ``out_dir/config.json``; empty when there is none or it cannot be
+    read (not JSON, not an object, nested too deep for the JSON reader)."""
+    try:
+        record = json.loads((Path(out_dir) / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def sweep_methods(out_dir: str | os.PathLike) -> dict[str, list[str]]:
     """Per cell of the sweep's ``config.json``, the methods of its rows
     (:func:`fedlmc.simulations.config.row_methods`); empty when there is no readable one."""
     from fedlmc.simulations.config import row_methods
 
     try:
-        record = json.loads((Path(out_dir) / CONFIG).read_text(encoding="utf-8"))
-        return {c["cell_id"]: row_methods(c["config"]) for c in record.get("cells", [])}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        cells = sweep_record_of(out_dir).get("cells", [])
+        return {c["cell_id"]: row_methods(c["config"]) for c in cells}
+    except (ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
@@ -299,22 +259,29 @@ def warn_incomplete(path: Path, results: pd.DataFrame, *, rerun: bool) -> None:
 def out_dir_kind(out_dir: str | os.PathLike) -> str:
     """``"sweep"``, ``"run"`` or ``"empty"`` (module docstring)."""
     folder = Path(out_dir)
-    config = folder / CONFIG
-    if config.is_file():
-        try:
-            if "cells" in json.loads(config.read_text()):
-                return "sweep"
-        except (OSError, ValueError):
-            pass
+    if "cells" in sweep_record_of(folder):
+        return "sweep"
     results = folder / RESULTS
     if results.is_file():
-        try:
-            with results.open(encoding="utf-8") as handle:
-                header = next(csv.reader(handle), [])
-        except (OSError, UnicodeDecodeError, csv.Error):
-            header = []
-        return "sweep" if "cell_id" in header else "run"
+        return "sweep" if has_sweep_header(results) else "run"
     return "empty"
+
+
+def has_sweep_header(path: Path) -> bool:
+    """Whether some line of ``path`` is a sweep's header (it holds ``cell_id``, ``status`` and
+    ``error``; junk lines or a byte order mark before it allowed)."""
+    try:
+        with path.open(encoding="utf-8-sig", errors="replace", newline="") as handle:
+            for line in handle:
+                try:
+                    fields = next(csv.reader([line]), [])
+                except csv.Error:
+                    continue
+                if set(LEAD_COLUMNS) <= set(fields):
+                    return True
+    except OSError:
+        pass
+    return False
 
 
 def refuse_mixing(out_dir: str | os.PathLike, writer: str) -> None:
@@ -329,8 +296,21 @@ def refuse_mixing(out_dir: str | os.PathLike, writer: str) -> None:
         )
 
 
+def check_plain_path(path: str | os.PathLike, key: str) -> None:
+    """:class:`ConfigError` when ``path`` holds a control character (a line end, an escape
+    code): a folder or file of that name would be created, and every line naming it broken."""
+    found = CONTROL.search(str(path))
+    if found:
+        raise ConfigError(
+            f"{key} = {shown(str(path))} holds a control character ({found.group()!r}); "
+            "allowed: a path of printable characters"
+        )
+
+
 def check_writable_folder(path: str | os.PathLike, key: str) -> None:
-    """:class:`ConfigError` unless ``path`` is (or can be created as) a writable folder."""
+    """:class:`ConfigError` unless ``path`` is (or can be created as) a writable folder and
+    holds no control character (:func:`check_plain_path`)."""
+    check_plain_path(path, key)
     folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{key} = {str(path)!r} is a file; allowed: a folder")
@@ -342,8 +322,9 @@ def check_writable_folder(path: str | os.PathLike, key: str) -> None:
 
 
 def check_writable_file(path: str | os.PathLike, key: str) -> None:
-    """:class:`ConfigError` unless ``path`` can be written: its folder exists and is writable
-    and it is not a folder."""
+    """:class:`ConfigError` unless ``path`` can be written: no control character in it
+    (:func:`check_plain_path`), its folder exists and is writable and it is not a folder."""
+    check_plain_path(path, key)
     file = Path(path).expanduser()
     parent = file.parent if str(file.parent) else Path(".")
     if file.is_dir():
@@ -354,7 +335,40 @@ def check_writable_file(path: str | os.PathLike, key: str) -> None:
         raise ConfigError(f"{key} = {str(path)!r} is not writable")
 
 
+def check_csv_target(path: str | os.PathLike, out_dir: str | os.PathLike) -> None:
+    """Before any work, and again under the lock of its folder: :class:`ConfigError` unless
+    ``fedlmc run --csv path`` (the run's ``out-dir`` is ``out_dir``, empty for none) may write
+    ``path``: it must be writable (:func:`check_writable_file`), not be a file the run's
+    ServerApp writes itself (``results.csv``, ``training.csv`` of its ``out-dir``), and replace
+    no rows another command wrote: a file holding a sweep's rows (a ``cell_id`` header, wherever
+    it is), any file of a sweep's out dir, or any file of another run's out dir."""
+    check_plain_path(path, "--csv")
+    file = Path(path).expanduser().resolve()
+    own = Path(out_dir).expanduser().resolve() if out_dir else None
+    if file.parent == own and file.name in RUN_FILES:
+        raise ConfigError(
+            f"--csv {str(path)!r}: the run writes it itself (the {file.name} of its out-dir); "
+            "allowed: another file"
+        )
+    check_writable_file(path, "--csv")
+    if not file.is_file():
+        return
+    kind = out_dir_kind(file.parent)
+    if has_sweep_header(file) or kind == "sweep":
+        what = "holds a sweep's rows" if has_sweep_header(file) else "is a file of a sweep's"
+        raise ConfigError(
+            f"--csv {str(path)!r} {what} out dir {str(file.parent)!r}; a run's rows would "
+            "replace what the sweep wrote; allowed: a new file, or one outside that folder"
+        )
+    if kind == "run" and file.parent != own:
+        raise ConfigError(
+            f"--csv {str(path)!r} is a file of a fedlmc run's out dir {str(file.parent)!r}; "
+            "this run would replace what that run wrote; allowed: a new file, or its own out-dir"
+        )
+
+
 __all__ = [
+    "check_csv_target",
     "check_writable_file",
     "finished_cells",
     "incomplete_cells",

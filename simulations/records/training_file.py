@@ -16,15 +16,20 @@ as ``results.csv`` names them, then ``phase``, ``client``, ``step`` and the metr
   its results rows: ``results.csv`` says which cells are done, so a crash between the two
   leaves a cell that reruns and replaces its training rows.
 - :func:`read_training` reads a file back (``None`` when there is none: a results folder from
-  before training curves existed); rows with an unknown phase or a non-numeric step or metric
-  are left out with a warning naming the file.
+  before training curves existed) **line by line**, as ``results.csv`` is read
+  (:mod:`fedlmc.simulations.records.csv_lines`): a line that does not parse on its own, has
+  another number of fields than the header, is cut off, holds a control character, an unknown
+  phase, a step or client that is no integer or text in a numeric column is left out with a
+  warning naming the file and the line, and so are another sweep's rows (cells the folder's
+  ``config.json`` does not hold); a junk line above the header, or a byte order mark, is read
+  past. Before a sweep rewrites the file (:func:`replace_cell_rows`) those lines are moved,
+  byte for byte, to ``training.rejected.csv``: one bad line never costs another cell's history.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,8 @@ from typing import Any
 import pandas as pd
 
 from fedlmc.io import atomic_write_csv
+from fedlmc.simulations.records.csv_lines import is_number, shown_field, split_lines
+from fedlmc.simulations.records.results_file import CELL_ID, numeric_columns, put_aside
 from fedlmc.training_columns import (
     CLIENT_EPOCH,
     FEDAVG_ROUND,
@@ -44,6 +51,7 @@ from fedlmc.training_columns import (
 
 NAN = float("nan")
 ORDER = ["phase", "client", "step"]
+REQUIRED = KEY_COLUMNS  # the columns a line must hold to be the header
 
 
 def client_epoch_rows(report: Any) -> list[dict[str, Any]]:
@@ -103,8 +111,9 @@ def typed(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.copy()
     for name in ("client", "step"):
         frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("Int64")
-    for name in METRIC_COLUMNS:
-        frame[name] = pd.to_numeric(frame[name], errors="coerce").astype(float)
+    for name in METRIC_COLUMNS:  # a metric an older file lacks is NaN
+        values = frame[name] if name in frame else pd.Series(NAN, index=frame.index)
+        frame[name] = pd.to_numeric(values, errors="coerce").astype(float)
     return frame
 
 
@@ -133,15 +142,14 @@ def _as_text(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.read_csv(buffer, dtype=str, keep_default_na=False)
 
 
-def _raw_rows(path: Path) -> pd.DataFrame:
-    """The rows of a sweep's ``path`` as text, exactly as written, less those
-    :func:`read_training` would leave out (an empty frame when absent or unreadable)."""
-    empty = pd.DataFrame(columns=["cell_id"])
-    checked = read_training(path.parent) if path.exists() else None
-    if checked is None or "cell_id" not in checked:
-        return empty
-    raw = pd.read_csv(path, dtype=str, keep_default_na=False)
-    return raw[raw.index.isin(checked.attrs["kept"])].reset_index(drop=True)
+def _raw_rows(out_dir: Path) -> pd.DataFrame:
+    """The good rows of a sweep's ``training.csv`` as text, exactly as written; its bad lines
+    and another sweep's rows moved to ``training.rejected.csv`` first (:func:`training_text`;
+    an empty frame when the file is absent or holds no ``cell_id``)."""
+    read = training_text(out_dir, set_aside_bad=True)
+    if read is None or "cell_id" not in read.columns:
+        return pd.DataFrame(columns=["cell_id"])
+    return read
 
 
 def _text_sorted(frame: pd.DataFrame) -> pd.DataFrame:
@@ -163,7 +171,7 @@ def replace_cell_rows(out_dir: str | os.PathLike, cid: str, rows: pd.DataFrame) 
     atomically and sorted (module docstring); returns the whole table as text. The other cells'
     rows are kept as they were written, so a file's bytes depend only on its cells' values."""
     path = Path(out_dir) / TRAINING_FILE
-    old = _raw_rows(path)
+    old = _raw_rows(Path(out_dir))
     keep = old[old["cell_id"] != cid]
     if rows.empty and keep.empty:
         if path.exists():
@@ -189,40 +197,64 @@ def keep_cells(out_dir: str | os.PathLike, keep_ids: Sequence[str] | set[str]) -
     path = folder / TRAINING_FILE
     if not path.exists():
         return
-    old = _raw_rows(path)
+    old = _raw_rows(folder)
     os.replace(path, folder / "training.previous.csv")
     kept = old[old["cell_id"].isin(set(keep_ids))]
     if len(kept):
         atomic_write_csv(path, kept)
 
 
-def read_training(out_dir: str | os.PathLike) -> pd.DataFrame | None:
-    """``out_dir/training.csv`` (module docstring); ``None`` when there is none."""
+def row_problem(values: Mapping[str, str], numeric: Sequence[str]) -> str | None:
+    """Why a row of ``training.csv`` (``column -> field``) is bad beyond what every line is
+    checked for (:func:`fedlmc.simulations.records.csv_lines.split_lines`): an unknown phase, a
+    step or client that is no integer, text in a metric or numeric config column (``numeric``),
+    a ``cell_id`` that is not 12 hex digits; ``None`` for a good row."""
+    if values["phase"] not in PHASES:
+        return f"phase {shown_field(values['phase'])}; allowed: {', '.join(PHASES)}"
+    if not values["step"].isdigit():
+        return f"step {shown_field(values['step'])} is not an integer >= 0"
+    if values["client"] and not values["client"].isdigit():
+        return f"client {shown_field(values['client'])} is not an integer >= 0"
+    for column in (*METRIC_COLUMNS, *numeric):
+        if column in values and not is_number(values[column]):
+            return f"{column} = {shown_field(values[column])} is not a number"
+    if "cell_id" in values and not CELL_ID.fullmatch(values["cell_id"]):
+        return f"cell_id {shown_field(values['cell_id'])} is not 12 hex digits"
+    return None
+
+
+def training_text(out_dir: str | os.PathLike, *, set_aside_bad: bool) -> pd.DataFrame | None:
+    """The good rows of ``out_dir/training.csv`` as text, exactly as written (every field a
+    string), the bad lines and another sweep's rows named in a warning and, with
+    ``set_aside_bad``, moved to ``training.rejected.csv``; ``None`` when there is no file or
+    it has no header (a warning says so)."""
     path = Path(out_dir) / TRAINING_FILE
     if not path.exists():
         return None
-    text = {"cell_id": str, "phase": str}
-    try:
-        frame = pd.read_csv(path, keep_default_na=False, na_values=["", "nan", "NaN"], dtype=text)
-    except (OSError, ValueError, pd.errors.ParserError) as err:
-        print(f"fedlmc: warning: {str(path)!r} cannot be read ({err}); left out", file=sys.stderr)
+    numeric = numeric_columns()
+    lines = split_lines(path, REQUIRED, lambda values: row_problem(values, numeric))
+    put_aside(path, lines, set_aside_bad=set_aside_bad)  # the caller rewrites the file
+    if lines.header is None:
         return None
-    missing = [c for c in (*KEY_COLUMNS, *METRIC_COLUMNS) if c not in frame]
-    if missing:
-        print(f"fedlmc: warning: {str(path)!r} lacks columns {missing}; left out", file=sys.stderr)
+    return pd.DataFrame(lines.good, columns=lines.header, dtype=str)
+
+
+def read_training(out_dir: str | os.PathLike) -> pd.DataFrame | None:
+    """``out_dir/training.csv`` read line by line (module docstring), ``client`` and ``step``
+    as integers and the metrics as floats; ``None`` when there is none."""
+    text = training_text(out_dir, set_aside_bad=False)
+    if text is None:
         return None
-    numbers = frame[["step", *METRIC_COLUMNS]].apply(pd.to_numeric, errors="coerce")
-    bad = ~frame["phase"].isin(PHASES) | numbers["step"].isna()
-    bad |= (numbers[list(METRIC_COLUMNS)].isna() & frame[list(METRIC_COLUMNS)].notna()).any(axis=1)
-    if bad.any():
-        rows = ", ".join(str(i + 2) for i in frame.index[bad][:5])
-        print(
-            f"fedlmc: warning: {int(bad.sum())} bad row(s) in {str(path)!r} left out (rows {rows})",
-            file=sys.stderr,
-        )
-    kept = typed(frame[~bad]).reset_index(drop=True)
-    kept.attrs["kept"] = list(frame.index[~bad])  # the file's row numbers (0 = first row)
-    return kept
+    buffer = io.StringIO()
+    text.to_csv(buffer, index=False)
+    buffer.seek(0)
+    frame = pd.read_csv(
+        buffer,
+        keep_default_na=False,
+        na_values=["", "nan", "NaN"],
+        dtype={"cell_id": str, "phase": str},
+    )
+    return typed(frame)
 
 
 __all__ = [
@@ -232,5 +264,6 @@ __all__ = [
     "read_training",
     "replace_cell_rows",
     "training_rows",
+    "training_text",
     "write_training",
 ]

@@ -21,6 +21,7 @@ from fedlmc.simulations.records.provenance import versions
 from fedlmc.simulations.records.results_file import (
     read_results,
     refuse_mixing,
+    sweep_record_of,
 )
 from fedlmc.simulations.records.training_file import keep_cells
 
@@ -69,11 +70,7 @@ def prepare_out_dir(out_dir: Path, record: Mapping[str, Any], *, force: bool) ->
     remove_stale_temporaries(out_dir)
     path = out_dir / CONFIG
     if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            old = {}
-        before, now = experiment_of(old), experiment_of(record)
+        before, now = experiment_of(sweep_record_of(out_dir)), experiment_of(record)
         if before != now:
             if not force:
                 raise ConfigError(

@@ -61,6 +61,7 @@ from fedlmc.simulations.config import (
     SweepConfig,
     absolute_paths,
     cell_id,
+    client_epochs,
     row_methods,
     unique_cells,
 )
@@ -139,9 +140,10 @@ def run_sweep(
         done = finished_cells(results, expected, retry_failed=retry_failed)
         todo = [i for i, cid in enumerate(ids) if cid not in done]
         say = tqdm.write if progress else (lambda _text: None)
+        work = client_epochs([cells[i] for i in todo])
         say(
             f"sweep {sweep.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
-            f"results in {out_dir / RESULTS}"
+            f"{work:,} client-epochs of training to go, results in {out_dir / RESULTS}"
         )
         bar = tqdm(
             total=len(cells),

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from fedlmc.simulations.config import LINK, run_schema
 from fedlmc.simulations.config.schema import ConfigError
 from fedlmc.simulations.records.results_file import CONFIG, RESULTS, out_dir_kind, read_results
+from fedlmc.simulations.records.training_file import training_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -236,25 +237,13 @@ def row_metrics(rows: pd.DataFrame) -> tuple[tuple[str, float], ...]:
 
 
 def read_training(folder: Path) -> pd.DataFrame:
-    """``folder/training.csv`` (cell_id and client as text); an empty frame when absent."""
+    """``folder/training.csv`` as text, read line by line
+    (:func:`fedlmc.simulations.records.training_file.training_text`: a bad line is left out
+    with a warning); an empty frame when absent."""
     import pandas as pd
 
-    path = folder / TRAINING
-    if not path.is_file():
-        return pd.DataFrame(columns=list(TRAINING_LEAD))
-    try:
-        frame = pd.read_csv(
-            path,
-            keep_default_na=False,
-            na_values=["", "nan", "NaN"],
-            dtype={"cell_id": str, "client": str, "phase": str},
-        )
-    except (ValueError, pd.errors.ParserError) as err:
-        raise ConfigError(f"training file {str(path)!r}: cannot read it ({err})") from None
-    missing = [c for c in ("phase", "client", "step") if c not in frame.columns]
-    if missing:
-        raise ConfigError(f"training file {str(path)!r} has no {', '.join(missing)} column(s)")
-    return frame
+    frame = training_text(folder, set_aside_bad=False)
+    return pd.DataFrame(columns=list(TRAINING_LEAD)) if frame is None else frame
 
 
 def step_metrics(curves: pd.DataFrame) -> tuple[tuple[str, int, float], ...]:

@@ -276,3 +276,29 @@ def test_random_permutation_is_undone_by_weight_matching():
     assert not torch.allclose(
         scrambled["hidden.0.linear.weight"], states[0]["hidden.0.linear.weight"]
     )
+
+
+def test_an_entry_of_another_signature_is_named_with_what_it_takes():
+    """What a config names by import path must be called the way fedlmc calls it: a merge
+    function as ``f(job)``, a model factory as ``f(width, num_classes, in_shape, norm)``."""
+    import json
+    import os
+
+    from fedlmc.registry import signature_problem
+
+    factory = ("width", "num_classes", "in_shape", "norm")
+    assert signature_problem(lambda job: job, ("job",)) is None
+    assert signature_problem(lambda job, *, scale=1.0: job, ("job",)) is None
+    assert signature_problem(lambda width, num_classes, in_shape, norm, **o: 0, factory) is None
+    assert signature_problem(os.system, ("job",)) == "it takes (command)"
+    assert signature_problem(json.dumps, ("job",)).startswith("it takes (obj, *, skipkeys")
+    assert signature_problem(lambda *args, timeout=None: 0, factory) == (
+        "it takes (*args, timeout=None)"
+    )  # the shape of a process launcher's call
+    assert signature_problem(lambda job, extra: 0, ("job",)) == (
+        "it takes (job, extra): extra has no default"
+    )
+    assert signature_problem(lambda job, *more: 0, ("job",)) == (
+        "it takes (job, *more): *more as well"
+    )
+    assert "cannot be read" in signature_problem(min, ("job",))  # no signature in Python 3.11

@@ -302,9 +302,13 @@ def test_fedlmc_validate_resolves_user_methods_and_notes_uncounted_models(tmp_pa
     import sys
 
     (tmp_path / "my_merges.py").write_text(USER_MERGES)
+    (tmp_path / "my_nets.py").write_text(  # torch is imported when a model is built, not before
+        "def make(width, num_classes, in_shape, norm):\n    from torch import nn\n\n"
+        "    return nn.Linear(in_shape[0] * in_shape[1] * in_shape[2], num_classes)\n"
+    )
     sweep = tmp_path / "sweep.toml"
     sweep.write_text(
-        'name = "hooks"\n[run]\nmodel = "fedlmc.models:MLP"\nepochs = 1\n'
+        'name = "hooks"\n[run]\nmodel = "my_nets:make"\nepochs = 1\n'
         'methods = "average,my_merges:keep_first,my_merges:declared_halfway_t"\n'
         "[grid]\nwidth = [1, 2]\n"
     )
@@ -320,9 +324,11 @@ def test_fedlmc_validate_resolves_user_methods_and_notes_uncounted_models(tmp_pa
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path
     )
     lines = done.stdout.splitlines()
-    assert lines[0] == "hooks: 2 cell(s); grid axes: width", done.stderr
+    assert lines[0] == "hooks: 2 cell(s), 4 client-epochs of training; grid axes: width", (
+        done.stderr
+    )
     assert lines[3] == (
-        "note: memory check skipped: model 'fedlmc.models:MLP' declares no parameter count "
+        "note: memory check skipped: model 'my_nets:make' declares no parameter count "
         "(register_model(..., parameters=...))"
     )
     assert lines[4] == "exit 0 False" and lines[5] == "exit 2"

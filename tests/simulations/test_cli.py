@@ -3,7 +3,9 @@ one-line errors with exit status 2."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,37 +32,113 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
     )
 
 
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process below it (``/proc/*/stat``'s parent ids)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rpartition(")")[2].split()[1])
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo += parents.get(pid, [])
+    return found
+
+
+def socket_inodes(pids: set[int]) -> set[str]:
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        inodes |= {link[8:-1] for link in links if link.startswith("socket:[")}
+    return inodes
+
+
+def tcp_address(hex_address: str) -> str:
+    """A ``/proc/net/tcp[6]`` local address (host byte order words) as text."""
+    host = bytes.fromhex(hex_address.partition(":")[0])
+    words = b"".join(host[i : i + 4][::-1] for i in range(0, len(host), 4))
+    return socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)
+
+
+def listening_addresses(root: int) -> set[str]:
+    """The addresses the TCP sockets of ``root`` and its children listen on."""
+    inodes = socket_inodes(process_tree(root))
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN
+                found.add(tcp_address(fields[1]))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
 @pytest.mark.slow
-def test_run_prints_one_row_per_method(tmp_path):
+def test_run_prints_one_row_per_method_and_listens_on_loopback_only(tmp_path):
     """Three clients: the rows, the stages on stderr, where the rows went (nowhere on disk:
-    no out-dir) and no column that has no value for the run (the barriers)."""
+    no out-dir) and no column that has no value for the run (the barriers). While it runs,
+    every TCP socket that it and its children (Ray's GCS, raylet, agents, the client actors)
+    listen on is on the loopback interface: a local Ray is not reachable from the network."""
     csv = tmp_path / "rows.csv"
-    done = run_cli(
-        "run",
-        "epochs=1",
-        "width=0.125",
-        "num-clients=3",
-        "lambdas=3",
-        "diagnostics=false",
-        "methods=average,average_t,ensemble",
-        "--csv",
-        str(csv),
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    args = ["epochs=1", "width=0.125", "num-clients=3", "lambdas=3", "diagnostics=false"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedlmc.simulations.cli",
+            "run",
+            *args,
+            "methods=average,average_t,ensemble",
+            "--csv",
+            str(csv),
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         cwd=tmp_path,
+        env=env,
+        start_new_session=True,
     )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    listening: set[str] = set()
+    try:
+        while proc.poll() is None:
+            listening |= listening_addresses(proc.pid)
+            time.sleep(0.5)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert listening and all(is_loopback(a) for a in listening), sorted(listening)
+    lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["method", "accuracy"])
     methods = [line.split()[0] for line in lines[header + 1 : header + 4]]
     assert methods == ["average", "average_t", "ensemble"]
     assert "loss_barrier_half" not in lines[header] and "lewc_cos_mean" not in lines[header]
     left_out = "not shown: loss_barrier_half (no value in any row; applies to: two-client"
-    assert left_out in done.stdout
-    stages = [line for line in done.stderr.splitlines() if line.startswith("fedlmc run: [")]
+    assert left_out in out
+    stages = [line for line in err.splitlines() if line.startswith("fedlmc run: [")]
     assert "waiting for 3 clients to train (1 epoch(s) each)" in stages[0]
     assert "3 client model(s) received" in stages[1]
     assert "merge and evaluation 1/1: average" in stages[2]
     assert "evaluation done: 3 row(s)" in stages[3]
-    assert "fedlmc run: out-dir is empty: the rows were not written to disk" in done.stderr
+    assert "fedlmc run: out-dir is empty: the rows were not written to disk" in err
     import pandas as pd
 
     rows = pd.read_csv(csv)
@@ -72,7 +150,12 @@ def test_validate_lists_every_cell(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     cells = expand_grid(load_sweep_config(REPO / "configs" / "quick.toml", ["seed=[3]"]))
-    assert out.splitlines()[0] == f"quick: {len(cells)} cell(s); grid axes: bias, seed, width"
+    assert all(c["strategy"] == "compare" and "fedavg" not in c["methods"] for c in cells)
+    work = sum(c["num-clients"] * c["epochs"] for c in cells)  # one training round each
+    assert out.splitlines()[0] == (
+        f"quick: {len(cells)} cell(s), {work:,} client-epochs of training; grid axes: bias, "
+        "seed, width"
+    )
     for cell in cells:
         assert cell_id(cell) in out
 
@@ -171,3 +254,133 @@ def test_run_progress_numbers_merges_with_the_time_left_and_says_where_rows_went
     assert rows_destination({"out-dir": "/tmp/run"}).startswith(
         "rows written to /tmp/run/results.csv"
     )
+
+
+# ----------------------------------------------------------------------------- issue 39
+# Bad input that used to escape the checks: each is one line, exit status 2, before any work
+# (nothing written, no Ray). A guard `--ray-address` where nothing listens keeps a case that
+# slipped through from starting a federation here (it would then fail on the address instead).
+GUARD = ["--ray-address", "127.0.0.1:9"]
+GOOD_SWEEP = 'name = "good"\n[run]\nepochs = 1\nmethods = "average"\n'
+DEEP = "[" * 5000 + "]" * 5000
+THOUSAND = ", ".join(str(i) for i in range(1000))
+DECAYS = ", ".join(f"{i / 1e4:g}" for i in range(1000))
+
+
+def issue_39_inputs(root: Path, sweep_dir: Path, run_dir: Path) -> list[tuple[str, list, str]]:
+    """(case id, argv, what the line must say) of every bad input of this list."""
+    (root / "good.toml").write_text(GOOD_SWEEP)
+    (root / "dotdot.toml").write_text(GOOD_SWEEP.replace('"good"', '".."'))
+    (root / "dot.toml").write_text(GOOD_SWEEP.replace('"good"', '"."'))
+    (root / "deep.toml").write_text(GOOD_SWEEP + f"seed = {DEEP}\n")
+    foreign = root / "copied"
+    foreign.mkdir()
+    (foreign / "results.csv").write_bytes((sweep_dir / "results.csv").read_bytes())
+    million = [f"grid.seed=[{THOUSAND}]", f"grid.weight-decay=[{DECAYS}]"]
+    return [
+        ("sweep name ..", ["sweep", "dotdot.toml", *GUARD], "name = '..'"),
+        ("sweep name .", ["sweep", "dot.toml", *GUARD], "name = '.'"),
+        ("name=.. override", ["sweep", "good.toml", "name=..", *GUARD], "name = '..'"),
+        ("validate name ..", ["validate", "dotdot.toml"], "name = '..'"),
+        ("sweep --out with a newline", ["sweep", "good.toml", "--out", "a\nb", *GUARD], "--out"),
+        ("validate --out with a newline", ["validate", "good.toml", "--out", "a\nb"], "--out"),
+        ("run out-dir with a newline", ["run", "out-dir=a\nb", *GUARD], "out-dir"),
+        ("run out-dir with an escape", ["run", "out-dir=a\x1b[2Jb", *GUARD], "out-dir"),
+        ("run --csv with a newline", ["run", "--csv", "rows\n.csv", *GUARD], "--csv"),
+        ("TOML nested 5000 deep", ["validate", "deep.toml"], "nested too deep"),
+        ("override nested 5000 deep", ["validate", "good.toml", f"seed={DEEP}"], "too deep"),
+        ("sweep of 1e6 cells", ["sweep", "good.toml", *million, *GUARD], "1,000,000 cells"),
+        ("validate of 1e6 cells", ["validate", "good.toml", *million], "--max-cells"),
+        ("methods=os:system", ["validate", "good.toml", "methods=os:system"], "'os:system'"),
+        (
+            "align=os:system",
+            ["validate", "good.toml", "strategy=aligned", "align=os:system"],
+            "'os:system'",
+        ),
+        ("model=os:system", ["validate", "good.toml", "model=os:system"], "'os:system'"),
+        ("methods=json:dumps", ["validate", "good.toml", "methods=json:dumps"], "job"),
+        ("model=json:dumps", ["validate", "good.toml", "model=json:dumps"], "width, num_classes"),
+        ("run model=os:system", ["run", "model=os:system", *GUARD], "'os:system'"),
+        (
+            "--csv onto a sweep's results.csv",
+            ["run", "--csv", str(sweep_dir / "results.csv"), *GUARD],
+            "a sweep's",
+        ),
+        (
+            "--csv onto a copy of a sweep's rows",
+            ["run", "--csv", str(foreign / "results.csv"), *GUARD],
+            "a sweep's rows",
+        ),
+        (
+            "--csv onto another run's results.csv",
+            ["run", "--csv", str(run_dir / "results.csv"), *GUARD],
+            "a fedlmc run's",
+        ),
+        (
+            "--csv onto the run's own results.csv",
+            ["run", f"out-dir={root / 'own'}", "--csv", str(root / "own" / "results.csv"), *GUARD],
+            "writes it itself",
+        ),
+    ]
+
+
+def finished_folders(root: Path) -> tuple[Path, Path]:
+    """A finished sweep's out dir (a plain runner, no Flower) and a run's out dir."""
+    import pandas as pd
+
+    from fedlmc.simulations.config import sweep_from_mapping
+    from fedlmc.simulations.runs.sweep import run_sweep
+
+    sweep_dir, run_dir = root / "sweep", root / "run"
+    rows = pd.DataFrame([{"method": "average", "accuracy": 0.5}])
+    sweep = sweep_from_mapping(
+        {"name": "s", "run": {"methods": "average"}, "grid": {"seed": [0, 1]}}
+    )
+    run_sweep(sweep, sweep_dir, runner=lambda _config: rows, progress=False)
+    run_dir.mkdir()
+    rows.assign(fedlmc_version="0").to_csv(run_dir / "results.csv", index=False)
+    return sweep_dir, run_dir
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() if p.is_file() else b"" for p in sorted(root.rglob("*"))}
+
+
+def test_issue_39_bad_inputs_give_one_line_and_exit_2_before_any_work(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    sweep_dir, run_dir = finished_folders(tmp_path / "folders")
+    cases = issue_39_inputs(tmp_path, sweep_dir, run_dir)
+    failures = []
+    for case, argv, needle in cases:
+        before = snapshot(tmp_path)
+        try:
+            code = main(argv)
+        except (Exception, SystemExit) as escaped:  # noqa: BLE001 - listed as a failure
+            code = f"{type(escaped).__name__} raised"
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        ok = code == 2 and len(lines) == 1 and lines[0].startswith("fedlmc: error: ")
+        if not (ok and needle in err and "Traceback" not in err and snapshot(tmp_path) == before):
+            failures.append(f"{case}: exit {code}, {err[-300:]!r}")
+    assert failures == []
+    assert len(cases) == 23  # the count the closing note of issue 39 reports
+
+
+def test_track_is_refused_while_another_command_holds_the_folder(tmp_path, capsys):
+    import fcntl
+
+    from fedlmc.simulations.records.out_dir_lock import LOCK
+
+    sweep_dir, _run_dir = finished_folders(tmp_path)
+    fd = os.open(sweep_dir / LOCK, os.O_RDWR)  # the lock as a running sweep holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(fd, b"fedlmc sweep (pid 4242)\n", 0)
+        assert main(["track", str(sweep_dir), "--to", "tensorboard"]) == 2
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "in use by fedlmc sweep (pid 4242)" in err
+    assert not (sweep_dir / "tensorboard").exists()

@@ -5,6 +5,7 @@ signature, checked with ``inspect``, or what it does, exercised for real)."""
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 import textwrap
@@ -107,3 +108,21 @@ def test_ray_bootstrap_address_resolves_auto_from_ray_address(monkeypatch):
     assert ray_bootstrap_address("local") is None
     monkeypatch.delenv("RAY_ADDRESS")
     assert ray_bootstrap_address("10.1.2.3:6379") == "10.1.2.3:6379"
+
+
+def test_ray_takes_a_loopback_node_address_while_clusters_are_off(monkeypatch):
+    """Ray's node address (what its servers bind to) is 127.0.0.1 inside ``loopback_node``
+    and this machine's reachable address outside it (no Ray node runs in this process)."""
+    import ray
+    from ray._private import ray_constants, services
+
+    from fedlmc.simulations.engine.compat import CLUSTER_VARIABLE, loopback_node
+
+    assert not ray.is_initialized()  # else Ray answers with the running node's address
+    monkeypatch.delenv(CLUSTER_VARIABLE, raising=False)
+    assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    with loopback_node():
+        assert services.get_node_ip_address() == "127.0.0.1"
+        assert os.environ[CLUSTER_VARIABLE] == "0"
+    assert ray_constants.ENABLE_RAY_CLUSTER == before and CLUSTER_VARIABLE not in os.environ

@@ -171,6 +171,34 @@ BAD_INPUTS = [
         ["malformed TOML", "line 5"],
     ),
     ("bad failure injection", None, ["inject-failure=crash:0"], ["inject-failure", "crash:0"]),
+    # issue 39: input that escaped the checks
+    ("name ..", GOOD.replace('name = "good"', 'name = ".."'), [], ["name = '..'", "dots alone"]),
+    ("name .", None, ["name=."], ["name = '.'", "dots alone"]),
+    ("name with a newline", None, ["name=a\nb"], ["name = 'a\\nb'"]),
+    ("out-dir with a newline", None, ["run.out-dir='a\nb'"], ["out-dir", "control character"]),
+    ("TOML nested 5000 deep", GOOD + "x = " + "[" * 5000 + "]" * 5000, [], ["nested too deep"]),
+    ("override nested 5000 deep", None, ["seed=" + "[" * 5000 + "]" * 5000], ["nested too deep"]),
+    (
+        "a grid of a million cells",
+        None,
+        ["width=0.5", f"grid.seed={list(range(1000))}", f"grid.epochs={list(range(1, 1001))}"],
+        ["grid of 1,000,000 cells", "1000 (seed) x 1000 (epochs)", "--max-cells 1000000"],
+    ),
+    ("methods os:system", None, ["methods=os:system"], ["'os:system'", "takes (command)"]),
+    (
+        "align os:system",
+        None,
+        ["strategy=aligned", "align=os:system"],
+        ["align = 'os:system'", "takes (command)"],
+    ),
+    ("model os:system", None, ["model=os:system"], ["model = 'os:system'", "takes (command)"]),
+    ("merge function of another signature", None, ["methods=json:dumps"], ["it takes (obj"]),
+    (
+        "model factory that needs more arguments",
+        None,
+        ["model=fedlmc.models:MLP"],
+        ["'fedlmc.models:MLP'", "depth has no default"],
+    ),
 ]
 
 if not torch.cuda.is_available():
@@ -407,4 +435,7 @@ def test_data_and_model_keys_are_checked(values, message):
     assert (
         validate_run_config({"dataset": "hf:some/data", "image-key": "img"})["image-key"] == "img"
     )
-    assert validate_run_config({"model": "pkg.nets:make_net"})["model"] == "pkg.nets:make_net"
+    unchecked = validate_run_config({"model": "pkg.nets:make_net"}, check_devices=False)
+    assert unchecked["model"] == "pkg.nets:make_net"  # for another machine: not imported here
+    with pytest.raises(ConfigError, match="model factory 'pkg.nets:make_net' cannot be imported"):
+        validate_run_config({"model": "pkg.nets:make_net"})

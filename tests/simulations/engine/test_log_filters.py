@@ -58,3 +58,28 @@ def test_the_deprecation_notice_is_hidden_unless_verbose_and_the_filters_are_rem
         logger.warning("DEPRECATED FEATURE: run_simulation")
     logger.error(OWNER_EXIT)  # outside a sweep nothing is hidden
     assert seen == ["DEPRECATED FEATURE: run_simulation", OWNER_EXIT]
+
+
+def worker_record(message: str, module: str) -> logging.LogRecord:
+    """A record as Flower's simulation worker (``vce_api``) or Ray backend logs it."""
+    record = logging.LogRecord("flwr", logging.ERROR, f"{module}.py", 1, message, None, None)
+    record.module = module
+    return record
+
+
+def test_once_stopping_the_message_workers_errors_are_hidden(flower_log, monkeypatch):
+    """SIGTERM to the process group reaches the client actors too: Flower's worker then logs
+    each dead actor (its error, then its traceback). Once the process is stopping they are
+    noise; before, and from any other module, an error still shows."""
+    from fedlmc.simulations.engine import log_filters
+
+    logger, seen = flower_log
+    unavailable = "The actor is unavailable: UnexpectedSystemExit: ... receives a SIGTERM"
+    with quiet_flower(verbose=False):
+        logger.handle(worker_record(unavailable, "vce_api"))  # not stopping: a client failure
+        monkeypatch.setattr(log_filters, "stopping", lambda: True)
+        logger.handle(worker_record(unavailable, "vce_api"))
+        logger.handle(worker_record("An exception was raised ... by RayBackend", "raybackend"))
+        logger.handle(worker_record("Traceback (most recent call last): ...", "vce_api"))
+        logger.handle(worker_record("the strategy dropped client 2", "one_shot"))
+    assert seen == [unavailable, "the strategy dropped client 2"]

@@ -58,6 +58,12 @@ def undamaged(tmp_path_factory) -> tuple[Path, pd.DataFrame]:
     return out, by_cell(read_results(out))
 
 
+def resumed_running_nothing(out: Path) -> pd.DataFrame:
+    """The sweep rerun in ``out`` where every cell is complete: it must run none."""
+    runner = lambda _config: pytest.fail("a complete cell was rerun")  # noqa: E731
+    return run_sweep(sweep_from_mapping(SWEEP), out, runner=runner, progress=False)
+
+
 def by_cell(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["cell_id", "method"]).reset_index(drop=True)
 
@@ -150,12 +156,7 @@ def test_a_damaged_results_file_ends_with_the_rows_of_an_undamaged_one(
         assert not (out / REJECTED).exists()
         assert "lack rows" in err and "they run again" in err
     # a second rerun has nothing left to do
-    again = run_sweep(
-        sweep_from_mapping(SWEEP),
-        out,
-        runner=lambda _config: pytest.fail("a complete cell was rerun"),
-        progress=False,
-    )
+    again = resumed_running_nothing(out)
     pd.testing.assert_frame_equal(by_cell(again), expected)
 
 
@@ -244,3 +245,62 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys):
     assert main(["validate", str(config), "--out", str(a_file)]) == 2
     assert "--out" in capsys.readouterr().err
     assert main(["validate", str(config), "--out", str(tmp_path / "fine")]) == 0
+
+
+@pytest.mark.parametrize(
+    "prefix, junk",
+    [
+        ("\ufeff", None),
+        ("# exported by a spreadsheet\n", "# exported by a spreadsheet"),
+        ("\ufeffjunk\n\n", "junk"),
+    ],
+    ids=["byte order mark", "junk before the header", "both"],
+)
+def test_a_byte_order_mark_or_junk_before_the_header_and_the_sweep_resumes(
+    tmp_path, capsys, undamaged, prefix, junk
+):
+    """A BOM is read as one (not as part of ``cell_id``), a line above the header is set
+    aside like any bad line; the sweep resumes with nothing to run and the rows unchanged."""
+    source, expected = undamaged
+    out = copy_of(source, tmp_path / "sweep")
+    results = out / "results.csv"
+    results.write_bytes(prefix.encode("utf-8") + results.read_bytes())
+    assert out_dir_kind(out) == "sweep"
+    table = resumed_running_nothing(out)
+    pd.testing.assert_frame_equal(by_cell(table), expected)
+    err = capsys.readouterr().err
+    if junk is not None:
+        assert "1 bad row(s)" in err and "line 1: before the header" in err
+        assert (out / REJECTED).read_text(encoding="utf-8").splitlines()[1:] == [junk]
+    else:
+        assert "bad row" not in err and not (out / REJECTED).exists()
+    start = b"cell_id" if junk is not None else b"\xef\xbb\xbfcell_id"  # rewritten, or kept
+    assert results.read_bytes().startswith(start)
+
+
+def test_another_sweeps_rows_are_set_aside_and_counted(tmp_path, capsys, undamaged):
+    """Rows of cells the folder's config.json does not hold (another sweep's results.csv pasted
+    in) are left out of a report's reading and set aside by the sweep, with their count."""
+    source, expected = undamaged
+    other = tmp_path / "other"
+    run_sweep(
+        sweep_from_mapping({**SWEEP, "grid": {"seed": [5, 6, 7, 8]}}),
+        other,
+        runner=runner_counting([]),
+        progress=False,
+    )
+    out = copy_of(source, tmp_path / "sweep")
+    results = out / "results.csv"
+    foreign = lines_of(other / "results.csv")[1:]
+    results.write_text(results.read_text() + "\n".join(foreign), encoding="utf-8")
+    report_view = read_results(out)
+    pd.testing.assert_frame_equal(by_cell(report_view), expected)
+    err = capsys.readouterr().err
+    assert "8 row(s) of 4 cell(s) not in this sweep's config.json" in err and "left out" in err
+    table = resumed_running_nothing(out)
+    pd.testing.assert_frame_equal(by_cell(table), expected)
+    err = capsys.readouterr().err
+    assert "8 row(s) of 4 cell(s)" in err and REJECTED in err
+    rejected = (out / REJECTED).read_text(encoding="utf-8").splitlines()
+    assert len(rejected) == 1 + 8 and sorted(rejected[1:]) == sorted(x for x in foreign if x)
+    pd.testing.assert_frame_equal(by_cell(read_results(out)), expected)
