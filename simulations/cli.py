@@ -270,13 +270,13 @@ def positive_int(text: str) -> int:
 
 
 def command_sweep(args: argparse.Namespace) -> int:
+    sweep = load_sweep_config(args.config, args.overrides)  # every cell, before torch or Flower
+    out_dir = Path(args.out) if args.out else Path("results") / sweep.name
+    tracking = track_request(args, out_dir)
     from fedlmc.simulations.engine.cells import EngineError
     from fedlmc.simulations.records.out_dir_lock import out_dir_lock
     from fedlmc.simulations.runs.sweep import run_sweep
 
-    sweep = load_sweep_config(args.config, args.overrides)
-    out_dir = Path(args.out) if args.out else Path("results") / sweep.name
-    tracking = track_request(args, out_dir)
     with out_dir_lock(out_dir, "fedlmc sweep"):  # the cells, the report and the export
         try:
             results = run_sweep(
@@ -335,12 +335,8 @@ def refuse_run_folder(folder: str) -> None:
 
 
 def command_run(args: argparse.Namespace) -> int:
-    from fedlmc.simulations.records.progress import stderr_say
-    from fedlmc.simulations.runs.federation import run_federation
-    from fedlmc.strategies import ClientsFailedError
-
     values = dict(parse_override(text) for text in args.overrides)
-    config = validate_run_config(values)
+    config = validate_run_config(values)  # before torch, Ray or Flower are imported
     config = absolute_paths(config)
     check_run_outputs(config, args.csv)
     note = memory_check_note(config)
@@ -352,6 +348,10 @@ def command_run(args: argparse.Namespace) -> int:
             "out-dir=DIR"
         )
     tracking = track_request(args, config["out-dir"])
+    from fedlmc.simulations.records.progress import stderr_say
+    from fedlmc.simulations.runs.federation import run_federation
+    from fedlmc.strategies import ClientsFailedError
+
     with run_lock(config["out-dir"]):
         try:
             rows = run_federation(config, ray_address=args.ray_address, say=stderr_say)

@@ -80,6 +80,7 @@ def test_validate_lists_every_cell(tmp_path, capsys):
 def test_errors_exit_2_with_one_line(tmp_path, capsys):
     cases = [
         (["run", "widht=1"], "did you mean 'width'"),
+        (["run", "methods=averag"], "unknown method 'averag' (did you mean 'average'"),
         (["run", "num-clients=2", "min-clients=3"], "min-clients = 3"),
         (["run", "partition=pathological", "classes-per-client=11"], "classes-per-client = 11"),
         (["report", str(tmp_path)], "no results.csv"),
@@ -101,6 +102,25 @@ def test_console_script_and_usage_errors(tmp_path):
     ]
     parser = build_parser()
     assert parser.prog == "fedlmc"
+    # a config mistake is answered before torch, Ray, Flower or pandas are imported
+    check = (
+        "import sys; from fedlmc.simulations.cli import main; code = main(sys.argv[1:]); "
+        "heavy = [m for m in ('torch', 'ray', 'flwr', 'pandas') if m in sys.modules]; "
+        "print('imported:', heavy); sys.exit(code)"
+    )
+    quick = str(REPO / "configs" / "quick.toml")
+    for argv in (["run", "methods=averag,ensemble"], ["sweep", quick, "methods=weight_matchng"]):
+        done = subprocess.run(
+            [sys.executable, "-c", check, *argv],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=120,
+        )
+        assert done.returncode == 2 and done.stdout == "imported: []\n", (argv, done)
+        assert "(did you mean 'average'" in done.stderr or "'weight_matching'" in done.stderr
+        assert len(done.stderr) < 400 and "average_repair_t" not in done.stderr, done.stderr
     done = run_cli("frobnicate", cwd=tmp_path)
     assert done.returncode == 2 and "invalid choice" in done.stderr
 
