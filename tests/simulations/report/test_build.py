@@ -299,7 +299,6 @@ def test_figures_are_titled_coinciding_methods_drawn_once_and_styles_in_the_lege
 def test_report_shows_auto_choices_temperature_gaps_and_communication(tmp_path):
     """auto's pick and cost against weight matching per width; log T gap to the server split
     per calibration-holdout; what the clients sent and the rounds per method."""
-    import math
 
     from fedlmc.simulations.report.markdown import report_markdown
 
@@ -380,19 +379,6 @@ def curve_rows(cid: str, width: float, seed: int, losses: dict[int, list[float]]
     ]
 
 
-def test_convergence_rules_on_hand_built_curves():
-    from fedlmc.analysis.convergence import last_epochs_drop, settled_epoch, still_falling
-
-    settling = [2.0, 1.0, 0.5, 0.498, 0.497, 0.4965]  # changes 50 %, 50 %, then below 1 %
-    assert settled_epoch(settling) == 3.0 and not still_falling(settling)
-    falling = [2.0, 1.5, 1.2, 1.0, 0.9, 0.8]  # 20 % over the last 2 epochs
-    assert math.isnan(settled_epoch(falling)) and still_falling(falling)
-    assert last_epochs_drop(falling) == pytest.approx(0.2)
-    assert not still_falling([1.0, 1.0, 1.0, 0.96])  # 4 %: below the 5 % threshold
-    assert math.isnan(last_epochs_drop([1.0, 0.5]))  # two epochs: undefined, never flagged
-    assert settled_epoch([1.0, 0.999, 0.5, 0.4999]) == 3.0  # a late jump resets it
-
-
 def convergence_text(tmp_path, curves: pd.DataFrame) -> str:
     from fedlmc.simulations.report.markdown import report_markdown
 
@@ -414,7 +400,7 @@ def test_convergence_verdict_only_where_the_rule_is_defined(tmp_path):
     assert "Every client had converged" not in section
     assert "Cannot tell whether every client had converged: 4 of 4 curves" in section
     assert "needs at least 3 epochs, the run had 2" in section
-    assert "| 0 / 4, cannot tell for 4 |" in section
+    assert "| cannot tell for 4 / 4 |" in section
     # three flat epochs: the rule is defined and true, so the verdict is stated
     flat = pd.DataFrame(curve_rows("aaaaaaaaaaaa", 1.0, 0, {0: [1.0, 0.99, 0.99]}))
     section = convergence_text(tmp_path, flat)
