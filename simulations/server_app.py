@@ -93,6 +93,7 @@ from fedlmc.simulations.records.server_outcome import (
     width_columns,
 )
 from fedlmc.simulations.records.training_file import training_rows, write_training
+from fedlmc.simulations.records.watched_grid import WatchedGrid
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
@@ -474,6 +475,8 @@ def run_mode(
     """The data, the models and the configured mode (:data:`MODES`) of a validated run config,
     its stages told through ``progress``."""
     outcome = ServerOutcome(config=config, progress=progress)
+    if progress.watching:  # each reply told as it arrives, the waits on a timer
+        grid = WatchedGrid(grid, progress)
     note = cell_default_methods_note(config)
     if note is not None:
         outcome.progress(note)

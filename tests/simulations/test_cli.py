@@ -55,7 +55,11 @@ def test_run_prints_one_row_per_method(tmp_path):
     assert "loss_barrier_half" not in lines[header] and "lewc_cos_mean" not in lines[header]
     left_out = "not shown: loss_barrier_half (no value in any row; applies to: two-client"
     assert left_out in done.stdout
-    stages = [line for line in done.stderr.splitlines() if line.startswith("fedlmc run: [")]
+    told = [line for line in done.stderr.splitlines() if line.startswith("fedlmc run: [")]
+    replies = [line.split("] training: ")[1] for line in told if "] training: " in line]
+    assert replies[0].startswith("1/3 client(s) replied after"), replies  # the first reply
+    assert replies[-1].startswith("3/3 client(s) replied after"), replies  # and the last
+    stages = [line for line in told if "] training: " not in line]
     assert "waiting for 3 clients to train (1 epoch(s) each)" in stages[0]
     assert "3 client model(s) received" in stages[1]
     assert "merge and evaluation 1/1: average" in stages[2]
