@@ -20,6 +20,10 @@
   each an optional extra); ``sweep`` and ``run`` take ``--track NAME`` to export when they
   finish (a run needs an ``out-dir``). The tracker's name and its extra being installed are
   checked before any work; exporting again skips the runs already there.
+- ``fedlmc superlink start [--timeout S]`` / ``fedlmc superlink stop``: Flower's local
+  SuperLink for ``flwr run .``, started with a longer wait than Flower's 15 s and stopped by
+  its process id (:mod:`fedlmc.simulations.runs.local_superlink`); a SuperLink that does not
+  start exits 1 with one line.
 - ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once
   (md5-checked, :func:`fedlmc.data.download.fetch_dataset`); a failed download exits 1 with one
   line. ``fedlmc data list``: the registered data sets (a markdown table, as in the docs).
@@ -56,6 +60,7 @@ from fedlmc.simulations.config import (
     parse_override,
     validate_run_config,
 )
+from fedlmc.simulations.config.secure import is_secure
 from fedlmc.simulations.config.tables import (
     columns_table,
     keys_table,
@@ -156,6 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace the [tool.flwr.app.config] block of the pyproject.toml at PATH",
     )
     sub.add_parser("columns", help="list every results column with its definition (markdown)")
+
+    link = sub.add_parser(
+        "superlink",
+        help="start or stop Flower's local SuperLink for `flwr run .` (waits longer than "
+        "Flower's 15 s)",
+    )
+    link_sub = link.add_subparsers(dest="superlink_command", required=True)
+    start = link_sub.add_parser("start", help="start it and wait until it answers")
+    start.add_argument(
+        "--timeout", type=float, default=300.0, metavar="S", help="seconds to wait (300)"
+    )
+    link_sub.add_parser("stop", help="stop it (whoever started it), by its process id")
 
     data = sub.add_parser("data", help="data sets: list them, fetch one into a folder")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -388,11 +405,18 @@ def show_rows(rows: pd.DataFrame, config, csv_path: str | None) -> None:
     nothing; write the rows to ``csv_path``."""
     import pandas as pd
 
-    shown, left_out = shown_columns(rows)
+    shown, left_out = shown_columns(rows, config)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     for line in left_out:
         print(line)
+    if is_secure(config) and {"rounds", "bytes_sent_by_clients"} <= set(rows.columns):
+        first = rows.iloc[0]
+        print(
+            f"SecAgg+ ({config['secure-aggregation']}): the server saw only the sum of the "
+            f"client models; {int(first['rounds'])} message rounds, "
+            f"{first['bytes_sent_by_clients'] / 1e6:.2f} MB sent by the clients"
+        )
     note = cell_default_methods_note(config)
     if note is not None:
         print(note)
@@ -411,16 +435,22 @@ def print_alignment_flags(rows: pd.DataFrame) -> None:
         print(f"warning: {line}")
 
 
-def shown_columns(rows) -> tuple[list[str], list[str]]:
+def shown_columns(rows, config=None) -> tuple[list[str], list[str]]:
     """The :data:`SHOWN_COLUMNS` ``fedlmc run`` prints: those with a value in some row; and a
-    line per column left out because it has none in any row (it does not apply to the run:
-    the two-client barriers for three clients), naming where it applies."""
+    line per column left out because it has none in any row, saying why: under SecAgg+ the
+    server never sees a client's model (the endpoints, the ensemble, the barriers, LEWC need
+    them), otherwise the column does not apply to the run (the two-client barriers for three
+    clients), naming where it applies."""
     from fedlmc.study.rows import column_table
 
     applies = {c.name: c.applies for c in column_table()}
     present = [c for c in SHOWN_COLUMNS if c in rows.columns]
     empty = [c for c in present if rows[c].isna().all()]
-    lines = [f"not shown: {c} (no value in any row; applies to: {applies[c]})" for c in empty]
+    if config is not None and is_secure(config):
+        why = "under SecAgg+ the server never sees a client's model, only their sum"
+        lines = [f"not shown: {c} ({why})" for c in empty]
+    else:
+        lines = [f"not shown: {c} (no value in any row; applies to: {applies[c]})" for c in empty]
     return [c for c in present if c not in empty], lines
 
 
@@ -512,6 +542,19 @@ def command_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_superlink(args: argparse.Namespace) -> int:
+    from fedlmc.simulations.runs import local_superlink as link
+
+    try:
+        if args.superlink_command == "start":
+            link.start_local_superlink(timeout=args.timeout)
+        else:
+            link.stop_local_superlink()
+    except link.SuperLinkError as err:
+        return print_error(err)
+    return 0
+
+
 COMMANDS = {
     "sweep": command_sweep,
     "report": command_report,
@@ -523,6 +566,7 @@ COMMANDS = {
     "keys": command_keys,
     "columns": command_columns,
     "data": command_data,
+    "superlink": command_superlink,
 }
 
 

@@ -79,7 +79,13 @@ from fedlmc.simulations.config.threads import server_threads, use_threads
 from fedlmc.simulations.private.dp_server import run_dp_average
 from fedlmc.simulations.private.secure_server import run_secure_average
 from fedlmc.simulations.records.out_dir_lock import out_dir_lock
-from fedlmc.simulations.records.progress import RunProgress, Say, flower_say, rows_destination
+from fedlmc.simulations.records.progress import (
+    RunProgress,
+    Say,
+    flower_say,
+    rows_destination,
+    shorten_flower_config_logs,
+)
 from fedlmc.simulations.records.provenance import version_columns
 from fedlmc.simulations.records.results_file import check_writable_folder, refuse_mixing
 from fedlmc.simulations.records.server_outcome import (
@@ -326,6 +332,10 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
         strategy = OneShotAverage(template, options)
     else:  # the collecting round's own merge must take clients of different widths
         strategy = PermutationAlignedAverage(template, options, method=MIXED_COLLECT)
+    strategy.summary_note = (
+        "this round only collects the client models; every method's temperature, the _t rows, "
+        "is fitted afterwards on the server split"
+    )
     warm = warm_up(grid, config, template, outcome)
     one_shot = warm.one_shot_config(config)
     result, seconds = _start(
@@ -541,4 +551,5 @@ def main(grid: Grid, context: Context) -> None:
     beside a deployment's ServerApp; :mod:`fedlmc.simulations.config.threads`)."""
     config = validate_run_config(dict(context.run_config), check_devices=False)
     use_threads(server_threads(config["server-cpus"]))
+    shorten_flower_config_logs()  # the train ConfigRecord: 50+ keys on one line otherwise
     run_server(grid, dict(context.run_config), say=flower_say)

@@ -184,6 +184,8 @@ class OneShotAverage(ScreenedFedAvg):
         self.seed = 0
         self.spec: PermutationSpec | None = None
         self.method_options: dict[str, Any] = {}
+        self.summary_note = ""
+        """Said after the settings in :meth:`summary` (e.g. what a collecting round is for)."""
         self._last_round: OneShotRound | None = None
 
     # ------------------------------------------------------------------------- Flower hooks
@@ -192,12 +194,13 @@ class OneShotAverage(ScreenedFedAvg):
         """Log the strategy's settings."""
         log(
             INFO,
-            "\t├──> %s (%s): %d clients (min %d survivors), calibration %s",
+            "\t├──> %s (%s): %d clients (min %d survivors), calibration %s%s",
             type(self).__name__,
             self.merge_method,
             self.num_clients,
             self.min_clients,
             self.calibration,
+            f" ({self.summary_note})" if self.summary_note else "",
         )
         log(INFO, "\t└──> Weighted by: '%s'", self.weighted_by_key)
 

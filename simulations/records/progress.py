@@ -24,6 +24,7 @@ that nothing was written to disk (the ServerApp logs it, ``fedlmc run`` prints i
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -61,6 +62,41 @@ def flower_say(message: str) -> None:
     log(INFO, "fedlmc: %s", message)
 
 
+SHORT_CONFIG_CHARACTERS = 240
+"""Longest ``ConfigRecord`` text Flower's strategy log keeps whole (:class:`ShortConfigLog`)."""
+CONFIG_LINE = "\t├── ConfigRecord ("
+
+
+class ShortConfigLog(logging.Filter):
+    """Flower's strategy start logs the train ``ConfigRecord`` on one line: fedlmc's carries
+    every run-config key (50 and more). This filter cuts such a line to its first keys and
+    says how many there are and where all of them are listed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message, args = record.msg, record.args
+        if isinstance(message, str) and message.startswith(CONFIG_LINE) and args:
+            text = str(args[0] if isinstance(args, tuple) else args)
+            if len(text) > SHORT_CONFIG_CHARACTERS:
+                record.args = (short_config_text(text),)
+        return True
+
+
+def short_config_text(text: str) -> str:
+    """``{'a': 1, 'b': 2, ...}`` cut after whole items to :data:`SHORT_CONFIG_CHARACTERS`,
+    with the number of keys (:class:`ShortConfigLog`)."""
+    keys = text.count("': ") or 1
+    cut = text.rfind(", '", 0, SHORT_CONFIG_CHARACTERS)
+    kept = text[: cut if cut > 0 else SHORT_CONFIG_CHARACTERS]
+    return f"{kept}, ...}} ({keys} keys: the run config; `fedlmc keys` lists every key)"
+
+
+def shorten_flower_config_logs() -> None:
+    """Add :class:`ShortConfigLog` to Flower's logger once (the ServerApp of ``flwr run``)."""
+    logger = logging.getLogger("flwr")
+    if not any(isinstance(f, ShortConfigLog) for f in logger.filters):
+        logger.addFilter(ShortConfigLog())
+
+
 def stderr_say(message: str) -> None:
     """One line on stderr (``fedlmc run``: the table of rows stays alone on stdout)."""
     print(f"fedlmc run: {message}", file=sys.stderr, flush=True)
@@ -81,9 +117,10 @@ class RunProgress:
         if self.say is not None:
             self.say(f"[{self.clock() - self.start:5.0f} s] {message}")
 
-    def training(self, clients: int, epochs: int) -> None:
-        """Before the training round."""
-        self(f"waiting for {clients} clients to train ({epochs} epoch(s) each)")
+    def training(self, clients: int, epochs: int, secure: bool = False) -> None:
+        """Before the training round (``secure``: the models come back masked by SecAgg+)."""
+        how = ", then send their models masked by SecAgg+" if secure else ""
+        self(f"waiting for {clients} clients to train ({epochs} epoch(s) each){how}")
 
     def trained(self, survivors: int, seconds: float) -> None:
         """After the training round."""

@@ -72,3 +72,39 @@ def test_a_bar_is_redrawn_between_events():
     with redrawn(off, seconds=0.01):
         time.sleep(0.05)
     assert off.redraws == 0
+
+
+def test_flowers_one_line_train_config_is_cut_to_its_first_keys():
+    """Flower's strategy start logs the whole train ConfigRecord on one line (60 keys here);
+    with the ServerApp's filter the line keeps its first keys and says how many there are."""
+    import logging
+
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
+
+    from fedlmc.simulations.records.progress import shorten_flower_config_logs
+
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("flwr")
+    handler, level = Keep(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        shorten_flower_config_logs()
+        shorten_flower_config_logs()  # once only
+        train = ConfigRecord({f"key-{i:02d}": i for i in range(60)})
+        log_strategy_start_info(1, ArrayRecord(), train, ConfigRecord({"few": 1}))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    line = next(m for m in messages if "ConfigRecord (train)" in m)
+    assert len(line) < 320 and line.count("key-") < 20, line
+    assert "'key-00': 0" in line and line.endswith(
+        "(60 keys: the run config; `fedlmc keys` lists every key)"
+    )
+    assert next(m for m in messages if "ConfigRecord (evaluate)" in m).endswith("{'few': 1}")
