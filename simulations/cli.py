@@ -43,14 +43,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fedlmc.data.catalog import DOWNLOADABLE, datasets_markdown
 from fedlmc.io import atomic_write_text
 from fedlmc.simulations.config import (
     ConfigError,
     absolute_paths,
-    cell_default_methods_note,
     cell_id,
     cell_methods,
     expand_grid,
@@ -60,7 +58,6 @@ from fedlmc.simulations.config import (
     parse_override,
     validate_run_config,
 )
-from fedlmc.simulations.config.secure import is_secure
 from fedlmc.simulations.config.tables import (
     columns_table,
     keys_table,
@@ -68,22 +65,6 @@ from fedlmc.simulations.config.tables import (
     models_table,
     pyproject_config,
     with_pyproject_config,
-)
-
-if TYPE_CHECKING:
-    import pandas as pd
-
-SHOWN_COLUMNS = (
-    "method",
-    "accuracy",
-    "nll",
-    "temperature",
-    "ece",
-    "endpoint_acc_mean",
-    "ensemble_acc",
-    "loss_barrier_half",
-    "loss_barrier_half_calibrated",
-    "lewc_cos_mean",
 )
 
 
@@ -380,6 +361,8 @@ def command_run(args: argparse.Namespace) -> int:
             raise
         except Exception as err:  # noqa: BLE001 - a failed federation is reported on one line
             return failure("the federation", err)
+        from fedlmc.simulations.records.run_table import show_rows
+
         show_rows(rows, config, args.csv)
         return 0 if tracking is None else export_to_tracker(config["out-dir"], tracking)
 
@@ -397,61 +380,6 @@ def run_lock(out_dir: str) -> Iterator[None]:
     with out_dir_lock(out_dir, "fedlmc run"):
         refuse_mixing(out_dir, "run")
         yield
-
-
-def show_rows(rows: pd.DataFrame, config, csv_path: str | None) -> None:
-    """Print a run's rows (the :data:`SHOWN_COLUMNS` with a value, a line for each left out),
-    the note on cell-dependent default methods, a warning for each method that aligned
-    nothing; write the rows to ``csv_path``."""
-    import pandas as pd
-
-    shown, left_out = shown_columns(rows, config)
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    for line in left_out:
-        print(line)
-    if is_secure(config) and {"rounds", "bytes_sent_by_clients"} <= set(rows.columns):
-        first = rows.iloc[0]
-        print(
-            f"SecAgg+ ({config['secure-aggregation']}): the server saw only the sum of the "
-            f"client models; {int(first['rounds'])} message rounds, "
-            f"{first['bytes_sent_by_clients'] / 1e6:.2f} MB sent by the clients"
-        )
-    note = cell_default_methods_note(config)
-    if note is not None:
-        print(note)
-    print_alignment_flags(rows)
-    if csv_path:
-        rows.to_csv(csv_path, index=False)
-        print(f"rows written to {csv_path}")
-
-
-def print_alignment_flags(rows: pd.DataFrame) -> None:
-    """One ``warning:`` line per method that aligned nothing (``aligned_groups == 0``: its rows
-    are the plain average; :func:`fedlmc.merging.alignment_record.nothing_aligned_lines`)."""
-    from fedlmc.merging.alignment_record import nothing_aligned_lines
-
-    for line in nothing_aligned_lines(rows.to_dict("records")):
-        print(f"warning: {line}")
-
-
-def shown_columns(rows, config=None) -> tuple[list[str], list[str]]:
-    """The :data:`SHOWN_COLUMNS` ``fedlmc run`` prints: those with a value in some row; and a
-    line per column left out because it has none in any row, saying why: under SecAgg+ the
-    server never sees a client's model (the endpoints, the ensemble, the barriers, LEWC need
-    them), otherwise the column does not apply to the run (the two-client barriers for three
-    clients), naming where it applies."""
-    from fedlmc.study.rows import column_table
-
-    applies = {c.name: c.applies for c in column_table()}
-    present = [c for c in SHOWN_COLUMNS if c in rows.columns]
-    empty = [c for c in present if rows[c].isna().all()]
-    if config is not None and is_secure(config):
-        why = "under SecAgg+ the server never sees a client's model, only their sum"
-        lines = [f"not shown: {c} ({why})" for c in empty]
-    else:
-        lines = [f"not shown: {c} (no value in any row; applies to: {applies[c]})" for c in empty]
-    return [c for c in present if c not in empty], lines
 
 
 def check_run_outputs(config, csv_path: str | None) -> None:

@@ -125,6 +125,7 @@ from fedlmc.study.compare import (
     Comparison,
     compare_methods,
 )
+from fedlmc.study.flags import flag_columns, flag_lines
 
 
 def _start(
@@ -500,6 +501,8 @@ def run_mode(
     mode = run_secure if is_secure(config) else MODES[config["strategy"]]
     mode = run_dp if is_dp(config) else mode
     mode(grid, config, splits, template, device_of(config), outcome)
+    for row in outcome.rows:  # after every mode: a strategy's T replaces the study's
+        row.update(flag_columns(row, splits.num_classes, len(splits.test[1])))
     outcome.timings["server_seconds"] = time.perf_counter() - start
     outcome.progress.finished(len(outcome.rows))
     return outcome
@@ -538,6 +541,8 @@ def run_server(
             row["temperature"] if not math.isnan(row["temperature"]) else float("nan"),
             row["clients_survived"],
         )
+    for line in flag_lines(outcome.rows):
+        log(INFO, "fedlmc warning: %s", line)
     return outcome
 
 

@@ -195,24 +195,3 @@ def test_run_progress_numbers_merges_with_the_time_left_and_says_where_rows_went
     assert rows_destination({"out-dir": "/tmp/run"}).startswith(
         "rows written to /tmp/run/results.csv"
     )
-
-
-def test_columns_left_out_say_why_and_a_secure_run_says_the_server_saw_only_the_sum():
-    import pandas as pd
-
-    from fedlmc.simulations.cli import shown_columns
-
-    rows = pd.DataFrame(
-        {"method": ["average", "average_t"], "accuracy": [0.9, 0.9], "ensemble_acc": [None] * 2}
-    )
-    shown, lines = shown_columns(rows, {"secure-aggregation": "off"})
-    assert shown == ["method", "accuracy"]
-    assert lines == [
-        "not shown: ensemble_acc (no value in any row; applies to: every row (the same value "
-        "on every row of a cell))"
-    ]
-    _, lines = shown_columns(rows, {"secure-aggregation": "secagg+"})
-    assert lines == [
-        "not shown: ensemble_acc (under SecAgg+ the server never sees a client's model, only "
-        "their sum)"
-    ]
