@@ -117,10 +117,10 @@ def answers(link: LocalSuperLink) -> bool:
 
 def superlink_pids(link: LocalSuperLink, ps_output: str | None = None) -> list[int]:
     """The processes of ``link``'s SuperLink: ``flower-superlink`` with its ``--log-file``
-    (``ps -eo pid=,args=`` output, read unless given)."""
+    (``ps -ww -eo pid=,args=`` output, read unless given)."""
     if ps_output is None:
         ps_output = subprocess.run(
-            ["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=False
+            ["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True, check=False
         ).stdout
     marker = f"--log-file {link.log_file}"
     pids = []
