@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from fedlmc.simulations.config import cell_default_methods_note
+from fedlmc.simulations.config.dp import is_dp
 from fedlmc.simulations.config.secure import is_secure
 
 SHOWN_COLUMNS = (
@@ -69,15 +70,19 @@ def shown_columns(rows, config=None) -> tuple[list[str], list[str]]:
     """The :data:`SHOWN_COLUMNS` ``fedlmc run`` prints: those with a value in some row; and a
     line per column left out because it has none in any row, saying why: under SecAgg+ the
     server never sees a client's model (the endpoints, the ensemble, the barriers, LEWC need
-    them), otherwise the column does not apply to the run (the two-client barriers for three
+    them), a DP run evaluates only its released merge, otherwise the column does not apply to the run (the two-client barriers for three
     clients), naming where it applies."""
     from fedlmc.study.rows import column_table
 
     applies = {c.name: c.applies for c in column_table()}
     present = [c for c in SHOWN_COLUMNS if c in rows.columns]
     empty = [c for c in present if rows[c].isna().all()]
+    why = None
     if config is not None and is_secure(config):
         why = "under SecAgg+ the server never sees a client's model, only their sum"
+    elif config is not None and is_dp(config):
+        why = "a DP run evaluates only the released noisy merge, not the clients' models"
+    if why is not None:
         lines = [f"not shown: {c} ({why})" for c in empty]
     else:
         lines = [f"not shown: {c} (no value in any row; applies to: {applies[c]})" for c in empty]

@@ -17,6 +17,11 @@ def test_columns_left_out_say_why_and_a_secure_run_says_the_server_saw_only_the_
         "not shown: ensemble_acc (no value in any row; applies to: every row (the same value "
         "on every row of a cell))"
     ]
+    _, lines = shown_columns(rows, {"secure-aggregation": "off", "dp": "server-fixed"})
+    assert lines == [
+        "not shown: ensemble_acc (a DP run evaluates only the released noisy merge, not the "
+        "clients' models)"
+    ]
     _, lines = shown_columns(rows, {"secure-aggregation": "secagg+"})
     assert lines == [
         "not shown: ensemble_acc (under SecAgg+ the server never sees a client's model, only "
