@@ -251,9 +251,14 @@ def _reply_bar(total: int) -> Any:
 
 
 @contextmanager
-def redrawn(bar: Any, seconds: float = REDRAW_SECONDS) -> Iterator[Any]:
-    """``bar`` (a tqdm bar) redrawn every ``seconds`` while the block runs, so that its elapsed
-    time and time left move between events; a disabled bar is left alone."""
+def redrawn(bar: Any, seconds: float | None = None) -> Iterator[Any]:
+    """``bar`` (a tqdm bar) redrawn while the block runs, so that its elapsed time and time
+    left move between events: every :data:`REDRAW_SECONDS` on a terminal, every
+    :data:`HEARTBEAT_SECONDS` into a file (a log keeps a line per redraw), or every ``seconds``;
+    a disabled bar is left alone."""
+    if seconds is None:
+        terminal = getattr(getattr(bar, "fp", None), "isatty", lambda: False)()
+        seconds = REDRAW_SECONDS if terminal else HEARTBEAT_SECONDS
     done = threading.Event()
 
     def redraw() -> None:
