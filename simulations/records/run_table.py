@@ -70,8 +70,8 @@ def shown_columns(rows, config=None) -> tuple[list[str], list[str]]:
     """The :data:`SHOWN_COLUMNS` ``fedlmc run`` prints: those with a value in some row; and a
     line per column left out because it has none in any row, saying why: under SecAgg+ the
     server never sees a client's model (the endpoints, the ensemble, the barriers, LEWC need
-    them), a DP run evaluates only its released merge, otherwise the column does not apply to the run (the two-client barriers for three
-    clients), naming where it applies."""
+    them), a DP run evaluates only its released merge; otherwise the column does not apply
+    to the run (the two-client barriers for three clients), naming where it applies."""
     from fedlmc.study.rows import column_table
 
     applies = {c.name: c.applies for c in column_table()}
