@@ -302,7 +302,10 @@ def print_report(out_dir: Path) -> None:
 
     paths = build_report(out_dir)
     figures = [p for p in paths if p.suffix == ".png"]
-    print(f"report: {out_dir / 'report.md'}; {len(figures)} figure(s) in {out_dir / 'figures'}")
+    print(
+        f"report: {out_dir / 'report.md'} (every table: report_full.md); {len(figures)} "
+        f"figure(s) in {out_dir / 'figures'}"
+    )
     for path in figures:
         print(f"  {path}")
 

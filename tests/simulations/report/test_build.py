@@ -1,4 +1,5 @@
-"""The report of a real (tiny) sweep: the figures whose data exists, and report.md."""
+"""The report of a real (tiny) sweep: the figures whose data exists, report.md and
+report_full.md."""
 
 from __future__ import annotations
 
@@ -48,14 +49,21 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
         "lambda_paths.png",
         "training_curves.png",
         "report.md",
+        "report_full.md",
     }
     for path in paths:
         assert path.exists() and path.stat().st_size > 0
-    for path in paths[:-1]:
+    pictures = [p for p in paths if p.suffix == ".png"]
+    for path in pictures:
         image = imread(path)
         assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0
+    short = (out / "report.md").read_text()
+    assert "[report_full.md](report_full.md)" in short and len(short) < len(
+        (out / "report_full.md").read_text()
+    )
+    assert all(f"](figures/{path.name})" in short for path in pictures)
 
-    text = (out / "report.md").read_text()
+    text = (out / "report_full.md").read_text()
     frame = read_results(out)
     assert text.startswith("# tiny\n")
     assert "## Merged test accuracy" in text and "## Fitted temperature" in text
@@ -75,7 +83,7 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
     for width, value in plain.items():
         assert f"| {width:g} | " in first and f" {value:.4f} (n=1) |" in first
     assert "±" not in first.split("|", 1)[1]
-    for path in paths[:-1]:
+    for path in pictures:
         assert f"](figures/{path.name})" in text
     # the table holds the mean accuracy of each method at each width, 4 decimals
     table = text.split("## Merged test accuracy")[1].split("##")[0]
@@ -108,8 +116,9 @@ def test_report_draws_only_what_exists(tmp_path, sweep_dir):
         "barrier_vs_width.png",
         "temperature_vs_width.png",
         "report.md",
+        "report_full.md",
     }
-    text = (out / "report.md").read_text()
+    text = (out / "report_full.md").read_text()
     assert "No training.csv in this folder" in text.split("## Convergence")[1]
 
 
