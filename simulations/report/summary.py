@@ -8,7 +8,7 @@ report_markdown`); ``report.md`` keeps one row per distinct quantity:
   is ``average_t`` without biases (:func:`merged_rows`);
 - a table whose every cell is the same value is one sentence (:func:`table_or_constant`), and
   so is a communication table whose methods all sent the same;
-- widths are headed with their hidden units (``4x (512 units)``, :func:`width_labels`), the
+- widths are headed with their hidden units (``4x (512 units)``, :func:`width_units`), the
   multiplier of ``base-hidden`` stated once;
 - the convergence section keeps its per-width table and verdict; the list of cells with a
   client that had not converged is in the full report;
@@ -19,7 +19,6 @@ report_markdown`); ``report.md`` keeps one row per distinct quantity:
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,9 +34,11 @@ from fedlmc.simulations.report.data import (
     has_values,
     mean_spread_table,
     ok_rows,
+    one_value,
     reference_table,
     spread_legend,
     table1,
+    width_units,
 )
 from fedlmc.simulations.report.figure_table import omitted_figures
 from fedlmc.simulations.report.markdown import (
@@ -55,24 +56,6 @@ from fedlmc.simulations.report.training import (
 
 FULL_REPORT = "report_full.md"
 """Every table of the sweep, beside ``report.md``."""
-
-
-def width_labels(rows: pd.DataFrame) -> dict[Any, str]:
-    """Width multiplier -> ``"4x (512 units)"`` for an MLP of one ``base-hidden`` (its hidden
-    units per layer), else ``"4x"``."""
-    if "width" not in rows:
-        return {}
-    widths = sorted(pd.to_numeric(rows["width"], errors="coerce").dropna().unique())
-    base = _one_value(rows, "base-hidden")
-    mlp = _one_value(rows, "model") == "mlp"
-    if not (mlp and isinstance(base, numbers.Real) and math.isfinite(base)):
-        return {w: f"{w:g}x" for w in widths}
-    return {w: f"{w:g}x ({round(w * base):,} units)" for w in widths}
-
-
-def _one_value(rows: pd.DataFrame, column: str) -> Any:
-    values = rows[column].dropna().unique() if column in rows else []
-    return values[0] if len(values) == 1 else None
 
 
 def with_width_labels(table: pd.DataFrame, labels: Mapping[Any, str]) -> pd.DataFrame:
@@ -219,8 +202,8 @@ def header_lines(
         + spread_legend(settings["error-bars"]),
         "",
     ]
-    base = _one_value(rows, "base-hidden")
-    if _one_value(rows, "model") == "mlp" and base is not None:
+    base = one_value(rows, "base-hidden")
+    if one_value(rows, "model") == "mlp" and base is not None:
         lines += [
             f"Widths are multiples of {base:g} hidden units per layer (`base-hidden`); the "
             "tables head each with its units.",
@@ -247,7 +230,7 @@ def summary_markdown(
     kind = settings["error-bars"]
     lines = header_lines(results, rows, {"name": out_dir.name, **record}, settings)
     if not rows.empty and "method" in rows:
-        labels = width_labels(rows)
+        labels = width_units(rows)
         lines += flag_section(rows)
         lines += accuracy_section(rows, kind, labels)
         lines += [line for note in coinciding_methods_notes(rows) for line in (note, "")]

@@ -10,7 +10,7 @@ from fedlmc.simulations.report.summary import (
     merged_rows,
     summary_markdown,
     table_or_constant,
-    width_labels,
+    width_units,
 )
 
 SETTINGS = {"dpi": 60, "error-bars": "std", "title": ""}
@@ -67,8 +67,8 @@ def test_identical_rows_are_shown_once_and_constants_as_a_sentence():
 
 def test_widths_are_headed_with_their_hidden_units():
     rows = hand_built_rows()
-    assert width_labels(rows) == {0.25: "0.25x (32 units)", 4.0: "4x (512 units)"}
-    assert width_labels(rows.assign(model="vgg11")) == {0.25: "0.25x", 4.0: "4x"}
+    assert width_units(rows) == {0.25: "0.25x (32 units)", 4.0: "4x (512 units)"}
+    assert width_units(rows.assign(model="vgg11")) == {0.25: "0.25x", 4.0: "4x"}
 
 
 def test_the_short_report_reads_top_to_bottom(tmp_path):
