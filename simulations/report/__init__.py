@@ -6,9 +6,9 @@ report), :mod:`~fedlmc.simulations.report.data` (the rows a table or figure read
 :mod:`~fedlmc.simulations.report.markdown` (every table and the convergence verdict),
 :mod:`~fedlmc.simulations.report.training` (training curves), the plotting primitives
 (:mod:`~fedlmc.simulations.report.plotting`), the per-layer figures
-(:mod:`~fedlmc.simulations.report.layer_figures`) and every figure, declared once with ``@figure`` in
-:mod:`~fedlmc.simulations.report.figure_table` (drawings for width mixes and initialisations in
-:mod:`~fedlmc.simulations.report.width_figures` and
+(:mod:`~fedlmc.simulations.report.layer_figures`) and every figure, declared once with
+``@figure`` in :mod:`~fedlmc.simulations.report.figure_table` (drawings for width mixes and
+initialisations in :mod:`~fedlmc.simulations.report.width_figures` and
 :mod:`~fedlmc.simulations.report.init_figures`). It reads only the records
 (:mod:`fedlmc.simulations.records`), never the sweep driver or the engine.
 """

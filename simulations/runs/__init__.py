@@ -1,7 +1,7 @@
-"""The ways to run: one federation (:func:`~fedlmc.simulations.runs.federation.run_federation`),
-a sweep of cells with resumable results (:func:`~fedlmc.simulations.runs.sweep.run_sweep`, its out
+"""The ways to run: one federation (:func:`~fedlmc.simulations.runs.federation.run_federation`), a
+sweep of cells with resumable results (:func:`~fedlmc.simulations.runs.sweep.run_sweep`, its out
 dir's preparation in :mod:`~fedlmc.simulations.runs.out_dir`), and reading a saved merge back
 (:func:`~fedlmc.simulations.runs.merged_file.load_merged`); and Flower's local SuperLink for
-``flwr run .`` (:mod:`~fedlmc.simulations.runs.local_superlink`). Each of the first drives the engine
-(:mod:`fedlmc.simulations.engine`); ``fedlmc.simulations`` exports the entry points.
+``flwr run .`` (:mod:`~fedlmc.simulations.runs.local_superlink`). Each of the first drives the
+engine (:mod:`fedlmc.simulations.engine`); ``fedlmc.simulations`` exports the entry points.
 """
