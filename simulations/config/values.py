@@ -106,7 +106,7 @@ def _methods(value: Any) -> str | None:
 
 def nearest_names(name: str, choices: Sequence[str], n: int = 3) -> str:
     """`` (did you mean 'a', 'b'?)`` with the up to ``n`` choices closest to ``name``
-    (:func:`difflib.get_close_matches`), or an empty string."""
+    (``difflib.get_close_matches``), or an empty string."""
     close = difflib.get_close_matches(name, list(choices), n=n)
     return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
 

@@ -38,7 +38,8 @@ START_SECONDS = 300.0
 STOP_SECONDS = 15.0
 """How long :func:`stop_local_superlink` waits after SIGTERM before SIGKILL."""
 PID_FILE = "fedlmc-superlink.pid"
-"""The file (in :func:`runtime_dir`) holding the pid of the SuperLink fedlmc started."""
+"""The file (in :attr:`LocalSuperLink.runtime_dir`) holding the pid of the SuperLink fedlmc
+started."""
 STARTUP_LOG = "superlink.startup.log"
 """Where the SuperLink's own stdout and stderr go (a crash before its log file opens)."""
 
