@@ -19,7 +19,6 @@ report_markdown`); ``report.md`` keeps one row per distinct quantity:
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,10 +39,10 @@ from fedlmc.simulations.report.data import (
     table1,
     width_units,
 )
-from fedlmc.simulations.report.figure_table import omitted_figures
 from fedlmc.simulations.report.markdown import (
     CONVERGENCE_HEADING,
     coinciding_methods_notes,
+    failed_and_figures,
     markdown_table,
 )
 from fedlmc.simulations.report.training import (
@@ -269,24 +268,4 @@ def axis_sections(rows: pd.DataFrame, kind: str) -> list[str]:
         if axis in varying_keys(subset):
             table, _ = merged_rows(mean_spread_table(subset, "accuracy", methods, kind, x=axis))
             lines += table_or_constant(f"Merged test accuracy by {axis}", table, "method")
-    return lines
-
-
-def failed_and_figures(
-    results: pd.DataFrame, rows: pd.DataFrame, figures: Sequence[Path], out_dir: Path
-) -> list[str]:
-    """The failed cells with their errors, then the figures."""
-    lines: list[str] = []
-    failed = results.loc[results.get("status", pd.Series(dtype=str)) == "failed"]
-    if len(failed):
-        lines += ["## Failed cells", "", "| cell_id | error |", "|---|---|"]
-        for _, row in failed.drop_duplicates("cell_id").iterrows():
-            lines.append(f"| {row['cell_id']} | {str(row['error']).replace('|', '/')} |")
-        lines.append("")
-    if figures:
-        lines += ["## Figures", ""]
-        lines += [line for note in omitted_figures(rows) for line in (note, "")]
-        for path in figures:
-            rel = os.path.relpath(path, out_dir)
-            lines += [f"### {path.stem.replace('_', ' ')}", "", f"![{path.stem}]({rel})", ""]
     return lines
