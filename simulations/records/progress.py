@@ -52,7 +52,6 @@ REDRAW_SECONDS = 1.0
 """How often a progress bar on a terminal is redrawn (its elapsed time and time left)."""
 REPLY_LINE_SECONDS = 5.0
 """Least time between two reply lines (the first and the last reply are always told)."""
-TRAIN = "train"
 
 
 def flower_say(message: str) -> None:
@@ -157,11 +156,12 @@ class RunProgress:
         """Whether the server's waits are told (a ``say`` is set: not in a sweep's cells)."""
         return self.say is not None
 
-    def round(self, message_type: str, total: int) -> RoundWatch:
-        """A :class:`RoundWatch` of one message round of ``total`` messages (module docstring);
-        a bar on a terminal for ``fedlmc run``'s training rounds."""
-        bar = self.say is stderr_say and message_type == TRAIN and sys.stderr.isatty()
-        return RoundWatch(self, message_type, total, bar=bar)
+    def round(self, what: str, total: int, per_reply: bool) -> RoundWatch:
+        """A :class:`RoundWatch` of one message round of ``total`` messages (module docstring;
+        ``per_reply``: a training round, each reply told); a bar on a terminal for ``fedlmc
+        run``'s training rounds."""
+        bar = self.say is stderr_say and per_reply and sys.stderr.isatty()
+        return RoundWatch(self, what, total, per_reply=per_reply, bar=bar)
 
 
 class RoundWatch:
@@ -172,15 +172,15 @@ class RoundWatch:
     def __init__(
         self,
         progress: RunProgress,
-        message_type: str,
+        what: str,
         total: int,
         *,
+        per_reply: bool = True,
         bar: bool = False,
         heartbeat: float = HEARTBEAT_SECONDS,
     ) -> None:
         self.progress, self.total, self.heartbeat = progress, int(total), heartbeat
-        self.training = message_type == TRAIN
-        self.what = "training" if self.training else message_type
+        self.training, self.what = per_reply, what
         self.replies = 0
         self.start = self.last_told = progress.clock()
         self._lock = threading.Lock()

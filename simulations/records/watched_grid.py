@@ -22,6 +22,10 @@ from flwr.serverapp import Grid
 
 from fedlmc.simulations.records.progress import RoundWatch, RunProgress
 
+SECAGG_CONFIGS = "secaggplus_configs"
+"""The record of Flower's SecAgg+ messages that names their stage (``stage``)."""
+SECAGG_TRAINING_STAGE = "collect_masked_vectors"
+"""The SecAgg+ stage in which each client computes (trains), then sends its masked vector."""
 POLL_SECONDS = 1.0
 """How often the replies of a round are pulled (Flower's deployment Grid polls every 3 s)."""
 
@@ -73,8 +77,8 @@ class WatchedGrid(Grid):
         """Flower's ``send_and_receive`` (same arguments and result), each reply told as it
         arrives."""
         messages = list(messages)
-        kind = messages[0].metadata.message_type if messages else ""
-        watch = self.progress.round(kind, len(messages))
+        what, per_reply = round_kind(messages)
+        watch = self.progress.round(what, len(messages), per_reply)
         try:
             if hasattr(self.grid, "on_reply"):  # the engine's Grid tells each reply itself
                 return self._through_listener(messages, timeout, watch)
@@ -116,3 +120,22 @@ class WatchedGrid(Grid):
                 break
             time.sleep(POLL_SECONDS)
         return replies
+
+
+def round_kind(messages: list[Message]) -> tuple[str, bool]:
+    """What a round of ``messages`` is and whether each reply is told: ``("training", True)``
+    for Flower's train messages; under SecAgg+ (a ``secaggplus_configs`` record naming the
+    protocol's stage) the stage in which the clients compute and send their masked vectors
+    (trained models, or a temperature round's sums) is told per reply, the others (``SecAgg+
+    share_keys``, ...) only their waits."""
+    if not messages:
+        return "", False
+    first = messages[0]
+    config = first.content.get(SECAGG_CONFIGS) if first.has_content() else None
+    stage = config.get("stage") if config is not None else None
+    if stage is not None:
+        if stage == SECAGG_TRAINING_STAGE:
+            return "SecAgg+ masked replies (models, or temperature sums)", True
+        return f"SecAgg+ {stage}", False
+    kind = first.metadata.message_type
+    return ("training", True) if kind == "train" else (kind, False)

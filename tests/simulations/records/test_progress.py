@@ -12,7 +12,7 @@ def test_each_training_reply_is_told_with_the_time_left_at_the_rate_so_far():
     now = [0.0]
     lines: list[str] = []
     progress = RunProgress(lines.append, clock=lambda: now[0])
-    watch = RoundWatch(progress, "train", 3, heartbeat=3600)
+    watch = RoundWatch(progress, "training", 3, heartbeat=3600)
     now[0] = 40.0
     watch.replied()
     now[0] = 50.0
@@ -25,14 +25,14 @@ def test_each_training_reply_is_told_with_the_time_left_at_the_rate_so_far():
         "[   50 s] training: 2/3 client(s) replied after 50 s, about 25 s left at the rate so far",
         "[   52 s] training: 3/3 client(s) replied after 52 s",
     ]
-    many = RoundWatch(progress, "train", 64, heartbeat=3600)
+    many = RoundWatch(progress, "training", 64, heartbeat=3600)
     for _ in range(64):  # 64 clients that finish within 2 s: the first and the last are told
         now[0] += 2 / 64
         many.replied()
     many.close()
     assert [line.split("training: ")[1][:5] for line in lines[3:]] == ["1/64 ", "64/64"]
     del lines[3:]
-    query = RoundWatch(progress, "query.temperature", 3, heartbeat=3600)
+    query = RoundWatch(progress, "query.temperature", 3, per_reply=False, heartbeat=3600)
     query.replied(3)  # the replies of other rounds are not told one by one
     query.close()
     assert len(lines) == 3
@@ -41,7 +41,7 @@ def test_each_training_reply_is_told_with_the_time_left_at_the_rate_so_far():
 def test_a_wait_without_replies_is_told_on_a_timer():
     lines: list[str] = []
     progress = RunProgress(lines.append)
-    watch = RoundWatch(progress, "train", 2, heartbeat=0.05)
+    watch = RoundWatch(progress, "training", 2, heartbeat=0.05)
     time.sleep(0.5)
     watch.close()
     assert len(lines) >= 3, lines  # about one per heartbeat, though no client replied

@@ -102,3 +102,24 @@ def test_a_grid_with_its_own_listener_keeps_its_send_and_receive():
     assert grid.send_and_receive(train_messages(link), timeout=None) == ["reply"] * 3
     assert heard == [1, 1, 1] and len(lines) == 2  # both heard the replies (first, last told)
     assert link.on_reply == heard.append  # restored after the round
+
+
+def test_secagg_stages_are_named_and_only_the_masked_replies_told_one_by_one():
+    from flwr.common.secure_aggregation.secaggplus_constants import (
+        RECORD_KEY_CONFIGS,
+        Key,
+        Stage,
+    )
+
+    from fedlmc.simulations.records.watched_grid import round_kind
+
+    def secure(stage: str) -> list[Message]:
+        content = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({Key.STAGE: stage})})
+        return [Message(content, 11, "train", group_id="1")]
+
+    assert round_kind(secure(Stage.SHARE_KEYS)) == ("SecAgg+ share_keys", False)
+    what, per_reply = round_kind(secure(Stage.COLLECT_MASKED_VECTORS))
+    assert what.startswith("SecAgg+ masked replies") and per_reply
+    assert round_kind(train_messages(LinkOnAList())) == ("training", True)
+    query = [Message(RecordDict(), 11, "query.temperature", group_id="1")]
+    assert round_kind(query) == ("query.temperature", False)
