@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+SUPERLINK = "flower-superlink"
+"""Flower's SuperLink executable (this Python's, else the one on ``PATH``)."""
 START_SECONDS = 300.0
 """How long :func:`start_local_superlink` waits for the SuperLink by default (Flower: 15 s)."""
 STOP_SECONDS = 15.0
@@ -127,7 +129,7 @@ def superlink_pids(link: LocalSuperLink, ps_output: str | None = None) -> list[i
     pids = []
     for line in ps_output.splitlines():
         pid, _, args = line.strip().partition(" ")
-        if "flower-superlink" in args and marker in args and pid.isdigit():
+        if SUPERLINK in args and marker in args and pid.isdigit():
             pids.append(int(pid))
     return pids
 
@@ -162,14 +164,14 @@ def _launch(link: LocalSuperLink) -> subprocess.Popen:
     """The SuperLink's process, detached, with this Python's scripts first on ``PATH`` (it
     starts ``flower-superexec`` by name)."""
     scripts = Path(sys.executable).parent
-    executable = scripts / "flower-superlink"
+    executable = scripts / SUPERLINK
     env = {
         **os.environ,
         "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     }
-    command = link.command(str(executable) if executable.exists() else "flower-superlink")
+    command = link.command(str(executable) if executable.exists() else SUPERLINK)
     with open(link.runtime_dir / STARTUP_LOG, "w") as log:
         return subprocess.Popen(
             command,

@@ -13,6 +13,7 @@ from flwr.cli import local_superlink as flower
 from flwr.common.constant import FLWR_DIR, FLWR_HOME, ISOLATION_MODE_SUBPROCESS
 
 from fedlmc.simulations.runs.local_superlink import (
+    SUPERLINK,
     LocalSuperLink,
     local_superlink,
     stop_local_superlink,
@@ -49,7 +50,7 @@ def test_the_command_ports_and_paths_are_flowers(tmp_path):
     assert f"127.0.0.1:{link.control_port}" == constant.LOCAL_CONTROL_API_ADDRESS
     assert link.health_url.endswith(f":{constant.LOCAL_SUPERLINK_HTTP_API_PORT}/health")
     assert flower.LOCAL_SUPERLINK_STARTUP_TIMEOUT == 15.0  # the wait this module outlasts
-    ours = link.command("flower-superlink")
+    ours = link.command(SUPERLINK)
     assert ours[-1] == "--disable-runtime-dependency-installation"
     paths = {str(link.log_file): "LOG", str(link.runtime_dir / "state.db"): "DB"}
     assert [paths.get(word, word) for word in ours[:-1]] == flowers_command()
@@ -65,8 +66,8 @@ def test_its_processes_are_found_by_their_log_file_only(tmp_path):
     other = LocalSuperLink(tmp_path / "b", "39091", "39093")
     ps = "\n".join(
         [
-            f" 101 /venv/bin/python3 /venv/bin/flower-superlink --log-file {link.log_file} x",
-            f" 102 /venv/bin/python3 /venv/bin/flower-superlink --log-file {other.log_file}",
+            f" 101 /venv/bin/python3 /venv/bin/{SUPERLINK} --log-file {link.log_file} x",
+            f" 102 /venv/bin/python3 /venv/bin/{SUPERLINK} --log-file {other.log_file}",
             f" 103 /venv/bin/flower-superexec --insecure --log-file {link.log_file}",
             " 104 vim notes.txt",
         ]
