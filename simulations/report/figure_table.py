@@ -142,7 +142,7 @@ def draw_figures(
     inputs = FigureInputs.of(rows, settings, training)
     wanted = [f for f in FIGURE_TABLE if f.drawn_when(inputs)]
     title = " - ".join(t for t in (settings.get("title", ""), run_title(rows)) if t)
-    title = f"{title}\n{seeds_note(rows, settings['error-bars'])}".strip()
+    title = f"{title}\n{seeds_note(rows, settings.get('error-bars', 'none'))}".strip()
     with figure_title(title):
         drawn = [f.draw(inputs, fig_dir / f.file) for f in wanted]
     for stale in FIGURE_TABLE:  # a figure of an earlier report of this folder, not drawn now
