@@ -57,8 +57,9 @@ def test_run_prints_one_row_per_method(tmp_path):
     assert left_out in done.stdout
     told = [line for line in done.stderr.splitlines() if line.startswith("fedlmc run: [")]
     replies = [line.split("] training: ")[1] for line in told if "] training: " in line]
-    assert replies[0].startswith("1/3 client(s) replied after"), replies  # the first reply
-    assert replies[-1].startswith("3/3 client(s) replied after"), replies  # and the last
+    heard = [r for r in replies if not r.startswith("0/3")]  # 0/3: a 30 s heartbeat (load)
+    assert heard[0].startswith("1/3 client(s) replied after"), replies  # the first reply
+    assert heard[-1].startswith("3/3 client(s) replied after"), replies  # and the last
     stages = [line for line in told if "] training: " not in line]
     assert "waiting for 3 clients to train (1 epoch(s) each)" in stages[0]
     assert "3 client model(s) received" in stages[1]
