@@ -58,6 +58,26 @@ def metric_family() -> tuple[Column, ...]:
             "1 for raw rows; for `_t` rows the temperature `T` fitted on the server split "
             "(`p(y|x) = softmax(f(x) / T)`; `T` never changes the accuracy)",
         ),
+        Column(
+            "temperature_at_bound",
+            "whether the row's fitted T is an end of the fit's range",
+            "`_t` rows (empty on raw rows and where T is inside the range)",
+            "`lower` when `temperature` is the fit's lower clamp `T_MIN = 0.001`: the NLL still "
+            "fell as T -> 0, because the merged model classifies the calibration data "
+            "correctly with a margin, so no finite T is best; `upper` at `T_MAX = 1000`: the "
+            "logits carry no usable information about the labels and the NLL is least at "
+            "near-uniform predictions (a merge at chance, heavy noise); empty otherwise. At a "
+            "bound T is the range's end, not a fitted value (`fedlmc.study.flags`)",
+            kind="text",
+        ),
+        Column(
+            "at_chance",
+            "1 when the test accuracy is no better than guessing",
+            every,
+            "1 when `accuracy <= 1/C + 2 sqrt((1/C)(1 - 1/C)/n)` (`C` classes, `n` test "
+            "samples: within two binomial standard errors of chance, or below), 0 otherwise "
+            "(`fedlmc.study.flags`)",
+        ),
         Column("nll_raw", "test NLL at T = 1", every, "filled for raw and `_t` rows"),
         Column("ece_raw", "test ECE at T = 1", every, "filled for raw and `_t` rows"),
         Column(

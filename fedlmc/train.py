@@ -221,6 +221,8 @@ def train_model(
     Returns the same model object on the training device, in eval mode, with its
     :class:`TrainHistory`. Deterministic on the CPU for a given ``seed`` and initial weights.
     ``held_out``: data whose loss is measured after every epoch (module docstring).
+    ``progress``: a tqdm bar over the epochs (elapsed time, time left, the last epoch's loss
+    and accuracy; a notebook widget under Jupyter), gone when training ends.
     """
     _check_arguments(
         data, epochs, lr, weight_decay, batch_size, optimizer, momentum, schedule, augment

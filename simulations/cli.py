@@ -25,6 +25,10 @@
   finish (a run needs an ``out-dir``). The tracker's name and its extra being installed are
   checked before any work; exporting again skips the runs already there. ``track`` holds the
   out dir's lock while it exports (refused while a sweep writes there).
+- ``fedlmc superlink start [--timeout S]`` / ``fedlmc superlink stop``: Flower's local
+  SuperLink for ``flwr run .``, started with a longer wait than Flower's 15 s and stopped by
+  its process id (:mod:`fedlmc.simulations.runs.local_superlink`); a SuperLink that does not
+  start exits 1 with one line.
 - ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once
   (md5-checked, :func:`fedlmc.data.download.fetch_dataset`); a failed download exits 1 with one
   line. ``fedlmc data list``: the registered data sets (a markdown table, as in the docs).
@@ -43,15 +47,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fedlmc.data.catalog import DOWNLOADABLE, datasets_markdown
-from fedlmc.io import atomic_write_csv, atomic_write_text
+from fedlmc.io import atomic_write_text
 from fedlmc.simulations.config import (
     MAX_CELLS,
     ConfigError,
     absolute_paths,
-    cell_default_methods_note,
     cell_id,
     cell_methods,
     client_epochs,
@@ -69,22 +71,6 @@ from fedlmc.simulations.config.tables import (
     models_table,
     pyproject_config,
     with_pyproject_config,
-)
-
-if TYPE_CHECKING:
-    import pandas as pd
-
-SHOWN_COLUMNS = (
-    "method",
-    "accuracy",
-    "nll",
-    "temperature",
-    "ece",
-    "endpoint_acc_mean",
-    "ensemble_acc",
-    "loss_barrier_half",
-    "loss_barrier_half_calibrated",
-    "lewc_cos_mean",
 )
 
 
@@ -165,6 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace the [tool.flwr.app.config] block of the pyproject.toml at PATH",
     )
     sub.add_parser("columns", help="list every results column with its definition (markdown)")
+
+    link = sub.add_parser(
+        "superlink",
+        help="start or stop Flower's local SuperLink for `flwr run .` (waits longer than "
+        "Flower's 15 s)",
+    )
+    link_sub = link.add_subparsers(dest="superlink_command", required=True)
+    start = link_sub.add_parser("start", help="start it and wait until it answers")
+    start.add_argument(
+        "--timeout", type=float, default=300.0, metavar="S", help="seconds to wait (300)"
+    )
+    link_sub.add_parser("stop", help="stop it (whoever started it), by its process id")
 
     data = sub.add_parser("data", help="data sets: list them, fetch one into a folder")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -290,15 +288,17 @@ def positive_int(text: str) -> int:
 
 
 def command_sweep(args: argparse.Namespace) -> int:
-    from fedlmc.simulations.engine.cells import EngineError
-    from fedlmc.simulations.records.out_dir_lock import out_dir_lock
-    from fedlmc.simulations.records.results_file import check_writable_folder
-    from fedlmc.simulations.runs.sweep import run_sweep
-
+    # every cell, before torch or Flower
     sweep = load_sweep_config(args.config, args.overrides, max_cells=args.max_cells)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
+    from fedlmc.simulations.records.results_file import check_writable_folder
+
     check_writable_folder(out_dir, "--out")
     tracking = track_request(args, out_dir)
+    from fedlmc.simulations.engine.cells import EngineError
+    from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+    from fedlmc.simulations.runs.sweep import run_sweep
+
     with out_dir_lock(out_dir, "fedlmc sweep"):  # the cells, the report and the export
         try:
             results = run_sweep(
@@ -326,7 +326,10 @@ def print_report(out_dir: Path) -> None:
 
     paths = build_report(out_dir)
     figures = [p for p in paths if p.suffix == ".png"]
-    print(f"report: {out_dir / 'report.md'}; {len(figures)} figure(s) in {out_dir / 'figures'}")
+    print(
+        f"report: {out_dir / 'report.md'} (every table: report_full.md); {len(figures)} "
+        f"figure(s) in {out_dir / 'figures'}"
+    )
     for path in figures:
         print(f"  {path}")
 
@@ -357,14 +360,11 @@ def refuse_run_folder(folder: str) -> None:
 
 
 def command_run(args: argparse.Namespace) -> int:
-    from fedlmc.simulations.records.progress import stderr_say
-    from fedlmc.simulations.runs.federation import run_federation
-    from fedlmc.simulations.runs.run_outputs import check_run_outputs, holding_outputs
-    from fedlmc.strategies import ClientsFailedError
-
     values = dict(parse_override(text) for text in args.overrides)
-    config = validate_run_config(values)
+    config = validate_run_config(values)  # before torch, Ray or Flower are imported
     config = absolute_paths(config)
+    from fedlmc.simulations.runs.run_outputs import check_run_outputs, holding_outputs
+
     check_run_outputs(config, args.csv)
     note = memory_check_note(config)
     if note is not None:
@@ -375,6 +375,10 @@ def command_run(args: argparse.Namespace) -> int:
             "out-dir=DIR"
         )
     tracking = track_request(args, config["out-dir"])
+    from fedlmc.simulations.records.progress import stderr_say
+    from fedlmc.simulations.runs.federation import run_federation
+    from fedlmc.strategies import ClientsFailedError
+
     with holding_outputs(config, args.csv):
         try:
             rows = run_federation(config, ray_address=args.ray_address, say=stderr_say)
@@ -386,50 +390,10 @@ def command_run(args: argparse.Namespace) -> int:
             raise
         except Exception as err:  # noqa: BLE001 - a failed federation is reported on one line
             return failure("the federation", err)
+        from fedlmc.simulations.records.run_table import show_rows
+
         show_rows(rows, config, args.csv)
         return 0 if tracking is None else export_to_tracker(config["out-dir"], tracking)
-
-
-def show_rows(rows: pd.DataFrame, config, csv_path: str | None) -> None:
-    """Print a run's rows (the :data:`SHOWN_COLUMNS` with a value, a line for each left out),
-    the note on cell-dependent default methods, a warning for each method that aligned
-    nothing; write the rows to ``csv_path``."""
-    import pandas as pd
-
-    shown, left_out = shown_columns(rows)
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    for line in left_out:
-        print(line)
-    note = cell_default_methods_note(config)
-    if note is not None:
-        print(note)
-    print_alignment_flags(rows)
-    if csv_path:
-        atomic_write_csv(csv_path, rows)
-        print(f"rows written to {csv_path}")
-
-
-def print_alignment_flags(rows: pd.DataFrame) -> None:
-    """One ``warning:`` line per method that aligned nothing (``aligned_groups == 0``: its rows
-    are the plain average; :func:`fedlmc.merging.alignment_record.nothing_aligned_lines`)."""
-    from fedlmc.merging.alignment_record import nothing_aligned_lines
-
-    for line in nothing_aligned_lines(rows.to_dict("records")):
-        print(f"warning: {line}")
-
-
-def shown_columns(rows) -> tuple[list[str], list[str]]:
-    """The :data:`SHOWN_COLUMNS` ``fedlmc run`` prints: those with a value in some row; and a
-    line per column left out because it has none in any row (it does not apply to the run:
-    the two-client barriers for three clients), naming where it applies."""
-    from fedlmc.study.rows import column_table
-
-    applies = {c.name: c.applies for c in column_table()}
-    present = [c for c in SHOWN_COLUMNS if c in rows.columns]
-    empty = [c for c in present if rows[c].isna().all()]
-    lines = [f"not shown: {c} (no value in any row; applies to: {applies[c]})" for c in empty]
-    return [c for c in present if c not in empty], lines
 
 
 def command_track(args: argparse.Namespace) -> int:
@@ -520,6 +484,19 @@ def command_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_superlink(args: argparse.Namespace) -> int:
+    from fedlmc.simulations.runs import local_superlink as link
+
+    try:
+        if args.superlink_command == "start":
+            link.start_local_superlink(timeout=args.timeout)
+        else:
+            link.stop_local_superlink()
+    except link.SuperLinkError as err:
+        return print_error(err)
+    return 0
+
+
 COMMANDS = {
     "sweep": command_sweep,
     "report": command_report,
@@ -531,6 +508,7 @@ COMMANDS = {
     "keys": command_keys,
     "columns": command_columns,
     "data": command_data,
+    "superlink": command_superlink,
 }
 
 

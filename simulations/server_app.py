@@ -79,7 +79,13 @@ from fedlmc.simulations.config.threads import server_threads, use_threads
 from fedlmc.simulations.private.dp_server import run_dp_average
 from fedlmc.simulations.private.secure_server import run_secure_average
 from fedlmc.simulations.records.out_dir_lock import out_dir_lock
-from fedlmc.simulations.records.progress import RunProgress, Say, flower_say, rows_destination
+from fedlmc.simulations.records.progress import (
+    RunProgress,
+    Say,
+    flower_say,
+    rows_destination,
+    shorten_flower_config_logs,
+)
 from fedlmc.simulations.records.provenance import version_columns
 from fedlmc.simulations.records.results_file import check_writable_folder, refuse_mixing
 from fedlmc.simulations.records.server_outcome import (
@@ -93,6 +99,7 @@ from fedlmc.simulations.records.server_outcome import (
     width_columns,
 )
 from fedlmc.simulations.records.training_file import training_rows, write_training
+from fedlmc.simulations.records.watched_grid import WatchedGrid
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
@@ -118,6 +125,7 @@ from fedlmc.study.compare import (
     Comparison,
     compare_methods,
 )
+from fedlmc.study.flags import flag_columns, flag_lines
 
 
 def _start(
@@ -325,6 +333,10 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
         strategy = OneShotAverage(template, options)
     else:  # the collecting round's own merge must take clients of different widths
         strategy = PermutationAlignedAverage(template, options, method=MIXED_COLLECT)
+    strategy.summary_note = (
+        "this round only collects the client models; every method's temperature, the _t rows, "
+        "is fitted afterwards on the server split"
+    )
     warm = warm_up(grid, config, template, outcome)
     one_shot = warm.one_shot_config(config)
     result, seconds = _start(
@@ -474,6 +486,8 @@ def run_mode(
     """The data, the models and the configured mode (:data:`MODES`) of a validated run config,
     its stages told through ``progress``."""
     outcome = ServerOutcome(config=config, progress=progress)
+    if progress.watching:  # each reply told as it arrives, the waits on a timer
+        grid = WatchedGrid(grid, progress)
     note = cell_default_methods_note(config)
     if note is not None:
         outcome.progress(note)
@@ -487,6 +501,8 @@ def run_mode(
     mode = run_secure if is_secure(config) else MODES[config["strategy"]]
     mode = run_dp if is_dp(config) else mode
     mode(grid, config, splits, template, device_of(config), outcome)
+    for row in outcome.rows:  # after every mode: a strategy's T replaces the study's
+        row.update(flag_columns(row, splits.num_classes, len(splits.test[1])))
     outcome.timings["server_seconds"] = time.perf_counter() - start
     outcome.progress.finished(len(outcome.rows))
     return outcome
@@ -525,6 +541,8 @@ def run_server(
             row["temperature"] if not math.isnan(row["temperature"]) else float("nan"),
             row["clients_survived"],
         )
+    for line in flag_lines(outcome.rows):
+        log(INFO, "fedlmc warning: %s", line)
     return outcome
 
 
@@ -538,4 +556,5 @@ def main(grid: Grid, context: Context) -> None:
     beside a deployment's ServerApp; :mod:`fedlmc.simulations.config.threads`)."""
     config = validate_run_config(dict(context.run_config), check_devices=False)
     use_threads(server_threads(config["server-cpus"]))
+    shorten_flower_config_logs()  # the train ConfigRecord: 50+ keys on one line otherwise
     run_server(grid, dict(context.run_config), say=flower_say)

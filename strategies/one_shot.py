@@ -84,7 +84,7 @@ from fedlmc.merging.post_merge import (
 )
 from fedlmc.permutation.chain import norm_free_chain
 from fedlmc.permutation.model_spec import permutation_spec
-from fedlmc.permutation.spec import PermutationSpec
+from fedlmc.permutation.spec import PermutationSpec, check_spec
 from fedlmc.strategies.base import ScreenedFedAvg
 from fedlmc.strategies.options import StrategyOptions
 from fedlmc.strategies.protocol import ALIGN_QUERY, metric_record, state_to_record
@@ -184,6 +184,8 @@ class OneShotAverage(ScreenedFedAvg):
         self.seed = 0
         self.spec: PermutationSpec | None = None
         self.method_options: dict[str, Any] = {}
+        self.summary_note = ""
+        """Said after the settings in :meth:`summary` (e.g. what a collecting round is for)."""
         self._last_round: OneShotRound | None = None
 
     # ------------------------------------------------------------------------- Flower hooks
@@ -192,12 +194,13 @@ class OneShotAverage(ScreenedFedAvg):
         """Log the strategy's settings."""
         log(
             INFO,
-            "\t├──> %s (%s): %d clients (min %d survivors), calibration %s",
+            "\t├──> %s (%s): %d clients (min %d survivors), calibration %s%s",
             type(self).__name__,
             self.merge_method,
             self.num_clients,
             self.min_clients,
             self.calibration,
+            f" ({self.summary_note})" if self.summary_note else "",
         )
         log(INFO, "\t└──> Weighted by: '%s'", self.weighted_by_key)
 
@@ -400,7 +403,14 @@ class PermutationAlignedAverage(OneShotAverage):
     0, the lowest partition id, ``merge_many`` runs MergeMany, ``random_permutation`` is the
     scrambled control, ``activation_federated`` matches activations on the clients), then
     :math:`\sum_i w_i \pi_i(\theta_i)`. Methods that need server inputs (activation matching)
-    use ``server_data``'s. ``spec`` overrides the template's permutation spec.
+    use ``server_data``'s.
+
+    The permutation spec is settled when the strategy is built, before any client trains
+    (:meth:`construction_spec`): ``spec`` if given, else the template's own
+    ``permutation_spec()``, else one derived from the template's graph on ``example_input``
+    (a batch of 2 or more inputs), on the first 2 inputs of ``server_data`` or on
+    ``model.config["in_shape"]``; a model it cannot be derived for is refused here, naming what
+    to pass. A given ``spec`` is checked on the example input when there is one.
     """
 
     def __init__(
@@ -411,6 +421,7 @@ class PermutationAlignedAverage(OneShotAverage):
         method: str = "weight_matching",
         seed: int = 0,
         spec: PermutationSpec | None = None,
+        example_input: Tensor | tuple[Tensor, ...] | None = None,
         method_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -426,12 +437,41 @@ class PermutationAlignedAverage(OneShotAverage):
             raise ValueError(
                 f"method = {method!r} with num_clients = {self.num_clients}: allowed: at most 2"
             )
+        self.spec = self.construction_spec(spec, example_input, method)
         if entry.plain_chain_only:  # refused before any client trains
-            norm_free_chain(spec or permutation_spec(template), template.state_dict())
+            norm_free_chain(self.spec, template.state_dict())
         self.merge_method = entry.name
         self.seed = int(seed)
-        self.spec = spec
         self.method_options = dict(method_options or {})
+
+    def construction_spec(
+        self,
+        spec: PermutationSpec | None,
+        example_input: Tensor | tuple[Tensor, ...] | None,
+        method: str,
+    ) -> PermutationSpec:
+        """The permutation spec the merge will use, settled now (class docstring): derived
+        (:func:`fedlmc.permutation.model_spec.permutation_spec`, which checks a derived spec on
+        its example) or, when given, checked on the example input
+        (:func:`fedlmc.permutation.spec.check_spec`); a ``ValueError`` names the strategy."""
+        if example_input is None and self.server_data is not None:
+            example_input = self.server_data[0][:2]
+        if isinstance(example_input, tuple):  # the template is on the CPU
+            example_input = tuple(t.cpu() for t in example_input)
+        elif isinstance(example_input, Tensor):
+            example_input = example_input.cpu()
+        try:
+            if spec is None:
+                return permutation_spec(self.template, example_input)
+            if example_input is not None:
+                check_spec(self.template, spec, example_input)
+            return spec
+        except (ValueError, RuntimeError, TypeError) as err:  # torch.fx and shape errors too
+            raise ValueError(
+                f"{type(self).__name__}(method={method!r}): {first_line(err)}; pass "
+                "example_input= (a batch "
+                "of 2 or more of the model's inputs), server_data= or spec="
+            ) from None
 
 
 class AutoMerge(PermutationAlignedAverage):
@@ -458,3 +498,8 @@ class AutoMerge(PermutationAlignedAverage):
             method_options={"auto_tolerance": float(tolerance)},
             **kwargs,
         )
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message (torch.fx appends the graph and a traceback)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]

@@ -197,6 +197,21 @@ DATA_FOLDERS: Mapping[str, str] = _Field("folder")
 HF_PREFIX = "hf:"
 
 
+def torchvision_datasets(name: str) -> Any:
+    """``torchvision.datasets``, which reads and downloads the torchvision data sets (``name``:
+    the one asked for); a ``ValueError`` saying how to install it when this environment lacks
+    it (torchvision is the optional ``vision`` extra: the CPU install and ``mnist5k`` need
+    none)."""
+    try:
+        return importlib.import_module("torchvision.datasets")
+    except ImportError as err:
+        raise ValueError(
+            f"dataset {name!r} is read by torchvision, which this environment lacks ({err}); "
+            "allowed: pip install -e '.[vision]' (torchvision matching your torch), or "
+            "dataset = 'mnist5k' (no torchvision needed)"
+        ) from None
+
+
 def is_hf_name(name: object) -> bool:
     """True for ``"hf:NAME"`` with a non-empty ``NAME`` (a Hugging Face data set)."""
     return isinstance(name, str) and name.startswith(HF_PREFIX) and bool(name[len(HF_PREFIX) :])

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedlmc.data.catalog import DATA_FOLDERS, DOWNLOADABLE, dataset_entry
+from fedlmc.data.catalog import DATA_FOLDERS, DOWNLOADABLE, dataset_entry, torchvision_datasets
 from fedlmc.io import TEMP_SUFFIX, atomic_write
 
 __all__ = [
@@ -290,9 +290,7 @@ def _exclusive_lock(path: Path) -> Iterator[None]:
 
 
 def _torchvision_class(name: str):
-    from torchvision import datasets as tvd
-
-    return getattr(tvd, dataset_entry(name).torchvision)
+    return getattr(torchvision_datasets(name), dataset_entry(name).torchvision)
 
 
 def _check_name(name: str) -> None:

@@ -54,6 +54,7 @@ from fedlmc.data.catalog import (
     check_dataset_name,
     dataset_entry,
     is_hf_name,
+    torchvision_datasets,
 )
 from fedlmc.data.download import ChecksumError, DownloadError, FetchResult, fetch_dataset
 from fedlmc.data.partitions import (
@@ -285,9 +286,7 @@ def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
 def _torchvision_uint8(name: str, root, download: bool, mirror: str | None) -> tuple[Data, Data]:
     """(train, test) uint8 ``(N, C, H, W)`` and int64 labels from torchvision's dataset class,
     after :func:`fedlmc.data.download.fetch_dataset` when ``download``."""
-    from torchvision import datasets as tvd
-
-    cls = getattr(tvd, dataset_entry(name).torchvision)
+    cls = getattr(torchvision_datasets(name), dataset_entry(name).torchvision)
     root = _check_root(name, root, download)
     if download:
         fetch_dataset(name, root, mirror=mirror)

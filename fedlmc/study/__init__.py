@@ -7,6 +7,7 @@
 - :mod:`fedlmc.study.barriers`: the merge gap and the barriers of interpolation paths.
 - :mod:`fedlmc.study.diagnostic_columns`: LEWC, LLFC and the mechanism columns.
 - :mod:`fedlmc.study.rows`: the results-row schema.
+- :mod:`fedlmc.study.flags`: a temperature at its fit's bound, an accuracy at chance.
 """
 
 from fedlmc._lazy import lazy_exports

@@ -102,6 +102,7 @@ from fedlmc.study.diagnostic_columns import (
     lewc_undefined_reason,
     prediction_columns,
 )
+from fedlmc.study.flags import flag_columns
 from fedlmc.study.merge import (
     Merged,
     merge_clients,
@@ -331,7 +332,10 @@ def compare_methods(
         method_options=method_options,
         progress=progress,
     )
-    return _rows(context, client_baseline(context, client_templates), methods)
+    result = _rows(context, client_baseline(context, client_templates), methods)
+    for row in result.rows:
+        row.update(flag_columns(row, splits.num_classes, len(splits.test[1])))
+    return result
 
 
 def _methods_for_model(
@@ -403,4 +407,5 @@ def evaluate_model_row(
     pred = Predictions.of(copy.deepcopy(model).to(dev).eval(), splits, dev)
     row = empty_row(method, num_clients)
     row.update(metric_columns(pred.metrics(splits.test[1]), calibrated, pred.temperature))
+    row.update(flag_columns(row, splits.num_classes, len(splits.test[1])))
     return row

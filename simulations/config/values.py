@@ -3,8 +3,10 @@ sets, models, methods) read from the registries, and the value checks the key ta
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from fedlmc.data.catalog import (
@@ -88,12 +90,26 @@ def _methods(value: Any) -> str | None:
     except ValueError as error:  # an import path that names no method
         return str(error)
     allowed = cell_methods()
-    if not names or any(m not in allowed for m in names):
+    unknown = [m for m in names if m not in allowed]
+    if not names or unknown:
+        what = (
+            f"unknown method {unknown[0]!r}{nearest_names(unknown[0], allowed)}; "
+            if unknown
+            else ""
+        )
         return (
-            f"allowed: a comma-separated list of {', '.join(allowed)}, or of "
-            "'package.module:function' merge methods"
+            f"{what}allowed: a comma-separated list of the {len(allowed)} method names "
+            "`fedlmc methods` lists (average, average_t, weight_matching, ..., ensemble, "
+            "fedavg), or 'package.module:function' merge methods"
         )
     return None
+
+
+def nearest_names(name: str, choices: Sequence[str], n: int = 3) -> str:
+    """`` (did you mean 'a', 'b'?)`` with the up to ``n`` choices closest to ``name``
+    (``difflib.get_close_matches``), or an empty string."""
+    close = difflib.get_close_matches(name, list(choices), n=n)
+    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def _align(value: Any) -> str | None:
@@ -108,7 +124,10 @@ def _align(value: Any) -> str | None:
             f"merge method {name!r} builds a model of another architecture, not a state dict "
             f"of the model the strategy returns; allowed: {', '.join(aligning_methods())}"
         )
-    return f"allowed: {', '.join(aligning_methods())}, or a 'package.module:function' merge method"
+    return (
+        f"unknown aligning method {name!r}{nearest_names(name, aligning_methods())}; allowed: "
+        f"{', '.join(aligning_methods())}, or a 'package.module:function' merge method"
+    )
 
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters, DEL

@@ -1,11 +1,22 @@
-"""What one federation's ServerApp tells its user while it runs, and where its rows went.
+r"""What one federation's ServerApp tells its user while it runs, and where its rows went.
 
 :class:`RunProgress` turns the server's stages into one-line messages with the elapsed time
 (``[  12 s] 3 clients trained``): waiting for the clients to train, the clients trained, each
 base merge of the ``compare`` strategy numbered with an estimate of the time left (from the
 mean time of the merges so far), the evaluation done. Its ``say`` is where the lines go: the
 Flower log for ``flwr run`` (:func:`flower_say`), stderr for ``fedlmc run`` (:func:`stderr_say`);
-a sweep passes none (its own progress bar counts cells).
+a sweep passes none (its own progress bar counts cells and redraws every second,
+:func:`redrawn`).
+
+While the clients train, nothing else happens on the server, so the wait itself is told
+(:meth:`RunProgress.round`, fed by :class:`fedlmc.simulations.records.watched_grid.WatchedGrid`
+with each reply as it arrives): a client's training reply as a line with the replies so far
+and the time left at the rate so far (:math:`t \cdot (N - k) / k` after :math:`k` of :math:`N`
+replies in :math:`t` seconds), and a line every :data:`HEARTBEAT_SECONDS` without news, so that
+a log (``flwr run``, a deployment, ``fedlmc run`` into a file) is never silent for a minute; on
+a terminal ``fedlmc run`` draws one bar instead, redrawn every :data:`REDRAW_SECONDS` with the
+elapsed time and the time left. Rounds of other messages (queries, SecAgg+'s stages) get the
+heartbeat only.
 
 :func:`rows_destination` is the sentence on where a run's rows went: ``out-dir``'s files, or
 that nothing was written to disk (the ServerApp logs it, ``fedlmc run`` prints it).
@@ -13,16 +24,34 @@ that nothing was written to disk (the ServerApp logs it, ``fedlmc run`` prints i
 
 from __future__ import annotations
 
+import logging
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from logging import INFO
 from pathlib import Path
 from typing import Any
 
 Say = Callable[[str], None]
 
-__all__ = ["RunProgress", "Say", "flower_say", "rows_destination", "stderr_say"]
+__all__ = [
+    "RoundWatch",
+    "RunProgress",
+    "Say",
+    "flower_say",
+    "redrawn",
+    "rows_destination",
+    "stderr_say",
+]
+
+HEARTBEAT_SECONDS = 30.0
+"""Longest a log goes without a line while the server waits for replies."""
+REDRAW_SECONDS = 1.0
+"""How often a progress bar on a terminal is redrawn (its elapsed time and time left)."""
+REPLY_LINE_SECONDS = 5.0
+"""Least time between two reply lines (the first and the last reply are always told)."""
 
 
 def flower_say(message: str) -> None:
@@ -30,6 +59,41 @@ def flower_say(message: str) -> None:
     from flwr.supercore import log
 
     log(INFO, "fedlmc: %s", message)
+
+
+SHORT_CONFIG_CHARACTERS = 240
+"""Longest ``ConfigRecord`` text Flower's strategy log keeps whole (:class:`ShortConfigLog`)."""
+CONFIG_LINE = "\t├── ConfigRecord ("
+
+
+class ShortConfigLog(logging.Filter):
+    """Flower's strategy start logs the train ``ConfigRecord`` on one line: fedlmc's carries
+    every run-config key (50 and more). This filter cuts such a line to its first keys and
+    says how many there are and where all of them are listed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message, args = record.msg, record.args
+        if isinstance(message, str) and message.startswith(CONFIG_LINE) and args:
+            text = str(args[0] if isinstance(args, tuple) else args)
+            if len(text) > SHORT_CONFIG_CHARACTERS:
+                record.args = (short_config_text(text),)
+        return True
+
+
+def short_config_text(text: str) -> str:
+    """``{'a': 1, 'b': 2, ...}`` cut after whole items to :data:`SHORT_CONFIG_CHARACTERS`,
+    with the number of keys (:class:`ShortConfigLog`)."""
+    keys = text.count("': ") or 1
+    cut = text.rfind(", '", 0, SHORT_CONFIG_CHARACTERS)
+    kept = text[: cut if cut > 0 else SHORT_CONFIG_CHARACTERS]
+    return f"{kept}, ...}} ({keys} keys: the run config; `fedlmc keys` lists every key)"
+
+
+def shorten_flower_config_logs() -> None:
+    """Add :class:`ShortConfigLog` to Flower's logger once (the ServerApp of ``flwr run``)."""
+    logger = logging.getLogger("flwr")
+    if not any(isinstance(f, ShortConfigLog) for f in logger.filters):
+        logger.addFilter(ShortConfigLog())
 
 
 def stderr_say(message: str) -> None:
@@ -52,9 +116,10 @@ class RunProgress:
         if self.say is not None:
             self.say(f"[{self.clock() - self.start:5.0f} s] {message}")
 
-    def training(self, clients: int, epochs: int) -> None:
-        """Before the training round."""
-        self(f"waiting for {clients} clients to train ({epochs} epoch(s) each)")
+    def training(self, clients: int, epochs: int, secure: bool = False) -> None:
+        """Before the training round (``secure``: the models come back masked by SecAgg+)."""
+        how = ", then send their models masked by SecAgg+" if secure else ""
+        self(f"waiting for {clients} clients to train ({epochs} epoch(s) each){how}")
 
     def trained(self, survivors: int, seconds: float) -> None:
         """After the training round."""
@@ -85,6 +150,132 @@ class RunProgress:
     def finished(self, rows: int) -> None:
         """After every row is computed."""
         self(f"evaluation done: {rows} row(s)")
+
+    @property
+    def watching(self) -> bool:
+        """Whether the server's waits are told (a ``say`` is set: not in a sweep's cells)."""
+        return self.say is not None
+
+    def round(self, what: str, total: int, per_reply: bool) -> RoundWatch:
+        """A :class:`RoundWatch` of one message round of ``total`` messages (module docstring;
+        ``per_reply``: a training round, each reply told); a bar on a terminal for ``fedlmc
+        run``'s training rounds."""
+        bar = self.say is stderr_say and per_reply and sys.stderr.isatty()
+        return RoundWatch(self, what, total, per_reply=per_reply, bar=bar)
+
+
+class RoundWatch:
+    """The replies to one round of ``total`` messages of one type, told as they arrive and on
+    a timer until :meth:`close` (module docstring). Thread-safe: replies may be heard on
+    another thread (the sweep engine's broker)."""
+
+    def __init__(
+        self,
+        progress: RunProgress,
+        what: str,
+        total: int,
+        *,
+        per_reply: bool = True,
+        bar: bool = False,
+        heartbeat: float = HEARTBEAT_SECONDS,
+    ) -> None:
+        self.progress, self.total, self.heartbeat = progress, int(total), heartbeat
+        self.training, self.what = per_reply, what
+        self.replies = 0
+        self.start = self.last_told = progress.clock()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._bar = _reply_bar(total) if bar else None
+        period = REDRAW_SECONDS if bar else min(heartbeat, REDRAW_SECONDS * 5)
+        self._timer = threading.Thread(target=self._tick, args=(period,), daemon=True)
+        self._timer.start()
+
+    def status(self) -> str:
+        """``training: 1/3 client(s) replied after 40 s, about 80 s left at the rate so far``."""
+        elapsed = self.progress.clock() - self.start
+        text = f"{self.what}: {self.replies}/{self.total} client(s) replied after {elapsed:.0f} s"
+        left = elapsed * (self.total - self.replies) / max(self.replies, 1)
+        if 0 < self.replies < self.total and left >= 1:
+            text += f", about {left:.0f} s left at the rate so far"
+        return text
+
+    def replied(self, count: int = 1) -> None:
+        """``count`` more replies arrived (a line for each training reply)."""
+        with self._lock:
+            first = self.replies == 0
+            self.replies += int(count)
+            if self._bar is not None:
+                self._bar.update(int(count))
+            elif self.training and (first or self._worth_a_line()):
+                self._tell()
+
+    def close(self) -> None:
+        """The round is over: stop the timer, close the bar."""
+        self._done.set()
+        self._timer.join(timeout=5)
+        if self._bar is not None:
+            self._bar.close()
+
+    def _worth_a_line(self) -> bool:
+        """The last reply, and any other :data:`REPLY_LINE_SECONDS` after the last line (64
+        clients that finish together make 2 or 3 lines, not 64; the first is always told)."""
+        last = self.replies >= self.total
+        return last or self.progress.clock() - self.last_told >= REPLY_LINE_SECONDS
+
+    def _tell(self) -> None:
+        self.last_told = self.progress.clock()
+        self.progress(self.status())
+
+    def _tick(self, period: float) -> None:
+        while not self._done.wait(period):
+            with self._lock:
+                if self._bar is not None:
+                    self._bar.refresh()
+                elif self.progress.clock() - self.last_told >= self.heartbeat:
+                    self._tell()
+
+
+def _reply_bar(total: int) -> Any:
+    """A tqdm bar on stderr over ``total`` client replies, with elapsed time and time left."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        desc="fedlmc run: training",
+        unit="client",
+        file=sys.stderr,
+        leave=False,
+        bar_format="{desc}: {n}/{total} client(s) replied |{bar}| {elapsed} elapsed, "
+        "{remaining} left",
+    )
+
+
+@contextmanager
+def redrawn(bar: Any, seconds: float | None = None) -> Iterator[Any]:
+    """``bar`` (a tqdm bar) redrawn while the block runs, so that its elapsed time and time
+    left move between events: every :data:`REDRAW_SECONDS` on a terminal, every
+    :data:`HEARTBEAT_SECONDS` into a file (a log keeps a line per redraw), or every ``seconds``;
+    a disabled bar is left alone."""
+    if seconds is None:
+        terminal = getattr(getattr(bar, "fp", None), "isatty", lambda: False)()
+        seconds = REDRAW_SECONDS if terminal else HEARTBEAT_SECONDS
+    done = threading.Event()
+
+    def redraw() -> None:
+        while not done.wait(seconds):
+            bar.refresh()
+
+    thread = (
+        None if getattr(bar, "disable", False) else threading.Thread(target=redraw, daemon=True)
+    )
+    if thread is not None:
+        thread.start()
+    try:
+        yield bar
+    finally:
+        done.set()
+        if thread is not None:
+            thread.join(timeout=5)
 
 
 def rows_destination(config: Mapping[str, Any]) -> str:

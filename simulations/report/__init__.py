@@ -1,12 +1,14 @@
-"""The report of a sweep's out dir: ``report.md``, its tables and its figures.
+"""The report of a sweep's out dir: ``report.md`` (short), ``report_full.md``, the figures.
 
 :mod:`~fedlmc.simulations.report.build` (``build_report``: reads the records, writes the
 report), :mod:`~fedlmc.simulations.report.data` (the rows a table or figure reads),
-:mod:`~fedlmc.simulations.report.markdown` (the tables and the convergence verdict),
+:mod:`~fedlmc.simulations.report.summary` (``report.md``: one row per distinct quantity),
+:mod:`~fedlmc.simulations.report.markdown` (every table and the convergence verdict),
 :mod:`~fedlmc.simulations.report.training` (training curves), the plotting primitives
-(:mod:`~fedlmc.simulations.report.plotting`) and every figure, declared once with ``@figure`` in
-:mod:`~fedlmc.simulations.report.figure_table` (drawings for width mixes and initialisations in
-:mod:`~fedlmc.simulations.report.width_figures` and
+(:mod:`~fedlmc.simulations.report.plotting`), the per-layer figures
+(:mod:`~fedlmc.simulations.report.layer_figures`) and every figure, declared once with
+``@figure`` in :mod:`~fedlmc.simulations.report.figure_table` (drawings for width mixes and
+initialisations in :mod:`~fedlmc.simulations.report.width_figures` and
 :mod:`~fedlmc.simulations.report.init_figures`). It reads only the records
 (:mod:`fedlmc.simulations.records`), never the sweep driver or the engine.
 """

@@ -10,8 +10,9 @@ registration per figure; its table on the Sweeps page is generated from it,
 When a config key other than the x axis and ``seed`` varies too, figures get one panel per
 value combination of those keys. Every figure is titled with what was run; panels of one
 quantity share the y axis; coinciding methods are drawn once
-(:mod:`fedlmc.simulations.report.plotting`). ``report.md`` holds the tables (markdown) and links to
-the figures.
+(:mod:`fedlmc.simulations.report.plotting`). ``report.md`` holds the short report (one row per
+distinct quantity, :mod:`fedlmc.simulations.report.summary`) and links to the figures and to
+``report_full.md``, every table (:mod:`fedlmc.simulations.report.markdown`).
 
 The parts: the rows and tables in :mod:`fedlmc.simulations.report.data`, the drawing functions in
 :mod:`fedlmc.simulations.report.plotting`, which figure is drawn from which rows into which file in
@@ -35,6 +36,7 @@ from fedlmc.simulations.records.training_file import read_training
 from fedlmc.simulations.report.data import ok_rows
 from fedlmc.simulations.report.figure_table import draw_figures
 from fedlmc.simulations.report.markdown import report_markdown
+from fedlmc.simulations.report.summary import FULL_REPORT, summary_markdown
 
 FIGURES = "figures"
 
@@ -47,7 +49,9 @@ def report_settings(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_report(out_dir: str | os.PathLike) -> list[Path]:
-    """Write the figures and ``report.md`` of the sweep in ``out_dir``; returns their paths."""
+    """Write the figures, ``report.md`` (the short report,
+    :mod:`fedlmc.simulations.report.summary`) and ``report_full.md`` (every table) of the
+    sweep in ``out_dir``; returns their paths."""
     out_dir = Path(out_dir)
     if not (out_dir / "results.csv").exists():
         raise ValueError(f"out_dir={str(out_dir)!r} has no results.csv; run the sweep first")
@@ -57,10 +61,12 @@ def build_report(out_dir: str | os.PathLike) -> list[Path]:
     rows = ok_rows(results)
     training = read_training(out_dir)
     figures = draw_figures(rows, out_dir / FIGURES, settings, training)
-    report = out_dir / "report.md"
-    text = report_markdown(results, record, figures, out_dir, settings, training)
-    atomic_write_text(report, text)
-    return [*figures, report]
+    report, full = out_dir / "report.md", out_dir / FULL_REPORT
+    atomic_write_text(full, report_markdown(results, record, figures, out_dir, settings, training))
+    atomic_write_text(
+        report, summary_markdown(results, record, figures, out_dir, settings, training)
+    )
+    return [*figures, report, full]
 
 
 def read_record(out_dir: Path) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -363,3 +364,22 @@ def setting_order(settings: pd.Series) -> list[str]:
         return (0 if label.startswith("shared") else 1, rounds)
 
     return sorted(set(settings), key=key)
+
+
+def width_units(rows: pd.DataFrame) -> dict[Any, str]:
+    """Width multiplier -> ``"4x (512 units)"`` for an MLP of one ``base-hidden`` (its hidden
+    units per layer), else ``"4x"``."""
+    if "width" not in rows:
+        return {}
+    widths = sorted(pd.to_numeric(rows["width"], errors="coerce").dropna().unique())
+    base = one_value(rows, "base-hidden")
+    mlp = one_value(rows, "model") == "mlp"
+    if not (mlp and isinstance(base, numbers.Real) and math.isfinite(base)):
+        return {w: f"{w:g}x" for w in widths}
+    return {w: f"{w:g}x ({round(w * base):,} units)" for w in widths}
+
+
+def one_value(rows: pd.DataFrame, column: str) -> Any:
+    """The one value of ``column`` over ``rows`` (``None`` when it has several or none)."""
+    values = rows[column].dropna().unique() if column in rows else []
+    return values[0] if len(values) == 1 else None

@@ -28,15 +28,17 @@ from fedlmc.simulations.report.data import (
     run_title,
 )
 from fedlmc.simulations.report.init_figures import has_init_panels, merge_gap_by_init_figure
-from fedlmc.simulations.report.plotting import (
+from fedlmc.simulations.report.layer_figures import (
     LEWC_PANELS,
     MECHANISM_METHODS,
     MECHANISM_PANELS,
+    layer_figure,
+    lewc_cosine_panels,
+)
+from fedlmc.simulations.report.plotting import (
     accuracy_by_width_lines,
     figure_title,
     lambda_path_figure,
-    layer_figure,
-    lewc_cosine_panels,
     metric_vs_axis,
     pairwise_figure,
     temperature_series,
@@ -140,12 +142,23 @@ def draw_figures(
     inputs = FigureInputs.of(rows, settings, training)
     wanted = [f for f in FIGURE_TABLE if f.drawn_when(inputs)]
     title = " - ".join(t for t in (settings.get("title", ""), run_title(rows)) if t)
+    title = f"{title}\n{seeds_note(rows, settings.get('error-bars', 'none'))}".strip()
     with figure_title(title):
         drawn = [f.draw(inputs, fig_dir / f.file) for f in wanted]
     for stale in FIGURE_TABLE:  # a figure of an earlier report of this folder, not drawn now
         if fig_dir / stale.file not in drawn:
             (fig_dir / stale.file).unlink(missing_ok=True)
     return [p for p in drawn if p is not None]
+
+
+def seeds_note(rows: pd.DataFrame, kind: str) -> str:
+    """What a figure's points are: ``3 seeds: lines their mean, error bars ± std (ddof = 1),
+    unless a line names its seed``."""
+    seeds = rows["seed"].nunique() if "seed" in rows else 1
+    if seeds == 1:
+        return "1 seed"
+    bars = {"std": ", error bars ± std (ddof = 1)", "sem": ", error bars ± standard error"}
+    return f"{seeds} seeds: lines their mean{bars.get(kind, '')}, unless a line names its seed"
 
 
 def omitted_figures(rows: pd.DataFrame) -> list[str]:
@@ -212,7 +225,7 @@ def barrier_vs_width(d: FigureInputs, path: Path) -> Path | None:
             ("loss_barrier_half_calibrated", "each model with its fitted temperature"),
         ],
         d.methods,
-        "loss barrier at lambda = 1/2 (signed)",
+        "loss barrier at lambda = 1/2\n(signed, nats)",
         path,
         d.settings,
     )
@@ -237,7 +250,7 @@ def merge_gap_vs_width(d: FigureInputs, path: Path) -> Path | None:
             ("merge_gap_loss_calibrated", "each model with its fitted temperature"),
         ],
         d.methods,
-        "merged NLL - mean endpoint NLL",
+        "merged NLL - mean endpoint NLL (nats)",
         path,
         d.settings,
     )
@@ -379,7 +392,8 @@ def client_barriers_vs_clients(d: FigureInputs, path: Path) -> Path | None:
             ("client_to_merge_path_loss_barrier_half_calibrated_worst", "worst client"),
         ],
         d.methods,
-        "barrier at 1/2 on the path client -> merge,\ncalibrated (path shape, not merge quality)",
+        "barrier at 1/2 on the path client -> merge, nats,\n"
+        "calibrated (path shape, not merge quality)",
         path,
         d.settings,
     )

@@ -1,5 +1,5 @@
-"""The text of ``report.md``: markdown tables (:func:`markdown_table`) and the sections of
-the report (:func:`report_markdown`)."""
+"""The text of ``report_full.md``, every table: markdown tables (:func:`markdown_table`) and the
+sections of the report (:func:`report_markdown`)."""
 
 from __future__ import annotations
 
@@ -273,8 +273,9 @@ def report_markdown(
     settings: dict[str, Any],
     training: pd.DataFrame | None = None,
 ) -> str:
-    """The text of ``report.md`` (``training``: the folder's ``training.csv``, ``None`` when it
-    has none)."""
+    """The text of ``report_full.md``, every table (``training``: the folder's
+    ``training.csv``, ``None`` when it has none); ``report.md`` is the short report
+    (:func:`fedlmc.simulations.report.summary.summary_markdown`)."""
     rows = ok_rows(results)
     title = settings.get("title") or record.get("name") or out_dir.name
     kind = settings["error-bars"]
@@ -352,6 +353,16 @@ def report_markdown(
                     ),
                     "",
                 ]
+    lines += failed_and_figures(results, rows, figures, out_dir)
+    return "\n".join(lines)
+
+
+def failed_and_figures(
+    results: pd.DataFrame, rows: pd.DataFrame, figures: Sequence[Path], out_dir: Path
+) -> list[str]:
+    """The failed cells with their errors, then the figures (both reports end with them)."""
+    lines: list[str] = []
+    failed = results.loc[results.get("status", pd.Series(dtype=str)) == "failed"]
     if len(failed):
         lines += ["## Failed cells", "", "| cell_id | error |", "|---|---|"]
         for _, row in failed.drop_duplicates("cell_id").iterrows():
@@ -363,4 +374,4 @@ def report_markdown(
         for path in figures:
             rel = os.path.relpath(path, out_dir)
             lines += [f"### {path.stem.replace('_', ' ')}", "", f"![{path.stem}]({rel})", ""]
-    return "\n".join(lines)
+    return lines

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,7 @@ from fedlmc.simulations.report.data import (
     mean_of_lists,
     panels,
     setting_order,
+    width_units,
 )
 
 
@@ -85,23 +86,93 @@ def panel_grid(
     return fig, axes
 
 
+def block_grid(count: int, rows: int, width: float = 4.2, height: float = 3.0):
+    """A figure of ``count`` blocks of ``rows`` stacked panels, at most 3 blocks a line; the
+    axes of each block (``rows`` each) and the spare blocks' (hidden, or a shared legend's
+    place). Panels of the same row of every block share their y axis."""
+    plt = _pyplot()
+    ncols = min(3, count)
+    lines = math.ceil(count / ncols)
+    fig, axes = plt.subplots(
+        rows * lines, ncols, figsize=(width * ncols, height * rows * lines), squeeze=False
+    )
+    blocks = [[axes[(b // ncols) * rows + r, b % ncols] for r in range(rows)] for b in range(count)]
+    spare = [
+        [axes[(b // ncols) * rows + r, b % ncols] for r in range(rows)]
+        for b in range(count, lines * ncols)
+    ]
+    for r in range(rows):
+        for block in blocks[1:]:
+            block[r].sharey(blocks[0][r])
+            block[r].yaxis.set_tick_params(labelleft=True)
+    for block in spare:
+        for ax in block:
+            ax.set_visible(False)
+    return fig, blocks, spare
+
+
+def shared_legend(blocks: list, spare: list, styles: Sequence[tuple[str, str]]) -> None:
+    """One legend for every panel: the first panel's lines and what each line style means, in
+    a spare block when there is one, else on the first panel."""
+    from matplotlib.lines import Line2D
+
+    handles, labels = blocks[0][0].get_legend_handles_labels()
+    for style, meaning in styles:
+        handles.append(Line2D([], [], color="black", linestyle=style))
+        labels.append(meaning)
+    if spare:
+        ax = spare[0][0]
+        ax.set_visible(True)
+        ax.axis("off")
+        ax.legend(handles, labels, loc="center", fontsize=9, frameon=False)
+    elif handles:
+        blocks[0][0].legend(handles, labels, fontsize=7)
+
+
+def mark_empty(ax, what: str, zero_means: str = "") -> None:
+    """An axis with no finite value (or, with ``zero_means``, only zeros): blanked, with a line
+    saying why."""
+    values = [np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()]
+    finite = [v[np.isfinite(v)] for v in values]
+    if zero_means and finite and all(len(v) and (v == 0).all() for v in finite):
+        what = zero_means
+    elif any(len(v) for v in finite):
+        return
+    ax.cla()
+    ax.axis("off")
+    ax.text(0.5, 0.5, what, ha="center", va="center", fontsize=9, transform=ax.transAxes)
+
+
 def save(fig, path: Path, dpi: int) -> Path:
     """Write ``fig`` to ``path`` (titled by :func:`figure_title`, when set) and close it."""
+    top = 1.0
     if _TITLE.get():
         fig.suptitle(_TITLE.get(), fontsize=11)
-    fig.tight_layout()
+        top = 1 - 0.17 * (_TITLE.get().count("\n") + 1) / fig.get_figheight()  # room for it
+    fig.tight_layout(rect=(0, 0, 1, top))
     fig.savefig(path, dpi=dpi)
     _pyplot().close(fig)
     return path
 
 
-def log_axis(ax, values: Sequence[float], base: int) -> None:
-    """Log-scaled x axis with a tick at every value that occurs."""
+def log_axis(ax, values: Sequence[float], base: int, units: dict | None = None) -> None:
+    """Log-scaled x axis with a tick at every value that occurs (``units``: a width's label,
+    ``4x (512 units)``, :func:`~fedlmc.simulations.report.data.width_units`)."""
     ticks = sorted({float(v) for v in values})
     ax.set_xscale("log", base=base)
     ax.set_xticks(ticks)
-    ax.set_xticklabels([f"{t:g}" for t in ticks])
+    units = units or {}  # "4x (512 units)" -> "4x" over "512"
+    texts = [units.get(t, f"{t:g}").replace(" (", "\n").replace(" units)", "") for t in ticks]
+    ax.set_xticklabels(texts)
     ax.minorticks_off()
+
+
+def x_axis(ax, rows: pd.DataFrame, x: str, base: int) -> None:
+    """The log x axis of ``x``; a width axis says its hidden units."""
+    units = width_units(rows) if x == "width" else {}
+    log_axis(ax, rows[x], base, units)
+    named = any("units" in label for label in units.values())
+    ax.set_xlabel("width: multiplier over hidden units per layer" if named else x)
 
 
 def line_with_spread(ax, table: pd.DataFrame, x: str, label: str, **style) -> None:
@@ -209,8 +280,7 @@ def metric_vs_axis(
                 label = None
         if references:
             draw_references(ax, group, x, settings["error-bars"])
-        log_axis(ax, group[x], log_base)
-        ax.set_xlabel(x)
+        x_axis(ax, group, x, log_base)
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
@@ -269,139 +339,11 @@ def accuracy_by_width_lines(
             if has_values(at_width, "endpoint_acc_mean"):
                 ends = aggregate(at_width, [x], "endpoint_acc_mean", "none")
                 ax.plot(ends[x], ends["mean"], color=colour, linestyle=":")
-        log_axis(ax, rows[x], log_base)
-        ax.set_xlabel(x)
+        x_axis(ax, rows, x, log_base)
         ax.set_ylabel("merged test accuracy")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
         style_legend(ax, [("-", "merged"), (":", "endpoints (mean)")])
-    return save(fig, path, settings["dpi"])
-
-
-class LayerPanel(NamedTuple):
-    """One row of a per-layer figure: the solid column, the dashed column (or None), the y
-    label, a log scale, and what solid and dashed mean (legend entries, when dashed is set)."""
-
-    solid: str
-    dashed: str | None
-    ylabel: str
-    log: bool
-    solid_means: str = ""
-    dashed_means: str = ""
-
-
-LEWC_COSINE_PANELS = (
-    LayerPanel(
-        "lewc_cos_layers",
-        "lewc_cos_shuffled_layers",
-        "LEWC cosine",
-        False,
-        "same input",
-        "shuffled input (baseline)",
-    ),
-    LayerPanel(
-        "lewc_cos_centred_layers", None, "LEWC cosine, centred\non the mean over inputs", False
-    ),
-)
-"""The raw cosine against its shuffled-input baseline, and the centred cosine."""
-RAW_LEWC_COSINE_PANELS = (LayerPanel("lewc_cos_layers", None, "LEWC cosine", False),)
-"""For results folders from before the baseline and centred columns."""
-
-
-def lewc_cosine_panels(columns: Sequence[str]) -> tuple[LayerPanel, ...]:
-    """:data:`LEWC_COSINE_PANELS` where ``columns`` hold all of theirs, else the raw cosine."""
-    wanted = {c for panel in LEWC_COSINE_PANELS for c in panel[:2] if c}
-    return LEWC_COSINE_PANELS if wanted <= set(columns) else RAW_LEWC_COSINE_PANELS
-
-
-LEWC_PANELS: tuple[LayerPanel, ...] = (
-    LayerPanel(
-        "norm_ratio_layers",
-        "lewc_norm_ratio_layers",
-        "norm ratio ||f_l(merge)|| / ||sum_i w_i f_l(theta_i)||",
-        True,
-        "measured",
-        "LEWC's prediction",
-    ),
-    LayerPanel(
-        "lewc_error_layers",
-        "llfc_scaled_error_layers",
-        "relative error of the prediction",
-        False,
-        "LEWC",
-        "LLFC at its best positive scale",
-    ),
-)
-MECHANISM_METHODS = ("average", "average_lewc_bias", "average_lewc_bias_t")
-"""The merges whose dead units and bias shares the mechanism figure draws."""
-MECHANISM_PANELS: tuple[LayerPanel, ...] = (
-    LayerPanel("dead_unit_fraction_layers", None, "fraction of hidden units\nnever active", False),
-    LayerPanel("bias_share_layers", None, "bias share ||b|| / (||Wz|| + ||b||)", False),
-)
-
-
-def layer_figure(
-    rows: pd.DataFrame,
-    path: Path,
-    settings: dict[str, Any],
-    layer_panels: Sequence[LayerPanel],
-    lines: str = "width",
-    only: Sequence[str] | None = None,
-) -> Path | None:
-    """Per-layer lines (mean over seeds), one line per value of ``lines``, one figure row per
-    panel of ``layer_panels`` (its panels sharing the y axis) and one column per method (those
-    in ``only``, if given) and value combination of the other varying keys (e.g. ``bias``),
-    at most :data:`MAX_PANELS` columns; a method whose curves equal an earlier method's on the
-    same value combination is not given a column of its own: the earlier one's title names
-    both."""
-    columns = [c for panel in layer_panels for c in panel[:2] if c]
-    data, methods = json_rows(rows, columns)
-    methods = [m for m in methods if only is None or m in only]
-    if data.empty or not methods:
-        return None
-    groups = [
-        (f"{method}" + (f", {title}" if title else ""), subset[subset["method"] == method])
-        for method in methods
-        for title, subset in panels(data, exclude=[lines])
-    ]
-    groups = merge_identical_panels(
-        [(title, subset) for title, subset in groups if not subset.empty], columns, lines
-    )[:MAX_PANELS]
-    if len(layer_panels) == 1:  # one row of panels, wrapped at 3 columns
-        fig, grid = panel_grid(len(groups), sharey=True)
-        axes = np.array(list(grid.flat)[: len(groups)], dtype=object).reshape(1, -1)
-    else:
-        fig, axes = panel_grid(len(groups), rows=len(layer_panels), sharey="row")
-    cmap = _pyplot().get_cmap("viridis")
-    values = sorted(data[lines].unique())
-    for col, (title, subset) in enumerate(groups):
-        for j, value in enumerate(values):
-            at_value = subset[subset[lines] == value]
-            if at_value.empty:
-                continue
-            colour = cmap(j / max(1, len(values) - 1))
-            for row, panel in enumerate(layer_panels):
-                for column, style in ((panel.solid, "-"), (panel.dashed, "--")):
-                    if column is None:
-                        continue
-                    mean = mean_of_lists(list(at_value[f"_{column}"]))
-                    label = f"{lines} {value:g}" if (row, style) == (0, "-") else None
-                    axes[row, col].plot(
-                        range(1, len(mean) + 1), mean, color=colour, linestyle=style, label=label
-                    )
-        axes[0, col].set_title(title, fontsize=9)
-        for row, panel in enumerate(layer_panels):
-            ax = axes[row, col]
-            if panel.log:
-                ax.set_yscale("log")
-            ax.set_xlabel("layer l (last = logits)")
-            ax.set_ylabel(panel.ylabel, fontsize=8)
-            ax.grid(alpha=0.3)
-            ax.xaxis.get_major_locator().set_params(integer=True)
-            styles = panel.dashed is not None and col == 0
-            if (row, col) == (0, 0) or styles:
-                meanings = [("-", panel.solid_means), ("--", panel.dashed_means)]
-                style_legend(ax, meanings if styles else [])
     return save(fig, path, settings["dpi"])
 
 
@@ -490,10 +432,11 @@ def lambda_path_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any])
     ]
     groups = merge_identical_panels([g for g in groups if not g[1].empty], keys, "width")
     groups = groups[:MAX_PANELS]
-    fig, axes = panel_grid(len(groups), rows=2, sharey="row")
+    fig, blocks, spare = block_grid(len(groups), 2)
     cmap = _pyplot().get_cmap("viridis")
     widths = sorted(data["width"].unique())
-    for col, (title, subset) in enumerate(groups):
+    units = width_units(data)
+    for (top, bottom), (title, subset) in zip(blocks, groups, strict=True):
         for j, width in enumerate(widths):
             found = list(subset.loc[subset["width"] == width, "_curve"])
             if not found:
@@ -501,19 +444,19 @@ def lambda_path_figure(rows: pd.DataFrame, path: Path, settings: dict[str, Any])
             lam = np.array(found[0]["lam"], dtype=float)
             colour = cmap(j / max(1, len(widths) - 1))
             acc = mean_of_lists([c.get("accuracy", []) for c in found])
-            axes[0, col].plot(lam[: len(acc)], acc, color=colour, label=f"width {width:g}")
+            name = units.get(width, f"{width:g}")
+            top.plot(lam[: len(acc)], acc, color=colour, label=f"width {name}")
             for key, style in (("nll", "-"), ("nll_calibrated", "--")):
                 if all(key in c for c in found):
                     nll = mean_of_lists([c[key] for c in found])
-                    axes[1, col].plot(lam[: len(nll)], nll, color=colour, linestyle=style)
-        axes[0, col].set_title(title, fontsize=9)
-        axes[0, col].set_ylabel("test accuracy")
-        axes[1, col].set_ylabel("test NLL")
-        for ax in axes[:, col]:
-            ax.set_xlabel("lambda (1 = client 0, 0 = client 1)")
+                    bottom.plot(lam[: len(nll)], nll, color=colour, linestyle=style)
+        top.set_title(title, fontsize=9)
+        top.set_ylabel("test accuracy")
+        bottom.set_ylabel("test NLL (nats)")
+        for ax in (top, bottom):
+            ax.set_xlabel("lambda (1 = client 0, 0 = client 1)", fontsize=8)
             ax.grid(alpha=0.3)
-        axes[0, col].legend(fontsize=7)
-    style_legend(axes[1, 0], [("-", "raw logits"), ("--", "fitted temperature")])
+    shared_legend(blocks, spare, [("-", "NLL, raw logits"), ("--", "NLL, fitted temperature")])
     return save(fig, path, settings["dpi"])
 
 

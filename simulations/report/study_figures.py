@@ -65,7 +65,11 @@ def _draw(ax, table: pd.DataFrame, x: str, positions, **style) -> None:
 
 
 WEIGHT_DECAY_PANELS = (
-    ("loss_barrier_half_calibrated", "loss barrier at lambda = 1/2,\ncalibrated (signed)", True),
+    (
+        "loss_barrier_half_calibrated",
+        "loss barrier at lambda = 1/2,\ncalibrated (signed, nats)",
+        True,
+    ),
     ("merge_gap_accuracy", "accuracy gap: clients' mean - merge", True),
     (STABLE_RANK, "stable rank of the hidden weights\n(mean over layers and clients)", False),
     (

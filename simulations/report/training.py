@@ -95,11 +95,16 @@ def per_width_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def not_converged_count(part: pd.DataFrame) -> str:
-    """``"k / n"`` curves not converged, with how many the rule cannot judge when some
-    (``"0 / 4, cannot tell for 4"``): an unjudged curve is not counted as converged."""
-    text = f"{int(part['not_converged'].sum())} / {len(part)}"
+    """``"k / n"`` curves not converged; where the rule cannot judge some, ``k`` out of the
+    judged ones and how many it cannot tell (``"1 / 3 judged, cannot tell for 1"``, ``"cannot
+    tell for 4 / 4"``): an unjudged curve is counted neither as converged nor as not."""
+    flagged, total = int(part["not_converged"].sum()), len(part)
     unjudged = int((~part["judged"].astype(bool)).sum())
-    return f"{text}, cannot tell for {unjudged}" if unjudged else text
+    if unjudged == total:
+        return f"cannot tell for {total} / {total}"
+    if unjudged:
+        return f"{flagged} / {total - unjudged} judged, cannot tell for {unjudged}"
+    return f"{flagged} / {total}"
 
 
 def convergence_verdict(summary: pd.DataFrame) -> str | None:

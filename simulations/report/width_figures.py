@@ -25,7 +25,7 @@ MIX = "_width_mix"
 INIT_STYLES = {"independent": "-", "shared": "--"}
 PANELS = (
     ("accuracy", "merged test accuracy"),
-    ("loss_barrier_half_calibrated", "loss barrier at 1/2, calibrated\n(two-client cells)"),
+    ("loss_barrier_half_calibrated", "loss barrier at 1/2, calibrated\n(nats; two-client cells)"),
 )
 
 

@@ -74,6 +74,7 @@ from fedlmc.simulations.records.cell_rows import (
     rows_of_cell,
 )
 from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+from fedlmc.simulations.records.progress import redrawn
 from fedlmc.simulations.records.results_file import (
     finished_cells,
     read_results,
@@ -154,27 +155,28 @@ def run_sweep(
         )
         configs = {i: runtime_config(cells[i], out_dir / "cells" / ids[i]) for i in todo}
         try:
-            if runner is not None:
-                for i in todo:
-                    start = time.perf_counter()
-                    rows = run_cell(runner, ids[i], configs[i])
-                    replace_cell_rows(out_dir, ids[i], pd.DataFrame())  # a runner sends none
-                    append_rows(out_dir, rows)
-                    seconds = time.perf_counter() - start
-                    summary = cell_summary(points[i], configs[i], rows, seconds)
-                    say(f"[{i + 1}/{len(cells)}] {summary}")
-                    bar.update(1)
-            elif todo:
-                _run_with_engine(
-                    [(i, ids[i], points[i], configs[i]) for i in todo],
-                    len(cells),
-                    out_dir,
-                    bar,
-                    say,
-                    ray_address=ray_address,
-                    cells_in_flight=cells_in_flight,
-                    verbose=verbose,
-                )
+            with redrawn(bar):  # its elapsed time and time left move between cells
+                if runner is not None:
+                    for i in todo:
+                        start = time.perf_counter()
+                        rows = run_cell(runner, ids[i], configs[i])
+                        replace_cell_rows(out_dir, ids[i], pd.DataFrame())  # a runner sends none
+                        append_rows(out_dir, rows)
+                        seconds = time.perf_counter() - start
+                        summary = cell_summary(points[i], configs[i], rows, seconds)
+                        say(f"[{i + 1}/{len(cells)}] {summary}")
+                        bar.update(1)
+                elif todo:
+                    _run_with_engine(
+                        [(i, ids[i], points[i], configs[i]) for i in todo],
+                        len(cells),
+                        out_dir,
+                        bar,
+                        say,
+                        ray_address=ray_address,
+                        cells_in_flight=cells_in_flight,
+                        verbose=verbose,
+                    )
         finally:
             bar.close()
     results = read_results(out_dir)

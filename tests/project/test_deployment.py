@@ -10,6 +10,8 @@ none of which the page sets). ``export`` lines set the processes' environment, `
 the SuperLink and the SuperNodes, the ``flwr run`` line is the first run; ``kill`` is what the
 fixture's finaliser does (by process group, also when a test fails). Everything binds 127.0.0.1
 and uses a temporary ``FLWR_HOME``. The other runs reuse the page's SuperLink and SuperNodes.
+The page's local-simulation block (``fedlmc superlink start``, ``flwr run .``, ``fedlmc
+superlink stop``) runs the same way on Flower's local simulation, its own SuperLink.
 """
 
 from __future__ import annotations
@@ -274,14 +276,105 @@ def check_the_pages_load_merged_block(out: Path, rows: pd.DataFrame) -> None:
     assert nll == pytest.approx(calibrated["nll"], abs=1e-3)
 
 
-def test_permutation_aligned_average(deployment, tmp_path):
-    out = tmp_path / "aligned"
-    run = flwr_run(
-        deployment,
-        f'strategy="aligned" align="weight_matching" calibration="server" out-dir="{out}"',
-    )
-    check_run(run, out, ["weight_matching", "weight_matching_t"])
-    assert (out / "merged-weight_matching.safetensors").exists()
+LOCAL_MARKER = "<!-- local-simulation-test:"
+
+
+def local_simulation_block(text: str) -> list[list[str]]:
+    """The ``bash`` block after the page's local-simulation marker, each line split as a shell
+    would (comments dropped)."""
+    after = text[text.index(LOCAL_MARKER) :]
+    bash = re.search(r"^```bash\n(.*?)^```", after, flags=re.S | re.M).group(1)
+    return [words for line in bash.splitlines() if (words := shlex.split(line, comments=True))]
+
+
+def test_the_pages_local_simulation_with_fedlmc_superlink(tmp_path):
+    """The page's ``flwr run .`` on Flower's local simulation, as written: ``fedlmc superlink
+    start`` (Flower's own SuperLink, waited for longer than Flower's 15 s), the ``flwr run``
+    line (its model keys replaced by :data:`TINY_MODEL`, ``out-dir`` by a temporary folder),
+    ``fedlmc superlink stop``. Every port is a free one (Flower's own variables), ``FLWR_HOME``
+    temporary. The run's log tells each client's reply and cuts the train config; the stop
+    leaves no SuperLink or SuperExec of this ``FLWR_HOME`` behind."""
+    from fedlmc.simulations.runs.local_superlink import local_superlink, superlink_pids
+
+    lines = local_simulation_block(PAGE.read_text())
+    assert [words[:3] for words in lines][1:] == [
+        ["fedlmc", "superlink", "start"],
+        ["flwr", "run", "."],
+        ["fedlmc", "superlink", "stop"],
+    ]
+    env = {
+        **os.environ,
+        **dict(word.split("=", 1) for word in lines[0][1:]),  # the export line
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+    }
+    link = local_superlink(env)
+    out = tmp_path / "run1"
+
+    def run(words: list[str]) -> subprocess.CompletedProcess:
+        if words[0] == "fedlmc":  # this checkout's command
+            words = [sys.executable, "-m", "fedlmc.simulations.cli", *words[1:]]
+        else:
+            words = [str(BIN / words[0]), *words[1:]]
+        return subprocess.run(
+            words, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
+        )
+
+    try:
+        started = run(lines[1])
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "local SuperLink ready on 127.0.0.1:" in started.stdout
+        pids = superlink_pids(link)
+        assert len(pids) == 1
+        flwr = local_run_line(lines[2], out)
+        done = run(flwr)
+        rows = check_local_run(done, out)
+        assert set(rows["method"]) >= {"average", "weight_matching_t", "ensemble"}
+        stopped = run(lines[3])
+        assert stopped.returncode == 0 and f"stopped flower-superlink (pid {pids[0]})" in (
+            stopped.stdout
+        ), stopped.stdout + stopped.stderr
+        assert superlink_pids(link) == []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and f"--parent-pid {pids[0]}" in ps_text():
+            time.sleep(0.5)
+        assert f"--parent-pid {pids[0]}" not in ps_text()  # its flower-superexec exited too
+    finally:
+        from fedlmc.simulations.runs.local_superlink import stop_local_superlink
+
+        stop_local_superlink(link, say=lambda _line: None)
+
+
+def local_run_line(words: list[str], out: Path) -> list[str]:
+    """The page's ``flwr run``: its keys that :data:`TINY_MODEL` sets dropped, the tiny model's
+    keys added, ``out-dir`` replaced by ``out``."""
+    at = words.index("--run-config") + 1
+    tiny = shlex.split(TINY_MODEL)
+    tiny_keys = {item.split("=", 1)[0] for item in tiny}
+    kept = [item for item in shlex.split(words[at]) if item.split("=", 1)[0] not in tiny_keys]
+    kept = [f'out-dir="{out}"' if item.startswith("out-dir=") else item for item in kept]
+    return [*words[:at], " ".join([*kept, TINY_MODEL]), *words[at + 1 :]]
+
+
+def check_local_run(run: subprocess.CompletedProcess, out: Path) -> pd.DataFrame:
+    log = run.stdout + run.stderr
+    assert run.returncode == 0 and (out / "results.csv").exists(), log[-4000:]
+    rows = pd.read_csv(out / "results.csv")
+    assert (rows["clients_survived"] == 3).all() and rows["accuracy"].between(0, 1).all()
+    assert "client(s) replied after" in log  # each reply told while the clients train
+    assert "3/3 client(s) replied" in log
+    assert "keys: the run config; `fedlmc keys` lists every key)" in log  # not 50+ on a line
+    assert "calibration none (this round only collects the client models" in log
+    return rows
+
+
+def ps_text() -> str:
+    return subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
 
 
 def test_client_side_activation_matching_keeps_state_in_the_supernodes(deployment, tmp_path):

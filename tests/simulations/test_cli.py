@@ -133,7 +133,12 @@ def test_run_prints_one_row_per_method_and_listens_on_loopback_only(tmp_path):
     assert "loss_barrier_half" not in lines[header] and "lewc_cos_mean" not in lines[header]
     left_out = "not shown: loss_barrier_half (no value in any row; applies to: two-client"
     assert left_out in out
-    stages = [line for line in err.splitlines() if line.startswith("fedlmc run: [")]
+    told = [line for line in err.splitlines() if line.startswith("fedlmc run: [")]
+    replies = [line.split("] training: ")[1] for line in told if "] training: " in line]
+    heard = [r for r in replies if not r.startswith("0/3")]  # 0/3: a 30 s heartbeat (load)
+    assert heard[0].startswith("1/3 client(s) replied after"), replies  # the first reply
+    assert heard[-1].startswith("3/3 client(s) replied after"), replies  # and the last
+    stages = [line for line in told if "] training: " not in line]
     assert "waiting for 3 clients to train (1 epoch(s) each)" in stages[0]
     assert "3 client model(s) received" in stages[1]
     assert "merge and evaluation 1/1: average" in stages[2]
@@ -163,6 +168,7 @@ def test_validate_lists_every_cell(tmp_path, capsys):
 def test_errors_exit_2_with_one_line(tmp_path, capsys):
     cases = [
         (["run", "widht=1"], "did you mean 'width'"),
+        (["run", "methods=averag"], "unknown method 'averag' (did you mean 'average'"),
         (["run", "num-clients=2", "min-clients=3"], "min-clients = 3"),
         (["run", "partition=pathological", "classes-per-client=11"], "classes-per-client = 11"),
         (["report", str(tmp_path)], "no results.csv"),
@@ -184,6 +190,25 @@ def test_console_script_and_usage_errors(tmp_path):
     ]
     parser = build_parser()
     assert parser.prog == "fedlmc"
+    # a config mistake is answered before torch, Ray, Flower or pandas are imported
+    check = (
+        "import sys; from fedlmc.simulations.cli import main; code = main(sys.argv[1:]); "
+        "heavy = [m for m in ('torch', 'ray', 'flwr', 'pandas') if m in sys.modules]; "
+        "print('imported:', heavy); sys.exit(code)"
+    )
+    quick = str(REPO / "configs" / "quick.toml")
+    for argv in (["run", "methods=averag,ensemble"], ["sweep", quick, "methods=weight_matchng"]):
+        done = subprocess.run(
+            [sys.executable, "-c", check, *argv],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=120,
+        )
+        assert done.returncode == 2 and done.stdout == "imported: []\n", (argv, done)
+        assert "(did you mean 'average'" in done.stderr or "'weight_matching'" in done.stderr
+        assert len(done.stderr) < 400 and "average_repair_t" not in done.stderr, done.stderr
     done = run_cli("frobnicate", cwd=tmp_path)
     assert done.returncode == 2 and "invalid choice" in done.stderr
 

@@ -237,6 +237,57 @@ def test_weight_matching_undoes_a_permutation_that_plain_averaging_cannot():
     assert not all(torch.allclose(averaged[k], base[k], atol=1e-3) for k in base)
 
 
+def sequential(seed: int) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(784, 16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 10),
+    )
+
+
+def test_a_plain_sequential_gets_its_spec_when_the_strategy_is_built():
+    """A user's own nn.Sequential (no permutation_spec(), no config): without an example the
+    strategy is refused when it is built, naming what to pass, not after every client
+    trained; with ``example_input`` or ``server_data`` the spec is derived then, and weight
+    matching undoes a known permutation of the hidden units."""
+    template = sequential(0)
+    with pytest.raises(
+        ValueError,
+        match=r"PermutationAlignedAverage\(method='weight_matching'\)"
+        r".*no permutation_spec\(\) method.*pass example_input=",
+    ):
+        PermutationAlignedAverage(template, num_clients=2, calibration="none")
+    x = torch.randn(2, 1, 28, 28)
+    by_example = PermutationAlignedAverage(
+        template, num_clients=2, calibration="none", example_input=x
+    )
+    by_data = PermutationAlignedAverage(
+        template,
+        num_clients=2,
+        calibration="server",
+        server_data=(torch.randn(8, 1, 28, 28), torch.arange(8) % 10),
+    )
+    groups = by_example.spec.perm_to_axes
+    assert len(groups) == 2 and by_data.spec.perm_to_axes == groups  # the two hidden layers
+    with pytest.raises(ValueError, match="PermutationAlignedAverage.*pass example_input="):
+        PermutationAlignedAverage(  # an example of the wrong shape fails now, too
+            template, num_clients=2, calibration="none", example_input=torch.randn(2, 5)
+        )
+    base = sequential(1).state_dict()
+    spec = by_example.spec
+    permuted = apply_permutation(spec, random_permutations(spec, base, seed=3), base)
+    by_example.expect_replies(state_to_record(template.state_dict()), [1, 2])
+    merged = record_to_state(
+        by_example.aggregate_train(1, [reply(1, base, 0), reply(2, permuted, 1)])[0]
+    )
+    for key in base:
+        assert torch.allclose(merged[key], base[key], atol=1e-6), key
+
+
 def test_the_lewc_bias_merge_runs_in_a_strategy_and_refuses_norm_layers():
     template = tiny(0)
     states = [tiny(1).state_dict(), tiny(2).state_dict()]

@@ -123,7 +123,7 @@ def test_prediction_columns_store_them_as_json_lists_with_means():
 def test_the_lewc_figure_draws_the_raw_cosine_against_its_baseline_and_the_centred_one(tmp_path):
     from matplotlib.image import imread
 
-    from fedlmc.simulations.report.plotting import (
+    from fedlmc.simulations.report.layer_figures import (
         LEWC_COSINE_PANELS,
         RAW_LEWC_COSINE_PANELS,
         layer_figure,
