@@ -7,6 +7,8 @@ coordinate-wise median (:mod:`fedlmc.strategies.robust`). The ``outlier-factor``
 must stay above every ratio printed here (docs/reliability.md).
 
     nice -n 10 .venv/bin/python benchmarks/robust_calibration.py
+    nice -n 10 .venv/bin/python benchmarks/robust_calibration.py epochs=12 norm=bn \
+        partition=dirichlet  # the default grid with overrides; a grid key's value selects
     nice -n 10 .venv/bin/python benchmarks/robust_calibration.py configs/clients_quick.toml \
         num-clients=16      # the cells of a shipped sweep whose grid point has these values
 """
@@ -18,7 +20,12 @@ import sys
 
 import torch
 
-from fedlmc.simulations.config import load_sweep_config, unique_cells, validate_run_config
+from fedlmc.simulations.config import (
+    load_sweep_config,
+    parse_override,
+    unique_cells,
+    validate_run_config,
+)
 from fedlmc.simulations.task import (
     build_from_config,
     client_seed,
@@ -32,25 +39,35 @@ from fedlmc.train import train_model
 BASE = {"dataset": "mnist5k", "model": "mlp", "width": 0.5, "depth": 2, "epochs": 3}
 
 
+def train_client(
+    config: dict, splits, pid: int, data, shared: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """Client ``pid``'s weights trained on ``data`` as the ClientApp trains them (its seeds,
+    ``shared`` as its initialisation when given)."""
+    model = build_from_config(config, splits, seed=client_seed(config["seed"], pid))
+    if shared is not None:
+        model.load_state_dict(shared)
+    model, _ = train_model(
+        model,
+        data,
+        **train_options(config),
+        seed=client_seed(config["seed"], pid, 1),
+        augment=splits.augment,
+    )
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
 def client_states(config: dict) -> list[dict[str, torch.Tensor]]:
     """Every client's trained weights, as the ClientApp computes them."""
     splits = load_splits(config)
     n = config["num-clients"]
-    shared = build_from_config(config, splits, seed=config["seed"]).state_dict()
-    states = []
-    for pid in range(n):
-        model = build_from_config(config, splits, seed=client_seed(config["seed"], pid))
-        if config["init"] == "shared":
-            model.load_state_dict(shared)
-        model, _ = train_model(
-            model,
-            client_train_data(config, pid, n),
-            **train_options(config),
-            seed=client_seed(config["seed"], pid, 1),
-            augment=splits.augment,
-        )
-        states.append({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    return states
+    shared = None
+    if config["init"] == "shared":
+        shared = build_from_config(config, splits, seed=config["seed"]).state_dict()
+    return [
+        train_client(config, splits, pid, client_train_data(config, pid, n), shared)
+        for pid in range(n)
+    ]
 
 
 def spread(states: list[dict[str, torch.Tensor]]) -> tuple[float, float, float]:
@@ -83,27 +100,32 @@ def shipped(path: str, selection: list[str]) -> None:
             print_row(config)
 
 
+GRID = {
+    "num-clients": (3, 4, 8, 16),
+    "partition": ("iid", "dirichlet"),
+    "init": ("independent", "shared"),
+    "norm": ("none", "bn"),
+}
+"""The default settings (:data:`BASE` for each); an override of one of these keys selects it."""
+
+
+def default_grid(overrides: dict) -> None:
+    """The rows of :data:`GRID` (a grid key's override keeps its value only) on :data:`BASE`
+    with the other ``overrides`` (e.g. ``epochs=12``)."""
+    axes = {k: (overrides[k],) if k in overrides else v for k, v in GRID.items()}
+    fixed = {k: v for k, v in overrides.items() if k not in GRID}
+    for values in itertools.product(*axes.values()):
+        setting = dict(zip(axes, values, strict=True))
+        print_row(validate_run_config({**BASE, "alpha": 0.1, **fixed, **setting}))
+
+
 def main() -> None:
     print("| clients | partition | init | norm | max ratio | min ratio | min cosine |")
     print("|---|---|---|---|---|---|---|")
-    if len(sys.argv) > 1:
+    if len(sys.argv) > 1 and sys.argv[1].endswith(".toml"):
         shipped(sys.argv[1], sys.argv[2:])
         return
-    settings = itertools.product(
-        (3, 4, 8, 16), ("iid", "dirichlet"), ("independent", "shared"), ("none", "bn")
-    )
-    for clients, partition, init, norm in settings:
-        config = validate_run_config(
-            {
-                **BASE,
-                "num-clients": clients,
-                "partition": partition,
-                "alpha": 0.1,
-                "init": init,
-                "norm": norm,
-            }
-        )
-        print_row(config)
+    default_grid(dict(parse_override(item) for item in sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -151,10 +151,17 @@ BARRIER_PATH = (
     "methods every interior point repaired; T refitted at each l), the excess over the chord "
     "`e(l) = L(l) - [l L(1) + (1 - l) L(0)]` (for accuracy the chord minus the path)"
 )
+REFIT_T = "T refitted at every lambda, endpoints included"
+"""What "calibrated" means in every barrier column's title."""
 BARRIER_METRICS = {
     "accuracy": ("Accuracy barrier", "", "accuracy"),
     "loss": ("Loss barrier", ", raw logits", "NLL of the raw logits"),
-    "loss_calibrated": ("Loss barrier", ", calibrated", "NLL at the temperature fitted at each l"),
+    "loss_calibrated": (
+        "Loss barrier",
+        f", calibrated ({REFIT_T})",
+        "NLL at the temperature refitted on the server split at each l, the endpoints l = 0 and "
+        "1 included (one T per point of the path, not one T for the merge applied everywhere)",
+    ),
 }
 BARRIER_AT = {
     "half": (
@@ -205,7 +212,7 @@ def client_barrier_family() -> tuple[Column, ...]:
     """``client_to_merge_path_loss_barrier_{half,max}[_calibrated]_{mean,worst}``."""
     columns = []
     for at, at_text in (("half", "at 1/2"), ("max", "maximum over lambda")):
-        for cal, cal_text in (("", "raw logits"), ("_calibrated", "calibrated")):
+        for cal, cal_text in (("", "raw logits"), ("_calibrated", f"calibrated, {REFIT_T}")):
             for over, over_text in (("mean", "mean over clients"), ("worst", "worst client")):
                 reported = at == "half" and cal == "_calibrated"
                 columns.append(
@@ -314,7 +321,7 @@ def layer_mechanism_family() -> tuple[Column, ...]:
                 "like the merge (0 on the diagonal)",
                 kind="JSON",
             )
-            for cal, text in (("", "raw logits"), ("_calibrated", "calibrated"))
+            for cal, text in (("", "raw logits"), ("_calibrated", f"calibrated, {REFIT_T}"))
         ),
     )
 

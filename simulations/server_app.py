@@ -179,7 +179,7 @@ def merged_test_evaluation(template: nn.Module, splits: DataSplits, device: torc
 def method_options(config: Mapping[str, Any]) -> dict[str, Any]:
     """The run-config keys that reach the merge methods
     (:class:`fedlmc.merging.methods.MergeJob`)."""
-    return {"auto_tolerance": config["auto-tolerance"]}
+    return {"auto_tolerance": config["auto-tolerance"], "cca_ridge": config["cca-ridge"]}
 
 
 def weight_bound(config: Mapping[str, Any], simulated: bool) -> WeightBound:

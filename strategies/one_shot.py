@@ -70,6 +70,7 @@ from torch import Tensor, nn
 from fedlmc.evaluation import resolve_device
 from fedlmc.merging.methods import (
     AUTO_TOLERANCE,
+    check_model_fits,
     check_template_merge,
     merge_method,
     merge_states,
@@ -82,7 +83,6 @@ from fedlmc.merging.post_merge import (
     calibrate,
     post_merge,
 )
-from fedlmc.permutation.chain import norm_free_chain
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec, check_spec
 from fedlmc.strategies.base import ScreenedFedAvg
@@ -438,8 +438,7 @@ class PermutationAlignedAverage(OneShotAverage):
                 f"method = {method!r} with num_clients = {self.num_clients}: allowed: at most 2"
             )
         self.spec = self.construction_spec(spec, example_input, method)
-        if entry.plain_chain_only:  # refused before any client trains
-            norm_free_chain(self.spec, template.state_dict())
+        check_model_fits(entry.name, template, self.spec)  # refused before any client trains
         self.merge_method = entry.name
         self.seed = int(seed)
         self.method_options = dict(method_options or {})

@@ -57,7 +57,16 @@ if TYPE_CHECKING:
 
     from torch import Tensor, nn
 
-__all__ = ["CCA_COLUMNS", "RESCALE_COLUMNS", "preserve_first_model"]
+__all__ = ["CCA_COLUMNS", "CCA_RIDGE", "RESCALE_COLUMNS", "preserve_first_model"]
+
+CCA_RIDGE = 1e-2
+r"""Default ridge :math:`\gamma` of ``cca_merge`` (the method option ``cca_ridge``, run-config
+key ``cca-ridge``), relative to the mean activation variance (:mod:`fedlmc.merging.cca`): our
+choice, not tuned (Horoi et al. search an absolute ``gamma`` per experiment). It keeps the
+auto-covariances invertible when units are dead (variance 0) or outnumber the samples: with
+:math:`n` server samples the centred covariances have rank at most :math:`n - 1`, so at 400
+samples and 512 units the whitened cross-covariance has at least 113 zero singular values, and
+on their span the map is whatever basis the SVD returns."""
 
 RESCALE_COLUMNS = (
     Column(
@@ -165,11 +174,11 @@ def _condition(matrix: Tensor) -> float:
 )
 def cca_merge(job: MergeJob) -> Alignment:
     r"""Client :math:`i` in client 0's basis, :math:`W'_l = T_l W_l T_{l-1}^{-1}`,
-    :math:`b'_l = T_l b_l` (:func:`fedlmc.merging.cca.cca_align`, ridge
-    :data:`fedlmc.merging.cca.CCA_RIDGE` unless ``job.options["cca_ridge"]``); the merge is
-    the weighted average of the mapped clients."""
+    :math:`b'_l = T_l b_l` (:func:`fedlmc.merging.cca.cca_align`, ridge :data:`CCA_RIDGE`
+    unless the method option ``job.options["cca_ridge"]``, the run-config key ``cca-ridge``);
+    the merge is the weighted average of the mapped clients."""
     from fedlmc.averaging import load_state
-    from fedlmc.merging.cca import CCA_RIDGE, cca_align
+    from fedlmc.merging.cca import cca_align
 
     ridge = float(job.options.get("cca_ridge", CCA_RIDGE))
     spec = job.permutation_spec()

@@ -162,8 +162,9 @@ def random_permutation_control(job: MergeJob) -> Alignment:
 register_method(
     "average_repair",
     server_sees="each model's statistics",
-    description="plain average, then REPAIR of every hidden unit's statistics (server split, "
-    "or the clients' data when calibration is federated)",
+    description="plain average, then REPAIR of every hidden unit's mean and std (server split, "
+    "or the clients' data when calibration is federated); needs biases (bias-free: "
+    "average_rescale)",
     needs_server_data=True,
     repair=True,
     clients_for_data=True,
@@ -171,7 +172,8 @@ register_method(
 register_method(
     "weight_matching_repair",
     description="weight matching onto client 0, average, then REPAIR (server split, or the "
-    "clients' data when calibration is federated)",
+    "clients' data when calibration is federated); needs biases (bias-free: "
+    "weight_matching_rescale)",
     needs_server_data=True,
     repair=True,
     clients_for_data=True,
@@ -344,7 +346,8 @@ def embed_matched_slots(job: MergeJob) -> Alignment:
 register_method(
     "embed_weight_matching_repair",
     description="mixed widths: embed_weight_matching, then REPAIR of every hidden unit's "
-    "statistics (server split, or the clients' data when calibration is federated)",
+    "mean and std (server split, or the clients' data when calibration is federated); needs "
+    "biases",
     needs_server_data=True,
     repair=True,
     clients_for_data=True,

@@ -35,7 +35,15 @@ This follows their ``core/matching_functions.py``: ``match_tensors_cca`` (``y_ma
 ``core/metric_calculators.py``'s ``CovarianceMetric`` computed once on the unaligned models at
 the activations after each hidden layer's nonlinearity, as their graphs place them. Their
 ``gamma`` is absolute and searched per experiment (``evaluation/cca_hparam_search.py``); here it
-is relative to the activations' variance, default :data:`CCA_RIDGE`.
+is relative to the activations' variance: ``ridge`` (``cca_merge``'s method option
+``cca_ridge``, default :data:`fedlmc.merging.baselines.CCA_RIDGE`).
+
+With :math:`n` samples the centred :math:`\Sigma_{xy}` has rank at most :math:`n - 1`: with
+fewer samples than units (400 server digits, 512 units) part of :math:`U` and :math:`V` spans
+the null space, where the SVD returns an arbitrary orthonormal basis and :math:`U V^\top` is
+not determined by the data; the ridge keeps :math:`A` and :math:`B` invertible but does not
+fix that part of the rotation. docs/results.md reports the merge against the ridge and
+:math:`n`.
 
 Models: norm-free plain feed-forward chains (:func:`fedlmc.permutation.chain.norm_free_chain`:
 the MLP, VGG-11 with ``norm = "none"``, a derived spec of such a chain), whose every hidden
@@ -57,12 +65,7 @@ from fedlmc.permutation.spec import PermutationSpec
 
 StateDict = dict[str, Tensor]
 
-__all__ = ["CCA_RIDGE", "apply_linear_maps", "cca_align", "cca_map", "unit_covariance"]
-
-CCA_RIDGE = 1e-2
-r"""Default ridge :math:`\gamma`, relative to the mean activation variance: our choice, not
-tuned (their absolute ``gamma`` is searched per experiment); it keeps the auto-covariances
-invertible when units are dead (variance 0) or outnumber the samples."""
+__all__ = ["apply_linear_maps", "cca_align", "cca_map", "unit_covariance"]
 
 
 def cca_chain(
@@ -117,13 +120,13 @@ def _sqrt_and_inverse(matrix: Tensor) -> tuple[Tensor, Tensor]:
     if float(values[0]) <= 1e-12 * max(float(values[-1]), 1e-300):
         raise ValueError(
             "CCA ridge 0 needs nonsingular activation covariances; a layer has units without "
-            "variance (dead) or more units than samples: allowed: a ridge > 0 "
-            f"(default {CCA_RIDGE})"
+            "variance (dead) or more units than samples: allowed: a ridge > 0 (cca_merge's "
+            "default: 0.01)"
         )
     return (vectors * values.sqrt()) @ vectors.T, (vectors * values.rsqrt()) @ vectors.T
 
 
-def cca_map(reference: Tensor, other: Tensor, ridge: float = CCA_RIDGE) -> tuple[Tensor, Tensor]:
+def cca_map(reference: Tensor, other: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
     r"""``(T, T^{-1})`` taking ``other``'s units to ``reference``'s (see the module docstring);
     both activations are ``(samples, units)``. ``ValueError`` for a negative ridge or shapes
     that differ."""
@@ -174,7 +177,7 @@ def cca_align(
     models: Sequence[nn.Module],
     spec: PermutationSpec,
     x: Tensor,
-    ridge: float = CCA_RIDGE,
+    ridge: float,
     reference: int = 0,
 ) -> tuple[list[StateDict], list[dict[str, tuple[Tensor, Tensor]]]]:
     r"""Every model's state dict in ``reference``'s basis (the reference itself unchanged) and

@@ -14,7 +14,9 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   merge (by the study on the server split, by the strategies on server or federated data);
 - ``repair``: whether the merge is followed by REPAIR (:mod:`fedlmc.merging.repair`: every hidden
   unit rescaled so that its pre-activation mean and std match the endpoints' interpolated ones) for
-  models without BatchNorm; for BatchNorm models REPAIR reduces to re-estimating the statistics;
+  models without BatchNorm, which must have a bias in every repaired layer (the mean is set
+  through it; :func:`fedlmc.merging.methods.model_refusal` refuses a bias-free one); for
+  BatchNorm models REPAIR reduces to re-estimating the statistics;
 - ``needs_clients``: it runs a protocol with the clients (``job.clients``, a
   :class:`ClientQueries`), so it exists only inside a federation (the strategies), never in the
   server-side study;

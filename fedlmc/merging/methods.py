@@ -78,7 +78,7 @@ __all__ = [
     "calibrated_nll",
     "check_one_width",
     "check_own_columns",
-    "check_plain_chain",
+    "check_model_fits",
     "check_template_merge",
     "embed_first_slots",
     "embed_matched_slots",
@@ -90,6 +90,7 @@ __all__ = [
     "merge_states",
     "merge_with_info",
     "mixed_width_row",
+    "model_refusal",
     "permuted",
     "plain_average",
     "random_direction",
@@ -164,8 +165,9 @@ def merge_states(
     :class:`MergeJob`. ``ValueError``, before any work, when the method is unknown, needs
     ``server_data`` (or, for methods that take the clients' data instead, ``clients``) that is
     missing, needs the ``clients`` of a federation that are missing, or does not accept this
-    many clients, when the method is ``plain_chain_only`` and ``template`` is no norm-free plain
-    chain (:func:`check_plain_chain`), and when the clients' state dicts differ in shape for a
+    many clients, when the method does not fit ``template`` (:func:`model_refusal`: a
+    ``plain_chain_only`` method and no norm-free plain chain, REPAIR and a layer without a
+    bias), and when the clients' state dicts differ in shape for a
     method that is not ``mixed_widths`` (those embed every client into ``template``'s shapes,
     the server width); after the merge when the method reports a column it did not declare.
     """
@@ -174,8 +176,7 @@ def merge_states(
 
     entry = merge_method(method)
     _check_request(entry, states, server_data, clients)
-    if entry.plain_chain_only:
-        check_plain_chain(entry.name, template, spec)
+    check_model_fits(entry.name, template, spec)
     w = normalised_weights(weights, len(states))
     if len(states) == 1 and not entry.mixed_widths:
         merged, aligned, info = average(states, w), list(states), {}
@@ -268,15 +269,38 @@ def plain_chain_reason(template: nn.Module, spec: PermutationSpec | None) -> str
     )
 
 
-def check_plain_chain(method: str, template: nn.Module, spec: PermutationSpec | None) -> None:
-    """``ValueError`` naming ``method``, the model and why (:func:`plain_chain_reason`), when
-    ``template`` is no norm-free plain chain, which a ``plain_chain_only`` method needs."""
-    reason = plain_chain_reason(template, spec)
+def model_refusal(method: str, template: nn.Module, spec: PermutationSpec | None) -> str:
+    """Why ``method`` cannot merge models like ``template`` (under ``spec``), in one line naming
+    the method, the model and what is allowed; ``""`` when it can. A ``plain_chain_only`` method
+    needs a norm-free plain chain (:func:`plain_chain_reason`); a ``repair`` method on a model
+    without BatchNorm (whose REPAIR is the statistics' reset) needs a bias in every repaired
+    layer (:func:`fedlmc.merging.repair.bias_free_layer`): REPAIR sets the units' mean through
+    it, and the std-only rest is RESCALE."""
+    entry = merge_method(method)
+    if entry.plain_chain_only:
+        reason = plain_chain_reason(template, spec)
+        if reason:
+            return (
+                f"{entry.name}: model {type(template).__name__!r} is not supported: {reason}; "
+                "allowed: norm-free plain feed-forward chains (MLP, VGG-11 with "
+                "norm = 'none')"
+            )
+    if entry.repair:
+        from fedlmc.merging.calibrate import has_batchnorm
+        from fedlmc.merging.repair import bias_free_layer, bias_free_refusal
+
+        layer = None if has_batchnorm(template) else bias_free_layer(template)
+        if layer is not None:
+            return f"{entry.name}: {bias_free_refusal(layer)}"
+    return ""
+
+
+def check_model_fits(method: str, template: nn.Module, spec: PermutationSpec | None) -> None:
+    """``ValueError`` with :func:`model_refusal`'s line when ``method`` cannot merge models like
+    ``template``."""
+    reason = model_refusal(method, template, spec)
     if reason:
-        raise ValueError(
-            f"{method}: model {type(template).__name__!r} is not supported: {reason}; allowed: "
-            "plain feed-forward chains without norm layers (MLP, VGG-11 with norm = 'none')"
-        )
+        raise ValueError(reason)
 
 
 def check_one_width(method: str, states: Sequence[StateDict]) -> None:

@@ -16,10 +16,12 @@ by a per-unit affine change of the merged layer: with the merged model's measure
 so that :math:`z'_c = s (z_c - \mu_m) + \mu_t` has mean :math:`\mu_t` and std :math:`\sigma_t`.
 Standard deviations are population ones (divide by the count). Choices made here:
 
-- **Bias-free layers** get the scale only (:math:`z'_c = s z_c`): the std is matched, the mean
-  becomes :math:`s \mu_m` (a bias is never added, so the architecture stays the same).
+- **Bias-free layers are refused** (:func:`bias_free_layer`): the mean is set through the
+  bias, and a bias is never added (the architecture stays the same). Without the mean reset
+  what is left, :math:`z'_c = s z_c`, is RESCALE (:mod:`fedlmc.merging.rescale`), not REPAIR:
+  an earlier version did exactly that under REPAIR's name, equal to RESCALE by construction.
 - **Constant units** (:math:`\sigma_m \le 10^{-6} \sqrt{\mathrm{mean}(z_c^2)}`, e.g. dead or
-  zero units) keep their weights (:math:`s = 1`); only their mean is moved (if there is a bias).
+  zero units) keep their weights (:math:`s = 1`); only their mean is moved.
 - **Layers** default to every Linear/Conv except the output layer (:func:`repair_layers`), and
   are corrected in depth order (``named_modules`` order), each measured after the earlier ones
   were corrected.
@@ -118,6 +120,23 @@ def repair_layers(model: nn.Module) -> list[str]:
     """
     head = output_layer(model)
     return [name for name in linear_layers(model) if name != head]
+
+
+def bias_free_layer(model: nn.Module, layers: Sequence[str] | None = None) -> str | None:
+    """The first of ``layers`` (default :func:`repair_layers`) that has no bias, so that REPAIR
+    cannot set its units' mean; ``None`` when every one has a bias."""
+    modules = dict(model.named_modules())
+    names = checked_layers(model, layers)
+    return next((n for n in names if getattr(modules[n], "bias", None) is None), None)
+
+
+def bias_free_refusal(layer: str) -> str:
+    """The one line refusing REPAIR of a model whose ``layer`` has no bias."""
+    return (
+        f"REPAIR (Jordan et al. 2023) sets each hidden unit's mean through its bias, and layer "
+        f"{layer!r} has none; allowed: a model with biases (bias = true); for the std alone use "
+        "RESCALE (average_rescale, weight_matching_rescale)"
+    )
 
 
 def checked_layers(model: nn.Module, layers: Sequence[str] | None) -> list[str]:
@@ -237,9 +256,14 @@ def repair_targets(
 @torch.no_grad()
 def rescale_units(module: nn.Module, measured: UnitStats, target: Target) -> None:
     r"""In place: :math:`W'_c = s W_c`, :math:`b'_c = s (b_c - \mu_m) + \mu_t`, :math:`s =
-    \sigma_t / \sigma_m` per output unit ``c`` (see the module docstring for bias-free layers
-    and constant units)."""
-    weight = module.weight
+    \sigma_t / \sigma_m` per output unit ``c`` (constant units: see the module docstring);
+    ``ValueError`` for a layer without a bias."""
+    weight, bias = module.weight, getattr(module, "bias", None)
+    if bias is None:
+        raise ValueError(
+            f"REPAIR needs the layer's bias to set its units' mean; this "
+            f"{type(module).__name__} has none"
+        )
     if measured.sum.numel() != weight.shape[0] or target.mean.numel() != weight.shape[0]:
         raise ValueError(
             f"statistics of {measured.sum.numel()} units for a layer with {weight.shape[0]} units"
@@ -249,10 +273,8 @@ def rescale_units(module: nn.Module, measured: UnitStats, target: Target) -> Non
     scale = torch.where(varying, target.std / torch.where(varying, sigma_m, 1.0), 1.0)
     shape = (-1,) + (1,) * (weight.ndim - 1)
     weight.mul_(scale.to(weight).reshape(shape))
-    bias = getattr(module, "bias", None)
-    if bias is not None:
-        new_bias = scale * (bias.detach().double().cpu() - measured.mean) + target.mean
-        bias.copy_(new_bias.to(bias))
+    new_bias = scale * (bias.detach().double().cpu() - measured.mean) + target.mean
+    bias.copy_(new_bias.to(bias))
 
 
 def _check_no_batchnorm(model: nn.Module) -> None:
@@ -277,10 +299,14 @@ def repair_with_statistics(
     It is called once per endpoint with every layer (targets :func:`repair_targets`), then once
     per layer, in depth order, on the partly repaired copy of ``merged_model`` with that layer
     only: ``N + L`` calls, ``L`` rounds (module docstring). Returns the repaired copy;
-    ``merged_model`` and the endpoints are not modified. ``ValueError`` for BatchNorm models.
+    ``merged_model`` and the endpoints are not modified. ``ValueError``, before any call, for
+    BatchNorm models and for a layer without a bias (:func:`bias_free_layer`).
     """
     _check_no_batchnorm(merged_model)
     names = checked_layers(merged_model, layers)
+    bias_free = bias_free_layer(merged_model, names)
+    if bias_free is not None:
+        raise ValueError(bias_free_refusal(bias_free))
     if len(endpoint_models) == 0:
         raise ValueError("repair needs at least one endpoint model, got none")
     w = normalised_weights(weights, len(endpoint_models))

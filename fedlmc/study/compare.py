@@ -67,9 +67,8 @@ from fedlmc.merging.methods import (
     CALIBRATED_SUFFIX,
     REFERENCE_METHODS,
     base_method,
-    check_plain_chain,
-    merge_method,
-    plain_chain_reason,
+    check_model_fits,
+    model_refusal,
 )
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
@@ -278,10 +277,11 @@ def compare_methods(
     client models, and the merged weights of each base merge (``Comparison.merged``).
 
     ``methods`` defaults to every study method (:func:`fedlmc.merging.methods.study_methods`)
-    that accepts this many clients (:func:`default_methods`) and, for a model that is no
-    norm-free plain chain (a ResNet, a BatchNorm model), is not ``plain_chain_only``. A method
-    given explicitly that does not accept them (``random_direction`` with more than two
-    clients, a ``plain_chain_only`` one on such a model) is refused before any work.
+    that accepts this many clients (:func:`default_methods`) and can merge such models
+    (:func:`fedlmc.merging.methods.model_refusal`: no ``plain_chain_only`` method for a ResNet
+    or a BatchNorm model, no REPAIR for a bias-free one). A method given explicitly that does
+    not accept them (``random_direction`` with more than two clients, a ``plain_chain_only``
+    one on such a model, ``average_repair`` on a bias-free MLP) is refused before any work.
     Each base merge is computed once; its ``_t`` row reuses it with the server-fitted
     temperature. Raw rows have ``temperature = 1``; ``nll_raw``/``nll_calibrated`` (and ECE) are
     filled for both; the ``merge_gap_*`` columns compare with the unweighted mean endpoint.
@@ -316,7 +316,7 @@ def compare_methods(
         spec = permutation_spec(template, splits.test[0][:2].to(dev))
     if defaulted:
         methods = _methods_for_model(template, spec, methods)
-    _check_plain_chain_methods(template, spec, methods)
+    _check_methods_fit(template, spec, methods)
     context = study_context(
         template,
         states,
@@ -341,23 +341,24 @@ def compare_methods(
 def _methods_for_model(
     template: nn.Module, spec: PermutationSpec | None, methods: Sequence[str]
 ) -> list[str]:
-    """The default ``methods`` without the ``plain_chain_only`` ones when ``template`` is no
-    norm-free plain chain (a ResNet or a BatchNorm VGG gets every other method;
-    :func:`fedlmc.merging.methods.plain_chain_reason`)."""
-    if not plain_chain_reason(template, spec):
-        return list(methods)
-    return [m for m in methods if m in REFERENCE_METHODS or not merge_method(m).plain_chain_only]
+    """The default ``methods`` without those that cannot merge models like ``template``
+    (:func:`fedlmc.merging.methods.model_refusal`: a ResNet or a BatchNorm VGG gets every method
+    but the ``plain_chain_only`` ones, a bias-free MLP every method but REPAIR's)."""
+    return [
+        m
+        for m in methods
+        if m in REFERENCE_METHODS or not model_refusal(base_method(m), template, spec)
+    ]
 
 
-def _check_plain_chain_methods(
+def _check_methods_fit(
     template: nn.Module, spec: PermutationSpec | None, methods: Sequence[str]
 ) -> None:
-    """``ValueError``, before any work, for the first ``plain_chain_only`` method of ``methods``
-    when ``template`` is no norm-free plain chain
-    (:func:`fedlmc.merging.methods.check_plain_chain`)."""
+    """``ValueError``, before any work, for the first of ``methods`` that cannot merge models
+    like ``template`` (:func:`fedlmc.merging.methods.check_model_fits`)."""
     for method in methods:
-        if method not in REFERENCE_METHODS and merge_method(method).plain_chain_only:
-            check_plain_chain(base_method(method), template, spec)
+        if method not in REFERENCE_METHODS:
+            check_model_fits(base_method(method), template, spec)
 
 
 def _rows(context: StudyContext, baseline: ClientBaseline, methods: Sequence[str]) -> Comparison:

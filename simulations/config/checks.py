@@ -29,6 +29,7 @@ from fedlmc.simulations.config.derived import (
     method_list,
     mixed_width_methods,
     mixed_widths,
+    resolved_bias,
     resolved_norm,
     selected_methods,
     server_width,
@@ -186,6 +187,19 @@ def check_plain_chain_methods(config: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"merge method {chain_only[0]!r}: norm = {resolved_norm(config)!r}; allowed only "
             "with norm = 'none' (a norm-free chain)"
+        )
+
+
+def check_repair_biases(config: Mapping[str, Any]) -> None:
+    """REPAIR's methods (``average_repair``, ...) are refused for a bias-free model without
+    BatchNorm, before any work: REPAIR sets each hidden unit's mean through its bias
+    (:func:`fedlmc.merging.methods.model_refusal`; with BatchNorm it is the statistics' reset)."""
+    repairing = [m for m in selected_methods(config) if merge_method_entry(m).repair]
+    if repairing and resolved_bias(config) == "false" and resolved_norm(config) != "bn":
+        raise ConfigError(
+            f"merge method {repairing[0]!r}: bias = false: REPAIR (Jordan et al. 2023) sets each "
+            "hidden unit's mean through its bias; allowed: bias = true, or RESCALE "
+            "(average_rescale, weight_matching_rescale) for the std alone"
         )
 
 

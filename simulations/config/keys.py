@@ -6,6 +6,7 @@ from __future__ import annotations
 from fedlmc.data.catalog import (
     PARTITION_SCHEMES,
 )
+from fedlmc.merging.baselines import CCA_RIDGE
 from fedlmc.merging.methods import (
     AUTO_TOLERANCE,
 )
@@ -188,6 +189,15 @@ def declared_keys() -> dict[str, Key]:
             "nats: the auto method keeps the plain average within this calibrated-NLL gap",
             at_least(0.0),
             applies=Rule("the `auto` method runs", lambda c: "auto" in selected_methods(c)),
+        ),
+        "cca-ridge": Key(
+            float,
+            CCA_RIDGE,
+            "CCA Merge's ridge on the activation covariances, relative to their mean variance",
+            at_least(0.0),
+            applies=Rule(
+                "the `cca_merge` method runs", lambda c: "cca_merge" in selected_methods(c)
+            ),
         ),
         "calibration": named(
             str,

@@ -267,7 +267,7 @@ TABLE1_METHODS = (("average", "no permutation"), ("weight_matching", "weight mat
 TABLE1_COLUMNS = (
     ("accuracy_barrier_half", "accuracy barrier", 1.0),
     ("loss_barrier_half", "loss barrier", 1.0),
-    ("loss_barrier_half_calibrated", "loss barrier, calibrated", 1.0),
+    ("loss_barrier_half_calibrated", "loss barrier, T refitted per lambda", 1.0),
 )
 
 

@@ -160,9 +160,9 @@ def temperature_table(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 BARRIER_COLUMNS = (
     StudyColumn("loss barrier at 1/2, raw", "loss_barrier_half", "average"),
-    StudyColumn("at 1/2, calibrated", "loss_barrier_half_calibrated", "average"),
+    StudyColumn("at 1/2, T refitted per lambda", "loss_barrier_half_calibrated", "average"),
     StudyColumn("max over lambda, raw", "loss_barrier_max", "average"),
-    StudyColumn("max over lambda, calibrated", "loss_barrier_max_calibrated", "average"),
+    StudyColumn("max over lambda, T refitted per lambda", "loss_barrier_max_calibrated", "average"),
     StudyColumn("accuracy barrier, max over lambda", "accuracy_barrier_max", "average"),
     StudyColumn("merge gap, accuracy", "merge_gap_accuracy", "average"),
 )

@@ -1,7 +1,8 @@
 """CCA Merge (fedlmc.merging.cca and the ``cca_merge`` method of fedlmc.merging.baselines): a
 permuted copy gives the exact permutation at any ridge, a permuted and positively rescaled copy is
 recovered at ridge 0, N = 3 works, the merge of a model with such copies computes the model, and
-models that are not norm-free chains are refused naming the model."""
+models that are not norm-free chains are refused naming the model; with fewer samples than units
+only a ridge keeps the maps defined, and the run-config key ``cca-ridge`` sets it."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import torch
 
 from fedlmc.analysis.diagnostics import capture
 from fedlmc.averaging import load_state
+from fedlmc.merging.baselines import CCA_RIDGE
 from fedlmc.merging.cca import cca_align, cca_map
 from fedlmc.merging.methods import merge_with_info
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import apply_permutation, random_permutations
+from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.server_app import method_options
 
 SMALL = (1, 6, 6)
 GROUPS = ("hidden.0", "hidden.1")
@@ -96,7 +100,7 @@ def test_the_maps_of_a_permuted_copy_are_permutations_and_the_reference_is_kept(
     spec = permutation_spec(a)
     perms = random_permutations(spec, a.state_dict(), seed=4)
     b = load_state(a, apply_permutation(spec, perms, a.state_dict()))
-    aligned, maps = cca_align([a, b], spec, x)
+    aligned, maps = cca_align([a, b], spec, x, ridge=CCA_RIDGE)
     assert maps[0] == {} and aligned[0].keys() == a.state_dict().keys()
     for group in GROUPS:
         t = maps[1][group][0]
@@ -141,5 +145,23 @@ def test_a_negative_ridge_and_ridge_zero_on_a_dead_unit_are_refused():
     dead = torch.cat([torch.rand(50, 2), torch.zeros(50, 1)], dim=1)
     with pytest.raises(ValueError, match="units without variance"):
         cca_map(dead, torch.rand(50, 3), ridge=0.0)
-    t, t_inv = cca_map(dead, torch.rand(50, 3))  # the default ridge keeps the map invertible
+    t, t_inv = cca_map(dead, torch.rand(50, 3), CCA_RIDGE)  # the default keeps it invertible
     assert bool(torch.isfinite(t).all()) and bool(torch.isfinite(t_inv).all())
+
+
+def test_fewer_samples_than_units_need_the_ridge_and_the_run_config_sets_it():
+    a, b = _mlp(0), _mlp(1)
+    x, y = _inputs(6), torch.zeros(6, dtype=torch.long)  # 6 samples, 8 units: rank at most 5
+    states = [a.state_dict(), b.state_dict()]
+
+    def merged(ridge: float) -> dict[str, torch.Tensor]:
+        return merge_with_info(
+            "cca_merge", a, states, server_data=(x, y), options={"cca_ridge": ridge}
+        )[0]
+
+    with pytest.raises(ValueError, match="ridge > 0"):
+        merged(0.0)
+    small, large = merged(1e-4), merged(1e-1)
+    assert any(not torch.allclose(small[k], large[k], atol=1e-4) for k in small)
+    config = validate_run_config({"methods": "cca_merge_t", "cca-ridge": 1e-3})
+    assert method_options(config)["cca_ridge"] == 1e-3

@@ -109,7 +109,7 @@ def test_consumers_of_template_state_dicts_refuse_it_naming_it(tmp_path):
 
 def test_a_batchnorm_model_is_refused_before_any_work():
     said: list[str] = []
-    allowed = "allowed: plain feed-forward chains without norm layers"
+    allowed = "allowed: norm-free plain feed-forward chains"
     with pytest.raises(
         ValueError, match=f"^preserve_first: model 'MLP' is not supported: .*{allowed}"
     ):

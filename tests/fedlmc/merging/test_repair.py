@@ -1,5 +1,6 @@
 """REPAIR: unit statistics add up over shards, repaired units hit their targets, the federated
-driver equals the server-side function, and REPAIR helps a plain average of trained MLPs."""
+driver equals the server-side function, REPAIR helps a plain average of trained MLPs, and a
+bias-free model (no bias to set the mean through) is refused."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from fedlmc.averaging import average, load_state
+from fedlmc.merging.methods import merge_states, model_refusal
 from fedlmc.merging.repair import (
     UnitStats,
     combine_unit_statistics,
@@ -17,6 +19,8 @@ from fedlmc.merging.repair import (
     unit_statistics,
 )
 from fedlmc.models.classifiers import build_model
+from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.config.schema import ConfigError
 
 SMALL = (1, 8, 8)
 
@@ -102,18 +106,23 @@ def test_repaired_units_have_the_interpolated_mean_and_std(name, options):
     assert not any(m._forward_hooks for m in merged.modules())
 
 
-def test_bias_free_layers_get_the_scale_only():
+def test_bias_free_layers_are_refused_before_any_statistics():
+    # REPAIR sets the mean through the bias; without one it would be RESCALE, not REPAIR
     a, b, merged = _pair_and_average("mlp", depth=1, base_hidden=16, bias=False)
-    x = _inputs()
-    layer = "hidden.0.linear"
-    target = repair_targets([unit_statistics(a, x), unit_statistics(b, x)], [0.3, 0.7])[layer]
-    before = unit_statistics(merged, x)[layer]
-    after = unit_statistics(repair(merged, [a, b], [0.3, 0.7], x), x)[layer]
-    torch.testing.assert_close(after.std, target.std, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(
-        after.mean, before.mean * target.std / before.std, rtol=1e-4, atol=1e-6
-    )
-    assert not torch.allclose(after.mean, target.mean, rtol=1e-2)
+    calls = []
+
+    def statistics_fn(model, names):
+        calls.append(names)
+        return unit_statistics(model, _inputs(), names)
+
+    with pytest.raises(ValueError, match=r"'hidden.0.linear' has none.*average_rescale"):
+        repair_with_statistics(merged, [a, b], [0.3, 0.7], statistics_fn)
+    assert calls == []
+    states = [a.state_dict(), b.state_dict()]
+    server = (_inputs(), torch.zeros(96, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^average_repair: REPAIR .* 'hidden.0.linear'"):
+        merge_states("average_repair", a, states, server_data=server)
+    assert model_refusal("average_rescale", a, None) == ""
 
 
 def test_constant_units_keep_their_weights_and_get_the_target_mean():
@@ -216,3 +225,11 @@ def test_repair_lowers_the_test_loss_of_a_plain_average_of_trained_mlps():
     plain, fixed = evaluate(merged, splits.test), evaluate(repaired, splits.test)
     assert fixed["nll"] < plain["nll"] - 0.2, (plain, fixed)
     assert fixed["accuracy"] > plain["accuracy"] + 0.05, (plain, fixed)
+
+
+def test_a_run_config_asking_repair_of_a_bias_free_model_is_refused():
+    with pytest.raises(ConfigError, match=r"'average_repair': bias = false: REPAIR .* RESCALE"):
+        validate_run_config({"methods": "average,average_repair_t", "bias": False})
+    validate_run_config({"methods": "average_repair_t", "bias": True})
+    # with BatchNorm, REPAIR is the statistics' reset: no bias needed
+    validate_run_config({"methods": "average_repair", "model": "vgg11", "bias": False})

@@ -191,7 +191,11 @@ def test_n_client_figures_are_drawn_from_their_columns(tmp_path):
     for name in ("client_barriers_vs_clients.png", "pairwise_barriers.png"):
         assert imread(paths[name]).std() > 0
     text = report_markdown(frame, {}, list(paths.values()), tmp_path, settings)
-    assert "## Barrier at 1/2 on the path client -> merge, calibrated, worst client" in text
+    heading = (
+        "## Barrier at 1/2 on the path client -> merge, calibrated, T refitted at every lambda, "
+        "endpoints included, worst client"
+    )
+    assert heading in text
 
 
 def paired_rows(gap_shift: float) -> pd.DataFrame:

@@ -23,6 +23,8 @@ from fedlmc.simulations.report.study_tables import (
     weight_decay_table,
 )
 
+REFIT = "loss barrier, T refitted per lambda"
+
 
 def rows_of(
     decays=(3e-3,), widths=(1.0, 4.0), seeds=(0, 1), biases=(False,), depth=3
@@ -88,7 +90,7 @@ def test_settings_keep_every_varying_key_but_the_seed_apart():
     assert len(table) == 2 * 2 * 2  # decays x widths x biases, seeds averaged
     # width 4, bias: base 0.4 + 0.5 (+ 0.2 for seed 1): mean 1.0, std 0.1414
     label = "weight-decay=0.01, width=4, bias=true"
-    assert table.loc[label, "max over lambda, calibrated"] == "1.0000 ± 0.1414 (n=2)"
+    assert table.loc[label, "max over lambda, T refitted per lambda"] == "1.0000 ± 0.1414 (n=2)"
     assert table.loc[label, "loss barrier at 1/2, raw"] == "2.0000 ± 0.1414 (n=2)"
 
 
@@ -135,9 +137,9 @@ def test_no_table_without_its_columns():
 def test_table1_shows_the_spread_over_seeds_when_asked():
     rows = rows_of(widths=(4.0,))
     shown = table1(rows, "std")
-    assert shown.loc[4.0, "no permutation: loss barrier, calibrated"] == "0.5000 ± 0.1414 (n=2)"
-    assert shown.loc[4.0, "weight matching: loss barrier, calibrated"] == "0.4500 ± 0.1414 (n=2)"
+    assert shown.loc[4.0, f"no permutation: {REFIT}"] == "0.5000 ± 0.1414 (n=2)"
+    assert shown.loc[4.0, f"weight matching: {REFIT}"] == "0.4500 ± 0.1414 (n=2)"
     means = table1(rows)
-    assert means.loc[4.0, "no permutation: loss barrier, calibrated"] == pytest.approx(0.5)
+    assert means.loc[4.0, f"no permutation: {REFIT}"] == pytest.approx(0.5)
     one_seed = table1(rows_of(widths=(4.0,), seeds=(1,)), "std")
-    assert one_seed.loc[4.0, "no permutation: loss barrier, calibrated"] == "0.6000 (n=1)"
+    assert one_seed.loc[4.0, f"no permutation: {REFIT}"] == "0.6000 (n=1)"
