@@ -27,13 +27,13 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from fedlmc.strategies.payload import check_record, declared_shape, sent_bytes
 from fedlmc.strategies.protocol import (
     HISTORY_KEYS,
     NUM_EXAMPLES_KEY,
     PARTITION_KEY,
     Shapes,
     StateDict,
-    record_shapes,
     record_to_state,
     single_record,
     tensor_bytes,
@@ -256,20 +256,22 @@ def screen_reply(
         num_examples = check_count(metrics.get(weighted_by_key), weighted_by_key)
     except ValueError as err:
         return Failure(node, partition_id, f"malformed reply: {err}")
-    size = tensor_bytes(record)
     try:
         if isinstance(reference, ClientReferences):
             reference.check(record, partition_id)
         elif reference is not None and not reference.dtypes:
-            problem = _shape_problem(record_shapes(record), reference.shapes)
+            sent = {k: declared_shape(a, k) for k, a in record.items()}
+            problem = _shape_problem(sent, reference.shapes)
             if problem:
                 raise ScreenError(problem)
+            check_record(record, reference.shapes)
         else:
             check_train_arrays(record, reference)
         state = record_to_state(record)
         check_weight_values(state)
     except ScreenError as err:
-        return Failure(node, partition_id, str(err), size)
+        return Failure(node, partition_id, str(err), sent_bytes(record))
+    size = tensor_bytes(record)
     metrics[weighted_by_key] = int(num_examples)
     sent = {key: metrics.pop(key) for key in HISTORY_KEYS.values() if key in metrics}
     problems = tuple(screen_scalar_metrics(metrics))

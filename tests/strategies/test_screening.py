@@ -304,7 +304,7 @@ def test_align_replies_need_a_valid_permutation_of_every_group():
     screen_align_reply(permutations_to_content(good, "abc", {}), groups)
     first = next(iter(groups))
     broken = [
-        ({**good, first: torch.arange(groups[first] + 1)}, "not one of"),
+        ({**good, first: torch.arange(groups[first] + 1)}, "wrong shape"),
         ({**good, first: torch.zeros(groups[first], dtype=torch.int64)}, "not one of"),
         ({**good, first: torch.arange(groups[first]) - 1}, "not one of"),
         ({g: p for g, p in good.items() if g != first}, "missing or unexpected"),
