@@ -7,7 +7,10 @@
   message to exactly ``num_clients`` of them: the lowest node ids (more SuperNodes than
   ``num_clients`` are left idle, so never more clients are merged than the row says); the
   round's config passes through :meth:`ScreenedFedAvg.round_config`;
-- :meth:`ScreenedFedAvg.screen` drops every reply that fails the screen of
+- :meth:`ScreenedFedAvg.screen` names one failure per node that sent no good reply (a node
+  the SuperLink reported lost by the message it was sent, and by the partition it was assigned
+  or claimed in an earlier round: :class:`~fedlmc.strategies.strategy_utils.Senders`), and
+  drops every reply that fails the screen of
   :mod:`fedlmc.strategies.screening` (errors, malformed replies, wrong keys, shapes or dtypes
   (against the sent arrays, or with ``client_references`` against each partition's own),
   non-finite or huge weights, bad counts, partition ids out of ``0 .. connected nodes - 1`` or
@@ -45,6 +48,7 @@ from fedlmc.strategies.screening import ClientReferences, Reference, WeightBound
 from fedlmc.strategies.strategy_utils import (
     Failure,
     RoundReport,
+    Senders,
     assigned_partitions,
     require_survivors,
     screen_replies,
@@ -108,6 +112,9 @@ class ScreenedFedAvg(FedAvg):
         self._sent_to: list[int] = []
         self._round_config: dict[str, Any] = {}
         self._assigned: dict[int, int] | None = None
+        self._sent: list[Message] = []
+        self._claimed: dict[int, int] = {}
+        self._lost: set[int] = set()
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """The train config of ``server_round`` (adds ``server-round``; subclasses add more)."""
@@ -118,11 +125,14 @@ class ScreenedFedAvg(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Wait for ``num_clients`` nodes, then send the same train message to the
-        ``num_clients`` lowest node ids (partition ids must lie below the connected count)."""
+        ``num_clients`` lowest node ids (partition ids must lie below the connected count). A
+        node lost in an earlier round (the SuperLink reported it gone, or it never answered)
+        is not waited for again: later rounds train the live nodes (at least ``min_clients``)."""
         self._grid = grid
         self._assigned = assigned_partitions(grid)
-        connected = wait_for_nodes(grid, self.num_clients, self.wait_timeout)
-        nodes = connected[: self.num_clients]
+        expected = max(self.min_clients, self.num_clients - len(self._lost))
+        connected = wait_for_nodes(grid, expected, self.wait_timeout)
+        nodes = [n for n in connected if n not in self._lost][: self.num_clients]
         if len(connected) > len(nodes):
             log(
                 WARNING,
@@ -134,7 +144,8 @@ class ScreenedFedAvg(FedAvg):
         config = self.round_config(server_round, config)
         self.expect_replies(arrays, nodes, config, num_partitions=len(connected))
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        return construct_messages(self, record, nodes, MessageType.TRAIN)
+        self._sent = construct_messages(self, record, nodes, MessageType.TRAIN)
+        return self._sent
 
     def expect_replies(
         self,
@@ -165,7 +176,10 @@ class ScreenedFedAvg(FedAvg):
             self._num_partitions,
             epochs=configured_epochs(self._round_config),
             assigned=self._assigned,
+            senders=Senders.of_messages(self._sent, self._claimed),
         )
+        self._claimed.update({u.node_id: u.partition_id for u in report.survivors})
+        self._lost.update(f.node_id for f in report.failures if f.lost)
         self.drop_outliers(report)
         for failure in report.failures:
             log(WARNING, "round %d: dropped reply from %s", server_round, failure.describe())
