@@ -43,7 +43,7 @@ from flwr.supercore import log
 from fedlmc.strategies.flower_compat import construct_messages
 from fedlmc.strategies.options import StrategyOptions, resolve_options
 from fedlmc.strategies.protocol import PARTITION_KEY
-from fedlmc.strategies.robust import RobustScreen, weight_outliers
+from fedlmc.strategies.robust import RobustScreen, copy_outliers, weight_outliers
 from fedlmc.strategies.screening import ClientReferences, Reference, WeightBound
 from fedlmc.strategies.strategy_utils import (
     Failure,
@@ -181,6 +181,7 @@ class ScreenedFedAvg(FedAvg):
         self._claimed.update({u.node_id: u.partition_id for u in report.survivors})
         self._lost.update(f.node_id for f in report.failures if f.lost)
         self.drop_outliers(report)
+        self.check_clients(report)
         for failure in report.failures:
             log(WARNING, "round %d: dropped reply from %s", server_round, failure.describe())
         for update in report.survivors:
@@ -208,10 +209,23 @@ class ScreenedFedAvg(FedAvg):
     def drop_outliers(self, report: RoundReport) -> None:
         """Move the survivors whose weights fail the robust screen (far outside the other
         clients', :func:`fedlmc.strategies.robust.weight_outliers`) to the failures."""
-        outliers = weight_outliers([u.state for u in report.survivors], self.robust)
+        self._drop(report, weight_outliers([u.state for u in report.survivors], self.robust))
+
+    def check_clients(self, report: RoundReport) -> None:
+        """Move the survivors whose weights copy an earlier survivor's (partition order,
+        :func:`fedlmc.strategies.robust.copy_outliers`) to the failures, unless
+        ``client_check = "off"``; the one-shot strategies also check the clients' accuracy on
+        the server split."""
+        if self.options.client_check == "off":
+            return
+        labels = [f"partition {u.partition_id}" for u in report.survivors]
+        self._drop(report, copy_outliers([u.state for u in report.survivors], labels))
+
+    def _drop(self, report: RoundReport, reasons: Mapping[int, str]) -> None:
+        """Move the survivors at the indices of ``reasons`` to the failures, with the reason."""
         for index, update in enumerate(list(report.survivors)):
-            if index in outliers:
-                failure = Failure(update.node_id, update.partition_id, outliers[index])
+            if index in reasons:
+                failure = Failure(update.node_id, update.partition_id, reasons[index])
                 failure.tensor_bytes = update.tensor_bytes
                 report.drop(failure)
 

@@ -509,7 +509,10 @@ def query_nodes(
         node = senders.node_of(reply)
         if reply.has_error():
             reason = reply.error.reason or f"error code {reply.error.code}"
-            failures.append(Failure(node, _partition_from_reason(reason), reason))
+            if int(reply.metadata.src_node_id) == node:
+                failures.append(Failure(node, _partition_from_reason(reason), reason))
+            else:
+                failures.append(Failure(node, None, f"SuperLink error: {reason}", lost=True))
         else:
             answers[node] = reply.content
     for node in node_ids:
