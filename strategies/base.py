@@ -15,7 +15,9 @@
   (against the sent arrays, or with ``client_references`` against each partition's own),
   non-finite or huge weights, bad counts, partition ids out of ``0 .. connected nodes - 1`` or
   claimed twice; :func:`fedlmc.strategies.strategy_utils.screen_replies`) and every reply far
-  outside the other clients' (``robust``, :mod:`fedlmc.strategies.robust`), logs why (and why a
+  outside the other clients' (``robust``, :mod:`fedlmc.strategies.robust`), then every copy of
+  another client's model (:meth:`ScreenedFedAvg.check_clients`; the one-shot strategies also
+  check each client's accuracy on the server split), logs why (and why a
   survivor's per-epoch history was dropped, if it was), and raises
   :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError` naming the dropped clients when
   fewer than ``min_clients`` survive;
