@@ -23,7 +23,7 @@ from fedlmc.simulations.config.derived import (
     uses_fedavg,
 )
 from fedlmc.simulations.config.dp import DP_MODES, DP_OFF, is_dp
-from fedlmc.simulations.config.robust import CLIENT_CHECK_VALUES, trim_fraction_check, uses_krum
+from fedlmc.simulations.config.defences import CLIENT_CHECK_VALUES, trim_fraction_check, uses_krum
 from fedlmc.simulations.config.schema import (
     Key,
     Rule,

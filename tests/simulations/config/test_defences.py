@@ -1,5 +1,5 @@
 """The robust rules and the client check in the run config
-(:mod:`fedlmc.simulations.config.robust`): a Krum cell with too few clients is refused in one
+(:mod:`fedlmc.simulations.config.defences`): a Krum cell with too few clients is refused in one
 line before any work, the keys reach the merge methods, ``client-check = "auto"`` resolves by
 the partition, and the keys only where they apply are part of a cell's identity."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from fedlmc.simulations.config import ConfigError, validate_run_config
 from fedlmc.simulations.config.cell_identity import cell_id
-from fedlmc.simulations.config.robust import client_check, robust_method_options
+from fedlmc.simulations.config.defences import client_check, robust_method_options
 from fedlmc.simulations.server_app import method_options
 
 ALIGNED = {"strategy": "aligned", "dataset": "mnist5k"}
