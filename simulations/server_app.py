@@ -73,8 +73,8 @@ from fedlmc.simulations.config import (
     mixed_widths,
     validate_run_config,
 )
-from fedlmc.simulations.config.dp import is_dp
 from fedlmc.simulations.config.defences import client_check, robust_method_options
+from fedlmc.simulations.config.dp import is_dp
 from fedlmc.simulations.config.secure import is_secure
 from fedlmc.simulations.config.threads import server_threads, use_threads
 from fedlmc.simulations.private.dp_server import run_dp_average

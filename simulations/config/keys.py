@@ -15,6 +15,7 @@ from fedlmc.models.registry import (
     NORMS,
     model_names,
 )
+from fedlmc.simulations.config.defences import CLIENT_CHECK_VALUES, trim_fraction_check, uses_krum
 from fedlmc.simulations.config.derived import (
     explicit_server_width,
     federated_calibration,
@@ -23,7 +24,6 @@ from fedlmc.simulations.config.derived import (
     uses_fedavg,
 )
 from fedlmc.simulations.config.dp import DP_MODES, DP_OFF, is_dp
-from fedlmc.simulations.config.defences import CLIENT_CHECK_VALUES, trim_fraction_check, uses_krum
 from fedlmc.simulations.config.schema import (
     Key,
     Rule,

@@ -24,6 +24,7 @@ from fedlmc.simulations.config.checks import (
     check_warmup_rounds,
     check_widths,
 )
+from fedlmc.simulations.config.defences import check_krum_cell
 from fedlmc.simulations.config.derived import (
     client_widths,
     method_list,
@@ -33,7 +34,6 @@ from fedlmc.simulations.config.derived import (
 )
 from fedlmc.simulations.config.feasibility import check_memory
 from fedlmc.simulations.config.keys import RUN_KEYS, run_schema
-from fedlmc.simulations.config.defences import check_krum_cell
 from fedlmc.simulations.config.schema import (
     ConfigError,
     check_value,
