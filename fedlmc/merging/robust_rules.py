@@ -240,6 +240,7 @@ def trimmed_mean_merge(job: MergeJob) -> Alignment:
 @register_method(
     "krum",
     server_sees="each model",
+    min_clients=2 * KRUM_BYZANTINE + 3,
     description="Krum: the one client closest to its N - f - 2 nearest others (Flower's Krum "
     "rule, once; needs N >= 2f + 3)",
     on_path=False,
@@ -253,6 +254,7 @@ def krum_merge(job: MergeJob) -> Alignment:
 @register_method(
     "multi_krum",
     server_sees="each model",
+    min_clients=2 * KRUM_BYZANTINE + 3,
     description="multi-Krum: the weighted average of the krum-select clients of the lowest "
     "Krum scores (Flower's MultiKrum rule, once)",
     on_path=False,

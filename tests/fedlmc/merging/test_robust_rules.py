@@ -144,6 +144,14 @@ def test_refusals_are_one_line_naming_the_value():
         check_trim_fraction(0.5)
     with pytest.raises(ValueError, match="needs at least 2f"):
         merge_with_info("krum", tiny(), clients(2))
+    # the study refuses it before any work, leaves it out of its defaults below 3 clients, and
+    # a single client is its own merge for Krum as for every method
+    from fedlmc.study.context import check_client_count, default_methods
+
+    with pytest.raises(ValueError, match="'krum_t' with 2 clients: allowed: at least 3 clients"):
+        check_client_count(["average", "krum_t"], 2)
+    assert "krum" not in default_methods(2) and "krum" in default_methods(3)
+    assert check_client_count(["krum"], 1) == ["krum"]
 
 
 def test_the_rules_are_registered_with_their_temperature_rows_and_what_the_server_sees():
