@@ -73,6 +73,7 @@ from fedlmc.simulations.config import (
     mixed_widths,
     validate_run_config,
 )
+from fedlmc.simulations.config.defences import client_check, robust_method_options
 from fedlmc.simulations.config.dp import is_dp
 from fedlmc.simulations.config.secure import is_secure
 from fedlmc.simulations.config.threads import server_threads, use_threads
@@ -179,7 +180,11 @@ def merged_test_evaluation(template: nn.Module, splits: DataSplits, device: torc
 def method_options(config: Mapping[str, Any]) -> dict[str, Any]:
     """The run-config keys that reach the merge methods
     (:class:`fedlmc.merging.methods.MergeJob`)."""
-    return {"auto_tolerance": config["auto-tolerance"], "cca_ridge": config["cca-ridge"]}
+    return {
+        "auto_tolerance": config["auto-tolerance"],
+        "cca_ridge": config["cca-ridge"],
+        **robust_method_options(config),
+    }
 
 
 def weight_bound(config: Mapping[str, Any], simulated: bool) -> WeightBound:
@@ -207,6 +212,7 @@ def strategy_options(
         min_clients=config["min-clients"],
         weight_bound=outcome.weight_bound,
         robust=RobustScreen(config["outlier-factor"]),
+        client_check=client_check(config),
         server_data=splits.server if len(splits.server[1]) else None,
         wait_timeout=config["timeout"],
         query_timeout=config["timeout"],
@@ -278,6 +284,7 @@ def warm_up(grid, config, template, outcome: ServerOutcome) -> WarmUp:
         wait_timeout=config["timeout"],
         weight_bound=outcome.weight_bound,
         robust=RobustScreen(config["outlier-factor"]),
+        client_check=client_check(config),
     )
     strategy = FedAvgBaseline(options, total_epochs=k, num_rounds=k)
     result, seconds = _start(strategy, grid, template, config, k)
@@ -412,6 +419,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
         wait_timeout=config["timeout"],
         weight_bound=outcome.weight_bound,
         robust=RobustScreen(config["outlier-factor"]),
+        client_check=client_check(config),
     )
     strategy = FedAvgBaseline(options, total_epochs=config["epochs"], num_rounds=rounds)
     evaluate = merged_test_evaluation(template, splits, device)

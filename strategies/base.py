@@ -7,12 +7,17 @@
   message to exactly ``num_clients`` of them: the lowest node ids (more SuperNodes than
   ``num_clients`` are left idle, so never more clients are merged than the row says); the
   round's config passes through :meth:`ScreenedFedAvg.round_config`;
-- :meth:`ScreenedFedAvg.screen` drops every reply that fails the screen of
+- :meth:`ScreenedFedAvg.screen` names one failure per node that sent no good reply (a node
+  the SuperLink reported lost by the message it was sent, and by the partition it was assigned
+  or claimed in an earlier round: :class:`~fedlmc.strategies.strategy_utils.Senders`), and
+  drops every reply that fails the screen of
   :mod:`fedlmc.strategies.screening` (errors, malformed replies, wrong keys, shapes or dtypes
   (against the sent arrays, or with ``client_references`` against each partition's own),
   non-finite or huge weights, bad counts, partition ids out of ``0 .. connected nodes - 1`` or
   claimed twice; :func:`fedlmc.strategies.strategy_utils.screen_replies`) and every reply far
-  outside the other clients' (``robust``, :mod:`fedlmc.strategies.robust`), logs why (and why a
+  outside the other clients' (``robust``, :mod:`fedlmc.strategies.robust`), then every copy of
+  another client's model (:meth:`ScreenedFedAvg.check_clients`; the one-shot strategies also
+  check each client's accuracy on the server split), logs why (and why a
   survivor's per-epoch history was dropped, if it was), and raises
   :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError` naming the dropped clients when
   fewer than ``min_clients`` survive;
@@ -40,11 +45,12 @@ from flwr.supercore import log
 from fedlmc.strategies.flower_compat import construct_messages
 from fedlmc.strategies.options import StrategyOptions, resolve_options
 from fedlmc.strategies.protocol import PARTITION_KEY
-from fedlmc.strategies.robust import RobustScreen, weight_outliers
+from fedlmc.strategies.robust import RobustScreen, copy_outliers, weight_outliers
 from fedlmc.strategies.screening import ClientReferences, Reference, WeightBound
 from fedlmc.strategies.strategy_utils import (
     Failure,
     RoundReport,
+    Senders,
     assigned_partitions,
     require_survivors,
     screen_replies,
@@ -108,6 +114,9 @@ class ScreenedFedAvg(FedAvg):
         self._sent_to: list[int] = []
         self._round_config: dict[str, Any] = {}
         self._assigned: dict[int, int] | None = None
+        self._sent: list[Message] = []
+        self._claimed: dict[int, int] = {}
+        self._lost: set[int] = set()
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """The train config of ``server_round`` (adds ``server-round``; subclasses add more)."""
@@ -118,11 +127,14 @@ class ScreenedFedAvg(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Wait for ``num_clients`` nodes, then send the same train message to the
-        ``num_clients`` lowest node ids (partition ids must lie below the connected count)."""
+        ``num_clients`` lowest node ids (partition ids must lie below the connected count). A
+        node lost in an earlier round (the SuperLink reported it gone, or it never answered)
+        is not waited for again: later rounds train the live nodes (at least ``min_clients``)."""
         self._grid = grid
         self._assigned = assigned_partitions(grid)
-        connected = wait_for_nodes(grid, self.num_clients, self.wait_timeout)
-        nodes = connected[: self.num_clients]
+        expected = max(self.min_clients, self.num_clients - len(self._lost))
+        connected = wait_for_nodes(grid, expected, self.wait_timeout)
+        nodes = [n for n in connected if n not in self._lost][: self.num_clients]
         if len(connected) > len(nodes):
             log(
                 WARNING,
@@ -134,7 +146,8 @@ class ScreenedFedAvg(FedAvg):
         config = self.round_config(server_round, config)
         self.expect_replies(arrays, nodes, config, num_partitions=len(connected))
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        return construct_messages(self, record, nodes, MessageType.TRAIN)
+        self._sent = construct_messages(self, record, nodes, MessageType.TRAIN)
+        return self._sent
 
     def expect_replies(
         self,
@@ -165,8 +178,12 @@ class ScreenedFedAvg(FedAvg):
             self._num_partitions,
             epochs=configured_epochs(self._round_config),
             assigned=self._assigned,
+            senders=Senders.of_messages(self._sent, self._claimed),
         )
+        self._claimed.update({u.node_id: u.partition_id for u in report.survivors})
+        self._lost.update(f.node_id for f in report.failures if f.lost)
         self.drop_outliers(report)
+        self.check_clients(report)
         for failure in report.failures:
             log(WARNING, "round %d: dropped reply from %s", server_round, failure.describe())
         for update in report.survivors:
@@ -194,10 +211,23 @@ class ScreenedFedAvg(FedAvg):
     def drop_outliers(self, report: RoundReport) -> None:
         """Move the survivors whose weights fail the robust screen (far outside the other
         clients', :func:`fedlmc.strategies.robust.weight_outliers`) to the failures."""
-        outliers = weight_outliers([u.state for u in report.survivors], self.robust)
+        self._drop(report, weight_outliers([u.state for u in report.survivors], self.robust))
+
+    def check_clients(self, report: RoundReport) -> None:
+        """Move the survivors whose weights copy an earlier survivor's (partition order,
+        :func:`fedlmc.strategies.robust.copy_outliers`) to the failures, unless
+        ``client_check = "off"``; the one-shot strategies also check the clients' accuracy on
+        the server split."""
+        if self.options.client_check == "off":
+            return
+        labels = [f"partition {u.partition_id}" for u in report.survivors]
+        self._drop(report, copy_outliers([u.state for u in report.survivors], labels))
+
+    def _drop(self, report: RoundReport, reasons: Mapping[int, str]) -> None:
+        """Move the survivors at the indices of ``reasons`` to the failures, with the reason."""
         for index, update in enumerate(list(report.survivors)):
-            if index in outliers:
-                failure = Failure(update.node_id, update.partition_id, outliers[index])
+            if index in reasons:
+                failure = Failure(update.node_id, update.partition_id, reasons[index])
                 failure.tensor_bytes = update.tensor_bytes
                 report.drop(failure)
 

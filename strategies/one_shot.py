@@ -67,7 +67,8 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch import Tensor, nn
 
-from fedlmc.evaluation import resolve_device
+from fedlmc.averaging import load_state
+from fedlmc.evaluation import predict_logits, resolve_device
 from fedlmc.merging.methods import (
     AUTO_TOLERANCE,
     check_model_fits,
@@ -89,6 +90,7 @@ from fedlmc.strategies.base import ScreenedFedAvg
 from fedlmc.strategies.options import StrategyOptions
 from fedlmc.strategies.protocol import ALIGN_QUERY, metric_record, state_to_record
 from fedlmc.strategies.queries import ClientRounds
+from fedlmc.strategies.robust import accuracy_outliers
 from fedlmc.strategies.strategy_utils import (
     ClientUpdate,
     RoundReport,
@@ -338,6 +340,26 @@ class OneShotAverage(ScreenedFedAvg):
     def on_clients(self) -> bool:
         """Whether the data-dependent steps after the merge use the clients' data."""
         return self.calibration == "federated"
+
+    def check_clients(self, report: RoundReport) -> None:
+        """The base check (copies), then, with ``client_check = "server-split"``, server data
+        and clients of the template's width, each survivor's accuracy on the server split
+        against the others' (:func:`fedlmc.strategies.robust.accuracy_outliers`)."""
+        super().check_clients(report)
+        check = self.options.client_check == "server-split" and self.server_data is not None
+        if not check or self.client_references is not None:
+            return
+        self._drop(report, accuracy_outliers(self.server_split_accuracies(report.survivors)))
+
+    def server_split_accuracies(self, survivors: Sequence[ClientUpdate]) -> list[float]:
+        """Each survivor's own accuracy on the server data (its model as it sent it)."""
+        x, y = self.server_data
+        accuracies = []
+        for update in survivors:
+            model = load_state(self.template, update.state).to(self.device).eval()
+            logits = predict_logits(model, x, device=self.device)
+            accuracies.append(float((logits.argmax(dim=1).cpu() == y.cpu()).double().mean()))
+        return accuracies
 
     # ------------------------------------------------------------------------- merge
 

@@ -27,7 +27,7 @@ from torch import Tensor
 from fedlmc.merging.calibrate import temperature_grid
 from fedlmc.merging.post_merge import CALIBRATIONS
 from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY
-from fedlmc.strategies.robust import RobustScreen
+from fedlmc.strategies.robust import CLIENT_CHECKS, RobustScreen
 from fedlmc.strategies.screening import ClientReferences, WeightBound
 from fedlmc.strategies.strategy_utils import check_choice, check_client_counts
 
@@ -56,6 +56,11 @@ class StrategyOptions:
     :param client_references: Clients of different widths: the arrays expected of each partition (a
         reply of other shapes is dropped by name); the merge method must then be a mixed-width one.
     :param robust: The robust screen of the replies against each other (default factor 10).
+    :param client_check: The check of each client's model before the merge
+        (:mod:`fedlmc.strategies.robust`, :data:`~fedlmc.strategies.robust.CLIENT_CHECKS`):
+        ``"server-split"`` (copies of another client's model, and, with ``server_data`` in a
+        one-shot strategy and 3 or more clients, an accuracy on it far below the others'),
+        ``"copies"`` or ``"off"``.
     :param calibration: One-shot strategies: where BatchNorm statistics, REPAIR statistics and the
         temperature are fitted (the server's held-out data, the clients' data through query rounds,
         or not at all).
@@ -82,6 +87,7 @@ class StrategyOptions:
     weight_bound: WeightBound | None = None
     client_references: ClientReferences | None = None
     robust: RobustScreen | None = None
+    client_check: str = "server-split"
     calibration: str = "server"
     server_data: Data | None = None
     query_timeout: float | None = 600.0
@@ -94,6 +100,7 @@ class StrategyOptions:
         """Every field checked, with the bad value and what is allowed named."""
         check_client_counts(self.num_clients, self.min_clients)
         check_choice("calibration", self.calibration, CALIBRATIONS)
+        check_choice("client_check", self.client_check, CLIENT_CHECKS)
         _check_positive("wait_timeout", self.wait_timeout)
         if self.query_timeout is not None:
             _check_positive("query_timeout", self.query_timeout)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from logging import WARNING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
@@ -42,10 +43,15 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
     FedAvg,
 )
+from flwr.supercore import log
 from flwr.supercore.differential_privacy import compute_stdv
+
+from fedlmc.strategies.payload import ScreenError, check_record
+from fedlmc.strategies.strategy_utils import plain_text
 
 __all__ = [
     "CountingClientSideFixedClipping",
+    "PayloadScreen",
     "ZeroSafeServerSideFixedClipping",
     "clip_update",
     "one_round_epsilon",
@@ -85,7 +91,43 @@ class SeededNoise:
         return ArrayRecord(noisy)
 
 
-class ZeroSafeServerSideFixedClipping(SeededNoise, DifferentialPrivacyServerSideFixedClipping):
+class PayloadScreen:
+    """The payload screen (:mod:`fedlmc.strategies.payload`) in front of Flower's DP wrappers:
+    a reply whose arrays are not exactly those the server sent (keys, and bytes against their
+    labels and the sent shapes) is dropped before anything decodes it, logged and named in
+    ``dropped`` (``node N: reason``); error replies are left out as Flower leaves them."""
+
+    sent: ArrayRecord | None = None
+    dropped: tuple[str, ...] = ()
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config, grid):
+        self.sent = arrays
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def screened(self, replies: Iterable[Message]) -> list[Message]:
+        """The replies without an error whose every ArrayRecord passes the payload screen."""
+        sent = self.sent if self.sent is not None else getattr(self, "current_arrays", None)
+        shapes = {k: tuple(a.shape) for k, a in (sent or {}).items()}
+        kept, dropped = [], []
+        for reply in replies:
+            if reply.has_error():
+                continue
+            try:
+                for record in reply.content.array_records.values():
+                    if shapes and set(record.keys()) != set(shapes):
+                        raise ScreenError("wrong arrays: not the keys the server sent")
+                    check_record(record, shapes or None)
+                kept.append(reply)
+            except ScreenError as err:
+                dropped.append(plain_text(f"node {reply.metadata.src_node_id}: {err}"))
+                log(WARNING, "dp round: dropped reply from %s", dropped[-1])
+        self.dropped = tuple(dropped)
+        return kept
+
+
+class ZeroSafeServerSideFixedClipping(
+    PayloadScreen, SeededNoise, DifferentialPrivacyServerSideFixedClipping
+):
     """Flower's server-side fixed clipping (no accountant) whose clipping accepts a zero
     update (:func:`clip_update`), then the wrapped strategy's average and Flower's noise.
     ``replies`` and ``bytes_received``: what the last round received."""
@@ -97,7 +139,7 @@ class ZeroSafeServerSideFixedClipping(SeededNoise, DifferentialPrivacyServerSide
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies_list = [r for r in replies if not r.has_error()]
+        replies_list = self.screened(replies)
         _count_replies(self, replies_list)
         sent = self.current_arrays.to_numpy_ndarrays()
         for reply in replies_list:
@@ -124,7 +166,9 @@ def _count_replies(strategy, replies: list[Message]) -> None:
     )
 
 
-class CountingClientSideFixedClipping(SeededNoise, DifferentialPrivacyClientSideFixedClipping):
+class CountingClientSideFixedClipping(
+    PayloadScreen, SeededNoise, DifferentialPrivacyClientSideFixedClipping
+):
     """Flower's client-side fixed clipping (no accountant: the clients clip, the server
     averages and adds Flower's noise), recording ``replies`` and ``bytes_received``."""
 
@@ -135,7 +179,7 @@ class CountingClientSideFixedClipping(SeededNoise, DifferentialPrivacyClientSide
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies_list = [r for r in replies if not r.has_error()]
+        replies_list = self.screened(replies)
         _count_replies(self, replies_list)
         return super().aggregate_train(server_round, replies_list)
 

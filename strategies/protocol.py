@@ -79,11 +79,6 @@ def record_to_state(record: ArrayRecord) -> StateDict:
     return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
 
 
-def record_shapes(record: ArrayRecord) -> Shapes:
-    """Shape of every array of ``record``."""
-    return {k: tuple(int(d) for d in a.shape) for k, a in record.items()}
-
-
 def tensor_bytes(record: ArrayRecord) -> int:
     """Bytes of the tensors in ``record`` (elements x item size, without serialisation headers)."""
     return sum(

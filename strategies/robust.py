@@ -49,6 +49,32 @@ K`, and :math:`\ell_{uu} = \mathrm{Var}_p(a) - \ell_u`. So every honest reply sa
           \qquad \sum\ell_{uu} + \sum\ell_u \ge 0,
 
 and a gradient sum of 1e300 cannot pass whatever the other clients sent.
+
+**The client check** (:func:`copy_outliers`, :func:`accuracy_outliers`; ``client_check``,
+run-config ``client-check``), before the merge. *Copies* (any number of clients): a client whose
+floating weights are within a relative distance :data:`COPY_TOLERANCE` of an earlier client's
+(partition order),
+
+.. math:: \lVert \theta_i - \theta_j \rVert \le \tau \lVert \theta_j \rVert, \qquad j < i,
+
+sent a copy (a free rider: bit-identical, or rounded) and is dropped, the first kept (a copy
+adds no model, only a second weight for one). Honest clients train from their own seeds on
+their own data and are far apart; a free rider who adds noise above :math:`\tau` is not
+caught. *Server split* (3 or more clients, where the server holds data): client :math:`i`'s own
+accuracy :math:`a_i` on the server split against the others', with :math:`m = \mathrm{median}_j
+a_j` and :math:`\mathrm{MAD} = \mathrm{median}_j |a_j - m|`; client :math:`i` is dropped when
+
+.. math:: a_i < m - \max(\delta, \kappa\,\mathrm{MAD}),
+
+:math:`\delta` = :data:`ACCURACY_MARGIN`, :math:`\kappa` = :data:`ACCURACY_SPREAD`. The
+margin :math:`\delta` keeps honest IID clients, which differ by a few points, and the spread
+term keeps clients whose accuracies are spread out anyway (non-IID partitions); a label-flipping
+client (trained honestly on permuted labels) scores near 0 on the true labels and is far below.
+Like the relative rule it protects only while fewer than half are poisoned, and it sees only
+accuracy: an attack that keeps the client's own accuracy (scaled weights that keep the argmax,
+a backdoor) passes. With clients whose data differ by design (Dirichlet, pathological, shard
+partitions) an honest client can be far below the median on the server's balanced split: the
+run config's ``client-check = "auto"`` then checks copies only.
 """
 
 from __future__ import annotations
@@ -70,6 +96,17 @@ MIN_COSINE = 0.0
 """Smallest cosine between a client's weights and the coordinate-wise median of all clients'."""
 ROUNDING = 1e-6
 """Relative slack of the exact temperature bounds (float64 sums over many samples)."""
+
+
+CLIENT_CHECKS = ("server-split", "copies", "off")
+"""The client checks (module docstring): copies and the server-split accuracy, copies only,
+none."""
+COPY_TOLERANCE = 1e-6
+r"""Relative distance :math:`\tau` below which a client's weights are a copy of another's."""
+ACCURACY_MARGIN = 0.2
+r"""Least drop :math:`\delta` below the median server-split accuracy that names a client."""
+ACCURACY_SPREAD = 3.0
+r""":math:`\kappa`: the drop must also exceed this many median absolute deviations."""
 
 
 class OutlierError(ValueError):
@@ -245,3 +282,65 @@ def num_classes_of(template: nn.Module) -> int | None:
         return int(config["num_classes"])
     last = [m for m in template.modules() if isinstance(m, nn.Linear)]
     return int(last[-1].out_features) if last else None
+
+
+def copy_outliers(
+    states: Sequence[Mapping[str, Tensor]],
+    labels: Sequence[str],
+    tolerance: float = COPY_TOLERANCE,
+) -> dict[int, str]:
+    r"""Index -> reason for every state within relative distance ``tolerance`` of an earlier
+    one of the same keys and shapes (module docstring; ``labels[j]`` names state ``j``)."""
+    found: dict[int, str] = {}
+    for i in range(1, len(states)):
+        for j in range(i):
+            if j in found or not _same_arrays(states[i], states[j]):
+                continue
+            gap, size = _distance_and_norm(states[i], states[j])
+            if gap <= tolerance * size:
+                found[i] = (
+                    f"its weights are a copy of {labels[j]}'s (relative distance "
+                    f"{gap / size if size else 0.0:.3g}; allowed: > {tolerance:g})"
+                )
+                break
+    return found
+
+
+def _same_arrays(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> bool:
+    return a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
+
+
+def _distance_and_norm(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> tuple[float, float]:
+    r""":math:`\lVert a - b \rVert` and :math:`\lVert b \rVert` over the floating tensors
+    (float64)."""
+    gap = size = 0.0
+    for key, tensor in b.items():
+        if tensor.is_floating_point():
+            other = a[key].detach().double()
+            gap += float((other - tensor.detach().double()).square().sum())
+            size += float(tensor.detach().double().square().sum())
+    return math.sqrt(gap), math.sqrt(size)
+
+
+def accuracy_outliers(
+    accuracies: Sequence[float],
+    margin: float = ACCURACY_MARGIN,
+    spread: float = ACCURACY_SPREAD,
+) -> dict[int, str]:
+    r"""Index -> reason for every accuracy below :math:`m - \max(\delta, \kappa\,
+    \mathrm{MAD})` (module docstring); none below :data:`MIN_CLIENTS`."""
+    if len(accuracies) < MIN_CLIENTS:
+        return {}
+    values = torch.tensor(accuracies, dtype=torch.float64)
+    centre = float(values.quantile(0.5))
+    deviation = float((values - centre).abs().quantile(0.5))
+    threshold = centre - max(margin, spread * deviation)
+    return {
+        index: (
+            f"its accuracy on the server split is {value:.3g}, below the median over clients "
+            f"({centre:.3g}) by more than max({margin:g}, {spread:g} x the median absolute "
+            f"deviation {deviation:.3g}); allowed: >= {threshold:.3g}"
+        )
+        for index, value in enumerate(accuracies)
+        if value < threshold
+    }

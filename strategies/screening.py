@@ -8,6 +8,9 @@ A client's reply is untrusted input. Every message type has one screen here; eac
   reply's partition (:class:`ClientReferences`: the shapes of that client's width); a tensor is
   floating where the reference is floating and has
   exactly the reference's dtype where it is an integer or bool buffer (``num_batches_tracked``);
+  every array's bytes are exactly one NumPy array of its labelled dtype and shape and the
+  reply's bytes within the template's bound, checked before anything is decoded
+  (:mod:`fedlmc.strategies.payload`);
   every floating value is finite and at most :data:`MAX_ABS_WEIGHT` in absolute value (trained
   weights are O(1); 1e30-scaled weights overflow the logits); ``num-examples`` an integer-valued
   number >= 1; ``partition-id`` an integer in ``0 .. num_partitions - 1``, the partition the
@@ -27,10 +30,12 @@ A client's reply is untrusted input. Every message type has one screen here; eac
   lists as long as the ``log-t`` values sent, counts integer-valued, >= 1 and equal over the
   points (same data at every T), sums finite, ``nll-sum`` >= 0.
 - **query.bn_stats / query.unit_stats** (:func:`screen_moments_reply`): exactly the layers
-  expected, sums of the layer's width, floating and finite, ``sum_sq`` >= 0, counts >= 1, and a
+  expected, sums of the layer's width (each payload checked before it is decoded, as for
+  train replies), floating and finite, ``sum_sq`` >= 0, counts >= 1, and a
   non-negative variance :math:`S_2/n - (S_1/n)^2` (up to rounding).
 - **query.align** (:func:`screen_align_reply`): one integer index array per permutation group of
-  the spec, each a permutation of ``0 .. size - 1`` of that group, and a digest string.
+  the spec (its payload checked before it is decoded), each a permutation of ``0 .. size - 1``
+  of that group, and a digest string.
 
 **Weight bound** (:class:`WeightBound`, :func:`bounded_shares`). A client's weight in the merge
 is its share of the claimed counts, :math:`s_i = n_i / \sum_j n_j`, capped at :math:`c_i` with
@@ -61,6 +66,14 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import Tensor
 
+from fedlmc.strategies.payload import (
+    ScreenError,
+    check_record,
+    declared_dtype,
+    declared_shape,
+    decode,
+)
+
 MAX_HISTORY_EPOCHS = 100_000
 """Longest per-epoch history accepted when the round's epochs are not known."""
 MAX_ABS_WEIGHT = 1e6
@@ -81,10 +94,6 @@ no NaN: :func:`screen_scalar_metrics`)."""
 DEFAULT_MAX_SHARE = 0.5
 """Default largest share of one client in a deployment (``max-client-share``)."""
 VARIANCE_TOLERANCE = 1e-6
-
-
-class ScreenError(ValueError):
-    """A reply fails the screen (the message is the reason, on one line)."""
 
 
 # ----------------------------------------------------------------------------- numbers
@@ -197,20 +206,25 @@ def _dtype_allowed(sent: np.dtype, expected: np.dtype) -> bool:
 
 
 def check_train_arrays(record: ArrayRecord, reference: Reference | None) -> None:
-    """Keys, shapes and dtypes against ``reference`` (module docstring)."""
+    """Keys, shapes and dtypes against ``reference``, then every array's payload
+    (:func:`fedlmc.strategies.payload.check_record`: its bytes against its labels and the
+    reply's total against the template's bound), before anything is decoded (module
+    docstring); without a reference, only each payload against its own labels."""
     if reference is None:
+        check_record(record)
         return
-    shapes = {k: tuple(int(d) for d in a.shape) for k, a in record.items()}
-    if set(shapes) != set(reference.shapes):
-        key = sorted(set(shapes) ^ set(reference.shapes))[0]
+    if set(record.keys()) != set(reference.shapes):
+        key = sorted(set(record.keys()) ^ set(reference.shapes))[0]
         raise ScreenError(f"wrong arrays: key {key!r} is missing or unexpected")
     for key, shape in reference.shapes.items():
-        if shapes[key] != shape:
-            raise ScreenError(f"wrong shape: {key!r} has {shapes[key]}, expected {shape}")
-        sent, expected = np.dtype(record[key].dtype), np.dtype(reference.dtypes[key])
+        sent_shape = declared_shape(record[key], key)
+        if sent_shape != shape:
+            raise ScreenError(f"wrong shape: {key!r} has {sent_shape}, expected {shape}")
+        sent, expected = declared_dtype(record[key], key), np.dtype(reference.dtypes[key])
         if not _dtype_allowed(sent, expected):
             kind = "a floating dtype" if np.issubdtype(expected, np.floating) else str(expected)
             raise ScreenError(f"wrong dtype: {key!r} is {sent}, expected {kind}")
+    check_record(record, reference.shapes)
 
 
 def check_weight_values(state: Mapping[str, Tensor], bound: float = MAX_ABS_WEIGHT) -> None:
@@ -410,11 +424,9 @@ def screen_moments_reply(content: RecordDict, widths: Mapping[str, int]) -> None
         moments = []
         for part in ("sum", "sum_sq"):
             array = arrays[f"{layer}/{part}"]
-            if not np.issubdtype(np.dtype(array.dtype), np.floating):
+            if not np.issubdtype(declared_dtype(array, f"{layer}/{part}"), np.floating):
                 raise ScreenError(f"{layer}/{part} must be floating, got {array.dtype}")
-            if tuple(array.shape) != (width,):
-                raise ScreenError(f"{layer}/{part} has shape {tuple(array.shape)}, want ({width},)")
-            values = np.asarray(array.numpy(), dtype=np.float64)
+            values = np.asarray(decode(array, f"{layer}/{part}", (width,)), dtype=np.float64)
             if not np.isfinite(values).all():
                 raise ScreenError(f"non-finite values in {layer}/{part}")
             moments.append(values)
@@ -438,8 +450,8 @@ def screen_align_reply(content: RecordDict, group_sizes: Mapping[str, int]) -> N
         raise ScreenError(f"wrong permutations: key {key!r} is missing or unexpected")
     for group, size in group_sizes.items():
         array = arrays[f"perm/{group}"]
-        if not np.issubdtype(np.dtype(array.dtype), np.integer):
+        if not np.issubdtype(declared_dtype(array, f"perm/{group}"), np.integer):
             raise ScreenError(f"permutation of {group!r} must be integers, got {array.dtype}")
-        values = np.asarray(array.numpy())
-        if values.shape != (size,) or not np.array_equal(np.sort(values), np.arange(size)):
+        values = np.asarray(decode(array, f"perm/{group}", (size,)))
+        if not np.array_equal(np.sort(values), np.arange(size)):
             raise ScreenError(f"permutation of {group!r} is not one of 0 .. {size - 1}")

@@ -7,8 +7,9 @@ reply messages of a training round into
   (node ids are random and replies arrive in arrival order, so this is the only stable order), and
 - one :class:`Failure` per dropped reply: error replies, malformed replies (not exactly one
   ArrayRecord and one MetricRecord with ``num-examples`` and ``partition-id``), arrays whose keys or
-  shapes differ from the reference the server sent, non-finite arrays, and nodes that did not
-  answer before the timeout.
+  shapes differ from the reference the server sent, non-finite arrays, nodes the SuperLink
+  reported lost (one failure each, :class:`Senders`) and nodes that did not answer before the
+  timeout.
 
 Nothing here does science (the merging itself is in :mod:`fedlmc.merging.methods`), and nothing here
 encodes messages (:mod:`fedlmc.strategies.protocol` does, for the ClientApp too).
@@ -27,13 +28,13 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from fedlmc.strategies.payload import check_record, declared_shape, sent_bytes
 from fedlmc.strategies.protocol import (
     HISTORY_KEYS,
     NUM_EXAMPLES_KEY,
     PARTITION_KEY,
     Shapes,
     StateDict,
-    record_shapes,
     record_to_state,
     single_record,
     tensor_bytes,
@@ -145,6 +146,8 @@ class Failure:
     tensor_bytes: int = 0
     stage: str = "train"
     """The message type whose reply was dropped (``train`` or a query action)."""
+    lost: bool = False
+    """The node sent nothing: the SuperLink reported it gone, or no reply came in time."""
 
     def __post_init__(self) -> None:
         self.reason = plain_text(self.reason)
@@ -218,6 +221,40 @@ def _partition_from_reason(reason: str | None) -> int | None:
     return int(found.group(1)) if found else None
 
 
+@dataclass(frozen=True)
+class Senders:
+    """Who a round's replies answer for: ``destinations``, message id -> destination node of
+    every message sent (the Grid sets a message's id when it pushes it), and ``earlier``, node
+    -> the partition id the node claimed in an earlier reply that passed the screen (in a
+    deployment the only way to name a node lost before it replied)."""
+
+    destinations: Mapping[str, int] = field(default_factory=dict)
+    earlier: Mapping[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of_messages(
+        cls, messages: Iterable[Message], earlier: Mapping[int, int] | None = None
+    ) -> Senders:
+        """The destinations of the pushed ``messages`` (those without an id are left out)."""
+        destinations = {
+            m.metadata.message_id: int(m.metadata.dst_node_id)
+            for m in messages
+            if m.metadata.message_id
+        }
+        return cls(destinations, dict(earlier or {}))
+
+    def node_of(self, reply: Message) -> int:
+        """The node ``reply`` answers for. The SuperLink answers a message to a node whose
+        heartbeats stopped with an error of its own ("Node Unavailable"), sent from its own
+        node id and naming the message it answers (``reply_to_message_id``): such an error
+        is the destination's; every other reply is its source's."""
+        if reply.has_error():
+            node = self.destinations.get(reply.metadata.reply_to_message_id)
+            if node is not None:
+                return node
+        return int(reply.metadata.src_node_id)
+
+
 def screen_reply(
     message: Message,
     reference: Reference | ClientReferences | Shapes | None,
@@ -225,6 +262,7 @@ def screen_reply(
     num_partitions: int | None = None,
     epochs: int | None = None,
     assigned: Mapping[int, int] | None = None,
+    senders: Senders | None = None,
 ) -> ClientUpdate | Failure:
     """The reply as a :class:`ClientUpdate`, or the :class:`Failure` saying why it is dropped
     (the train screen of :mod:`fedlmc.strategies.screening`; with
@@ -232,13 +270,19 @@ def screen_reply(
     reply's partition); its per-epoch history (lists as long as ``epochs`` when given) and its
     scalar metrics are screened apart: a bad one drops only itself. ``assigned`` (node id ->
     partition id, a simulation's own assignment): the partition the reply must claim, and the
-    one a failure is named by."""
-    node = int(message.metadata.src_node_id)
+    one a failure is named by; ``senders``: the node an error reply answers for and the
+    partition it claimed earlier (:class:`Senders`), which names a failure where nothing was
+    assigned."""
+    senders = senders or Senders()
+    node = senders.node_of(message)
     known = None if assigned is None else assigned.get(node)
     if message.has_error():
         reason = message.error.reason or f"error code {message.error.code}"
-        pid = known if known is not None else _partition_from_reason(reason)
-        return Failure(node, pid, f"client error: {reason}")
+        pid = known if known is not None else senders.earlier.get(node)
+        pid = pid if pid is not None else _partition_from_reason(reason)
+        if int(message.metadata.src_node_id) == node:
+            return Failure(node, pid, f"client error: {reason}")
+        return Failure(node, pid, f"SuperLink error: {reason}", lost=True)
     if isinstance(reference, dict):  # shapes only (older callers): any dtype of the same kind
         reference = None if not reference else Reference(reference, {})
     content = message.content
@@ -256,20 +300,22 @@ def screen_reply(
         num_examples = check_count(metrics.get(weighted_by_key), weighted_by_key)
     except ValueError as err:
         return Failure(node, partition_id, f"malformed reply: {err}")
-    size = tensor_bytes(record)
     try:
         if isinstance(reference, ClientReferences):
             reference.check(record, partition_id)
         elif reference is not None and not reference.dtypes:
-            problem = _shape_problem(record_shapes(record), reference.shapes)
+            sent = {k: declared_shape(a, k) for k, a in record.items()}
+            problem = _shape_problem(sent, reference.shapes)
             if problem:
                 raise ScreenError(problem)
+            check_record(record, reference.shapes)
         else:
             check_train_arrays(record, reference)
         state = record_to_state(record)
         check_weight_values(state)
     except ScreenError as err:
-        return Failure(node, partition_id, str(err), size)
+        return Failure(node, partition_id, str(err), sent_bytes(record))
+    size = tensor_bytes(record)
     metrics[weighted_by_key] = int(num_examples)
     sent = {key: metrics.pop(key) for key in HISTORY_KEYS.values() if key in metrics}
     problems = tuple(screen_scalar_metrics(metrics))
@@ -290,14 +336,17 @@ def screen_replies(
     num_partitions: int | None = None,
     epochs: int | None = None,
     assigned: Mapping[int, int] | None = None,
+    senders: Senders | None = None,
 ) -> RoundReport:
-    """Survivors sorted by partition id (then node id) and the failures, one per bad reply.
+    """Survivors sorted by partition id (then node id) and the failures, one per node asked.
 
-    Nodes in ``sent_to`` that sent no reply count as failures ("no reply before the timeout");
-    ids must be below ``num_partitions``. With ``assigned`` (a simulation: node id -> the
-    partition the server assigned it) a reply must claim its node's partition; without it (a
-    deployment) a partition id claimed by several replies stays with the first reply to arrive
-    and every later claimant is dropped, named by its node id
+    A node the SuperLink reported lost is one failure, its own (:class:`Senders`: the error
+    names the message it answers), named by its assigned partition or else the one it claimed
+    earlier; nodes in ``sent_to`` with neither a reply nor an error count as failures ("no
+    reply before the timeout"); ids must be below ``num_partitions``. With ``assigned`` (a
+    simulation: node id -> the partition the server assigned it) a reply must claim its node's
+    partition; without it (a deployment) a partition id claimed by several replies stays with
+    the first reply to arrive and every later claimant is dropped, named by its node id
     (:func:`~fedlmc.strategies.screening.partition_problems`).
     Without a ``reference`` the survivors must agree among themselves on keys and shapes
     (:class:`InconsistentShapesError` otherwise); with
@@ -305,13 +354,16 @@ def screen_replies(
     partition's (clients of different widths). ``epochs``: the length the per-epoch histories
     must have (:func:`screen_reply`).
     """
+    senders = senders or Senders()
     report = RoundReport()
     replied = set()
     screened = []
     for message in replies:
-        replied.add(int(message.metadata.src_node_id))
+        replied.add(senders.node_of(message))
         screened.append(
-            screen_reply(message, reference, weighted_by_key, num_partitions, epochs, assigned)
+            screen_reply(
+                message, reference, weighted_by_key, num_partitions, epochs, assigned, senders
+            )
         )
     updates = [u for u in screened if isinstance(u, ClientUpdate)]
     report.failures.extend(f for f in screened if isinstance(f, Failure))
@@ -326,7 +378,9 @@ def screen_replies(
     for node in sent_to:
         if int(node) not in replied:
             pid = None if assigned is None else assigned.get(int(node))
-            report.failures.append(Failure(int(node), pid, "no reply before the timeout"))
+            pid = pid if pid is not None else senders.earlier.get(int(node))
+            failure = Failure(int(node), pid, "no reply before the timeout", lost=True)
+            report.failures.append(failure)
     report.survivors.sort(key=lambda u: (u.partition_id, u.node_id))
     report.failures.sort(key=lambda f: (f.partition_id is None, f.partition_id or 0, f.node_id))
     if not reference:
@@ -441,18 +495,24 @@ def query_nodes(
     content: Callable[[], RecordDict],
     timeout: float,
 ) -> tuple[dict[int, RecordDict], list[Failure]]:
-    """Send a ``query.<action>`` message to each node; replies by node id and the failures."""
+    """Send a ``query.<action>`` message to each node; replies by node id and the failures, one
+    per node that sent no answer (a node the SuperLink reported lost is named by the message
+    it was sent, :class:`Senders`)."""
     messages = [
         Message(content(), dst_node_id=int(n), message_type=f"query.{action}") for n in node_ids
     ]
     replies = grid.send_and_receive(messages, timeout=timeout)
+    senders = Senders.of_messages(messages)
     answers: dict[int, RecordDict] = {}
     failures: list[Failure] = []
     for reply in replies:
-        node = int(reply.metadata.src_node_id)
+        node = senders.node_of(reply)
         if reply.has_error():
             reason = reply.error.reason or f"error code {reply.error.code}"
-            failures.append(Failure(node, _partition_from_reason(reason), reason))
+            if int(reply.metadata.src_node_id) == node:
+                failures.append(Failure(node, _partition_from_reason(reason), reason))
+            else:
+                failures.append(Failure(node, None, f"SuperLink error: {reason}", lost=True))
         else:
             answers[node] = reply.content
     for node in node_ids:

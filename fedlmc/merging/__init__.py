@@ -18,6 +18,8 @@
   :mod:`fedlmc.merging.rescale`; CCA Merge, :mod:`fedlmc.merging.cca`; Preserve-First Merging,
   :mod:`fedlmc.merging.preserve_first`, a model of another architecture registered with
   ``builds_model``), imported here so that they are registered whenever the registry is.
+- :mod:`fedlmc.merging.robust_rules`: the robust aggregation rules registered as methods
+  (coordinate-wise median, trimmed mean, Krum, multi-Krum), imported here as the baselines are.
 
 The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
 :mod:`fedlmc.permutation` (MergeMany averages while it aligns).
@@ -45,3 +47,4 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 # Registers the baselines' methods (no torch at import; imports fedlmc.merging.methods).
 from fedlmc.merging import baselines as _baselines  # noqa: E402, F401
+from fedlmc.merging import robust_rules as _robust_rules  # noqa: E402, F401

@@ -9,7 +9,9 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
 
 - ``needs_server_data``: inputs held by the server (activation matching correlates activations
   on them);
-- ``many_clients``: whether it accepts more than two clients;
+- ``many_clients``: whether it accepts more than two clients; ``min_clients``: the fewest it
+  accepts at its default options (Krum: :math:`2f + 3 = 3`; default 1), below which the
+  study's default method list leaves it out;
 - ``reestimate_bn``: whether a BatchNorm model's running statistics are re-estimated after the
   merge (by the study on the server split, by the strategies on server or federated data);
 - ``repair``: whether the merge is followed by REPAIR (:mod:`fedlmc.merging.repair`: every hidden
@@ -224,6 +226,7 @@ class MergeMethod:
     sum_exponents: SumExponents | None = None
     secure_note: str = ""
     divide_by_holders: bool = False
+    min_clients: int = 1
 
     @property
     def runs_securely(self) -> bool:
@@ -265,6 +268,7 @@ def register_method(
     sum_exponents: SumExponents | None = None,
     secure_note: str = "",
     divide_by_holders: bool = False,
+    min_clients: int = 1,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -308,6 +312,7 @@ def register_method(
             sum_exponents,
             secure_note,
             divide_by_holders,
+            int(min_clients),
         )
         METHODS.add(name, entry, replace=replace)
         return align

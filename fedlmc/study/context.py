@@ -133,22 +133,32 @@ def check_methods(methods: Sequence[str]) -> list[str]:
 
 def default_methods(num_clients: int) -> list[str]:
     """Every study method that accepts ``num_clients`` clients (those registered
-    ``many_clients = False``, such as ``random_direction``, only up to two)."""
-    return [m for m in study_methods() if _accepts(m, num_clients)]
+    ``many_clients = False``, such as ``random_direction``, only up to two; those registered
+    with a ``min_clients``, such as ``krum``, from that many)."""
+    return [m for m in study_methods() if not _refusal(m, num_clients)]
 
 
-def _accepts(method: str, num_clients: int) -> bool:
-    return method in REFERENCE_METHODS or num_clients <= 2 or merge_method(method).many_clients
+def _refusal(method: str, num_clients: int) -> str:
+    """What ``method`` allows when it does not accept ``num_clients`` clients, else ``""``."""
+    if method in REFERENCE_METHODS:
+        return ""
+    entry = merge_method(method)
+    if num_clients > 2 and not entry.many_clients:
+        return "at most 2 clients"
+    if 1 < num_clients < entry.min_clients:  # a single client is its own merge, every method's
+        return f"at least {entry.min_clients} clients"
+    return ""
 
 
 def check_client_count(methods: list[str], num_clients: int) -> list[str]:
     """``methods``; ``ValueError`` naming the first one that does not accept ``num_clients``
     clients, before any work."""
-    refused = [m for m in methods if not _accepts(m, num_clients)]
-    if refused:
-        raise ValueError(
-            f"merge method {refused[0]!r} with {num_clients} clients: allowed: at most 2 clients"
-        )
+    for method in methods:
+        allowed = _refusal(method, num_clients)
+        if allowed:
+            raise ValueError(
+                f"merge method {method!r} with {num_clients} clients: allowed: {allowed}"
+            )
     return methods
 
 

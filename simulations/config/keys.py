@@ -11,10 +11,12 @@ from fedlmc.merging.methods import (
     AUTO_TOLERANCE,
 )
 from fedlmc.merging.post_merge import CALIBRATIONS
+from fedlmc.merging.robust_rules import KRUM_BYZANTINE, KRUM_SELECT, TRIM_FRACTION
 from fedlmc.models.registry import (
     NORMS,
     model_names,
 )
+from fedlmc.simulations.config.defences import CLIENT_CHECK_VALUES, trim_fraction_check, uses_krum
 from fedlmc.simulations.config.derived import (
     explicit_server_width,
     federated_calibration,
@@ -199,6 +201,34 @@ def declared_keys() -> dict[str, Key]:
                 "the `cca_merge` method runs", lambda c: "cca_merge" in selected_methods(c)
             ),
         ),
+        "trim-fraction": Key(
+            float,
+            TRIM_FRACTION,
+            "trimmed_mean: share of the clients dropped at each end of every coordinate "
+            "(floor(trim-fraction x clients); Flower's FedTrimmedAvg beta)",
+            trim_fraction_check,
+            applies=Rule(
+                "the `trimmed_mean` method runs", lambda c: "trimmed_mean" in selected_methods(c)
+            ),
+        ),
+        "krum-byzantine": Key(
+            int,
+            KRUM_BYZANTINE,
+            "krum, multi_krum: the Byzantine clients f assumed (each score sums the clients - f "
+            "- 2 nearest; needs min-clients >= 2f + 3; Flower's num_malicious_nodes)",
+            at_least(0),
+            applies=Rule("`krum` or `multi_krum` runs", lambda c: uses_krum(c)),
+        ),
+        "krum-select": Key(
+            int,
+            KRUM_SELECT,
+            "multi_krum: the clients m of the lowest Krum scores averaged (1: Krum; Flower's "
+            "num_nodes_to_select)",
+            at_least(1),
+            applies=Rule(
+                "the `multi_krum` method runs", lambda c: "multi_krum" in selected_methods(c)
+            ),
+        ),
         "calibration": named(
             str,
             "server",
@@ -333,6 +363,16 @@ def declared_keys() -> dict[str, Key]:
             "statistics or calibration NLL exceed this factor times the median over the "
             "clients is dropped",
             at_least(1.0, strict=True),
+            runtime=True,
+        ),
+        "client-check": named(
+            str,
+            "auto",
+            "each client's model checked before the merge: server-split (a copy of another "
+            "client's model, and, where the server holds data and 3+ clients survive, an "
+            "accuracy on the server split far below the others'), copies (only copies), off; "
+            "auto: server-split for iid and full partitions, copies for the others",
+            CLIENT_CHECK_VALUES,
             runtime=True,
         ),
         "timeout": Key(

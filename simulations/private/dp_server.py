@@ -56,11 +56,12 @@ def dp_round_columns(strategy, config: Mapping[str, Any], seconds: float, widths
     from fedlmc.study.rows import ROUND_COLUMNS
 
     survived = int(strategy.replies)
+    dropped = "; ".join(strategy.dropped)  # replies the payload screen refused, by node
     columns = {
         "clients_survived": survived,
-        "clients_failed": "",
+        "clients_failed": dropped,
         "clients_dropped": int(config["num-clients"]) - survived,
-        "clients_dropped_reasons": "",
+        "clients_dropped_reasons": dropped,
         "bytes_sent_by_clients": int(strategy.bytes_received),
         "rounds": 1,
         "train_seconds": math.nan,

@@ -259,6 +259,7 @@ def test_runtime_keys_are_the_declared_ones():
         "out-dir",
         "max-client-share",
         "outlier-factor",
+        "client-check",
         "data-root",
         "download",
         "data-mirror",

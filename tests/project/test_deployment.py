@@ -393,23 +393,67 @@ def test_client_side_activation_matching_keeps_state_in_the_supernodes(deploymen
     assert (out / "merged-activation_federated.safetensors").exists()
 
 
-def test_supernodes_of_different_widths_are_merged_at_the_server_width(deployment, tmp_path):
+def node_id_of(log: Path) -> int:
+    """The node id a SuperNode logs when it connects (``SuperNode ID: N``)."""
+    for line in log.read_text().splitlines():
+        if "SuperNode ID:" in line:
+            return int(line.rsplit(":", 1)[1])
+    raise AssertionError(f"no node id in {log}:\n{log.read_text()[-2000:]}")
+
+
+def replies_sent(log: Path) -> int:
+    """How many replies a SuperNode's ``log`` shows sent."""
+    return log.read_text().count("Sent successfully")
+
+
+def wait_for_replies(log: Path, count: int, run: subprocess.Popen, seconds: float) -> None:
+    """Until the SuperNode's ``log`` shows its ``count``-th reply sent."""
+    deadline = time.monotonic() + seconds
+    while replies_sent(log) < count:
+        if run.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no reply {count} in {log}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+def test_supernodes_of_different_widths_are_merged_and_a_lost_one_named_once(deployment, tmp_path):
     """All three SuperNodes train, each its partition's width (``client-widths``: 16, 32 and 16
     hidden units); the server checks each reply against its partition's shapes and merges them
-    at the widest client's width."""
+    at the widest client's width. Partition 2's SuperNode is killed (``SIGKILL``, its process
+    group) as soon as its train reply is sent: the federated calibration's first query then
+    gets the SuperLink's "Node Unavailable" for it (once its heartbeats are overdue), which
+    is one dropped client, named by its node and the partition its train reply claimed, and
+    the round closes on that report. The last test of this module to use the SuperNodes."""
     out = tmp_path / "widths"
-    base = f"{TINY_MODEL} num-clients=3 min-clients=3"
-    run = flwr_run(
-        deployment,
+    base = f"{TINY_MODEL} num-clients=3 min-clients=2"
+    victim = deployment["processes"][1 + 2]  # after the SuperLink: partition 2's SuperNode
+    log = deployment["logs"] / "3-flower-supernode.log"
+    before = replies_sent(log)
+    overrides = (
         'client-widths="0.25,0.5,0.25" strategy="aligned" align="embed_weight_matching" '
-        f'calibration="server" out-dir="{out}"',
-        base=base,
+        f'calibration="federated" out-dir="{out}"'
     )
-    detail = f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
-    assert run.returncode == 0 and (out / "results.csv").exists(), detail
+    args = [str(BIN / "flwr"), "run", ".", "loopback", "--run-config", f"{base} {overrides}"]
+    run = subprocess.Popen(
+        [*args, "--stream"], cwd=REPO, env=deployment["env"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_replies(log, before + 1, run, RUN_TIMEOUT)
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait(timeout=15)
+        output, _ = run.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if run.poll() is None:  # a failed wait: stop the flwr run we started
+            run.kill()
+            run.wait(timeout=15)
+    assert run.returncode == 0 and (out / "results.csv").exists(), output[-4000:]
     rows = pd.read_csv(out / "results.csv")
     assert list(rows["method"]) == ["embed_weight_matching", "embed_weight_matching_t"]
-    assert (rows["clients_survived"] == 3).all() and (rows["clients_dropped"] == 0).all()
+    assert (rows["clients_survived"] == 3).all()  # all three trained and were merged
+    assert (rows["clients_dropped"] == 1).all(), rows["clients_dropped_reasons"].tolist()
+    reason = rows["clients_dropped_reasons"].iloc[0]
+    assert reason.startswith(f"node {node_id_of(log)} (partition 2): "), reason
+    assert "SuperLink error: Error: Node Unavailable" in reason and ";" not in reason, reason
     assert (rows["client_widths"] == "0.25,0.5,0.25").all() and (rows["server_width"] == 0.5).all()
     assert rows["accuracy"].between(0, 1).all()
     merged = load_file(str(out / "merged-embed_weight_matching.safetensors"))

@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -33,8 +32,10 @@ from tests.project.test_deployment import (
     REPO,
     RUN_TIMEOUT,
     TINY_MODEL,
+    node_id_of,
     page_deployment,
     start_deployment,
+    wait_for_replies,
 )
 
 pytestmark = pytest.mark.slow
@@ -43,23 +44,6 @@ KEYS_SHARED = 2
 """SecAgg+'s stages reach a node as ``train`` messages: setup, share keys, masked vectors
 (where the client trains), unmask. A node that has sent its second reply has shared its keys."""
 VICTIM = 2  # the partition whose SuperNode is killed (its index among the page's SuperNodes)
-
-
-def node_id_of(log: Path) -> int:
-    """The node id a SuperNode logs when it connects (``SuperNode ID: N``)."""
-    for line in log.read_text().splitlines():
-        if "SuperNode ID:" in line:
-            return int(line.rsplit(":", 1)[1])
-    raise AssertionError(f"no node id in {log}:\n{log.read_text()[-2000:]}")
-
-
-def wait_for_replies(log: Path, count: int, run: subprocess.Popen, seconds: float) -> None:
-    """Until the SuperNode's ``log`` shows its ``count``-th reply sent."""
-    deadline = time.monotonic() + seconds
-    while log.read_text().count("Sent successfully") < count:
-        if run.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"no reply {count} in {log}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
 
 
 def test_a_supernode_killed_in_the_secure_round_leaves_the_merge_of_the_survivors(

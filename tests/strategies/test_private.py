@@ -6,6 +6,7 @@ Flower's RDP accountant (None without its optional dp-accounting dependency). In
 from __future__ import annotations
 
 import importlib.util
+import io
 import math
 
 import numpy as np
@@ -40,6 +41,27 @@ def test_each_update_is_clipped_to_the_norm_relative_to_the_sent_arrays(task_ide
     got = _aggregate(strategy, start, [[4.0, 5.0, 1.0, 1.0], [1.0, 1.0, 1.6, 1.8]])
     # update 1 = (3, 4, 0, 0), norm 5 -> (1.2, 1.6, 0, 0); update 2 = (0, 0, .6, .8), norm 1 kept
     assert np.allclose(got, [1.6, 1.8, 1.3, 1.4], atol=1e-12)
+
+
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_a_reply_whose_bytes_lie_about_its_shape_is_dropped_by_node(side, task_identity):
+    """The payload screen runs in front of Flower's DP wrappers too: a 3-element array labelled
+    with the sent shape (4,) is named and left out, and the others are averaged (no noise)."""
+    strategy = private_one_shot_average(3, noise_multiplier=0.0, clipping_norm=100.0, side=side)
+    strategy.current_arrays = ArrayRecord({"w": Array(np.zeros(4))})
+    strategy.sent = strategy.current_arrays
+    buffer = io.BytesIO()
+    np.save(buffer, np.ones(3), allow_pickle=False)
+    liar = _reply([0.0] * 4, 3)
+    liar.content["arrays"]["w"] = Array("float64", (4,), "numpy.ndarray", buffer.getvalue())
+    replies = [_reply([1.0, 1.0, 1.0, 1.0], 1), _reply([3.0, 3.0, 3.0, 3.0], 2), liar]
+    if side == "client":  # the client-side wrapper reads each client's clipping flag
+        for reply in replies:
+            reply.content["metrics"][KEY_CLIPPING_NORM] = 1
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert np.allclose(arrays["w"].numpy(), 2.0)
+    (dropped,) = strategy.dropped
+    assert dropped.startswith("node ") and "bytes hold shape (3,)" in dropped
 
 
 def test_the_noise_has_standard_deviation_z_c_over_n(task_identity):
