@@ -328,13 +328,13 @@ register_model(
         "depth": ModelOption(3, "transformer blocks", minimum=1, public=True),
         "heads": ModelOption(
             4,
-            "attention heads at width 1 (scaled by width when grow-heads)",
+            "attention heads at width 1, scaled by width when grow-heads",
             minimum=1,
             public=True,
         ),
         "head_dim": ModelOption(
             8,
-            "dimensions per head at width 1 (scaled by width unless grow-heads)",
+            "dimensions per head at width 1, scaled by width unless grow-heads",
             minimum=1,
             public=True,
         ),
@@ -345,7 +345,7 @@ register_model(
         ),
         "mlp_ratio": ModelOption(2, "MLP hidden units per embedding dimension", minimum=1),
         "patch": ModelOption(
-            7, "patch side in pixels (a divisor of the image's sides)", minimum=1, public=True
+            7, "patch side in pixels, a divisor of the image's sides", minimum=1, public=True
         ),
         "bias": ModelOption(True, "bias in the patch embedding and every linear layer"),
     },

@@ -100,6 +100,9 @@ class ViT(nn.Module):
     """Patch embedding, class token, position embedding, ``depth`` pre-norm blocks, final
     LayerNorm, linear head on the class token (the module docstring has the widths)."""
 
+    unit_dim = TOKEN_DIM
+    """The axis of a layer output (``layer_names``: the blocks' outputs) that carries the units."""
+
     def __init__(
         self,
         width: float,
