@@ -87,7 +87,8 @@ def spec_from_groups(
 
     Raises ``ValueError`` if a key is missing from ``state_dict``, an axis is out of range, an axis
     is claimed by two groups, the axes of one group have different sizes, or the block
-    structure is inconsistent (:func:`_check_blocks`).
+    structure is inconsistent (a block-structured group not of whole blocks, two groups of one
+    family with different block counts or sharing a tensor).
     """
     groups = {group: list(axes) for group, axes in perm_to_axes.items()}
     axes_to_perm: dict[str, list[str | None]] = {}
