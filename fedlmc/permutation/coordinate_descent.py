@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -325,6 +326,16 @@ def _independent_runs(
         yield run
 
 
+def _coordinate_neighbours(
+    coordinates: Sequence[Coordinate], neighbours: Mapping[str, set[str]]
+) -> tuple[dict[Coordinate, set[str]], dict[Coordinate, set[Coordinate]]]:
+    """Per coordinate, the groups outside it that share a tensor with one of its groups (whose
+    changes make its matrices stale), and the coordinates those groups belong to."""
+    touching = {c: set().union(*(neighbours[g] for g in c)) - set(c) for c in coordinates}
+    owner = {group: c for c in coordinates for group in c}
+    return touching, {c: {owner[g] for g in touching[c]} for c in coordinates}
+
+
 def _solve_plain(
     groups: Sequence[str],
     matrix: Callable[[str], Tensor],
@@ -415,9 +426,7 @@ def weight_matching(
     objective = matching_objective(spec, sd_a, sd_b, perms)
     rng = np.random.default_rng(seed)
     coordinates = spec.coordinates()
-    touching = {c: set().union(*(matcher.neighbours[g] for g in c)) - set(c) for c in coordinates}
-    owner = {group: c for c in coordinates for group in c}
-    neighbours = {c: {owner[g] for g in touching[c]} for c in coordinates}
+    touching, neighbours = _coordinate_neighbours(coordinates, matcher.neighbours)
     version = dict.fromkeys(groups, 0)  # bumped whenever a group's permutation changes
     solved_at: dict[Coordinate, dict[str, int] | None] = dict.fromkeys(coordinates, None)
     warm = {g: WarmStart(np.zeros(len(p)), perms[g].cpu().numpy()) for g, p in perms.items()}
@@ -438,9 +447,7 @@ def weight_matching(
             return new - old
         return matcher.exact_gain(group, perms, perms[group], candidate)
 
-    def matrix(group: str) -> Tensor:
-        return matcher.matrix(group, perms)
-
+    matrix = partial(matcher.matrix, perms=perms)  # A_p for the current permutations
     workers = min(len(groups), os.cpu_count() or 1)
     objectives: list[float] = []
     with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:

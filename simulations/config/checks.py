@@ -170,20 +170,19 @@ def check_model_layout(config: Mapping[str, Any]) -> None:
         )
     if entry.parameters is None or config["dataset"] not in IN_SHAPES:
         return
-    for width in {*client_widths(config), server_width(config)}:
-        try:
-            parameter_count(
-                config["model"],
-                width,
-                NUM_CLASSES[config["dataset"]],
-                IN_SHAPES[config["dataset"]],
-                norm,
-                **model_options(config),
-            )
-        except ValueError as error:
-            raise ConfigError(
-                f"model = {config['model']!r} on dataset {config['dataset']!r}: {error}"
-            ) from None
+    try:
+        parameter_count(
+            config["model"],
+            server_width(config),
+            NUM_CLASSES[config["dataset"]],
+            IN_SHAPES[config["dataset"]],
+            norm,
+            **model_options(config),
+        )
+    except ValueError as error:
+        raise ConfigError(
+            f"model = {config['model']!r} on dataset {config['dataset']!r}: {error}"
+        ) from None
 
 
 def check_model_bias(config: Mapping[str, Any]) -> None:
