@@ -370,14 +370,15 @@ class ClientRounds:
         first, others = self.survivors[0], self.survivors[1:]
         if state_digest(reference) != state_digest(first.state):
             raise ClientQueryError("the reference of client-side matching must be client 0's model")
-        groups = _group_sizes(self.spec or permutation_spec(self.template), self.template)
+        spec = self.spec or permutation_spec(self.template)
+        groups = _group_sizes(spec, self.template)
         answers = dict(
             (u.node_id, c)
             for u, c in self.ask(
                 ALIGN_QUERY,
                 state_to_record(reference),
                 clients=others,
-                screen=lambda c: screen_align_reply(c, groups),
+                screen=lambda c: screen_align_reply(c, groups, spec),
             )
         )
         perms: list[dict[str, Tensor] | None] = [{}]

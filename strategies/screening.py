@@ -35,7 +35,8 @@ A client's reply is untrusted input. Every message type has one screen here; eac
   non-negative variance :math:`S_2/n - (S_1/n)^2` (up to rounding).
 - **query.align** (:func:`screen_align_reply`): one integer index array per permutation group of
   the spec (its payload checked before it is decoded), each a permutation of ``0 .. size - 1``
-  of that group, and a digest string.
+  of that group (moving whole blocks where the group is block-structured: attention heads), and
+  a digest string.
 
 **Weight bound** (:class:`WeightBound`, :func:`bounded_shares`). A client's weight in the merge
 is its share of the claimed counts, :math:`s_i = n_i / \sum_j n_j`, capped at :math:`c_i` with
@@ -66,6 +67,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import Tensor
 
+from fedlmc.permutation.spec import PermutationSpec, checked_permutations
 from fedlmc.strategies.payload import (
     ScreenError,
     check_record,
@@ -437,9 +439,12 @@ def screen_moments_reply(content: RecordDict, widths: Mapping[str, int]) -> None
             raise ScreenError(f"{layer}: sums of squares below the squared sums (no variance)")
 
 
-def screen_align_reply(content: RecordDict, group_sizes: Mapping[str, int]) -> None:
-    """A ``query.align`` reply for the spec's groups (group -> units); raises
-    :class:`ScreenError`."""
+def screen_align_reply(
+    content: RecordDict, group_sizes: Mapping[str, int], spec: PermutationSpec | None = None
+) -> None:
+    """A ``query.align`` reply for the spec's groups (group -> units), and, given the ``spec``,
+    its block-structured groups (attention heads) moved as whole blocks, one block order per
+    family (:func:`fedlmc.permutation.checked_permutations`); raises :class:`ScreenError`."""
     arrays = _one(content.array_records, "ArrayRecord")
     digest = _one(content.config_records, "ConfigRecord").get("state-digest")
     if not isinstance(digest, str):
@@ -455,3 +460,9 @@ def screen_align_reply(content: RecordDict, group_sizes: Mapping[str, int]) -> N
         values = np.asarray(decode(array, f"perm/{group}", (size,)))
         if not np.array_equal(np.sort(values), np.arange(size)):
             raise ScreenError(f"permutation of {group!r} is not one of 0 .. {size - 1}")
+    if spec is not None and spec.blocks:
+        perms = {g: torch.from_numpy(np.asarray(arrays[f"perm/{g}"].numpy())) for g in spec.blocks}
+        try:
+            checked_permutations(spec, perms, group_sizes)
+        except ValueError as error:
+            raise ScreenError(str(error)) from None

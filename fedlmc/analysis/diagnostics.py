@@ -497,14 +497,17 @@ def dead_unit_fractions(
     model: nn.Module, x: Tensor, layer_names: Sequence[str] | None = None
 ) -> list[float]:
     r"""Per hidden layer output (every layer name but the last, the logits): the fraction of its
-    units (dim 1: neurons or channels) that are never active, :math:`f_{l,u}(x_n) \le 0` for
-    every input :math:`x_n` of ``x`` (and every spatial position). A merge whose deep layers are
-    dead passes only its biases on: the many-client collapse of plain averaging."""
+    units (dim 1: neurons or channels; ``model.unit_dim`` where the model declares it, -1 for
+    the features of a ViT's ``(N, T, D)`` tokens) that are never active,
+    :math:`f_{l,u}(x_n) \le 0` for every input :math:`x_n` of ``x`` (and every spatial position
+    or token). A merge whose deep layers are dead passes only its biases on: the many-client
+    collapse of plain averaging."""
     names = layer_names_of(model, x, layer_names)[:-1]
     outputs = capture(model, names, x)
+    dim = getattr(model, "unit_dim", 1)
     fractions = []
     for name in names:
-        active = outputs[name].transpose(0, 1).flatten(1) > 0
+        active = outputs[name].movedim(dim, 0).flatten(1) > 0
         fractions.append(float((~active.any(dim=1)).double().mean()))
     return fractions
 
@@ -516,8 +519,9 @@ def bias_shares(model: nn.Module, x: Tensor) -> list[float]:
 
     .. math:: s = \frac{\|b\,\mathbf{1}^\top\|}{\|W Z\| + \|b\,\mathbf{1}^\top\|}
 
-    (Frobenius norms over the batch, the bias broadcast to every sample and position): 0 without
-    a bias, 1/2 when bias and signal have equal norms, near 1 when the bias swamps the signal."""
+    (Frobenius norms over the batch, the bias broadcast to every sample and position or token:
+    a Linear's units are its output's last axis, a Conv's its axis 1): 0 without a bias, 1/2
+    when bias and signal have equal norms, near 1 when the bias swamps the signal."""
     layers = linear_layers(model)
     inputs = capture(model, list(layers), x, mode="input")
     shares = []
@@ -526,7 +530,10 @@ def bias_shares(model: nn.Module, x: Tensor) -> list[float]:
         if module.bias is None:
             shares.append(0.0)
             continue
-        shape = (1, -1) + (1,) * (signal.ndim - 2)
+        if isinstance(module, nn.Linear):
+            shape = (1,) * (signal.ndim - 1) + (-1,)
+        else:
+            shape = (1, -1) + (1,) * (signal.ndim - 2)
         bias = module.bias.detach().double().cpu().reshape(shape).expand_as(signal)
         shares.append(_ratio(bias.norm(), signal.norm() + bias.norm()))
     return shares

@@ -2,6 +2,8 @@
 
 - :mod:`fedlmc.models.registry`: :func:`register_model` / :func:`model_entry` (no torch import).
 - :mod:`fedlmc.models.classifiers`: the MLP, VGG-11 and ResNet-20 and :func:`build_model`.
+- :mod:`fedlmc.models.vit`: the Vision Transformer.
+- :mod:`fedlmc.models.sizes`: the built-ins' layouts and parameter counts (no torch).
 """
 
 from fedlmc._lazy import lazy_exports
@@ -13,6 +15,7 @@ _EXPORTS = {
         + ["scaled", "norm_layer"],
         ".classifiers",
     ),
+    "ViT": ".vit",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

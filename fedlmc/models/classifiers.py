@@ -334,17 +334,19 @@ def build_model(
     """Build the registered model ``name`` at ``width`` with ``norm`` in {bn, ln, none}.
 
     Built-in models (:mod:`fedlmc.models.registry`): mlp (options ``depth=3`` hidden layers,
-    ``base_hidden=128``, ``bias=True``), vgg11 (``bias=True``), resnet20 (``bias=False``);
-    ``bias`` applies to every conv/linear layer. ``norm`` defaults to the model's registered
-    default (``none`` for the MLP, ``bn`` for the conv nets). ``ValueError`` on bad input.
+    ``base_hidden=128``, ``bias=True``), vgg11 (``bias=True``), resnet20 (``bias=False``), vit
+    (:mod:`fedlmc.models.vit`; norms ``ln``, ``none``); ``bias`` applies to every conv/linear
+    layer. ``norm`` defaults to the model's registered default (``none`` for the MLP, ``bn``
+    for the conv nets, ``ln`` for the ViT). ``ValueError`` on bad input.
     """
     entry = model_entry(name)
     width = _check_width(width)
     num_classes = _check_positive_int("num_classes", num_classes)
     in_shape = _check_in_shape(in_shape)
     norm = entry.default_norm if norm is None else norm
-    if norm not in NORMS:
-        raise ValueError(f"unknown norm {norm!r}; allowed: {', '.join(NORMS)}")
+    if norm not in entry.norms:
+        allowed = ", ".join(entry.norms)
+        raise ValueError(f"unknown norm {norm!r} for model {name!r}; allowed: {allowed}")
     nested = options.pop("options", None) or {}
     resolved = entry.resolve_options({**nested, **options})
     model = entry.build_function()(width, num_classes, in_shape, norm, **resolved)

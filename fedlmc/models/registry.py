@@ -97,6 +97,11 @@ class ModelEntry:
     parameters: Callable[..., int] | str | None = None
     """Its parameter count, called like the builder (see the module docstring); ``None``: not
     declared."""
+    norms: tuple[str, ...] = NORMS
+    """The values of ``norm`` it takes (a subset of :data:`NORMS`)."""
+    mixed_widths: bool = True
+    """Whether a narrow model of it embeds exactly into a wider one, so that clients of
+    different widths can be merged (:mod:`fedlmc.permutation.embed`)."""
 
     def build_function(self) -> Callable[..., Any]:
         """The builder, importing ``"module:attribute"`` / ``"path/file.py:attribute"`` paths on
@@ -136,18 +141,31 @@ def register_model(
     description: str = "",
     plain_chain: bool | None = None,
     parameters: Callable[..., int] | str | None = None,
+    norms: tuple[str, ...] = NORMS,
+    mixed_widths: bool = True,
     replace: bool = False,
 ) -> ModelEntry:
-    """Register an architecture (see the module docstring); returns its entry."""
-    if default_norm not in NORMS:
-        raise ValueError(f"default_norm = {default_norm!r}; allowed: {', '.join(NORMS)}")
+    """Register an architecture (see the module docstring and :class:`ModelEntry`'s fields);
+    returns its entry."""
+    if not norms or any(norm not in NORMS for norm in norms):
+        raise ValueError(f"model {name!r}: norms = {norms!r}; allowed: values of {NORMS}")
+    if default_norm not in norms:
+        raise ValueError(f"default_norm = {default_norm!r}; allowed: {', '.join(norms)}")
     if not (parameters is None or callable(parameters) or is_factory_path(parameters)):
         raise ValueError(
             f"model {name!r}: parameters = {parameters!r}; allowed: a callable, a "
             "'module:function' path or None"
         )
     entry = ModelEntry(
-        name, builder, default_norm, dict(options or {}), description, plain_chain, parameters
+        name,
+        builder,
+        default_norm,
+        dict(options or {}),
+        description,
+        plain_chain,
+        parameters,
+        tuple(norms),
+        mixed_widths,
     )
     _check_public_options(entry)
     return MODELS.add(name, entry, replace=replace)
@@ -328,4 +346,40 @@ register_model(
     description="ResNet-20: 3x3 stem, 3 stages x 3 basic blocks of 16/32/64 (x width), GAP, linear",
     plain_chain=False,
     parameters=sizes.resnet20_parameters,
+)
+register_model(
+    "vit",
+    "fedlmc.models.vit:ViT",
+    default_norm="ln",
+    options={
+        "depth": ModelOption(3, "transformer blocks", minimum=1, public=True),
+        "heads": ModelOption(
+            4,
+            "attention heads at width 1, scaled by width when grow-heads",
+            minimum=1,
+            public=True,
+        ),
+        "head_dim": ModelOption(
+            8,
+            "dimensions per head at width 1, scaled by width unless grow-heads",
+            minimum=1,
+            public=True,
+        ),
+        "grow_heads": ModelOption(
+            True,
+            "width scales the head count (true: the ViT family's rule) or the head dimension",
+            public=True,
+        ),
+        "mlp_ratio": ModelOption(2, "MLP hidden units per embedding dimension", minimum=1),
+        "patch": ModelOption(
+            7, "patch side in pixels, a divisor of the image's sides", minimum=1, public=True
+        ),
+        "bias": ModelOption(True, "bias in the patch embedding and every linear layer"),
+    },
+    description="ViT: patch embedding, class token, position embedding, depth pre-norm blocks "
+    "of heads x head_dim (x width) with an MLP of mlp_ratio x that, LayerNorm, linear head",
+    plain_chain=False,
+    parameters=sizes.vit_parameters,
+    norms=sizes.VIT_NORMS,
+    mixed_widths=False,
 )

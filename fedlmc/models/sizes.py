@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 __all__ = [
     "RESNET20_BLOCKS",
     "RESNET20_STAGES",
     "VGG11_LAYOUT",
+    "ViTLayout",
     "mlp_parameters",
     "resnet20_parameters",
     "scaled",
     "vgg11_parameters",
+    "VIT_NORMS",
+    "vit_layout",
+    "vit_parameters",
 ]
 
 VGG11_LAYOUT = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
@@ -109,3 +114,71 @@ def resnet20_parameters(
             total += conv_block(fan_in, units, 1) if projection else 0
             fan_in = units
     return total + dense_parameters(fan_in, num_classes, bias)
+
+
+class ViTLayout(NamedTuple):
+    """The sizes of a :class:`fedlmc.models.vit.ViT`: heads, dims per head, embedding dim
+    (``heads * head_dim``), MLP hidden units, tokens (patches + the class token)."""
+
+    heads: int
+    head_dim: int
+    dim: int
+    hidden: int
+    tokens: int
+
+
+VIT_NORMS = ("ln", "none")
+"""The norms a ViT takes: LayerNorm, or none (an identity in place of every LayerNorm)."""
+
+
+def vit_layout(
+    width: float,
+    in_shape: Sequence[int],
+    heads: int,
+    head_dim: int,
+    grow_heads: bool,
+    mlp_ratio: int,
+    patch: int,
+) -> ViTLayout:
+    """The ViT's sizes at ``width``: ``scaled(heads, width)`` heads of ``head_dim`` dims
+    (``grow_heads``), else ``heads`` heads of ``scaled(head_dim, width)`` dims; ``ValueError``
+    for a ``patch`` that does not divide the image."""
+    _, height, width_px = in_shape
+    if height % patch or width_px % patch:
+        raise ValueError(
+            f"patch = {patch} does not divide the {height}x{width_px} image; allowed: a "
+            "divisor of both sides"
+        )
+    if grow_heads:
+        heads = scaled(heads, width)
+    else:
+        head_dim = scaled(head_dim, width)
+    dim = heads * head_dim
+    tokens = (height // patch) * (width_px // patch) + 1
+    return ViTLayout(heads, head_dim, dim, mlp_ratio * dim, tokens)
+
+
+def vit_parameters(
+    width: float,
+    num_classes: int,
+    in_shape: Sequence[int],
+    norm: str,
+    *,
+    depth: int,
+    heads: int,
+    head_dim: int,
+    grow_heads: bool,
+    mlp_ratio: int,
+    patch: int,
+    bias: bool,
+) -> int:
+    """:class:`fedlmc.models.vit.ViT`: a ``patch x patch`` conv patch embedding, the class
+    token and position embedding, ``depth`` blocks (two norms, q/k/v/out projections, a
+    two-layer MLP), a final norm and a linear head (:func:`vit_layout` has the sizes)."""
+    layout = vit_layout(width, in_shape, heads, head_dim, grow_heads, mlp_ratio, patch)
+    dim, hidden = layout.dim, layout.hidden
+    embed = conv_parameters(in_shape[0], dim, patch, bias) + dim + layout.tokens * dim
+    block = 2 * norm_parameters(norm, dim) + 4 * dense_parameters(dim, dim, bias)
+    block += dense_parameters(dim, hidden, bias) + dense_parameters(hidden, dim, bias)
+    head = norm_parameters(norm, dim) + dense_parameters(dim, num_classes, bias)
+    return embed + depth * block + head

@@ -21,6 +21,8 @@ permuting every group leaves the model's outputs unchanged.
 The package's modules:
 
 - :mod:`fedlmc.permutation.spec`: :class:`PermutationSpec`, applying and checking it.
+- :mod:`fedlmc.permutation.blocks`: block-structured groups (attention heads moved whole) and
+  their exact joint assignment.
 - :mod:`fedlmc.permutation.model_spec`: :func:`permutation_spec` of a model, own or derived.
 - :mod:`fedlmc.permutation.tracing`: the derivation from a ``torch.fx`` graph.
 - :mod:`fedlmc.permutation.matching`: weight matching, activation matching, MergeMany.

@@ -21,7 +21,10 @@ where :math:`W^{(p)}` is ``W`` with the ``p`` axis moved first and the rest flat
 of the group's previous solve (the matrix changes little from one sweep to the next).
 Groups are visited in a seeded random order; a new assignment is kept only if it raises
 :math:`J` (gains below a relative 1e-5 are recomputed exactly in float64 first); the descent
-stops after a sweep without gain (at most ``max_iter`` sweeps).
+stops after a sweep without gain (at most ``max_iter`` sweeps). The block-structured groups of
+one family (attention heads: :mod:`fedlmc.permutation.blocks`) are one step of the descent:
+their matrices are built as above and their joint optimum, one block order for all of them,
+is found exactly by :func:`fedlmc.permutation.blocks.solve_block_assignment` (no warm start).
 
 Cost of one sweep: :math:`A_p` depends only on the permutations of the groups that share a tensor
 with ``p`` (its *neighbours*), so a group is re-solved only when a neighbour changed since it was
@@ -45,6 +48,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -52,6 +56,7 @@ from torch import Tensor
 
 from fedlmc.permutation.accumulate import accumulate
 from fedlmc.permutation.assignment import WarmStart, solve_assignment
+from fedlmc.permutation.blocks import Blocks, solve_block_assignment
 from fedlmc.permutation.objective import (
     Matching,
     assignment_value,
@@ -296,50 +301,93 @@ kept, so rounding in the float32 products and matrices can never lower the objec
 relative error is orders of magnitude below it)."""
 
 
-def _independent_runs(
-    order: Sequence[str], neighbours: Mapping[str, set[str]], stale
-) -> Iterator[list[str]]:
-    """Split ``order`` into runs of consecutive stale groups that share no tensor.
+Coordinate = tuple[str, ...]
+"""The groups one descent step solves together: one group, or a family of block-structured
+groups (:meth:`fedlmc.permutation.spec.PermutationSpec.coordinates`)."""
 
-    Groups that share no tensor have independent cost matrices, so solving a run at once gives
-    exactly the sequential result. ``stale(group)`` says whether a group needs a solve; it is
-    asked only once every earlier neighbour of the group has been settled.
+
+def _independent_runs(
+    order: Sequence[Coordinate], neighbours: Mapping[Coordinate, set[Coordinate]], stale
+) -> Iterator[list[Coordinate]]:
+    """Split ``order`` into runs of consecutive stale coordinates that share no tensor.
+
+    Coordinates that share no tensor have independent cost matrices, so solving a run at once
+    gives exactly the sequential result. ``stale(coordinate)`` says whether it needs a solve; it
+    is asked only once every earlier neighbour of the coordinate has been settled.
     """
-    run: list[str] = []
-    for group in order:
-        if any(group in neighbours[g] or g in neighbours[group] for g in run):
+    run: list[Coordinate] = []
+    for coordinate in order:
+        if any(coordinate in neighbours[c] or c in neighbours[coordinate] for c in run):
             yield run
             run = []
-        if stale(group):
-            run.append(group)
+        if stale(coordinate):
+            run.append(coordinate)
     if run:
         yield run
 
 
-def _solve_run(
-    run: Sequence[str],
+def _coordinate_neighbours(
+    coordinates: Sequence[Coordinate], neighbours: Mapping[str, set[str]]
+) -> tuple[dict[Coordinate, set[str]], dict[Coordinate, set[Coordinate]]]:
+    """Per coordinate, the groups outside it that share a tensor with one of its groups (whose
+    changes make its matrices stale), and the coordinates those groups belong to."""
+    touching = {c: set().union(*(neighbours[g] for g in c)) - set(c) for c in coordinates}
+    owner = {group: c for c in coordinates for group in c}
+    return touching, {c: {owner[g] for g in touching[c]} for c in coordinates}
+
+
+def _solve_plain(
+    groups: Sequence[str],
     matrix: Callable[[str], Tensor],
-    warm: Mapping[str, WarmStart],
+    warm: dict[str, WarmStart],
     pool: ThreadPoolExecutor | None,
-) -> list[tuple[Tensor, Tensor, WarmStart]]:
-    """``(cost, columns, next warm start)`` of each group of ``run``: :func:`_solve_warm` of
-    ``matrix(group)``.
+) -> list[tuple[Tensor, Tensor]]:
+    """``(cost, columns)`` of each group: :func:`_solve_warm` of ``matrix(group)``; ``warm``
+    gets each group's next warm start.
 
     With a pool the matrices are built one after the other and each is solved in a thread while
     the next is built (the matrix products use the cores the solver leaves; the groups of a run
     share no tensor, so the result is the sequential one).
     """
-    if pool is None or len(run) < 2:
+    if pool is None or len(groups) < 2:
         solved = []
-        for group in run:
+        for group in groups:
             cost = matrix(group)
-            solved.append((cost, *_solve_warm(cost, warm[group])))
+            columns, warm[group] = _solve_warm(cost, warm[group])
+            solved.append((cost, columns))
         return solved
     costs, futures = [], []
-    for group in run:
+    for group in groups:
         costs.append(matrix(group))
         futures.append(pool.submit(_solve_warm, costs[-1], warm[group]))
-    return [(cost, *future.result()) for cost, future in zip(costs, futures, strict=True)]
+    solved = []
+    for group, cost, future in zip(groups, costs, futures, strict=True):
+        columns, warm[group] = future.result()
+        solved.append((cost, columns))
+    return solved
+
+
+def _solve_run(
+    run: Sequence[Coordinate],
+    matrix: Callable[[str], Tensor],
+    warm: dict[str, WarmStart],
+    blocks: Mapping[str, Blocks],
+    pool: ThreadPoolExecutor | None,
+) -> list[list[tuple[str, Tensor, Tensor]]]:
+    """Per coordinate of ``run``, ``(group, cost, columns)`` of each of its groups: a plain
+    group by :func:`_solve_plain`, a family of block-structured groups by the exact
+    :func:`fedlmc.permutation.blocks.solve_block_assignment` of its groups' matrices."""
+    plain = [c[0] for c in run if c[0] not in blocks]
+    solved = dict(zip(plain, _solve_plain(plain, matrix, warm, pool), strict=True))
+    found = []
+    for coordinate in run:
+        if coordinate[0] in solved:
+            found.append([(coordinate[0], *solved[coordinate[0]])])
+            continue
+        costs = [matrix(group) for group in coordinate]
+        columns = solve_block_assignment(costs, blocks[coordinate[0]].size)
+        found.append(list(zip(coordinate, costs, columns, strict=True)))
+    return found
 
 
 def weight_matching(
@@ -377,16 +425,18 @@ def weight_matching(
     perms = {g: start[g].to(matcher.device) for g in groups}
     objective = matching_objective(spec, sd_a, sd_b, perms)
     rng = np.random.default_rng(seed)
+    coordinates = spec.coordinates()
+    touching, neighbours = _coordinate_neighbours(coordinates, matcher.neighbours)
     version = dict.fromkeys(groups, 0)  # bumped whenever a group's permutation changes
-    solved_at: dict[str, dict[str, int] | None] = dict.fromkeys(groups, None)
+    solved_at: dict[Coordinate, dict[str, int] | None] = dict.fromkeys(coordinates, None)
     warm = {g: WarmStart(np.zeros(len(p)), perms[g].cpu().numpy()) for g, p in perms.items()}
 
-    def stale(group: str) -> bool:
-        """Whether a neighbour changed since the last solve (else A_p is unchanged)."""
-        seen = {q: version[q] for q in matcher.neighbours[group]}
-        if solved_at[group] == seen:
+    def stale(coordinate: Coordinate) -> bool:
+        """Whether a neighbour changed since the last solve (else its A_p are unchanged)."""
+        seen = {q: version[q] for q in touching[coordinate]}
+        if solved_at[coordinate] == seen:
             return False
-        solved_at[group] = seen
+        solved_at[coordinate] = seen
         return True
 
     def gain_of(group: str, cost: Tensor, candidate: Tensor) -> float:
@@ -397,19 +447,22 @@ def weight_matching(
             return new - old
         return matcher.exact_gain(group, perms, perms[group], candidate)
 
+    matrix = partial(matcher.matrix, perms=perms)  # A_p for the current permutations
     workers = min(len(groups), os.cpu_count() or 1)
     objectives: list[float] = []
     with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
         for _ in range(max_iter):
             improved = False
-            order = [groups[i] for i in rng.permutation(len(groups))]
-            for run in _independent_runs(order, matcher.neighbours, stale):
-                solved = _solve_run(run, lambda g: matcher.matrix(g, perms), warm, pool)
-                for group, (cost, candidate, warm[group]) in zip(run, solved, strict=True):
-                    gain = gain_of(group, cost, candidate.to(matcher.device))
+            order = [coordinates[i] for i in rng.permutation(len(coordinates))]
+            for run in _independent_runs(order, neighbours, stale):
+                for solved in _solve_run(run, matrix, warm, spec.blocks, pool):
+                    moves = [(g, cost, c.to(matcher.device)) for g, cost, c in solved]
+                    gain = sum(gain_of(g, cost, candidate) for g, cost, candidate in moves)
                     if gain > 0:
-                        perms[group] = candidate.to(matcher.device)
-                        version[group] += 1
+                        for group, _, candidate in moves:
+                            if not torch.equal(candidate, perms[group]):
+                                perms[group] = candidate
+                                version[group] += 1
                         objective += gain
                         improved = True
             objectives.append(objective)

@@ -242,16 +242,24 @@ def embed_state(
     spec (:func:`fedlmc.permutation.permutation_spec`; pass ``spec`` for models that need an
     example input). Returns an :class:`EmbeddedState` (holders and slots attached).
     ``ValueError`` when a key or a non-hidden axis differs, a group is wider than ``wide``'s, the
-    slots are bad, or the model cannot be embedded exactly (:func:`embedding_obstacle`; only
-    when some group actually widens).
+    slots are bad, or the model cannot be embedded exactly (:func:`embedding_obstacle`, or a
+    block-structured group widens: attention heads; only when some group actually widens).
     """
     spec = permutation_spec(wide) if spec is None else spec
     target = wide.state_dict()
     sizes, wide_sizes = _check_shapes(spec, state, target)
-    if widened_groups(sizes, wide_sizes):
+    widened = widened_groups(sizes, wide_sizes)
+    if widened:
         obstacle = embedding_obstacle(wide)
         if obstacle is not None:
             raise ValueError(obstacle)
+    blocked = [group for group in widened if group in spec.blocks]
+    if blocked:
+        raise ValueError(
+            f"cannot embed {_model_label(wide)} into a wider model: group {blocked[0]!r} is "
+            "block-structured (attention heads), and slots of single units split its blocks; "
+            "allowed: models without block-structured groups"
+        )
     chosen = resolve_slots(spec, sizes, wide_sizes, slots, seed=seed)
     embedded, holders = {}, {}
     for key, tensor in state.items():

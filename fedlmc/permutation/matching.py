@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from fedlmc.averaging import LeaveOneOutMean, average, check_compatible, normalised_weights
 from fedlmc.capture import forward_capture
+from fedlmc.permutation.blocks import solve_block_assignment
 from fedlmc.permutation.coordinate_descent import weight_matching
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.objective import (
@@ -104,14 +105,16 @@ class _CrossMoments:
         return cov / (torch.outer(std_a, std_b) + eps)
 
 
-def _channels_last(output: Tensor) -> Tensor:
-    """``(N, C, *spatial)`` -> ``(N * prod(spatial), C)``: each position is a sample."""
-    return output.detach().movedim(1, -1).reshape(-1, output.shape[1])
+def _channels_last(output: Tensor, dim: int = 1) -> Tensor:
+    """``(N, C, *spatial)`` -> ``(N * prod(spatial), C)`` for the units on ``dim`` (1; -1 for
+    ``(N, T, C)`` tokens): each position or token is a sample."""
+    return output.detach().movedim(dim, -1).reshape(-1, output.shape[dim])
 
 
-def _capture(model: nn.Module, names: Mapping[str, str], store: dict[str, Tensor]):
+def _capture(model: nn.Module, spec: PermutationSpec, names: Mapping[str, str], store: dict):
     """:func:`fedlmc.capture.forward_capture` of ``model`` (eval mode) whose hooks write the
-    output of module ``names[group]`` into ``store[group]``."""
+    output of module ``names[group]`` into ``store[group]``, units last
+    (``spec.activation_dims``)."""
     modules = dict(model.named_modules())
     hooks = {}
     for group, name in names.items():
@@ -119,7 +122,7 @@ def _capture(model: nn.Module, names: Mapping[str, str], store: dict[str, Tensor
             raise ValueError(f"activation module {name!r} of group {group!r} not in the model")
 
         def hook(_module, _inputs, output, group=group):
-            store[group] = _channels_last(output)
+            store[group] = _channels_last(output, spec.activation_dims.get(group, 1))
 
         hooks[name] = hook
     return forward_capture(model, hooks)
@@ -137,10 +140,13 @@ def activation_matching(
     r"""Permutations of ``model_b``'s units maximising the summed activation correlation.
 
     For each group the outputs of ``spec.activation_modules[group]`` of both models (eval mode, no
-    gradient) are collected over ``x`` (channel dim 1; spatial positions are samples) and
-    :math:`\max_\pi \sum_i C_{i\pi(i)}` is solved with a linear assignment. Training mode of the
-    models is restored afterwards. ``spec`` defaults to ``permutation_spec(model_a, x[:2])``
-    (derived for models without a hand-written spec). Groups with no activation module (e.g. a
+    gradient) are collected over ``x`` (channel dim 1, or ``spec.activation_dims[group]``;
+    spatial positions and tokens are samples) and :math:`\max_\pi \sum_i C_{i\pi(i)}` is
+    solved with a linear assignment; a family of block-structured groups (attention heads) is
+    solved jointly (:func:`fedlmc.permutation.blocks.solve_block_assignment`), when each of its
+    groups has an activation module. Training mode of the models is restored afterwards.
+    ``spec`` defaults to ``permutation_spec(model_a, x[:2])`` (derived for models without a
+    hand-written spec). Groups with no activation module (e.g. a
     derived group no once-called module returns) are then matched by :func:`weight_matching` of
     those groups alone, on ``model_b`` already permuted by the activation-matched groups.
     """
@@ -151,13 +157,13 @@ def activation_matching(
     spec = spec if spec is not None else permutation_spec(model_a, x[:2])
     sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
     check_pair(spec, sd_a, sd_b)
-    names = {g: m for g, m in spec.activation_modules.items() if g in spec.perm_to_axes}
+    names = _matched_by_activations(spec)
     moments = {group: _CrossMoments() for group in names}
     store_a: dict[str, Tensor] = {}
     store_b: dict[str, Tensor] = {}
     with (
-        _capture(model_a, names, store_a) as forward_a,
-        _capture(model_b, names, store_b) as forward_b,
+        _capture(model_a, spec, names, store_a) as forward_a,
+        _capture(model_b, spec, names, store_b) as forward_b,
     ):
         for start in range(0, len(x), batch_size):
             batch = x[start : start + batch_size]
@@ -166,15 +172,31 @@ def activation_matching(
             for group, stats in moments.items():
                 stats.update(store_a[group], store_b[group].to(store_a[group].device))
     perms, total = {}, 0.0
-    for group in names:
-        corr = moments[group].correlation()
-        perms[group] = solve_max_assignment(corr)
-        total += assignment_value(corr, perms[group].to(corr.device))
+    for groups in spec.coordinates():
+        if groups[0] not in names:
+            continue
+        corrs = [moments[group].correlation() for group in groups]
+        if groups[0] in spec.blocks:
+            found = solve_block_assignment(corrs, spec.blocks[groups[0]].size)
+        else:
+            found = [solve_max_assignment(corrs[0])]
+        for group, corr, perm in zip(groups, corrs, found, strict=True):
+            perms[group] = perm
+            total += assignment_value(corr, perm.to(corr.device))
     rest = [g for g in spec.perm_to_axes if g not in names]
     if rest:
         partly = apply_permutation(spec, perms, sd_b)
         perms.update(weight_matching(restrict_spec(spec, rest), sd_a, partly, seed=seed))
     return Matching({g: perms[g] for g in spec.perm_to_axes}, [total])
+
+
+def _matched_by_activations(spec: PermutationSpec) -> dict[str, str]:
+    """Group -> activation module of the groups activation matching matches by correlation:
+    those with a module, a family of block-structured groups only when each of them has one
+    (else the whole family is weight-matched)."""
+    names = {g: m for g, m in spec.activation_modules.items() if g in spec.perm_to_axes}
+    whole = [c for c in spec.coordinates() if all(g in names for g in c)]
+    return {g: names[g] for c in whole for g in c}
 
 
 # ----------------------------------------------------------------------------- N models

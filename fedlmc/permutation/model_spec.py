@@ -54,13 +54,18 @@ def _config_example(model: nn.Module) -> Tensor | None:
 
 
 def derive_spec(
-    model: nn.Module, example_input: Tensor | tuple[Tensor, ...], *, seed: int = 0
+    model: nn.Module,
+    example_input: Tensor | tuple[Tensor, ...],
+    *,
+    seed: int = 0,
+    declared: PermutationSpec | None = None,
 ) -> PermutationSpec:
-    """The spec of ``model`` derived from its torch.fx graph and checked on ``example_input``.
+    """The spec of ``model`` derived from its torch.fx graph and checked on ``example_input``,
+    with the ``declared`` groups added for what the graph cannot tell (attention heads).
 
     See :func:`fedlmc.permutation.tracing.derive_spec`.
     """
-    return spec_tracing.derive_spec(model, example_input, seed=seed)
+    return spec_tracing.derive_spec(model, example_input, seed=seed, declared=declared)
 
 
 def derive_layer_names(model: nn.Module, example_input: Tensor | tuple[Tensor, ...]) -> list[str]:

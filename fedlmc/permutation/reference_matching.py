@@ -13,10 +13,12 @@ matrix :math:`P_p`: :math:`J = \operatorname{tr}(P_p^\top A_p) + \text{const}` w
 maximising linear assignment of :math:`A_p`. One sweep visits every group in a random order and
 solves its assignment; the descent stops after a sweep in which no group improved :math:`J`.
 
-This is the algorithm as the authors' ``weight_matching`` (github.com/samuela/git-re-basin)
-writes it, on the same :class:`~fedlmc.permutation.spec.PermutationSpec` and with the two
-conventions of :func:`fedlmc.permutation.weight_matching`: BatchNorm running statistics are
-permuted but not scored (:func:`fedlmc.permutation.objective.is_scored`), and a group's new
+A family of block-structured groups (attention heads, :mod:`fedlmc.permutation.blocks`) is
+one step, its groups' joint optimum solved exactly. This is the algorithm as the authors'
+``weight_matching`` (github.com/samuela/git-re-basin) writes it, on the same
+:class:`~fedlmc.permutation.spec.PermutationSpec` and with the two conventions of
+:func:`fedlmc.permutation.weight_matching`: BatchNorm running statistics are permuted but not
+scored (:func:`fedlmc.permutation.objective.is_scored`), and a group's new
 assignment is kept only when it raises :math:`J` (ties keep the current permutation). It
 rebuilds every :math:`A_p` from scratch and solves with scipy: the baseline the optimised
 descent (:mod:`fedlmc.permutation.coordinate_descent`) is tested and benchmarked against; use
@@ -32,6 +34,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from fedlmc.permutation.blocks import solve_block_assignment
 from fedlmc.permutation.objective import Matching, check_max_iter, check_pair, is_scored
 from fedlmc.permutation.objective import matching_objective as objective
 from fedlmc.permutation.spec import PermutationSpec
@@ -90,19 +93,32 @@ def reference_weight_matching(
     max_iter = check_max_iter(max_iter)
     sizes = check_pair(spec, sd_a, sd_b)
     perms = {group: torch.arange(n) for group, n in sizes.items()}
-    groups = list(perms)
+    coordinates = spec.coordinates()
     rng = np.random.default_rng(seed)
     objectives = []
     for _ in range(max_iter):
         improved = False
-        for index in rng.permutation(len(groups)):
-            group = groups[index]
-            cost = cost_matrix(spec, group, sd_a, sd_b, perms, dtype)
-            best = torch.from_numpy(linear_sum_assignment(cost.numpy(), maximize=True)[1])
-            rows = torch.arange(len(best))
-            if cost[rows, best].sum() > cost[rows, perms[group]].sum():
-                perms[group], improved = best, True
+        for index in rng.permutation(len(coordinates)):
+            groups = coordinates[index]
+            costs = [cost_matrix(spec, group, sd_a, sd_b, perms, dtype) for group in groups]
+            best = _best_assignment(spec, groups, costs)
+            rows = torch.arange(len(best[0]))
+            new = sum(cost[rows, cols].sum() for cost, cols in zip(costs, best, strict=True))
+            old = sum(cost[rows, perms[g]].sum() for cost, g in zip(costs, groups, strict=True))
+            if new > old:
+                perms.update(zip(groups, best, strict=True))
+                improved = True
         objectives.append(objective(spec, sd_a, sd_b, perms))
         if not improved:
             break
     return Matching(perms, objectives)
+
+
+def _best_assignment(
+    spec: PermutationSpec, groups: tuple[str, ...], costs: list[Tensor]
+) -> list[Tensor]:
+    """The maximising assignment of one group's matrix (scipy), or the joint block-structured
+    one of a family's (:func:`fedlmc.permutation.blocks.solve_block_assignment`)."""
+    if groups[0] not in spec.blocks:
+        return [torch.from_numpy(linear_sum_assignment(costs[0].numpy(), maximize=True)[1])]
+    return solve_block_assignment(costs, spec.blocks[groups[0]].size)

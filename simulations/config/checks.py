@@ -11,6 +11,7 @@ from typing import Any
 
 from fedlmc.data.catalog import (
     DOWNLOADABLE,
+    IN_SHAPES,
     NUM_CLASSES,
     TRAIN_SIZES,
     is_hf_name,
@@ -21,6 +22,7 @@ from fedlmc.models.registry import (
     is_factory_path,
     model_entry,
     model_names,
+    parameter_count,
     user_factory,
 )
 from fedlmc.simulations.config.derived import (
@@ -29,6 +31,7 @@ from fedlmc.simulations.config.derived import (
     method_list,
     mixed_width_methods,
     mixed_widths,
+    model_options,
     resolved_bias,
     resolved_norm,
     selected_methods,
@@ -133,6 +136,12 @@ def check_widths(config: Mapping[str, Any]) -> None:
         )
     if not mixed_widths(config):
         return
+    if not model_entry(config["model"]).mixed_widths:
+        raise ConfigError(
+            f"client-widths = {config['client-widths']!r} with model {config['model']!r}: a "
+            f"narrow {config['model']} does not embed exactly into a wider one; allowed for "
+            f"mixed widths: {', '.join(e.name for e in MODELS if e.mixed_widths)}"
+        )
     if uses_fedavg(config):
         raise ConfigError(
             f"client-widths = {config['client-widths']!r} with server-width "
@@ -160,6 +169,33 @@ def check_widths(config: Mapping[str, Any]) -> None:
             f"width {server_width(config):g}: a norm across units (LayerNorm, GroupNorm) changes "
             "when a narrow model is embedded in a wider one; allowed for mixed widths: bn, none"
         )
+
+
+def check_model_layout(config: Mapping[str, Any]) -> None:
+    """The model takes the configured norm (its registered ``norms``), and its declared layout
+    fits the data set's images (a ViT's patch divides them): its declared parameter count,
+    computed without torch, raises no ``ValueError``."""
+    entry = model_entry(config["model"])
+    norm = resolved_norm(config)
+    if norm not in entry.norms:
+        raise ConfigError(
+            f"norm = {norm!r}: allowed for model {config['model']!r}: {', '.join(entry.norms)}"
+        )
+    if entry.parameters is None or config["dataset"] not in IN_SHAPES:
+        return
+    try:
+        parameter_count(
+            config["model"],
+            server_width(config),
+            NUM_CLASSES[config["dataset"]],
+            IN_SHAPES[config["dataset"]],
+            norm,
+            **model_options(config),
+        )
+    except ValueError as error:
+        raise ConfigError(
+            f"model = {config['model']!r} on dataset {config['dataset']!r}: {error}"
+        ) from None
 
 
 def check_model_bias(config: Mapping[str, Any]) -> None:

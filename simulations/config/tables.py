@@ -113,7 +113,8 @@ def _literal(value: Any) -> str:
 
 
 def models_table() -> str:
-    """Every registered model: default norm, options (run-config key) and description."""
+    """Every registered model: default norm (and the others it takes), options (run-config
+    key) and description."""
     rows = []
     keys = run_schema()
     for entry in MODELS:
@@ -122,7 +123,9 @@ def models_table() -> str:
             + (f" (`{option_key(name)}`)" if o.public or option_key(name) in keys else "")
             for name, o in entry.options.items()
         )
-        rows.append([f"`{entry.name}`", f"`{entry.default_norm}`", options, entry.description])
+        others = [n for n in entry.norms if n != entry.default_norm]
+        norm = f"`{entry.default_norm}`" + (f" (also {', '.join(others)})" if others else "")
+        rows.append([f"`{entry.name}`", norm, options, entry.description])
     return _table(["model", "default norm", "options (run-config key)", "what"], rows)
 
 

@@ -211,7 +211,10 @@ def _model_option_keys() -> dict[str, Key]:
     keys = {}
     for name, (option, models) in public_options().items():
         check = at_least(option.minimum) if option.minimum is not None else None
-        doc = f"{option.doc} ({', '.join(models)})"
+        docs: dict[str, list[str]] = {}  # each model's own doc, models with one doc together
+        for model in models:
+            docs.setdefault(model_entry(model).options[name].doc, []).append(model)
+        doc = "; ".join(f"{text} ({', '.join(names)})" for text, names in docs.items())
         kind = type(option.default)
         keys[option_key(name)] = Key(kind, option.default, doc, check, applies=_has_option(name))
     return keys

@@ -207,9 +207,14 @@ def json_rows(
     return data, accuracy_methods(data)
 
 
-def mean_of_lists(lists: Sequence[Sequence[float]]) -> np.ndarray:
+def mean_of_lists(lists: Sequence[Sequence[float] | None]) -> np.ndarray:
     """Element-wise mean of equally long lists (the shortest length when they differ), NaN
-    entries left out; NaN where every list has NaN (e.g. a centred cosine of a constant layer)."""
+    entries left out; NaN where every list has NaN (e.g. a centred cosine of a constant layer).
+    Missing lists (``None``: a column the row leaves empty, LEWC's on a residual network) are
+    left out; with none left the mean is empty (nothing to draw)."""
+    lists = [v for v in lists if v is not None]
+    if not lists:
+        return np.zeros(0)
     length = min(len(v) for v in lists)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "Mean of empty slice": all NaN

@@ -140,9 +140,15 @@ def _colours() -> list[str]:
 
 
 def has_depth_study(rows: pd.DataFrame) -> bool:
-    """Whether the depth varies and the plain average has a measured temperature ratio."""
-    return "depth" in varying_keys(rows) and has_values(
-        rows[rows["method"] == "average"], "temperature_ratio_logit_ensemble"
+    """Whether the depth varies and the plain average has a measured temperature ratio and
+    LEWC's prediction of it: a plain chain, whose depth is LEWC's (a residual network, a
+    ResNet or a ViT, has no single depth exponent: ``lewc_undefined_reason``, and its ``depth``
+    counts blocks, not the figure's ``L = depth + 1`` layers)."""
+    plain = rows[rows["method"] == "average"]
+    return (
+        "depth" in varying_keys(rows)
+        and has_values(plain, "temperature_ratio_logit_ensemble")
+        and has_values(plain, "lewc_temperature_ratio")
     )
 
 

@@ -70,6 +70,11 @@ TINY = {"dataset": "mnist5k", "model": "mlp", "depth": 2, "base-hidden": 16, "ep
             {"client-widths": "1,2", "strategy": "aligned", "align": "embed_average", "norm": "ln"},
             "norm = 'ln' with client widths 1,2 and server width 2",
         ),
+        (  # even without a norm: the attention heads do not embed
+            {"client-widths": "1,2", "methods": "embed_average", "model": "vit", "norm": "none"},
+            "client-widths = '1,2' with model 'vit': a narrow vit does not embed exactly into a "
+            "wider one; allowed for mixed widths: mlp, vgg11, resnet20",
+        ),
     ],
 )
 def test_width_keys_are_refused_with_one_line_naming_the_value(values, words):

@@ -19,7 +19,7 @@ from fedlmc.merging.calibrate import (
 )
 from fedlmc.merging.repair import UnitStats
 from fedlmc.models.classifiers import build_model
-from fedlmc.permutation import permutation_spec
+from fedlmc.permutation import permutation_spec, random_permutations
 from fedlmc.simulations.records.training_file import client_epoch_rows
 from fedlmc.strategies import NotEnoughClientsError, OneShotAverage
 from fedlmc.strategies.protocol import (
@@ -322,6 +322,21 @@ def test_align_replies_need_a_valid_permutation_of_every_group():
     )
     with pytest.raises(ScreenError, match="must be integers"):
         screen_align_reply(floats, groups)
+
+
+def test_align_replies_move_attention_heads_as_whole_heads():
+    template = build_model("vit", 0.5, depth=1)  # 2 heads of 8 dims
+    spec = permutation_spec(template)
+    groups = _group_sizes(spec, template)
+    good = random_permutations(spec, template.state_dict(), seed=1)
+    screen_align_reply(permutations_to_content(good, "abc", {}), groups, spec)
+    split = {**good, "blocks.0.attn.qk": torch.arange(16).roll(1)}  # a unit moved across heads
+    with pytest.raises(ScreenError, match="'blocks.0.attn.qk' splits a block of 8"):
+        screen_align_reply(permutations_to_content(split, "abc", {}), groups, spec)
+    swapped = {**good, "blocks.0.attn.vo": torch.arange(16).roll(8)}  # its own head order
+    swapped["blocks.0.attn.qk"] = torch.arange(16)
+    with pytest.raises(ScreenError, match="move the blocks of family"):
+        screen_align_reply(permutations_to_content(swapped, "abc", {}), groups, spec)
 
 
 def test_the_weight_bound_constant_is_documented_in_the_docs():

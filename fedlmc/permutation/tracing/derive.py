@@ -48,13 +48,16 @@ def analyse(model: nn.Module, example_input: Tensor | tuple[Tensor, ...]) -> Ana
     return Analysis(model, gm, recorder.values, walk, outputs)
 
 
-def derived_groups(walk: GraphWalk) -> tuple[dict[str, list[Axis]], dict[str, int]]:
+def derived_groups(
+    walk: GraphWalk, declared: frozenset[Axis] = frozenset()
+) -> tuple[dict[str, list[Axis]], dict[str, int]]:
     """Group name -> ``(key, axis)`` pairs, and group name -> union-find root.
 
     A class becomes a group when it holds at least one state-dict axis of size > 1, touches
     the data flow (an activation axis) and is not poisoned. A group is named after its first
     producer (the module whose output units it permutes). Poisoned classes holding a producer's
-    units give a :class:`SpecDerivationWarning` unless every reason is expected (input/output).
+    units give a :class:`SpecDerivationWarning` unless every reason is expected (input/output)
+    or every state-dict axis of the class is in ``declared`` (a group the caller declares).
     """
     classes = walk.classes
     slot_of = {element: key_axis for key_axis, element in walk.slots.items()}
@@ -69,7 +72,7 @@ def derived_groups(walk: GraphWalk) -> tuple[dict[str, list[Axis]], dict[str, in
         reasons = [reason for e in members for reason in classes.reasons.get(e, [])]
         if reasons:
             loud = list(dict.fromkeys(text for text, is_loud in reasons if is_loud))
-            if loud and units:
+            if loud and units and not set(slots) <= declared:
                 more = f" (and {len(loud) - 1} more reasons)" if len(loud) > 1 else ""
                 warnings.warn(
                     f"derive_spec: the units of {', '.join(units[:3])} are not permuted "
@@ -115,24 +118,43 @@ def activation_modules(analysis: Analysis, roots: dict[str, int]) -> dict[str, s
 
 
 def derive_spec(
-    model: nn.Module, example_input: Tensor | tuple[Tensor, ...], *, seed: int = 0
+    model: nn.Module,
+    example_input: Tensor | tuple[Tensor, ...],
+    *,
+    seed: int = 0,
+    declared: PermutationSpec | None = None,
 ) -> PermutationSpec:
     """The permutation spec of ``model``, derived from its ``torch.fx`` graph and checked.
 
     ``example_input`` is one input batch (a tensor, or a tuple of the forward's positional
     arguments); use random values and a batch of 2 or more, so that no axis of the example
     has size 1 by accident. Groups are named after their first producer module (e.g.
-    ``"layer1.0.conv1"``). Before returning, one seeded random permutation per group is applied
-    and the outputs on ``example_input`` must be unchanged (:func:`check_spec`).
+    ``"layer1.0.conv1"``). ``declared``: groups the caller writes for what the derivation
+    cannot follow (attention heads: :mod:`fedlmc.permutation.blocks`), added to the derived
+    ones with their activation modules and block structure; the units they cover are dropped
+    by the derivation without a warning, and a name or an axis both claim is a ``ValueError``.
+    Before returning, one seeded random permutation per group is applied and the outputs on
+    ``example_input`` must be unchanged (:func:`check_spec`).
 
     ``ValueError`` when the model cannot be traced or run (naming the module or node), or when
     the check fails (naming the group). Groups the derivation cannot permute safely are dropped
     with a :class:`SpecDerivationWarning` (see :mod:`fedlmc.permutation.tracing` for the rules).
     """
     analysis = analyse(model, example_input)
-    groups, roots = derived_groups(analysis.walk)
+    declared = declared or PermutationSpec({}, {}, {})
+    covered = frozenset(axis for axes in declared.perm_to_axes.values() for axis in axes)
+    groups, roots = derived_groups(analysis.walk, covered)
     modules = activation_modules(analysis, roots)
-    spec = spec_from_groups(groups, modules, model.state_dict())
+    twice = sorted(set(groups) & set(declared.perm_to_axes))
+    if twice:
+        raise ValueError(f"declared group {twice[0]!r} is also a derived group's name")
+    spec = spec_from_groups(
+        {**groups, **declared.perm_to_axes},
+        {**modules, **declared.activation_modules},
+        model.state_dict(),
+        blocks=declared.blocks,
+        activation_dims=declared.activation_dims,
+    )
     try:
         check_spec(model, spec, example_input, seed=seed)
     except ValueError as exc:

@@ -15,6 +15,7 @@ from fedlmc.models.classifiers import (
     model_names,
     permutation_spec,
 )
+from fedlmc.models.registry import model_entry
 from fedlmc.permutation import (
     PermutationSpec,
     identity_permutations,
@@ -28,10 +29,13 @@ SMALL = {
     "mlp": {"width": 0.5, "base_hidden": 16},
     "vgg11": {"width": 0.125},
     "resnet20": {"width": 0.25},
+    "vit": {"width": 0.5, "depth": 2, "patch": 4},
 }
 CONV_SHAPES = [(1, 28, 28), (3, 32, 32)]
 
 MODELS = model_names()
+MODEL_NORMS = [(name, norm) for name in MODELS for norm in model_entry(name).norms]
+"""Every registered model with every norm it takes."""
 
 
 def _cases() -> list[tuple[str, str, tuple[int, int, int], dict]]:
@@ -43,6 +47,10 @@ def _cases() -> list[tuple[str, str, tuple[int, int, int], dict]]:
         for name in ("vgg11", "resnet20"):
             for shape in CONV_SHAPES:
                 cases.append((name, norm, shape, {}))
+    for norm in model_entry("vit").norms:
+        for options in ({"bias": True}, {"bias": False, "grow_heads": False, "depth": 1}):
+            for shape in CONV_SHAPES:
+                cases.append(("vit", norm, shape, options))
     cases.append(("vgg11", "bn", (3, 32, 32), {"bias": False}))
     cases.append(("resnet20", "ln", (3, 32, 32), {"bias": True}))
     return cases
@@ -93,8 +101,14 @@ def relative_error(a: Tensor, b: Tensor) -> float:
 
 
 def shifted_permutations(spec: PermutationSpec, state_dict) -> dict[str, Tensor]:
-    """``roll(arange(n), 1)`` per group: never the identity when n >= 2."""
-    return {g: torch.roll(torch.arange(n), 1) for g, n in perm_sizes(spec, state_dict).items()}
+    """``roll(arange(n), 1)`` per group, inside each block of a block-structured group: never
+    the identity when n >= 2 (blocks of 2 or more)."""
+    return {g: shifted(spec, g, n) for g, n in perm_sizes(spec, state_dict).items()}
+
+
+def shifted(spec: PermutationSpec, group: str, n: int) -> Tensor:
+    size = spec.blocks[group].size if group in spec.blocks else n
+    return torch.arange(n).reshape(-1, size).roll(1, dims=1).flatten()
 
 
 def inputs(in_shape, n: int = 6, seed: int = 1) -> Tensor:
@@ -121,8 +135,7 @@ def test_random_permutation_preserves_function(name, norm, in_shape, options):
         assert relative_error(logits_with(model, permuted, x, train=True), reference) < 1e-5
 
 
-@pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize(("name", "norm"), MODEL_NORMS)
 def test_spec_lists_every_hidden_unit_tensor(name, norm):
     bias_options = [{"bias": True}, {"bias": False}]
     for options in bias_options:
@@ -142,8 +155,7 @@ def test_spec_lists_every_hidden_unit_tensor(name, norm):
             assert not torch.equal(shifted[key], state[key]), key
 
 
-@pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("norm", ["bn", "ln"])
+@pytest.mark.parametrize(("name", "norm"), [c for c in MODEL_NORMS if c[1] in ("bn", "ln")])
 def test_omitting_any_axis_breaks_equivalence(name, norm):
     in_shape = (1, 28, 28) if name == "mlp" else (3, 16, 16)
     model = small_model(name, norm, in_shape, bias=True)
@@ -153,11 +165,13 @@ def test_omitting_any_axis_breaks_equivalence(name, norm):
     reference = logits_with(model, state, x)
     fresh = build_model(**model.config).eval()
     for group, axes in spec.perm_to_axes.items():
-        perm = {group: torch.roll(torch.arange(perm_sizes(spec, state)[group]), 1)}
+        perm = {group: shifted(spec, group, perm_sizes(spec, state)[group])}
         with torch.no_grad():
             fresh.load_state_dict(apply_permutation(spec, perm, state))
             assert relative_error(fresh(x), reference) < 1e-5
         for dropped in axes:
+            if dropped[0].endswith("attn.k.bias"):
+                continue  # q . (k + b) - q . k is the same for every key: softmax ignores it
             partial = {**spec.perm_to_axes, group: [a for a in axes if a != dropped]}
             broken = spec_from_groups(partial, spec.activation_modules, state)
             with torch.no_grad():
@@ -181,7 +195,7 @@ def test_stage_streams_share_one_group_in_resnet():
 @pytest.mark.parametrize("name", MODELS)
 def test_activation_modules_carry_their_group_on_dim1(name):
     in_shape = (1, 28, 28)
-    model = small_model(name, "bn", in_shape)
+    model = small_model(name, "bn" if "bn" in model_entry(name).norms else "ln", in_shape)
     state = model.state_dict()
     spec = permutation_spec(model)
     sizes = perm_sizes(spec, state)
@@ -195,7 +209,8 @@ def test_activation_modules_carry_their_group_on_dim1(name):
     for hook in hooks:
         hook.remove()
     for group, module_name in spec.activation_modules.items():
-        assert outputs[module_name].shape[1] == sizes[group]
+        dim = spec.activation_dims.get(group, 1)  # -1: the features of (N, T, D) tokens
+        assert outputs[module_name].shape[dim] == sizes[group]
     assert set(spec.activation_modules) == set(spec.perm_to_axes)
 
 
@@ -267,13 +282,12 @@ def test_unknown_names_list_allowed_values():
         build_model("mlp", norm="batch")
 
 
-@pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize(("name", "norm"), MODEL_NORMS)
 def test_layer_names_resolve_and_last_is_logits(name, norm):
     model = small_model(name, norm)
     modules = dict(model.named_modules())
     assert all(layer in modules for layer in model.layer_names)
-    expected = {"mlp": 3 + 1, "vgg11": 8 + 1, "resnet20": 1 + 9 + 1}[name]
+    expected = {"mlp": 3 + 1, "vgg11": 8 + 1, "resnet20": 1 + 9 + 1, "vit": 2 + 1}[name]
     assert len(model.layer_names) == expected
     outputs: dict[str, Tensor] = {}
     relu_calls: list[nn.Module] = []
@@ -293,7 +307,8 @@ def test_layer_names_resolve_and_last_is_logits(name, norm):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_config_rebuilds_identical_architecture(name):
-    model = build_model(name, 0.25, num_classes=7, in_shape=[3, 32, 32], norm="ln")
+    options = {"patch": 8} if name == "vit" else {}
+    model = build_model(name, 0.25, num_classes=7, in_shape=[3, 32, 32], norm="ln", **options)
     rebuilt = build_model(**model.config)
     assert rebuilt.config == model.config
     shapes = {k: v.shape for k, v in model.state_dict().items()}
@@ -322,9 +337,12 @@ def test_default_norms_and_widths():
 
 @pytest.mark.parametrize("name", MODELS)
 def test_parameter_count_grows_with_width(name):
+    # a ViT grows by whole heads: 0.125 and 0.25 both round to one of its 4 heads
+    vit = name == "vit"
+    widths, options = ((0.25, 0.5, 1.0), {"patch": 8}) if vit else ((0.125, 0.25, 0.5), {})
     counts = [
-        sum(p.numel() for p in build_model(name, w, in_shape=(3, 32, 32)).parameters())
-        for w in (0.125, 0.25, 0.5)
+        sum(p.numel() for p in build_model(name, w, in_shape=(3, 32, 32), **options).parameters())
+        for w in widths
     ]
     assert counts[0] < counts[1] < counts[2]
 

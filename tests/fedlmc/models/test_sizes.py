@@ -22,19 +22,23 @@ def real_count(model: nn.Module) -> int:
 
 
 def option_cases(name: str) -> list[dict]:
-    """Each boolean option flipped, and the MLP's depth and base width changed."""
+    """Each boolean option flipped, and the MLP's depth and base width or the ViT's depth,
+    heads, head dim and MLP ratio changed (the ViT with 4-pixel patches: both shapes)."""
     options = MODELS.get(name).options
-    cases = [{}]
-    cases += [{k: not o.default} for k, o in options.items() if isinstance(o.default, bool)]
-    if "depth" in options:
+    base = {"patch": 4} if "patch" in options else {}
+    cases = [base]
+    cases += [{**base, k: not o.default} for k, o in options.items() if isinstance(o.default, bool)]
+    if "base_hidden" in options:
         cases.append({"depth": 1, "base_hidden": 37})
+    if "heads" in options:
+        cases.append({**base, "depth": 1, "heads": 3, "head_dim": 5, "mlp_ratio": 3})
     return cases
 
 
 @pytest.mark.parametrize("name", [e.name for e in MODELS if e.parameters is not None])
 def test_a_declared_parameter_count_is_the_built_models(name):
     for width in WIDTHS:
-        for norm in ("bn", "ln", "none"):
+        for norm in MODELS.get(name).norms:
             for shape in SHAPES:
                 for options in option_cases(name):
                     with torch.device("meta"):  # shapes only: no memory, no initialisation
@@ -44,7 +48,8 @@ def test_a_declared_parameter_count_is_the_built_models(name):
 
 
 def test_every_built_in_model_declares_its_count():
-    assert all(MODELS.get(name).parameters is not None for name in ("mlp", "vgg11", "resnet20"))
+    builtin = ("mlp", "vgg11", "resnet20", "vit")
+    assert all(MODELS.get(name).parameters is not None for name in builtin)
 
 
 def test_resnet20_count_by_hand():

@@ -136,6 +136,14 @@ def test_norms_across_units_are_refused_with_the_model_and_reason(name, norm):
     assert all(torch.equal(same[k], v) for k, v in large.state_dict().items())
 
 
+def test_attention_heads_are_refused_even_without_a_norm():
+    small = build_model("vit", 0.5, norm="none", depth=1)  # 2 heads of 8 into 4 heads of 8
+    large = build_model("vit", 1.0, norm="none", depth=1)
+    assert embedding_obstacle(large) is None  # no norm across units: the heads refuse it
+    with pytest.raises(ValueError, match=r"group 'blocks\.0\.attn\.qk' is block-structured"):
+        embed_state(small.state_dict(), large)
+
+
 def test_non_hidden_axes_and_too_narrow_servers_are_refused():
     small = build_model("mlp", 0.125, in_shape=FLAT, num_classes=10)
     other = build_model("mlp", 0.25, in_shape=FLAT, num_classes=7)

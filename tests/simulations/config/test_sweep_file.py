@@ -426,7 +426,12 @@ def test_align_takes_registered_aligning_methods_only():
         ({"dataset": "hf:"}, "dataset = 'hf:': allowed: mnist5k"),
         (
             {"model": "no such model"},
-            "model = 'no such model': allowed: mlp, vgg11, resnet20, or a",
+            "model = 'no such model': allowed: mlp, vgg11, resnet20, vit, or a",
+        ),
+        ({"model": "vit", "norm": "bn"}, "norm = 'bn': allowed for model 'vit': ln, none"),
+        (
+            {"model": "vit", "dataset": "cifar10", "data-root": "d"},
+            "model = 'vit' on dataset 'cifar10': patch = 7 does not divide the 32x32 image",
         ),
     ],
 )

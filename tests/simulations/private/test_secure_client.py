@@ -62,3 +62,42 @@ def test_a_heterofl_client_sends_its_held_values_then_its_holder_masks_times_the
     assert float(masks[key][:16, :16].min()) == 8.0 and float(masks[key][16:].max()) == 0.0
     (average,) = sent_for_merge(narrow, server, _config("embed_average"), 1200)
     torch.testing.assert_close(average[key], values[key])
+
+
+def test_a_vit_takes_the_secure_plain_average_path():
+    """A ViT cell validates under SecAgg+, its weights lie in the server's clipping range, each
+    client sends them as trained, and SecAgg+'s arithmetic gives the clear average within the
+    bound (the real round: tests/strategies/test_secure.py, on an MLP)."""
+    from fedlmc.averaging import average
+    from fedlmc.simulations.config import ConfigError, validate_run_config
+    from fedlmc.strategies.secure import (
+        check_in_range,
+        from_secure_arrays,
+        secure_arrays,
+        secure_settings,
+    )
+    from tests.strategies.test_secure import _secagg_arithmetic
+
+    cell = {"model": "vit", "width": 0.5, "depth": 1, "num-clients": 2, "init": "shared"}
+    validate_run_config({**cell, "strategy": "average", "secure-aggregation": "secagg+"})
+    with pytest.raises(ConfigError, match="'average_lewc_bias': model 'vit' is residual"):
+        validate_run_config({**cell, "strategy": "aligned", "align": "average_lewc_bias"})
+    model = build_model("vit", 0.5, depth=1)
+    initial = model.state_dict()
+    settings = secure_settings(initial, 3000)
+    gen = torch.Generator().manual_seed(0)
+    states = [  # two clients trained from the shared initialisation (a step each)
+        {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in initial.items()}
+        for _ in range(2)
+    ]
+    counts = [1800, 1200]
+    sent = []
+    for pid, (state, count) in enumerate(zip(states, counts, strict=True)):
+        (part,) = sent_for_merge(state, model, _config("average"), count)
+        assert part is state
+        check_in_range(part, settings.clipping_range, f"client partition {pid}")
+        sent.append(secure_arrays(part))
+    merged = from_secure_arrays(initial, _secagg_arithmetic(sent, counts, settings))
+    clear = average(states, counts)
+    bound = settings.error_bound(counts)
+    assert max(float((merged[k] - clear[k]).abs().max()) for k in clear) <= bound

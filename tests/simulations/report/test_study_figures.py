@@ -67,3 +67,6 @@ def test_depth_figure_only_when_the_depth_varies(tmp_path):
     both["logit_norm_ratio"] = 0.2
     assert has_depth_study(both)
     assert drawn(both, tmp_path) == {"lewc_scale_vs_depth"}
+    residual = both.assign(lewc_temperature_ratio=float("nan"))  # a ViT's blocks: no LEWC depth
+    assert not has_depth_study(residual)
+    assert drawn(residual, tmp_path / "residual") == set()
