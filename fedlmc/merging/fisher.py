@@ -1,0 +1,236 @@
+r"""Fisher merging (Matena and Raffel, "Merging Models with Fisher-Weighted Averaging", NeurIPS
+2022; in one-shot federated learning: FedFisher, Jhunjhunwala et al., AISTATS 2024).
+
+Each client :math:`i` computes the diagonal **empirical Fisher** of its own model on its own
+training data: over :math:`m_i \le` ``fisher-samples`` of its examples (a seeded subset),
+
+.. math:: F_i[k] = \frac{1}{m_i} \sum_{n=1}^{m_i}
+    \Big(\frac{\partial}{\partial \theta[k]} \log p_{\theta_i}(y_n \mid x_n)\Big)^2
+
+for every parameter entry :math:`k` (:func:`fisher_diagonal`: per-sample gradients by
+``torch.func``, ``vmap`` of ``grad`` over a batch, in one batched pass per chunk). :math:`y_n` is
+the true label (the empirical Fisher, ``labels = "true"``, our default) or a label drawn from the
+model's own predictive distribution (``labels = "sampled"``, seeded: the Monte-Carlo estimate of
+the Fisher Matena and Raffel compute exactly as the expectation over the classes).
+
+The merge normalises each client's Fisher to unit L2 norm over all its entries,
+:math:`\hat F_i = F_i / \|F_i\|_2` (both reference implementations do by default: Matena and
+Raffel's ``normalize_fishers``, FusionBench's ``normalize_fisher_weight``), adds a floor
+:math:`\varepsilon` (FusionBench adds its ``minimal_fisher_weight`` to every Fisher, Matena and
+Raffel floor at their ``fisher_floor``) and averages every entry with those weights,
+
+.. math:: \bar\theta[k] = \frac{\sum_i w_i\, u_i[k]\, \theta_i[k]}{\sum_i w_i\, u_i[k]},
+    \qquad u_i[k] = \frac{\hat F_i[k] + \varepsilon}{1 + \varepsilon},
+
+:math:`w_i` the clients' weights (:func:`fisher_merge`). An entry no client's data moves gets
+the plain weighted average; buffers (BatchNorm statistics: no gradient) have :math:`u = 1`, the
+plain average. :math:`\varepsilon` = :data:`FISHER_EPSILON` is relative to a unit-norm Fisher
+(theirs are absolute, 1e-6 on an un-normalised Fisher); the division :math:`1 + \varepsilon`
+keeps :math:`u \le 1`, which the secure form needs and the ratio does not see.
+
+**Sum form** (secure aggregation). Both sums are sums over clients of what each client computes
+alone: client :math:`i` sends :math:`u_i \odot \theta_i` (within :math:`|\theta_i|`) and
+:math:`c\, u_i` (in :math:`(0, c]`, :math:`c` the clipping range) in one secure round
+(:func:`fisher_parts`); the server divides the two means (:func:`fisher_from_means`). The
+quantisation bound is :func:`fisher_error_bound`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+StateDict = dict[str, Tensor]
+
+__all__ = [
+    "FISHER_EPSILON",
+    "FISHER_LABELS",
+    "FISHER_SAMPLES",
+    "bounded_sample",
+    "fisher_diagonal",
+    "fisher_error_bound",
+    "fisher_from_means",
+    "fisher_merge",
+    "fisher_parts",
+    "fisher_weights",
+]
+
+FISHER_EPSILON = 1e-6
+r"""Default floor :math:`\varepsilon` added to each unit-norm Fisher (``fisher-epsilon``)."""
+FISHER_SAMPLES = 256
+"""Default bound on the examples a client computes its Fisher on (``fisher-samples``;
+FusionBench's ``num_fisher_examples`` default)."""
+FISHER_LABELS = ("true", "sampled")
+"""``true``: the empirical Fisher (the data's labels); ``sampled``: labels drawn from the model's
+predictive distribution (the Fisher's Monte-Carlo estimate)."""
+GRADIENT_BUDGET = 2**26
+"""Per-sample gradient entries one chunk holds at most (256 MiB of float32)."""
+
+
+def bounded_sample(x: Tensor, y: Tensor | None, samples: int, seed: int):
+    """At most ``samples`` examples of ``(x, y)``: all of them when there are that few, else a
+    subset drawn without replacement with ``seed`` (the first examples of a partition may be
+    ordered by class). ``y`` may be ``None`` (inputs only)."""
+    if samples < 1:
+        raise ValueError(f"samples = {samples}: allowed: at least 1")
+    if len(x) <= samples:
+        return x, y
+    generator = torch.Generator().manual_seed(int(seed))
+    index = torch.randperm(len(x), generator=generator)[:samples].sort().values
+    return x[index], (None if y is None else y[index])
+
+
+def _labels(model: nn.Module, x: Tensor, y: Tensor, labels: str, seed: int) -> Tensor:
+    """The labels the log-likelihood is taken of: ``y``, or one draw per input from the
+    model's softmax (seeded)."""
+    if labels not in FISHER_LABELS:
+        raise ValueError(f"labels = {labels!r}: allowed: {', '.join(FISHER_LABELS)}")
+    if labels == "true":
+        return y
+    with torch.no_grad():
+        probs = torch.softmax(model(x).double(), dim=1)
+    generator = torch.Generator().manual_seed(int(seed))
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(y.device)
+
+
+def fisher_diagonal(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    labels: str = "true",
+    seed: int = 0,
+    chunk: int | None = None,
+) -> StateDict:
+    r""":math:`F[k] = \frac1m \sum_n (\partial_k \log p(y_n|x_n))^2` for every parameter of
+    ``model`` (eval mode: BatchNorm uses its running statistics) on the ``m`` examples given, in
+    float32 on the CPU, keyed like ``model.state_dict()``. Per-sample gradients come from
+    ``torch.func.vmap(torch.func.grad(...))`` over chunks of ``chunk`` examples (default: as
+    many as :data:`GRADIENT_BUDGET` entries allow)."""
+    from torch.func import functional_call, grad, vmap
+
+    if len(x) == 0:
+        raise ValueError("the Fisher needs at least one example, got none")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+    size = sum(p.numel() for p in params.values())
+    step = chunk or max(1, GRADIENT_BUDGET // max(size, 1))
+    target = _labels(model, x, y, labels, seed)
+
+    def log_likelihood(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
+        out = functional_call(model, (p, buffers), (xi.unsqueeze(0),))
+        return torch.log_softmax(out, dim=1).squeeze(0).gather(0, yi.reshape(1)).squeeze(0)
+
+    per_sample = vmap(grad(log_likelihood), in_dims=(None, 0, 0))
+    total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
+    for start in range(0, len(x), step):
+        grads = per_sample(params, x[start : start + step], target[start : start + step])
+        for key, g in grads.items():
+            total[key] += g.double().square().sum(dim=0)
+    model.train(was_training)
+    return {k: (v / len(x)).float().cpu() for k, v in total.items()}
+
+
+def fisher_weights(
+    state: Mapping[str, Tensor], fisher: Mapping[str, Tensor], epsilon: float = FISHER_EPSILON
+) -> StateDict:
+    r"""Per floating-point key of ``state``, :math:`u = (\hat F + \varepsilon) / (1 +
+    \varepsilon)` with :math:`\hat F = F / \|F\|_2` (the norm over every entry of ``fisher``;
+    a zero Fisher stays zero), float64; 1 on the keys ``fisher`` lacks (buffers)."""
+    if not epsilon > 0:
+        raise ValueError(f"fisher epsilon = {epsilon}: allowed: > 0")
+    norm = math.sqrt(sum(float(f.double().square().sum()) for f in fisher.values()))
+    scale = 1.0 / norm if norm > 0 else 0.0
+    weights = {}
+    for key, value in state.items():
+        if not value.is_floating_point():
+            continue
+        if key in fisher:
+            normalised = fisher[key].double() * scale
+            weights[key] = (normalised + epsilon) / (1.0 + epsilon)
+        else:
+            weights[key] = torch.ones(value.shape, dtype=torch.float64)
+    return weights
+
+
+def fisher_merge(
+    states: Sequence[Mapping[str, Tensor]],
+    fishers: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float],
+    epsilon: float = FISHER_EPSILON,
+) -> StateDict:
+    r""":math:`\sum_i w_i u_i \theta_i / \sum_i w_i u_i` per entry (see the module docstring),
+    in float64, cast back to each key's dtype; integer buffers as the plain average takes them
+    (their maximum). ``weights`` are normalised here."""
+    from fedlmc.averaging import average, normalised_weights
+
+    if len(states) != len(fishers):
+        raise ValueError(f"{len(states)} client states but {len(fishers)} Fisher diagonals")
+    w = normalised_weights(weights, len(states))
+    merged = average(states, w)
+    u = [fisher_weights(sd, f, epsilon) for sd, f in zip(states, fishers, strict=True)]
+    for key in u[0]:
+        num = sum(wi * ui[key] * sd[key].double() for wi, ui, sd in zip(w, u, states, strict=True))
+        den = sum(wi * ui[key] for wi, ui in zip(w, u, strict=True))
+        merged[key] = (num / den).to(states[0][key].dtype)
+    return merged
+
+
+def fisher_parts(
+    state: Mapping[str, Tensor],
+    fisher: Mapping[str, Tensor],
+    clipping_range: float,
+    epsilon: float = FISHER_EPSILON,
+) -> tuple[StateDict, StateDict]:
+    r"""What one client sends in the secure round: :math:`u \odot \theta` and :math:`c\, u`
+    (floating-point keys, float64), both within :math:`[-c, c]` when :math:`\theta` is."""
+    u = fisher_weights(state, fisher, epsilon)
+    values = {k: u[k] * state[k].double() for k in u}
+    masses = {k: u[k] * clipping_range for k in u}
+    return values, masses
+
+
+def fisher_from_means(
+    values: Mapping[str, Tensor], masses: Mapping[str, Tensor], clipping_range: float
+) -> StateDict:
+    r"""The Fisher merge from the secure means of :func:`fisher_parts`:
+    :math:`c\,\overline{u\theta} / \overline{c\,u}` per entry (float64)."""
+    return {
+        k: clipping_range * values[k].double() / masses[k].double().clamp_min(1e-300)
+        for k in values
+    }
+
+
+def fisher_error_bound(
+    num_clients: int, clipping_range: float, levels: int, total_share: float, epsilon: float
+) -> float:
+    r"""The largest difference of a securely merged value from the clear Fisher merge with
+    :math:`N` clients, clipping range :math:`c`, :math:`Q` levels, :math:`S = \sum_j s_j`:
+
+    .. math::
+
+        |\varepsilon_F| \le \frac{2\delta}{\varepsilon/(1+\varepsilon) - \delta/c},
+        \qquad \delta = \frac{3 N c}{Q S}.
+
+    Each mean the server receives is off by at most :math:`\delta` (one level :math:`2c/Q` per
+    client, and the shares' rounding, as the plain average's bound), the mass mean divided by
+    :math:`c` by :math:`\delta/c`. With :math:`A = \sum_i w_i u_i\theta_i`, :math:`B = \sum_i
+    w_i u_i \ge \varepsilon/(1+\varepsilon)` and :math:`|A/B| \le c` (a convex combination of
+    the clients' values), :math:`|\hat A/\hat B - A/B| \le (|\alpha| + |A/B|\,|\beta|)/(B -
+    |\beta|)`. ``ValueError`` when :math:`\delta/c` reaches the floor (the quantisation could
+    not tell an entry's mass from zero)."""
+    delta = 3.0 * num_clients * clipping_range / (levels * total_share)
+    floor = epsilon / (1.0 + epsilon)
+    if not floor > delta / clipping_range:
+        raise ValueError(
+            f"fisher epsilon {epsilon:g} is below SecAgg+'s resolution {delta / clipping_range:g} "
+            f"for {num_clients} clients and {levels} levels; allowed: a larger epsilon"
+        )
+    return 2.0 * delta / (floor - delta / clipping_range)
