@@ -18,6 +18,10 @@
   :mod:`fedlmc.merging.rescale`; CCA Merge, :mod:`fedlmc.merging.cca`; Preserve-First Merging,
   :mod:`fedlmc.merging.preserve_first`, a model of another architecture registered with
   ``builds_model``), imported here so that they are registered whenever the registry is.
+- :mod:`fedlmc.merging.field_methods`: the methods the model-merging field compares against
+  (Fisher merging, :mod:`fedlmc.merging.fisher`; RegMean, :mod:`fedlmc.merging.regmean`; Task
+  Arithmetic, TIES and DARE, :mod:`fedlmc.merging.task_vectors`; OT fusion,
+  :mod:`fedlmc.merging.ot_fusion`), registered with their options, imported here too.
 
 The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
 :mod:`fedlmc.permutation` (MergeMany averages while it aligns).
@@ -45,3 +49,4 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 # Registers the baselines' methods (no torch at import; imports fedlmc.merging.methods).
 from fedlmc.merging import baselines as _baselines  # noqa: E402, F401
+from fedlmc.merging import field_methods as _field_methods  # noqa: E402, F401

@@ -24,9 +24,10 @@ Raffel floor at their ``fisher_floor``) and averages every entry with those weig
 
 :math:`w_i` the clients' weights (:func:`fisher_merge`). An entry no client's data moves gets
 the plain weighted average; buffers (BatchNorm statistics: no gradient) have :math:`u = 1`, the
-plain average. :math:`\varepsilon` = :data:`FISHER_EPSILON` is relative to a unit-norm Fisher
-(theirs are absolute, 1e-6 on an un-normalised Fisher); the division :math:`1 + \varepsilon`
-keeps :math:`u \le 1`, which the secure form needs and the ratio does not see.
+plain average. :math:`\varepsilon` (``fisher-epsilon``, default 1e-6) is relative to a
+unit-norm Fisher (theirs are absolute, 1e-6 on an un-normalised Fisher); the division
+:math:`1 + \varepsilon` keeps :math:`u \le 1`, which the secure form needs and the ratio does
+not see.
 
 **Sum form** (secure aggregation). Both sums are sums over clients of what each client computes
 alone: client :math:`i` sends :math:`u_i \odot \theta_i` (within :math:`|\theta_i|`) and
@@ -43,13 +44,13 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from fedlmc.merging.field_methods import FISHER_EPSILON, FISHER_LABELS
+
 StateDict = dict[str, Tensor]
 
 __all__ = [
-    "FISHER_EPSILON",
-    "FISHER_LABELS",
-    "FISHER_SAMPLES",
     "bounded_sample",
+    "statistics_seed",
     "fisher_diagonal",
     "fisher_error_bound",
     "fisher_from_means",
@@ -58,16 +59,17 @@ __all__ = [
     "fisher_weights",
 ]
 
-FISHER_EPSILON = 1e-6
-r"""Default floor :math:`\varepsilon` added to each unit-norm Fisher (``fisher-epsilon``)."""
-FISHER_SAMPLES = 256
-"""Default bound on the examples a client computes its Fisher on (``fisher-samples``;
-FusionBench's ``num_fisher_examples`` default)."""
-FISHER_LABELS = ("true", "sampled")
-"""``true``: the empirical Fisher (the data's labels); ``sampled``: labels drawn from the model's
-predictive distribution (the Fisher's Monte-Carlo estimate)."""
 GRADIENT_BUDGET = 2**26
 """Per-sample gradient entries one chunk holds at most (256 MiB of float32)."""
+
+
+def statistics_seed(seed: int, client: int) -> int:
+    """The 31-bit seed of client ``client``'s statistics sample (and sampled labels), derived
+    from ``(seed, client)`` (the ClientApp's per-partition seed of round 0)."""
+    import numpy as np
+
+    entropy = [int(seed), int(client), 0]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] % (2**31 - 1))
 
 
 def bounded_sample(x: Tensor, y: Tensor | None, samples: int, seed: int):
@@ -208,29 +210,24 @@ def fisher_from_means(
     }
 
 
-def fisher_error_bound(
-    num_clients: int, clipping_range: float, levels: int, total_share: float, epsilon: float
-) -> float:
-    r"""The largest difference of a securely merged value from the clear Fisher merge with
-    :math:`N` clients, clipping range :math:`c`, :math:`Q` levels, :math:`S = \sum_j s_j`:
+def fisher_error_bound(entry_error: float, clipping_range: float, epsilon: float) -> float:
+    r"""The largest difference of a securely merged value from the clear Fisher merge when each
+    entry of a secure mean is off by at most :math:`\delta` = ``entry_error`` (:math:`3Nc/(QS)`
+    for :math:`N` clients, clipping range :math:`c`, :math:`Q` levels and summed shares
+    :math:`S`: one level :math:`2c/Q` per client and the shares' rounding, as the plain
+    average's bound):
 
     .. math::
 
-        |\varepsilon_F| \le \frac{2\delta}{\varepsilon/(1+\varepsilon) - \delta/c},
-        \qquad \delta = \frac{3 N c}{Q S}.
+        |\varepsilon_F| \le \frac{2\delta}{\varepsilon/(1+\varepsilon) - \delta/c}.
 
-    Each mean the server receives is off by at most :math:`\delta` (one level :math:`2c/Q` per
-    client, and the shares' rounding, as the plain average's bound), the mass mean divided by
-    :math:`c` by :math:`\delta/c`. With :math:`A = \sum_i w_i u_i\theta_i`, :math:`B = \sum_i
-    w_i u_i \ge \varepsilon/(1+\varepsilon)` and :math:`|A/B| \le c` (a convex combination of
-    the clients' values), :math:`|\hat A/\hat B - A/B| \le (|\alpha| + |A/B|\,|\beta|)/(B -
-    |\beta|)`. ``ValueError`` when :math:`\delta/c` reaches the floor (the quantisation could
-    not tell an entry's mass from zero)."""
-    delta = 3.0 * num_clients * clipping_range / (levels * total_share)
+    The mass mean is sent times :math:`c`, so its own error is :math:`\delta/c`. With
+    :math:`A = \sum_i w_i u_i\theta_i`, :math:`B = \sum_i w_i u_i \ge \varepsilon/(1+
+    \varepsilon)` and :math:`|A/B| \le c` (a convex combination of the clients' values),
+    :math:`|\hat A/\hat B - A/B| \le (|\alpha| + |A/B|\,|\beta|)/(B - |\beta|)`. Infinite when
+    :math:`\delta/c` reaches the floor (the quantisation cannot tell an entry's mass from 0)."""
     floor = epsilon / (1.0 + epsilon)
-    if not floor > delta / clipping_range:
-        raise ValueError(
-            f"fisher epsilon {epsilon:g} is below SecAgg+'s resolution {delta / clipping_range:g} "
-            f"for {num_clients} clients and {levels} levels; allowed: a larger epsilon"
-        )
-    return 2.0 * delta / (floor - delta / clipping_range)
+    resolution = entry_error / clipping_range
+    if not floor > resolution:
+        return math.inf
+    return 2.0 * entry_error / (floor - resolution)

@@ -15,7 +15,7 @@ layer's input already carried into the reference's basis by the previous layer's
 .. math:: \min_{T \ge 0,\ T\mathbf 1 = \mu,\ T^\top \mathbf 1 = \nu} \langle T, C\rangle
     \;(+\,\gamma \max(C) \textstyle\sum T \log T).
 
-:math:`\gamma = 0` (:data:`OT_REG`, ``ot-reg``) is the exact problem (``ot.emd``, their default
+:math:`\gamma = 0` (``ot-reg``, the default) is the exact problem (``ot.emd``, their default
 ``exact``); :math:`\gamma > 0` Sinkhorn's entropic one (``ot.sinkhorn``, log-domain), relative to
 the largest cost. The map into the reference's basis is the barycentric projection
 :math:`M_l = \mathrm{diag}(1/\nu)\, T^\top` (``n_0 x n_i``, rows summing to 1: their
@@ -42,15 +42,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedlmc.merging.field_methods import OT_REG
 from fedlmc.permutation.chain import norm_free_chain
 from fedlmc.permutation.spec import PermutationSpec
 
 StateDict = dict[str, Tensor]
 
-__all__ = ["OT_REG", "fuse_onto", "ot_fusion", "transport_map"]
-
-OT_REG = 0.0
-r"""Default entropic regularisation :math:`\gamma` relative to the largest cost (0: exact)."""
+__all__ = ["fuse_onto", "ot_fusion", "transport_map"]
 
 
 def transport_map(source: Tensor, target: Tensor, reg: float = OT_REG) -> Tensor:

@@ -17,12 +17,12 @@ unweighted sum of per-model mean Grams, as its code and FusionBench compute them
 
 - :math:`\alpha`: the paper's reduction of the non-diagonal entries (their code's
   ``regmean_reduce_nondiag``, FusionBench's ``reduce_non_diagonal_ratio``); the default
-  :data:`REGMEAN_ALPHA` is FusionBench's for CLIP, 0.6 (their code's default leaves :math:`G` as
+  (``regmean-alpha``) is FusionBench's for CLIP, 0.6 (their code's default leaves :math:`G` as
   it is, :math:`\alpha = 1`, which fails whenever a client has fewer samples than a layer has
   inputs: :math:`G` is then singular; FusionBench's base default is 0.1).
-- :math:`\lambda = \rho\,\mathrm{tr}(\sum_i w_i \tilde G_i) / d_{in}` (:data:`REGMEAN_RIDGE`
-  :math:`\rho`, ours): the paper inverts the sum as it is, which fails when an input never varies
-  (a dead unit: a zero row and column); the ridge pulls only such directions to the plain
+- :math:`\lambda = \rho\,\mathrm{tr}(\sum_i w_i \tilde G_i) / d_{in}` (:math:`\rho` = 1e-4,
+  ours): the paper inverts the sum as it is, which fails when an input never varies (a dead
+  unit: a zero row and column); the ridge pulls only such directions to the plain
   average, and makes RegMean of identical clients that client.
 - Layers: every ``nn.Linear`` of the model, the output layer included (the models share their
   label space; the reference code merges every linear module its ``exclude_param_regex``, empty
@@ -45,13 +45,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from fedlmc.merging.field_methods import REGMEAN_ALPHA, REGMEAN_RIDGE
+
 StateDict = dict[str, Tensor]
 
 __all__ = [
-    "REGMEAN_ALPHA",
-    "REGMEAN_RIDGE",
-    "REGMEAN_SAMPLES",
-    "STATISTICS_RANGE",
     "gram_matrices",
     "reduced_gram",
     "regmean_error_bound",
@@ -61,19 +59,6 @@ __all__ = [
     "regmean_parts",
     "regmean_solution",
 ]
-
-REGMEAN_ALPHA = 0.6
-r"""Default :math:`\alpha`, the scale of the Gram matrices' non-diagonal entries
-(``regmean-alpha``)."""
-REGMEAN_RIDGE = 1e-4
-r"""Default relative ridge :math:`\rho` (:math:`\lambda` is :math:`\rho` times the mean
-diagonal of the summed Gram matrix)."""
-REGMEAN_SAMPLES = 256
-"""Default bound on the examples a client computes its Gram matrices on (``regmean-samples``;
-FusionBench's ``num_regmean_examples``)."""
-STATISTICS_RANGE = 64.0
-"""Default :math:`R` (``secagg-statistics-range``): the largest absolute Gram entry (a mean
-product of two layer inputs) a client may send under SecAgg+."""
 
 
 def regmean_layers(model: nn.Module) -> list[str]:

@@ -7,27 +7,27 @@ so :math:`N w_i = 1` at equal counts (the papers' unweighted sums).
 
 - **Task Arithmetic** (Ilharco et al., "Editing Models with Task Arithmetic", ICLR 2023):
   :math:`\theta = \theta_0 + \lambda \sum_i N w_i \tau_i` (:func:`task_arithmetic`). The paper
-  picks :math:`\lambda` on held-out data; the default :data:`TA_SCALING` is FusionBench's
+  picks :math:`\lambda` on held-out data; the default (``ta-scaling``, 0.3) is FusionBench's
   (``scaling_factor``). :math:`\lambda = 1/N` is the plain average.
 - **TIES-Merging** (Yadav et al., NeurIPS 2023; :func:`ties_merge`): (1) *trim*: keep the
-  :data:`TIES_DENSITY` (:math:`k` = 20%) largest-magnitude entries of each :math:`\tau_i`,
+  share :math:`k` (``ties-density``, the paper's 20%) of largest entries of :math:`|\tau_i|`,
   ranked over all its entries together (as their code flattens each task vector), the rest 0;
   (2) *elect*: per entry the sign :math:`\gamma = \mathrm{sgn}(\sum_i N w_i \hat\tau_i)` (the
   sign of the larger total mass); (3) *disjoint merge*: the weighted mean of the trimmed
   entries of that sign, :math:`\tau_m = \sum_{i \in A} w_i \hat\tau_i / \sum_{i \in A} w_i`,
   :math:`A = \{i : \mathrm{sgn}\,\hat\tau_i = \gamma, \hat\tau_i \ne 0\}` (0 when :math:`A` is
-  empty); :math:`\theta = \theta_0 + \lambda \tau_m` with the paper's :math:`\lambda` =
-  :data:`TIES_SCALING` = 1.
+  empty); :math:`\theta = \theta_0 + \lambda \tau_m` with the paper's :math:`\lambda = 1`
+  (``ties-scaling``).
 - **DARE** (Yu et al., "Language Models are Super Mario", ICML 2024; :func:`dare_merge`): each
   entry of :math:`\tau_i` dropped with probability :math:`p` (a Bernoulli mask seeded by the
   merge's seed and the client's index), the survivors rescaled by :math:`1/(1-p)`, then Task
-  Arithmetic of the dropped vectors (DARE's usual companion). Default :math:`p` =
-  :data:`DARE_DROP`, FusionBench's ``sparsity_ratio`` for DARE with Task Arithmetic (the paper
+  Arithmetic of the dropped vectors (DARE's usual companion). Default :math:`p = 0.5`
+  (``dare-drop``), FusionBench's ``sparsity_ratio`` for DARE with Task Arithmetic (the paper
   shows rates up to 0.9 and 0.99 on fine-tuned language models).
 
 Integer buffers (``num_batches_tracked``) are taken as the plain average takes them (their
 maximum). Independently initialised clients have no common :math:`\theta_0`: these merges need
-one given (:data:`NEEDS_BASE`).
+one given (``needs_base``: refused before any work without one).
 """
 
 from __future__ import annotations
@@ -37,34 +37,17 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from fedlmc.merging.field_methods import DARE_DROP, TA_SCALING, TIES_DENSITY, TIES_SCALING
+
 StateDict = dict[str, Tensor]
 
 __all__ = [
-    "DARE_DROP",
-    "NEEDS_BASE",
-    "TA_SCALING",
-    "TIES_DENSITY",
-    "TIES_SCALING",
     "dare_merge",
     "task_arithmetic",
     "task_vectors",
     "ties_merge",
     "trimmed",
 ]
-
-TA_SCALING = 0.3
-r"""Default Task Arithmetic scaling :math:`\lambda` (``ta-scaling``; also DARE's)."""
-TIES_DENSITY = 0.2
-"""Default share of each task vector TIES keeps (``ties-density``; the paper's k = 20%)."""
-TIES_SCALING = 1.0
-r"""Default TIES scaling :math:`\lambda` (``ties-scaling``; the paper's)."""
-DARE_DROP = 0.5
-"""Default DARE drop rate p (``dare-drop``)."""
-NEEDS_BASE = (
-    "a common base model: the clients' shared starting point (init = 'shared', the server's "
-    "initialisation), or base= in merge_states"
-)
-"""What the task-vector merges need, as their refusals say it."""
 
 
 def task_vectors(states: Sequence[Mapping[str, Tensor]], base: Mapping[str, Tensor]):

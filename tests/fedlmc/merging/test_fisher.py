@@ -6,6 +6,8 @@ means give the same merge; the quantisation bound refuses a floor below its reso
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -134,12 +136,11 @@ def test_the_secure_parts_means_give_the_merge_and_lie_in_the_range():
         torch.testing.assert_close(secure[key].float(), clear[key], rtol=1e-6, atol=1e-7)
 
 
-def test_the_error_bound_and_its_refusal_below_the_resolution():
-    bound = fisher_error_bound(2, 8.0, 2**30, 1.0, 1e-6)
+def test_the_error_bound_and_its_infinity_below_the_resolution():
     delta = 3 * 2 * 8.0 / 2**30
+    bound = fisher_error_bound(delta, 8.0, 1e-6)
     assert bound == pytest.approx(2 * delta / (1e-6 / (1 + 1e-6) - delta / 8.0))
-    with pytest.raises(ValueError, match="below SecAgg\\+'s resolution"):
-        fisher_error_bound(8, 8.0, 2**22, 1.0, 1e-6)
+    assert fisher_error_bound(3 * 8 * 8.0 / 2**22, 8.0, 1e-6) == math.inf  # 2^22 levels: too coarse
 
 
 def test_weights_are_at_most_one_and_refuse_a_bad_epsilon():
