@@ -421,13 +421,14 @@ def mixed_width_row(method: str) -> str | None:
     return None if twin is None else twin + method[len(base) :]
 
 
-def study_methods() -> tuple[str, ...]:
+def study_methods(federated: bool = False) -> tuple[str, ...]:
     """Every row a study can report: each merge method raw and with ``_t`` (but those that need
-    the clients, which only a federation's strategy can run), then ``ensemble``."""
+    the clients, unless ``federated``: a study given a federation's clients, the ``compare``
+    strategy's), then ``ensemble``."""
     names = [
         n
         for m in merge_method_names()
-        if not METHODS.get(m).needs_clients
+        if federated or not METHODS.get(m).needs_clients
         for n in (m, m + CALIBRATED_SUFFIX)
     ]
     return (*names, *REFERENCE_METHODS)

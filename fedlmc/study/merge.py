@@ -105,6 +105,7 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
     start = time.perf_counter()
     server_data = context.server_data
     weights = list(context.weights)
+    entry = merge_method(method)
     merged, aligned, info = merge_states(
         method,
         context.template,
@@ -115,9 +116,10 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         device=context.device,
         spec=context.spec,
         options=dict(context.method_options),
+        clients=context.clients if entry.needs_clients else None,
+        base=context.base,
         with_info=True,
     )
-    entry = merge_method(method)
     if entry.template_shaped:
         source = None if server_data is None else ServerData(*server_data)
         finished = post_merge(
