@@ -31,6 +31,10 @@ A client's reply is untrusted input. Every message type has one screen here; eac
   non-negative variance :math:`S_2/n - (S_1/n)^2` (up to rounding).
 - **query.align** (:func:`screen_align_reply`): one integer index array per permutation group of
   the spec, each a permutation of ``0 .. size - 1`` of that group, and a digest string.
+- **query.fisher / query.gram** (:func:`screen_statistics_reply`): exactly the expected tensors
+  (the model's parameters, or one square matrix per layer), each floating, of the expected
+  shape, finite, and non-negative (a Fisher diagonal) or symmetric with a non-negative
+  diagonal (a Gram matrix); a digest string.
 
 **Weight bound** (:class:`WeightBound`, :func:`bounded_shares`). A client's weight in the merge
 is its share of the claimed counts, :math:`s_i = n_i / \sum_j n_j`, capped at :math:`c_i` with
@@ -443,3 +447,35 @@ def screen_align_reply(content: RecordDict, group_sizes: Mapping[str, int]) -> N
         values = np.asarray(array.numpy())
         if values.shape != (size,) or not np.array_equal(np.sort(values), np.arange(size)):
             raise ScreenError(f"permutation of {group!r} is not one of 0 .. {size - 1}")
+
+
+def screen_statistics_reply(
+    content: RecordDict, shapes: Mapping[str, tuple[int, ...]], kind: str
+) -> None:
+    """A ``query.fisher`` (``kind = "fisher"``) or ``query.gram`` (``"gram"``) reply holding the
+    tensors of ``shapes`` (name -> shape); raises :class:`ScreenError`."""
+    arrays = _one(content.array_records, "ArrayRecord")
+    digest = _one(content.config_records, "ConfigRecord").get("state-digest")
+    if not isinstance(digest, str):
+        raise ScreenError("no state-digest string in the reply")
+    expected = {f"stat/{name}" for name in shapes}
+    if set(arrays) != expected:
+        key = sorted(set(arrays) ^ expected)[0]
+        raise ScreenError(f"wrong statistics: key {key!r} is missing or unexpected")
+    for name, shape in shapes.items():
+        array = arrays[f"stat/{name}"]
+        if not np.issubdtype(np.dtype(array.dtype), np.floating):
+            raise ScreenError(f"{name} must be floating, got {array.dtype}")
+        if tuple(array.shape) != tuple(shape):
+            raise ScreenError(f"{name} has shape {tuple(array.shape)}, want {tuple(shape)}")
+        values = np.asarray(array.numpy(), dtype=np.float64)
+        if not np.isfinite(values).all():
+            raise ScreenError(f"non-finite values in {name}")
+        if kind == "fisher" and (values < 0).any():
+            raise ScreenError(f"negative Fisher entries in {name}")
+        scale = 1 + np.abs(values).max(initial=0.0)
+        if kind == "gram" and (
+            np.abs(values - values.T).max(initial=0.0) > VARIANCE_TOLERANCE * scale
+            or (np.diagonal(values) < 0).any()
+        ):
+            raise ScreenError(f"{name} is no Gram matrix (not symmetric, or a negative diagonal)")

@@ -60,8 +60,8 @@ r"""Default floor :math:`\varepsilon` added to each unit-norm Fisher."""
 FISHER_SAMPLES = 256
 """Default bound on the examples a client computes its Fisher on (FusionBench's
 ``num_fisher_examples``)."""
-FISHER_LABELS = ("true", "sampled")
-"""``true``: the empirical Fisher (the data's labels, the default); ``sampled``: labels drawn
+FISHER_LABELS = ("data", "sampled")
+"""``data``: the empirical Fisher (the data's labels, the default); ``sampled``: labels drawn
 from the model's predictive distribution (the Fisher's Monte-Carlo estimate)."""
 REGMEAN_ALPHA = 0.6
 r"""Default :math:`\alpha`, the scale of the Gram matrices' non-diagonal entries (FusionBench's
@@ -115,7 +115,6 @@ CLIENT_STATISTICS_COLUMNS = (
         "sum over the clients of the tensor bytes of what they answered the merge's query, "
         "beside their weights: the Fisher diagonal (`fisher`: one value per parameter) or the "
         "Gram matrices of the linear layers' inputs (`regmean`: in^2 values per layer)",
-        report_table="mechanism",
     ),
 )
 """The column the client-statistics methods fill."""
@@ -127,7 +126,6 @@ OT_COLUMNS = (
         "mean over the clients other than client 0 and their hidden layers of the mean over "
         "client 0's units of `1 - max` of the unit's row of the transport map (0: every map a "
         "permutation, the exact problem at equal widths; towards `1 - 1/n`: units averaged)",
-        report_table="mechanism",
     ),
 )
 """The column ``ot_fusion`` fills."""
@@ -310,7 +308,7 @@ def regmean_merging(job: MergeJob) -> Alignment:
 
 TASK_VECTOR_NOTE = (
     "the clients' weights (DARE: each drops and rescales its own task vector first) summed "
-    "securely, then the server's rescaling about its own initialisation; not built"
+    "securely, then the server's rescaling about its own initialisation"
 )
 
 
@@ -341,7 +339,7 @@ def task_arithmetic_merge(job: MergeJob) -> Alignment:
     on_path=False,
     server_sees="sum",
     secure_note="two secure rounds (the elected signs from the summed trimmed task vectors, "
-    "then the agreeing entries' sums and counts); not built",
+    "then the agreeing entries' sums and counts)",
 )
 def ties_merging(job: MergeJob) -> Alignment:
     """TIES-Merging (:func:`fedlmc.merging.task_vectors.ties_merge`, ``ties_density``,

@@ -9,7 +9,7 @@ training data: over :math:`m_i \le` ``fisher-samples`` of its examples (a seeded
 
 for every parameter entry :math:`k` (:func:`fisher_diagonal`: per-sample gradients by
 ``torch.func``, ``vmap`` of ``grad`` over a batch, in one batched pass per chunk). :math:`y_n` is
-the true label (the empirical Fisher, ``labels = "true"``, our default) or a label drawn from the
+the data's label (the empirical Fisher, ``labels = "data"``, our default) or a label drawn from the
 model's own predictive distribution (``labels = "sampled"``, seeded: the Monte-Carlo estimate of
 the Fisher Matena and Raffel compute exactly as the expectation over the classes).
 
@@ -43,8 +43,6 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
-
-from fedlmc.merging.field_methods import FISHER_EPSILON, FISHER_LABELS
 
 StateDict = dict[str, Tensor]
 
@@ -88,10 +86,10 @@ def bounded_sample(x: Tensor, y: Tensor | None, samples: int, seed: int):
 def _labels(model: nn.Module, x: Tensor, y: Tensor, labels: str, seed: int) -> Tensor:
     """The labels the log-likelihood is taken of: ``y``, or one draw per input from the
     model's softmax (seeded)."""
-    if labels not in FISHER_LABELS:
-        raise ValueError(f"labels = {labels!r}: allowed: {', '.join(FISHER_LABELS)}")
-    if labels == "true":
+    if labels == "data":
         return y
+    if labels != "sampled":
+        raise ValueError(f"labels = {labels!r}: allowed: data, sampled")
     with torch.no_grad():
         probs = torch.softmax(model(x).double(), dim=1)
     generator = torch.Generator().manual_seed(int(seed))
@@ -103,7 +101,7 @@ def fisher_diagonal(
     x: Tensor,
     y: Tensor,
     *,
-    labels: str = "true",
+    labels: str = "data",
     seed: int = 0,
     chunk: int | None = None,
 ) -> StateDict:
@@ -141,7 +139,7 @@ def fisher_diagonal(
 
 
 def fisher_weights(
-    state: Mapping[str, Tensor], fisher: Mapping[str, Tensor], epsilon: float = FISHER_EPSILON
+    state: Mapping[str, Tensor], fisher: Mapping[str, Tensor], epsilon: float
 ) -> StateDict:
     r"""Per floating-point key of ``state``, :math:`u = (\hat F + \varepsilon) / (1 +
     \varepsilon)` with :math:`\hat F = F / \|F\|_2` (the norm over every entry of ``fisher``;
@@ -166,7 +164,7 @@ def fisher_merge(
     states: Sequence[Mapping[str, Tensor]],
     fishers: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
-    epsilon: float = FISHER_EPSILON,
+    epsilon: float,
 ) -> StateDict:
     r""":math:`\sum_i w_i u_i \theta_i / \sum_i w_i u_i` per entry (see the module docstring),
     in float64, cast back to each key's dtype; integer buffers as the plain average takes them
@@ -189,7 +187,7 @@ def fisher_parts(
     state: Mapping[str, Tensor],
     fisher: Mapping[str, Tensor],
     clipping_range: float,
-    epsilon: float = FISHER_EPSILON,
+    epsilon: float,
 ) -> tuple[StateDict, StateDict]:
     r"""What one client sends in the secure round: :math:`u \odot \theta` and :math:`c\, u`
     (floating-point keys, float64), both within :math:`[-c, c]` when :math:`\theta` is."""

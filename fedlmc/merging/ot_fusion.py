@@ -42,7 +42,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlmc.merging.field_methods import OT_REG
 from fedlmc.permutation.chain import norm_free_chain
 from fedlmc.permutation.spec import PermutationSpec
 
@@ -51,7 +50,7 @@ StateDict = dict[str, Tensor]
 __all__ = ["fuse_onto", "ot_fusion", "transport_map"]
 
 
-def transport_map(source: Tensor, target: Tensor, reg: float = OT_REG) -> Tensor:
+def transport_map(source: Tensor, target: Tensor, reg: float = 0.0) -> Tensor:
     r""":math:`M = \mathrm{diag}(1/\nu) T^\top` (``n_target x n_source``, float64) of the optimal
     plan between the rows of ``source`` and of ``target`` (units x features) under the
     Euclidean cost and uniform marginals (see the module docstring)."""
@@ -87,7 +86,7 @@ def fuse_onto(
     state: Mapping[str, Tensor],
     reference: Mapping[str, Tensor],
     layers: Sequence[str],
-    reg: float = OT_REG,
+    reg: float = 0.0,
 ) -> tuple[StateDict, list[Tensor]]:
     """``state`` carried into ``reference``'s basis along the chain ``layers`` (input to output)
     and the maps of its hidden layers (see the module docstring)."""
@@ -114,7 +113,7 @@ def fuse_onto(
 
 
 def ot_fusion(
-    spec: PermutationSpec, states: Sequence[Mapping[str, Tensor]], reg: float = OT_REG
+    spec: PermutationSpec, states: Sequence[Mapping[str, Tensor]], reg: float = 0.0
 ) -> tuple[list[StateDict], float]:
     """Every state in client 0's basis (client 0 unchanged) and ``ot_map_softness``, the mean
     over clients 1.. and hidden layers of the mean over the reference's units of

@@ -45,8 +45,6 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from fedlmc.merging.field_methods import REGMEAN_ALPHA, REGMEAN_RIDGE
-
 StateDict = dict[str, Tensor]
 
 __all__ = [
@@ -99,7 +97,7 @@ def reduced_gram(gram: Tensor, alpha: float) -> Tensor:
 
 
 def regmean_solution(
-    gram_sum: Tensor, product_sum: Tensor, weight_sum: Tensor, ridge: float = REGMEAN_RIDGE
+    gram_sum: Tensor, product_sum: Tensor, weight_sum: Tensor, ridge: float
 ) -> Tensor:
     r"""The merged weight (``out x in``) from :math:`\sum_i w_i \tilde G_i` (``gram_sum``),
     :math:`\sum_i w_i \tilde G_i W_i^\top` (``product_sum``) and :math:`\sum_i w_i W_i^\top`
@@ -119,8 +117,8 @@ def regmean_merge(
     states: Sequence[Mapping[str, Tensor]],
     grams: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
-    alpha: float = REGMEAN_ALPHA,
-    ridge: float = REGMEAN_RIDGE,
+    alpha: float,
+    ridge: float,
 ) -> StateDict:
     """RegMean of ``states`` (see the module docstring): every layer of ``grams`` (client ->
     layer -> Gram matrix) solved, every other key the plain weighted average."""
@@ -166,7 +164,7 @@ def regmean_from_means(
     grams: Mapping[str, Tensor],
     products: Mapping[str, Tensor],
     scale: float,
-    ridge: float = REGMEAN_RIDGE,
+    ridge: float,
 ) -> StateDict:
     """The RegMean merge from the secure means of :func:`regmean_parts` (float64): each layer
     solved, every other key the mean of the weights."""
@@ -184,7 +182,7 @@ def regmean_error_bound(
     merged: Mapping[str, Tensor],
     delta_weights: float,
     delta_statistics: float,
-    ridge: float = REGMEAN_RIDGE,
+    ridge: float,
 ) -> float:
     r"""A bound on the largest difference of a securely merged RegMean weight from the clear
     rule, from what the server holds after the round: the summed Gram matrices ``grams`` (in

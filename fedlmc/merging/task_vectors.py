@@ -37,8 +37,6 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from fedlmc.merging.field_methods import DARE_DROP, TA_SCALING, TIES_DENSITY, TIES_SCALING
-
 StateDict = dict[str, Tensor]
 
 __all__ = [
@@ -92,7 +90,7 @@ def task_arithmetic(
     states: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     base: Mapping[str, Tensor],
-    scaling: float = TA_SCALING,
+    scaling: float,
 ) -> StateDict:
     r""":math:`\theta_0 + \lambda \sum_i N w_i \tau_i` (``weights`` normalised here)."""
     from fedlmc.averaging import normalised_weights
@@ -117,8 +115,8 @@ def ties_merge(
     states: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     base: Mapping[str, Tensor],
-    density: float = TIES_DENSITY,
-    scaling: float = TIES_SCALING,
+    density: float,
+    scaling: float,
 ) -> StateDict:
     r"""TIES-Merging: trim, elect the sign, disjoint weighted mean, :math:`\theta_0 + \lambda
     \tau_m` (see the module docstring)."""
@@ -142,8 +140,8 @@ def dare_merge(
     states: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     base: Mapping[str, Tensor],
-    drop: float = DARE_DROP,
-    scaling: float = TA_SCALING,
+    drop: float,
+    scaling: float,
     seed: int = 0,
 ) -> StateDict:
     r"""DARE then Task Arithmetic: each client's :math:`\tau_i` with every entry kept with

@@ -210,6 +210,8 @@ def _base_columns(context: StudyContext, baseline: ClientBaseline, method: str) 
     pred = Predictions.of(merged.model, context.splits, context.device)
     metrics = pred.metrics(context.splits.test[1])
     columns: dict[str, Any] = {"merge_seconds": merged.seconds, **merged.info}
+    if merged.query_rounds:  # the federation adds its collecting round's (the ServerApp)
+        columns.update(rounds=merged.query_rounds, bytes_sent_by_clients=merged.query_bytes)
     columns["merged_parameters_ratio"] = parameters_ratio(merged, context.template)
     columns.update(gap_columns(baseline.endpoints, metrics))
     columns.update(agreement_columns(baseline.top1, pred.test.argmax(dim=1)))

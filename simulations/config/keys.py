@@ -22,6 +22,7 @@ from fedlmc.simulations.config.derived import (
     uses_fedavg,
 )
 from fedlmc.simulations.config.dp import DP_MODES, DP_OFF, is_dp
+from fedlmc.simulations.config.field_keys import field_method_keys
 from fedlmc.simulations.config.schema import (
     Key,
     Rule,
@@ -188,6 +189,7 @@ def declared_keys() -> dict[str, Key]:
             at_least(0.0),
             applies=Rule("the `auto` method runs", lambda c: "auto" in selected_methods(c)),
         ),
+        **field_method_keys(),
         "calibration": named(
             str,
             "server",

@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from fedlmc.merging.clients import LocalClients
-from fedlmc.merging.field_methods import FISHER_SUMS, REGMEAN_SUMS
+from fedlmc.merging.field_methods import (
+    FISHER_EPSILON,
+    FISHER_LABELS,
+    FISHER_SUMS,
+    REGMEAN_ALPHA,
+    REGMEAN_RIDGE,
+    REGMEAN_SUMS,
+    TA_SCALING,
+)
 from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, fisher_merge, statistics_seed
 from fedlmc.merging.method_registry import register_method
 from fedlmc.merging.methods import merge_method, merge_states
@@ -62,7 +70,7 @@ def test_fisher_through_merge_states_is_the_rule_on_each_clients_own_fisher():
     for i, (model, (x, y)) in enumerate(zip(models, data, strict=True)):
         xs, ys = bounded_sample(x, y, 40, statistics_seed(5, i))
         fishers.append(fisher_diagonal(model, xs, ys))
-    expected = fisher_merge(states, fishers, [1, 2, 3])
+    expected = fisher_merge(states, fishers, [1, 2, 3], FISHER_EPSILON)
     for key in expected:
         torch.testing.assert_close(merged[key], expected[key])
     parameters = sum(p.numel() for p in models[0].parameters())
@@ -77,7 +85,7 @@ def test_regmean_through_merge_states_is_the_rule_on_each_clients_own_grams():
         gram_matrices(m, bounded_sample(x, None, 50, statistics_seed(5, i))[0], layers)
         for i, (m, (x, _)) in enumerate(zip(models, data, strict=True))
     ]
-    expected = regmean_merge(states, grams, [1, 1, 1])
+    expected = regmean_merge(states, grams, [1, 1, 1], REGMEAN_ALPHA, REGMEAN_RIDGE)
     for key in expected:
         torch.testing.assert_close(merged[key], expected[key])
     sizes = sum(models[0].state_dict()[f"{n}.weight"].shape[1] ** 2 for n in layers)
@@ -101,7 +109,7 @@ def test_a_client_whose_answer_was_dropped_is_left_out():
         0
     ]
     found = local.fisher_diagonals()
-    expected = fisher_merge([states[0], states[2]], [found[0], found[2]], [1, 3])
+    expected = fisher_merge([states[0], states[2]], [found[0], found[2]], [1, 3], FISHER_EPSILON)
     for key in expected:
         torch.testing.assert_close(merged[key], expected[key])
 
@@ -117,7 +125,7 @@ def test_the_client_methods_and_the_task_vectors_are_refused_without_what_they_n
             merge_states(method, models[0], states)
     base = models[0].state_dict()
     merged, _ = merge_states("task_arithmetic", models[0], states, base=base)
-    expected = task_arithmetic(states, [1, 1], base)
+    expected = task_arithmetic(states, [1, 1], base, TA_SCALING)
     assert all(torch.equal(merged[k], expected[k]) for k in expected)
     norm = [_model(0, "ln"), _model(1, "ln")]
     with pytest.raises(ValueError, match="ot_fusion: model 'MLP' is not supported"):
@@ -168,10 +176,19 @@ def test_a_gram_entry_beyond_the_statistics_range_is_refused_naming_the_layer():
         REGMEAN_SUMS.client_parts(models[0], data[0], options)
 
 
+def test_the_declared_fisher_labels_are_the_ones_the_fisher_takes():
+    models, _, data, _ = _clients(1)
+    x, y = data[0]
+    found = [fisher_diagonal(models[0], x[:8], y[:8], labels=labels) for labels in FISHER_LABELS]
+    assert len(found) == 2 and not torch.equal(
+        found[0]["classifier.weight"], found[1]["classifier.weight"]
+    )
+
+
 def test_the_registry_runs_the_secure_forms_and_refuses_a_misdeclared_one():
     assert merge_method("fisher").runs_securely and merge_method("regmean").runs_securely
     assert merge_method("fisher").secure_sums is FISHER_SUMS
     assert not merge_method("task_arithmetic").runs_securely
-    assert "not built" in merge_method("ties").secure_note
+    assert "two secure rounds" in merge_method("ties").secure_note
     with pytest.raises(ValueError, match="secure_sums with server_sees = 'each model'"):
         register_method("bad_sums", description="x", secure_sums=SecureSums(len, len, len))

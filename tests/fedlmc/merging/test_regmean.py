@@ -92,7 +92,7 @@ def test_identical_clients_give_that_client_even_with_a_dead_input():
     state = {"fc.weight": torch.as_tensor(w)}
     gram = {"fc": torch.as_tensor(x.T @ x / 20)}
     for alpha in (1.0, 0.6):
-        merged = regmean_merge([state, state], [gram, gram], [1, 2], alpha=alpha)
+        merged = regmean_merge([state, state], [gram, gram], [1, 2], alpha=alpha, ridge=1e-4)
         torch.testing.assert_close(merged["fc.weight"], state["fc.weight"], rtol=1e-7, atol=1e-9)
 
 
@@ -113,8 +113,8 @@ def test_the_secure_parts_means_give_the_merge_and_the_bound_covers_their_error(
         {k: sum(s * p[j][k] for s, p in zip(shares, parts, strict=True)) for k in parts[0][j]}
         for j in range(3)
     ]
-    secure = regmean_from_means(*means, scale)
-    clear = regmean_merge(states, grams, shares, alpha=alpha)
+    secure = regmean_from_means(*means, scale, 1e-4)
+    clear = regmean_merge(states, grams, shares, alpha=alpha, ridge=1e-4)
     for key in clear:
         torch.testing.assert_close(secure[key], clear[key].double(), rtol=1e-9, atol=1e-12)
     # each secure mean off by at most delta (in its own units): the merge moves less than the bound
@@ -124,8 +124,8 @@ def test_the_secure_parts_means_give_the_merge_and_the_bound_covers_their_error(
         {k: v + torch.as_tensor(rng.uniform(-1, 1, v.shape)) * d for k, v in m.items()}
         for m, d in zip(means, [delta_w, delta_s * scale, delta_s * scale], strict=True)
     ]
-    moved = regmean_from_means(*noisy, scale)
+    moved = regmean_from_means(*noisy, scale, 1e-4)
     gap = max(float((moved[k] - secure[k]).abs().max()) for k in secure)
     summed = {"fc": means[1]["fc"] / scale}
-    bound = regmean_error_bound(summed, moved, delta_w, delta_s)
+    bound = regmean_error_bound(summed, moved, delta_w, delta_s, 1e-4)
     assert 0 < gap <= bound < 1e-3

@@ -64,9 +64,9 @@ def test_dare_drops_with_rate_p_rescales_and_is_seeded():
     none = dare_merge(states, [1, 1], big, drop=0.0, scaling=0.3)
     torch.testing.assert_close(none["w"], task_arithmetic(states, [1, 1], big, 0.3)["w"])
     with pytest.raises(ValueError, match="dare drop = 1"):
-        dare_merge(states, [1, 1], big, drop=1.0)
+        dare_merge(states, [1, 1], big, drop=1.0, scaling=0.3)
 
 
 def test_a_base_that_does_not_fit_is_refused_naming_the_key():
     with pytest.raises(ValueError, match="base model: key 'w' is missing or has another shape"):
-        task_arithmetic(_states([0.0] * 4, [0.0] * 4), [1, 1], {"w": torch.zeros(3)})
+        task_arithmetic(_states([0.0] * 4, [0.0] * 4), [1, 1], {"w": torch.zeros(3)}, 0.3)
