@@ -13,6 +13,13 @@ splits the unmasked weighted mean by the parts' shapes and merges
 (``SecureSums.merge``). The server holds the means only: never one client's weights, Fisher
 diagonal or Gram matrix.
 
+**Weight range.** A value the quantisation rounds is off by up to a level of the clipping range
+:math:`c` (at least 8 by the clipping rule), while trained weights are far smaller; the Fisher
+values are sent scaled by :math:`c/b`, :math:`b` the weight range (:func:`weight_range`: the
+smallest power of two at least 8 times the initial model's largest absolute value, at most
+:math:`c`; :math:`c` itself when ``secagg-clipping-range`` is set), which each client checks
+its weights against (refusing, naming the key and the value, beyond it).
+
 **Quantisation.** A ratio or a solve of sums amplifies the means' quantisation error (an entry
 whose Fisher mass is the floor :math:`\varepsilon` divides by it), so these rounds use the finest
 quantisation Flower's SecAgg+ takes for :math:`N` clients (:func:`finest_levels`): the sum of
@@ -45,15 +52,36 @@ from fedlmc.strategies.secure import (
 )
 
 __all__ = [
+    "WEIGHT_HEADROOM",
+    "WEIGHT_RANGE_KEY",
     "SecureSumsResult",
     "fine_settings",
     "finest_levels",
     "secure_sums_merge",
     "split_parts",
+    "weight_range",
 ]
 
 MAX_LEVELS = 2**30
 """The largest quantisation range a client's values stay below ``int32`` with."""
+
+
+WEIGHT_HEADROOM = 8.0
+"""The weight range's headroom over the initial model's largest absolute value (trained MLPs
+here reach 3 to 7 times it)."""
+WEIGHT_RANGE_KEY = "secagg-weight-range"
+"""The fit-config entry a secure round of several sums adds: the weight range :math:`b`."""
+
+
+def weight_range(initial: Mapping[str, torch.Tensor], clipping_range: float, fixed: bool) -> float:
+    """:math:`b`: the clipping range when it was ``fixed`` (``secagg-clipping-range`` set), else
+    the smallest power of two at least :data:`WEIGHT_HEADROOM` times ``initial``'s largest
+    absolute floating-point value, at most the clipping range."""
+    if fixed:
+        return float(clipping_range)
+    largest = max((float(initial[k].abs().max()) for k in float_keys(initial)), default=0.0)
+    needed = max(WEIGHT_HEADROOM * largest, 2.0**-20)
+    return float(min(clipping_range, 2.0 ** math.ceil(math.log2(needed))))
 
 
 def finest_levels(num_clients: int) -> int:
@@ -117,6 +145,7 @@ def secure_sums_merge(
     total = sum(settings.share(n) for n in found.num_examples)
     ranges = {
         "clipping_range": settings.clipping_range,
+        "weight_range": float(fit_config[WEIGHT_RANGE_KEY]),
         "statistics_range": float(options["statistics_range"]),
         "entry_error": settings.exponent_error_bound(found.num_examples, 0),
         "total_share": total,

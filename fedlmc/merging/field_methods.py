@@ -173,7 +173,8 @@ def fisher_client_parts(
     fisher = fisher_diagonal(model, x, y, labels=option(options, "fisher_labels"), seed=seed)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     eps = float(option(options, "fisher_epsilon"))
-    return list(fisher_parts(state, fisher, float(options["clipping_range"]), eps))
+    c = float(options["clipping_range"])
+    return list(fisher_parts(state, fisher, c, eps, float(options.get("weight_range", c))))
 
 
 def fisher_secure_merge(
@@ -184,9 +185,10 @@ def fisher_secure_merge(
     from fedlmc.merging.fisher import fisher_error_bound, fisher_from_means
 
     c = float(options["clipping_range"])
-    merged = fisher_from_means(means[0], means[1], c)
+    bound = float(options.get("weight_range", c))
+    merged = fisher_from_means(means[0], means[1], c, bound)
     eps = float(option(options, "fisher_epsilon"))
-    return merged, fisher_error_bound(float(options["entry_error"]), c, eps)
+    return merged, fisher_error_bound(float(options["entry_error"]), c, eps, bound)
 
 
 FISHER_SUMS = SecureSums(fisher_part_shapes, fisher_client_parts, fisher_secure_merge)

@@ -188,44 +188,63 @@ def fisher_parts(
     fisher: Mapping[str, Tensor],
     clipping_range: float,
     epsilon: float,
+    weight_range: float | None = None,
 ) -> tuple[StateDict, StateDict]:
-    r"""What one client sends in the secure round: :math:`u \odot \theta` and :math:`c\, u`
-    (floating-point keys, float64), both within :math:`[-c, c]` when :math:`\theta` is."""
+    r"""What one client sends in the secure round: :math:`u \odot \theta \cdot c/b` and
+    :math:`c\, u` (floating-point keys, float64), both within :math:`[-c, c]`: :math:`b` =
+    ``weight_range`` (default :math:`c`) bounds the weights, so the values use the whole
+    clipping range (the quantisation's resolution relative to the weights is :math:`c/b` times
+    finer). ``ValueError`` naming the key and the value when a weight lies beyond :math:`b`."""
+    bound = clipping_range if weight_range is None else float(weight_range)
     u = fisher_weights(state, fisher, epsilon)
-    values = {k: u[k] * state[k].double() for k in u}
+    for key in u:
+        largest = float(state[key].abs().max()) if state[key].numel() else 0.0
+        if not largest <= bound:
+            raise ValueError(
+                f"{key!r} holds {largest:.6g}, beyond the weight range {bound:g} of the secure "
+                "Fisher merge (8x the initial model's largest |weight|); allowed: |weight| <= "
+                f"{bound:g}, or secagg-clipping-range set (it then bounds the weights)"
+            )
+    values = {k: u[k] * state[k].double() * (clipping_range / bound) for k in u}
     masses = {k: u[k] * clipping_range for k in u}
     return values, masses
 
 
 def fisher_from_means(
-    values: Mapping[str, Tensor], masses: Mapping[str, Tensor], clipping_range: float
+    values: Mapping[str, Tensor],
+    masses: Mapping[str, Tensor],
+    clipping_range: float,
+    weight_range: float | None = None,
 ) -> StateDict:
     r"""The Fisher merge from the secure means of :func:`fisher_parts`:
-    :math:`c\,\overline{u\theta} / \overline{c\,u}` per entry (float64)."""
-    return {
-        k: clipping_range * values[k].double() / masses[k].double().clamp_min(1e-300)
-        for k in values
-    }
+    :math:`b\,\overline{u\theta c/b} / \overline{c\,u}` per entry (float64)."""
+    bound = clipping_range if weight_range is None else float(weight_range)
+    return {k: bound * values[k].double() / masses[k].double().clamp_min(1e-300) for k in values}
 
 
-def fisher_error_bound(entry_error: float, clipping_range: float, epsilon: float) -> float:
+def fisher_error_bound(
+    entry_error: float, clipping_range: float, epsilon: float, weight_range: float | None = None
+) -> float:
     r"""The largest difference of a securely merged value from the clear Fisher merge when each
     entry of a secure mean is off by at most :math:`\delta` = ``entry_error`` (:math:`3Nc/(QS)`
     for :math:`N` clients, clipping range :math:`c`, :math:`Q` levels and summed shares
     :math:`S`: one level :math:`2c/Q` per client and the shares' rounding, as the plain
-    average's bound):
+    average's bound), the weights within :math:`b` = ``weight_range`` (default :math:`c`):
 
     .. math::
 
-        |\varepsilon_F| \le \frac{2\delta}{\varepsilon/(1+\varepsilon) - \delta/c}.
+        |\varepsilon_F| \le \frac{2\,\delta\, b/c}{\varepsilon/(1+\varepsilon) - \delta/c}.
 
-    The mass mean is sent times :math:`c`, so its own error is :math:`\delta/c`. With
-    :math:`A = \sum_i w_i u_i\theta_i`, :math:`B = \sum_i w_i u_i \ge \varepsilon/(1+
-    \varepsilon)` and :math:`|A/B| \le c` (a convex combination of the clients' values),
-    :math:`|\hat A/\hat B - A/B| \le (|\alpha| + |A/B|\,|\beta|)/(B - |\beta|)`. Infinite when
-    :math:`\delta/c` reaches the floor (the quantisation cannot tell an entry's mass from 0)."""
+    The values are sent times :math:`c/b` and the masses times :math:`c`, so their means, in
+    their own units, are off by :math:`|\alpha| \le \delta b/c` and :math:`|\beta| \le
+    \delta/c`. With :math:`A = \sum_i w_i u_i\theta_i`, :math:`B = \sum_i w_i u_i \ge
+    \varepsilon/(1+\varepsilon)` and :math:`|A/B| \le b` (a convex combination of the clients'
+    weights), :math:`|\hat A/\hat B - A/B| \le (|\alpha| + |A/B|\,|\beta|)/(B - |\beta|)`.
+    Infinite when :math:`\delta/c` reaches the floor (the quantisation cannot tell an entry's
+    mass from 0)."""
+    bound = clipping_range if weight_range is None else float(weight_range)
     floor = epsilon / (1.0 + epsilon)
     resolution = entry_error / clipping_range
     if not floor > resolution:
         return math.inf
-    return 2.0 * entry_error / (floor - resolution)
+    return 2.0 * resolution * bound / (floor - resolution)

@@ -93,11 +93,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SecureSums:
-    """A ``sum`` rule merged from several secure means of one round (see the module docstring);
+    r"""A ``sum`` rule merged from several secure means of one round (see the module docstring);
     ``options`` are the merge's method options (:class:`~fedlmc.merging.method_registry.MergeJob`
-    ``options``) with the round's ``clipping_range`` (:math:`c`) and ``statistics_range``
-    (:math:`R`, ``secagg-statistics-range``), and, for the client, ``statistics_seed``; for the
-    server, ``entry_error`` (the largest error of one entry of a secure mean, :math:`3Nc/(QS)`).
+    ``options``) with the round's ``clipping_range`` (:math:`c`), ``weight_range`` (:math:`b
+    \le c`, the weights' bound the values are scaled by) and ``statistics_range`` (:math:`R`,
+    ``secagg-statistics-range``), and, for the client, ``statistics_seed``; for the server,
+    ``entry_error`` (the largest error of one entry of a secure mean, :math:`3Nc/(QS)`).
 
     - ``part_shapes(template)``: per part, in the order the clients send them, its keys and
       shapes (how the server splits the aggregate);

@@ -49,6 +49,7 @@ from fedlmc.strategies.secure import (
     check_in_range,
     secure_arrays,
 )
+from fedlmc.strategies.secure_statistics import WEIGHT_RANGE_KEY
 from fedlmc.strategies.secure_temperature import LOG_T_KEY, TASK_KEY, TEMPERATURE_TASK
 
 __all__ = [
@@ -168,6 +169,7 @@ def statistics_for_merge(
     options = {
         **field_method_options(config),
         "clipping_range": float(fit_config[CLIPPING_KEY]),
+        "weight_range": float(fit_config.get(WEIGHT_RANGE_KEY, fit_config[CLIPPING_KEY])),
         "statistics_range": float(config["secagg-statistics-range"]),
         "statistics_seed": statistics_seed(config["seed"], pid),
     }

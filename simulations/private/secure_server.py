@@ -57,7 +57,12 @@ from fedlmc.strategies.secure import (
     secure_average,
     secure_settings,
 )
-from fedlmc.strategies.secure_statistics import fine_settings, secure_sums_merge
+from fedlmc.strategies.secure_statistics import (
+    WEIGHT_RANGE_KEY,
+    fine_settings,
+    secure_sums_merge,
+    weight_range,
+)
 from fedlmc.strategies.secure_temperature import SecureTemperature, secure_temperature
 
 __all__ = [
@@ -78,14 +83,21 @@ def secure_merge_method(config: Mapping[str, Any]) -> str:
 
 
 def secure_fit_config(
-    config: Mapping[str, Any], clipping: float, max_weight: float, method: str = "average"
+    config: Mapping[str, Any],
+    clipping: float,
+    max_weight: float,
+    method: str = "average",
+    weights_bound: float | None = None,
 ) -> dict:
     """What the secure round sends every client: the run config, the round, the clients'
-    check values (the clipping range and ``max_weight``) and the merge ``method`` whose
-    ``sum_exponents`` they pre-scale by."""
+    check values (the clipping range and ``max_weight``), the merge ``method`` whose
+    ``sum_exponents`` they pre-scale by and, for a rule of several sums, the weight range
+    ``weights_bound`` (:func:`fedlmc.strategies.secure_statistics.weight_range`)."""
     sent = {k: v for k, v in config.items()}
     sent.update({"server-round": 1, CLIPPING_KEY: float(clipping), MAX_WEIGHT_KEY: max_weight})
     sent[MERGE_KEY] = method
+    if weights_bound is not None:
+        sent[WEIGHT_RANGE_KEY] = float(weights_bound)
     return sent
 
 
@@ -153,7 +165,12 @@ def run_secure_average(
     sums = merge_method(method).secure_sums
     if sums is not None:
         settings = fine_settings(settings, n_clients)
-    sent = secure_fit_config(config, settings.clipping_range, settings.max_weight, method)
+    bound = None
+    if sums is not None:
+        fixed = float(config["secagg-clipping-range"]) > 0
+        bound = weight_range(initial, settings.clipping_range, fixed)
+    c, m = settings.clipping_range, settings.max_weight
+    sent = secure_fit_config(config, c, m, method, bound)
     outcome.progress.training(config["num-clients"], config["epochs"])
     if sums is not None:
         options = secure_sums_options(config)

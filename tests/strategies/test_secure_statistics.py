@@ -24,7 +24,12 @@ from fedlmc.simulations.private.secure_server import secure_fit_config, secure_s
 from fedlmc.simulations.task import build_from_config, client_train_data, load_splits
 from fedlmc.strategies.protocol import record_to_state
 from fedlmc.strategies.secure import secure_arrays, secure_settings
-from fedlmc.strategies.secure_statistics import fine_settings, finest_levels, split_parts
+from fedlmc.strategies.secure_statistics import (
+    fine_settings,
+    finest_levels,
+    split_parts,
+    weight_range,
+)
 from tests.strategies.test_secure_dropped import NODES, InProcessGrid
 
 CELL = {
@@ -60,7 +65,8 @@ def _secure_round(method: str):
     template = build_from_config(config, splits)
     initial = {k: v.detach().cpu() for k, v in template.state_dict().items()}
     settings = fine_settings(secure_settings(initial, len(splits.train[1])), len(NODES))
-    fit_config = secure_fit_config(config, settings.clipping_range, settings.max_weight, method)
+    c, m = settings.clipping_range, settings.max_weight
+    fit_config = secure_fit_config(config, c, m, method, weight_range(initial, c, fixed=False))
     trained = {}
 
     def recording(message, context):
@@ -111,6 +117,9 @@ def test_the_secure_merge_is_the_clear_one_and_the_server_holds_only_the_mean(me
     )
     delta = result.settings.exponent_error_bound(result.num_examples, 0)
     options = {**secure_sums_options(config), "clipping_range": result.settings.clipping_range}
+    options["weight_range"] = weight_range(
+        {k: v for k, v in template.state_dict().items()}, result.settings.clipping_range, False
+    )
     for p, state in enumerate(states):
         model = load_state(template, state).eval()
         seeded = {**options, "statistics_seed": statistics_seed(config["seed"], p)}
@@ -128,6 +137,13 @@ def test_the_finest_quantisation_keeps_the_sum_below_flowers_modulus():
         assert n * finest_levels(n) <= 2**31
     with pytest.raises(ValueError, match="num_clients = 0"):
         finest_levels(0)
+
+
+def test_the_weight_range_is_eight_times_the_initial_weights_within_the_clipping_range():
+    initial = {"w": torch.tensor([0.05, -0.09]), "n": torch.tensor(3)}
+    assert weight_range(initial, 8.0, fixed=False) == 1.0  # 8 x 0.09 = 0.72 -> 1
+    assert weight_range(initial, 0.5, fixed=False) == 0.5  # never above c
+    assert weight_range(initial, 16.0, fixed=True) == 16.0  # a set clipping range bounds them
 
 
 def test_the_aggregate_is_split_by_the_parts_shapes():

@@ -136,10 +136,23 @@ def test_the_secure_parts_means_give_the_merge_and_lie_in_the_range():
         torch.testing.assert_close(secure[key].float(), clear[key], rtol=1e-6, atol=1e-7)
 
 
+def test_values_are_scaled_by_the_weight_range_and_a_weight_beyond_it_is_refused():
+    state, fisher = {"w": torch.tensor([0.5, -0.25])}, {"w": torch.tensor([1.0, 1.0])}
+    values, masses = fisher_parts(state, fisher, 8.0, 1e-6, weight_range=0.5)
+    torch.testing.assert_close(
+        values["w"] / masses["w"], torch.tensor([1 / 8, -1 / 16], dtype=torch.float64)
+    )
+    merged = fisher_from_means(values, masses, 8.0, 0.5)
+    torch.testing.assert_close(merged["w"], state["w"].double())
+    with pytest.raises(ValueError, match="'w' holds 0.5, beyond the weight range 0.25"):
+        fisher_parts(state, fisher, 8.0, 1e-6, weight_range=0.25)
+
+
 def test_the_error_bound_and_its_infinity_below_the_resolution():
     delta = 3 * 2 * 8.0 / 2**30
     bound = fisher_error_bound(delta, 8.0, 1e-6)
     assert bound == pytest.approx(2 * delta / (1e-6 / (1 + 1e-6) - delta / 8.0))
+    assert fisher_error_bound(delta, 8.0, 1e-6, weight_range=1.0) == pytest.approx(bound / 8)
     assert fisher_error_bound(3 * 8 * 8.0 / 2**22, 8.0, 1e-6) == math.inf  # 2^22 levels: too coarse
 
 
