@@ -140,7 +140,8 @@ def test_values_are_scaled_by_the_weight_range_and_a_weight_beyond_it_is_refused
     state, fisher = {"w": torch.tensor([0.5, -0.25])}, {"w": torch.tensor([1.0, 1.0])}
     values, masses = fisher_parts(state, fisher, 8.0, 1e-6, weight_range=0.5)
     torch.testing.assert_close(
-        values["w"] / masses["w"], torch.tensor([1 / 8, -1 / 16], dtype=torch.float64)
+        values["w"] / masses["w"],
+        torch.tensor([1.0, -0.5], dtype=torch.float64),  # theta / b
     )
     merged = fisher_from_means(values, masses, 8.0, 0.5)
     torch.testing.assert_close(merged["w"], state["w"].double())
