@@ -28,6 +28,7 @@ from fedlmc.simulations.report.data import (
     run_title,
 )
 from fedlmc.simulations.report.init_figures import has_init_panels, merge_gap_by_init_figure
+from fedlmc.simulations.report.method_figures import accuracy_by_method_figure, has_field_methods
 from fedlmc.simulations.report.plotting import (
     LEWC_PANELS,
     MECHANISM_METHODS,
@@ -193,6 +194,17 @@ def accuracy_vs_width(d: FigureInputs, path: Path) -> Path | None:
         d.settings,
         references=True,
     )
+
+
+@figure(
+    "accuracy_by_method",
+    lambda d: has_field_methods(d.rows),
+    shows="merged accuracy per merge method, one panel per setting (width, clients, init, "
+    "partition), SecAgg+ rows beside the clear ones, ensemble and clients' mean as lines "
+    "(when two of the field's methods ran: Fisher, RegMean, TA, TIES, DARE, OT fusion)",
+)
+def accuracy_by_method(d: FigureInputs, path: Path) -> Path | None:
+    return accuracy_by_method_figure(d.rows, path, d.settings)
 
 
 @figure(
