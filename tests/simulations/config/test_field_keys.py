@@ -46,10 +46,12 @@ def test_a_bad_value_is_refused_naming_it(values, words):
         )
 
 
+def canonical(values: dict) -> dict:
+    return canonical_run_config(validate_run_config(values))
+
+
 def test_a_key_applies_only_where_its_method_runs():
-    plain = canonical_run_config(
-        {"strategy": "compare", "methods": "average", "fisher-samples": 32}
-    )
+    plain = canonical({"strategy": "compare", "methods": "average", "fisher-samples": 32})
     assert plain["fisher-samples"] == FIELD_OPTIONS["fisher_samples"]  # reset: one cell
     fisher = canonical({**COMPARE, "fisher-samples": 32})
     assert fisher["fisher-samples"] == 32
