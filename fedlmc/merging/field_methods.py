@@ -135,20 +135,20 @@ def _statistics_bytes(answers: Sequence[Mapping[str, Tensor]]) -> int:
     return int(sum(t.numel() * t.element_size() for a in answers for t in a.values()))
 
 
-def _answered(job: MergeJob, answers: Sequence[Any], what: str) -> list[int]:
-    """The indices of the clients whose answer came (``None``: dropped); ``ValueError`` for a
-    count that does not match the clients."""
-    if len(answers) != len(job.states):
-        raise ValueError(f"the clients returned {len(answers)} {what} for {len(job.states)}")
-    return [i for i, answer in enumerate(answers) if answer is not None]
-
-
-def _kept(job: MergeJob, kept: list[int]) -> tuple[list[StateDict], list[float], list[int] | None]:
+def _merge_answers(job: MergeJob, answers: Sequence[Any], what: str, merge) -> Alignment:
+    """``merge(states, answers, weights)`` of the clients whose answer came (the others left
+    out, ``Alignment.kept``), at their renormalised weights, with the answers' bytes."""
     from fedlmc.averaging import normalised_weights
 
+    if len(answers) != len(job.states):
+        raise ValueError(f"the clients returned {len(answers)} {what} for {len(job.states)}")
+    kept = [i for i, answer in enumerate(answers) if answer is not None]
     states = [job.states[i] for i in kept]
     weights = normalised_weights([job.weights[i] for i in kept], len(kept))
-    return states, weights, (None if len(kept) == len(job.states) else kept)
+    found = [answers[i] for i in kept]
+    info = {"client_statistics_bytes": _statistics_bytes(found)}
+    which = None if len(kept) == len(job.states) else kept
+    return Alignment(states, merge(states, found, weights), info=info, kept=which)
 
 
 # ----------------------------------------------------------------------------- Fisher
@@ -211,13 +211,13 @@ def fisher_merging(job: MergeJob) -> Alignment:
     out."""
     from fedlmc.merging.fisher import fisher_merge
 
-    fishers = job.clients.fisher_diagonals()
-    kept = _answered(job, fishers, "Fisher diagonals")
-    states, weights, which = _kept(job, kept)
-    answers = [fishers[i] for i in kept]
-    merged = fisher_merge(states, answers, weights, float(option(job.options, "fisher_epsilon")))
-    info = {"client_statistics_bytes": _statistics_bytes(answers)}
-    return Alignment(states, merged, info=info, kept=which)
+    eps = float(option(job.options, "fisher_epsilon"))
+    return _merge_answers(
+        job,
+        job.clients.fisher_diagonals(),
+        "Fisher diagonals",
+        lambda states, fishers, weights: fisher_merge(states, fishers, weights, eps),
+    )
 
 
 # ----------------------------------------------------------------------------- RegMean
@@ -295,15 +295,14 @@ def regmean_merging(job: MergeJob) -> Alignment:
     matrices; a client whose answer was dropped is left out."""
     from fedlmc.merging.regmean import regmean_layers, regmean_merge
 
-    grams = job.clients.gram_matrices(regmean_layers(job.template))
-    kept = _answered(job, grams, "sets of Gram matrices")
-    states, weights, which = _kept(job, kept)
-    answers = [grams[i] for i in kept]
     alpha = float(option(job.options, "regmean_alpha"))
     ridge = float(job.options.get("regmean_ridge", REGMEAN_RIDGE))
-    merged = regmean_merge(states, answers, weights, alpha, ridge)
-    info = {"client_statistics_bytes": _statistics_bytes(answers)}
-    return Alignment(states, merged, info=info, kept=which)
+    return _merge_answers(
+        job,
+        job.clients.gram_matrices(regmean_layers(job.template)),
+        "sets of Gram matrices",
+        lambda states, grams, weights: regmean_merge(states, grams, weights, alpha, ridge),
+    )
 
 
 # ----------------------------------------------------------------------------- task vectors

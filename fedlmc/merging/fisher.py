@@ -168,18 +168,18 @@ def fisher_merge(
 ) -> StateDict:
     r""":math:`\sum_i w_i u_i \theta_i / \sum_i w_i u_i` per entry (see the module docstring),
     in float64, cast back to each key's dtype; integer buffers as the plain average takes them
-    (their maximum). ``weights`` are normalised here."""
+    (their maximum). ``weights`` are normalised here. The same parts and division as the
+    secure form (:func:`fisher_parts`, :func:`fisher_from_means`), unscaled."""
     from fedlmc.averaging import average, normalised_weights
+    from fedlmc.merging.sum_form import weighted_means
 
     if len(states) != len(fishers):
         raise ValueError(f"{len(states)} client states but {len(fishers)} Fisher diagonals")
     w = normalised_weights(weights, len(states))
+    parts = [fisher_parts(sd, f, 1.0, epsilon) for sd, f in zip(states, fishers, strict=True)]
     merged = average(states, w)
-    u = [fisher_weights(sd, f, epsilon) for sd, f in zip(states, fishers, strict=True)]
-    for key in u[0]:
-        num = sum(wi * ui[key] * sd[key].double() for wi, ui, sd in zip(w, u, states, strict=True))
-        den = sum(wi * ui[key] for wi, ui in zip(w, u, strict=True))
-        merged[key] = (num / den).to(states[0][key].dtype)
+    for key, value in fisher_from_means(*weighted_means(parts, w), 1.0).items():
+        merged[key] = value.to(states[0][key].dtype)
     return merged
 
 
@@ -192,12 +192,13 @@ def fisher_parts(
 ) -> tuple[StateDict, StateDict]:
     r"""What one client sends in the secure round: :math:`u \odot \theta \cdot c/b` and
     :math:`c\, u` (floating-point keys, float64), both within :math:`[-c, c]`: :math:`b` =
-    ``weight_range`` (default :math:`c`) bounds the weights, so the values use the whole
-    clipping range (the quantisation's resolution relative to the weights is :math:`c/b` times
-    finer). ``ValueError`` naming the key and the value when a weight lies beyond :math:`b`."""
+    ``weight_range`` bounds the weights, so the values use the whole clipping range (the
+    quantisation's resolution relative to the weights is :math:`c/b` times finer);
+    ``ValueError`` naming the key and the value when a weight lies beyond :math:`b`. Without
+    ``weight_range``, :math:`b = c` and nothing is checked (the clear merge's parts)."""
     bound = clipping_range if weight_range is None else float(weight_range)
     u = fisher_weights(state, fisher, epsilon)
-    for key in u:
+    for key in u if weight_range is not None else ():
         largest = float(state[key].abs().max()) if state[key].numel() else 0.0
         if not largest <= bound:
             raise ValueError(

@@ -121,24 +121,19 @@ def regmean_merge(
     ridge: float,
 ) -> StateDict:
     """RegMean of ``states`` (see the module docstring): every layer of ``grams`` (client ->
-    layer -> Gram matrix) solved, every other key the plain weighted average."""
+    layer -> Gram matrix) solved, every other key the plain weighted average; the same parts
+    and solve as the secure form (:func:`regmean_parts`, :func:`regmean_from_means`),
+    unscaled."""
     from fedlmc.averaging import average, normalised_weights
+    from fedlmc.merging.sum_form import weighted_means
 
     if len(states) != len(grams):
         raise ValueError(f"{len(states)} client states but {len(grams)} sets of Gram matrices")
     w = normalised_weights(weights, len(states))
+    parts = [regmean_parts(sd, g, alpha, 1.0) for sd, g in zip(states, grams, strict=True)]
     merged = average(states, w)
-    for layer in grams[0]:
-        key = f"{layer}.weight"
-        reduced = [reduced_gram(g[layer], alpha) for g in grams]
-        gram_sum = sum(wi * g for wi, g in zip(w, reduced, strict=True))
-        product_sum = sum(
-            wi * g @ sd[key].double().T for wi, g, sd in zip(w, reduced, states, strict=True)
-        )
-        weight_sum = merged[key].double().T
-        merged[key] = regmean_solution(gram_sum, product_sum, weight_sum, ridge).to(
-            states[0][key].dtype
-        )
+    for key, value in regmean_from_means(*weighted_means(parts, w), 1.0, ridge).items():
+        merged[key] = value.to(states[0][key].dtype)
     return merged
 
 

@@ -76,6 +76,7 @@ SumExponents = Callable[["PermutationSpec", Mapping[str, "Tensor"]], Exponents]
 __all__ = [
     "Exponents",
     "SecureSums",
+    "weighted_means",
     "SumExponents",
     "client_scaled",
     "divided_by_holders",
@@ -112,6 +113,22 @@ class SecureSums:
     part_shapes: Callable[[nn.Module], list[dict[str, tuple[int, ...]]]]
     client_parts: Callable[[nn.Module, tuple[Tensor, Tensor], Mapping[str, Any]], list[StateDict]]
     merge: Callable[[nn.Module, list[StateDict], Mapping[str, Any]], tuple[StateDict, float]]
+
+
+def weighted_means(
+    parts: Sequence[Sequence[Mapping[str, Tensor]]], weights: Sequence[float]
+) -> list[StateDict]:
+    r"""Per part, :math:`\sum_i w_i p_i` of the clients' parts (``parts[i]``: client :math:`i`'s)
+    at normalised ``weights``, float64: what a secure round gives in exact arithmetic, and how
+    a :class:`SecureSums` rule's clear merge combines the same parts."""
+    import torch
+
+    total = float(sum(weights))
+    clients = list(zip(weights, parts, strict=True))
+    return [
+        {k: sum(w * p[j][k].to(torch.float64) for w, p in clients) / total for k in parts[0][j]}
+        for j in range(len(parts[0]))
+    ]
 
 
 def plain_exponents(spec: PermutationSpec | None, state: Mapping[str, Tensor]) -> Exponents:

@@ -23,7 +23,7 @@ from tests.simulations.test_client_app_warmup import TINY, ClientAppGrid
 METHODS = "average,fisher,fisher_t,regmean,task_arithmetic,ties,dare,ot_fusion,activation_federated"
 METHODS += ",ensemble"
 CELL = {**TINY, "epochs": 1, "strategy": "compare", "methods": METHODS}
-CELL |= {"diagnostics": False, "lambdas": 3, "fisher-samples": 64, "regmean-samples": 80}
+CELL |= {"diagnostics": False, "lambdas": 3, "fisher-samples": 64, "regmean-samples": 64}
 
 
 @pytest.fixture(scope="module")
@@ -44,23 +44,31 @@ def compare_cell():
             setattr(TaskIdentity, key, value)
 
 
-def _in_memory(grid: ClientAppGrid, config: dict):
-    """The trained clients as their train replies sent them, and their data in memory."""
-    config = validate_run_config(config, check_devices=False)
-    splits = load_splits(config)
-    template = build_from_config(config, splits)
-    states = [record_to_state(reply.content["arrays"]) for _, reply in grid.train_rounds()[-1]]
-    data = [client_train_data(config, p, 2) for p in range(2)]
+def local_clients(config: dict, template, states, samples: int) -> tuple[LocalClients, list]:
+    """The clients ``states`` of a federation of ``config`` in memory, with their training data
+    and the bound ``samples`` on their Fisher and Gram samples: what their ClientApps answer."""
+    count = len(states)
+    data = [client_train_data(config, p, count) for p in range(count)]
     local = LocalClients(
         template,
         states,
         [x for x, _ in data],
         data,
         train_labels=[y for _, y in data],
-        fisher_samples=64,
-        regmean_samples=80,
+        fisher_samples=samples,
+        regmean_samples=samples,
         seed=config["seed"],
     )
+    return local, data
+
+
+def _in_memory(grid: ClientAppGrid, config: dict):
+    """The trained clients as their train replies sent them, and their data in memory."""
+    config = validate_run_config(config, check_devices=False)
+    splits = load_splits(config)
+    template = build_from_config(config, splits)
+    states = [record_to_state(reply.content["arrays"]) for _, reply in grid.train_rounds()[-1]]
+    local, data = local_clients(config, template, states, 64)
     return template, states, data, local
 
 

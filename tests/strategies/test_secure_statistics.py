@@ -14,14 +14,13 @@ import torch
 
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import metrics_from_logits, predict_logits
-from fedlmc.merging.clients import LocalClients
 from fedlmc.merging.fisher import statistics_seed
 from fedlmc.merging.methods import merge_method, merge_states
 from fedlmc.simulations.client_app import train_reply
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.private.secure_client import secure_fit_reply
 from fedlmc.simulations.private.secure_server import secure_fit_config, secure_sums_options
-from fedlmc.simulations.task import build_from_config, client_train_data, load_splits
+from fedlmc.simulations.task import build_from_config, load_splits
 from fedlmc.strategies.protocol import record_to_state
 from fedlmc.strategies.secure import secure_arrays, secure_settings
 from fedlmc.strategies.secure_statistics import (
@@ -30,24 +29,13 @@ from fedlmc.strategies.secure_statistics import (
     split_parts,
     weight_range,
 )
+from tests.simulations.test_server_app_field_methods import local_clients
+from tests.strategies.test_secure import TINY
 from tests.strategies.test_secure_dropped import NODES, InProcessGrid
 
-CELL = {
-    "dataset": "mnist5k",
-    "model": "mlp",
-    "width": 0.25,
-    "depth": 2,
-    "base-hidden": 64,
-    "epochs": 1,
-    "batch-size": 128,
-    "num-clients": len(NODES),
-    "strategy": "aligned",
-    "init": "shared",
-    "secure-aggregation": "secagg+",
-    "calibration": "none",
-    "fisher-samples": 64,
-    "regmean-samples": 64,
-}
+CELL = {**TINY, "num-clients": len(NODES), "strategy": "aligned", "init": "shared"}
+CELL |= {"secure-aggregation": "secagg+", "calibration": "none"}
+CELL |= {"fisher-samples": 64, "regmean-samples": 64}
 
 
 @pytest.fixture(autouse=True)
@@ -87,18 +75,8 @@ def _secure_round(method: str):
 @pytest.mark.parametrize("method", ["fisher", "regmean"])
 def test_the_secure_merge_is_the_clear_one_and_the_server_holds_only_the_mean(method):
     result, states, config, template, splits = _secure_round(method)
-    data = [client_train_data(config, p, len(NODES)) for p in range(len(NODES))]
+    local, data = local_clients(config, template, states, 64)
     assert sorted(result.num_examples) == sorted(len(y) for _, y in data)
-    local = LocalClients(
-        template,
-        states,
-        [x for x, _ in data],
-        data,
-        train_labels=[y for _, y in data],
-        fisher_samples=64,
-        regmean_samples=64,
-        seed=config["seed"],
-    )
     clear, _ = merge_states(method, template, states, [len(y) for _, y in data], clients=local)
     gap = max(float((result.merged_state[k] - clear[k]).abs().max()) for k in clear)
     assert gap <= result.error_bound

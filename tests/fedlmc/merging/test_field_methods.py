@@ -24,7 +24,7 @@ from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, fisher_merge,
 from fedlmc.merging.method_registry import register_method
 from fedlmc.merging.methods import merge_method, merge_states
 from fedlmc.merging.regmean import gram_matrices, regmean_layers, regmean_merge
-from fedlmc.merging.sum_form import SecureSums
+from fedlmc.merging.sum_form import SecureSums, weighted_means
 from fedlmc.merging.task_vectors import task_arithmetic
 from fedlmc.models.classifiers import build_model
 
@@ -134,17 +134,6 @@ def test_the_client_methods_and_the_task_vectors_are_refused_without_what_they_n
     assert info["ot_map_softness"] == 0.0  # exact OT at equal widths: permutations
 
 
-def _exact_means(parts, shares):
-    total = sum(shares)
-    return [
-        {
-            k: sum(s * p[j][k].double() for s, p in zip(shares, parts, strict=True)) / total
-            for k in parts[0][j]
-        }
-        for j in range(len(parts[0]))
-    ]
-
-
 @pytest.mark.parametrize("method", ["fisher", "regmean"])
 def test_the_secure_parts_summed_exactly_give_the_clear_merge(method):
     models, states, data, local = _clients()
@@ -159,7 +148,7 @@ def test_the_secure_parts_summed_exactly_give_the_clear_merge(method):
     shapes = sums.part_shapes(models[0])
     assert [{k: tuple(v.shape) for k, v in p.items()} for p in parts[0]] == shapes
     assert all(float(v.abs().max()) <= 8.0 for p in parts for part in p for v in part.values())
-    secure, bound = sums.merge(models[0], _exact_means(parts, shares), options)
+    secure, bound = sums.merge(models[0], weighted_means(parts, shares), options)
     clear = merge_states(method, models[0], states, shares, clients=local)[0]
     for key in clear:
         torch.testing.assert_close(secure[key].float(), clear[key], rtol=1e-5, atol=1e-6)
