@@ -21,7 +21,7 @@ import pandas as pd
 from fedlmc.merging.methods import REFERENCE_METHODS, base_method
 from fedlmc.simulations.records.row_groups import varying_keys
 from fedlmc.simulations.report.data import aggregate, has_values
-from fedlmc.simulations.report.plotting import panel_grid, save, style_legend
+from fedlmc.simulations.report.plotting import panel_grid, save
 
 __all__ = [
     "FIELD_METHODS",
@@ -69,18 +69,29 @@ def _one_row_per_merge(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per cell and base method (a ``_t`` row has its raw row's accuracy), with the
     base method and whether the cell was secure."""
     secure = rows.get("secure-aggregation", pd.Series("off", index=rows.index)).astype(str)
-    merged = rows.assign(_base=rows["method"].map(base_method), _secure=secure.eq(SECURE))
+    merged = rows.copy()  # one block: results.csv's many columns come fragmented
+    merged["_base"], merged["_secure"] = rows["method"].map(base_method), secure.eq(SECURE)
     merged = merged[~merged["method"].isin(list(REFERENCE_METHODS))]
     keys = ["cell_id", "_base"] if "cell_id" in merged else ["_base", "_secure", "seed"]
     return merged.drop_duplicates(keys)
 
 
-def _panel_title(keys: list[str], values: tuple) -> str:
-    names = {"width": "width", "num-clients": "clients", "init": "init", "partition": ""}
+def _panel_title(keys: list[str], values: tuple, group: pd.DataFrame) -> str:
+    """``128 units, 2 clients, IID, shared init``: the setting in words (``key value`` for a key
+    without its own words)."""
+    words = {
+        "num-clients": lambda v: f"{int(v)} clients",
+        "partition": lambda v: "IID" if v == "iid" else str(v),
+        "init": lambda v: f"{v} init",
+    }
     parts = []
     for key, value in zip(keys, values, strict=True):
-        label = names.get(key, key)
-        parts.append(f"{value}" if label == "" else f"{label} {value}")
+        if key == "width" and has_values(group, "base-hidden"):
+            parts.append(f"{int(round(float(value) * float(group['base-hidden'].iloc[0])))} units")
+        elif key in words:
+            parts.append(words[key](value))
+        else:
+            parts.append(f"{key} {value}")
     return ", ".join(parts)
 
 
@@ -113,7 +124,6 @@ def _draw_panel(ax, group: pd.DataFrame, methods: list[str], kind: str) -> None:
             capsize=3,
             ms=5,
             ls="none",
-            label="SecAgg+" if secure else "in the clear",
         )
     _references(ax, group, kind)
     ax.set_xticks(range(len(methods)))
@@ -130,7 +140,7 @@ def setting_panels(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     panels = []
     for values, group in rows.groupby(keys, sort=True, dropna=False):
         values = values if isinstance(values, tuple) else (values,)
-        panels.append((_panel_title(keys, values), group))
+        panels.append((_panel_title(keys, values, group), group))
     return panels
 
 
@@ -147,9 +157,18 @@ def accuracy_by_method_figure(rows: pd.DataFrame, path: Path, settings: dict[str
         _draw_panel(ax, group, methods, settings["error-bars"])
         ax.set_title(title, fontsize=8)
     axes.flat[0].set_ylabel("merged test accuracy")
-    style_legend(
-        axes.flat[0],
-        [("--", "ensemble"), (":", "clients' mean")],
-        loc="lower left",
-    )
+    _legend(axes.flat[0])
     return save(fig, path, settings["dpi"])
+
+
+def _legend(ax) -> None:
+    """Every marker and line of the figure, said once (on ``ax``)."""
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D([], [], color="C0", marker="o", ls="none", label="in the clear"),
+        Line2D([], [], color="C3", marker="s", mfc="none", ls="none", label="SecAgg+"),
+        Line2D([], [], color="grey", ls="--", label="ensemble"),
+        Line2D([], [], color="grey", ls=":", label="clients' mean"),
+    ]
+    ax.legend(handles=handles, fontsize=7, loc="lower left")

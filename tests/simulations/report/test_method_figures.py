@@ -29,6 +29,7 @@ def _rows() -> pd.DataFrame:
                 base = 0.5 + width / 20 + (0.1 if init == "shared" else 0.0) + 0.01 * seed
                 cell = f"{width}-{init}-{seed}"
                 common = {"seed": seed, "width": width, "init": init, "num-clients": 2}
+                common["base-hidden"] = 128
                 for i, method in enumerate(CLEAR):
                     rows.append(
                         {**common, "cell_id": cell, "method": method, "accuracy": base + 0.01 * i}
@@ -51,10 +52,10 @@ def test_one_panel_per_setting_not_per_seed_or_merge_key():
     panels = setting_panels(_rows())
     assert len(panels) == 4
     assert [title for title, _ in panels] == [
-        "width 1.0, init independent",
-        "width 1.0, init shared",
-        "width 4.0, init independent",
-        "width 4.0, init shared",
+        "128 units, independent init",
+        "128 units, shared init",
+        "512 units, independent init",
+        "512 units, shared init",
     ]
     assert all(len(group["seed"].unique()) == 2 for _, group in panels)
 
