@@ -159,7 +159,6 @@ def statistics_for_merge(
     import torch
 
     from fedlmc.merging.fisher import statistics_seed
-    from fedlmc.merging.methods import merge_method
     from fedlmc.simulations.config.field_keys import field_method_options
     from fedlmc.simulations.task import client_run_config, client_train_data
 

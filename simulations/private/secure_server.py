@@ -16,8 +16,7 @@ send their holder masks and the server divides the two means
 ``regmean``: registered with ``secure_sums``) every client sends its parts, computed on its own
 data, in the same round, at the finest quantisation Flower allows, and the server divides or
 solves (:func:`fedlmc.strategies.secure_statistics.secure_sums_merge`). The temperature of the
-``_t`` row
-is fitted on the server split (``calibration = "server"``) or, with ``calibration =
+``_t`` row is fitted on the server split (``calibration = "server"``) or, with ``calibration =
 "federated"``, by secure Newton rounds on the held-out data of the clients that survived the
 average's round (:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL
 means); no
@@ -48,6 +47,7 @@ from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits
 from fedlmc.merging.methods import merge_method
 from fedlmc.merging.post_merge import ServerData, post_merge
+from fedlmc.simulations.config.field_keys import field_method_options
 from fedlmc.strategies.secure import (
     CLIPPING_KEY,
     MAX_WEIGHT_KEY,
@@ -119,8 +119,6 @@ def secure_sums_options(config: Mapping[str, Any]) -> dict[str, Any]:
     """The method options of a ``secure_sums`` rule's merge and client parts: the field
     methods' (:func:`fedlmc.simulations.config.field_keys.field_method_options`) and
     ``secagg-statistics-range``."""
-    from fedlmc.simulations.config.field_keys import field_method_options
-
     return {**field_method_options(config), "statistics_range": config["secagg-statistics-range"]}
 
 
@@ -162,11 +160,9 @@ def run_secure_average(
     settings = secure_settings(
         initial, len(splits.train[1]), float(config["secagg-clipping-range"])
     )
-    sums = merge_method(method).secure_sums
-    if sums is not None:
+    sums, bound = merge_method(method).secure_sums, None
+    if sums is not None:  # finer levels, and the weight range the Fisher values are scaled by
         settings = fine_settings(settings, n_clients)
-    bound = None
-    if sums is not None:
         fixed = float(config["secagg-clipping-range"]) > 0
         bound = weight_range(initial, settings.clipping_range, fixed)
     c, m = settings.clipping_range, settings.max_weight
