@@ -32,6 +32,10 @@ Message types it answers:
 - ``query.align``: client-side activation matching: the permutations matching this node's own
   trained model (kept in ``context.state`` since its train round) to the received reference
   model by activation correlation on its training data, and the digest of those weights.
+- ``query.fisher`` (Fisher merging) / ``query.gram`` (RegMean): the diagonal empirical Fisher
+  of this node's own kept model, or the Gram matrices of the named ``layers``' inputs, on at
+  most ``fisher-samples`` / ``regmean-samples`` of its training examples (a subset seeded by
+  ``(seed, partition-id)``), and the digest of those weights.
 - ``evaluate``: loss and accuracy of the received model on this node's data.
 
 Every message is answered with the slot's ``max(1, floor(num-cpus))`` threads, whatever the
@@ -45,7 +49,8 @@ the trained weights: the loaded data sets and partitions stay in bounded caches 
 after cell loads each data set once; the trained weights stay in the node's ``context.state``
 (Flower keeps it per node and run between messages, in simulation and on a SuperNode) under a
 key naming the cell and partition, at most :data:`KEPT_MODELS` of them, each removed by the
-align query that uses it. The model is rebuilt for every message and every seed is derived from
+query that uses it in an ``aligned`` cell (one merge; a ``compare`` cell's stays for its other
+methods' queries). The model is rebuilt for every message and every seed is derived from
 ``(seed, partition-id, round)``, so a reply does not depend on what the actor ran before.
 
 Test-only failure injection (run-config ``inject-failure = "MODE:PARTITION-ID,..."``): ``raise``
@@ -71,6 +76,8 @@ from torch import nn
 
 from fedlmc.evaluation import predict_logits
 from fedlmc.merging.calibrate import bn_statistics, temperature_statistics
+from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, statistics_seed
+from fedlmc.merging.regmean import gram_matrices
 from fedlmc.merging.repair import unit_statistics
 from fedlmc.permutation.embed import slice_state
 from fedlmc.permutation.matching import activation_matching
@@ -100,6 +107,8 @@ from fedlmc.strategies.protocol import (
     BN_QUERY,
     ERROR_QUERY_FAILED,
     ERROR_TRAIN_FAILED,
+    FISHER_QUERY,
+    GRAM_QUERY,
     MODEL_PREFIX,
     NUM_PARTITIONS_KEY,
     PARTITION_KEY,
@@ -113,6 +122,7 @@ from fedlmc.strategies.protocol import (
     record_to_state,
     state_digest,
     state_to_record,
+    statistics_to_content,
     temperature_stats_to_content,
     unit_stats_to_content,
 )
@@ -358,19 +368,30 @@ def unit_stats_reply(message: Message, context: Context) -> Message:
     return Message(unit_stats_to_content(stats, {"partition-id": pid}), reply_to=message)
 
 
-def align_reply(message: Message, context: Context) -> Message:
-    """Client-side activation matching: this node's trained model (kept since its train round)
-    matched to the received reference by activation correlation on its training data
-    (:func:`fedlmc.permutation.matching.activation_matching`); replies with the permutations and the
-    digest of the weights they permute. The kept model is removed afterwards."""
-    config, pid, num_partitions, reference = _received_model_and_config(message, context)
+def _kept_record(context: Context, config: dict, pid: int, num_partitions: int) -> ArrayRecord:
+    """This node's trained model of the cell, kept since its train round."""
     key = _kept_key(config, pid, num_partitions)
     if key not in context.state.array_records:
         raise LookupError(
             f"no trained model of this cell kept on this node (key {key!r}); was the node "
-            "restarted between the train and align rounds?"
+            "restarted between the train and query rounds?"
         )
-    kept = context.state.array_records[key]
+    return context.state.array_records[key]
+
+
+def _release_kept(context: Context, config: dict, pid: int, num_partitions: int) -> None:
+    """Remove the kept model after its query in an ``aligned`` cell (its one merge)."""
+    if config["strategy"] == "aligned":
+        del context.state[_kept_key(config, pid, num_partitions)]
+
+
+def align_reply(message: Message, context: Context) -> Message:
+    """Client-side activation matching: this node's trained model (kept since its train round)
+    matched to the received reference by activation correlation on its training data
+    (:func:`fedlmc.permutation.matching.activation_matching`); replies with the permutations and the
+    digest of the weights they permute."""
+    config, pid, num_partitions, reference = _received_model_and_config(message, context)
+    kept = _kept_record(context, config, pid, num_partitions)
     own = _model_from(config, kept)
     x, _ = client_train_data(config, pid, num_partitions)
     perms = activation_matching(reference, own, x, seed=client_seed(config["seed"], pid))
@@ -379,7 +400,31 @@ def align_reply(message: Message, context: Context) -> Message:
         state_digest(record_to_state(kept)),
         {"partition-id": pid, "num-examples": len(x)},
     )
-    del context.state[key]
+    _release_kept(context, config, pid, num_partitions)
+    return Message(content, reply_to=message)
+
+
+def statistics_reply(message: Message, context: Context) -> Message:
+    """``query.fisher`` / ``query.gram``: the diagonal Fisher of this node's kept model, or the
+    Gram matrices of the requested ``layers``' inputs, on a bounded seeded sample of its
+    training data (:func:`fedlmc.merging.fisher.fisher_diagonal`,
+    :func:`fedlmc.merging.regmean.gram_matrices`), with the digest of those weights."""
+    config = client_run_config(context.run_config, _message_config(message))
+    pid, num_partitions = _partition(message, context)
+    kept = _kept_record(context, config, pid, num_partitions)
+    own = _model_from(config, kept)
+    x, y = client_train_data(config, pid, num_partitions)
+    seed = statistics_seed(config["seed"], pid)
+    if message.metadata.message_type.rsplit(".", 1)[-1] == FISHER_QUERY:
+        xs, ys = bounded_sample(x, y, config["fisher-samples"], seed)
+        found = fisher_diagonal(own, xs, ys, labels=config["fisher-labels"], seed=seed)
+    else:
+        layers = _message_config(message)["layers"]
+        xs, _ = bounded_sample(x, None, config["regmean-samples"], seed)
+        found = gram_matrices(own, xs, layers if isinstance(layers, list) else [layers])
+    digest = state_digest(record_to_state(kept))
+    content = statistics_to_content(found, digest, {"partition-id": pid, "num-examples": len(xs)})
+    _release_kept(context, config, pid, num_partitions)
     return Message(content, reply_to=message)
 
 
@@ -406,4 +451,6 @@ app.query(TEMPERATURE_QUERY)(_guarded(ERROR_QUERY_FAILED, temperature_reply))
 app.query(BN_QUERY)(_guarded(ERROR_QUERY_FAILED, bn_stats_reply))
 app.query(UNIT_STATS_QUERY)(_guarded(ERROR_QUERY_FAILED, unit_stats_reply))
 app.query(ALIGN_QUERY)(_guarded(ERROR_QUERY_FAILED, align_reply))
+app.query(FISHER_QUERY)(_guarded(ERROR_QUERY_FAILED, statistics_reply))
+app.query(GRAM_QUERY)(_guarded(ERROR_QUERY_FAILED, statistics_reply))
 app.evaluate()(_guarded(ERROR_QUERY_FAILED, evaluate_reply))

@@ -74,7 +74,9 @@ from fedlmc.simulations.config import (
     validate_run_config,
 )
 from fedlmc.simulations.config.defences import client_check, robust_method_options
+from fedlmc.simulations.config.derived import keeps_trained_model
 from fedlmc.simulations.config.dp import is_dp
+from fedlmc.simulations.config.field_keys import field_method_options
 from fedlmc.simulations.config.secure import is_secure
 from fedlmc.simulations.config.threads import server_threads, use_threads
 from fedlmc.simulations.private.dp_server import run_dp_average
@@ -119,6 +121,7 @@ from fedlmc.strategies import (
 from fedlmc.strategies.fedavg import MERGED_TEST_ACCURACY, MERGED_TEST_LOSS
 from fedlmc.strategies.options import StrategyOptions
 from fedlmc.strategies.protocol import record_to_state, state_to_record
+from fedlmc.strategies.queries import ClientRounds
 from fedlmc.strategies.robust import RobustScreen
 from fedlmc.strategies.screening import ClientReferences, WeightBound
 from fedlmc.strategies.strategy_utils import StateDict
@@ -179,11 +182,14 @@ def merged_test_evaluation(template: nn.Module, splits: DataSplits, device: torc
 
 def method_options(config: Mapping[str, Any]) -> dict[str, Any]:
     """The run-config keys that reach the merge methods
-    (:class:`fedlmc.merging.methods.MergeJob`)."""
+    (:class:`fedlmc.merging.methods.MergeJob`): ``auto-tolerance``, ``cca-ridge``, the robust
+    rules' (:func:`fedlmc.simulations.config.defences.robust_method_options`) and the field
+    methods' (:func:`fedlmc.simulations.config.field_keys.field_method_options`)."""
     return {
         "auto_tolerance": config["auto-tolerance"],
         "cca_ridge": config["cca-ridge"],
         **robust_method_options(config),
+        **field_method_options(config),
     }
 
 
@@ -310,11 +316,14 @@ def compare_cell(
     device: torch.device,
     client_templates: Sequence[nn.Module] | None = None,
     progress: Say | None = None,
+    clients: ClientRounds | None = None,
+    base: StateDict | None = None,
 ) -> Comparison:
     """:func:`fedlmc.study.compare_methods` with the run config's settings: its ``methods``
     (FedAvg aside: it is a run of its own), ``lambdas``, ``seed``, ``diagnostics`` and the
     merge methods' options; ``client_templates``: each client's architecture (its width's)
-    when it differs from ``template``'s."""
+    when it differs from ``template``'s; ``clients``: the query rounds on the collected
+    clients, for the methods that run on them; ``base``: their shared starting model."""
     return compare_methods(
         template,
         states,
@@ -328,6 +337,8 @@ def compare_cell(
         method_options=method_options(config),
         client_templates=client_templates,
         progress=progress,
+        clients=clients,
+        base=base,
     )
 
 
@@ -358,13 +369,28 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     methods = [m for m in method_list(config) if m != FEDAVG]
     bases = list(dict.fromkeys(base_method(m) for m in methods if m not in REFERENCE_METHODS))
     say = outcome.progress.merging(bases)
-    comparison = compare_cell(config, template, states, weights, splits, device, own, say)
+    clients = strategy.client_rounds(report.survivors) if keeps_trained_model(config) else None
+    base = (warm.state or template.state_dict()) if one_shot["init"] == "shared" else None
+    comparison = compare_cell(
+        config, template, states, weights, splits, device, own, say, clients, base
+    )
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
     columns = warm.columns(round_columns(report, result_bytes(result), seconds, 1, config))
-    outcome.rows.extend({**row, **columns} for row in comparison.rows)
+    outcome.rows.extend(with_query_cost(row, columns) for row in comparison.rows)
     outcome.merged.update(comparison.merged)
     if FEDAVG in method_list(config):
         run_fedavg(grid, config, splits, template, device, outcome)
+
+
+def with_query_cost(row: Mapping[str, Any], columns: Mapping[str, Any]) -> dict[str, Any]:
+    """A compare row with the cell's round columns; a method that queried the clients keeps its
+    query rounds and their reply bytes added to the collecting round's."""
+    merged = {**row, **columns}
+    rounds, sent = row.get("rounds", math.nan), row.get("bytes_sent_by_clients", math.nan)
+    if isinstance(rounds, int | float) and math.isfinite(rounds):
+        merged["rounds"] = columns["rounds"] + int(rounds)
+        merged["bytes_sent_by_clients"] = columns["bytes_sent_by_clients"] + int(sent)
+    return merged
 
 
 def result_bytes(result: OneShotResult | FedAvgResult) -> int:

@@ -88,8 +88,8 @@ from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec, check_spec
 from fedlmc.strategies.base import ScreenedFedAvg
 from fedlmc.strategies.options import StrategyOptions
-from fedlmc.strategies.protocol import ALIGN_QUERY, metric_record, state_to_record
-from fedlmc.strategies.queries import ClientRounds
+from fedlmc.strategies.protocol import metric_record, record_to_state, state_to_record
+from fedlmc.strategies.queries import MERGE_QUERIES, ClientRounds
 from fedlmc.strategies.robust import accuracy_outliers
 from fedlmc.strategies.strategy_utils import (
     ClientUpdate,
@@ -189,6 +189,7 @@ class OneShotAverage(ScreenedFedAvg):
         self.summary_note = ""
         """Said after the settings in :meth:`summary` (e.g. what a collecting round is for)."""
         self._last_round: OneShotRound | None = None
+        self._sent_arrays: ArrayRecord | None = None
 
     # ------------------------------------------------------------------------- Flower hooks
 
@@ -221,6 +222,22 @@ class OneShotAverage(ScreenedFedAvg):
             config["calibration"] = "federated"
             config.setdefault("strategy", "average")
         return config
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Flower's hook (:class:`~fedlmc.strategies.base.ScreenedFedAvg`'s), keeping the
+        arrays sent: the clients' common starting model under ``init = "shared"``
+        (:meth:`shared_base`)."""
+        self._sent_arrays = arrays
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def shared_base(self) -> StateDict | None:
+        """The weights this round sent when its config says the clients start from them
+        (``init = "shared"``): the base of the task-vector methods; else ``None``."""
+        if self._sent_arrays is None or self._round_config.get("init") != "shared":
+            return None
+        return record_to_state(self._sent_arrays)
 
     def start(
         self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any
@@ -268,7 +285,7 @@ class OneShotAverage(ScreenedFedAvg):
         merge_seconds = time.perf_counter() - start
         arrays = state_to_record(finished.state)
         fitted, server_split = self.calibrate_temperature(finished.model, clients)
-        report.query_failures = [f for f in clients.dropped if f.stage != ALIGN_QUERY]
+        report.query_failures = [f for f in clients.dropped if f.stage not in MERGE_QUERIES]
         if not self.keep_client_states:
             for update in report.survivors:
                 update.state = {}
@@ -310,11 +327,12 @@ class OneShotAverage(ScreenedFedAvg):
         )
 
     def drop_unaligned(self, report: RoundReport, clients: ClientRounds) -> None:
-        """Move the clients whose alignment answer was dropped out of the survivors; raises
+        """Move the clients whose answer to the merge's query (alignment, Fisher, Gram matrices:
+        :data:`~fedlmc.strategies.queries.MERGE_QUERIES`) was dropped out of the survivors; raises
         :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError` when fewer than
         ``min_clients`` remain."""
         for failure in clients.dropped:
-            if failure.stage == ALIGN_QUERY:
+            if failure.stage in MERGE_QUERIES:
                 report.drop(failure)
         require_survivors(report, self.min_clients)
 
@@ -388,6 +406,7 @@ class OneShotAverage(ScreenedFedAvg):
             spec=self.spec,
             options=self.method_options,
             clients=clients if uses_clients else None,
+            base=self.shared_base() if entry.needs_base else None,
             with_info=True,
         )
 

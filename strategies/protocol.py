@@ -20,6 +20,11 @@ Both sides import this module: the ClientApp encodes, the strategies decode. Mes
 - ``query.align`` (:data:`ALIGN_QUERY`, client-side activation matching): the reference model in;
   the permutations of the client's own trained model (int32 index arrays, one per group) and the
   SHA-256 digest of the weights they apply to (:func:`permutations_to_content`).
+- ``query.fisher`` (:data:`FISHER_QUERY`, Fisher merging) and ``query.gram`` (:data:`GRAM_QUERY`,
+  RegMean, with a ``layers`` list): nothing but the config in; the diagonal Fisher of the
+  client's own trained model (one float array per parameter) or the Gram matrices of the
+  layers' inputs (one ``in x in`` float array per layer), the digest of the weights they were
+  computed on and the sample count (:func:`statistics_to_content`).
 
 Sizes: :func:`tensor_bytes` counts a record's tensors; :func:`payload_bytes` a whole reply (its
 tensors plus 8 bytes per metric number), which is what the strategies count for query replies.
@@ -57,6 +62,8 @@ TEMPERATURE_QUERY = "temperature"
 BN_QUERY = "bn_stats"
 UNIT_STATS_QUERY = "unit_stats"
 ALIGN_QUERY = "align"
+FISHER_QUERY = "fisher"
+GRAM_QUERY = "gram"
 DIGEST_KEY = "state-digest"
 MODEL_PREFIX = "model-"
 HISTORY_KEYS = {
@@ -294,3 +301,31 @@ def permutations_from_content(content: RecordDict) -> tuple[dict[str, Tensor], s
         for key, a in arrays.items()
     }
     return perms, str(digest)
+
+
+def statistics_to_content(
+    tensors: Mapping[str, Tensor], digest: str, extra: Mapping[str, int]
+) -> RecordDict:
+    """A ``query.fisher`` / ``query.gram`` reply: the tensors (``stat/<name>``, float32), the
+    digest of the weights they were computed on and ``extra`` metrics."""
+    arrays = ArrayRecord(
+        {f"stat/{k}": Array(v.detach().cpu().float().numpy()) for k, v in tensors.items()}
+    )
+    return RecordDict(
+        {
+            "statistics": arrays,
+            "digest": ConfigRecord({DIGEST_KEY: digest}),
+            "metrics": metric_record(extra),
+        }
+    )
+
+
+def statistics_from_content(content: RecordDict) -> tuple[dict[str, Tensor], str]:
+    """Decode a ``query.fisher`` / ``query.gram`` reply: ``({name: float32 tensor}, digest)``."""
+    arrays = single_record(content.array_records, "ArrayRecord")
+    digest = single_record(content.config_records, "ConfigRecord")[DIGEST_KEY]
+    tensors = {
+        key.split("/", 1)[1]: torch.from_numpy(np.array(a.numpy(), copy=True))
+        for key, a in arrays.items()
+    }
+    return tensors, str(digest)

@@ -17,7 +17,10 @@ data, and only sums, statistics or permutation indices come back:
   (``query.unit_stats``; :func:`fedlmc.merging.repair.repair_with_statistics` asks ``N + L`` times);
 - client-side activation matching (``query.align``): the reference model goes to every other
   client, which returns the permutations of its own trained model and the digest of the weights
-  they apply to; the digest must equal that of the weights the client sent in the training round.
+  they apply to; the digest must equal that of the weights the client sent in the training round;
+- the clients' own statistics (``query.fisher``, Fisher merging; ``query.gram``, RegMean): every
+  client returns the diagonal Fisher, or its layers' input Gram matrices, of its own trained
+  model on its own training data, with the digest of those weights (checked the same way).
 
 :class:`ClientRounds` implements :class:`fedlmc.merging.methods.ClientQueries`, so registered merge
 methods (``auto``, ``activation_federated``) reach the clients through it, and
@@ -55,6 +58,8 @@ from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.strategies.protocol import (
     ALIGN_QUERY,
     BN_QUERY,
+    FISHER_QUERY,
+    GRAM_QUERY,
     TEMPERATURE_QUERY,
     UNIT_STATS_QUERY,
     bn_stats_from_content,
@@ -64,6 +69,7 @@ from fedlmc.strategies.protocol import (
     query_content,
     state_digest,
     state_to_record,
+    statistics_from_content,
     temperature_stats_by_model,
     temperature_stats_from_content,
     unit_stats_from_content,
@@ -82,6 +88,7 @@ from fedlmc.strategies.screening import (
     WeightBound,
     screen_align_reply,
     screen_moments_reply,
+    screen_statistics_reply,
     screen_temperature_reply,
 )
 from fedlmc.strategies.strategy_utils import (
@@ -94,6 +101,9 @@ from fedlmc.strategies.strategy_utils import (
 )
 
 NEWTON_TOL = 1e-4  # after the grid start one Newton round is usually within this
+MERGE_QUERIES = (ALIGN_QUERY, FISHER_QUERY, GRAM_QUERY)
+"""The queries whose answers a merge method uses: a client dropped in one of them is left out
+of the merge (not only of later query rounds)."""
 
 
 class ClientQueryError(ClientsFailedError):
@@ -147,6 +157,8 @@ class ClientRounds:
         self.robust = robust
         self.num_classes = num_classes_of(template)
         self.dropped: list[Failure] = []
+        self.clients = list(survivors)
+        """The round's survivors as the merge received them (the order of ``MergeJob.states``)."""
         temperature_grid(self.grid_points)  # validates
 
     # ------------------------------------------------------------------------- one round
@@ -397,6 +409,52 @@ class ClientRounds:
                 continue
             perms.append(found)
         return perms
+
+    def fisher_diagonals(self) -> list[StateDict | None]:
+        """Per client (:attr:`clients`), the diagonal Fisher of its own trained model on its own
+        training data (``query.fisher``); ``None`` for a client dropped (now or earlier)."""
+        shapes = {k: tuple(p.shape) for k, p in self.template.named_parameters()}
+        return self._own_statistics(FISHER_QUERY, shapes, "fisher", {})
+
+    def gram_matrices(self, layers: Sequence[str]) -> list[dict[str, Tensor] | None]:
+        """Per client (:attr:`clients`), the Gram matrices of ``layers``' inputs of its own
+        trained model on its own training data (``query.gram``); ``None`` for a client
+        dropped."""
+        state = self.template.state_dict()
+        shapes = {str(n): (int(state[f"{n}.weight"].shape[1]),) * 2 for n in layers}
+        return self._own_statistics(GRAM_QUERY, shapes, "gram", {"layers": list(shapes)})
+
+    def _own_statistics(
+        self, action: str, shapes: Mapping[str, tuple[int, ...]], kind: str, extra: Mapping
+    ) -> list[dict[str, Tensor] | None]:
+        """One ``query.<action>`` round about the survivors' kept models: the screened answers
+        whose digest is that of the weights the client sent, per client of :attr:`clients`."""
+        answers = dict(
+            (u.node_id, c)
+            for u, c in self.ask(
+                action,
+                ArrayRecord(),
+                extra,
+                screen=lambda c: screen_statistics_reply(c, shapes, kind),
+            )
+        )
+        found: list[dict[str, Tensor] | None] = []
+        for update in self.clients:
+            if update.node_id not in answers:
+                found.append(None)
+                continue
+            tensors, digest = statistics_from_content(answers[update.node_id])
+            if digest != state_digest(update.state):
+                failure = Failure(
+                    update.node_id, update.partition_id, self._digest_reason(update), stage=action
+                )
+                log(WARNING, "%s query: dropped %s", action, failure.describe())
+                self.dropped.append(failure)
+                self.survivors = [u for u in self.survivors if u.node_id != update.node_id]
+                found.append(None)
+                continue
+            found.append(tensors)
+        return found
 
     def _digest_reason(self, update: ClientUpdate) -> str:
         """Why ``update``'s permutations do not apply to the weights it sent: a dtype other than

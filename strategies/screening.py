@@ -37,6 +37,10 @@ A client's reply is untrusted input. Every message type has one screen here; eac
   the spec (its payload checked before it is decoded), each a permutation of ``0 .. size - 1``
   of that group (moving whole blocks where the group is block-structured: attention heads), and
   a digest string.
+- **query.fisher / query.gram** (:func:`screen_statistics_reply`): exactly the expected tensors
+  (the model's parameters, or one square matrix per layer; each payload checked before it is
+  decoded), each floating, of the expected shape, finite, and non-negative (a Fisher diagonal)
+  or symmetric with a non-negative diagonal (a Gram matrix); a digest string.
 
 **Weight bound** (:class:`WeightBound`, :func:`bounded_shares`). A client's weight in the merge
 is its share of the claimed counts, :math:`s_i = n_i / \sum_j n_j`, capped at :math:`c_i` with
@@ -466,3 +470,35 @@ def screen_align_reply(
             checked_permutations(spec, perms, group_sizes)
         except ValueError as error:
             raise ScreenError(str(error)) from None
+
+
+def screen_statistics_reply(
+    content: RecordDict, shapes: Mapping[str, tuple[int, ...]], kind: str
+) -> None:
+    """A ``query.fisher`` (``kind = "fisher"``) or ``query.gram`` (``"gram"``) reply holding the
+    tensors of ``shapes`` (name -> shape); raises :class:`ScreenError`."""
+    arrays = _one(content.array_records, "ArrayRecord")
+    digest = _one(content.config_records, "ConfigRecord").get("state-digest")
+    if not isinstance(digest, str):
+        raise ScreenError("no state-digest string in the reply")
+    expected = {f"stat/{name}" for name in shapes}
+    if set(arrays) != expected:
+        key = sorted(set(arrays) ^ expected)[0]
+        raise ScreenError(f"wrong statistics: key {key!r} is missing or unexpected")
+    for name, shape in shapes.items():
+        array, key = arrays[f"stat/{name}"], f"stat/{name}"
+        if not np.issubdtype(declared_dtype(array, key), np.floating):
+            raise ScreenError(f"{name} must be floating, got {array.dtype}")
+        if tuple(array.shape) != tuple(shape):
+            raise ScreenError(f"{name} has shape {tuple(array.shape)}, want {tuple(shape)}")
+        values = np.asarray(decode(array, key, tuple(shape)), dtype=np.float64)
+        if not np.isfinite(values).all():
+            raise ScreenError(f"non-finite values in {name}")
+        if kind == "fisher" and (values < 0).any():
+            raise ScreenError(f"negative Fisher entries in {name}")
+        scale = 1 + np.abs(values).max(initial=0.0)
+        if kind == "gram" and (
+            np.abs(values - values.T).max(initial=0.0) > VARIANCE_TOLERANCE * scale
+            or (np.diagonal(values) < 0).any()
+        ):
+            raise ScreenError(f"{name} is no Gram matrix (not symmetric, or a negative diagonal)")

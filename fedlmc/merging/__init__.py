@@ -20,6 +20,10 @@
   ``builds_model``), imported here so that they are registered whenever the registry is.
 - :mod:`fedlmc.merging.robust_rules`: the robust aggregation rules registered as methods
   (coordinate-wise median, trimmed mean, Krum, multi-Krum), imported here as the baselines are.
+- :mod:`fedlmc.merging.field_methods`: the methods the model-merging field compares against
+  (Fisher merging, :mod:`fedlmc.merging.fisher`; RegMean, :mod:`fedlmc.merging.regmean`; Task
+  Arithmetic, TIES and DARE, :mod:`fedlmc.merging.task_vectors`; OT fusion,
+  :mod:`fedlmc.merging.ot_fusion`), registered with their options, imported here too.
 
 The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
 :mod:`fedlmc.permutation` (MergeMany averages while it aligns).
@@ -47,4 +51,5 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 # Registers the baselines' methods (no torch at import; imports fedlmc.merging.methods).
 from fedlmc.merging import baselines as _baselines  # noqa: E402, F401
+from fedlmc.merging import field_methods as _field_methods  # noqa: E402, F401
 from fedlmc.merging import robust_rules as _robust_rules  # noqa: E402, F401

@@ -14,6 +14,11 @@ federation against them)::
 
 - :meth:`LocalClients.activation_permutations`: client ``i >= 1`` matches its own model to the
   reference by :func:`fedlmc.permutation.matching.activation_matching` on ``train_inputs[i]``;
+- :meth:`LocalClients.fisher_diagonals`, :meth:`LocalClients.gram_matrices`: client :math:`i`'s
+  diagonal Fisher of its own model on ``train_inputs[i]`` and ``train_labels[i]``, or the Gram
+  matrices of its layers' inputs on ``train_inputs[i]``, each on at most ``fisher_samples`` /
+  ``regmean_samples`` of them (the seeded subset the ClientApp draws,
+  :func:`fedlmc.merging.fisher.statistics_seed` of ``seed`` and ``i``);
 - :meth:`LocalClients.calibrated_nlls`: per model, BatchNorm statistics re-estimated on every
   client's training inputs (exact sums, as the ``query.bn_stats`` round) where asked, then
   :math:`\min_u \sum_c \mathrm{NLL}_c(u) / \sum_c n_c` over the grid of
@@ -48,6 +53,7 @@ from fedlmc.merging.calibrate import (
     temperature_grid,
     temperature_statistics,
 )
+from fedlmc.merging.field_methods import FISHER_LABELS, FISHER_SAMPLES, REGMEAN_SAMPLES
 from fedlmc.merging.repair import UnitStats, combine_unit_statistics, unit_statistics
 from fedlmc.permutation.matching import activation_matching
 
@@ -68,6 +74,11 @@ class LocalClients:
     calibration: Sequence[Data]
     grid_points: int = 1001
     device: str | torch.device | None = None
+    train_labels: Sequence[Tensor] = ()
+    fisher_samples: int = FISHER_SAMPLES
+    fisher_labels: str = FISHER_LABELS[0]
+    regmean_samples: int = REGMEAN_SAMPLES
+    seed: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.states)
@@ -75,6 +86,10 @@ class LocalClients:
             raise ValueError(
                 f"{n} client states need {n} train_inputs and {n} calibration sets; got "
                 f"{len(self.train_inputs)} and {len(self.calibration)}"
+            )
+        if self.train_labels and len(self.train_labels) != n:
+            raise ValueError(
+                f"{n} client states need {n} train_labels; got {len(self.train_labels)}"
             )
         temperature_grid(self.grid_points)  # validates
         self.device = resolve_device(self.device)
@@ -90,6 +105,36 @@ class LocalClients:
         for state, x in zip(self.states[1:], self.train_inputs[1:], strict=True):
             perms.append(dict(activation_matching(ref, self._model(state), x)))
         return perms
+
+    def fisher_diagonals(self) -> list[StateDict]:
+        """Per client, the diagonal empirical Fisher of its own model on a bounded sample of its
+        training data (:func:`fedlmc.merging.fisher.fisher_diagonal`)."""
+        from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, statistics_seed
+
+        if len(self.train_labels) != len(self.states):
+            raise ValueError("the Fisher needs the clients' train_labels; got none")
+        fishers = []
+        for index, (state, x, y) in enumerate(
+            zip(self.states, self.train_inputs, self.train_labels, strict=True)
+        ):
+            seed = statistics_seed(self.seed, index)
+            xs, ys = bounded_sample(x, y, self.fisher_samples, seed)
+            fishers.append(
+                fisher_diagonal(self._model(state), xs, ys, labels=self.fisher_labels, seed=seed)
+            )
+        return fishers
+
+    def gram_matrices(self, layers: Sequence[str]) -> list[dict[str, Tensor]]:
+        """Per client, the Gram matrices of ``layers``' inputs of its own model on a bounded
+        sample of its training inputs (:func:`fedlmc.merging.regmean.gram_matrices`)."""
+        from fedlmc.merging.fisher import bounded_sample, statistics_seed
+        from fedlmc.merging.regmean import gram_matrices
+
+        grams = []
+        for index, (state, x) in enumerate(zip(self.states, self.train_inputs, strict=True)):
+            xs, _ = bounded_sample(x, None, self.regmean_samples, statistics_seed(self.seed, index))
+            grams.append(gram_matrices(self._model(state), xs, layers))
+        return grams
 
     def calibrated_nlls(
         self, states: Sequence[StateDict], reestimate_bn: Sequence[bool]

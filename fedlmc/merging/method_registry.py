@@ -59,6 +59,13 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   client also sends its holder masks in the same secure sum and the server divides by their
   sum (:func:`fedlmc.merging.sum_form.divided_by_holders`); ``secure_note``: for a ``sum``
   rule without them, what it would need to run securely (the refusal says it);
+- ``secure_sums``: for a ``sum`` rule computed from several secure means at once (Fisher
+  merging, RegMean: ratios and solves of sums over the clients), what each client sends and how
+  the server merges the means (:class:`fedlmc.merging.sum_form.SecureSums`); like
+  ``sum_exponents``, it makes the method run under secure aggregation;
+- ``needs_base``: the rule is relative to the clients' common starting model (task vectors:
+  Task Arithmetic, TIES, DARE), ``job.base``; refused before any work without one (clients
+  initialised independently have none);
 - ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
   a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
   ``average``);
@@ -95,7 +102,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
-    from fedlmc.merging.sum_form import SumExponents
+    from fedlmc.merging.sum_form import SecureSums, SumExponents
     from fedlmc.permutation.spec import PermutationSpec
 
     StateDict = dict[str, Tensor]
@@ -151,12 +158,25 @@ class ClientQueries(Protocol):
         identity) for client 0, whose model ``reference`` is."""
         ...
 
+    def fisher_diagonals(self) -> list[StateDict | None]:
+        """Per client, the diagonal empirical Fisher of its own model on (a bounded sample of)
+        its own training data (:func:`fedlmc.merging.fisher.fisher_diagonal`); ``None`` for a
+        client whose answer was dropped."""
+        ...
+
+    def gram_matrices(self, layers: Sequence[str]) -> list[dict[str, Tensor] | None]:
+        """Per client, the Gram matrix of each of ``layers``' inputs of its own model on (a
+        bounded sample of) its own training data (:func:`fedlmc.merging.regmean.gram_matrices`);
+        ``None`` for a client whose answer was dropped."""
+        ...
+
 
 @dataclass
 class MergeJob:
     """What a merge method receives: the clients, their normalised weights and the context
     (the server's held-out data ``(x, y)`` if any, method ``options`` such as
-    ``auto_tolerance``, and ``clients``, the :class:`ClientQueries` of a federation)."""
+    ``auto_tolerance``, ``clients``, the :class:`ClientQueries` of a federation, and ``base``,
+    the clients' common starting model if any)."""
 
     template: nn.Module
     states: Sequence[StateDict]
@@ -167,6 +187,9 @@ class MergeJob:
     spec: PermutationSpec | None = None
     options: dict[str, Any] = field(default_factory=dict)
     clients: ClientQueries | None = None
+    base: StateDict | None = None
+    """The clients' common starting model when they had one (``init = "shared"``: the server's
+    initialisation), for the methods registered ``needs_base``."""
 
     @property
     def server_inputs(self) -> Tensor | None:
@@ -227,11 +250,15 @@ class MergeMethod:
     secure_note: str = ""
     divide_by_holders: bool = False
     min_clients: int = 1
+    secure_sums: SecureSums | None = None
+    needs_base: bool = False
 
     @property
     def runs_securely(self) -> bool:
-        """Whether secure aggregation can run the rule: ``sum`` with its ``sum_exponents``."""
-        return self.server_sees == SECURE_SUM and self.sum_exponents is not None
+        """Whether secure aggregation can run the rule: ``sum`` with its ``sum_exponents`` or
+        its ``secure_sums``."""
+        built = self.sum_exponents is not None or self.secure_sums is not None
+        return self.server_sees == SECURE_SUM and built
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
@@ -269,6 +296,8 @@ def register_method(
     secure_note: str = "",
     divide_by_holders: bool = False,
     min_clients: int = 1,
+    secure_sums: SecureSums | None = None,
+    needs_base: bool = False,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
     """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
@@ -283,6 +312,11 @@ def register_method(
         raise ValueError(
             f"merge method {name!r}: sum_exponents with server_sees = {server_sees!r}; "
             f"allowed only with server_sees = {SECURE_SUM!r}"
+        )
+    if secure_sums is not None and (server_sees != SECURE_SUM or sum_exponents is not None):
+        raise ValueError(
+            f"merge method {name!r}: secure_sums with server_sees = {server_sees!r} or with "
+            f"sum_exponents; allowed only with server_sees = {SECURE_SUM!r}, without exponents"
         )
     if divide_by_holders and (sum_exponents is None or not mixed_widths):
         raise ValueError(
@@ -313,6 +347,8 @@ def register_method(
             secure_note,
             divide_by_holders,
             int(min_clients),
+            secure_sums,
+            needs_base,
         )
         METHODS.add(name, entry, replace=replace)
         return align
@@ -392,13 +428,14 @@ def mixed_width_row(method: str) -> str | None:
     return None if twin is None else twin + method[len(base) :]
 
 
-def study_methods() -> tuple[str, ...]:
+def study_methods(federated: bool = False) -> tuple[str, ...]:
     """Every row a study can report: each merge method raw and with ``_t`` (but those that need
-    the clients, which only a federation's strategy can run), then ``ensemble``."""
+    the clients, unless ``federated``: a study given a federation's clients, the ``compare``
+    strategy's), then ``ensemble``."""
     names = [
         n
         for m in merge_method_names()
-        if not METHODS.get(m).needs_clients
+        if federated or not METHODS.get(m).needs_clients
         for n in (m, m + CALIBRATED_SUFFIX)
     ]
     return (*names, *REFERENCE_METHODS)

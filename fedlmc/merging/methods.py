@@ -116,6 +116,7 @@ def merge_states(
     spec: PermutationSpec | None = None,
     options: dict[str, Any] | None = None,
     clients: ClientQueries | None = None,
+    base: StateDict | None = None,
     with_info: Literal[False] = False,
 ) -> tuple[StateDict, list[StateDict]]: ...
 
@@ -133,6 +134,7 @@ def merge_states(
     spec: PermutationSpec | None = None,
     options: dict[str, Any] | None = None,
     clients: ClientQueries | None = None,
+    base: StateDict | None = None,
     with_info: Literal[True],
 ) -> tuple[StateDict, list[StateDict], dict[str, Any]]: ...
 
@@ -149,6 +151,7 @@ def merge_states(
     spec: PermutationSpec | None = None,
     options: dict[str, Any] | None = None,
     clients: ClientQueries | None = None,
+    base: StateDict | None = None,
     with_info: bool = False,
 ) -> tuple[StateDict, list[StateDict]] | tuple[StateDict, list[StateDict], dict[str, Any]]:
     r"""Merge ``states`` with the registered ``method``: ``(merged, aligned clients)``, and with
@@ -160,11 +163,12 @@ def merge_states(
     uniform); no BatchNorm re-estimation and no temperature here (the callers add them). A
     single client is returned unchanged (a ``mixed_widths`` method embeds it into
     ``template``'s shapes). ``server_data`` (the server's held-out ``(x, y)``), ``seed``,
-    ``device``, ``spec`` (default: the template's), ``options`` (e.g. ``auto_tolerance``) and
-    ``clients`` (a federation's :class:`ClientQueries`) reach the method in its
-    :class:`MergeJob`. ``ValueError``, before any work, when the method is unknown, needs
-    ``server_data`` (or, for methods that take the clients' data instead, ``clients``) that is
-    missing, needs the ``clients`` of a federation that are missing, or does not accept this
+    ``device``, ``spec`` (default: the template's), ``options`` (e.g. ``auto_tolerance``),
+    ``clients`` (a federation's :class:`ClientQueries`) and ``base`` (the clients' common
+    starting model, for the task-vector methods) reach the method in its :class:`MergeJob`.
+    ``ValueError``, before any work, when the method is unknown, needs ``server_data`` (or, for
+    methods that take the clients' data instead, ``clients``) that is missing, needs the
+    ``clients`` of a federation or a ``base`` that are missing, or does not accept this
     many clients, when the method does not fit ``template`` (:func:`model_refusal`: a
     ``plain_chain_only`` method and no norm-free plain chain, REPAIR and a layer without a
     bias), and when the clients' state dicts differ in shape for a
@@ -176,6 +180,13 @@ def merge_states(
 
     entry = merge_method(method)
     _check_request(entry, states, server_data, clients)
+    if entry.needs_base and base is None:
+        raise ValueError(
+            f"merge method {entry.name!r} needs the clients' common base model (their task "
+            "vectors are relative to it); got none: clients initialised independently have none "
+            "(allowed: init = 'shared', where the server's initialisation is the base, or base= "
+            "in merge_states)"
+        )
     check_model_fits(entry.name, template, spec)
     w = normalised_weights(weights, len(states))
     if len(states) == 1 and not entry.mixed_widths:
@@ -191,6 +202,7 @@ def merge_states(
             spec=spec,
             options=dict(options or {}),
             clients=clients,
+            base=base,
         )
         merged, aligned, info = _run(entry, job)
     return (merged, aligned, info) if with_info else (merged, aligned)

@@ -43,6 +43,11 @@ none does, as the clear rule. The masks are summed securely too: the server neve
 client holds what. Scaling the masks by :math:`c` puts them on the clipping range, so their
 quantisation error relative to :math:`B` is :math:`1/c` of the values' (:func:`holder_error_bound`).
 
+**Several means at once** (Fisher merging, RegMean: a ratio of two sums, a linear solve of
+sums): a :class:`SecureSums` rule says what each client sends, computed from its own model and
+data alone (its parts: :math:`u_i \odot \theta_i` and :math:`c\,u_i` for Fisher merging), and
+how the server merges the parts' secure means; every part travels in the same secure round.
+
 **Range.** With :math:`s_i \le 1` (SecAgg+'s :math:`s_i = n_i / M`, no client above
 ``max_weight`` :math:`M`), a pre-scaled value :math:`|s_i^{\,e} x| \le |x|`: whatever range holds
 the clients' trained weights holds what they send, so the clipping rule on the initial model is
@@ -56,7 +61,8 @@ import time (the run-config validation reads the registry).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -69,6 +75,8 @@ SumExponents = Callable[["PermutationSpec", Mapping[str, "Tensor"]], Exponents]
 
 __all__ = [
     "Exponents",
+    "SecureSums",
+    "weighted_means",
     "SumExponents",
     "client_scaled",
     "divided_by_holders",
@@ -82,6 +90,45 @@ __all__ = [
     "secure_sum_merge",
     "server_rescaled",
 ]
+
+
+@dataclass(frozen=True)
+class SecureSums:
+    r"""A ``sum`` rule merged from several secure means of one round (see the module docstring);
+    ``options`` are the merge's method options (:class:`~fedlmc.merging.method_registry.MergeJob`
+    ``options``) with the round's ``clipping_range`` (:math:`c`), ``weight_range`` (:math:`b
+    \le c`, the weights' bound the values are scaled by) and ``statistics_range`` (:math:`R`,
+    ``secagg-statistics-range``), and, for the client, ``statistics_seed``; for the server,
+    ``entry_error`` (the largest error of one entry of a secure mean, :math:`3Nc/(QS)`).
+
+    - ``part_shapes(template)``: per part, in the order the clients send them, its keys and
+      shapes (how the server splits the aggregate);
+    - ``client_parts(model, data, options)``: the parts one client sends, from its own trained
+      ``model`` and training ``data`` ``(x, y)``, every value within :math:`[-c, c]`;
+    - ``merge(template, means, options)``: the merge (the template's floating-point keys,
+      float64) from the parts' weighted means, and the bound on its difference from the clear
+      rule.
+    """
+
+    part_shapes: Callable[[nn.Module], list[dict[str, tuple[int, ...]]]]
+    client_parts: Callable[[nn.Module, tuple[Tensor, Tensor], Mapping[str, Any]], list[StateDict]]
+    merge: Callable[[nn.Module, list[StateDict], Mapping[str, Any]], tuple[StateDict, float]]
+
+
+def weighted_means(
+    parts: Sequence[Sequence[Mapping[str, Tensor]]], weights: Sequence[float]
+) -> list[StateDict]:
+    r"""Per part, :math:`\sum_i w_i p_i` of the clients' parts (``parts[i]``: client :math:`i`'s)
+    at normalised ``weights``, float64: what a secure round gives in exact arithmetic, and how
+    a :class:`SecureSums` rule's clear merge combines the same parts."""
+    import torch
+
+    total = float(sum(weights))
+    clients = list(zip(weights, parts, strict=True))
+    return [
+        {k: sum(w * p[j][k].to(torch.float64) for w, p in clients) / total for k in parts[0][j]}
+        for j in range(len(parts[0]))
+    ]
 
 
 def plain_exponents(spec: PermutationSpec | None, state: Mapping[str, Tensor]) -> Exponents:

@@ -66,8 +66,10 @@ from fedlmc.evaluation import resolve_device
 from fedlmc.merging.methods import (
     CALIBRATED_SUFFIX,
     REFERENCE_METHODS,
+    ClientQueries,
     base_method,
     check_model_fits,
+    merge_method,
     model_refusal,
 )
 from fedlmc.permutation.model_spec import permutation_spec
@@ -159,6 +161,8 @@ def study_context(
     layer_names: Sequence[str] | None = None,
     method_options: Mapping[str, Any] | None = None,
     progress: Progress = None,
+    clients: ClientQueries | None = None,
+    base: StateDict | None = None,
 ) -> StudyContext:
     """The :class:`~fedlmc.study.context.StudyContext` of one study: weights normalised, the
     diagnostics' inputs (the first ``diagnostic_samples`` test inputs) and layers
@@ -182,6 +186,8 @@ def study_context(
         method_options=MappingProxyType(dict(method_options or {})),
         progress=progress,
         lewc_undefined=undefined,
+        clients=clients,
+        base=base,
     )
 
 
@@ -205,6 +211,8 @@ def _base_columns(context: StudyContext, baseline: ClientBaseline, method: str) 
     pred = Predictions.of(merged.model, context.splits, context.device)
     metrics = pred.metrics(context.splits.test[1])
     columns: dict[str, Any] = {"merge_seconds": merged.seconds, **merged.info}
+    if merged.query_rounds:  # the federation adds its collecting round's (the ServerApp)
+        columns.update(rounds=merged.query_rounds, bytes_sent_by_clients=merged.query_bytes)
     columns["merged_parameters_ratio"] = parameters_ratio(merged, context.template)
     columns.update(gap_columns(baseline.endpoints, metrics))
     columns.update(agreement_columns(baseline.top1, pred.test.argmax(dim=1)))
@@ -272,6 +280,8 @@ def compare_methods(
     method_options: dict[str, Any] | None = None,
     progress: Progress = None,
     client_templates: Sequence[nn.Module] | None = None,
+    clients: ClientQueries | None = None,
+    base: StateDict | None = None,
 ) -> Comparison:
     """One row per requested method (columns :func:`fedlmc.study.rows.row_columns`), all on the same
     client models, and the merged weights of each base merge (``Comparison.merged``).
@@ -294,16 +304,22 @@ def compare_methods(
     messages. ``client_templates`` (one model per client) are the architectures the clients'
     weights load into when they differ from ``template`` (clients of different widths, merged
     at ``template``'s width by a mixed-width merge method); default: ``template`` for every
-    client.
+    client. ``clients`` (a federation's :class:`~fedlmc.merging.methods.ClientQueries`, in the
+    order of ``states``: a :class:`~fedlmc.merging.clients.LocalClients`, or the compare
+    strategy's query rounds) lets the methods that run on the clients (``fisher``, ``regmean``,
+    ``activation_federated``) be rows; ``base`` (the clients' common starting model, e.g. the
+    server's initialisation of ``init = "shared"``) the task-vector methods
+    (``task_arithmetic``, ``ties``, ``dare``): without it the default ``methods`` leave them out
+    and a method given explicitly is refused before any work.
 
     The settings become one frozen :class:`~fedlmc.study.context.StudyContext`
     (:func:`study_context`) that every step of the study reads.
     """
     check_states(states)
     defaulted = methods is None
-    methods = check_client_count(
-        check_methods(default_methods(len(states)) if methods is None else methods), len(states)
-    )
+    chosen = default_methods(len(states)) if methods is None else methods
+    methods = check_client_count(check_methods(chosen, clients is not None), len(states))
+    methods = _methods_with_base(methods, base, defaulted)
     if int(lambdas) < 2:
         raise ValueError(f"lambdas must be an integer >= 2, got {lambdas}")
     if int(diagnostic_samples) < 1:
@@ -331,11 +347,30 @@ def compare_methods(
         layer_names=layer_names,
         method_options=method_options,
         progress=progress,
+        clients=clients,
+        base=base,
     )
     result = _rows(context, client_baseline(context, client_templates), methods)
     for row in result.rows:
         row.update(flag_columns(row, splits.num_classes, len(splits.test[1])))
     return result
+
+
+def _methods_with_base(
+    methods: Sequence[str], base: StateDict | None, defaulted: bool
+) -> list[str]:
+    """``methods``; without a ``base``, the default ones without the ``needs_base`` methods and
+    ``ValueError`` for one given explicitly (before any work)."""
+    if base is not None:
+        return list(methods)
+    needing = [m for m in methods if m not in REFERENCE_METHODS and merge_method(m).needs_base]
+    if needing and not defaulted:
+        raise ValueError(
+            f"merge method {needing[0]!r} needs the clients' common base model; got none: "
+            "allowed: compare_methods(base=...), e.g. the server's initialisation of clients "
+            "started from it (init = 'shared')"
+        )
+    return [m for m in methods if m not in needing]
 
 
 def _methods_for_model(

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.merging.methods import REFERENCE_METHODS, merge_method, study_methods
+from fedlmc.merging.methods import REFERENCE_METHODS, ClientQueries, merge_method, study_methods
 from fedlmc.permutation.spec import PermutationSpec
 
 if TYPE_CHECKING:
@@ -51,7 +51,10 @@ class StudyContext:
 
     ``weights`` are normalised; ``diagnostic_x`` are the first ``diagnostic_samples`` test
     inputs; ``layer_names`` the layers the diagnostics measure (empty without diagnostics);
-    ``lewc_undefined`` why LEWC's depths are undefined for this model ("" where defined).
+    ``lewc_undefined`` why LEWC's depths are undefined for this model ("" where defined);
+    ``clients`` the federation's :class:`~fedlmc.merging.methods.ClientQueries` the methods that
+    run on the clients query (``None``: none of them runs); ``base`` the clients' common
+    starting model (``None``: the task-vector methods do not run).
     """
 
     template: nn.Module
@@ -68,6 +71,8 @@ class StudyContext:
     method_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     progress: Progress = None
     lewc_undefined: str = ""
+    clients: ClientQueries | None = None
+    base: StateDict | None = None
 
     @property
     def num_clients(self) -> int:
@@ -120,13 +125,20 @@ def check_states(states: Sequence[StateDict]) -> None:
         raise ValueError("need at least one client state dict, got none")
 
 
-def check_methods(methods: Sequence[str]) -> list[str]:
-    """``methods`` without duplicates, in order; ``ValueError`` naming an unknown one."""
+def check_methods(methods: Sequence[str], federated: bool = False) -> list[str]:
+    """``methods`` without duplicates, in order; ``ValueError`` naming an unknown one, or one
+    that runs on the clients when the study has none (``federated`` false)."""
     if isinstance(methods, str):
         methods = [methods]
-    allowed = study_methods()
+    allowed = study_methods(federated)
     for method in methods:
         if method not in allowed:
+            if method in study_methods(federated=True):
+                raise ValueError(
+                    f"merge method {method!r} runs on the clients: allowed only with a "
+                    "federation's clients (compare_methods(clients=...): a LocalClients, or the "
+                    "compare strategy's query rounds)"
+                )
             raise ValueError(f"unknown merge method {method!r}; allowed: {', '.join(allowed)}")
     return list(dict.fromkeys(methods))
 

@@ -54,7 +54,10 @@ class Merged:
     path rule between two models (``path``; ``None`` for a method whose merge is on no path
     between them, e.g. ``random_direction``) and the timing. ``template_shaped`` is false for a
     method registered with ``builds_model``: ``model`` is then of another architecture and
-    ``state`` only the combination of the aligned clients (no state dict of ``model``)."""
+    ``state`` only the combination of the aligned clients (no state dict of ``model``).
+    ``query_rounds`` and ``query_bytes``: the message rounds and reply bytes of the clients'
+    query rounds the method ran (a federation's clients that count them, such as
+    :class:`fedlmc.strategies.queries.ClientRounds`; 0 otherwise)."""
 
     model: nn.Module
     state: StateDict
@@ -66,6 +69,8 @@ class Merged:
     combined: StateDict = field(default_factory=dict)
     path: PathRule | None = interpolate
     template_shaped: bool = True
+    query_rounds: int = 0
+    query_bytes: int = 0
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -105,6 +110,8 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
     start = time.perf_counter()
     server_data = context.server_data
     weights = list(context.weights)
+    entry = merge_method(method)
+    before = _query_counts(context.clients)
     merged, aligned, info = merge_states(
         method,
         context.template,
@@ -115,9 +122,10 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         device=context.device,
         spec=context.spec,
         options=dict(context.method_options),
+        clients=context.clients if entry.needs_clients else None,
+        base=context.base,
         with_info=True,
     )
-    entry = merge_method(method)
     if entry.template_shaped:
         source = None if server_data is None else ServerData(*server_data)
         finished = post_merge(
@@ -130,6 +138,7 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         finished = PostMerged(model, merged, "none", repaired=False)
     if context.device.type == "cuda":
         torch.cuda.synchronize(context.device)
+    after = _query_counts(context.clients)
     return Merged(
         model=finished.model,
         state=finished.state,
@@ -141,7 +150,14 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         combined=merged,
         path=path_rule(method, context.template, context.spec),
         template_shaped=entry.template_shaped,
+        query_rounds=after[0] - before[0],
+        query_bytes=after[1] - before[1],
     )
+
+
+def _query_counts(clients: object) -> tuple[int, int]:
+    """``(rounds, bytes_received)`` of a federation's clients that count them, else zeros."""
+    return int(getattr(clients, "rounds", 0)), int(getattr(clients, "bytes_received", 0))
 
 
 def merge_clients(

@@ -197,7 +197,10 @@ def calibration_holdout(config: Mapping[str, Any]) -> float:
 
 
 def keeps_trained_model(config: Mapping[str, Any]) -> bool:
-    """Whether a client keeps its trained weights in its node's context between rounds (client-side
-    activation matching: ``strategy = "aligned"``, ``align = "activation_federated"``)."""
-    aligned = config["strategy"] == "aligned"
-    return aligned and merge_method_entry(align_method(config)).needs_clients
+    """Whether a client keeps its trained weights in its node's context between rounds: a merge
+    method that queries the clients about their own models runs (``activation_federated``,
+    ``fisher``, ``regmean``: ``align`` of ``strategy = "aligned"``, or in the ``methods`` of
+    ``"compare"``)."""
+    if config["strategy"] not in ("aligned", "compare"):
+        return False
+    return any(merge_method_entry(m).needs_clients for m in selected_methods(config))

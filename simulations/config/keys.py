@@ -25,6 +25,7 @@ from fedlmc.simulations.config.derived import (
     uses_fedavg,
 )
 from fedlmc.simulations.config.dp import DP_MODES, DP_OFF, is_dp
+from fedlmc.simulations.config.field_keys import field_method_keys
 from fedlmc.simulations.config.schema import (
     Key,
     Rule,
@@ -229,6 +230,7 @@ def declared_keys() -> dict[str, Key]:
                 "the `multi_krum` method runs", lambda c: "multi_krum" in selected_methods(c)
             ),
         ),
+        **field_method_keys(),
         "calibration": named(
             str,
             "server",

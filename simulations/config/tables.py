@@ -43,7 +43,12 @@ def _yes(flag: bool) -> str:
 
 def _data_source(method: MergeMethod) -> str:
     if method.needs_clients:
-        return 'each client\'s own (federation only: `strategy = "aligned"`)'
+        return (
+            'each client\'s own (a federation only: `strategy = "aligned"`, or `compare` '
+            "querying its clients)"
+        )
+    if method.needs_base:
+        return 'none, but the clients\' common base (`init = "shared"`)'
     if method.needs_server_data and method.clients_for_data:
         return "server split, or the clients' (calibration = federated)"
     return "server split" if method.needs_server_data else "none"

@@ -35,6 +35,7 @@ from fedlmc.simulations.config.derived import (
     widths_text,
 )
 from fedlmc.simulations.config.feasibility import check_memory
+from fedlmc.simulations.config.field_keys import check_base_methods
 from fedlmc.simulations.config.keys import RUN_KEYS, run_schema
 from fedlmc.simulations.config.schema import (
     ConfigError,
@@ -133,6 +134,7 @@ CONSISTENCY_CHECKS: list[Check] = [
     check_secure_cell,
     check_dp_cell,
     check_krum_cell,
+    check_base_methods,
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
 about a new key joins this list (run by :func:`validate_run_config`)."""

@@ -42,9 +42,10 @@ DEFAULT_OUTLIER_FACTOR = 10.0  # = fedlmc.strategies.robust.DEFAULT_OUTLIER_FACT
 
 
 def cell_methods() -> tuple[str, ...]:
-    """Every method a cell can report: the study's rows
-    (:func:`fedlmc.merging.methods.study_methods`) and the FedAvg baseline."""
-    return (*study_methods(), FEDAVG)
+    """Every method a cell can report: the study's rows, those that run on the clients too (a
+    compare cell queries its clients for them; :func:`fedlmc.merging.methods.study_methods`),
+    and the FedAvg baseline."""
+    return (*study_methods(federated=True), FEDAVG)
 
 
 def aligning_methods() -> tuple[str, ...]:

@@ -13,12 +13,13 @@ Flower's SecAgg+ workflow (it carries the ``secaggplus_configs`` record) goes th
 checks that its example count is at most ``max_weight``, pre-scales its arrays for the merge
 the server named (:func:`scaled_for_merge`: its share to the power of the method's
 ``sum_exponents``, nothing for the plain average; for ``heterofl`` its held values and
-holder masks, :func:`sent_for_merge`), checks that every floating-point value it
-sends lies inside the clipping range the server chose (an error reply naming the key and
-value, never a silent clip: :func:`fedlmc.strategies.secure.check_in_range`),
-and answers in the legacy ``FitRes`` format with its floating-point arrays only
-(:func:`fedlmc.strategies.secure.secure_arrays`), which the mod then quantises and masks. No
-weight leaves the client in the clear.
+holder masks, :func:`sent_for_merge`; for a rule of several sums, ``fisher`` or ``regmean``,
+the parts its own trained model and training data give, :func:`statistics_for_merge`),
+checks that every floating-point value it sends lies inside the clipping range the server
+chose (an error reply naming the key and value, never a silent clip:
+:func:`fedlmc.strategies.secure.check_in_range`), and answers in the legacy ``FitRes`` format
+with its floating-point arrays only (:func:`fedlmc.strategies.secure.secure_arrays`), which the
+mod then quantises and masks. No weight leaves the client in the clear.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 
+from fedlmc.merging.methods import merge_method
 from fedlmc.strategies.protocol import (
     NUM_PARTITIONS_KEY,
     PARTITION_KEY,
@@ -47,9 +49,16 @@ from fedlmc.strategies.secure import (
     check_in_range,
     secure_arrays,
 )
+from fedlmc.strategies.secure_statistics import WEIGHT_RANGE_KEY
 from fedlmc.strategies.secure_temperature import LOG_T_KEY, TASK_KEY, TEMPERATURE_TASK
 
-__all__ = ["scaled_for_merge", "secure_fit_reply", "secure_train_mod", "sent_for_merge"]
+__all__ = [
+    "scaled_for_merge",
+    "secure_fit_reply",
+    "secure_train_mod",
+    "sent_for_merge",
+    "statistics_for_merge",
+]
 REPORTED_METRICS = ("partition-id", "train-loss", "train-accuracy", "train-seconds")
 
 
@@ -140,6 +149,34 @@ def sent_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count: i
     return list(held_for_sum(state, model, permutation_spec(model), clipping))
 
 
+def statistics_for_merge(
+    state: dict, model: Any, message: Message, context: Context, fit_config: dict[str, Any]
+) -> list[dict]:
+    """The parts a client of a ``secure_sums`` rule (``fisher``, ``regmean``) sends: computed
+    by the rule's ``client_parts`` from its trained ``state`` (loaded into ``model``) and its
+    own training data, with the run's method options, the clipping and statistics ranges and
+    its statistics seed (:func:`fedlmc.merging.fisher.statistics_seed`)."""
+    import torch
+
+    from fedlmc.merging.fisher import statistics_seed
+    from fedlmc.simulations.config.field_keys import field_method_options
+    from fedlmc.simulations.task import client_run_config, client_train_data
+
+    config = client_run_config(context.run_config, fit_config)
+    pid, num_partitions = _partition_of(message, context)
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
+    options = {
+        **field_method_options(config),
+        "clipping_range": float(fit_config[CLIPPING_KEY]),
+        "weight_range": float(fit_config.get(WEIGHT_RANGE_KEY, fit_config[CLIPPING_KEY])),
+        "statistics_range": float(config["secagg-statistics-range"]),
+        "statistics_seed": statistics_seed(config["seed"], pid),
+    }
+    entry = merge_method(str(fit_config[MERGE_KEY]))
+    data = client_train_data(config, pid, num_partitions)
+    return entry.secure_sums.client_parts(model.eval(), data, options)
+
+
 def _clear_train_reply(
     message: Message, context: Context, content: RecordDict, train_reply: Handler
 ) -> Message:
@@ -169,7 +206,10 @@ def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -
     pid = int(metrics["partition-id"])
     count = int(metrics["num-examples"])
     _check_count(count, fit_config, pid)
-    sent = sent_for_merge(state, model, fit_config, count)
+    if merge_method(str(fit_config.get(MERGE_KEY, "average"))).secure_sums is not None:
+        sent = statistics_for_merge(state, model, message, context, fit_config)
+    else:
+        sent = sent_for_merge(state, model, fit_config, count)
     for part in sent:
         check_in_range(part, float(fit_config[CLIPPING_KEY]), f"client partition {pid}")
     reported = {k: metrics[k] for k in REPORTED_METRICS}

@@ -1,6 +1,6 @@
 """The ServerApp mode of ``secure-aggregation = "secagg+"``: ``strategy = "average"``, or
 ``"aligned"`` with a method that runs securely (``align = "average_lewc_bias"``,
-``"embed_average"`` or ``"heterofl"``).
+``"embed_average"``, ``"heterofl"``, ``"fisher"`` or ``"regmean"``).
 
 :func:`run_secure_average` replaces the clear one-shot round (``run_one_shot``) when the run
 is secure: one SecAgg+ round (:func:`fedlmc.strategies.secure.secure_average`) on the run's
@@ -12,8 +12,11 @@ pre-scales its arrays by its share to the power of the method's ``sum_exponents`
 server post-scales the weighted mean (:mod:`fedlmc.merging.sum_form`; the plain average's
 exponents are all 0); for a rule that divides by the holders (``heterofl``) the clients also
 send their holder masks and the server divides the two means
-(:func:`fedlmc.strategies.secure.holder_divided`). The temperature of the ``_t`` row
-is fitted on the server split (``calibration = "server"``) or, with ``calibration =
+(:func:`fedlmc.strategies.secure.holder_divided`); for a rule of several sums (``fisher``,
+``regmean``: registered with ``secure_sums``) every client sends its parts, computed on its own
+data, in the same round, at the finest quantisation Flower allows, and the server divides or
+solves (:func:`fedlmc.strategies.secure_statistics.secure_sums_merge`). The temperature of the
+``_t`` row is fitted on the server split (``calibration = "server"``) or, with ``calibration =
 "federated"``, by secure Newton rounds on the held-out data of the clients that survived the
 average's round (:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL
 means); no
@@ -44,6 +47,7 @@ from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits
 from fedlmc.merging.methods import merge_method
 from fedlmc.merging.post_merge import ServerData, post_merge
+from fedlmc.simulations.config.field_keys import field_method_options
 from fedlmc.strategies.secure import (
     CLIPPING_KEY,
     MAX_WEIGHT_KEY,
@@ -53,6 +57,12 @@ from fedlmc.strategies.secure import (
     secure_average,
     secure_settings,
 )
+from fedlmc.strategies.secure_statistics import (
+    WEIGHT_RANGE_KEY,
+    fine_settings,
+    secure_sums_merge,
+    weight_range,
+)
 from fedlmc.strategies.secure_temperature import SecureTemperature, secure_temperature
 
 __all__ = [
@@ -60,6 +70,7 @@ __all__ = [
     "secure_fit_config",
     "secure_merge_method",
     "secure_round_columns",
+    "secure_sums_options",
 ]
 
 
@@ -72,14 +83,21 @@ def secure_merge_method(config: Mapping[str, Any]) -> str:
 
 
 def secure_fit_config(
-    config: Mapping[str, Any], clipping: float, max_weight: float, method: str = "average"
+    config: Mapping[str, Any],
+    clipping: float,
+    max_weight: float,
+    method: str = "average",
+    weights_bound: float | None = None,
 ) -> dict:
     """What the secure round sends every client: the run config, the round, the clients'
-    check values (the clipping range and ``max_weight``) and the merge ``method`` whose
-    ``sum_exponents`` they pre-scale by."""
+    check values (the clipping range and ``max_weight``), the merge ``method`` whose
+    ``sum_exponents`` they pre-scale by and, for a rule of several sums, the weight range
+    ``weights_bound`` (:func:`fedlmc.strategies.secure_statistics.weight_range`)."""
     sent = {k: v for k, v in config.items()}
     sent.update({"server-round": 1, CLIPPING_KEY: float(clipping), MAX_WEIGHT_KEY: max_weight})
     sent[MERGE_KEY] = method
+    if weights_bound is not None:
+        sent[WEIGHT_RANGE_KEY] = float(weights_bound)
     return sent
 
 
@@ -95,6 +113,13 @@ def merge_exponents(method: str, template) -> dict[str, int]:
     if entry.divide_by_holders and any(exponents.values()):
         raise ValueError(f"merge method {method!r}: holder division with nonzero exponents")
     return exponents
+
+
+def secure_sums_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The method options of a ``secure_sums`` rule's merge and client parts: the field
+    methods' (:func:`fedlmc.simulations.config.field_keys.field_method_options`) and
+    ``secagg-statistics-range``."""
+    return {**field_method_options(config), "statistics_range": config["secagg-statistics-range"]}
 
 
 def secure_round_columns(
@@ -131,15 +156,29 @@ def run_secure_average(
     ``width_columns``)."""
     method = secure_merge_method(config)
     initial = {k: v.detach().cpu() for k, v in template.state_dict().items()}
+    n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
     settings = secure_settings(
         initial, len(splits.train[1]), float(config["secagg-clipping-range"])
     )
-    sent = secure_fit_config(config, settings.clipping_range, settings.max_weight, method)
-    exponents = merge_exponents(method, template)
+    sums, bound = merge_method(method).secure_sums, None
+    if sums is not None:  # finer levels, and the weight range the Fisher values are scaled by
+        settings = fine_settings(settings, n_clients)
+        fixed = float(config["secagg-clipping-range"]) > 0
+        bound = weight_range(initial, settings.clipping_range, fixed)
+    c, m = settings.clipping_range, settings.max_weight
+    sent = secure_fit_config(config, c, m, method, bound)
     outcome.progress.training(config["num-clients"], config["epochs"], secure=True)
-    n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
-    holders = merge_method(method).divide_by_holders
-    result = secure_average(grid, initial, n_clients, sent, settings, timeout, exponents, holders)
+    if sums is not None:
+        options = secure_sums_options(config)
+        result = secure_sums_merge(
+            grid, initial, template, n_clients, sent, settings, sums, options, timeout
+        )
+    else:
+        exponents = merge_exponents(method, template)
+        holders = merge_method(method).divide_by_holders
+        result = secure_average(
+            grid, initial, n_clients, sent, settings, timeout, exponents, holders
+        )
     if result.dropped:  # the survivors' masks were removed without them (SecAgg+'s promise)
         outcome.progress(f"SecAgg+ merged without {dropped_text(result.dropped)}")
     if result.unmask_missed:  # their masked vectors are in the sum

@@ -35,6 +35,7 @@ from fedlmc.simulations.report.layer_figures import (
     layer_figure,
     lewc_cosine_panels,
 )
+from fedlmc.simulations.report.method_figures import accuracy_by_method_figure, has_field_methods
 from fedlmc.simulations.report.plotting import (
     accuracy_by_width_lines,
     figure_title,
@@ -206,6 +207,17 @@ def accuracy_vs_width(d: FigureInputs, path: Path) -> Path | None:
         d.settings,
         references=True,
     )
+
+
+@figure(
+    "accuracy_by_method",
+    lambda d: has_field_methods(d.rows),
+    shows="merged accuracy per merge method, one panel per setting (width, clients, init, "
+    "partition), SecAgg+ rows beside the clear ones, ensemble and clients' mean as lines "
+    "(when two of the field's methods ran: Fisher, RegMean, TA, TIES, DARE, OT fusion)",
+)
+def accuracy_by_method(d: FigureInputs, path: Path) -> Path | None:
+    return accuracy_by_method_figure(d.rows, path, d.settings)
 
 
 @figure(

@@ -18,6 +18,7 @@ from fedlmc.merging.repair import repair, unit_statistics
 from fedlmc.permutation import apply_permutation, permutation_spec
 from fedlmc.permutation.matching import activation_matching
 from fedlmc.simulations.config import ConfigError, canonical_run_config, validate_run_config
+from fedlmc.simulations.config.derived import keeps_trained_model
 from fedlmc.simulations.runs.federation import run_federation_outcome
 from fedlmc.simulations.task import (
     build_from_config,
@@ -199,14 +200,15 @@ def test_unit_stats_query_returns_the_moments_of_the_named_layers(task_identity)
 # ----------------------------------------------------------------------------- registry
 
 
-def test_client_side_matching_is_only_for_federations():
+def test_client_side_matching_is_only_for_federations_and_compare_cells():
     assert "activation_federated" not in study_methods()
     template = build_from_config(validate_run_config(TINY), load_splits(validate_run_config(TINY)))
     states = [template.state_dict(), template.state_dict()]
     with pytest.raises(ValueError, match="'activation_federated' runs on the clients"):
         merge_states("activation_federated", template, states)
-    with pytest.raises(ConfigError, match="activation_federated"):
-        validate_run_config({**TINY, "methods": "activation_federated"})
+    # a compare cell queries its collected clients for it: its clients keep their models
+    cell = validate_run_config({**TINY, "methods": "average,activation_federated"})
+    assert keeps_trained_model(cell) and not keeps_trained_model({**cell, "methods": "average"})
 
 
 def test_local_clients_recover_a_known_permutation_through_activation_federated():

@@ -57,14 +57,23 @@ class _Run:
 class InProcessGrid:
     """The transport between the server workflow and each node's ``secaggplus_mod``;
     ``dead[node] = k``: the node answers nothing from the ``k``-th message on (0-based: the
-    SecAgg+ stage), and the grid answers for it as the SuperLink answers for a dead node."""
+    SecAgg+ stage), and the grid answers for it as the SuperLink answers for a dead node.
+    ``answer`` is what each node's mod calls in the masked-vector stage (default :func:`fit`:
+    constructed arrays); node ``NODES[p]`` holds partition ``p`` of ``len(NODES)``."""
 
-    def __init__(self, dead: dict[int, int]) -> None:
+    def __init__(self, dead: dict[int, int], answer=None) -> None:
         self.dead = dead
+        self.answer = answer or fit
         self.run = _Run()
         self.contexts = {
-            n: Context(run_id=7, node_id=n, node_config={}, state=RecordDict(), run_config={})
-            for n in NODES
+            n: Context(
+                run_id=7,
+                node_id=n,
+                node_config={"partition-id": p, "num-partitions": len(NODES)},
+                state=RecordDict(),
+                run_config={},
+            )
+            for p, n in enumerate(NODES)
         }
         self.received = dict.fromkeys(NODES, 0)
         self.ids = itertools.count(1)
@@ -84,7 +93,7 @@ class InProcessGrid:
             try:
                 # the node gets its own copy, as over a real transport (the mod edits it)
                 delivered = copy.deepcopy(message)
-                replies.append(secaggplus_mod(delivered, self.contexts[node], fit))
+                replies.append(secaggplus_mod(delivered, self.contexts[node], self.answer))
             except Exception as error:  # a client's exception: an error reply from the node
                 replies.append(client_error_reply(message, error))
         return replies

@@ -27,6 +27,11 @@ def test_every_method_declares_a_known_value_and_only_sum_rules_say_sum():
         "average_lewc_bias",
         "embed_average",
         "heterofl",
+        "fisher",
+        "regmean",
+        "task_arithmetic",
+        "ties",
+        "dare",
     }
     for aligning in ("weight_matching", "activation_matching", "merge_many", "auto"):
         assert declared[aligning] == "each model"
@@ -105,12 +110,15 @@ def test_the_secure_plain_average_lewc_bias_embed_average_and_heterofl_are_accep
 def test_every_sum_rule_runs_securely_or_says_what_it_would_need():
     """No silent mismatch: a method declared ``sum`` either registers its sum exponents (and
     the check accepts it) or a note that the refusal quotes."""
-    assert secure_methods() == ("average", "average_lewc_bias", "embed_average", "heterofl")
+    secure = ("average", "average_lewc_bias", "embed_average", "heterofl", "fisher", "regmean")
+    assert secure_methods() == secure
     for entry in METHODS:
         if entry.server_sees == "sum" and not entry.runs_securely:
             assert entry.secure_note
+            init = "shared" if entry.needs_base else "independent"
+            cell = {**SECURE, "strategy": "aligned", "align": entry.name, "init": init}
             with pytest.raises(ConfigError, match="is a sum, but fedlmc does not run it") as err:
-                validate_run_config({**SECURE, "strategy": "aligned", "align": entry.name})
+                validate_run_config(cell)
             assert f"merge method {entry.name!r}" in str(err.value)
             assert entry.secure_note in str(err.value)
             assert "align = 'average_lewc_bias'" in str(err.value)
@@ -146,6 +154,6 @@ def test_fedlmc_validate_refuses_it_on_one_line_with_a_non_zero_status(tmp_path,
     assert len(err) == 1 and "merge method 'weight_matching' needs the server to see" in err[0]
     assert err[0].endswith(
         "allowed: strategy = 'average', or strategy = 'aligned' with align = "
-        "'average_lewc_bias' / 'embed_average' / 'heterofl'"
+        "'average_lewc_bias' / 'embed_average' / 'heterofl' / 'fisher' / 'regmean'"
     )
     assert not (tmp_path / "out").exists()

@@ -115,13 +115,21 @@ def clients(splits, template):
 @pytest.fixture(scope="module")
 def two_client_rows(template, clients, splits):
     """Every study method that takes two clients (all but ``krum`` and ``multi_krum``, which
-    need 2f + 3: :func:`fedlmc.study.context.default_methods`)."""
+    need 2f + 3: :func:`fedlmc.study.context.default_methods`); the template's weights stand in
+    for the shared start the task-vector methods need as their base."""
     from fedlmc.study.context import default_methods
 
     methods = default_methods(2)
     assert set(study_methods()) - set(methods) == {"krum", "krum_t", "multi_krum", "multi_krum_t"}
     return evaluate_methods(
-        template, clients[:2], [200, 200], splits, methods, lambdas=5, device="cpu"
+        template,
+        clients[:2],
+        [200, 200],
+        splits,
+        methods,
+        lambdas=5,
+        device="cpu",
+        base=template.state_dict(),
     )
 
 
@@ -448,7 +456,7 @@ def test_unknown_methods_raise(template, clients, splits):
 
 def test_a_single_surviving_client_is_its_own_merge(template, clients, splits):
     rows = evaluate_methods(
-        template, clients[:1], None, splits, list(study_methods()), device="cpu"
+        template, clients[:1], None, splits, list(study_methods()), device="cpu", base=clients[0]
     )
     endpoint = evaluate(load_state(template, clients[0]), splits.test)
     for row in rows:
@@ -486,7 +494,8 @@ def test_auto_keeps_the_plain_average_within_tolerance_and_aligns_beyond(templat
 
 def test_default_methods_on_a_batchnorm_model_leave_out_the_plain_chain_ones(splits):
     """``methods=None`` on a BatchNorm MLP runs every default method the model supports: the
-    ``plain_chain_only`` ones (LEWC biases, CCA Merge, Preserve-First) are left out, not refused."""
+    ``plain_chain_only`` ones (LEWC biases, CCA Merge, Preserve-First) are left out, not refused,
+    and so are the task-vector ones without a base."""
     from fedlmc.study.compare import compare_methods
     from fedlmc.study.context import default_methods
 
@@ -506,5 +515,10 @@ def test_default_methods_on_a_batchnorm_model_leave_out_the_plain_chain_ones(spl
         if m not in REFERENCE_METHODS and merge_method(m).plain_chain_only
     }
     assert {"average_lewc_bias", "cca_merge", "preserve_first"} <= chain_only
-    assert [r["method"] for r in rows] == [m for m in default_methods(2) if m not in chain_only]
+    needs_base = {
+        m for m in default_methods(2) if m not in REFERENCE_METHODS and merge_method(m).needs_base
+    }
+    assert {"task_arithmetic", "ties_t", "dare"} <= needs_base
+    left_out = chain_only | needs_base
+    assert [r["method"] for r in rows] == [m for m in default_methods(2) if m not in left_out]
     assert all(finite(r["accuracy"]) for r in rows)

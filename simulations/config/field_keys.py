@@ -1,0 +1,140 @@
+"""The run-config keys of the field's merge methods (:mod:`fedlmc.merging.field_methods`): their
+declarations (spliced into the key table by :func:`fedlmc.simulations.config.keys.declared_keys`),
+the method options they give the merge (:func:`field_method_options`) and the check that the
+task-vector methods have a base (:func:`check_base_methods`). No heavy import (the run-config
+validation reads it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fedlmc.merging.field_methods import FIELD_OPTIONS, FISHER_LABELS, STATISTICS_RANGE
+from fedlmc.merging.methods import METHODS
+from fedlmc.simulations.config.derived import selected_methods
+from fedlmc.simulations.config.schema import ConfigError, Key, Rule, at_least, fraction, named
+from fedlmc.simulations.config.secure import is_secure
+
+__all__ = ["check_base_methods", "field_method_keys", "field_method_options"]
+
+
+def _runs(*methods: str) -> Rule:
+    text = " or ".join(f"`{m}`" for m in methods)
+    return Rule(f"{text} runs", lambda c: bool(set(methods) & set(selected_methods(c))))
+
+
+def _at_most_one(value: Any) -> str | None:
+    return None if 0.0 < value <= 1.0 else "allowed: a number in (0, 1]"
+
+
+def _alpha(value: Any) -> str | None:
+    return None if 0.0 <= value <= 1.0 else "allowed: a number in [0, 1]"
+
+
+def field_method_keys() -> dict[str, Key]:
+    """The keys, in documentation order; each reaches its method as the option of its name with
+    underscores (``fisher-samples`` -> ``fisher_samples``)."""
+    d = FIELD_OPTIONS
+    return {
+        "fisher-samples": Key(
+            int,
+            d["fisher_samples"],
+            "fisher: the most training examples each client computes its Fisher on (a seeded "
+            "subset)",
+            at_least(1),
+            applies=_runs("fisher"),
+        ),
+        "fisher-labels": named(
+            str,
+            d["fisher_labels"],
+            "fisher: the labels of the log-likelihood: data (the empirical Fisher) or sampled "
+            "(drawn from the model's predictive distribution)",
+            FISHER_LABELS,
+            applies=_runs("fisher"),
+        ),
+        "fisher-epsilon": Key(
+            float,
+            d["fisher_epsilon"],
+            "fisher: the floor added to each client's unit-norm Fisher",
+            at_least(0.0, strict=True),
+            applies=_runs("fisher"),
+        ),
+        "regmean-samples": Key(
+            int,
+            d["regmean_samples"],
+            "regmean: the most training examples each client computes its Gram matrices on",
+            at_least(1),
+            applies=_runs("regmean"),
+        ),
+        "regmean-alpha": Key(
+            float,
+            d["regmean_alpha"],
+            "regmean: the scale of the Gram matrices' non-diagonal entries",
+            _alpha,
+            applies=_runs("regmean"),
+        ),
+        "ta-scaling": Key(
+            float,
+            d["ta_scaling"],
+            "task_arithmetic, dare: lambda, the scale of the summed task vectors",
+            at_least(0.0),
+            applies=_runs("task_arithmetic", "dare"),
+        ),
+        "ties-density": Key(
+            float,
+            d["ties_density"],
+            "ties: the share of each task vector's largest entries kept",
+            _at_most_one,
+            applies=_runs("ties"),
+        ),
+        "ties-scaling": Key(
+            float,
+            d["ties_scaling"],
+            "ties: lambda, the scale of the merged task vector",
+            at_least(0.0),
+            applies=_runs("ties"),
+        ),
+        "dare-drop": Key(
+            float,
+            d["dare_drop"],
+            "dare: the drop rate p of each task-vector entry (survivors rescaled by 1/(1-p))",
+            fraction,
+            applies=_runs("dare"),
+        ),
+        "ot-reg": Key(
+            float,
+            d["ot_reg"],
+            "ot_fusion: entropic regularisation relative to the largest cost (0: exact OT)",
+            at_least(0.0),
+            applies=_runs("ot_fusion"),
+        ),
+        "secagg-statistics-range": Key(
+            float,
+            STATISTICS_RANGE,
+            "regmean under SecAgg+: the largest absolute Gram entry a client may send (a "
+            "client beyond it refuses, naming the layer)",
+            at_least(0.0, strict=True),
+            applies=Rule(
+                '`secure-aggregation = "secagg+"` and `regmean` runs',
+                lambda c: is_secure(c) and "regmean" in selected_methods(c),
+            ),
+        ),
+    }
+
+
+def field_method_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The method options of a validated run config (:data:`FIELD_OPTIONS`' names)."""
+    return {name: config[name.replace("_", "-")] for name in FIELD_OPTIONS}
+
+
+def check_base_methods(config: Mapping[str, Any]) -> None:
+    """The task-vector methods (``needs_base``) need the clients' common starting model: refused
+    before any work with ``init = "independent"``."""
+    needing = [m for m in selected_methods(config) if METHODS.get(m).needs_base]
+    if needing and config["init"] != "shared":
+        raise ConfigError(
+            f"merge method {needing[0]!r} with init = {config['init']!r}: its task vectors are "
+            "relative to the clients' common starting model, which independently initialised "
+            "clients do not have; allowed only with init = 'shared' (the server's "
+            "initialisation is the base)"
+        )

@@ -1,0 +1,135 @@
+"""The clients' own statistics as query rounds (``query.fisher``, ``query.gram``;
+fedlmc.strategies.queries.ClientRounds, the screen of fedlmc.strategies.screening): honest
+answers reach the merge in the clients' order, and a reply that is no Fisher diagonal or Gram
+matrix (a missing or misshaped tensor, NaN, a negative Fisher entry, an asymmetric Gram) or
+whose digest is not that of the weights the client trained is dropped by node, the others kept.
+Real Messages on a Grid whose nodes answer with the ClientApp's encoding, in process."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from flwr.app import Message
+
+from fedlmc.merging.fisher import fisher_diagonal
+from fedlmc.merging.regmean import gram_matrices, regmean_layers
+from fedlmc.models.classifiers import build_model
+from fedlmc.strategies.protocol import (
+    FISHER_QUERY,
+    state_digest,
+    statistics_from_content,
+    statistics_to_content,
+)
+from fedlmc.strategies.queries import ClientRounds
+from fedlmc.strategies.screening import ScreenError, screen_statistics_reply
+from fedlmc.strategies.strategy_utils import ClientUpdate
+
+
+@pytest.fixture(autouse=True)
+def _messages_need_a_task_identity(task_identity):
+    """Flower's Message reads the task identity (the shared fixture sets it)."""
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model("mlp", in_shape=(1, 3, 3), depth=1, base_hidden=4).eval()
+
+
+def _data(seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(20, 1, 3, 3, generator=generator), torch.randint(
+        0, 10, (20,), generator=generator
+    )
+
+
+class StatisticsGrid:
+    """Nodes 0, 1, 2 answer ``query.fisher`` / ``query.gram`` about their own model on their own
+    data; ``spoil(tensors, digest)`` rewrites node 2's answer first."""
+
+    def __init__(self, models, spoil=None):
+        self.models, self.spoil = models, spoil
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for message in messages:
+            node = int(message.metadata.dst_node_id)
+            model, (x, y) = self.models[node], _data(node)
+            if message.metadata.message_type.endswith(FISHER_QUERY):
+                found = fisher_diagonal(model, x, y)
+            else:
+                found = gram_matrices(model, x, message.content["config"]["layers"])
+            digest = state_digest(model.state_dict())
+            if node == 2 and self.spoil is not None:
+                found, digest = self.spoil(found, digest)
+            content = statistics_to_content(found, digest, {"partition-id": node})
+            replies.append(Message(content, reply_to=message))
+        return replies
+
+
+def _rounds(spoil=None):
+    models = [_model(s) for s in range(3)]
+    survivors = [ClientUpdate(n, n, models[n].state_dict(), 20, {}, 0) for n in range(3)]
+    grid = StatisticsGrid(models, spoil)
+    rounds = ClientRounds(
+        grid, survivors, {}, template=models[0], device="cpu", timeout=5.0, min_clients=2
+    )
+    return rounds, models
+
+
+def test_honest_answers_are_every_clients_own_statistics_in_order():
+    rounds, models = _rounds()
+    fishers = rounds.fisher_diagonals()
+    for node, found in enumerate(fishers):
+        expected = fisher_diagonal(models[node], *_data(node))
+        assert all(torch.allclose(found[k], expected[k]) for k in expected)
+    layers = regmean_layers(models[0])
+    grams = rounds.gram_matrices(layers)
+    assert [sorted(g) for g in grams] == [sorted(layers)] * 3
+    assert rounds.rounds == 2 and rounds.dropped == [] and rounds.bytes_received > 0
+
+
+def _first(tensors):
+    return next(iter(tensors))
+
+
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [
+        (lambda t, d: ({**t, _first(t): t[_first(t)] * math.nan}, d), "non-finite values"),
+        (lambda t, d: ({**t, _first(t): -t[_first(t)] - 1}, d), "negative Fisher entries"),
+        (lambda t, d: ({k: v for k, v in list(t.items())[1:]}, d), "is missing or unexpected"),
+        (lambda t, d: ({**t, _first(t): t[_first(t)][:1]}, d), "has shape"),
+        (lambda t, d: (t, "0" * 64), "digest mismatch"),
+    ],
+)
+def test_a_bad_fisher_reply_is_dropped_by_node_and_the_others_kept(spoil, reason):
+    rounds, _ = _rounds(spoil)
+    fishers = rounds.fisher_diagonals()
+    assert fishers[2] is None and fishers[0] is not None and fishers[1] is not None
+    assert [f.node_id for f in rounds.dropped] == [2]
+    assert reason in rounds.dropped[0].reason and rounds.dropped[0].stage == FISHER_QUERY
+    assert [u.node_id for u in rounds.survivors] == [0, 1]
+
+
+def test_an_asymmetric_gram_matrix_is_refused():
+    def skew(tensors, digest):
+        layer = _first(tensors)
+        g = tensors[layer].clone()
+        g[0, 1] += 1.0
+        return {**tensors, layer: g}, digest
+
+    rounds, models = _rounds(skew)
+    grams = rounds.gram_matrices(regmean_layers(models[0]))
+    assert grams[2] is None and "is no Gram matrix" in rounds.dropped[0].reason
+
+
+def test_the_screen_refuses_a_reply_without_a_digest():
+    content = statistics_to_content({"w": torch.ones(2)}, "d", {})
+    tensors, digest = statistics_from_content(content)
+    assert digest == "d" and torch.equal(tensors["w"], torch.ones(2))
+    screen_statistics_reply(content, {"w": (2,)}, "fisher")
+    del content.config_records["digest"]
+    with pytest.raises(ScreenError, match="expected exactly one ConfigRecord"):
+        screen_statistics_reply(content, {"w": (2,)}, "fisher")
