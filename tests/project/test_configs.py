@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedlmc.merging.clients import LocalClients
 from fedlmc.simulations.config import expand_grid, load_sweep_config, method_list
 from fedlmc.simulations.task import (
     build_from_config,
@@ -77,10 +78,13 @@ def test_first_cell_starts(path: Path, tmp_path: Path):
     if config["dataset"] != "mnist5k":  # small models: the point is that the cell starts
         splits = replace(splits, test=(splits.test[0][:40], splits.test[1][:40]))
     template = build_from_config(config, splits)
-    states, weights = [], []
+    shared = config["init"] == "shared"  # the clients start from the server's model
+    states, weights, inputs, labels = [], [], [], []
     for pid in range(2):
         data = client_data(config, pid, config["num-clients"])
         model = build_from_config(config, splits, seed=client_seed(config["seed"], pid))
+        if shared:
+            model.load_state_dict(template.state_dict())
         options = {**train_options(config), "epochs": 1}
         model, history = train_model(
             model,
@@ -93,9 +97,23 @@ def test_first_cell_starts(path: Path, tmp_path: Path):
         assert np.isfinite(history.loss[-1])
         states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
         weights.append(len(data[1]))
+        inputs.append(data[0])
+        labels.append(data[1])
     methods = [m for m in method_list(config) if m != "fedavg"]
+    clients = LocalClients(  # the methods that query the clients (fisher, regmean) ask these
+        template, states, inputs, [splits.server] * 2, device="cpu", train_labels=labels
+    )
+    base = template.state_dict() if shared else None
     rows = compare_methods(
-        template, states, weights, splits, methods, diagnostics=False, device="cpu"
+        template,
+        states,
+        weights,
+        splits,
+        methods,
+        diagnostics=False,
+        device="cpu",
+        clients=clients,
+        base=base,
     ).rows
     assert [row["method"] for row in rows] == methods
     assert all(0.0 <= row["accuracy"] <= 1.0 for row in rows)
