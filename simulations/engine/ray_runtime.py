@@ -142,6 +142,9 @@ def init_ray(
         except ConnectionError as err:
             raise ClusterError(f"--ray-address {ray_address}: {one_line(err)}") from None
         return
+    # "local": a new Ray of this process's own, never the cluster a `ray start` on this
+    # machine left behind (ray.init's default resolves an absent address to that one)
+    args.setdefault("address", "local")
     args.setdefault("_system_config", dict(LOCAL_SYSTEM_CONFIG))
     start_local_ray(args, worker_threads)
 

@@ -92,9 +92,12 @@ def test_run_prints_one_row_per_method_and_listens_on_loopback_only(tmp_path):
     """Three clients: the rows, the stages on stderr, where the rows went (nowhere on disk:
     no out-dir) and no column that has no value for the run (the barriers). While it runs,
     every TCP socket that it and its children (Ray's GCS, raylet, agents, the client actors)
-    listen on is on the loopback interface: a local Ray is not reachable from the network."""
+    listen on is on the loopback interface: a local Ray is not reachable from the network. A
+    ``RAY_ADDRESS`` in the shell (here one where nothing listens) is not joined: a run without
+    ``--ray-address`` starts a Ray of its own (``ray.init(address="local")``)."""
     csv = tmp_path / "rows.csv"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env["RAY_ADDRESS"] = "127.0.0.1:9"  # the discard port: no Ray answers there
     args = ["epochs=1", "width=0.125", "num-clients=3", "lambdas=3", "diagnostics=false"]
     proc = subprocess.Popen(
         [
