@@ -34,7 +34,7 @@ from fedlmc._lazy import lazy_exports
 _EXPORTS = {
     **dict.fromkeys(
         ["register_method", "merge_method", "merge_method_names", "merge_states"]
-        + ["merge_with_info", "MergeMethod", "MergeJob", "Alignment", "ClientQueries"],
+        + ["MergeMethod", "MergeJob", "Alignment", "ClientQueries"],
         ".methods",
     ),
     **dict.fromkeys(

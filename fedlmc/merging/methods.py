@@ -88,7 +88,6 @@ __all__ = [
     "merge_method",
     "merge_method_names",
     "merge_states",
-    "merge_with_info",
     "mixed_width_row",
     "model_refusal",
     "permuted",
@@ -206,14 +205,6 @@ def merge_states(
         )
         merged, aligned, info = _run(entry, job)
     return (merged, aligned, info) if with_info else (merged, aligned)
-
-
-def merge_with_info(
-    method: str, template: nn.Module, states: Sequence[StateDict], *args: Any, **kwargs: Any
-) -> tuple[StateDict, list[StateDict], dict[str, Any]]:
-    """``merge_states(..., with_info=True)``: the merge, the aligned clients and the method's
-    info (kept as a name for code written before ``with_info``; same arguments)."""
-    return merge_states(method, template, states, *args, **kwargs, with_info=True)
 
 
 def _check_request(

@@ -14,7 +14,7 @@ from fedlmc._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(
-        ["compare_methods", "evaluate_methods", "evaluate_model_row", "Comparison"]
+        ["compare_methods", "evaluate_model_row", "Comparison"]
         + ["check_methods", "study_context"],
         ".compare",
     ),

@@ -135,7 +135,6 @@ __all__ = [
     "check_methods",
     "compare_methods",
     "default_methods",
-    "evaluate_methods",
     "evaluate_model_row",
     "gap_columns",
     "merge_clients",
@@ -249,18 +248,6 @@ class Comparison:
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     merged: dict[str, StateDict] = field(default_factory=dict)
-
-
-def evaluate_methods(
-    template: nn.Module,
-    states: Sequence[StateDict],
-    weights: Sequence[float] | None,
-    splits: DataSplits,
-    methods: Sequence[str] | None = None,
-    **options: Any,
-) -> list[dict[str, Any]]:
-    """The rows of :func:`compare_methods` (same arguments)."""
-    return compare_methods(template, states, weights, splits, methods, **options).rows
 
 
 def compare_methods(

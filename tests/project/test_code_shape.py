@@ -207,22 +207,6 @@ def test_the_flower_side_is_folders_with_a_short_top_level():
         assert doc and len(doc) > 80, f"{init} says in its docstring what it holds"
 
 
-def test_old_flat_paths_import_the_moved_modules_with_a_warning():
-    import importlib
-
-    import fedlmc.simulations
-    from fedlmc.simulations import MOVED
-
-    assert "fedlmc.simulations.sweep" in MOVED
-    for old, new in MOVED.items():
-        assert (ROOT / "simulations" / f"{old.rsplit('.', 1)[1]}.py").exists() is False, old
-        assert importlib.util.find_spec(new) is not None, new
-    with pytest.warns(DeprecationWarning, match="moved to fedlmc.simulations.records.progress"):
-        moved = importlib.import_module("fedlmc.simulations.progress")
-    assert moved is importlib.import_module("fedlmc.simulations.records.progress")
-    assert fedlmc.simulations.run_sweep.__module__ == "fedlmc.simulations.runs.sweep"
-
-
 def module_under_test(test_file: Path) -> Path | None:
     """The module or package a test file is named after: ``tests/<folder>/.../test_<name>.py``
     tests ``<folder>/.../<prefix>`` for the longest ``_``-prefix of ``<name>`` that is a module

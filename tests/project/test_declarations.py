@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedlmc.columns import COMMON_COLUMNS, REPORT_SECTIONS, Column
-from fedlmc.merging.methods import METHODS, Alignment, merge_with_info, register_method
+from fedlmc.merging.methods import METHODS, Alignment, merge_states, register_method
 from fedlmc.simulations import config as run_config
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import (
@@ -123,7 +123,7 @@ def test_a_method_must_declare_the_columns_it_reports():
     try:
         template, states = tiny_states()
         with pytest.raises(ValueError, match="reports column 'surprise' it does not declare"):
-            merge_with_info("undeclared", template, states)
+            merge_states("undeclared", template, states, with_info=True)
     finally:
         METHODS.remove("undeclared")
 

@@ -13,7 +13,7 @@ from fedlmc.averaging import average, load_state
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.merging.calibrate import fit_temperature
 from fedlmc.merging.clients import LocalClients
-from fedlmc.merging.methods import merge_states, merge_with_info, study_methods
+from fedlmc.merging.methods import merge_states, study_methods
 from fedlmc.merging.repair import repair, unit_statistics
 from fedlmc.permutation import apply_permutation, permutation_spec
 from fedlmc.permutation.matching import activation_matching
@@ -226,8 +226,8 @@ def test_local_clients_recover_a_known_permutation_through_activation_federated(
     x = [client_data(config, pid, 2)[0] for pid in (0, 1)]
     held = [client_calibration_data(config, pid, 2) for pid in (0, 1)]
     clients = LocalClients(template, [first, second], x, held)
-    merged, aligned, info = merge_with_info(
-        "activation_federated", template, [first, second], clients=clients
+    merged, aligned, info = merge_states(
+        "activation_federated", template, [first, second], clients=clients, with_info=True
     )
     # the row says so: every group aligned, exactly the units the scramble moved
     moved = sum(int((p != torch.arange(len(p))).sum()) for p in scramble.values())

@@ -14,7 +14,7 @@ from torch import nn
 from fedlmc import build_model
 from fedlmc.data.splits import DataSplits
 from fedlmc.merging.alignment_record import nothing_aligned_lines
-from fedlmc.merging.methods import METHODS, merge_with_info
+from fedlmc.merging.methods import METHODS, merge_states
 from fedlmc.permutation import (
     SpecDerivationWarning,
     apply_permutation,
@@ -97,8 +97,8 @@ def test_units_moved_is_exactly_the_units_a_known_permutation_moved(method: str)
     assert expected > 40  # 3 groups of 16 units: almost every unit moves
     states = [first, apply_permutation(spec, scramble, first)]
     options = {"auto_tolerance": -1.0}  # auto always tries weight matching (and keeps it here)
-    _, aligned, info = merge_with_info(
-        method, template, states, server_data=splits().server, options=options
+    _, aligned, info = merge_states(
+        method, template, states, server_data=splits().server, options=options, with_info=True
     )
     assert info["aligned_groups"] == 3
     assert info["aligned_units_moved"] == expected

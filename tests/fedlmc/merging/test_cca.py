@@ -13,7 +13,7 @@ from fedlmc.analysis.diagnostics import capture
 from fedlmc.averaging import load_state
 from fedlmc.merging.baselines import CCA_RIDGE
 from fedlmc.merging.cca import cca_align, cca_map
-from fedlmc.merging.methods import merge_with_info
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import apply_permutation, random_permutations
@@ -79,13 +79,14 @@ def test_cca_merge_of_a_model_with_permuted_and_rescaled_copies_computes_the_mod
     c = _scaled(_scaled(state, 0, torch.linspace(0.5, 2.0, 8).double()), 1, torch.full((8,), 3.0))
     c = apply_permutation(spec, random_permutations(spec, c, seed=2), c)
     y = torch.zeros(len(x), dtype=torch.long)
-    merged, aligned, info = merge_with_info(
+    merged, aligned, info = merge_states(
         "cca_merge",
         a,
         [state, b, c],
         [0.2, 0.3, 0.5],
         server_data=(x.double(), y),
         options={"cca_ridge": 0.0},
+        with_info=True,
     )
     with torch.no_grad():
         expected = a(x.double())
@@ -115,8 +116,10 @@ def test_cca_merge_of_three_independent_models_differs_from_the_plain_average():
     models, x = [_mlp(seed) for seed in range(3)], _inputs(600)
     states = [m.state_dict() for m in models]
     y = torch.zeros(len(x), dtype=torch.long)
-    merged, aligned, info = merge_with_info("cca_merge", models[0], states, server_data=(x, y))
-    plain, _, _ = merge_with_info("average", models[0], states)
+    merged, aligned, info = merge_states(
+        "cca_merge", models[0], states, server_data=(x, y), with_info=True
+    )
+    plain, _, _ = merge_states("average", models[0], states, with_info=True)
     assert len(aligned) == 3 and info["cca_map_condition"] > 1.0
     key = "hidden.0.linear.weight"
     assert float((merged[key] - plain[key]).abs().max()) > 1e-3
@@ -136,7 +139,9 @@ def test_models_that_are_not_norm_free_chains_are_refused_naming_the_model(name,
     states = [model.state_dict(), model.state_dict()]
     x = torch.randn(8, *((3, 8, 8) if name == "resnet20" else SMALL))
     with pytest.raises(ValueError, match=f"cca_merge: model '{shown}' is not supported"):
-        merge_with_info("cca_merge", model, states, server_data=(x, torch.zeros(8).long()))
+        merge_states(
+            "cca_merge", model, states, server_data=(x, torch.zeros(8).long()), with_info=True
+        )
 
 
 def test_a_negative_ridge_and_ridge_zero_on_a_dead_unit_are_refused():
@@ -155,8 +160,8 @@ def test_fewer_samples_than_units_need_the_ridge_and_the_run_config_sets_it():
     states = [a.state_dict(), b.state_dict()]
 
     def merged(ridge: float) -> dict[str, torch.Tensor]:
-        return merge_with_info(
-            "cca_merge", a, states, server_data=(x, y), options={"cca_ridge": ridge}
+        return merge_states(
+            "cca_merge", a, states, server_data=(x, y), options={"cca_ridge": ridge}, with_info=True
         )[0]
 
     with pytest.raises(ValueError, match="ridge > 0"):

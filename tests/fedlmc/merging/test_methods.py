@@ -1,5 +1,5 @@
 """Tests of fedlmc.merging.methods, the merge entry: ``merge_states`` with and without its info
-(``with_info``), ``merge_with_info`` as its alias, the checks it runs before any work, and the
+(``with_info``), the checks it runs before any work, and the
 built-in methods (fedlmc.merging.builtin_methods) registered by importing it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedlmc.merging import builtin_methods, method_registry
-from fedlmc.merging.methods import METHODS, merge_states, merge_with_info
+from fedlmc.merging.methods import METHODS, merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import apply_permutation, permutation_spec, random_permutations
 
@@ -36,8 +36,8 @@ def test_with_info_adds_the_methods_info_to_the_same_merge():
     moved = sum(int((p != torch.arange(len(p))).sum()) for p in perms.values())
     assert info["aligned_groups"] == len(perms)
     assert info["aligned_units_moved"] == moved > 0
-    alias = merge_with_info("weight_matching", template, states, [0.5, 0.5])
-    assert alias[2] == info
+    weighted = merge_states("weight_matching", template, states, [0.5, 0.5], with_info=True)
+    assert weighted[2] == info  # equal weights given explicitly: the same merge, the same info
     plain = merge_states("average", template, states, with_info=True)
     assert plain[2] == {}  # plain averaging reports nothing
 

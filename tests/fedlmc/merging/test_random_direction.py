@@ -11,7 +11,7 @@ import torch
 
 from fedlmc.averaging import average
 from fedlmc.data.loading import from_arrays
-from fedlmc.merging.methods import merge_method, merge_states, merge_with_info, study_methods
+from fedlmc.merging.methods import merge_method, merge_states, study_methods
 from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import ConfigError, validate_run_config
@@ -49,7 +49,9 @@ def parameter_step(moved: dict, start: dict, template: torch.nn.Module) -> float
 @pytest.mark.parametrize(("weights", "norm"), [([1, 1], "none"), ([3, 1], "bn")])
 def test_the_moved_endpoint_is_exactly_the_average_steps_length_away(weights, norm):
     template, states = float64_states(2, norm)
-    merged, aligned, info = merge_with_info("random_direction", template, states, weights, seed=7)
+    merged, aligned, info = merge_states(
+        "random_direction", template, states, weights, seed=7, with_info=True
+    )
     plain = average(states, weights)
     length = parameter_step(plain, states[0], template)
     w1 = weights[1] / sum(weights)  # the step to the average is w_1 (theta_1 - theta_0)

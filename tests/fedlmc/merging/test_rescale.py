@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedlmc.averaging import average, load_state
-from fedlmc.merging.methods import merge_with_info
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.repair import repair, repair_targets, unit_statistics
 from fedlmc.merging.rescale import rescale
 from fedlmc.models.classifiers import build_model
@@ -80,27 +80,31 @@ def test_the_registered_methods_rescale_the_average_and_report_their_factors():
     a, b, x = _mlp(0), _mlp(1), _inputs()
     states = [a.state_dict(), b.state_dict()]
     y = torch.zeros(len(x), dtype=torch.long)
-    merged, aligned, info = merge_with_info("average_rescale", a, states, server_data=(x, y))
+    merged, aligned, info = merge_states(
+        "average_rescale", a, states, server_data=(x, y), with_info=True
+    )
     expected, factors = rescale(load_state(a, average(states)), [a, b], None, x)
     for key, value in expected.state_dict().items():
         torch.testing.assert_close(merged[key], value)
     assert json.loads(info["rescale_factor_layers"]) == pytest.approx(factors, abs=1e-6)
     assert info["rescale_factor_mean"] == pytest.approx(sum(factors) / 3)
     assert info["rescale_factor_mean"] > 1.0  # averaging independent models shrinks features
-    _, _, matched = merge_with_info("weight_matching_rescale", a, states, server_data=(x, y))
+    _, _, matched = merge_states(
+        "weight_matching_rescale", a, states, server_data=(x, y), with_info=True
+    )
     assert matched["aligned_groups"] == 3 and 0 < matched["rescale_factor_mean"]
 
 
 def test_rescale_needs_server_data_and_leaves_batchnorm_models_to_their_statistics():
     a, b = _mlp(0), _mlp(1)
     with pytest.raises(ValueError, match="'average_rescale' needs server data"):
-        merge_with_info("average_rescale", a, [a.state_dict(), b.state_dict()])
+        merge_states("average_rescale", a, [a.state_dict(), b.state_dict()], with_info=True)
     bn_a, bn_b, x = _mlp(0, norm="bn"), _mlp(1, norm="bn"), _inputs(64)
     with pytest.raises(ValueError, match="BatchNorm"):
         rescale(bn_a, [bn_a, bn_b], None, x)
     states = [bn_a.state_dict(), bn_b.state_dict()]
-    merged, _, info = merge_with_info(
-        "average_rescale", bn_a, states, server_data=(x, torch.zeros(64).long())
+    merged, _, info = merge_states(
+        "average_rescale", bn_a, states, server_data=(x, torch.zeros(64).long()), with_info=True
     )
     assert math.isnan(info["rescale_factor_mean"]) and info["rescale_factor_layers"] == ""
     for key, value in average(states).items():

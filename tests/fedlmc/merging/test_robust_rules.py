@@ -20,7 +20,7 @@ from flwr.server.strategy.aggregate import (
 from flwr.serverapp.strategy.multikrum import select_multikrum
 
 from fedlmc.merging.method_registry import merge_method, study_methods
-from fedlmc.merging.methods import merge_with_info
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.robust_rules import (
     check_krum,
     check_trim_fraction,
@@ -85,12 +85,13 @@ def test_krum_and_multi_krum_select_what_flower_selects(n, f, m):
     if m == 1:  # Flower's Krum returns the chosen client's arrays themselves
         assert_matches(states[kept[0]], aggregate_krum(as_results(states, counts), f, 0))
     # Flower's multi-Krum: the num-examples-weighted average of the selected clients
-    merged, _, info = merge_with_info(
+    merged, _, info = merge_states(
         "multi_krum",
         tiny(),
         states,
         counts,
         options={"krum_byzantine": f, "krum_select": m},
+        with_info=True,
     )
     assert json.loads(info["krum_selected"]) == kept
     assert_matches(merged, aggregate_krum(as_results(states, counts), f, m), atol=1e-5)
@@ -118,9 +119,11 @@ def test_a_far_client_moves_neither_the_median_nor_krum_by_hand():
     assert krum_selection(states, 1, 1) == [1]  # tie with client 2: the lower index
     assert 4 not in krum_selection(states, 1, 4)
     # the plain average is moved by the far client (to 2.12); Krum is not
-    average, _ = merge_with_info("average", tiny(), states)[:2]
+    average, _ = merge_states("average", tiny(), states, with_info=True)[:2]
     assert torch.allclose(average["w"], torch.full((3, 2), 2.12))
-    merged, _ = merge_with_info("krum", tiny(), states, options={"krum_byzantine": 1})[:2]
+    merged, _ = merge_states("krum", tiny(), states, options={"krum_byzantine": 1}, with_info=True)[
+        :2
+    ]
     assert torch.allclose(merged["w"], torch.full((3, 2), 0.1))
 
 
@@ -128,8 +131,8 @@ def test_integer_buffers_take_the_maximum_and_weights_do_not_move_the_median():
     states = clients(3, norm="bn")
     key = "hidden.0.norm.num_batches_tracked"
     assert int(coordinate_median(states)[key]) == max(int(s[key]) for s in states)
-    heavy, _ = merge_with_info("median", tiny("bn"), states, [100, 1, 1])[:2]
-    even, _ = merge_with_info("median", tiny("bn"), states)[:2]
+    heavy, _ = merge_states("median", tiny("bn"), states, [100, 1, 1], with_info=True)[:2]
+    even, _ = merge_states("median", tiny("bn"), states, with_info=True)[:2]
     assert all(torch.equal(heavy[k], even[k]) for k in even)
 
 
@@ -143,7 +146,7 @@ def test_refusals_are_one_line_naming_the_value():
     with pytest.raises(ValueError, match=r"trim_fraction = 0.5; allowed: a number in \[0, 0.5\)"):
         check_trim_fraction(0.5)
     with pytest.raises(ValueError, match="needs at least 2f"):
-        merge_with_info("krum", tiny(), clients(2))
+        merge_states("krum", tiny(), clients(2), with_info=True)
     # the study refuses it before any work, leaves it out of its defaults below 3 clients, and
     # a single client is its own merge for Krum as for every method
     from fedlmc.study.context import check_client_count, default_methods

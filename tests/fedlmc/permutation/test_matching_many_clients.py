@@ -130,7 +130,9 @@ def test_client_path_diagnostic_evaluates_at_most_the_cap(monkeypatch):
         return real_curve(*args, **kwargs)
 
     monkeypatch.setattr(barriers, "interpolation_curve", counting_curve)
-    rows = compare.evaluate_methods(template, states(count), None, splits, ["average"], lambdas=3)
+    rows = compare.compare_methods(
+        template, states(count), None, splits, ["average"], lambdas=3
+    ).rows
     assert len(paths) == CLIENT_PATHS_MAX_CLIENTS
     row = rows[0]
     worst = row["client_to_merge_path_loss_barrier_max_worst"]

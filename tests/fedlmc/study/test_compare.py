@@ -20,7 +20,7 @@ from fedlmc.merging.methods import REFERENCE_METHODS, merge_method, study_method
 from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
-from fedlmc.study.compare import evaluate_methods, evaluate_model_row, merge_clients
+from fedlmc.study.compare import compare_methods, evaluate_model_row, merge_clients
 from fedlmc.study.rows import row_columns, string_columns
 from fedlmc.train import train_model
 
@@ -121,7 +121,7 @@ def two_client_rows(template, clients, splits):
 
     methods = default_methods(2)
     assert set(study_methods()) - set(methods) == {"krum", "krum_t", "multi_krum", "multi_krum_t"}
-    return evaluate_methods(
+    return compare_methods(
         template,
         clients[:2],
         [200, 200],
@@ -130,7 +130,7 @@ def two_client_rows(template, clients, splits):
         lambdas=5,
         device="cpu",
         base=template.state_dict(),
-    )
+    ).rows
 
 
 def finite(value) -> bool:
@@ -233,7 +233,7 @@ def test_weight_matching_recovers_a_permuted_copy_exactly(template, clients, spl
     spec = permutation_spec(template)
     permuted = apply_permutation(spec, random_permutations(spec, state, seed=3), state)
     assert not torch.equal(permuted["hidden.0.linear.weight"], state["hidden.0.linear.weight"])
-    rows = evaluate_methods(
+    rows = compare_methods(
         template,
         [state, permuted],
         None,
@@ -241,7 +241,7 @@ def test_weight_matching_recovers_a_permuted_copy_exactly(template, clients, spl
         ["average", "weight_matching", "merge_many"],
         lambdas=5,
         device="cpu",
-    )
+    ).rows
     rows = {r["method"]: r for r in rows}
     endpoint = evaluate(load_state(template, state), splits.test)
     for method in ("weight_matching", "merge_many"):
@@ -266,9 +266,9 @@ def test_weight_matching_recovers_a_permuted_copy_exactly(template, clients, spl
 
 def test_ensemble_of_identical_clients_equals_the_endpoint(template, clients, splits):
     state = clients[1]
-    rows = evaluate_methods(
+    rows = compare_methods(
         template, [state, state], [3, 1], splits, ["ensemble", "average"], lambdas=5, device="cpu"
-    )
+    ).rows
     endpoint = evaluate(load_state(template, state), splits.test)
     for row in rows:
         assert row["accuracy"] == endpoint["accuracy"]
@@ -331,7 +331,9 @@ def test_repair_rows_change_the_merge_of_a_network_without_batchnorm(two_client_
 
 def test_three_clients_get_merge_gap_barriers(template, clients, splits):
     methods = ["average", "weight_matching_t", "merge_many", "activation_matching", "ensemble"]
-    rows = evaluate_methods(template, clients, [1, 2, 3], splits, methods, lambdas=5, device="cpu")
+    rows = compare_methods(
+        template, clients, [1, 2, 3], splits, methods, lambdas=5, device="cpu"
+    ).rows
     for row in rows:
         assert row["num_clients"] == 3 and tuple(row) == row_columns()
         if row["method"] == "ensemble":
@@ -358,9 +360,9 @@ def test_repair_is_applied_on_every_n_client_path(template, clients, splits):
     """With three clients the REPAIR method's client-to-merge paths and pairwise paths are
     repaired like its two-client curve: same clients, same basis as the plain average, other
     numbers on every path."""
-    rows = evaluate_methods(
+    rows = compare_methods(
         template, clients, None, splits, ["average", "average_repair"], lambdas=3, device="cpu"
-    )
+    ).rows
     plain, repaired = rows
     for name in ("pairwise_loss_barrier_half", "pairwise_loss_barrier_half_calibrated"):
         a, b = json.loads(plain[name]), json.loads(repaired[name])
@@ -378,9 +380,9 @@ def test_n_client_barriers_vanish_when_alignment_undoes_a_permutation(template, 
     state = clients[0]
     spec = permutation_spec(template)
     permuted = apply_permutation(spec, random_permutations(spec, state, seed=5), state)
-    rows = evaluate_methods(
+    rows = compare_methods(
         template, [state, permuted, state], None, splits, ["average", "weight_matching"], lambdas=5
-    )
+    ).rows
     plain, matched = rows
     aligned = json.loads(matched["pairwise_loss_barrier_half"])
     assert max(abs(v) for r in aligned for v in r) < 1e-5
@@ -393,7 +395,7 @@ def test_n_client_barriers_vanish_when_alignment_undoes_a_permutation(template, 
 
 def test_fast_mode_skips_diagnostics_and_is_deterministic(template, clients, splits):
     def run():
-        return evaluate_methods(
+        return compare_methods(
             template,
             clients[:2],
             None,
@@ -401,7 +403,7 @@ def test_fast_mode_skips_diagnostics_and_is_deterministic(template, clients, spl
             ["weight_matching"],
             diagnostics=False,
             device="cpu",
-        )
+        ).rows
 
     first, second = run(), run()
     row = first[0]
@@ -449,15 +451,15 @@ def test_single_model_row(template, clients, splits):
 
 def test_unknown_methods_raise(template, clients, splits):
     with pytest.raises(ValueError, match="allowed: average, average_t"):
-        evaluate_methods(template, clients[:2], None, splits, ["average", "avg"])
+        compare_methods(template, clients[:2], None, splits, ["average", "avg"])
     with pytest.raises(ValueError, match="allowed: average"):
         merge_clients("ensemble", template, clients[:2], None, splits)
 
 
 def test_a_single_surviving_client_is_its_own_merge(template, clients, splits):
-    rows = evaluate_methods(
+    rows = compare_methods(
         template, clients[:1], None, splits, list(study_methods()), device="cpu", base=clients[0]
-    )
+    ).rows
     endpoint = evaluate(load_state(template, clients[0]), splits.test)
     for row in rows:
         assert row["num_clients"] == 1 and row["accuracy"] == endpoint["accuracy"]
@@ -471,7 +473,7 @@ def test_auto_keeps_the_plain_average_within_tolerance_and_aligns_beyond(templat
     permuted = apply_permutation(spec, random_permutations(spec, state, seed=9), state)
 
     def auto_row(states, tolerance):
-        rows = evaluate_methods(
+        rows = compare_methods(
             template,
             states,
             None,
@@ -479,7 +481,7 @@ def test_auto_keeps_the_plain_average_within_tolerance_and_aligns_beyond(templat
             ["auto", "average", "weight_matching"],
             diagnostics=False,
             method_options={"auto_tolerance": tolerance},
-        )
+        ).rows
         return {r["method"]: r for r in rows}
 
     lenient = auto_row([state, permuted], 1e6)  # any gap is within: no alignment runs
