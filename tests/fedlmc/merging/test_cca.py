@@ -119,7 +119,7 @@ def test_cca_merge_of_three_independent_models_differs_from_the_plain_average():
     merged, aligned, info = merge_states(
         "cca_merge", models[0], states, server_data=(x, y), with_info=True
     )
-    plain, _, _ = merge_states("average", models[0], states, with_info=True)
+    plain, _ = merge_states("average", models[0], states)
     assert len(aligned) == 3 and info["cca_map_condition"] > 1.0
     key = "hidden.0.linear.weight"
     assert float((merged[key] - plain[key]).abs().max()) > 1e-3
@@ -139,9 +139,7 @@ def test_models_that_are_not_norm_free_chains_are_refused_naming_the_model(name,
     states = [model.state_dict(), model.state_dict()]
     x = torch.randn(8, *((3, 8, 8) if name == "resnet20" else SMALL))
     with pytest.raises(ValueError, match=f"cca_merge: model '{shown}' is not supported"):
-        merge_states(
-            "cca_merge", model, states, server_data=(x, torch.zeros(8).long()), with_info=True
-        )
+        merge_states("cca_merge", model, states, server_data=(x, torch.zeros(8).long()))
 
 
 def test_a_negative_ridge_and_ridge_zero_on_a_dead_unit_are_refused():

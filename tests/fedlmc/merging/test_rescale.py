@@ -98,7 +98,7 @@ def test_the_registered_methods_rescale_the_average_and_report_their_factors():
 def test_rescale_needs_server_data_and_leaves_batchnorm_models_to_their_statistics():
     a, b = _mlp(0), _mlp(1)
     with pytest.raises(ValueError, match="'average_rescale' needs server data"):
-        merge_states("average_rescale", a, [a.state_dict(), b.state_dict()], with_info=True)
+        merge_states("average_rescale", a, [a.state_dict(), b.state_dict()])
     bn_a, bn_b, x = _mlp(0, norm="bn"), _mlp(1, norm="bn"), _inputs(64)
     with pytest.raises(ValueError, match="BatchNorm"):
         rescale(bn_a, [bn_a, bn_b], None, x)

@@ -119,11 +119,9 @@ def test_a_far_client_moves_neither_the_median_nor_krum_by_hand():
     assert krum_selection(states, 1, 1) == [1]  # tie with client 2: the lower index
     assert 4 not in krum_selection(states, 1, 4)
     # the plain average is moved by the far client (to 2.12); Krum is not
-    average, _ = merge_states("average", tiny(), states, with_info=True)[:2]
+    average, _ = merge_states("average", tiny(), states)
     assert torch.allclose(average["w"], torch.full((3, 2), 2.12))
-    merged, _ = merge_states("krum", tiny(), states, options={"krum_byzantine": 1}, with_info=True)[
-        :2
-    ]
+    merged, _ = merge_states("krum", tiny(), states, options={"krum_byzantine": 1})
     assert torch.allclose(merged["w"], torch.full((3, 2), 0.1))
 
 
@@ -131,8 +129,8 @@ def test_integer_buffers_take_the_maximum_and_weights_do_not_move_the_median():
     states = clients(3, norm="bn")
     key = "hidden.0.norm.num_batches_tracked"
     assert int(coordinate_median(states)[key]) == max(int(s[key]) for s in states)
-    heavy, _ = merge_states("median", tiny("bn"), states, [100, 1, 1], with_info=True)[:2]
-    even, _ = merge_states("median", tiny("bn"), states, with_info=True)[:2]
+    heavy, _ = merge_states("median", tiny("bn"), states, [100, 1, 1])
+    even, _ = merge_states("median", tiny("bn"), states)
     assert all(torch.equal(heavy[k], even[k]) for k in even)
 
 
@@ -146,7 +144,7 @@ def test_refusals_are_one_line_naming_the_value():
     with pytest.raises(ValueError, match=r"trim_fraction = 0.5; allowed: a number in \[0, 0.5\)"):
         check_trim_fraction(0.5)
     with pytest.raises(ValueError, match="needs at least 2f"):
-        merge_states("krum", tiny(), clients(2), with_info=True)
+        merge_states("krum", tiny(), clients(2))
     # the study refuses it before any work, leaves it out of its defaults below 3 clients, and
     # a single client is its own merge for Krum as for every method
     from fedlmc.study.context import check_client_count, default_methods
