@@ -549,11 +549,12 @@ def run_server(
     simulated: bool = False,
     say: Say | None = None,
 ) -> ServerOutcome:
-    """Validate the run config, run the configured mode, add columns, write the outputs.
+    """Validate the run config (a validated :class:`~fedlmc.simulations.config.RunConfig` is
+    taken as it is), run the configured mode, add columns, write the outputs.
     ``simulated``: the clients are this project's simulated ClientApps, whose partition sizes
     the server knows (the weight bound, :func:`weight_bound`). ``say`` receives the stages
     and, last, where the rows went (:mod:`fedlmc.simulations.records.progress`)."""
-    config = validate_run_config(dict(run_config), check_devices=False)  # server-fraction > 0
+    config = validate_run_config(run_config, check_devices=False)  # once: as it is if validated
     if config["out-dir"]:  # before any work: never overwrite a sweep's results.csv
         check_writable_folder(config["out-dir"], "out-dir")
         refuse_mixing(config["out-dir"], "run")
@@ -588,7 +589,7 @@ def main(grid: Grid, context: Context) -> None:
     """Entry point of ``flwr run``: the run config comes from ``context.run_config``; the
     server computes with ``server-cpus`` threads (0: every usable core, no client slots run
     beside a deployment's ServerApp; :mod:`fedlmc.simulations.config.threads`)."""
-    config = validate_run_config(dict(context.run_config), check_devices=False)
+    config = validate_run_config(dict(context.run_config), check_devices=False)  # the boundary
     use_threads(server_threads(config["server-cpus"]))
     shorten_flower_config_logs()  # the train ConfigRecord: 50+ keys on one line otherwise
-    run_server(grid, dict(context.run_config), say=flower_say)
+    run_server(grid, config, say=flower_say)

@@ -33,6 +33,7 @@ from fedlmc.data.splits import stratified_split
 from fedlmc.evaluation import resolve_device
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import (
+    RunConfig,
     calibration_holdout,
     client_widths,
     model_options,
@@ -57,11 +58,20 @@ def schema_values(values: Mapping[str, Any]) -> dict[str, Any]:
 
 def client_run_config(
     context_config: Mapping[str, Any], message_config: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The validated run config a client works with: context, overlaid by the message's entries."""
+) -> RunConfig:
+    """The validated run config a client works with: context, overlaid by the message's entries.
+    Validated once per distinct config in a process (:func:`_validated_client_config`: every
+    message of a run carries the same one), read-only so that the cached copy is shared."""
     values = schema_values(context_config)
     values.update(schema_values(message_config or {}))
-    return validate_run_config(values, check_devices=False, whole_run=False)
+    return _validated_client_config(tuple(sorted(values.items())))
+
+
+@functools.lru_cache(maxsize=32)
+def _validated_client_config(items: tuple[tuple[str, Any], ...]) -> RunConfig:
+    """:func:`validate_run_config` of a client's config (as sorted items), cached: the
+    ClientApp validates each distinct config once, not on every message."""
+    return validate_run_config(dict(items), check_devices=False, whole_run=False)
 
 
 def device_of(config: Mapping[str, Any]) -> torch.device:

@@ -66,6 +66,7 @@ from fedlmc.simulations.config.keys import (  # noqa: F401
     run_schema,
     runtime_keys,
 )
+from fedlmc.simulations.config.run_config import RunConfig  # noqa: F401
 from fedlmc.simulations.config.schema import ConfigError  # noqa: F401
 from fedlmc.simulations.config.sweep_file import (  # noqa: F401
     HUGE_INTEGER,
@@ -122,6 +123,7 @@ from fedlmc.simulations.config.values import (  # noqa: F401
 
 __all__ = [
     "ConfigError",
+    "RunConfig",
     "SweepConfig",
     "canonical_run_config",
     "cell_id",

@@ -22,23 +22,27 @@ from fedlmc.models.registry import (
     is_factory_path,
     model_entry,
 )
+from fedlmc.simulations.config.run_config import RunConfig
 from fedlmc.simulations.config.values import FEDAVG, option_key, parse_widths
 
 
-def absolute_paths(config: Mapping[str, Any]) -> dict[str, Any]:
+def absolute_paths(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """``config`` with its local paths made absolute (Ray workers and the ServerApp need not
     share the driver's working directory): ``data-root``, an ``hf:`` path and a model factory
-    file ``path/file.py:make_net``."""
-    config = dict(config)
+    file ``path/file.py:make_net``; a validated :class:`RunConfig` stays one (the same
+    locations, written otherwise)."""
+    paths: dict[str, str] = {}
     if config.get("data-root"):
-        config["data-root"] = str(Path(config["data-root"]).expanduser().resolve())
+        paths["data-root"] = str(Path(config["data-root"]).expanduser().resolve())
     if config.get("dataset"):
-        config["dataset"] = absolute_hf_name(config["dataset"])
+        paths["dataset"] = absolute_hf_name(config["dataset"])
     model = config.get("model", "")
     location, _, attribute = model.rpartition(":")
     if location.endswith(".py") and is_factory_path(model):
-        config["model"] = f"{Path(location).expanduser().resolve()}:{attribute}"
-    return config
+        paths["model"] = f"{Path(location).expanduser().resolve()}:{attribute}"
+    if isinstance(config, RunConfig):
+        return config.with_paths(paths)
+    return {**config, **paths}
 
 
 def method_list(config: Mapping[str, Any]) -> list[str]:

@@ -37,6 +37,7 @@ from fedlmc.simulations.config.derived import (
 from fedlmc.simulations.config.feasibility import check_memory
 from fedlmc.simulations.config.field_keys import check_base_methods
 from fedlmc.simulations.config.keys import RUN_KEYS, run_schema
+from fedlmc.simulations.config.run_config import RunConfig
 from fedlmc.simulations.config.schema import (
     ConfigError,
     check_value,
@@ -46,11 +47,16 @@ from fedlmc.simulations.config.schema import (
 
 def validate_run_config(
     values: Mapping[str, Any], *, check_devices: bool = True, whole_run: bool = True
-) -> dict[str, Any]:
+) -> RunConfig:
     """Defaults filled in, every value type- and range-checked; raises :class:`ConfigError`.
     ``whole_run = False`` (a client's config for one round, whose ``epochs`` may be one FedAvg
     round's share) skips the checks about the whole run (``fedavg-rounds`` and ``warmup-rounds``
-    against ``epochs``)."""
+    against ``epochs``). A :class:`RunConfig` validated with at least these checks is returned
+    as it is (:meth:`RunConfig.covers`): a run config is validated once, where it enters."""
+    if isinstance(values, RunConfig) and values.covers(
+        check_devices=check_devices, whole_run=whole_run
+    ):
+        return values
     schema = run_schema()
     unknown = [k for k in values if k not in schema]
     if unknown:
@@ -61,7 +67,7 @@ def validate_run_config(
         config[key] = check_value(key, value, schema)
     config = with_cell_default_methods(config)
     check_consistency(config, check_devices=check_devices, whole_run=whole_run)
-    return config
+    return RunConfig(config, devices_checked=check_devices, whole_run=whole_run)
 
 
 def default_methods() -> str:

@@ -47,7 +47,7 @@ def run_federation_outcome(
     Raises the ServerApp's own exception (e.g. ``NotEnoughClientsError``) when it fails, and
     :class:`FederationError` when the engine stops without producing results.
     """
-    config = validate_run_config(dict(config), check_devices=True)
+    config = validate_run_config(config, check_devices=True)  # as it is when validated
     results: list[CellResult] = []
     start = time.perf_counter()
     try:
