@@ -59,7 +59,6 @@ def direct(config: dict[str, Any]) -> dict[str, Any]:
     from fedlmc.averaging import average, load_state
     from fedlmc.evaluation import predict_logits
     from fedlmc.merging.calibrate import fit_temperature
-    from fedlmc.simulations.records.server_outcome import endpoint_metrics, merged_row
     from fedlmc.simulations.task import (
         build_from_config,
         client_data,
@@ -67,6 +66,7 @@ def direct(config: dict[str, Any]) -> dict[str, Any]:
         load_splits,
         train_options,
     )
+    from fedlmc.study.model_rows import endpoint_metrics, merge_rows
     from fedlmc.train import train_model
 
     start = time.perf_counter()
@@ -91,11 +91,17 @@ def direct(config: dict[str, Any]) -> dict[str, Any]:
     model = load_state(template, merged).eval()
     temperature = fit_temperature(predict_logits(model, splits.server[0]), splits.server[1])
     device = torch.device("cpu")
-    endpoints = endpoint_metrics(template, states, splits, device)
-    rows = [
-        merged_row("average", model, splits, None, endpoints, 2, device),
-        merged_row("average_t", model, splits, temperature, endpoints, 2, device),
-    ]
+    endpoints = endpoint_metrics([template] * len(states), states, splits, device)
+    rows = merge_rows(
+        "average",
+        model,
+        splits,
+        device=device,
+        num_clients=2,
+        calibrated=True,
+        temperature=temperature,
+        endpoints=endpoints,
+    )
     end = time.perf_counter()
     return {
         "wall_seconds": end - start,

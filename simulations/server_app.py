@@ -94,12 +94,10 @@ from fedlmc.simulations.records.results_file import check_writable_folder, refus
 from fedlmc.simulations.records.server_outcome import (
     MIXED_COLLECT,
     ServerOutcome,
+    ServerRun,
     _train_seconds,
-    endpoint_metrics,
-    merged_row,
     round_columns,
     train_config_record,
-    width_columns,
 )
 from fedlmc.simulations.records.training_file import training_rows, write_training
 from fedlmc.simulations.records.watched_grid import WatchedGrid
@@ -130,6 +128,7 @@ from fedlmc.study.compare import (
     compare_methods,
 )
 from fedlmc.study.flags import flag_columns, flag_lines
+from fedlmc.study.model_rows import endpoint_metrics, merge_rows
 
 
 def _start(
@@ -427,12 +426,17 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     rounds = 1 + result.query_rounds
     columns = warm.columns(round_columns(report, result_bytes(result), seconds, rounds, config))
     columns["merge_seconds"] = result.merge_seconds
-    n = len(report.survivors)
-    rows = [merged_row(base, model, splits, None, endpoints, n, device)]
-    if config["calibration"] != "none":
-        row = merged_row(f"{base}_t", model, splits, result.temperature, endpoints, n, device)
-        row["temperature_server_split"] = result.server_split_temperature
-        rows.append(row)
+    rows = merge_rows(
+        base,
+        model,
+        splits,
+        device=device,
+        num_clients=len(report.survivors),
+        calibrated=config["calibration"] != "none",
+        temperature=result.temperature,
+        temperature_server_split=result.server_split_temperature,
+        endpoints=endpoints,
+    )
     outcome.rows.extend({**row, **result.merge_info, **columns} for row in rows)
 
 
@@ -457,7 +461,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     merged = record_to_state(result.arrays)
     outcome.merged[FEDAVG] = merged
     model = load_state(template, merged).to(device).eval()
-    row = merged_row(FEDAVG, model, splits, None, [], len(last.survivors), device)
+    [row] = merge_rows(FEDAVG, model, splits, device=device, num_clients=len(last.survivors))
     columns = round_columns(last, result_bytes(result), seconds, rounds, config)
     columns["train_seconds"] = survivors_train_seconds(result)
     outcome.rows.append({**row, **columns})
@@ -466,14 +470,12 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
 def run_secure(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
     """``average`` under ``secure-aggregation``
     (:mod:`fedlmc.simulations.private.secure_server`)."""
-    widths = width_columns(config)
-    run_secure_average(grid, config, splits, template, device, outcome, merged_row, widths)
+    run_secure_average(ServerRun(grid, config, splits, template, device, outcome))
 
 
 def run_dp(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
     """``average`` under ``dp`` (:mod:`fedlmc.simulations.private.dp_server`)."""
-    widths = width_columns(config)
-    run_dp_average(grid, config, splits, template, device, outcome, merged_row, widths)
+    run_dp_average(ServerRun(grid, config, splits, template, device, outcome))
 
 
 MODES = {

@@ -2,6 +2,7 @@
 
 - :mod:`fedlmc.study.compare`: :func:`compare_methods`, the driver: one row per method.
 - :mod:`fedlmc.study.context`: :class:`StudyContext`, the frozen settings every step reads.
+- :mod:`fedlmc.study.model_rows`: a merged model's raw and ``_t`` rows, the one evaluator.
 - :mod:`fedlmc.study.merge`: one merge and its post-merge pipeline (:class:`Merged`).
 - :mod:`fedlmc.study.baseline`: the clients' predictions and the ensembles.
 - :mod:`fedlmc.study.barriers`: the merge gap and the barriers of interpolation paths.
@@ -14,11 +15,11 @@ from fedlmc._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(
-        ["compare_methods", "evaluate_model_row", "Comparison"]
-        + ["check_methods", "study_context"],
+        ["compare_methods", "Comparison"] + ["check_methods", "study_context"],
         ".compare",
     ),
     "StudyContext": ".context",
+    "merge_rows": ".model_rows",
     **dict.fromkeys(["merge_clients", "Merged"], ".merge"),
     "COLUMNS": ".rows",
 }

@@ -41,7 +41,9 @@ temperatures); the base merge of a ``_t`` method is computed once and shared wit
 
 The study's modules, one concern each: :mod:`fedlmc.study.context` (the frozen
 :class:`~fedlmc.study.context.StudyContext` every step reads, :class:`Predictions`, the checks
-run before any work), :mod:`fedlmc.study.merge` (one merge and its post-merge pipeline),
+run before any work; :func:`compare_methods` turns its settings into one, :func:`study_context`),
+:mod:`fedlmc.study.model_rows` (a merged model's metric columns, the one evaluator, and its raw
+and ``_t`` rows), :mod:`fedlmc.study.merge` (one merge and its post-merge pipeline),
 :mod:`fedlmc.study.barriers` (merge gap and path barriers), :mod:`fedlmc.study.diagnostic_columns`
 (LEWC, LLFC and the mechanism columns), :mod:`fedlmc.study.baseline` (the clients' predictions
 and the ensembles every merge is compared with), and this one, the driver
@@ -111,10 +113,7 @@ from fedlmc.study.merge import (
     parameters_ratio,
     path_rule,
 )
-from fedlmc.study.rows import (
-    empty_row,
-    metric_columns,
-)
+from fedlmc.study.model_rows import metric_row
 
 if TYPE_CHECKING:
     from fedlmc.data.loading import DataSplits
@@ -135,7 +134,6 @@ __all__ = [
     "check_methods",
     "compare_methods",
     "default_methods",
-    "evaluate_model_row",
     "gap_columns",
     "merge_clients",
     "path_rule",
@@ -298,28 +296,14 @@ def compare_methods(
     server's initialisation of ``init = "shared"``) the task-vector methods
     (``task_arithmetic``, ``ties``, ``dare``): without it the default ``methods`` leave them out
     and a method given explicitly is refused before any work.
-
-    The settings become one frozen :class:`~fedlmc.study.context.StudyContext`
-    (:func:`study_context`) that every step of the study reads.
     """
-    check_states(states)
-    defaulted = methods is None
-    chosen = default_methods(len(states)) if methods is None else methods
-    methods = check_client_count(check_methods(chosen, clients is not None), len(states))
-    methods = _methods_with_base(methods, base, defaulted)
     if int(lambdas) < 2:
         raise ValueError(f"lambdas must be an integer >= 2, got {lambdas}")
     if int(diagnostic_samples) < 1:
         raise ValueError(f"diagnostic_samples must be >= 1, got {diagnostic_samples}")
     dev = resolve_device(device)
     template = copy.deepcopy(template).to(dev).eval()
-    aligning = any(base_method(m) != "average" for m in methods if m not in REFERENCE_METHODS)
-    if spec is None and aligning and not hasattr(template, "permutation_spec"):
-        # derived once from the graph on two test inputs, shared by every method
-        spec = permutation_spec(template, splits.test[0][:2].to(dev))
-    if defaulted:
-        methods = _methods_for_model(template, spec, methods)
-    _check_methods_fit(template, spec, methods)
+    methods, spec = _checked_methods(template, dev, states, splits, methods, spec, clients, base)
     context = study_context(
         template,
         states,
@@ -341,6 +325,34 @@ def compare_methods(
     for row in result.rows:
         row.update(flag_columns(row, splits.num_classes, len(splits.test[1])))
     return result
+
+
+def _checked_methods(
+    template: nn.Module,
+    device: torch.device,
+    states: Sequence[StateDict],
+    splits: DataSplits,
+    methods: Sequence[str] | None,
+    spec: PermutationSpec | None,
+    clients: ClientQueries | None,
+    base: StateDict | None,
+) -> tuple[list[str], PermutationSpec | None]:
+    """The methods of :func:`compare_methods`, checked before any work (known, accepting this
+    many clients, a base where one is needed, able to merge models like ``template``), and the
+    permutation ``spec`` (derived once from the graph on two test inputs when a method aligns
+    and neither ``spec`` nor the template gives one)."""
+    check_states(states)
+    defaulted = methods is None
+    chosen = default_methods(len(states)) if methods is None else methods
+    methods = check_client_count(check_methods(chosen, clients is not None), len(states))
+    methods = _methods_with_base(methods, base, defaulted)
+    aligning = any(base_method(m) != "average" for m in methods if m not in REFERENCE_METHODS)
+    if spec is None and aligning and not hasattr(template, "permutation_spec"):
+        spec = permutation_spec(template, splits.test[0][:2].to(device))
+    if defaulted:
+        methods = _methods_for_model(template, spec, methods)
+    _check_methods_fit(template, spec, methods)
+    return methods, spec
 
 
 def _methods_with_base(
@@ -397,38 +409,11 @@ def _rows(context: StudyContext, baseline: ClientBaseline, methods: Sequence[str
             if shared[base].merged.template_shaped:  # only template state dicts are kept
                 result.merged[base] = shared[base].merged.state
         found = shared[base]
-        row = empty_row(method, context.num_clients)
-        row.update(baseline.common)
         calibrated = method.endswith(CALIBRATED_SUFFIX)
-        row.update(metric_columns(found.metrics, calibrated, found.temperature))
+        row = metric_row(
+            method, context.num_clients, found.metrics, found.temperature, calibrated=calibrated
+        )
+        row.update(baseline.common)
         row.update(found.columns)
         result.rows.append(row)
     return result
-
-
-def evaluate_model_row(
-    method: str,
-    model: nn.Module,
-    splits: DataSplits,
-    *,
-    calibrated: bool | None = None,
-    num_clients: int = 1,
-    device: str | torch.device | None = None,
-) -> dict[str, Any]:
-    """A row with :func:`fedlmc.study.rows.row_columns` for a single model (e.g. FedAvg's final
-    model).
-
-    Test accuracy, NLL and ECE; ``temperature`` is fitted on the server split and used for
-    ``nll``/``ece`` when ``calibrated`` (default: ``method`` ends with ``_t``). Endpoint,
-    ensemble, barrier and diagnostic columns are NaN.
-    """
-    if not isinstance(method, str) or not method:
-        raise ValueError(f"method must be a non-empty string, got {method!r}")
-    if calibrated is None:
-        calibrated = method.endswith(CALIBRATED_SUFFIX)
-    dev = resolve_device(device)
-    pred = Predictions.of(copy.deepcopy(model).to(dev).eval(), splits, dev)
-    row = empty_row(method, num_clients)
-    row.update(metric_columns(pred.metrics(splits.test[1]), calibrated, pred.temperature))
-    row.update(flag_columns(row, splits.num_classes, len(splits.test[1])))
-    return row

@@ -103,10 +103,12 @@ class Predictions:
         server = predict_logits(model, splits.server[0], device=device)
         return cls(test, server, fit_temperature(server, splits.server[1]))
 
-    def metrics(self, labels: Tensor) -> dict[str, float]:
-        """Test ``accuracy``, ``nll_raw``, ``ece_raw``, ``nll_calibrated``, ``ece_calibrated``."""
+    def metrics(self, labels: Tensor, temperature: float | None = None) -> dict[str, float]:
+        """Test ``accuracy``, ``nll_raw``, ``ece_raw``, ``nll_calibrated``, ``ece_calibrated``:
+        the calibrated ones at ``temperature`` (default: the one fitted on the server split)."""
         raw = metrics_from_logits(self.test, labels)
-        cal = metrics_from_logits(self.test, labels, self.temperature)
+        at = self.temperature if temperature is None else float(temperature)
+        cal = metrics_from_logits(self.test, labels, at)
         return {
             "accuracy": raw["accuracy"],
             "nll_raw": raw["nll"],

@@ -33,9 +33,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedlmc.averaging import load_state
-from fedlmc.data.loading import DataSplits
 from fedlmc.merging.post_merge import ServerData, post_merge
 from fedlmc.simulations.config.dp import CLIENT_FIXED, DP_DELTA
+from fedlmc.simulations.records.server_outcome import ServerRun, width_columns
+from fedlmc.study.model_rows import merge_rows
 
 __all__ = ["dp_epsilon", "run_dp_average"]
 
@@ -72,16 +73,16 @@ def dp_round_columns(strategy, config: Mapping[str, Any], seconds: float, widths
     return columns
 
 
-def run_dp_average(
-    grid, config, splits: DataSplits, template, device, outcome, merged_row, widths
-) -> None:
-    """The DP ``average`` mode (see the module docstring); fills ``outcome`` like the clear
-    mode. ``merged_row`` and ``widths``: the ServerApp's row builder and width columns."""
+def run_dp_average(run: ServerRun) -> None:
+    """The DP ``average`` mode (see the module docstring); fills ``run.outcome`` like the clear
+    mode (its rows, :func:`fedlmc.study.model_rows.merge_rows`, and merged state)."""
     from flwr.app import ConfigRecord
 
     from fedlmc.strategies.private import private_one_shot_average
     from fedlmc.strategies.protocol import record_to_state, state_to_record
 
+    grid, config, splits, template = run.grid, run.config, run.splits, run.template
+    device, outcome = run.device, run.outcome
     n_clients, z, clip = (
         int(config["num-clients"]),
         float(config["dp-noise-multiplier"]),
@@ -109,13 +110,18 @@ def run_dp_average(
     finished = post_merge(template, noisy, [], [1.0], "average", server, device=device)
     outcome.merged["average"] = finished.state
     model = load_state(template, finished.state).to(device).eval()
-    columns = dp_round_columns(strategy, config, seconds, widths)
+    columns = dp_round_columns(strategy, config, seconds, width_columns(config))
     columns.update(merge_seconds=time.perf_counter() - start, dp_epsilon=dp_epsilon(z, n_clients))
-    n = strategy.replies
-    rows = [merged_row("average", model, splits, None, [], n, device)]
-    if config["calibration"] == "server" and server is not None:
-        temperature = server.temperature(model)[0]
-        row = merged_row("average_t", model, splits, temperature, [], n, device)
-        row["temperature_server_split"] = temperature
-        rows.append(row)
+    calibrated = config["calibration"] == "server" and server is not None
+    temperature = server.temperature(model)[0] if calibrated else None
+    rows = merge_rows(
+        "average",
+        model,
+        splits,
+        device=device,
+        num_clients=strategy.replies,
+        calibrated=calibrated,
+        temperature=temperature,
+        temperature_server_split=temperature,
+    )
     outcome.rows.extend({**row, **columns} for row in rows)

@@ -44,10 +44,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedlmc.averaging import load_state
-from fedlmc.data.loading import DataSplits
 from fedlmc.merging.methods import merge_method
 from fedlmc.merging.post_merge import ServerData, post_merge
 from fedlmc.simulations.config.field_keys import field_method_options
+from fedlmc.simulations.records.server_outcome import ServerRun, width_columns
 from fedlmc.strategies.secure import (
     CLIPPING_KEY,
     MAX_WEIGHT_KEY,
@@ -64,6 +64,7 @@ from fedlmc.strategies.secure_statistics import (
     weight_range,
 )
 from fedlmc.strategies.secure_temperature import SecureTemperature, secure_temperature
+from fedlmc.study.model_rows import merge_rows
 
 __all__ = [
     "run_secure_average",
@@ -147,13 +148,11 @@ def secure_round_columns(
     return columns
 
 
-def run_secure_average(
-    grid, config, splits: DataSplits, template, device, outcome, merged_row, widths
-) -> None:
-    """The secure mode (see the module docstring); fills ``outcome`` like the
-    clear mode (its rows and merged state). ``merged_row`` and ``widths`` are the ServerApp's
-    row builder and width columns (:func:`fedlmc.simulations.records.server_outcome.merged_row`,
-    ``width_columns``)."""
+def run_secure_average(run: ServerRun) -> None:
+    """The secure mode (see the module docstring); fills ``run.outcome`` like the clear mode
+    (its rows, :func:`fedlmc.study.model_rows.merge_rows`, and merged state)."""
+    grid, config, splits, template = run.grid, run.config, run.splits, run.template
+    device, outcome = run.device, run.outcome
     method = secure_merge_method(config)
     initial = {k: v.detach().cpu() for k, v in template.state_dict().items()}
     n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
@@ -193,10 +192,9 @@ def run_secure_average(
     merge_seconds = time.perf_counter() - start
     outcome.merged[method] = finished.state
     model = load_state(template, finished.state).to(device).eval()
-    columns = secure_round_columns(result, config, widths)
+    columns = secure_round_columns(result, config, width_columns(config))
     columns.update(merge_seconds=merge_seconds, secagg_error_bound=result.error_bound)
     n = len(result.num_examples)
-    rows = [merged_row(method, model, splits, None, [], n, device)]
     calibrated = config["calibration"] != "none"
     reference = server.temperature(model)[0] if calibrated and server is not None else math.nan
     temperature = reference
@@ -207,10 +205,16 @@ def run_secure_average(
         outcome.secure[f"{method}_t"] = fitted
         temperature = fitted.temperature
         columns = add_temperature_rounds(columns, fitted)
-    if calibrated and math.isfinite(temperature):
-        row = merged_row(f"{method}_t", model, splits, temperature, [], n, device)
-        row["temperature_server_split"] = reference
-        rows.append(row)
+    rows = merge_rows(
+        method,
+        model,
+        splits,
+        device=device,
+        num_clients=n,
+        calibrated=calibrated and math.isfinite(temperature),
+        temperature=temperature,
+        temperature_server_split=reference,
+    )
     outcome.rows.extend({**row, **columns} for row in rows)
     outcome.secure[method] = result
 

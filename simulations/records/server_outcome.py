@@ -1,6 +1,7 @@
 """What one run of the ServerApp produces (:class:`ServerOutcome`: its rows, merged weights,
-reports and timings) and how a row is built from a strategy's round: the round columns, a
-merged model's metrics, the clients' own metrics."""
+reports and timings), what a mode of it works on (:class:`ServerRun`) and the columns of a
+strategy's round (:func:`round_columns`, :func:`width_columns`); a merged model's own columns
+are the study's (:func:`fedlmc.study.model_rows.merge_rows`)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ from typing import Any
 import pandas as pd
 import torch
 from flwr.app import ConfigRecord
+from flwr.serverapp import Grid
 from torch import nn
 
-from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits
-from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.simulations.config import (
     client_widths,
     server_width,
@@ -29,12 +29,7 @@ from fedlmc.strategies import (
 )
 from fedlmc.strategies.screening import WeightBound
 from fedlmc.strategies.strategy_utils import Failure, RoundReport, StateDict
-from fedlmc.study.compare import (
-    Predictions,
-    evaluate_model_row,
-    gap_columns,
-)
-from fedlmc.study.rows import ROUND_COLUMNS, endpoint_columns
+from fedlmc.study.rows import ROUND_COLUMNS
 
 
 @dataclass
@@ -68,6 +63,20 @@ class ServerOutcome:
         columns (hyphenated keys)."""
         rows = [{**row, **self.config} for row in self.rows] if with_config else self.rows
         return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class ServerRun:
+    """What a mode of the ServerApp works on: the run's ``grid``, its validated run ``config``,
+    the data ``splits``, the server's model ``template``, the ``device`` it evaluates on, and
+    the ``outcome`` it fills (its rows, merged weights, reports)."""
+
+    grid: Grid
+    config: Mapping[str, Any]
+    splits: DataSplits
+    template: nn.Module
+    device: torch.device
+    outcome: ServerOutcome
 
 
 MIXED_COLLECT = "embed_average"
@@ -127,51 +136,3 @@ def round_columns(
     }
     assert tuple(columns) == ROUND_COLUMNS
     return columns
-
-
-def merged_row(
-    method: str,
-    model: nn.Module,
-    splits: DataSplits,
-    temperature: float | None,
-    endpoints: Sequence[Mapping[str, float]],
-    num_clients: int,
-    device: torch.device,
-) -> dict[str, Any]:
-    """A row for one merged model; ``temperature`` (the strategy's) is applied when given;
-    ``endpoints`` (the clients' metrics, may be empty) fill the endpoint and merge-gap columns."""
-    row = evaluate_model_row(
-        method, model, splits, calibrated=False, num_clients=num_clients, device=device
-    )
-    if temperature is not None:
-        logits = predict_logits(model, splits.test[0], device=device)
-        cal = metrics_from_logits(logits, splits.test[1], temperature)
-        row.update(
-            temperature=float(temperature),
-            nll=cal["nll"],
-            ece=cal["ece"],
-            nll_calibrated=cal["nll"],
-            ece_calibrated=cal["ece"],
-        )
-    if endpoints:
-        row.update(endpoint_columns(endpoints))
-        row.update(gap_columns(endpoints, row))
-    return row
-
-
-def endpoint_metrics(
-    templates: Sequence[nn.Module],
-    states: Sequence[StateDict],
-    splits: DataSplits,
-    device: torch.device,
-) -> list[dict[str, float]]:
-    """Test metrics of the clients' own models, each loaded into its template (its width's)
-    (:meth:`fedlmc.study.compare.Predictions.metrics`)."""
-    if not states or not states[0]:
-        return []
-    return [
-        Predictions.of(load_state(model, sd).to(device).eval(), splits, device).metrics(
-            splits.test[1]
-        )
-        for model, sd in zip(templates, states, strict=True)
-    ]

@@ -20,7 +20,8 @@ from fedlmc.merging.methods import REFERENCE_METHODS, merge_method, study_method
 from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
-from fedlmc.study.compare import compare_methods, evaluate_model_row, merge_clients
+from fedlmc.study.compare import compare_methods, merge_clients
+from fedlmc.study.model_rows import merge_rows
 from fedlmc.study.rows import row_columns, string_columns
 from fedlmc.train import train_model
 
@@ -439,8 +440,7 @@ def test_batchnorm_statistics_are_reset_on_the_server_split(splits):
 
 def test_single_model_row(template, clients, splits):
     model = load_state(template, clients[2])
-    raw = evaluate_model_row("fedavg", model, splits, device="cpu")
-    cal = evaluate_model_row("fedavg_t", model, splits, device="cpu")
+    raw, cal = merge_rows("fedavg", model, splits, device="cpu", calibrated=True)
     expected = evaluate(model, splits.test)
     assert tuple(raw) == row_columns() and raw["num_clients"] == 1
     assert raw["accuracy"] == cal["accuracy"] == expected["accuracy"]
