@@ -63,6 +63,9 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   merging, RegMean: ratios and solves of sums over the clients), what each client sends and how
   the server merges the means (:class:`fedlmc.merging.sum_form.SecureSums`); like
   ``sum_exponents``, it makes the method run under secure aggregation;
+- the secure-protocol declarations (``server_sees``, ``sum_exponents``, ``secure_sums``,
+  ``divide_by_holders``, ``secure_note``) are kept together as one value, the entry's
+  ``secure`` (:class:`SecureForm`);
 - ``needs_base``: the rule is relative to the clients' common starting model (task vectors:
   Task Arithmetic, TIES, DARE), ``job.base``; refused before any work without one (clients
   initialised independently have none);
@@ -116,6 +119,7 @@ __all__ = [
     "MergeJob",
     "MergeMethod",
     "MergeRequest",
+    "SecureForm",
     "base_method",
     "check_method",
     "check_own_columns",
@@ -227,20 +231,18 @@ PLAIN_CHAINS = "norm-free plain feed-forward chains (MLP, VGG-11 with norm = 'no
 
 @dataclass(frozen=True)
 class MergeRequest:
-    """What a caller knows about one merge before any work, for :func:`refusal`: the run config's
-    checks (from the keys), :func:`fedlmc.merging.methods.merge_states` (from the states), the
-    study and the strategies (from their arguments). A field left ``None`` is not known there
-    and its precondition is not asked.
+    """What a caller knows about one merge before any work, for :func:`refusal` (the run config's
+    check from its keys, ``merge_states``, the study and the strategies from their arguments); a
+    field left ``None`` is not known there and its precondition is not asked.
 
     ``num_clients``: the most clients the merge gets; ``fewest_clients``: the fewest (a
-    ``min_clients`` method needs that many; a single client is its own merge);
-    ``model``: the model's name in messages; ``chain_reason``: why the model is no norm-free
-    plain chain (``""``: it is one); ``bias_free``: what has no bias where REPAIR needs one
-    (``"layer 'fc1'"``; ``""``: every repaired layer has one, or BatchNorm resets the
-    statistics instead); ``widths``: how the clients' widths differ (``""``: one width);
-    ``server_data``: the server holds inputs; ``federated_data``: the clients' held-out data can
-    stand in for them (``calibration = "federated"``); ``clients``: a federation's clients answer
-    queries; ``base``: the clients' common starting model exists."""
+    ``min_clients`` method needs that many; one client is its own merge); ``model``: its name;
+    ``chain_reason``: why the model is no norm-free plain chain (``""``: it is one);
+    ``bias_free``: what has no bias where REPAIR needs one (``"layer 'fc1'"``; ``""``: none, or
+    BatchNorm, whose statistics REPAIR resets); ``widths``: how the clients' widths differ
+    (``""``: one width); ``server_data``: the server holds inputs; ``federated_data``: the
+    clients' held-out data can stand in (``calibration = "federated"``); ``clients``: a
+    federation's clients answer queries; ``base``: the clients' common starting model exists."""
 
     num_clients: int
     fewest_clients: int | None = None
@@ -255,8 +257,28 @@ class MergeRequest:
 
 
 @dataclass(frozen=True)
+class SecureForm:
+    """The secure-protocol part of a method's declaration (module docstring; ``note``: its
+    ``secure_note``)."""
+
+    server_sees: str = DEFAULT_SERVER_SEES
+    sum_exponents: SumExponents | None = None
+    secure_sums: SecureSums | None = None
+    divide_by_holders: bool = False
+    note: str = ""
+
+    @property
+    def runs_securely(self) -> bool:
+        """Whether secure aggregation can run the rule: ``sum`` with its ``sum_exponents`` or
+        its ``secure_sums``."""
+        built = self.sum_exponents is not None or self.secure_sums is not None
+        return self.server_sees == SECURE_SUM and built
+
+
+@dataclass(frozen=True)
 class MergeMethod:
-    """A registered merge method (see the module docstring)."""
+    """A registered merge method (see the module docstring); built by :func:`register_method`,
+    its secure-protocol part one value, ``secure``."""
 
     name: str
     align: Callable[[MergeJob], Alignment]
@@ -273,8 +295,10 @@ class MergeMethod:
     mixed_widths: bool = False
     counterpart_of: str = ""
     on_path: bool = True
-    server_sees: str = DEFAULT_SERVER_SEES
     builds_model: BuildModel | None = None
+    min_clients: int = 1
+    needs_base: bool = False
+    secure: SecureForm = field(default_factory=SecureForm)
 
     @property
     def template_shaped(self) -> bool:
@@ -282,19 +306,15 @@ class MergeMethod:
         with ``builds_model``)."""
         return self.builds_model is None
 
-    sum_exponents: SumExponents | None = None
-    secure_note: str = ""
-    divide_by_holders: bool = False
-    min_clients: int = 1
-    secure_sums: SecureSums | None = None
-    needs_base: bool = False
+    @property
+    def server_sees(self) -> str:
+        """The least the server must see of the clients (``secure.server_sees``)."""
+        return self.secure.server_sees
 
     @property
     def runs_securely(self) -> bool:
-        """Whether secure aggregation can run the rule: ``sum`` with its ``sum_exponents`` or
-        its ``secure_sums``."""
-        built = self.sum_exponents is not None or self.secure_sums is not None
-        return self.server_sees == SECURE_SUM and built
+        """Whether secure aggregation can run the rule (:attr:`SecureForm.runs_securely`)."""
+        return self.secure.runs_securely
 
     def refusal(self, request: MergeRequest, shown: str | None = None) -> str | None:
         """Why this method cannot run on ``request``, in one line naming the method (as
@@ -385,16 +405,9 @@ def _repair_bias(m: MergeMethod, r: MergeRequest) -> str:
 
 
 _PRECONDITIONS: tuple[Callable[[MergeMethod, MergeRequest], str], ...] = (
-    _one_width,
-    _on_clients,
-    _server_data,
-    _client_count,
-    _base,
-    _plain_chain,
-    _repair_bias,
+    *(_one_width, _on_clients, _server_data, _client_count, _base, _plain_chain, _repair_bias),
 )
-"""A merge method's preconditions, each the tail of its one refusal (``""``: met), in the order
-:meth:`MergeMethod.refusal` asks them."""
+"""Each the tail of a refusal (``""``: met), in the order :meth:`MergeMethod.refusal` asks."""
 
 
 def refusal(method: str, request: MergeRequest) -> str | None:
@@ -465,29 +478,31 @@ def register_method(
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
         entry = MergeMethod(
-            name,
-            align,
-            description,
-            needs_server_data,
-            many_clients,
-            reestimate_bn,
-            repair,
-            needs_clients,
-            clients_for_data,
-            combine,
-            plain_chain_only,
-            tuple(columns),
-            mixed_widths,
-            counterpart_of,
-            on_path,
-            server_sees,
-            builds_model,
-            sum_exponents,
-            secure_note,
-            divide_by_holders,
-            int(min_clients),
-            secure_sums,
-            needs_base,
+            name=name,
+            align=align,
+            description=description,
+            needs_server_data=needs_server_data,
+            many_clients=many_clients,
+            reestimate_bn=reestimate_bn,
+            repair=repair,
+            needs_clients=needs_clients,
+            clients_for_data=clients_for_data,
+            combine=combine,
+            plain_chain_only=plain_chain_only,
+            columns=tuple(columns),
+            mixed_widths=mixed_widths,
+            counterpart_of=counterpart_of,
+            on_path=on_path,
+            builds_model=builds_model,
+            min_clients=int(min_clients),
+            needs_base=needs_base,
+            secure=SecureForm(
+                server_sees=server_sees,
+                sum_exponents=sum_exponents,
+                secure_sums=secure_sums,
+                divide_by_holders=divide_by_holders,
+                note=secure_note,
+            ),
         )
         METHODS.add(name, entry, replace=replace)
         return align
