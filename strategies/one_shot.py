@@ -71,10 +71,12 @@ from fedlmc.averaging import load_state
 from fedlmc.evaluation import predict_logits, resolve_device
 from fedlmc.merging.methods import (
     AUTO_TOLERANCE,
-    check_model_fits,
+    MergeRequest,
+    check_method,
     check_template_merge,
     merge_method,
     merge_states,
+    model_facts,
     template_merge_names,
 )
 from fedlmc.merging.post_merge import (
@@ -471,15 +473,15 @@ class PermutationAlignedAverage(OneShotAverage):
         super().__init__(template, options, **kwargs)
         if entry.name == "average":
             raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")
-        on_clients = entry.clients_for_data and self.on_clients
-        if entry.needs_server_data and self.server_data is None and not on_clients:
-            raise ValueError(f"method = {method!r} needs server_data for its inputs; got None")
-        if not entry.many_clients and self.num_clients > 2:  # refused before any client trains
-            raise ValueError(
-                f"method = {method!r} with num_clients = {self.num_clients}: allowed: at most 2"
-            )
         self.spec = self.construction_spec(spec, example_input, method)
-        check_model_fits(entry.name, template, self.spec)  # refused before any client trains
+        request = MergeRequest(  # the method's one refusal, before any client trains
+            num_clients=self.num_clients,
+            server_data=self.server_data is not None,
+            federated_data=self.on_clients,
+            clients=True,
+            **model_facts(template, self.spec, [entry.name]),
+        )
+        check_method(method, request)
         self.merge_method = entry.name
         self.seed = int(seed)
         self.method_options = dict(method_options or {})

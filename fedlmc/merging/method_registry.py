@@ -17,7 +17,7 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
 - ``repair``: whether the merge is followed by REPAIR (:mod:`fedlmc.merging.repair`: every hidden
   unit rescaled so that its pre-activation mean and std match the endpoints' interpolated ones) for
   models without BatchNorm, which must have a bias in every repaired layer (the mean is set
-  through it; :func:`fedlmc.merging.methods.model_refusal` refuses a bias-free one); for
+  through it; its refusal, :meth:`MergeMethod.refusal`, refuses a bias-free one); for
   BatchNorm models REPAIR reduces to re-estimating the statistics;
 - ``needs_clients``: it runs a protocol with the clients (``job.clients``, a
   :class:`ClientQueries`), so it exists only inside a federation (the strategies), never in the
@@ -63,6 +63,9 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   merging, RegMean: ratios and solves of sums over the clients), what each client sends and how
   the server merges the means (:class:`fedlmc.merging.sum_form.SecureSums`); like
   ``sum_exponents``, it makes the method run under secure aggregation;
+- the secure-protocol declarations (``server_sees``, ``sum_exponents``, ``secure_sums``,
+  ``divide_by_holders``, ``secure_note``) are kept together as one value, the entry's
+  ``secure`` (:class:`SecureForm`);
 - ``needs_base``: the rule is relative to the clients' common starting model (task vectors:
   Task Arithmetic, TIES, DARE), ``job.base``; refused before any work without one (clients
   initialised independently have none);
@@ -115,12 +118,16 @@ __all__ = [
     "ClientQueries",
     "MergeJob",
     "MergeMethod",
+    "MergeRequest",
+    "SecureForm",
     "base_method",
+    "check_method",
     "check_own_columns",
     "check_template_merge",
     "merge_method",
     "merge_method_names",
     "mixed_width_row",
+    "refusal",
     "register_method",
     "study_methods",
     "template_merge_names",
@@ -218,9 +225,60 @@ class Alignment:
     whose answer to a query was dropped); ``None``: all of them."""
 
 
+PLAIN_CHAINS = "norm-free plain feed-forward chains (MLP, VGG-11 with norm = 'none')"
+"""What a ``plain_chain_only`` method allows, as its refusal says it."""
+
+
+@dataclass(frozen=True)
+class MergeRequest:
+    """What a caller knows about one merge before any work, for :func:`refusal` (the run config's
+    check from its keys, ``merge_states``, the study and the strategies from their arguments); a
+    field left ``None`` is not known there and its precondition is not asked.
+
+    ``num_clients``: the most clients the merge gets; ``fewest_clients``: the fewest (a
+    ``min_clients`` method needs that many; one client is its own merge); ``model``: its name;
+    ``chain_reason``: why the model is no norm-free plain chain (``""``: it is one);
+    ``bias_free``: what has no bias where REPAIR needs one (``"layer 'fc1'"``; ``""``: none, or
+    BatchNorm, whose statistics REPAIR resets); ``widths``: how the clients' widths differ
+    (``""``: one width); ``server_data``: the server holds inputs; ``federated_data``: the
+    clients' held-out data can stand in (``calibration = "federated"``); ``clients``: a
+    federation's clients answer queries; ``base``: the clients' common starting model exists."""
+
+    num_clients: int
+    fewest_clients: int | None = None
+    model: str = "the model"
+    chain_reason: str | None = None
+    bias_free: str | None = None
+    widths: str = ""
+    server_data: bool | None = None
+    federated_data: bool = False
+    clients: bool | None = None
+    base: bool | None = None
+
+
+@dataclass(frozen=True)
+class SecureForm:
+    """The secure-protocol part of a method's declaration (module docstring; ``note``: its
+    ``secure_note``)."""
+
+    server_sees: str = DEFAULT_SERVER_SEES
+    sum_exponents: SumExponents | None = None
+    secure_sums: SecureSums | None = None
+    divide_by_holders: bool = False
+    note: str = ""
+
+    @property
+    def runs_securely(self) -> bool:
+        """Whether secure aggregation can run the rule: ``sum`` with its ``sum_exponents`` or
+        its ``secure_sums``."""
+        built = self.sum_exponents is not None or self.secure_sums is not None
+        return self.server_sees == SECURE_SUM and built
+
+
 @dataclass(frozen=True)
 class MergeMethod:
-    """A registered merge method (see the module docstring)."""
+    """A registered merge method (see the module docstring); built by :func:`register_method`,
+    its secure-protocol part one value, ``secure``."""
 
     name: str
     align: Callable[[MergeJob], Alignment]
@@ -237,8 +295,10 @@ class MergeMethod:
     mixed_widths: bool = False
     counterpart_of: str = ""
     on_path: bool = True
-    server_sees: str = DEFAULT_SERVER_SEES
     builds_model: BuildModel | None = None
+    min_clients: int = 1
+    needs_base: bool = False
+    secure: SecureForm = field(default_factory=SecureForm)
 
     @property
     def template_shaped(self) -> bool:
@@ -246,19 +306,26 @@ class MergeMethod:
         with ``builds_model``)."""
         return self.builds_model is None
 
-    sum_exponents: SumExponents | None = None
-    secure_note: str = ""
-    divide_by_holders: bool = False
-    min_clients: int = 1
-    secure_sums: SecureSums | None = None
-    needs_base: bool = False
+    @property
+    def server_sees(self) -> str:
+        """The least the server must see of the clients (``secure.server_sees``)."""
+        return self.secure.server_sees
 
     @property
     def runs_securely(self) -> bool:
-        """Whether secure aggregation can run the rule: ``sum`` with its ``sum_exponents`` or
-        its ``secure_sums``."""
-        built = self.sum_exponents is not None or self.secure_sums is not None
-        return self.server_sees == SECURE_SUM and built
+        """Whether secure aggregation can run the rule (:attr:`SecureForm.runs_securely`)."""
+        return self.secure.runs_securely
+
+    def refusal(self, request: MergeRequest, shown: str | None = None) -> str | None:
+        """Why this method cannot run on ``request``, in one line naming the method (as
+        ``shown``, default its name), the bad value and what is allowed; ``None`` when it can.
+        Each precondition is asked in this order and written only here."""
+        name = repr(shown or self.name)
+        for precondition in _PRECONDITIONS:
+            reason = precondition(self, request)
+            if reason:
+                return f"merge method {name}{reason}"
+        return None
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
@@ -272,6 +339,91 @@ class MergeMethod:
 
 
 METHODS: Registry[MergeMethod] = Registry("merge method")
+
+
+def _one_width(m: MergeMethod, r: MergeRequest) -> str:
+    if m.mixed_widths or not r.widths:
+        return ""
+    allowed = ", ".join(e.name for e in METHODS if e.mixed_widths) or "none"
+    return (
+        f" needs clients of one width ({r.widths}); allowed for mixed widths: {allowed} "
+        f"(each also with {CALIBRATED_SUFFIX})"
+    )
+
+
+def _on_clients(m: MergeMethod, r: MergeRequest) -> str:
+    if not m.needs_clients or r.clients is None or r.clients:
+        return ""
+    return (
+        " runs on the clients; got none: allowed only in a federation (strategy = 'aligned' or "
+        "'compare'; compare_methods(clients=...), merge_states(clients=...))"
+    )
+
+
+def _server_data(m: MergeMethod, r: MergeRequest) -> str:
+    if not m.needs_server_data or r.server_data is None or r.server_data:
+        return ""
+    if m.clients_for_data and r.federated_data:
+        return ""
+    instead = " or the clients' data (calibration = 'federated')" if m.clients_for_data else ""
+    return f" needs server data; got none: allowed: server data (server_data=(x, y)){instead}"
+
+
+def _client_count(m: MergeMethod, r: MergeRequest) -> str:
+    if not m.many_clients and r.num_clients > 2:
+        return f" with {r.num_clients} clients: allowed: at most 2 clients"
+    fewest = r.fewest_clients
+    if fewest is not None and 1 < fewest < m.min_clients:  # one client is its own merge
+        return f" with {fewest} clients: allowed: at least {m.min_clients} clients"
+    return ""
+
+
+def _base(m: MergeMethod, r: MergeRequest) -> str:
+    if not m.needs_base or r.base is None or r.base:
+        return ""
+    return (
+        " needs the clients' common base model; got none: its task vectors are relative to it, "
+        "and clients initialised independently have none; allowed: init = 'shared' (the "
+        "server's initialisation is the base), or base= in merge_states / compare_methods"
+    )
+
+
+def _plain_chain(m: MergeMethod, r: MergeRequest) -> str:
+    if not m.plain_chain_only or not r.chain_reason:
+        return ""
+    return f": model {r.model!r} is not supported: {r.chain_reason}; allowed: {PLAIN_CHAINS}"
+
+
+def _repair_bias(m: MergeMethod, r: MergeRequest) -> str:
+    if not m.repair or not r.bias_free:
+        return ""
+    return (
+        f": {r.bias_free} has no bias, and REPAIR (Jordan et al. 2023) sets each hidden unit's "
+        "mean through its bias; allowed: a model with biases (bias = true); for the std alone "
+        "use RESCALE (average_rescale, weight_matching_rescale)"
+    )
+
+
+_PRECONDITIONS: tuple[Callable[[MergeMethod, MergeRequest], str], ...] = (
+    *(_one_width, _on_clients, _server_data, _client_count, _base, _plain_chain, _repair_bias),
+)
+"""Each the tail of a refusal (``""``: met), in the order :meth:`MergeMethod.refusal` asks."""
+
+
+def refusal(method: str, request: MergeRequest) -> str | None:
+    """Why the registered ``method`` (a ``_t`` suffix accepted, and named so) cannot run on
+    ``request`` (:meth:`MergeMethod.refusal`); ``None`` when it can."""
+    return merge_method(method).refusal(request, method)
+
+
+def check_method(method: str, request: MergeRequest) -> MergeMethod:
+    """The registered ``method``; ``ValueError`` with :func:`refusal`'s line when it cannot run
+    on ``request``."""
+    entry = merge_method(method)
+    reason = entry.refusal(request, method)
+    if reason:
+        raise ValueError(reason)
+    return entry
 
 
 def register_method(
@@ -326,29 +478,31 @@ def register_method(
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
         entry = MergeMethod(
-            name,
-            align,
-            description,
-            needs_server_data,
-            many_clients,
-            reestimate_bn,
-            repair,
-            needs_clients,
-            clients_for_data,
-            combine,
-            plain_chain_only,
-            tuple(columns),
-            mixed_widths,
-            counterpart_of,
-            on_path,
-            server_sees,
-            builds_model,
-            sum_exponents,
-            secure_note,
-            divide_by_holders,
-            int(min_clients),
-            secure_sums,
-            needs_base,
+            name=name,
+            align=align,
+            description=description,
+            needs_server_data=needs_server_data,
+            many_clients=many_clients,
+            reestimate_bn=reestimate_bn,
+            repair=repair,
+            needs_clients=needs_clients,
+            clients_for_data=clients_for_data,
+            combine=combine,
+            plain_chain_only=plain_chain_only,
+            columns=tuple(columns),
+            mixed_widths=mixed_widths,
+            counterpart_of=counterpart_of,
+            on_path=on_path,
+            builds_model=builds_model,
+            min_clients=int(min_clients),
+            needs_base=needs_base,
+            secure=SecureForm(
+                server_sees=server_sees,
+                sum_exponents=sum_exponents,
+                secure_sums=secure_sums,
+                divide_by_holders=divide_by_holders,
+                note=secure_note,
+            ),
         )
         METHODS.add(name, entry, replace=replace)
         return align

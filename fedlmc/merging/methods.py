@@ -42,12 +42,15 @@ from fedlmc.merging.method_registry import (
     ClientQueries,
     MergeJob,
     MergeMethod,
+    MergeRequest,
     base_method,
+    check_method,
     check_own_columns,
     check_template_merge,
     merge_method,
     merge_method_names,
     mixed_width_row,
+    refusal,
     register_method,
     study_methods,
     template_merge_names,
@@ -71,14 +74,14 @@ __all__ = [
     "ClientQueries",
     "MergeJob",
     "MergeMethod",
+    "MergeRequest",
     "activation_matching_on_clients",
     "activation_matching_to_first",
     "automatic_choice",
     "base_method",
     "calibrated_nll",
-    "check_one_width",
+    "check_method",
     "check_own_columns",
-    "check_model_fits",
     "check_template_merge",
     "embed_first_slots",
     "embed_matched_slots",
@@ -89,16 +92,18 @@ __all__ = [
     "merge_method_names",
     "merge_states",
     "mixed_width_row",
-    "model_refusal",
+    "model_facts",
     "permuted",
     "plain_average",
     "random_direction",
     "plain_chain_reason",
     "random_permutation_control",
+    "refusal",
     "register_method",
     "study_methods",
     "template_merge_names",
     "weight_matching_to_first",
+    "width_difference",
 ]
 
 
@@ -165,28 +170,32 @@ def merge_states(
     ``device``, ``spec`` (default: the template's), ``options`` (e.g. ``auto_tolerance``),
     ``clients`` (a federation's :class:`ClientQueries`) and ``base`` (the clients' common
     starting model, for the task-vector methods) reach the method in its :class:`MergeJob`.
-    ``ValueError``, before any work, when the method is unknown, needs ``server_data`` (or, for
-    methods that take the clients' data instead, ``clients``) that is missing, needs the
-    ``clients`` of a federation or a ``base`` that are missing, or does not accept this
-    many clients, when the method does not fit ``template`` (:func:`model_refusal`: a
-    ``plain_chain_only`` method and no norm-free plain chain, REPAIR and a layer without a
-    bias), and when the clients' state dicts differ in shape for a
-    method that is not ``mixed_widths`` (those embed every client into ``template``'s shapes,
-    the server width); after the merge when the method reports a column it did not declare.
+    ``ValueError``, before any work, when there is no client or the method is unknown, and with
+    the method's one refusal (:func:`~fedlmc.merging.method_registry.refusal`, asked once on the
+    :class:`MergeRequest` of these arguments) when it does not accept them: clients' state dicts
+    that differ in shape for a method that is not ``mixed_widths`` (those embed every client
+    into ``template``'s shapes, the server width), missing ``server_data`` (or, for methods that
+    take the clients' data instead, ``clients``), ``clients`` or ``base``, too many or too few
+    clients, a model that is no norm-free plain chain for a ``plain_chain_only`` method, a layer
+    without a bias for REPAIR (:func:`model_facts`); after the merge when the method reports a
+    column it did not declare.
     """
     from fedlmc.averaging import average, normalised_weights
     from fedlmc.evaluation import resolve_device
 
-    entry = merge_method(method)
-    _check_request(entry, states, server_data, clients)
-    if entry.needs_base and base is None:
-        raise ValueError(
-            f"merge method {entry.name!r} needs the clients' common base model (their task "
-            "vectors are relative to it); got none: clients initialised independently have none "
-            "(allowed: init = 'shared', where the server's initialisation is the base, or base= "
-            "in merge_states)"
-        )
-    check_model_fits(entry.name, template, spec)
+    if not states:
+        raise ValueError("need at least one client state dict, got none")
+    request = MergeRequest(
+        num_clients=len(states),
+        fewest_clients=len(states),
+        widths=width_difference(states),
+        server_data=server_data is not None,
+        federated_data=clients is not None,
+        clients=clients is not None,
+        base=base is not None,
+        **model_facts(template, spec, [method]),
+    )
+    entry = check_method(method, request)
     w = normalised_weights(weights, len(states))
     if len(states) == 1 and not entry.mixed_widths:
         merged, aligned, info = average(states, w), list(states), {}
@@ -205,29 +214,6 @@ def merge_states(
         )
         merged, aligned, info = _run(entry, job)
     return (merged, aligned, info) if with_info else (merged, aligned)
-
-
-def _check_request(
-    entry: MergeMethod,
-    states: Sequence[StateDict],
-    server_data: tuple[Tensor, Tensor] | None,
-    clients: ClientQueries | None,
-) -> None:
-    """The checks :func:`merge_states` runs before any work (see its docstring)."""
-    if not states:
-        raise ValueError("need at least one client state dict, got none")
-    if not entry.mixed_widths:
-        check_one_width(entry.name, states)
-    if entry.needs_clients and clients is None:
-        raise ValueError(
-            f"merge method {entry.name!r} runs on the clients: allowed only in a federation "
-            "(strategy = 'aligned'), not in the server-side study"
-        )
-    data_from_clients = entry.clients_for_data and clients is not None
-    if entry.needs_server_data and server_data is None and not data_from_clients:
-        raise ValueError(f"merge method {entry.name!r} needs server data; got none")
-    if not entry.many_clients and len(states) > 2:
-        raise ValueError(f"merge method {entry.name!r}: allowed: at most 2 clients")
 
 
 def _run(entry: MergeMethod, job: MergeJob) -> tuple[StateDict, list[StateDict], dict[str, Any]]:
@@ -272,56 +258,39 @@ def plain_chain_reason(template: nn.Module, spec: PermutationSpec | None) -> str
     )
 
 
-def model_refusal(method: str, template: nn.Module, spec: PermutationSpec | None) -> str:
-    """Why ``method`` cannot merge models like ``template`` (under ``spec``), in one line naming
-    the method, the model and what is allowed; ``""`` when it can. A ``plain_chain_only`` method
-    needs a norm-free plain chain (:func:`plain_chain_reason`); a ``repair`` method on a model
-    without BatchNorm (whose REPAIR is the statistics' reset) needs a bias in every repaired
-    layer (:func:`fedlmc.merging.repair.bias_free_layer`): REPAIR sets the units' mean through
-    it, and the std-only rest is RESCALE."""
-    entry = merge_method(method)
-    if entry.plain_chain_only:
-        reason = plain_chain_reason(template, spec)
-        if reason:
-            return (
-                f"{entry.name}: model {type(template).__name__!r} is not supported: {reason}; "
-                "allowed: norm-free plain feed-forward chains (MLP, VGG-11 with "
-                "norm = 'none')"
-            )
-    if entry.repair:
+def model_facts(
+    template: nn.Module, spec: PermutationSpec | None, methods: Sequence[str]
+) -> dict[str, Any]:
+    """The :class:`MergeRequest` fields about ``template`` (under ``spec``) that ``methods``
+    ask: ``model`` (its class name), ``chain_reason`` (:func:`plain_chain_reason`) when one
+    of them is ``plain_chain_only``, ``bias_free`` (the first repaired layer without a bias,
+    :func:`fedlmc.merging.repair.bias_free_layer`; none with BatchNorm, whose REPAIR is the
+    statistics' reset) when one of them is ``repair``; the others are left unasked."""
+    entries = [merge_method(m) for m in methods if base_method(m) not in REFERENCE_METHODS]
+    facts: dict[str, Any] = {"model": type(template).__name__}
+    if any(e.plain_chain_only for e in entries):
+        facts["chain_reason"] = plain_chain_reason(template, spec)
+    if any(e.repair for e in entries):
         from fedlmc.merging.calibrate import has_batchnorm
-        from fedlmc.merging.repair import bias_free_layer, bias_free_refusal
+        from fedlmc.merging.repair import bias_free_layer
 
         layer = None if has_batchnorm(template) else bias_free_layer(template)
-        if layer is not None:
-            return f"{entry.name}: {bias_free_refusal(layer)}"
-    return ""
+        facts["bias_free"] = "" if layer is None else f"layer {layer!r}"
+    return facts
 
 
-def check_model_fits(method: str, template: nn.Module, spec: PermutationSpec | None) -> None:
-    """``ValueError`` with :func:`model_refusal`'s line when ``method`` cannot merge models like
-    ``template``."""
-    reason = model_refusal(method, template, spec)
-    if reason:
-        raise ValueError(reason)
-
-
-def check_one_width(method: str, states: Sequence[StateDict]) -> None:
-    """``ValueError`` naming ``method`` and the first key whose shape differs between client 0
-    and another client (or that one of them lacks): the method needs clients of one width."""
-    reference = states[0]
+def width_difference(states: Sequence[StateDict]) -> str:
+    """The first key whose shape differs between client 0 and another client (or that one of
+    them lacks), as a refusal names it; ``""`` when the clients have one width."""
+    reference = states[0] if states else {}
     for index, sd in enumerate(states[1:], start=1):
         for key in dict.fromkeys([*reference, *sd]):
             a, b = reference.get(key), sd.get(key)
             shape_a = "no such key" if a is None else tuple(a.shape)
             shape_b = "no such key" if b is None else tuple(b.shape)
             if shape_a != shape_b:
-                allowed = ", ".join(m.name for m in METHODS if m.mixed_widths) or "none"
-                raise ValueError(
-                    f"merge method {method!r} needs clients of one width: {key!r} has shape "
-                    f"{shape_a} in client 0 and {shape_b} in client {index}; allowed for mixed "
-                    f"widths: {allowed}"
-                )
+                return f"{key!r} has shape {shape_a} in client 0 and {shape_b} in client {index}"
+    return ""
 
 
 # ----------------------------------------------------------------------------- built-in methods

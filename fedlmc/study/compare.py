@@ -69,10 +69,10 @@ from fedlmc.merging.methods import (
     CALIBRATED_SUFFIX,
     REFERENCE_METHODS,
     ClientQueries,
+    MergeRequest,
     base_method,
-    check_model_fits,
-    merge_method,
-    model_refusal,
+    model_facts,
+    refusal,
 )
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
@@ -272,11 +272,13 @@ def compare_methods(
     client models, and the merged weights of each base merge (``Comparison.merged``).
 
     ``methods`` defaults to every study method (:func:`fedlmc.merging.methods.study_methods`)
-    that accepts this many clients (:func:`default_methods`) and can merge such models
-    (:func:`fedlmc.merging.methods.model_refusal`: no ``plain_chain_only`` method for a ResNet
-    or a BatchNorm model, no REPAIR for a bias-free one). A method given explicitly that does
-    not accept them (``random_direction`` with more than two clients, a ``plain_chain_only``
-    one on such a model, ``average_repair`` on a bias-free MLP) is refused before any work.
+    that accepts this many clients (:func:`default_methods`) and can merge such models (each
+    method's one refusal, :func:`fedlmc.merging.methods.refusal`, asked once on the
+    :class:`~fedlmc.merging.methods.MergeRequest` of the arguments: no ``plain_chain_only``
+    method for a ResNet or a BatchNorm model, no REPAIR for a bias-free one). A method given
+    explicitly that does not accept them (``random_direction`` with more than two clients, a
+    ``plain_chain_only`` one on such a model, ``average_repair`` on a bias-free MLP) is refused
+    with that refusal before any work.
     Each base merge is computed once; its ``_t`` row reuses it with the server-fitted
     temperature. Raw rows have ``temperature = 1``; ``nll_raw``/``nll_calibrated`` (and ECE) are
     filled for both; the ``merge_gap_*`` columns compare with the unweighted mean endpoint.
@@ -337,62 +339,41 @@ def _checked_methods(
     clients: ClientQueries | None,
     base: StateDict | None,
 ) -> tuple[list[str], PermutationSpec | None]:
-    """The methods of :func:`compare_methods`, checked before any work (known, accepting this
-    many clients, a base where one is needed, able to merge models like ``template``), and the
-    permutation ``spec`` (derived once from the graph on two test inputs when a method aligns
-    and neither ``spec`` nor the template gives one)."""
+    """The methods of :func:`compare_methods`, checked before any work (known, and each
+    method's one refusal asked, :func:`_accepted_methods`), and the permutation ``spec``
+    (derived once from the graph on two test inputs when a method aligns and neither ``spec``
+    nor the template gives one)."""
     check_states(states)
     defaulted = methods is None
     chosen = default_methods(len(states)) if methods is None else methods
-    methods = check_client_count(check_methods(chosen, clients is not None), len(states))
-    methods = _methods_with_base(methods, base, defaulted)
+    methods = check_methods(chosen, clients is not None)
     aligning = any(base_method(m) != "average" for m in methods if m not in REFERENCE_METHODS)
     if spec is None and aligning and not hasattr(template, "permutation_spec"):
         spec = permutation_spec(template, splits.test[0][:2].to(device))
-    if defaulted:
-        methods = _methods_for_model(template, spec, methods)
-    _check_methods_fit(template, spec, methods)
-    return methods, spec
+    request = MergeRequest(
+        num_clients=len(states),
+        fewest_clients=len(states),
+        clients=clients is not None,
+        base=base is not None,
+        **model_facts(template, spec, methods),
+    )
+    return _accepted_methods(methods, request, defaulted), spec
 
 
-def _methods_with_base(
-    methods: Sequence[str], base: StateDict | None, defaulted: bool
-) -> list[str]:
-    """``methods``; without a ``base``, the default ones without the ``needs_base`` methods and
-    ``ValueError`` for one given explicitly (before any work)."""
-    if base is not None:
-        return list(methods)
-    needing = [m for m in methods if m not in REFERENCE_METHODS and merge_method(m).needs_base]
-    if needing and not defaulted:
-        raise ValueError(
-            f"merge method {needing[0]!r} needs the clients' common base model; got none: "
-            "allowed: compare_methods(base=...), e.g. the server's initialisation of clients "
-            "started from it (init = 'shared')"
-        )
-    return [m for m in methods if m not in needing]
-
-
-def _methods_for_model(
-    template: nn.Module, spec: PermutationSpec | None, methods: Sequence[str]
-) -> list[str]:
-    """The default ``methods`` without those that cannot merge models like ``template``
-    (:func:`fedlmc.merging.methods.model_refusal`: a ResNet or a BatchNorm VGG gets every method
-    but the ``plain_chain_only`` ones, a bias-free MLP every method but REPAIR's)."""
-    return [
-        m
-        for m in methods
-        if m in REFERENCE_METHODS or not model_refusal(base_method(m), template, spec)
-    ]
-
-
-def _check_methods_fit(
-    template: nn.Module, spec: PermutationSpec | None, methods: Sequence[str]
-) -> None:
-    """``ValueError``, before any work, for the first of ``methods`` that cannot merge models
-    like ``template`` (:func:`fedlmc.merging.methods.check_model_fits`)."""
+def _accepted_methods(methods: Sequence[str], request: MergeRequest, defaulted: bool) -> list[str]:
+    """``methods`` that run on ``request`` (each method's one refusal,
+    :func:`fedlmc.merging.methods.refusal`): the default ones leave out those refused (no
+    ``plain_chain_only`` method for a ResNet or a BatchNorm VGG, no REPAIR for a bias-free MLP,
+    no task-vector method without a ``base``); ``ValueError`` with the refusal of one given
+    explicitly, before any work."""
+    kept = []
     for method in methods:
-        if method not in REFERENCE_METHODS:
-            check_model_fits(base_method(method), template, spec)
+        reason = None if method in REFERENCE_METHODS else refusal(method, request)
+        if reason and not defaulted:
+            raise ValueError(reason)
+        if not reason:
+            kept.append(method)
+    return kept
 
 
 def _rows(context: StudyContext, baseline: ClientBaseline, methods: Sequence[str]) -> Comparison:

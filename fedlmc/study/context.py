@@ -24,7 +24,14 @@ from torch import Tensor, nn
 
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.merging.methods import REFERENCE_METHODS, ClientQueries, merge_method, study_methods
+from fedlmc.merging.methods import (
+    REFERENCE_METHODS,
+    ClientQueries,
+    MergeRequest,
+    check_method,
+    refusal,
+    study_methods,
+)
 from fedlmc.permutation.spec import PermutationSpec
 
 if TYPE_CHECKING:
@@ -40,6 +47,7 @@ __all__ = [
     "check_client_count",
     "check_methods",
     "check_states",
+    "count_request",
     "default_methods",
     "templates_of_clients",
 ]
@@ -136,43 +144,32 @@ def check_methods(methods: Sequence[str], federated: bool = False) -> list[str]:
     for method in methods:
         if method not in allowed:
             if method in study_methods(federated=True):
-                raise ValueError(
-                    f"merge method {method!r} runs on the clients: allowed only with a "
-                    "federation's clients (compare_methods(clients=...): a LocalClients, or the "
-                    "compare strategy's query rounds)"
-                )
+                check_method(method, MergeRequest(num_clients=1, clients=False))
             raise ValueError(f"unknown merge method {method!r}; allowed: {', '.join(allowed)}")
     return list(dict.fromkeys(methods))
 
 
 def default_methods(num_clients: int) -> list[str]:
-    """Every study method that accepts ``num_clients`` clients (those registered
-    ``many_clients = False``, such as ``random_direction``, only up to two; those registered
-    with a ``min_clients``, such as ``krum``, from that many)."""
-    return [m for m in study_methods() if not _refusal(m, num_clients)]
+    """Every study method that accepts ``num_clients`` clients (:func:`count_request`: those
+    registered ``many_clients = False``, such as ``random_direction``, only up to two; those
+    registered with a ``min_clients``, such as ``krum``, from that many)."""
+    request = count_request(num_clients)
+    return [m for m in study_methods() if m in REFERENCE_METHODS or not refusal(m, request)]
 
 
-def _refusal(method: str, num_clients: int) -> str:
-    """What ``method`` allows when it does not accept ``num_clients`` clients, else ``""``."""
-    if method in REFERENCE_METHODS:
-        return ""
-    entry = merge_method(method)
-    if num_clients > 2 and not entry.many_clients:
-        return "at most 2 clients"
-    if 1 < num_clients < entry.min_clients:  # a single client is its own merge, every method's
-        return f"at least {entry.min_clients} clients"
-    return ""
+def count_request(num_clients: int) -> MergeRequest:
+    """The :class:`~fedlmc.merging.methods.MergeRequest` of a study's ``num_clients`` clients,
+    its other preconditions unasked."""
+    return MergeRequest(num_clients=num_clients, fewest_clients=num_clients)
 
 
 def check_client_count(methods: list[str], num_clients: int) -> list[str]:
-    """``methods``; ``ValueError`` naming the first one that does not accept ``num_clients``
-    clients, before any work."""
+    """``methods``; ``ValueError`` with the refusal of the first one that does not accept
+    ``num_clients`` clients (:func:`fedlmc.merging.methods.refusal`), before any work."""
+    request = count_request(num_clients)
     for method in methods:
-        allowed = _refusal(method, num_clients)
-        if allowed:
-            raise ValueError(
-                f"merge method {method!r} with {num_clients} clients: allowed: {allowed}"
-            )
+        if method not in REFERENCE_METHODS:
+            check_method(method, request)
     return methods
 
 

@@ -19,13 +19,13 @@ from fedlmc.simulations.config.checks import (  # noqa: F401
     check_data_source,
     check_fedavg_rounds,
     check_local_sources,
+    check_merge_methods,
     check_min_clients,
     check_model_bias,
     check_partition,
-    check_plain_chain_methods,
-    check_two_client_methods,
     check_warmup_rounds,
     check_widths,
+    merge_request,
 )
 from fedlmc.simulations.config.derived import (  # noqa: F401
     absolute_paths,

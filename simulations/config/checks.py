@@ -16,7 +16,7 @@ from fedlmc.data.catalog import (
     TRAIN_SIZES,
     is_hf_name,
 )
-from fedlmc.merging.methods import merge_method as merge_method_entry
+from fedlmc.merging.methods import MergeRequest, refusal
 from fedlmc.models.registry import (
     MODELS,
     is_factory_path,
@@ -29,7 +29,6 @@ from fedlmc.simulations.config.derived import (
     client_pool_size,
     client_widths,
     method_list,
-    mixed_width_methods,
     mixed_widths,
     model_options,
     resolved_bias,
@@ -120,8 +119,8 @@ def check_cuda(config: Mapping[str, Any]) -> None:
 def check_widths(config: Mapping[str, Any]) -> None:
     """``client-widths`` has one width per client; ``server-width`` is 0 or at least the widest
     client's; mixed widths (:func:`mixed_widths`) only with what can merge them: not the FedAvg
-    baseline, only the merge methods registered ``mixed_widths`` (:func:`mixed_width_methods`),
-    and no norm across units (``ln``: the embedding would change it)."""
+    baseline and no norm across units (``ln``: the embedding would change it); the merge methods
+    that need one width are refused by their own refusal (:func:`check_merge_methods`)."""
     given = parse_widths(config["client-widths"])
     if given and len(given) != config["num-clients"]:
         raise ConfigError(
@@ -147,21 +146,6 @@ def check_widths(config: Mapping[str, Any]) -> None:
             f"client-widths = {config['client-widths']!r} with server-width "
             f"{server_width(config):g}: the FedAvg baseline needs every client at the server "
             "width; allowed: fedavg only with equal client and server widths"
-        )
-    one_width = [m for m in selected_methods(config) if not merge_method_entry(m).mixed_widths]
-    if one_width:
-        average = config["strategy"] == "average"
-        where = "strategy = 'average'" if average else f"merge method {one_width[0]!r}"
-        hint = (
-            " (strategy = 'aligned', align = ...)"
-            if average
-            else ", each also with _t (set methods, e.g. methods = "
-            '"embed_average_t,embed_weight_matching_t,heterofl_t,ensemble")'
-        )
-        raise ConfigError(
-            f"{where}: needs clients of one width (client widths "
-            f"{widths_text(client_widths(config))}, server width {server_width(config):g}); "
-            f"allowed for mixed widths: {', '.join(mixed_width_methods())}{hint}"
         )
     if resolved_norm(config) == "ln":
         raise ConfigError(
@@ -207,47 +191,56 @@ def check_model_bias(config: Mapping[str, Any]) -> None:
         )
 
 
-def check_plain_chain_methods(config: Mapping[str, Any]) -> None:
-    """Methods defined only for norm-free plain chains (``average_lewc_bias``) are refused for
-    a residual model or a model with norm layers, before any work."""
-    chain_only = [m for m in selected_methods(config) if merge_method_entry(m).plain_chain_only]
-    if not chain_only:
+def merge_request(config: Mapping[str, Any]) -> MergeRequest:
+    """The :class:`~fedlmc.merging.methods.MergeRequest` of a run config, from its keys alone
+    (no model is built): ``num-clients`` clients; the model's name; why it is no norm-free plain
+    chain (a residual model, a norm); what has no bias where REPAIR needs one (``bias = false``
+    without BatchNorm); how the clients' widths differ; whether the clients share a starting
+    model (``init = "shared"``: the server's initialisation is the base). Server data and the
+    clients' queries are not asked here (the merge asks them)."""
+    model, norm = config["model"], resolved_norm(config)
+    chain = ""
+    if model_entry(model).plain_chain is False:
+        chain = "residual"
+    elif norm != "none":
+        chain = f"norm = {norm!r}"
+    bias_free = ""
+    if resolved_bias(config) == "false" and norm != "bn":
+        bias_free = f"model {model!r} with bias = false"
+    try:
+        widths = mixed_widths(config)
+    except ValueError:  # a bad client-widths: check_widths names it
+        widths = False
+    return MergeRequest(
+        num_clients=config["num-clients"],
+        model=model,
+        chain_reason=chain,
+        bias_free=bias_free,
+        widths=(
+            f"client widths {widths_text(client_widths(config))}, server width "
+            f"{server_width(config):g}"
+            if widths
+            else ""
+        ),
+        base=config["init"] == "shared",
+    )
+
+
+def check_merge_methods(config: Mapping[str, Any]) -> None:
+    """Every merge method the run executes (:func:`selected_methods`) asked, before any work,
+    whether it runs on the config's :func:`merge_request` (its one refusal,
+    :func:`fedlmc.merging.methods.refusal`: a plain-chain method on a residual or normed model,
+    more than two clients for ``random_direction``, a task-vector method without
+    ``init = "shared"``, REPAIR without biases, a one-width method for clients of different
+    widths)."""
+    methods = selected_methods(config)
+    if not methods:
         return
-    entry = model_entry(config["model"])
-    if entry.plain_chain is False:
-        raise ConfigError(
-            f"merge method {chain_only[0]!r}: model {config['model']!r} is residual; allowed "
-            f"only for plain chains ({', '.join(e.name for e in MODELS if e.plain_chain)})"
-        )
-    if resolved_norm(config) != "none":
-        raise ConfigError(
-            f"merge method {chain_only[0]!r}: norm = {resolved_norm(config)!r}; allowed only "
-            "with norm = 'none' (a norm-free chain)"
-        )
-
-
-def check_repair_biases(config: Mapping[str, Any]) -> None:
-    """REPAIR's methods (``average_repair``, ...) are refused for a bias-free model without
-    BatchNorm, before any work: REPAIR sets each hidden unit's mean through its bias
-    (:func:`fedlmc.merging.methods.model_refusal`; with BatchNorm it is the statistics' reset)."""
-    repairing = [m for m in selected_methods(config) if merge_method_entry(m).repair]
-    if repairing and resolved_bias(config) == "false" and resolved_norm(config) != "bn":
-        raise ConfigError(
-            f"merge method {repairing[0]!r}: bias = false: REPAIR (Jordan et al. 2023) sets each "
-            "hidden unit's mean through its bias; allowed: bias = true, or RESCALE "
-            "(average_rescale, weight_matching_rescale) for the std alone"
-        )
-
-
-def check_two_client_methods(config: Mapping[str, Any]) -> None:
-    """Methods registered ``many_clients = False`` (``random_direction``) are refused for more
-    than two clients, before any work."""
-    two_only = [m for m in selected_methods(config) if not merge_method_entry(m).many_clients]
-    if two_only and config["num-clients"] > 2:
-        raise ConfigError(
-            f"merge method {two_only[0]!r} with num-clients = {config['num-clients']}: allowed "
-            "only with num-clients = 2"
-        )
+    request = merge_request(config)
+    for method in methods:
+        reason = refusal(method, request)
+        if reason:
+            raise ConfigError(reason)
 
 
 def check_fedavg_rounds(config: Mapping[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """The run-config keys of the field's merge methods (:mod:`fedlmc.merging.field_methods`): their
 declarations (spliced into the key table by :func:`fedlmc.simulations.config.keys.declared_keys`),
-the method options they give the merge (:func:`field_method_options`) and the check that the
-task-vector methods have a base (:func:`check_base_methods`). No heavy import (the run-config
+and the method options they give the merge (:func:`field_method_options`); that the
+task-vector methods have a base is their own refusal
+(:func:`fedlmc.simulations.config.checks.check_merge_methods`). No heavy import (the run-config
 validation reads it)."""
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedlmc.merging.field_methods import FIELD_OPTIONS, FISHER_LABELS, STATISTICS_RANGE
-from fedlmc.merging.methods import METHODS
 from fedlmc.simulations.config.derived import selected_methods
-from fedlmc.simulations.config.schema import ConfigError, Key, Rule, at_least, fraction, named
+from fedlmc.simulations.config.schema import Key, Rule, at_least, fraction, named
 from fedlmc.simulations.config.secure import is_secure
 
-__all__ = ["check_base_methods", "field_method_keys", "field_method_options"]
+__all__ = ["field_method_keys", "field_method_options"]
 
 
 def _runs(*methods: str) -> Rule:
@@ -125,16 +125,3 @@ def field_method_keys() -> dict[str, Key]:
 def field_method_options(config: Mapping[str, Any]) -> dict[str, Any]:
     """The method options of a validated run config (:data:`FIELD_OPTIONS`' names)."""
     return {name: config[name.replace("_", "-")] for name in FIELD_OPTIONS}
-
-
-def check_base_methods(config: Mapping[str, Any]) -> None:
-    """The task-vector methods (``needs_base``) need the clients' common starting model: refused
-    before any work with ``init = "independent"``."""
-    needing = [m for m in selected_methods(config) if METHODS.get(m).needs_base]
-    if needing and config["init"] != "shared":
-        raise ConfigError(
-            f"merge method {needing[0]!r} with init = {config['init']!r}: its task vectors are "
-            "relative to the clients' common starting model, which independently initialised "
-            "clients do not have; allowed only with init = 'shared' (the server's "
-            "initialisation is the base)"
-        )

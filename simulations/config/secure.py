@@ -82,7 +82,7 @@ def _not_built(method: str) -> str | None:
     entry = METHODS.get(base_method(method)) if base_method(method) in METHODS else None
     if entry is None or entry.runs_securely:
         return None
-    return entry.secure_note or "it registers no sum_exponents (how each client would pre-scale)"
+    return entry.secure.note or "it registers no sum_exponents (how each client would pre-scale)"
 
 
 def _refuse_methods(config: Mapping[str, Any], mode: str, methods: Sequence[str]) -> None:

@@ -97,9 +97,9 @@ def _secure_row(method: MergeMethod) -> list[str]:
             else f'`strategy = "aligned"`, `align = "{method.name}"`'
         )
         runs = "yes, plus the holder masks (about twice the bytes)"
-        return [name, method.server_sees, runs if method.divide_by_holders else "yes", cell]
+        return [name, method.server_sees, runs if method.secure.divide_by_holders else "yes", cell]
     if method.server_sees == "sum":
-        need = method.secure_note or "its sum_exponents (how each client would pre-scale)"
+        need = method.secure.note or "its sum_exponents (how each client would pre-scale)"
         return [name, method.server_sees, "not built", f"would need {need}"]
     return [name, method.server_sees, "no", "its rule needs more than a sum"]
 

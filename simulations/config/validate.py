@@ -15,14 +15,12 @@ from fedlmc.simulations.config.checks import (
     check_dp_cell,
     check_fedavg_rounds,
     check_local_sources,
+    check_merge_methods,
     check_min_clients,
     check_model_bias,
     check_model_layout,
     check_partition,
-    check_plain_chain_methods,
-    check_repair_biases,
     check_secure_cell,
-    check_two_client_methods,
     check_warmup_rounds,
     check_widths,
 )
@@ -35,7 +33,6 @@ from fedlmc.simulations.config.derived import (
     widths_text,
 )
 from fedlmc.simulations.config.feasibility import check_memory
-from fedlmc.simulations.config.field_keys import check_base_methods
 from fedlmc.simulations.config.keys import RUN_KEYS, run_schema
 from fedlmc.simulations.config.run_config import RunConfig
 from fedlmc.simulations.config.schema import (
@@ -133,14 +130,11 @@ CONSISTENCY_CHECKS: list[Check] = [
     check_partition,
     check_model_layout,
     check_model_bias,
-    check_plain_chain_methods,
-    check_repair_biases,
-    check_two_client_methods,
+    check_merge_methods,
     check_widths,
     check_secure_cell,
     check_dp_cell,
     check_krum_cell,
-    check_base_methods,
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
 about a new key joins this list (run by :func:`validate_run_config`)."""

@@ -126,7 +126,7 @@ def scaled_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count:
     spec = permutation_spec(model)
     if entry.mixed_widths:
         state = embedded_for_sum(state, model, spec)
-    exponents = entry.sum_exponents(spec, state)
+    exponents = entry.secure.sum_exponents(spec, state)
     if not any(exponents.values()):
         return state
     settings = SecureSettings(float(fit_config[CLIPPING_KEY]), float(fit_config[MAX_WEIGHT_KEY]))
@@ -143,7 +143,7 @@ def sent_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count: i
     from fedlmc.permutation.model_spec import permutation_spec
 
     entry = merge_method(str(fit_config.get(MERGE_KEY, "average")))
-    if not entry.divide_by_holders:
+    if not entry.secure.divide_by_holders:
         return [scaled_for_merge(state, model, fit_config, count)]
     clipping = float(fit_config[CLIPPING_KEY])
     return list(held_for_sum(state, model, permutation_spec(model), clipping))
@@ -174,7 +174,7 @@ def statistics_for_merge(
     }
     entry = merge_method(str(fit_config[MERGE_KEY]))
     data = client_train_data(config, pid, num_partitions)
-    return entry.secure_sums.client_parts(model.eval(), data, options)
+    return entry.secure.secure_sums.client_parts(model.eval(), data, options)
 
 
 def _clear_train_reply(
@@ -206,7 +206,7 @@ def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -
     pid = int(metrics["partition-id"])
     count = int(metrics["num-examples"])
     _check_count(count, fit_config, pid)
-    if merge_method(str(fit_config.get(MERGE_KEY, "average"))).secure_sums is not None:
+    if merge_method(str(fit_config.get(MERGE_KEY, "average"))).secure.secure_sums is not None:
         sent = statistics_for_merge(state, model, message, context, fit_config)
     else:
         sent = sent_for_merge(state, model, fit_config, count)

@@ -108,10 +108,10 @@ def merge_exponents(method: str, template) -> dict[str, int]:
     from fedlmc.permutation.model_spec import permutation_spec
 
     entry = merge_method(method)
-    if entry.sum_exponents is None:  # the run-config check refuses it first
+    if entry.secure.sum_exponents is None:  # the run-config check refuses it first
         raise ValueError(f"merge method {method!r} does not run under secure aggregation")
-    exponents = entry.sum_exponents(permutation_spec(template), template.state_dict())
-    if entry.divide_by_holders and any(exponents.values()):
+    exponents = entry.secure.sum_exponents(permutation_spec(template), template.state_dict())
+    if entry.secure.divide_by_holders and any(exponents.values()):
         raise ValueError(f"merge method {method!r}: holder division with nonzero exponents")
     return exponents
 
@@ -159,7 +159,7 @@ def run_secure_average(run: ServerRun) -> None:
     settings = secure_settings(
         initial, len(splits.train[1]), float(config["secagg-clipping-range"])
     )
-    sums, bound = merge_method(method).secure_sums, None
+    sums, bound = merge_method(method).secure.secure_sums, None
     if sums is not None:  # finer levels, and the weight range the Fisher values are scaled by
         settings = fine_settings(settings, n_clients)
         fixed = float(config["secagg-clipping-range"]) > 0
@@ -174,7 +174,7 @@ def run_secure_average(run: ServerRun) -> None:
         )
     else:
         exponents = merge_exponents(method, template)
-        holders = merge_method(method).divide_by_holders
+        holders = merge_method(method).secure.divide_by_holders
         result = secure_average(
             grid, initial, n_clients, sent, settings, timeout, exponents, holders
         )

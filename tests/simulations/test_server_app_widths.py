@@ -55,12 +55,12 @@ TINY = {"dataset": "mnist5k", "model": "mlp", "depth": 2, "base-hidden": 16, "ep
         ({"server-width": 0.5}, "at least the widest client's width 1"),
         (  # an explicit list is checked as given (the default follows the cell: below)
             {"client-widths": "0.5,2", "methods": "average,ensemble"},
-            "merge method 'average': needs clients of one width (client widths 0.5,2, server "
+            "merge method 'average' needs clients of one width (client widths 0.5,2, server "
             "width 2); allowed for mixed widths: embed_average, embed_weight_matching",
         ),
         (
             {"client-widths": "0.5,2", "strategy": "average"},
-            "strategy = 'average': needs clients of one width",
+            "merge method 'average' needs clients of one width",
         ),
         (
             {"client-widths": "1,1", "server-width": 2, "strategy": "fedavg"},

@@ -327,7 +327,7 @@ def test_bad_strategy_arguments_name_the_value():
         PermutationAlignedAverage(template, num_clients=2, calibration="none", method="weight")
     with pytest.raises(ValueError, match="use OneShotAverage"):
         PermutationAlignedAverage(template, num_clients=2, calibration="none", method="average")
-    with pytest.raises(ValueError, match="'activation_matching' needs server_data"):
+    with pytest.raises(ValueError, match="'activation_matching' needs server data; got none"):
         PermutationAlignedAverage(
             template, num_clients=2, calibration="none", method="activation_matching"
         )

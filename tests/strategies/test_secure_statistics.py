@@ -65,7 +65,7 @@ def _secure_round(method: str):
         return reply
 
     grid = InProcessGrid({}, answer=lambda m, c: secure_fit_reply(m, c, recording))
-    sums, options = merge_method(method).secure_sums, secure_sums_options(config)
+    sums, options = merge_method(method).secure.secure_sums, secure_sums_options(config)
     result = secure_sums_merge(
         grid, initial, template, len(NODES), fit_config, settings, sums, options, timeout=60.0
     )
@@ -101,7 +101,7 @@ def test_the_secure_merge_is_the_clear_one_and_the_server_holds_only_the_mean(me
     for p, state in enumerate(states):
         model = load_state(template, state).eval()
         seeded = {**options, "statistics_seed": statistics_seed(config["seed"], p)}
-        own = merge_method(method).secure_sums.client_parts(model, data[p], seeded)
+        own = merge_method(method).secure.secure_sums.client_parts(model, data[p], seeded)
         arrays = [a for part in own for a in secure_arrays(part)]
         gaps = [float(np.abs(a - b).max()) for a, b in zip(arrays, first, strict=True)]
         assert max(gaps) > 100 * delta

@@ -138,7 +138,7 @@ def test_models_that_are_not_norm_free_chains_are_refused_naming_the_model(name,
     model = build_model(name, in_shape=(3, 8, 8) if name == "resnet20" else SMALL, **options)
     states = [model.state_dict(), model.state_dict()]
     x = torch.randn(8, *((3, 8, 8) if name == "resnet20" else SMALL))
-    with pytest.raises(ValueError, match=f"cca_merge: model '{shown}' is not supported"):
+    with pytest.raises(ValueError, match=f"'cca_merge': model '{shown}' is not supported"):
         merge_states("cca_merge", model, states, server_data=(x, torch.zeros(8).long()))
 
 

@@ -117,7 +117,7 @@ def test_a_client_whose_answer_was_dropped_is_left_out():
 def test_the_client_methods_and_the_task_vectors_are_refused_without_what_they_need():
     models, states, _, _ = _clients(2)
     with pytest.raises(
-        ValueError, match="'fisher' runs on the clients: allowed only in a federation"
+        ValueError, match="'fisher' runs on the clients; got none: allowed only in a federation"
     ):
         merge_states("fisher", models[0], states)
     for method in ("task_arithmetic", "ties", "dare"):
@@ -128,7 +128,7 @@ def test_the_client_methods_and_the_task_vectors_are_refused_without_what_they_n
     expected = task_arithmetic(states, [1, 1], base, TA_SCALING)
     assert all(torch.equal(merged[k], expected[k]) for k in expected)
     norm = [_model(0, "ln"), _model(1, "ln")]
-    with pytest.raises(ValueError, match="ot_fusion: model 'MLP' is not supported"):
+    with pytest.raises(ValueError, match="'ot_fusion': model 'MLP' is not supported"):
         merge_states("ot_fusion", norm[0], [m.state_dict() for m in norm])
     _, _, info = merge_states("ot_fusion", models[0], states, with_info=True)
     assert info["ot_map_softness"] == 0.0  # exact OT at equal widths: permutations
@@ -138,7 +138,7 @@ def test_the_client_methods_and_the_task_vectors_are_refused_without_what_they_n
 def test_the_secure_parts_summed_exactly_give_the_clear_merge(method):
     models, states, data, local = _clients()
     shares = [0.2, 0.3, 0.5]
-    sums = merge_method(method).secure_sums
+    sums = merge_method(method).secure.secure_sums
     options = {"clipping_range": 8.0, "statistics_range": 64.0, "fisher_samples": 40}
     options |= {"regmean_samples": 50, "entry_error": 1e-9}
     parts = [
@@ -176,8 +176,8 @@ def test_the_declared_fisher_labels_are_the_ones_the_fisher_takes():
 
 def test_the_registry_runs_the_secure_forms_and_refuses_a_misdeclared_one():
     assert merge_method("fisher").runs_securely and merge_method("regmean").runs_securely
-    assert merge_method("fisher").secure_sums is FISHER_SUMS
+    assert merge_method("fisher").secure.secure_sums is FISHER_SUMS
     assert not merge_method("task_arithmetic").runs_securely
-    assert "two secure rounds" in merge_method("ties").secure_note
+    assert "two secure rounds" in merge_method("ties").secure.note
     with pytest.raises(ValueError, match="secure_sums with server_sees = 'each model'"):
         register_method("bad_sums", description="x", secure_sums=SecureSums(len, len, len))

@@ -250,7 +250,7 @@ def test_bias_is_a_run_config_key_resolved_from_the_model():
 @pytest.mark.parametrize(
     "values, message",
     [
-        ({"model": "resnet20"}, "is residual"),
+        ({"model": "resnet20"}, "is not supported: residual"),
         ({"model": "vgg11"}, "norm = 'bn'"),
         ({"model": "mlp", "norm": "ln"}, "norm = 'ln'"),
         ({"strategy": "aligned", "align": "average_lewc_bias", "norm": "bn"}, "norm = 'bn'"),

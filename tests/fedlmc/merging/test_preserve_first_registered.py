@@ -111,7 +111,8 @@ def test_a_batchnorm_model_is_refused_before_any_work():
     said: list[str] = []
     allowed = "allowed: norm-free plain feed-forward chains"
     with pytest.raises(
-        ValueError, match=f"^preserve_first: model 'MLP' is not supported: .*{allowed}"
+        ValueError,
+        match=f"^merge method 'preserve_first_t': model 'MLP' is not .*{allowed}",
     ):
         compare_methods(
             mlp(0, "bn"),
@@ -122,9 +123,14 @@ def test_a_batchnorm_model_is_refused_before_any_work():
             progress=said.append,
         )
     assert said == []  # nothing merged, nothing evaluated
-    with pytest.raises(ValueError, match="^weight_matching_preserve_first: model 'MLP' is not"):
+    with pytest.raises(
+        ValueError, match="^merge method 'weight_matching_preserve_first': model 'MLP'"
+    ):
         merge_states("weight_matching_preserve_first", mlp(0, "bn"), states(2, "bn"))
-    with pytest.raises(ConfigError, match="'preserve_first': norm = 'bn'; allowed only with"):
+    with pytest.raises(
+        ConfigError,
+        match="'preserve_first': model 'mlp' is not supported: norm = 'bn'",
+    ):
         validate_run_config({"methods": "preserve_first_t", "norm": "bn"})
 
 

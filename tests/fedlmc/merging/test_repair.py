@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedlmc.averaging import average, load_state
-from fedlmc.merging.methods import merge_states, model_refusal
+from fedlmc.merging.methods import MergeRequest, merge_states, model_facts, refusal
 from fedlmc.merging.repair import (
     UnitStats,
     combine_unit_statistics,
@@ -120,9 +120,12 @@ def test_bias_free_layers_are_refused_before_any_statistics():
     assert calls == []
     states = [a.state_dict(), b.state_dict()]
     server = (_inputs(), torch.zeros(96, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"^average_repair: REPAIR .* 'hidden.0.linear'"):
+    with pytest.raises(
+        ValueError, match=r"^merge method 'average_repair': layer 'hidden.0.linear' has"
+    ):
         merge_states("average_repair", a, states, server_data=server)
-    assert model_refusal("average_rescale", a, None) == ""
+    request = MergeRequest(num_clients=2, **model_facts(a, None, ["average_rescale"]))
+    assert refusal("average_rescale", request) is None
 
 
 def test_constant_units_keep_their_weights_and_get_the_target_mean():
@@ -228,7 +231,10 @@ def test_repair_lowers_the_test_loss_of_a_plain_average_of_trained_mlps():
 
 
 def test_a_run_config_asking_repair_of_a_bias_free_model_is_refused():
-    with pytest.raises(ConfigError, match=r"'average_repair': bias = false: REPAIR .* RESCALE"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'average_repair': model 'mlp' with bias = false has no .*RESCALE",
+    ):
         validate_run_config({"methods": "average,average_repair_t", "bias": False})
     validate_run_config({"methods": "average_repair_t", "bias": True})
     # with BatchNorm, REPAIR is the statistics' reset: no bias needed

@@ -143,7 +143,7 @@ def test_refusals_are_one_line_naming_the_value():
         check_krum(5, -1)
     with pytest.raises(ValueError, match=r"trim_fraction = 0.5; allowed: a number in \[0, 0.5\)"):
         check_trim_fraction(0.5)
-    with pytest.raises(ValueError, match="needs at least 2f"):
+    with pytest.raises(ValueError, match="'krum' with 2 clients: allowed: at least 3 clients"):
         merge_states("krum", tiny(), clients(2))
     # the study refuses it before any work, leaves it out of its defaults below 3 clients, and
     # a single client is its own merge for Krum as for every method

@@ -114,13 +114,13 @@ def test_every_sum_rule_runs_securely_or_says_what_it_would_need():
     assert secure_methods() == secure
     for entry in METHODS:
         if entry.server_sees == "sum" and not entry.runs_securely:
-            assert entry.secure_note
+            assert entry.secure.note
             init = "shared" if entry.needs_base else "independent"
             cell = {**SECURE, "strategy": "aligned", "align": entry.name, "init": init}
             with pytest.raises(ConfigError, match="is a sum, but fedlmc does not run it") as err:
                 validate_run_config(cell)
             assert f"merge method {entry.name!r}" in str(err.value)
-            assert entry.secure_note in str(err.value)
+            assert entry.secure.note in str(err.value)
             assert "align = 'average_lewc_bias'" in str(err.value)
 
 

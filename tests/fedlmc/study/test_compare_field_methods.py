@@ -79,7 +79,7 @@ def test_the_client_and_task_vector_methods_are_rows_of_their_own_merges(federat
 def test_without_the_clients_or_the_base_they_are_refused_before_any_work(federation):
     splits, template, base, states, clients = federation
     with pytest.raises(
-        ValueError, match="'fisher' runs on the clients: allowed only with a federation's clients"
+        ValueError, match="'fisher' runs on the clients; got none: allowed only in a federation"
     ):
         compare_methods(template, states, None, splits, ["average", "fisher"], base=base)
     with pytest.raises(ValueError, match="'ties_t' needs the clients' common base model; got none"):

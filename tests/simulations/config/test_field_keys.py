@@ -65,7 +65,7 @@ def test_task_vector_methods_need_a_shared_initialisation():
         {"strategy": "compare", "methods": "average,task_arithmetic_t"},
     ):
         with pytest.raises(
-            ConfigError, match="with init = 'independent': its task vectors are relative"
+            ConfigError, match="needs the clients' common base model; got none: its task vectors"
         ):
             validate_run_config(cell)
         assert validate_run_config({**cell, "init": "shared"})["init"] == "shared"
