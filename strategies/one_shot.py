@@ -360,7 +360,7 @@ class OneShotAverage(ScreenedFedAvg):
         against the others' (:func:`fedlmc.strategies.robust.accuracy_outliers`)."""
         super().check_clients(report)
         check = self.options.client_check == "server-split" and self.server_data is not None
-        if not check or self.client_references is not None:
+        if not check or self.options.client_references is not None:
             return
         self._drop(report, accuracy_outliers(self.server_split_accuracies(report.survivors)))
 
