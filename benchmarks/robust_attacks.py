@@ -46,7 +46,7 @@ from fedlmc.simulations.task import (
     load_splits,
     train_options,
 )
-from fedlmc.strategies import OneShotAverage, PermutationAlignedAverage
+from fedlmc.strategies import OneShotAverage, PermutationAlignedAverage, StrategyOptions
 from fedlmc.strategies.protocol import state_to_record
 from fedlmc.strategies.robust import OFF, RobustScreen
 from fedlmc.train import train_model
@@ -152,18 +152,18 @@ def reply(pid: int, sent, examples: int) -> Message:
 def defend(defence: dict, template, replies: list[Message], server) -> tuple[dict | None, str]:
     """The defence's one-shot round on ``replies``: (merged state, who was named and why)."""
     n = len(replies)
-    options = {
-        "num_clients": n,
-        "min_clients": 2,
-        "calibration": "none",
-        "server_data": server,
-        "robust": defence["robust"],
-        "client_check": defence["client_check"],
-    }
+    options = StrategyOptions(
+        num_clients=n,
+        min_clients=2,
+        calibration="none",
+        server_data=server,
+        robust=defence["robust"],
+        client_check=defence["client_check"],
+    )
     if defence["method"] == "average":
-        strategy = OneShotAverage(template, **options)
+        strategy = OneShotAverage(template, options)
     else:
-        strategy = PermutationAlignedAverage(template, method=defence["method"], **options)
+        strategy = PermutationAlignedAverage(template, options, method=defence["method"])
     strategy.expect_replies(state_to_record(template.state_dict()), [100 + p for p in range(n)])
     try:
         found = strategy.merge_round(1, replies)

@@ -47,6 +47,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeAlias
 
 from fedlmc.data.catalog import DOWNLOADABLE, datasets_markdown
 from fedlmc.io import atomic_write_text
@@ -73,6 +74,9 @@ from fedlmc.simulations.config.tables import (
     with_pyproject_config,
 )
 
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""The type of ``add_subparsers()``'s result, which each ``add_..._command`` adds to."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with its sub-commands."""
@@ -81,7 +85,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Federated one-shot merging and linear mode connectivity studies on Flower.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    add_sweep_command(sub)
+    add_report_command(sub)
+    add_run_command(sub)
+    add_track_command(sub)
+    add_validate_command(sub)
+    add_listing_commands(sub)
+    add_superlink_command(sub)
+    add_data_command(sub)
+    return parser
 
+
+def add_sweep_command(sub: Commands) -> None:
+    """``fedlmc sweep CONFIG.toml [key=value ...]`` and its options."""
     sweep = sub.add_parser("sweep", help="run or resume a sweep, then build its report")
     sweep.add_argument("config", help="sweep TOML file")
     sweep.add_argument("overrides", nargs="*", metavar="key=value", help="overrides")
@@ -108,9 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_max_cells(sweep)
     add_track_options(sweep, "--track")
 
+
+def add_report_command(sub: Commands) -> None:
+    """``fedlmc report DIR``."""
     report = sub.add_parser("report", help="build figures and report.md from a sweep folder")
     report.add_argument("dir", help="a sweep output folder (holding results.csv)")
 
+
+def add_run_command(sub: Commands) -> None:
+    """``fedlmc run [key=value ...]`` and its options."""
     run = sub.add_parser(
         "run",
         help="run one federation and print its rows",
@@ -121,10 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_ray_address(run)
     add_track_options(run, "--track")
 
+
+def add_track_command(sub: Commands) -> None:
+    """``fedlmc track DIR --to NAME``."""
     track = sub.add_parser("track", help="export a sweep's or a run's out dir to a tracker")
     track.add_argument("dir", help="a sweep's or a fedlmc run's out dir (holding results.csv)")
     add_track_options(track, "--to", required=True)
 
+
+def add_validate_command(sub: Commands) -> None:
+    """``fedlmc validate CONFIG.toml [key=value ...]`` and its options."""
     validate = sub.add_parser("validate", help="validate a sweep and list its cells")
     validate.add_argument("config", help="sweep TOML file")
     validate.add_argument("overrides", nargs="*", metavar="key=value", help="overrides")
@@ -137,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
         "another machine)",
     )
     add_max_cells(validate)
+
+
+def add_listing_commands(sub: Commands) -> None:
+    """``fedlmc methods``, ``models``, ``keys`` and ``columns``: the markdown listings."""
     sub.add_parser("methods", help="list the registered merge methods (markdown)")
     sub.add_parser("models", help="list the registered models and their options (markdown)")
     keys = sub.add_parser("keys", help="list every run-config key with its default (markdown)")
@@ -152,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("columns", help="list every results column with its definition (markdown)")
 
+
+def add_superlink_command(sub: Commands) -> None:
+    """``fedlmc superlink start|stop``."""
     link = sub.add_parser(
         "superlink",
         help="start or stop Flower's local SuperLink for `flwr run .` (waits longer than "
@@ -164,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     link_sub.add_parser("stop", help="stop it (whoever started it), by its process id")
 
+
+def add_data_command(sub: Commands) -> None:
+    """``fedlmc data list|fetch``."""
     data = sub.add_parser("data", help="data sets: list them, fetch one into a folder")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     data_sub.add_parser("list", help="list the registered data sets (markdown)")
@@ -174,7 +212,6 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("name", choices=DOWNLOADABLE, help="data set")
     fetch.add_argument("--root", required=True, help="folder to fetch into (the data-root)")
     fetch.add_argument("--mirror", help="base URL of a mirror (default: torchvision's URLs)")
-    return parser
 
 
 def add_ray_address(parser: argparse.ArgumentParser) -> None:

@@ -11,13 +11,13 @@
 
 All four derive from :class:`fedlmc.strategies.base.ScreenedFedAvg` (wait for every node, screen the
 replies) and take one :class:`StrategyOptions` (:mod:`fedlmc.strategies.options`: the clients, the
-screens, the calibration; its fields are also accepted as keyword arguments);
+screens, the calibration);
 :mod:`fedlmc.strategies.protocol` encodes what travels between the ClientApp and the server.
 Their ``start`` returns a frozen result object holding Flower's ``Result`` records plus the
 strategy's details: :class:`OneShotResult` (the round's merge, temperature and report) and
-:class:`FedAvgResult` (each round's report). ``OneShotAverage(..., keep_client_states=True)`` is the
-collecting mode used by studies: the survivors' weights stay in ``result.report.survivors``
-for ``fedlmc.study.compare_methods``.
+:class:`FedAvgResult` (each round's report). ``OneShotAverage`` with
+``StrategyOptions(..., keep_client_states=True)`` is the collecting mode used by studies: the
+survivors' weights stay in ``result.report.survivors`` for ``fedlmc.study.compare_methods``.
 """
 
 from fedlmc.strategies.base import ScreenedFedAvg

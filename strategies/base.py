@@ -43,7 +43,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
 from fedlmc.strategies.flower_compat import construct_messages
-from fedlmc.strategies.options import StrategyOptions, resolve_options
+from fedlmc.strategies.options import StrategyOptions
 from fedlmc.strategies.protocol import PARTITION_KEY
 from fedlmc.strategies.robust import RobustScreen, copy_outliers, weight_outliers
 from fedlmc.strategies.screening import ClientReferences, Reference, WeightBound
@@ -84,11 +84,11 @@ class ScreenedFedAvg(FedAvg):
     """What the strategy receives of the clients (:mod:`fedlmc.merging.server_sees`): every
     reply's weights in the clear, to screen them."""
 
-    def __init__(self, options: StrategyOptions | None = None, **fields: Any) -> None:
-        """``options`` (:class:`fedlmc.strategies.options.StrategyOptions`), or its fields as
-        keyword arguments (``num_clients=..., min_clients=...``; with ``options``, they replace
-        its values)."""
-        options = resolve_options(options, fields)
+    def __init__(self, options: StrategyOptions) -> None:
+        """``options``: every setting (:class:`fedlmc.strategies.options.StrategyOptions`), kept as
+        ``self.options``; ``TypeError`` for anything else."""
+        if not isinstance(options, StrategyOptions):
+            raise TypeError(f"options = {options!r}; allowed: a StrategyOptions")
         super().__init__(
             fraction_train=1.0,
             min_train_nodes=int(options.num_clients),
@@ -101,13 +101,9 @@ class ScreenedFedAvg(FedAvg):
         self.fraction_evaluate = 0.0
         self.min_evaluate_nodes = 0
         self.options = options
-        self.num_clients = int(options.num_clients)
-        self.min_clients = int(options.min_clients)
-        self.wait_timeout = float(options.wait_timeout)
         self._grid: Grid | None = None
         bound, robust = options.weight_bound, options.robust
         self.weight_bound = bound if bound is not None else WeightBound()
-        self.client_references = options.client_references
         self.robust = robust if robust is not None else RobustScreen()
         self._reference: Reference | ClientReferences | None = None
         self._num_partitions: int | None = None
@@ -117,6 +113,16 @@ class ScreenedFedAvg(FedAvg):
         self._sent: list[Message] = []
         self._claimed: dict[int, int] = {}
         self._lost: set[int] = set()
+
+    @property
+    def num_clients(self) -> int:
+        """``options.num_clients``: the nodes each round is sent to."""
+        return int(self.options.num_clients)
+
+    @property
+    def min_clients(self) -> int:
+        """``options.min_clients``: the fewest surviving replies a round accepts."""
+        return int(self.options.min_clients)
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """The train config of ``server_round`` (adds ``server-round``; subclasses add more)."""
@@ -133,7 +139,7 @@ class ScreenedFedAvg(FedAvg):
         self._grid = grid
         self._assigned = assigned_partitions(grid)
         expected = max(self.min_clients, self.num_clients - len(self._lost))
-        connected = wait_for_nodes(grid, expected, self.wait_timeout)
+        connected = wait_for_nodes(grid, expected, self.options.wait_timeout)
         nodes = [n for n in connected if n not in self._lost][: self.num_clients]
         if len(connected) > len(nodes):
             log(
@@ -162,7 +168,7 @@ class ScreenedFedAvg(FedAvg):
         instead), the nodes asked, the round's
         config and the bound on partition ids (default: the number of nodes asked).
         Called by :meth:`configure_train`."""
-        self._reference = self.client_references or Reference.of_record(arrays)
+        self._reference = self.options.client_references or Reference.of_record(arrays)
         self._sent_to = [int(n) for n in node_ids]
         self._num_partitions = int(num_partitions or len(self._sent_to)) or None
         self._round_config = dict(config or {})

@@ -97,19 +97,17 @@ def _number(value: object) -> float:
 class FedAvgBaseline(ScreenedFedAvg):
     """Flower ``FedAvg`` over ``num_rounds`` rounds, ``total_epochs`` local epochs in all;
     ``start`` returns a :class:`FedAvgResult`. ``options``
-    (:class:`fedlmc.strategies.options.StrategyOptions`, or its fields as keyword arguments):
-    the clients to wait for and accept and the screens (the one-shot fields, such as
-    ``calibration``, are not read)."""
+    (:class:`fedlmc.strategies.options.StrategyOptions`): the clients to wait for and accept and
+    the screens (the one-shot fields, such as ``calibration``, are not read)."""
 
     def __init__(
         self,
-        options: StrategyOptions | None = None,
+        options: StrategyOptions,
         *,
         total_epochs: int,
         num_rounds: int,
-        **fields: Any,
     ) -> None:
-        super().__init__(options, **fields)
+        super().__init__(options)
         self.schedule = epochs_per_round(int(total_epochs), int(num_rounds))
         self._reports: dict[int, RoundReport] = {}
 

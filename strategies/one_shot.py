@@ -162,28 +162,18 @@ class OneShotAverage(ScreenedFedAvg):
         must be a mixed-width one (``mixed_widths`` in :mod:`fedlmc.merging.methods`).
     :param options: Every other setting (:class:`fedlmc.strategies.options.StrategyOptions`:
         ``num_clients``, ``min_clients``, ``calibration``, ``server_data``, ``keep_client_states``,
-        the screens, ...). Its fields are also accepted as keyword arguments (``num_clients=2,
-        ...``), alone or replacing the values of ``options``. ``calibration="server"`` needs
+        the screens, ...), read as ``self.options``. ``calibration="server"`` needs
         ``server_data``.
     """
 
     merge_method = "average"
     """The registered merge method (:mod:`fedlmc.merging.methods`) this strategy applies."""
 
-    def __init__(
-        self, template: nn.Module, options: StrategyOptions | None = None, **fields: Any
-    ) -> None:
-        super().__init__(options, **fields)
-        options = self.options
+    def __init__(self, template: nn.Module, options: StrategyOptions) -> None:
+        super().__init__(options)
         self.template = copy.deepcopy(template).cpu().eval()
-        self.calibration = options.calibration
         if options.calibration == "server" and options.server_data is None:
             raise ValueError("calibration = 'server' needs server_data (x, y); got None")
-        self.server_data = options.server_data
-        self.query_timeout = options.query_timeout
-        self.keep_client_states = bool(options.keep_client_states)
-        self.temperature_steps = int(options.temperature_steps)
-        self.temperature_grid_points = int(options.temperature_grid_points)
         self.device = resolve_device(options.device)
         self.seed = 0
         self.spec: PermutationSpec | None = None
@@ -192,6 +182,11 @@ class OneShotAverage(ScreenedFedAvg):
         """Said after the settings in :meth:`summary` (e.g. what a collecting round is for)."""
         self._last_round: OneShotRound | None = None
         self._sent_arrays: ArrayRecord | None = None
+
+    @property
+    def server_data(self) -> Data | None:
+        """``options.server_data``: the server's held-out data (``None`` without)."""
+        return self.options.server_data
 
     # ------------------------------------------------------------------------- Flower hooks
 
@@ -204,7 +199,7 @@ class OneShotAverage(ScreenedFedAvg):
             self.merge_method,
             self.num_clients,
             self.min_clients,
-            self.calibration,
+            self.options.calibration,
             f" ({self.summary_note})" if self.summary_note else "",
         )
         log(INFO, "\t└──> Weighted by: '%s'", self.weighted_by_key)
@@ -288,7 +283,7 @@ class OneShotAverage(ScreenedFedAvg):
         arrays = state_to_record(finished.state)
         fitted, server_split = self.calibrate_temperature(finished.model, clients)
         report.query_failures = [f for f in clients.dropped if f.stage not in MERGE_QUERIES]
-        if not self.keep_client_states:
+        if not self.options.keep_client_states:
             for update in report.survivors:
                 update.state = {}
         log(
@@ -347,10 +342,10 @@ class OneShotAverage(ScreenedFedAvg):
             self._round_config,
             template=self.template,
             device=self.device,
-            timeout=self.query_timeout,
+            timeout=self.options.query_timeout,
             min_clients=self.min_clients,
-            grid_points=self.temperature_grid_points,
-            newton_steps=self.temperature_steps,
+            grid_points=int(self.options.temperature_grid_points),
+            newton_steps=int(self.options.temperature_steps),
             weight_bound=self.weight_bound,
             spec=self.spec,
             robust=self.robust,
@@ -359,7 +354,7 @@ class OneShotAverage(ScreenedFedAvg):
     @property
     def on_clients(self) -> bool:
         """Whether the data-dependent steps after the merge use the clients' data."""
-        return self.calibration == "federated"
+        return self.options.calibration == "federated"
 
     def check_clients(self, report: RoundReport) -> None:
         """The base check (copies), then, with ``client_check = "server-split"``, server data
@@ -367,7 +362,7 @@ class OneShotAverage(ScreenedFedAvg):
         against the others' (:func:`fedlmc.strategies.robust.accuracy_outliers`)."""
         super().check_clients(report)
         check = self.options.client_check == "server-split" and self.server_data is not None
-        if not check or self.client_references is not None:
+        if not check or self.options.client_references is not None:
             return
         self._drop(report, accuracy_outliers(self.server_split_accuracies(report.survivors)))
 
@@ -430,10 +425,10 @@ class OneShotAverage(ScreenedFedAvg):
         and, when the server holds data and calibration is not ``none``, the temperature fitted on
         the server data for the same model (a reference for the federated one; NaN else)."""
         server = self.server_source()
-        if self.calibration == "none":
+        if self.options.calibration == "none":
             return calibrate(model, None), math.nan
         reference = math.nan if server is None else calibrate(model, server).temperature
-        if self.calibration == "server":
+        if self.options.calibration == "server":
             return Calibration(reference), reference
         return calibrate(model, clients), reference
 
@@ -459,18 +454,17 @@ class PermutationAlignedAverage(OneShotAverage):
     def __init__(
         self,
         template: nn.Module,
-        options: StrategyOptions | None = None,
+        options: StrategyOptions,
         *,
         method: str = "weight_matching",
         seed: int = 0,
         spec: PermutationSpec | None = None,
         example_input: Tensor | tuple[Tensor, ...] | None = None,
         method_options: Mapping[str, Any] | None = None,
-        **kwargs: Any,
     ) -> None:
         aligning = [m for m in template_merge_names() if m != "average"]
         entry = check_template_merge(method, f"{type(self).__name__}(method={method!r})", aligning)
-        super().__init__(template, options, **kwargs)
+        super().__init__(template, options)
         if entry.name == "average":
             raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")
         self.spec = self.construction_spec(spec, example_input, method)
@@ -526,10 +520,12 @@ class AutoMerge(PermutationAlignedAverage):
     def __init__(
         self,
         template: nn.Module,
-        options: StrategyOptions | None = None,
+        options: StrategyOptions,
         *,
         tolerance: float = AUTO_TOLERANCE,
-        **kwargs: Any,
+        seed: int = 0,
+        spec: PermutationSpec | None = None,
+        example_input: Tensor | tuple[Tensor, ...] | None = None,
     ) -> None:
         if not tolerance >= 0:
             raise ValueError(f"tolerance = {tolerance!r}; allowed: a number >= 0 (nats)")
@@ -537,8 +533,10 @@ class AutoMerge(PermutationAlignedAverage):
             template,
             options,
             method="auto",
+            seed=seed,
+            spec=spec,
+            example_input=example_input,
             method_options={"auto_tolerance": float(tolerance)},
-            **kwargs,
         )
 
 

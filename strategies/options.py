@@ -5,8 +5,8 @@
 for and accept, how replies are screened and weighted, and, for the one-shot strategies, where
 the merge is calibrated and on which device. Build it once, share it between strategies (a
 FedAvg warm-up and the one-shot merge after it), derive a variant with ``options.replace(...)``.
-The strategies' keyword arguments of the same names still work: :func:`resolve_options` builds
-the options from them (or overrides fields of given options with them).
+The options object is the strategies' only way to receive these settings (no keyword argument
+of a field's name).
 
 Every field is checked when the object is built (``StrategyOptions.__post_init__``), before
 any client trains; the one check that depends on the strategy (``calibration = "server"`` needs
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +32,7 @@ from fedlmc.strategies.strategy_utils import check_choice, check_client_counts
 
 Data = tuple[Tensor, Tensor]
 
-__all__ = ["StrategyOptions", "resolve_options"]
+__all__ = ["StrategyOptions"]
 
 
 @dataclass(frozen=True)
@@ -119,30 +118,11 @@ class StrategyOptions:
                 raise ValueError(f"{name} = {value!r}; allowed: a {kind.__name__} or None")
 
     def replace(self, **changes: Any) -> StrategyOptions:
-        """A copy with ``changes`` (field names; checked like a new object)."""
-        return resolve_options(self, changes)
+        """A copy with ``changes`` (field names; checked like a new object; ``TypeError`` naming
+        a name that is no field)."""
+        return dataclasses.replace(self, **changes)
 
 
 def _check_positive(name: str, value: Any) -> None:
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} = {value!r}; allowed: a number of seconds > 0")
-
-
-FIELDS = tuple(f.name for f in dataclasses.fields(StrategyOptions))
-"""The names of :class:`StrategyOptions`' fields, the strategies' shared keyword arguments."""
-
-
-def resolve_options(options: StrategyOptions | None, fields: Mapping[str, Any]) -> StrategyOptions:
-    """``options`` with ``fields`` (keyword arguments of those names) in place of its values, or,
-    without ``options``, new options from ``fields``; ``TypeError`` naming a keyword that is no
-    field (as for a misspelt argument), ``ValueError`` for a bad value."""
-    unknown = sorted(set(fields) - set(FIELDS))
-    if unknown:
-        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; allowed: {', '.join(FIELDS)}")
-    if options is None:
-        if "num_clients" not in fields:
-            raise TypeError("missing keyword argument 'num_clients' (or options=StrategyOptions)")
-        return StrategyOptions(**fields)
-    if not isinstance(options, StrategyOptions):
-        raise TypeError(f"options = {options!r}; allowed: a StrategyOptions or None")
-    return dataclasses.replace(options, **fields) if fields else options

@@ -86,7 +86,6 @@ __all__ = [
     "holder_error_bound",
     "lewc_bias_exponents",
     "plain_exponents",
-    "secure_holder_merge",
     "secure_sum_merge",
     "server_rescaled",
 ]
@@ -280,22 +279,6 @@ def divided_by_holders(
         ratio = value.to(torch.float64) / held.clamp_min(max(threshold, 1e-300))
         merged[key] = torch.where(held > threshold, ratio, fill_value(key)).to(value.dtype)
     return merged
-
-
-def secure_holder_merge(
-    states: Sequence[Mapping[str, Tensor]],
-    server: nn.Module,
-    spec: PermutationSpec,
-    shares: Sequence[float],
-) -> StateDict:
-    """What the server obtains for a holder-divided rule in exact arithmetic: each client's
-    :func:`held_for_sum` arrays, their ``shares``-weighted means, :func:`divided_by_holders`
-    (threshold 0). Floating-point keys only."""
-    sent = [held_for_sum(sd, server, spec, 1.0) for sd in states]
-    plain = dict.fromkeys(sent[0][0], 0)
-    mean = secure_sum_merge([values for values, _ in sent], plain, shares)
-    mask_mean = secure_sum_merge([masks for _, masks in sent], plain, shares)
-    return divided_by_holders(mean, mask_mean, 1.0, 0.0)
 
 
 def holder_error_bound(

@@ -32,15 +32,11 @@ from fedlmc.merging.methods import METHODS, base_method
 from fedlmc.merging.server_sees import REFERENCE_SERVER_SEES
 
 __all__ = [
-    "CLIENT_BARRIER_COLUMNS",
     "COLUMNS",
-    "LAYER_COLUMNS",
     "NAN",
     "PREDICTION_KEYS",
     "PREDICTION_MEAN_KEYS",
     "ROUND_COLUMNS",
-    "ROUND_STRING_COLUMNS",
-    "STRING_COLUMNS",
     "column_table",
     "columns_markdown",
     "curve_json",
@@ -58,11 +54,7 @@ __all__ = [
 
 COLUMNS = tuple(c.name for c in COMMON_COLUMNS if c.source == "row")
 """The columns every row has besides those the merge methods declare, in order."""
-STRING_COLUMNS = tuple(c.name for c in COMMON_COLUMNS if c.source == "row" and c.is_string)
-LAYER_COLUMNS = tuple(c.name for c in COMMON_COLUMNS if c.kind == "JSON" and c.name != "curve")
-CLIENT_BARRIER_COLUMNS = tuple(c for c in COLUMNS if c.startswith("client_to_merge_path_"))
 ROUND_COLUMNS = tuple(c.name for c in COMMON_COLUMNS if c.source == "round")
-ROUND_STRING_COLUMNS = tuple(c.name for c in COMMON_COLUMNS if c.source == "round" and c.is_string)
 NAN = float("nan")
 
 

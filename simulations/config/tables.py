@@ -23,7 +23,6 @@ __all__ = [
     "methods_table",
     "models_table",
     "pyproject_config",
-    "pyproject_config_of",
     "secure_methods_table",
     "with_pyproject_config",
 ]
@@ -206,7 +205,7 @@ def _block_span(lines: list[str]) -> tuple[int, int]:
     return start, end
 
 
-def pyproject_config_of(text: str) -> str:
+def _pyproject_config_of(text: str) -> str:
     """The ``[tool.flwr.app.config]`` block of the pyproject text ``text``, as written."""
     lines = text.split("\n")
     start, end = _block_span(lines)

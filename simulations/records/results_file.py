@@ -53,7 +53,6 @@ from fedlmc.simulations.records.csv_lines import (
 from fedlmc.study.rows import column_table
 
 RESULTS = "results.csv"
-REJECTED = "results.rejected.csv"
 CONFIG = "config.json"
 RUN_FILES = (RESULTS, "training.csv")  # what a run's ServerApp writes in its out-dir
 if TYPE_CHECKING:

@@ -277,8 +277,21 @@ def report_markdown(
     ``training.csv``, ``None`` when it has none); ``report.md`` is the short report
     (:func:`fedlmc.simulations.report.summary.summary_markdown`)."""
     rows = ok_rows(results)
-    title = settings.get("title") or record.get("name") or out_dir.name
     kind = settings["error-bars"]
+    title = settings.get("title") or record.get("name") or out_dir.name
+    lines = report_header(results, rows, record, title, kind)
+    lines += nothing_aligned_section(rows)
+    if not rows.empty and "method" in rows:
+        lines += method_sections(rows, kind, training)
+    lines += failed_and_figures(results, rows, figures, out_dir)
+    return "\n".join(lines)
+
+
+def report_header(
+    results: pd.DataFrame, rows: pd.DataFrame, record: dict[str, Any], title: str, kind: str
+) -> list[str]:
+    """The title, the sweep's description, the cell counts and varying keys, the spread's
+    legend and the versions."""
     cells = results["cell_id"].nunique() if "cell_id" in results else 0
     failed = results.loc[results.get("status", pd.Series(dtype=str)) == "failed"]
     lines = [f"# {title}", ""]
@@ -294,67 +307,84 @@ def report_markdown(
     versions = record.get("versions", {})
     if versions:
         lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
-    lines += nothing_aligned_section(rows)
-    if not rows.empty and "method" in rows:
-        methods = list(dict.fromkeys(rows["method"]))
-        spread_note = "" if kind == "none" else f" (mean ± {kind} over seeds)"
-        lines += [
-            f"## Merged test accuracy{spread_note}",
-            "",
-            markdown_table(mean_spread_table(rows, "accuracy", methods, kind), "method"),
-            "",
-        ]
-        lines += [line for note in coinciding_methods_notes(rows) for line in (note, "")]
-        refs = reference_table(rows, kind)
-        if not refs.empty:
+    return lines
+
+
+def method_sections(rows: pd.DataFrame, kind: str, training: pd.DataFrame | None) -> list[str]:
+    """Every section over the merge methods' rows (``rows`` has a ``method`` column)."""
+    methods = list(dict.fromkeys(rows["method"]))
+    spread_note = "" if kind == "none" else f" (mean ± {kind} over seeds)"
+    lines = [
+        f"## Merged test accuracy{spread_note}",
+        "",
+        markdown_table(mean_spread_table(rows, "accuracy", methods, kind), "method"),
+        "",
+    ]
+    lines += [line for note in coinciding_methods_notes(rows) for line in (note, "")]
+    refs = reference_table(rows, kind)
+    if not refs.empty:
+        lines += [f"## Reference accuracies{spread_note}", "", markdown_table(refs, "width"), ""]
+    base = accuracy_methods(rows)
+    lines += table1_section(rows, kind)
+    lines += per_method_tables(rows, base, kind)
+    lines += lewc_scope_section(rows, base)
+    lines += fitted_temperature_section(rows, methods, kind)
+    lines += study_sections(rows, kind, markdown_table)
+    lines += auto_section(rows, kind)
+    lines += temperature_gap_section(rows, kind)
+    lines += communication_section(rows, methods)
+    lines += convergence_section(training)
+    lines += accuracy_by_axis_sections(rows, methods, kind)
+    return lines
+
+
+def table1_section(rows: pd.DataFrame, kind: str) -> list[str]:
+    """The barriers at lambda = 1/2 in the paper's Table 1 layout (none without two-client
+    cells)."""
+    first = table1(rows, kind)
+    if first.empty:
+        return []
+    return [
+        "## Barriers at lambda = 1/2, the paper's Table 1 layout",
+        "",
+        f"Two-client cells, mean{'' if kind == 'none' else f' ± {kind}'} over seeds; "
+        "signed: L(theta_1/2) - (L_a + L_b)/2, "
+        "accuracy as a fraction like every accuracy here (chord minus midpoint: "
+        "0.30 = 30 points; the paper prints points). Definitions: fedlmc.study.rows.",
+        "",
+        markdown_table(first, "width"),
+        "",
+    ]
+
+
+def fitted_temperature_section(rows: pd.DataFrame, methods: Sequence[str], kind: str) -> list[str]:
+    """The calibrated (``_t``) methods' fitted temperatures (none without any)."""
+    calibrated = [m for m in methods if m.endswith("_t")]
+    if not calibrated or not has_values(rows[rows["method"].isin(calibrated)], "temperature"):
+        return []
+    return [
+        "## Fitted temperature",
+        "",
+        markdown_table(mean_spread_table(rows, "temperature", calibrated, kind), "method"),
+        "",
+    ]
+
+
+def accuracy_by_axis_sections(rows: pd.DataFrame, methods: Sequence[str], kind: str) -> list[str]:
+    """The merged test accuracy against each sweep axis that varies (alpha, num-clients, ...)."""
+    lines: list[str] = []
+    for axis in ("alpha", "num-clients", "weight-decay", "partition", "calibration-holdout"):
+        subset = axis_rows(rows, axis)
+        if axis in varying_keys(subset):
             lines += [
-                f"## Reference accuracies{spread_note}",
+                f"## Merged test accuracy by {axis}",
                 "",
-                markdown_table(refs, "width"),
+                markdown_table(
+                    mean_spread_table(subset, "accuracy", methods, kind, x=axis), "method"
+                ),
                 "",
             ]
-        base = accuracy_methods(rows)
-        first = table1(rows, kind)
-        if not first.empty:
-            lines += [
-                "## Barriers at lambda = 1/2, the paper's Table 1 layout",
-                "",
-                f"Two-client cells, mean{'' if kind == 'none' else f' ± {kind}'} over seeds; "
-                "signed: L(theta_1/2) - (L_a + L_b)/2, "
-                "accuracy as a fraction like every accuracy here (chord minus midpoint: "
-                "0.30 = 30 points; the paper prints points). Definitions: fedlmc.study.rows.",
-                "",
-                markdown_table(first, "width"),
-                "",
-            ]
-        lines += per_method_tables(rows, base, kind)
-        lines += lewc_scope_section(rows, base)
-        calibrated = [m for m in methods if m.endswith("_t")]
-        if calibrated and has_values(rows[rows["method"].isin(calibrated)], "temperature"):
-            lines += [
-                "## Fitted temperature",
-                "",
-                markdown_table(mean_spread_table(rows, "temperature", calibrated, kind), "method"),
-                "",
-            ]
-        lines += study_sections(rows, kind, markdown_table)
-        lines += auto_section(rows, kind)
-        lines += temperature_gap_section(rows, kind)
-        lines += communication_section(rows, methods)
-        lines += convergence_section(training)
-        for axis in ("alpha", "num-clients", "weight-decay", "partition", "calibration-holdout"):
-            subset = axis_rows(rows, axis)
-            if axis in varying_keys(subset):
-                lines += [
-                    f"## Merged test accuracy by {axis}",
-                    "",
-                    markdown_table(
-                        mean_spread_table(subset, "accuracy", methods, kind, x=axis), "method"
-                    ),
-                    "",
-                ]
-    lines += failed_and_figures(results, rows, figures, out_dir)
-    return "\n".join(lines)
+    return lines
 
 
 def failed_and_figures(

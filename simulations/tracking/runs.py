@@ -45,9 +45,8 @@ from fedlmc.simulations.records.training_file import training_text
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["TRAINING", "TrackedRun", "tracked_runs"]
+__all__ = ["TrackedRun", "tracked_runs"]
 
-TRAINING = "training.csv"
 FIGURES = "figures"
 REPORT = "report.md"
 REPORT_KEY = "report"

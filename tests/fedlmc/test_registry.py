@@ -35,7 +35,7 @@ from fedlmc.simulations.config.tables import (
 )
 from fedlmc.simulations.report.figure_table import figures_markdown
 from fedlmc.simulations.task import build_from_config
-from fedlmc.strategies import PermutationAlignedAverage
+from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
 from fedlmc.study.compare import compare_methods
 from fedlmc.study.rows import COLUMNS, ROUND_COLUMNS, column_table
 
@@ -86,7 +86,7 @@ def test_a_registered_method_reaches_every_list(halfway_method):
     assert "`halfway`, `halfway_t`" in methods_table() and "`halfway`" in keys_table()
     template, states = tiny_states()
     strategy = PermutationAlignedAverage(
-        template, num_clients=2, calibration="none", method="halfway"
+        template, StrategyOptions(num_clients=2, calibration="none"), method="halfway"
     )
     assert strategy.merge_method == "halfway"
     merged, _ = merge_states("halfway", template, states, [1, 1])

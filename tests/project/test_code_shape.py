@@ -510,3 +510,64 @@ def test_line_limit_check_sees_a_long_module(tmp_path):
     (tmp_path / "pkg" / "short.py").write_text("x = 1\n" * 600)
     (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 601)
     assert long_modules(tmp_path, ("pkg",), 600) == [("pkg/long.py", 601)]
+
+
+MAX_FUNCTION_LINES = 80
+"""The most lines a function of the package may have, from ``def`` to its last line."""
+LONG_FUNCTIONS_ALLOWED = {
+    # Declarative tables: one entry per run-config key, read as a table, not as logic.
+    "simulations/config/keys.py:declared_keys",
+    "simulations/config/field_keys.py:field_method_keys",
+    # Being shortened in the same step (#40); remove this entry once it is 80 lines or fewer.
+    "fedlmc/study/compare.py:compare_methods",
+}
+"""``path:qualified name`` of the functions allowed over :data:`MAX_FUNCTION_LINES`."""
+
+
+def long_functions(root: Path, folders: tuple[str, ...], limit: int) -> dict[str, int]:
+    """``{"path:Class.function": lines}`` of every function (methods and nested functions
+    included) under ``root/folder`` longer than ``limit`` lines."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, path: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}."
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = child.end_lineno - child.lineno + 1
+                if lines > limit:
+                    found[f"{path}:{name[:-1]}"] = lines
+            visit(child, path, name)
+
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            visit(ast.parse(path.read_text()), str(path.relative_to(root)), "")
+    return found
+
+
+def test_no_function_is_over_the_line_limit_but_the_declarative_tables():
+    folders = ("fedlmc", "strategies", "simulations")
+    long = long_functions(ROOT, folders, MAX_FUNCTION_LINES)
+    assert {name: n for name, n in long.items() if name not in LONG_FUNCTIONS_ALLOWED} == {}
+    everything = long_functions(ROOT, folders, 0)
+    assert LONG_FUNCTIONS_ALLOWED <= set(everything)  # no entry for a function that is gone
+
+
+def test_function_limit_check_sees_a_long_method_and_a_nested_function(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    body, deeper = "    x = 1\n", "        x = 1\n"
+    (tmp_path / "pkg" / "mod.py").write_text(
+        "def short():\n"
+        + body * 79
+        + "class C:\n    def long(self):\n"
+        + deeper * 80
+        + "def outer():\n    def inner():\n"
+        + deeper * 80
+        + body
+    )
+    assert long_functions(tmp_path, ("pkg",), 80) == {
+        "pkg/mod.py:C.long": 81,
+        "pkg/mod.py:outer": 83,
+        "pkg/mod.py:outer.inner": 81,
+    }

@@ -29,10 +29,10 @@ from fedlmc.simulations.config import (
 )
 from fedlmc.simulations.config.schema import Key, Rule, at_least
 from fedlmc.simulations.config.tables import (
+    _pyproject_config_of,
     columns_table,
     keys_table,
     pyproject_config,
-    pyproject_config_of,
     with_pyproject_config,
 )
 from fedlmc.simulations.records.results_file import numeric_columns
@@ -243,7 +243,7 @@ def test_a_key_declared_once_reaches_the_schema_table_validation_and_identity(kn
     assert canonical_run_config(compare)["test-knob"] == 3  # reset: compare ignores it
     assert cell_id({"test-knob": 2}) == cell_id({"test-knob": 5})
     assert "test-knob = 3" in pyproject_config()
-    current = pyproject_config_of((ROOT / "pyproject.toml").read_text())
+    current = _pyproject_config_of((ROOT / "pyproject.toml").read_text())
     assert current != pyproject_config()  # the pyproject test below now fails until regenerated
 
 
@@ -285,7 +285,7 @@ def test_a_consistency_check_registered_in_the_list_runs_at_validation(knob, mon
 
 
 def test_pyproject_config_is_the_generated_block():
-    current = pyproject_config_of((ROOT / "pyproject.toml").read_text())
+    current = _pyproject_config_of((ROOT / "pyproject.toml").read_text())
     assert current == pyproject_config(), (
         "pyproject.toml's [tool.flwr.app.config] is not the declared keys: run "
         "`fedlmc keys --write-pyproject pyproject.toml`"
@@ -300,7 +300,7 @@ def test_the_generator_rewrites_a_stale_block(tmp_path, capsys):
     assert main(["keys", "--write-pyproject", str(path)]) == 0
     assert "updated" in capsys.readouterr().out
     text = path.read_text()
-    assert pyproject_config_of(text) == pyproject_config()
+    assert _pyproject_config_of(text) == pyproject_config()
     assert text.endswith("[tool.other]\nx = 1\n")
     assert with_pyproject_config(text) == text
     assert main(["keys", "--pyproject"]) == 0

@@ -34,7 +34,7 @@ from fedlmc.simulations.config import (
     validate_run_config,
 )
 from fedlmc.simulations.task import build_from_config, client_seed, load_splits
-from fedlmc.strategies import PermutationAlignedAverage
+from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
 from fedlmc.strategies.protocol import record_to_state, state_to_record
 from fedlmc.strategies.screening import ClientReferences
 from fedlmc.study.compare import compare_methods
@@ -216,10 +216,8 @@ def test_a_reply_of_the_wrong_width_is_dropped_by_name_and_the_rest_merged(task_
     references = ClientReferences.of_states(shapes, {p: f"width {w:g}" for p, w in widths.items()})
     strategy = PermutationAlignedAverage(
         tiny_mlp(1.0, 0),
+        StrategyOptions(num_clients=3, calibration="none", client_references=references),
         method="embed_average",
-        num_clients=3,
-        calibration="none",
-        client_references=references,
     )
     strategy.expect_replies(state_to_record(strategy.template.state_dict()), [11, 12, 13])
     replies = [

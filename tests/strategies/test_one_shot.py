@@ -24,6 +24,7 @@ from fedlmc.strategies import (
     NotEnoughClientsError,
     OneShotAverage,
     PermutationAlignedAverage,
+    StrategyOptions,
     epochs_per_round,
 )
 from fedlmc.strategies.protocol import (
@@ -72,7 +73,7 @@ def error_reply(node_id: int, pid: int) -> Message:
 
 def strategy_for(template, nodes, **kwargs) -> OneShotAverage:
     kwargs.setdefault("calibration", "none")
-    strategy = OneShotAverage(template, num_clients=len(nodes), **kwargs)
+    strategy = OneShotAverage(template, StrategyOptions(num_clients=len(nodes), **kwargs))
     strategy.expect_replies(state_to_record(template.state_dict()), nodes)
     return strategy
 
@@ -173,7 +174,7 @@ def test_wrong_shape_is_dropped_against_the_reference():
 def test_shape_disagreement_without_reference_raises():
     template = tiny(0)
     wide = build_model("mlp", in_shape=IN_SHAPE, depth=2, base_hidden=9)
-    strategy = OneShotAverage(template, num_clients=2, calibration="none")
+    strategy = OneShotAverage(template, StrategyOptions(num_clients=2, calibration="none"))
     strategy.expect_replies(ArrayRecord(), [1, 2])
     with pytest.raises(InconsistentShapesError, match="partition 1 vs partition 0"):
         strategy.aggregate_train(
@@ -226,7 +227,7 @@ def test_weight_matching_undoes_a_permutation_that_plain_averaging_cannot():
     permuted = apply_permutation(spec, random_permutations(spec, base, seed=3), base)
     replies = [reply(1, base, 0), reply(2, permuted, 1)]
     aligned = PermutationAlignedAverage(
-        template, num_clients=2, calibration="none", method="weight_matching"
+        template, StrategyOptions(num_clients=2, calibration="none"), method="weight_matching"
     )
     aligned.expect_replies(state_to_record(template.state_dict()), [1, 2])
     merged = record_to_state(aligned.aggregate_train(1, replies)[0])
@@ -260,22 +261,26 @@ def test_a_plain_sequential_gets_its_spec_when_the_strategy_is_built():
         match=r"PermutationAlignedAverage\(method='weight_matching'\)"
         r".*no permutation_spec\(\) method.*pass example_input=",
     ):
-        PermutationAlignedAverage(template, num_clients=2, calibration="none")
+        PermutationAlignedAverage(template, StrategyOptions(num_clients=2, calibration="none"))
     x = torch.randn(2, 1, 28, 28)
     by_example = PermutationAlignedAverage(
-        template, num_clients=2, calibration="none", example_input=x
+        template, StrategyOptions(num_clients=2, calibration="none"), example_input=x
     )
     by_data = PermutationAlignedAverage(
         template,
-        num_clients=2,
-        calibration="server",
-        server_data=(torch.randn(8, 1, 28, 28), torch.arange(8) % 10),
+        StrategyOptions(
+            num_clients=2,
+            calibration="server",
+            server_data=(torch.randn(8, 1, 28, 28), torch.arange(8) % 10),
+        ),
     )
     groups = by_example.spec.perm_to_axes
     assert len(groups) == 2 and by_data.spec.perm_to_axes == groups  # the two hidden layers
     with pytest.raises(ValueError, match="PermutationAlignedAverage.*pass example_input="):
         PermutationAlignedAverage(  # an example of the wrong shape fails now, too
-            template, num_clients=2, calibration="none", example_input=torch.randn(2, 5)
+            template,
+            StrategyOptions(num_clients=2, calibration="none"),
+            example_input=torch.randn(2, 5),
         )
     base = sequential(1).state_dict()
     spec = by_example.spec
@@ -294,10 +299,8 @@ def test_the_lewc_bias_merge_runs_in_a_strategy_and_refuses_norm_layers():
     replies = [reply(1, states[0], 0, n=1), reply(2, states[1], 1, n=3)]
     strategy = PermutationAlignedAverage(
         template,
-        num_clients=2,
-        calibration="none",
+        StrategyOptions(num_clients=2, calibration="none", weight_bound=UNBOUNDED),
         method="average_lewc_bias",
-        weight_bound=UNBOUNDED,
     )
     strategy.expect_replies(state_to_record(template.state_dict()), [1, 2])
     merged = record_to_state(strategy.aggregate_train(1, replies)[0])
@@ -311,25 +314,33 @@ def test_the_lewc_bias_merge_runs_in_a_strategy_and_refuses_norm_layers():
         assert torch.allclose(merged[f"{layer}.weight"], plain, atol=1e-6)
     with pytest.raises(ValueError, match="norm-free"):  # refused before any client trains
         PermutationAlignedAverage(
-            tiny(0, norm="ln"), num_clients=2, calibration="none", method="average_lewc_bias"
+            tiny(0, norm="ln"),
+            StrategyOptions(num_clients=2, calibration="none"),
+            method="average_lewc_bias",
         )
 
 
 def test_bad_strategy_arguments_name_the_value():
     template = tiny(0)
     with pytest.raises(ValueError, match="calibration = 'sometimes'"):
-        OneShotAverage(template, num_clients=2, calibration="sometimes")
+        OneShotAverage(template, StrategyOptions(num_clients=2, calibration="sometimes"))
     with pytest.raises(ValueError, match="needs server_data"):
-        OneShotAverage(template, num_clients=2, calibration="server")
+        OneShotAverage(template, StrategyOptions(num_clients=2, calibration="server"))
     with pytest.raises(ValueError, match="min_clients = 3"):
-        OneShotAverage(template, num_clients=2, min_clients=3, calibration="none")
+        OneShotAverage(template, StrategyOptions(num_clients=2, min_clients=3, calibration="none"))
     with pytest.raises(ValueError, match="unknown merge method 'weight'; allowed: average"):
-        PermutationAlignedAverage(template, num_clients=2, calibration="none", method="weight")
+        PermutationAlignedAverage(
+            template, StrategyOptions(num_clients=2, calibration="none"), method="weight"
+        )
     with pytest.raises(ValueError, match="use OneShotAverage"):
-        PermutationAlignedAverage(template, num_clients=2, calibration="none", method="average")
+        PermutationAlignedAverage(
+            template, StrategyOptions(num_clients=2, calibration="none"), method="average"
+        )
     with pytest.raises(ValueError, match="'activation_matching' needs server data; got none"):
         PermutationAlignedAverage(
-            template, num_clients=2, calibration="none", method="activation_matching"
+            template,
+            StrategyOptions(num_clients=2, calibration="none"),
+            method="activation_matching",
         )
 
 
@@ -338,13 +349,13 @@ def test_fedavg_rounds_share_the_total_local_epochs():
     assert sum(epochs_per_round(7, 7)) == 7
     with pytest.raises(ValueError, match="fedavg-rounds = 4"):
         epochs_per_round(3, 4)
-    strategy = FedAvgBaseline(num_clients=2, total_epochs=5, num_rounds=2)
+    strategy = FedAvgBaseline(StrategyOptions(num_clients=2), total_epochs=5, num_rounds=2)
     assert [strategy.local_epochs(r) for r in (1, 2)] == [3, 2]
 
 
 def test_fedavg_baseline_averages_survivors_by_num_examples():
     template = tiny(0)
-    strategy = FedAvgBaseline(num_clients=3, total_epochs=2, num_rounds=2)
+    strategy = FedAvgBaseline(StrategyOptions(num_clients=3), total_epochs=2, num_rounds=2)
     strategy.expect_replies(state_to_record(template.state_dict()), [1, 2, 3])
     replies = [
         reply(1, constant_state(template, 2.0), 0, n=1),

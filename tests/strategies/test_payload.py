@@ -13,7 +13,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedlmc.models.classifiers import build_model
-from fedlmc.strategies import OneShotAverage
+from fedlmc.strategies import OneShotAverage, StrategyOptions
 from fedlmc.strategies.payload import (
     MAX_HEADER_BYTES,
     ScreenError,
@@ -161,7 +161,9 @@ def test_each_lying_client_is_dropped_by_name_and_the_others_merged():
     honest = [reply(10 + i, i, constant_record(template, 1.0 + i)) for i in range(4)]
     liars = [reply(100 + i, 4 + i, with_array(template, a)) for i, a in enumerate(bad)]
     nodes = [*(10 + i for i in range(4)), *(100 + i for i in range(len(bad)))]
-    strategy = OneShotAverage(template, num_clients=len(nodes), min_clients=2, calibration="none")
+    strategy = OneShotAverage(
+        template, StrategyOptions(num_clients=len(nodes), min_clients=2, calibration="none")
+    )
     strategy.expect_replies(state_to_record(template.state_dict()), nodes)
     tracemalloc.start()
     try:

@@ -17,7 +17,7 @@ from fedlmc.merging.repair import UnitStats
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.config.schema import ConfigError
-from fedlmc.strategies import OneShotAverage
+from fedlmc.strategies import OneShotAverage, StrategyOptions
 from fedlmc.strategies.protocol import HISTORY_KEYS, state_to_record
 from fedlmc.strategies.queries import ClientRounds
 from fedlmc.strategies.robust import (
@@ -86,7 +86,9 @@ def test_a_poisoned_model_is_dropped_and_the_merge_is_the_honest_merge(attack):
     states = [*honest[:2], poisoned(honest_state(4), attack), honest[2]]
 
     def merged(chosen, indices):
-        strategy = OneShotAverage(template, num_clients=len(indices), calibration="none")
+        strategy = OneShotAverage(
+            template, StrategyOptions(num_clients=len(indices), calibration="none")
+        )
         strategy.expect_replies(
             state_to_record(template.state_dict()), [nodes[i] for i in indices], num_partitions=4
         )

@@ -12,7 +12,7 @@ from flwr.app import Message, MetricRecord, RecordDict
 from fedlmc.averaging import average
 from fedlmc.data.loading import load_dataset
 from fedlmc.models.classifiers import build_model
-from fedlmc.strategies import OneShotAverage
+from fedlmc.strategies import OneShotAverage, StrategyOptions
 from fedlmc.strategies.protocol import state_to_record
 from fedlmc.strategies.robust import (
     ACCURACY_MARGIN,
@@ -84,7 +84,8 @@ def test_a_label_flipper_and_a_free_rider_are_dropped_before_the_merge(task_iden
     sent = [*states, states[0]]  # partition 3 copies partition 0's model
     replies = [reply(10 + pid, pid, state) for pid, state in enumerate(sent)]
     strategy = OneShotAverage(
-        template, num_clients=4, min_clients=2, calibration="none", server_data=server
+        template,
+        StrategyOptions(num_clients=4, min_clients=2, calibration="none", server_data=server),
     )
     strategy.expect_replies(state_to_record(template.state_dict()), [10, 11, 12, 13])
     found = strategy.merge_round(1, replies)
@@ -97,15 +98,15 @@ def test_a_label_flipper_and_a_free_rider_are_dropped_before_the_merge(task_iden
     # the outlier screen alone lets both through (the flipper's norms are honest ones)
     off = OneShotAverage(
         template,
-        num_clients=4,
-        min_clients=2,
-        calibration="none",
-        server_data=server,
-        client_check="off",
+        StrategyOptions(
+            num_clients=4, min_clients=2, calibration="none", server_data=server, client_check="off"
+        ),
     )
     off.expect_replies(state_to_record(template.state_dict()), [10, 11, 12, 13])
     assert off.merge_round(1, replies).report.failures == []
     # and without server data only the copy is caught
-    no_data = OneShotAverage(template, num_clients=4, min_clients=2, calibration="none", robust=OFF)
+    no_data = OneShotAverage(
+        template, StrategyOptions(num_clients=4, min_clients=2, calibration="none", robust=OFF)
+    )
     no_data.expect_replies(state_to_record(template.state_dict()), [10, 11, 12, 13])
     assert [f.partition_id for f in no_data.merge_round(1, replies).report.failures] == [3]

@@ -21,7 +21,7 @@ from fedlmc.merging.repair import UnitStats
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import permutation_spec, random_permutations
 from fedlmc.simulations.records.training_file import client_epoch_rows
-from fedlmc.strategies import NotEnoughClientsError, OneShotAverage
+from fedlmc.strategies import NotEnoughClientsError, OneShotAverage, StrategyOptions
 from fedlmc.strategies.protocol import (
     HISTORY_KEYS,
     history_metrics,
@@ -69,7 +69,7 @@ def constant(template, value: float):
 def strategy_for(template, nodes, **kwargs) -> OneShotAverage:
     kwargs.setdefault("calibration", "none")
     kwargs.setdefault("min_clients", 2)
-    strategy = OneShotAverage(template, num_clients=len(nodes), **kwargs)
+    strategy = OneShotAverage(template, StrategyOptions(num_clients=len(nodes), **kwargs))
     strategy.expect_replies(state_to_record(template.state_dict()), nodes)
     return strategy
 
@@ -358,15 +358,17 @@ def test_a_strategy_tells_its_clients_what_they_need_in_a_users_own_server_app()
 
     readme_config = {"model": "mlp", "width": 0.5, "depth": 2, "base-hidden": 64, "epochs": 2}
     strategy = PermutationAlignedAverage(
-        tiny(0), method="activation_federated", num_clients=2, calibration="federated"
+        tiny(0),
+        StrategyOptions(num_clients=2, calibration="federated"),
+        method="activation_federated",
     )
     sent = strategy.round_config(1, Record(dict(readme_config)))
     client = client_run_config({}, dict(sent))  # what the ClientApp works with
     assert keeps_trained_model(client)  # kept for the align query: no LookupError
     assert calibration_holdout(client) == pytest.approx(0.1)  # a held-out share to calibrate on
-    plain = OneShotAverage(tiny(0), num_clients=2, calibration="federated")
+    plain = OneShotAverage(tiny(0), StrategyOptions(num_clients=2, calibration="federated"))
     assert calibration_holdout(client_run_config({}, dict(plain.round_config(1, Record({}))))) > 0
-    server = OneShotAverage(tiny(0), num_clients=2, calibration="none")
+    server = OneShotAverage(tiny(0), StrategyOptions(num_clients=2, calibration="none"))
     assert dict(server.round_config(1, Record({"strategy": "compare"}))) == {
         "strategy": "compare",
         "server-round": 1,
@@ -412,7 +414,7 @@ def test_a_bad_training_history_drops_only_the_history_by_name():
     }
     nodes = [11, *bad]
     strategy = OneShotAverage(  # the same model from every client: no copy check here
-        template, num_clients=len(nodes), calibration="none", client_check="off"
+        template, StrategyOptions(num_clients=len(nodes), calibration="none", client_check="off")
     )
     strategy.expect_replies(state_to_record(template.state_dict()), nodes, {"epochs": 2})
     replies = [with_history(11, 0, template, good)]

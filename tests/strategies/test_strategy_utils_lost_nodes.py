@@ -28,7 +28,7 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedlmc.models.classifiers import build_model
-from fedlmc.strategies import FedAvgBaseline, OneShotAverage
+from fedlmc.strategies import FedAvgBaseline, OneShotAverage, StrategyOptions
 from fedlmc.strategies.protocol import state_to_record
 from fedlmc.strategies.queries import ClientRounds
 
@@ -125,7 +125,9 @@ def trained(template) -> Callable[[int, Message], RecordDict]:
 
 
 def one_shot(federation: Federation, template):
-    strategy = OneShotAverage(template, num_clients=3, min_clients=2, calibration="none")
+    strategy = OneShotAverage(
+        template, StrategyOptions(num_clients=3, min_clients=2, calibration="none")
+    )
     start = time.monotonic()
     result = strategy.start(
         grid=federation.grid,
@@ -172,7 +174,9 @@ def test_fedavg_names_a_node_lost_in_round_two_by_the_partition_it_sent_in_round
     without waiting for the lost one."""
     template = tiny()
     with Federation(trained(template), dies=(2, 2)) as federation:
-        strategy = FedAvgBaseline(num_clients=3, min_clients=2, total_epochs=3, num_rounds=3)
+        strategy = FedAvgBaseline(
+            StrategyOptions(num_clients=3, min_clients=2), total_epochs=3, num_rounds=3
+        )
         start = time.monotonic()
         result = strategy.start(
             grid=federation.grid,

@@ -125,7 +125,7 @@ def _message(error: type[Exception], call) -> str:
 
 
 def test_the_config_check_merge_states_and_the_strategy_give_the_same_line():
-    from fedlmc.strategies import PermutationAlignedAverage
+    from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
 
     states = [mlp(s).state_dict() for s in range(3)]
     config = _message(
@@ -136,7 +136,7 @@ def test_the_config_check_merge_states_and_the_strategy_give_the_same_line():
     strategy = _message(
         ValueError,
         lambda: PermutationAlignedAverage(
-            mlp(0), num_clients=3, calibration="none", method="random_direction"
+            mlp(0), StrategyOptions(num_clients=3, calibration="none"), method="random_direction"
         ),
     )
     assert config == merged == strategy

@@ -23,7 +23,7 @@ from fedlmc.merging.post_merge import (
     repairs,
 )
 from fedlmc.merging.repair import repair
-from fedlmc.strategies import OneShotAverage, PermutationAlignedAverage
+from fedlmc.strategies import OneShotAverage, PermutationAlignedAverage, StrategyOptions
 from fedlmc.strategies.protocol import state_to_record
 from fedlmc.strategies.queries import ClientRounds
 from fedlmc.strategies.screening import UNBOUNDED
@@ -65,11 +65,13 @@ def reply(node_id: int, state, pid: int, n: int) -> Message:
 
 def strategy_round(template, states, method: str, server):
     """One round of the strategy for ``method`` on ``states`` (num-examples 1 and 3)."""
-    kwargs = dict(num_clients=2, calibration="server", server_data=server, weight_bound=UNBOUNDED)
+    options = StrategyOptions(
+        num_clients=2, calibration="server", server_data=server, weight_bound=UNBOUNDED
+    )
     if method == "average":
-        strategy = OneShotAverage(template, **kwargs)
+        strategy = OneShotAverage(template, options)
     else:
-        strategy = PermutationAlignedAverage(template, method=method, **kwargs)
+        strategy = PermutationAlignedAverage(template, options, method=method)
     strategy.expect_replies(state_to_record(template.state_dict()), [1, 2])
     return strategy.merge_round(1, [reply(1, states[0], 0, 1), reply(2, states[1], 1, 3)])
 

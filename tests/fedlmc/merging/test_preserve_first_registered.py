@@ -24,7 +24,7 @@ from fedlmc.models.classifiers import build_model
 from fedlmc.simulations import load_merged
 from fedlmc.simulations.config import ConfigError, validate_run_config
 from fedlmc.simulations.config.tables import columns_table, methods_table
-from fedlmc.strategies import PermutationAlignedAverage
+from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
 from fedlmc.study.compare import compare_methods, merge_clients
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -93,7 +93,7 @@ def test_consumers_of_template_state_dicts_refuse_it_naming_it(tmp_path):
     expected = "merge method 'preserve_first' builds a model of another architecture"
     with pytest.raises(ValueError, match=f"method='preserve_first'\\): {expected}.*: weight_m"):
         PermutationAlignedAverage(
-            mlp(0), num_clients=2, calibration="none", method="preserve_first"
+            mlp(0), StrategyOptions(num_clients=2, calibration="none"), method="preserve_first"
         )
     with pytest.raises(ConfigError, match=f"^align = 'preserve_first': {expected}.*allowed: w"):
         validate_run_config({"strategy": "aligned", "align": "preserve_first"})

@@ -16,7 +16,7 @@ from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import ConfigError, validate_run_config
 from fedlmc.simulations.config.tables import columns_table, methods_table
-from fedlmc.strategies import PermutationAlignedAverage
+from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
 from fedlmc.study.compare import compare_methods, default_methods
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -147,10 +147,10 @@ def test_its_rows_have_no_barriers_but_a_merge_gap():
 def test_the_aligned_strategy_refuses_it_for_more_than_two_clients():
     template = mlp(0)
     strategy = PermutationAlignedAverage(
-        template, num_clients=2, calibration="none", method="random_direction"
+        template, StrategyOptions(num_clients=2, calibration="none"), method="random_direction"
     )
     assert strategy.merge_method == "random_direction"
     with pytest.raises(ValueError, match="'random_direction' with 3 clients: allowed: at most 2"):
         PermutationAlignedAverage(
-            template, num_clients=3, calibration="none", method="random_direction"
+            template, StrategyOptions(num_clients=3, calibration="none"), method="random_direction"
         )

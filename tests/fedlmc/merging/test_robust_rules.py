@@ -166,7 +166,7 @@ def test_the_rules_are_registered_with_their_temperature_rows_and_what_the_serve
 def test_the_one_shot_strategy_merges_with_a_robust_rule(task_identity):
     """The real ``PermutationAlignedAverage(method="median")`` round on replies where one of
     three clients sends weights 1000x the others': its merge is the honest median."""
-    from fedlmc.strategies import PermutationAlignedAverage
+    from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
     from fedlmc.strategies.protocol import state_to_record
     from fedlmc.strategies.robust import OFF
 
@@ -189,7 +189,9 @@ def test_the_one_shot_strategy_merges_with_a_robust_rule(task_identity):
         for pid, state in enumerate(template_states)
     ]
     strategy = PermutationAlignedAverage(
-        template, num_clients=3, min_clients=3, calibration="none", method="median", robust=OFF
+        template,
+        StrategyOptions(num_clients=3, min_clients=3, calibration="none", robust=OFF),
+        method="median",
     )
     strategy.expect_replies(state_to_record(template.state_dict()), [20, 21, 22])
     found = strategy.merge_round(1, replies)

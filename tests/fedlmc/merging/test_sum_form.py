@@ -20,7 +20,6 @@ from fedlmc.merging.sum_form import (
     holder_error_bound,
     lewc_bias_exponents,
     plain_exponents,
-    secure_holder_merge,
     secure_sum_merge,
     server_rescaled,
 )
@@ -28,6 +27,17 @@ from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import permutation_spec
 
 SHARES = [0.3, 0.125, 0.45]  # n_i / M for three clients, summing to 0.875 (< 1: a scale to undo)
+
+
+def secure_holder_merge(states, server, spec, shares) -> dict[str, torch.Tensor]:
+    """What the server obtains for a holder-divided rule in exact arithmetic: each client's
+    ``held_for_sum`` arrays, their ``shares``-weighted means, ``divided_by_holders``
+    (threshold 0). Floating-point keys only."""
+    sent = [held_for_sum(sd, server, spec, 1.0) for sd in states]
+    plain = dict.fromkeys(sent[0][0], 0)
+    mean = secure_sum_merge([values for values, _ in sent], plain, shares)
+    mask_mean = secure_sum_merge([masks for _, masks in sent], plain, shares)
+    return divided_by_holders(mean, mask_mean, 1.0, 0.0)
 
 
 def _clients(template, count: int = 3) -> list[dict[str, torch.Tensor]]:

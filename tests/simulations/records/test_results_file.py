@@ -15,7 +15,6 @@ import pytest
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import ConfigError, sweep_from_mapping
 from fedlmc.simulations.records.results_file import (
-    REJECTED,
     finished_cells,
     out_dir_kind,
     read_results,
@@ -23,6 +22,7 @@ from fedlmc.simulations.records.results_file import (
 )
 from fedlmc.simulations.runs.sweep import run_sweep
 
+REJECTED = "results.rejected.csv"  # where the bad lines of results.csv go (module docstring)
 SWEEP = {
     "name": "three",
     "run": {"epochs": 1, "lambdas": 3, "methods": "average,average_t"},
