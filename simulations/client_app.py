@@ -10,9 +10,11 @@ Message types it answers:
   ``(seed, partition-id)`` and the received arrays are ignored; with ``init = "shared"`` the
   received arrays (the server's initialisation; FedAvg: the global model) are loaded, sliced to
   the client's width when it is narrower than the server's (nested sub-models, HeteroFL). Every
-  client builds its own width (``client-widths``: one per partition; else ``width``). Under
-  federated calibration a stratified ``calibration-holdout`` share of the partition is held out
-  and never trained on (:func:`fedlmc.simulations.task.split_for_calibration`). Replies with an
+  client builds its own width (``client-widths``: one per partition; else ``width``). The
+  protocol keys of the message (:mod:`fedlmc.strategies.protocol`), never the run config, say
+  what to hold out and keep: a stratified ``holdout-share`` of the partition is held out and
+  never trained on (:func:`fedlmc.simulations.task.split_for_calibration`), and with
+  ``keep-model`` the trained weights are kept for the queries about them. Replies with an
   ArrayRecord of the trained weights and a MetricRecord ``num-examples, partition-id,
   train-loss, train-accuracy, train-seconds, load-seconds`` (data loading and model building),
   ``torch-threads, pool-threads`` (the threads it computed with: torch's, and the largest BLAS
@@ -23,8 +25,8 @@ Message types it answers:
   non-finite weights) gives an error reply, never weights.
 - ``query.temperature``: sums of the NLL and its first two derivatives in ``log T`` of the
   received (merged) model, or of each of several received models, at each ``log-t`` the
-  server sends (one value or a list), on the held-out share (on the training data when
-  ``calibration-holdout = 0``).
+  server sends (one value or a list), on the held-out share (on the training data when the
+  query's ``holdout-share`` is 0 or absent).
 - ``query.bn_stats``: per-BatchNorm-layer sums, sums of squares and counts of the layer inputs
   on the training data.
 - ``query.unit_stats``: per-unit sums, sums of squares and counts of the outputs of the
@@ -43,21 +45,22 @@ environment's ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` say
 (:mod:`fedlmc.simulations.config.threads`; on a SuperNode, set ``num-cpus`` to the cores the node
 gives its ClientApp).
 
-Nothing is kept between messages but the data and, only for client-side activation matching,
-the trained weights: the loaded data sets and partitions stay in bounded caches of
+Nothing is kept between messages but the data and, only for client-side activation matching, the
+trained weights: the loaded data sets and partitions stay in bounded caches of
 :mod:`fedlmc.simulations.task` (keyed by what determines them), so that a warm actor serving cell
 after cell loads each data set once; the trained weights stay in the node's ``context.state``
-(Flower keeps it per node and run between messages, in simulation and on a SuperNode) under a
-key naming the cell and partition, at most :data:`KEPT_MODELS` of them, each removed by the
-query that uses it in an ``aligned`` cell (one merge; a ``compare`` cell's stays for its other
-methods' queries). The model is rebuilt for every message and every seed is derived from
-``(seed, partition-id, round)``, so a reply does not depend on what the actor ran before.
+(Flower keeps it per node and run between messages, in simulation and on a SuperNode) under a key
+naming the cell and partition, at most :data:`KEPT_MODELS` of them, each removed by the query that
+uses it when the message says ``keep-model = "one-query"`` (one merge; with ``several-queries``, a
+``compare`` cell's, it stays for its other methods' queries). The model is rebuilt for every
+message and every seed is derived from ``(seed, partition-id, round)``, so a reply does not depend
+on what the actor ran before.
 
 Test-only failure injection (run-config ``inject-failure = "MODE:PARTITION-ID,..."``): ``raise``
 raises before training, ``nan`` replies with NaN weights (skipping the finite check), ``hang``
-sleeps until ``HANG_MARGIN`` seconds past the server's deadline (the message's ``created_at``
-plus ``timeout``; a bounded sleep, so Flower's engine, which waits for running ClientApps
-before it stops Ray, ends soon after the round) and then raises instead of training.
+sleeps until ``HANG_MARGIN`` seconds past the server's deadline (the message's ``created_at`` plus
+``timeout``; a bounded sleep, so Flower's engine, which waits for running ClientApps before it
+stops Ray, ends soon after the round) and then raises instead of training.
 """
 
 from __future__ import annotations
@@ -81,12 +84,7 @@ from fedlmc.merging.regmean import gram_matrices
 from fedlmc.merging.repair import unit_statistics
 from fedlmc.permutation.embed import slice_state
 from fedlmc.permutation.matching import activation_matching
-from fedlmc.simulations.config import (
-    calibration_holdout,
-    cell_id,
-    client_width,
-    keeps_trained_model,
-)
+from fedlmc.simulations.config import cell_id, client_width
 from fedlmc.simulations.config.threads import config_slot_threads, pool_threads, use_threads
 from fedlmc.simulations.private.dp_client import dp_clipping_mod
 from fedlmc.simulations.private.secure_client import secure_train_mod
@@ -109,13 +107,17 @@ from fedlmc.strategies.protocol import (
     ERROR_TRAIN_FAILED,
     FISHER_QUERY,
     GRAM_QUERY,
+    KEEP_ONE_QUERY,
     MODEL_PREFIX,
     NUM_PARTITIONS_KEY,
     PARTITION_KEY,
+    SERVER_ROUND_KEY,
     TEMPERATURE_QUERY,
     UNIT_STATS_QUERY,
     bn_stats_to_content,
     history_metrics,
+    holdout_share,
+    keep_model,
     metric_record,
     permutations_to_content,
     query_models,
@@ -267,13 +269,15 @@ def train_reply(message: Message, context: Context) -> Message:
     if mode == "hang":
         _hang_past_deadline(message, config["timeout"])
         raise InjectedFailure(f"injected hang on partition {pid} (replying after the timeout)")
-    server_round = int(_message_config(message).get("server-round", 1))
+    sent = _message_config(message)
+    server_round = int(sent.get(SERVER_ROUND_KEY, 1))
+    share = holdout_share(sent)
     start = time.perf_counter()
     splits = load_splits(config)
-    data = client_train_data(config, pid, num_partitions)
+    data = client_train_data(config, pid, num_partitions, share)
     held_out = None
-    if calibration_holdout(config) > 0:  # its loss after every epoch (the reply's history)
-        held_out = client_calibration_data(config, pid, num_partitions)
+    if share > 0:  # its loss after every epoch (the reply's history)
+        held_out = client_calibration_data(config, pid, num_partitions, share)
     model = _initial_model(config, splits, pid, message)
     load_seconds = time.perf_counter() - start
     model, history = train_model(
@@ -296,7 +300,7 @@ def train_reply(message: Message, context: Context) -> Message:
         "pool-threads": int(pool_threads()),
     }
     arrays = state_to_record(_checked_weights(model, poison=mode == "nan"))
-    if keeps_trained_model(config):
+    if keep_model(sent) is not None:
         keep_trained_model(context, _kept_key(config, pid, num_partitions), arrays)
     record = metric_record(metrics)
     for key, values in history_metrics(
@@ -331,13 +335,19 @@ def _received_model_and_config(message: Message, context: Context):
     return config, pid, num_partitions, model
 
 
+def _train_data(message: Message, config: dict, pid: int, num_partitions: int):
+    """This node's training data: its partition minus the message's ``holdout-share``."""
+    return client_train_data(config, pid, num_partitions, holdout_share(_message_config(message)))
+
+
 def temperature_reply(message: Message, context: Context) -> Message:
     """NLL sums and derivatives in log T of the received model (or of each received model) on
-    this node's calibration data (its held-out share; its training data when
-    ``calibration-holdout = 0``)."""
+    this node's calibration data (the query's ``holdout-share``; its training data when that
+    is 0 or absent)."""
     config = client_run_config(context.run_config, _message_config(message))
     pid, num_partitions = _partition(message, context)
-    x, y = client_calibration_data(config, pid, num_partitions)
+    share = holdout_share(_message_config(message))
+    x, y = client_calibration_data(config, pid, num_partitions, share)
     points = _message_config(message)["log-t"]
     points = points if isinstance(points, list) else [points]
     per_model = []
@@ -353,7 +363,7 @@ def temperature_reply(message: Message, context: Context) -> Message:
 def bn_stats_reply(message: Message, context: Context) -> Message:
     """Per-layer BatchNorm input moments of the received model on this node's training data."""
     config, pid, num_partitions, model = _received_model_and_config(message, context)
-    x, _ = client_train_data(config, pid, num_partitions)
+    x, _ = _train_data(message, config, pid, num_partitions)
     stats = bn_statistics(model, x)
     return Message(bn_stats_to_content(stats, {"partition-id": pid}), reply_to=message)
 
@@ -363,7 +373,7 @@ def unit_stats_reply(message: Message, context: Context) -> Message:
     training data (REPAIR, :func:`fedlmc.merging.repair.unit_statistics`)."""
     config, pid, num_partitions, model = _received_model_and_config(message, context)
     layers = _message_config(message)["layers"]
-    x, _ = client_train_data(config, pid, num_partitions)
+    x, _ = _train_data(message, config, pid, num_partitions)
     stats = unit_statistics(model, x, layers if isinstance(layers, list) else [layers])
     return Message(unit_stats_to_content(stats, {"partition-id": pid}), reply_to=message)
 
@@ -379,9 +389,12 @@ def _kept_record(context: Context, config: dict, pid: int, num_partitions: int) 
     return context.state.array_records[key]
 
 
-def _release_kept(context: Context, config: dict, pid: int, num_partitions: int) -> None:
-    """Remove the kept model after its query in an ``aligned`` cell (its one merge)."""
-    if config["strategy"] == "aligned":
+def _release_kept(
+    message: Message, context: Context, config: dict, pid: int, num_partitions: int
+) -> None:
+    """Remove the kept model after its query when the message says ``keep-model =
+    "one-query"`` (one merge); ``several-queries`` keeps it for the study's other queries."""
+    if keep_model(_message_config(message)) == KEEP_ONE_QUERY:
         del context.state[_kept_key(config, pid, num_partitions)]
 
 
@@ -393,14 +406,14 @@ def align_reply(message: Message, context: Context) -> Message:
     config, pid, num_partitions, reference = _received_model_and_config(message, context)
     kept = _kept_record(context, config, pid, num_partitions)
     own = _model_from(config, kept)
-    x, _ = client_train_data(config, pid, num_partitions)
+    x, _ = _train_data(message, config, pid, num_partitions)
     perms = activation_matching(reference, own, x, seed=client_seed(config["seed"], pid))
     content = permutations_to_content(
         dict(perms),
         state_digest(record_to_state(kept)),
         {"partition-id": pid, "num-examples": len(x)},
     )
-    _release_kept(context, config, pid, num_partitions)
+    _release_kept(message, context, config, pid, num_partitions)
     return Message(content, reply_to=message)
 
 
@@ -413,7 +426,7 @@ def statistics_reply(message: Message, context: Context) -> Message:
     pid, num_partitions = _partition(message, context)
     kept = _kept_record(context, config, pid, num_partitions)
     own = _model_from(config, kept)
-    x, y = client_train_data(config, pid, num_partitions)
+    x, y = _train_data(message, config, pid, num_partitions)
     seed = statistics_seed(config["seed"], pid)
     if message.metadata.message_type.rsplit(".", 1)[-1] == FISHER_QUERY:
         xs, ys = bounded_sample(x, y, config["fisher-samples"], seed)
@@ -424,7 +437,7 @@ def statistics_reply(message: Message, context: Context) -> Message:
         found = gram_matrices(own, xs, layers if isinstance(layers, list) else [layers])
     digest = state_digest(record_to_state(kept))
     content = statistics_to_content(found, digest, {"partition-id": pid, "num-examples": len(xs)})
-    _release_kept(context, config, pid, num_partitions)
+    _release_kept(message, context, config, pid, num_partitions)
     return Message(content, reply_to=message)
 
 

@@ -74,7 +74,7 @@ from fedlmc.simulations.config import (
     validate_run_config,
 )
 from fedlmc.simulations.config.defences import client_check, robust_method_options
-from fedlmc.simulations.config.derived import keeps_trained_model
+from fedlmc.simulations.config.derived import calibration_holdout, keeps_trained_model
 from fedlmc.simulations.config.dp import is_dp
 from fedlmc.simulations.config.field_keys import field_method_options
 from fedlmc.simulations.config.secure import is_secure
@@ -224,6 +224,7 @@ def strategy_options(
         device=device,
         client_references=client_references(config, outcome),
         calibration="none",
+        holdout_share=calibration_holdout(config),
     )
 
 
@@ -290,6 +291,7 @@ def warm_up(grid, config, template, outcome: ServerOutcome) -> WarmUp:
         weight_bound=outcome.weight_bound,
         robust=RobustScreen(config["outlier-factor"]),
         client_check=client_check(config),
+        holdout_share=calibration_holdout(config),  # never trained on, in warm-up rounds too
     )
     strategy = FedAvgBaseline(options, total_epochs=k, num_rounds=k)
     result, seconds = _start(strategy, grid, template, config, k)
@@ -345,7 +347,8 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     """Collect the client models once, evaluate every requested method on them (each base merge
     once, its weights kept for ``merged-<method>.safetensors``)."""
     options = strategy_options(config, splits, device, outcome)
-    options = options.replace(calibration="none", keep_client_states=True)
+    keep = keeps_trained_model(config)  # the study's methods query the collected clients
+    options = options.replace(calibration="none", keep_client_states=True, clients_keep_models=keep)
     if outcome.client_templates is None:
         strategy = OneShotAverage(template, options)
     else:  # the collecting round's own merge must take clients of different widths
@@ -368,7 +371,7 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     methods = [m for m in method_list(config) if m != FEDAVG]
     bases = list(dict.fromkeys(base_method(m) for m in methods if m not in REFERENCE_METHODS))
     say = outcome.progress.merging(bases)
-    clients = strategy.client_rounds(report.survivors) if keeps_trained_model(config) else None
+    clients = strategy.client_rounds(report.survivors) if keep else None
     base = (warm.state or template.state_dict()) if one_shot["init"] == "shared" else None
     comparison = compare_cell(
         config, template, states, weights, splits, device, own, say, clients, base
@@ -450,6 +453,7 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
         weight_bound=outcome.weight_bound,
         robust=RobustScreen(config["outlier-factor"]),
         client_check=client_check(config),
+        holdout_share=calibration_holdout(config),
     )
     strategy = FedAvgBaseline(options, total_epochs=config["epochs"], num_rounds=rounds)
     evaluate = merged_test_evaluation(template, splits, device)

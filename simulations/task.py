@@ -165,14 +165,12 @@ def client_data(config: Mapping[str, Any], partition_id: int, num_partitions: in
 
 
 def split_for_calibration(
-    config: Mapping[str, Any], data: Data, partition_id: int
+    config: Mapping[str, Any], data: Data, partition_id: int, share: float
 ) -> tuple[Data, Data]:
-    """``(train, calibration)`` of one client's partition ``data``: a stratified
-    :func:`~fedlmc.simulations.config.calibration_holdout` share (seeded by ``(seed,
-    partition-id)``) is held out from training for federated calibration; with no holdout both are
-    the whole partition (in-sample calibration). ``ValueError`` when the share holds out no example
-    or all of them."""
-    share = calibration_holdout(config)
+    """``(train, calibration)`` of one client's partition ``data``: a stratified ``share``
+    (seeded by ``(seed, partition-id)``) is held out from training for federated calibration;
+    with ``share = 0`` both are the whole partition (in-sample calibration). ``ValueError`` when
+    the share holds out no example or all of them."""
     if share == 0.0:
         return data, data
     x, y = data
@@ -180,26 +178,43 @@ def split_for_calibration(
     keep, held = (torch.from_numpy(i) for i in stratified_split(y.numpy(), share, seed))
     if len(held) == 0 or len(keep) == 0:
         raise ValueError(
-            f"calibration-holdout = {share} of partition {partition_id}'s {len(y)} examples "
-            f"holds out {len(held)}; allowed: a share leaving at least one example on each side"
+            f"holdout share (calibration-holdout) = {share} of partition {partition_id}'s "
+            f"{len(y)} examples holds out {len(held)}; allowed: a share leaving at least one "
+            "example on each side"
         )
     return (x[keep], y[keep]), (x[held], y[held])
 
 
-def client_train_data(config: Mapping[str, Any], partition_id: int, num_partitions: int) -> Data:
+def _share(config: Mapping[str, Any], holdout: float | None) -> float:
+    """``holdout``, or, for ``None``, the share the ServerApp's strategies send the clients of
+    the run config ``config`` (:func:`fedlmc.simulations.config.calibration_holdout`)."""
+    return calibration_holdout(config) if holdout is None else float(holdout)
+
+
+def client_train_data(
+    config: Mapping[str, Any],
+    partition_id: int,
+    num_partitions: int,
+    holdout: float | None = None,
+) -> Data:
     """What a client trains on (and measures BatchNorm/REPAIR statistics and activations on): its
-    partition minus the calibration holdout (:func:`split_for_calibration`)."""
+    partition minus the ``holdout`` share (:func:`split_for_calibration`; the ClientApp passes
+    the message's ``holdout-share``, ``None`` is the share the ServerApp sends for ``config``)."""
     data = client_data(config, partition_id, num_partitions)
-    return split_for_calibration(config, data, partition_id)[0]
+    return split_for_calibration(config, data, partition_id, _share(config, holdout))[0]
 
 
 def client_calibration_data(
-    config: Mapping[str, Any], partition_id: int, num_partitions: int
+    config: Mapping[str, Any],
+    partition_id: int,
+    num_partitions: int,
+    holdout: float | None = None,
 ) -> Data:
-    """What a client answers temperature queries on: its held-out share under federated
-    calibration, else its whole partition (:func:`split_for_calibration`)."""
+    """What a client answers temperature queries on: its held-out ``holdout`` share, or its whole
+    partition when the share is 0 (:func:`split_for_calibration`; ``holdout`` as in
+    :func:`client_train_data`)."""
     data = client_data(config, partition_id, num_partitions)
-    return split_for_calibration(config, data, partition_id)[1]
+    return split_for_calibration(config, data, partition_id, _share(config, holdout))[1]
 
 
 def build_from_config(

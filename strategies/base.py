@@ -44,7 +44,13 @@ from flwr.supercore import log
 
 from fedlmc.strategies.flower_compat import construct_messages
 from fedlmc.strategies.options import StrategyOptions
-from fedlmc.strategies.protocol import PARTITION_KEY
+from fedlmc.strategies.protocol import (
+    HOLDOUT_SHARE_KEY,
+    KEEP_MODEL_KEY,
+    KEEP_SEVERAL_QUERIES,
+    PARTITION_KEY,
+    SERVER_ROUND_KEY,
+)
 from fedlmc.strategies.robust import RobustScreen, copy_outliers, weight_outliers
 from fedlmc.strategies.screening import ClientReferences, Reference, WeightBound
 from fedlmc.strategies.strategy_utils import (
@@ -125,9 +131,22 @@ class ScreenedFedAvg(FedAvg):
         return int(self.options.min_clients)
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """The train config of ``server_round`` (adds ``server-round``; subclasses add more)."""
-        config["server-round"] = server_round
+        """The train config of ``server_round``: the caller's ``config`` plus only the protocol
+        keys of :mod:`fedlmc.strategies.protocol`, from this strategy's own settings:
+        ``server-round``, ``holdout-share`` when the clients hold out a share
+        (``options.client_holdout > 0``) and ``keep-model`` when they must keep their trained
+        weights (:meth:`kept_models`)."""
+        config[SERVER_ROUND_KEY] = server_round
+        if (share := self.options.client_holdout) > 0:
+            config[HOLDOUT_SHARE_KEY] = share
+        if (keep := self.kept_models()) is not None:
+            config[KEEP_MODEL_KEY] = keep
         return config
+
+    def kept_models(self) -> str | None:
+        """What the clients do with their trained weights (``keep-model``): kept for several
+        queries with ``options.clients_keep_models``, else nothing (``None``)."""
+        return KEEP_SEVERAL_QUERIES if self.options.clients_keep_models else None
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

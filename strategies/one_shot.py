@@ -17,7 +17,8 @@ the hidden units of models without BatchNorm, and one softmax temperature :math:
 - ``"server"``: on the server's own held-out data (``server_data``); BatchNorm and REPAIR
   statistics come from it too;
 - ``"federated"``: on the clients' held-out data without moving it (each client holds out a
-  share of its partition from training, the run config's ``calibration-holdout``). Every
+  share of its partition from training: ``holdout_share``, sent as ``holdout-share``,
+  :mod:`fedlmc.strategies.protocol`). Every
   data-dependent step after the merge runs on the clients through query rounds
   (:class:`fedlmc.strategies.queries.ClientRounds`): BatchNorm statistics (``query.bn_stats``),
   REPAIR's per-unit statistics (``query.unit_stats``), ``auto``'s calibrated NLLs, and the
@@ -90,7 +91,12 @@ from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec, check_spec
 from fedlmc.strategies.base import ScreenedFedAvg
 from fedlmc.strategies.options import StrategyOptions
-from fedlmc.strategies.protocol import metric_record, record_to_state, state_to_record
+from fedlmc.strategies.protocol import (
+    KEEP_ONE_QUERY,
+    metric_record,
+    record_to_state,
+    state_to_record,
+)
 from fedlmc.strategies.queries import MERGE_QUERIES, ClientRounds
 from fedlmc.strategies.robust import accuracy_outliers
 from fedlmc.strategies.strategy_utils import (
@@ -153,8 +159,9 @@ class OneShotResult(OneShotRound):
 class OneShotAverage(ScreenedFedAvg):
     """Flower ``FedAvg`` turned into a robust one-shot merge with temperature calibration.
 
-    Calibration queries carry the round's train config, so clients see the same run
-    configuration. ``start`` returns a :class:`OneShotResult`.
+    Its messages carry the caller's train config plus only the protocol keys
+    (:mod:`fedlmc.strategies.protocol`: ``server-round``, ``holdout-share``, ``keep-model``);
+    the queries carry the same config. ``start`` returns a :class:`OneShotResult`.
 
     :param template: A model of the clients' architecture (its weights are not used): needed to load
         the merged weights for BN re-estimation and temperature fitting. With ``client_references``
@@ -204,21 +211,13 @@ class OneShotAverage(ScreenedFedAvg):
         )
         log(INFO, "\t└──> Weighted by: '%s'", self.weighted_by_key)
 
-    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """The train config, plus what this strategy's clients need to know whatever the
-        caller's ServerApp sends: ``calibration = "federated"`` (so that clients hold out their
-        calibration share) and, for a merge method that runs on the clients
-        (``activation_federated``), ``strategy = "aligned"`` and ``align`` (so that clients keep
-        their trained model for the align query)."""
-        config = super().round_config(server_round, config)
-        entry = merge_method(self.merge_method)
-        if entry.needs_clients or (self.on_clients and config.get("strategy") != "average"):
-            if entry.name != "average":
-                config["strategy"], config["align"] = "aligned", entry.name
-        if self.on_clients:
-            config["calibration"] = "federated"
-            config.setdefault("strategy", "average")
-        return config
+    def kept_models(self) -> str | None:
+        """``several-queries`` with ``options.clients_keep_models`` (a study queries the
+        collected clients), else ``one-query`` when the merge method queries the clients about
+        their own models (``activation_federated``, ``fisher``, ``regmean``), else ``None``."""
+        if (kept := super().kept_models()) is not None:
+            return kept
+        return KEEP_ONE_QUERY if merge_method(self.merge_method).needs_clients else None
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

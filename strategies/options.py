@@ -25,14 +25,18 @@ from torch import Tensor
 
 from fedlmc.merging.calibrate import temperature_grid
 from fedlmc.merging.post_merge import CALIBRATIONS
-from fedlmc.strategies.protocol import NUM_EXAMPLES_KEY
+from fedlmc.strategies.protocol import HOLDOUT_SHARE_KEY, NUM_EXAMPLES_KEY, holdout_share
 from fedlmc.strategies.robust import CLIENT_CHECKS, RobustScreen
 from fedlmc.strategies.screening import ClientReferences, WeightBound
 from fedlmc.strategies.strategy_utils import check_choice, check_client_counts
 
 Data = tuple[Tensor, Tensor]
 
-__all__ = ["StrategyOptions"]
+__all__ = ["DEFAULT_HOLDOUT_SHARE", "StrategyOptions"]
+
+DEFAULT_HOLDOUT_SHARE = 0.1
+"""The share each client holds out under ``calibration = "federated"`` unless told otherwise
+(the run config's ``calibration-holdout`` default)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,14 @@ class StrategyOptions:
         grid.
     :param temperature_grid_points: One-shot strategies: the federated temperature fit's Newton
         steps and grid.
+    :param holdout_share: The share of its partition each client holds out from training (for the
+        federated temperature fit), sent as ``holdout-share`` in the train message and the queries
+        after it (:mod:`fedlmc.strategies.protocol`); ``None``:
+        :data:`DEFAULT_HOLDOUT_SHARE` under ``calibration = "federated"``, else 0 (nothing sent).
+        0 with federated calibration calibrates in-sample on the training data.
+    :param clients_keep_models: The clients keep their trained weights after the train round,
+        for a study whose several methods query them (``keep-model = "several-queries"``); a
+        merge method of the strategy that queries the clients asks for it itself (``one-query``).
     :param device: One-shot strategies: where the server merges and evaluates (default: CPU, or CUDA
         when ``"cuda"``/``"auto"``).
     """
@@ -93,6 +105,8 @@ class StrategyOptions:
     keep_client_states: bool = False
     temperature_steps: int = 8
     temperature_grid_points: int = 1001
+    holdout_share: float | None = None
+    clients_keep_models: bool = False
     device: str | torch.device | None = None
 
     def __post_init__(self) -> None:
@@ -108,6 +122,8 @@ class StrategyOptions:
                 f"temperature_steps = {self.temperature_steps!r}; allowed: an integer >= 1"
             )
         temperature_grid(int(self.temperature_grid_points))  # ValueError naming the bad value
+        if self.holdout_share is not None:
+            holdout_share({HOLDOUT_SHARE_KEY: self.holdout_share})  # ValueError naming it
         for name, kind in (
             ("weight_bound", WeightBound),
             ("client_references", ClientReferences),
@@ -116,6 +132,13 @@ class StrategyOptions:
             value = getattr(self, name)
             if value is not None and not isinstance(value, kind):
                 raise ValueError(f"{name} = {value!r}; allowed: a {kind.__name__} or None")
+
+    @property
+    def client_holdout(self) -> float:
+        """The share each client holds out (``holdout_share`` resolved: see its parameter)."""
+        if self.holdout_share is not None:
+            return float(self.holdout_share)
+        return DEFAULT_HOLDOUT_SHARE if self.calibration == "federated" else 0.0
 
     def replace(self, **changes: Any) -> StrategyOptions:
         """A copy with ``changes`` (field names; checked like a new object; ``TypeError`` naming

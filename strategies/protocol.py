@@ -1,6 +1,45 @@
 """The client/server protocol: how weights, metrics and query answers travel as Flower records.
 
-Both sides import this module: the ClientApp encodes, the strategies decode. Message types:
+Both sides import this module: the ClientApp encodes, the strategies decode.
+
+Keys a strategy adds to a message. The fedlmc strategies put into their messages' ConfigRecord
+only the caller's ``train_config`` (a ServerApp's own keys, passed through untouched) and the
+keys below, set from the strategy's own arguments (:class:`fedlmc.strategies.StrategyOptions`,
+the merge method); a ClientApp reads these, never the run config, to decide what to hold out
+and what to keep. A client that does not know a key may ignore it (a plain Flower ClientApp
+that trains and replies with ``arrays`` and ``num-examples`` works with the strategies whose
+features need no query round: :data:`PROTOCOL_KEYS`).
+
+| key | carried by | meaning |
+|---|---|---|
+| ``server-round`` (:data:`SERVER_ROUND_KEY`) | ``train`` | the round (1, 2, ...) |
+| ``holdout-share`` (:data:`HOLDOUT_SHARE_KEY`) | ``train`` and every query after it | the \
+share of its partition the client holds out from training (stratified, the same split in every \
+message) and answers ``query.temperature`` on; absent: 0 (in-sample calibration) |
+| ``keep-model`` (:data:`KEEP_MODEL_KEY`) | ``train`` and every query after it | keep the \
+trained weights for later queries about them: ``one-query`` (dropped after the first, one \
+merge) or ``several-queries`` (a study's several methods); absent: keep nothing |
+| ``log-t`` | ``query.temperature`` | the values of ``log T`` to evaluate |
+| ``layers`` | ``query.unit_stats``, ``query.gram`` | the layers asked about |
+
+What a client must answer, by feature (a feature the strategy does not use sends none of its
+queries):
+
+- every strategy: ``train``, replying with one ArrayRecord and a MetricRecord holding
+  ``num-examples`` (``partition-id`` too where partitions are screened by id);
+- federated temperature (``calibration = "federated"``): ``query.temperature`` on the
+  ``holdout-share`` held out at training (``auto`` under federated calibration asks it too,
+  about several models in one message);
+- BatchNorm statistics (``calibration = "federated"`` and a model with BatchNorm):
+  ``query.bn_stats``; REPAIR methods under federated calibration: ``query.unit_stats``;
+- activation matching on the clients (``activation_federated``): keep the model when
+  ``keep-model`` says so, answer ``query.align``; Fisher merging / RegMean on the clients:
+  the same with ``query.fisher`` / ``query.gram``.
+
+With ``calibration = "server"`` or ``"none"`` and a merge method that runs on the server
+(``average``, ``weight_matching``, ``activation_matching``, ...) no query round runs.
+
+Message types:
 
 - ``train`` (Flower's): ``RecordDict({"arrays": ArrayRecord, "config": ConfigRecord})`` in; the
   reply carries one ArrayRecord (the trained weights) and one MetricRecord with at least
@@ -54,6 +93,20 @@ PARTITION_RECORD = "partition"
 """The ConfigRecord the sweep engine adds to every message of a cell (its ``partition-id`` and
 ``num-partitions``); the ClientApp prefers it to its node config."""
 PARTITION_KEY = "partition-id"
+SERVER_ROUND_KEY = "server-round"
+HOLDOUT_SHARE_KEY = "holdout-share"
+"""The share of its partition a client holds out from training for federated calibration."""
+KEEP_MODEL_KEY = "keep-model"
+"""The client keeps its trained weights for later queries about them (:data:`KEEP_CHOICES`)."""
+KEEP_ONE_QUERY = "one-query"
+KEEP_SEVERAL_QUERIES = "several-queries"
+KEEP_CHOICES = (KEEP_ONE_QUERY, KEEP_SEVERAL_QUERIES)
+"""The values of :data:`KEEP_MODEL_KEY`: dropped after the first query that reads the model (one
+merge), or kept (bounded) for a study whose several methods query it."""
+PROTOCOL_KEYS = frozenset({SERVER_ROUND_KEY, HOLDOUT_SHARE_KEY, KEEP_MODEL_KEY})
+"""Every key a fedlmc strategy adds to a train message's ConfigRecord (the module docstring)."""
+QUERY_KEYS = frozenset({"log-t", "layers"})
+"""The keys a query adds to the train config it carries."""
 NUM_PARTITIONS_KEY = "num-partitions"
 NUM_EXAMPLES_KEY = "num-examples"
 ERROR_TRAIN_FAILED = 1001
@@ -74,6 +127,25 @@ HISTORY_KEYS = {
 """Per-epoch history field -> its list-valued key in a train reply's MetricRecord: mean training
 loss and accuracy of each epoch (required together), and the mean loss on the client's held-out
 calibration share after each epoch (only when the client holds one out)."""
+
+
+def holdout_share(config: Mapping[str, Any]) -> float:
+    """The share a message's config tells the client to hold out (:data:`HOLDOUT_SHARE_KEY`; 0
+    when absent); ``ValueError`` naming a value outside ``[0, 1)``."""
+    share = config.get(HOLDOUT_SHARE_KEY, 0.0)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
+        raise ValueError(f"{HOLDOUT_SHARE_KEY} = {share!r}; allowed: a number in [0, 1)")
+    return float(share)
+
+
+def keep_model(config: Mapping[str, Any]) -> str | None:
+    """What a message's config tells the client to do with its trained weights
+    (:data:`KEEP_MODEL_KEY`: one of :data:`KEEP_CHOICES`; ``None`` when absent: keep nothing);
+    ``ValueError`` naming any other value."""
+    keep = config.get(KEEP_MODEL_KEY)
+    if keep is not None and keep not in KEEP_CHOICES:
+        raise ValueError(f"{KEEP_MODEL_KEY} = {keep!r}; allowed: {', '.join(KEEP_CHOICES)}")
+    return keep
 
 
 def state_to_record(state: Mapping[str, Tensor]) -> ArrayRecord:

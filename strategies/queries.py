@@ -113,13 +113,16 @@ class ClientQueryError(ClientsFailedError):
 class ClientRounds:
     """Query rounds on one round's ``survivors`` (see the module docstring).
 
-    ``config`` is the round's train config (sent with every query, so clients see the same run
-    configuration); a query round in which fewer than ``min_clients`` clients answer raises
-    :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError`. Every answer passes the screen
-    of its message type (:mod:`fedlmc.strategies.screening`); a client whose answer fails, errs or
-    does not come is dropped from this and every later query round and recorded in ``dropped`` (a
-    :class:`~fedlmc.strategies.strategy_utils.Failure` with the query as its ``stage``). Counts are
-    bounded by ``weight_bound`` (:class:`~fedlmc.strategies.screening.WeightBound`).
+    ``config`` is the round's train config (sent with every query: the caller's keys and the
+    protocol keys, :mod:`fedlmc.strategies.protocol`, so a client holds out the same
+    ``holdout-share`` and finds the model ``keep-model`` kept); a query round in which fewer
+    than ``min_clients`` clients answer raises
+    :class:`~fedlmc.strategies.strategy_utils.NotEnoughClientsError`. Every answer passes the
+    screen of its message type (:mod:`fedlmc.strategies.screening`); a client whose answer
+    fails, errs or does not come is dropped from this and every later query round and recorded
+    in ``dropped`` (a :class:`~fedlmc.strategies.strategy_utils.Failure` with the query as its
+    ``stage``). Counts are bounded by ``weight_bound``
+    (:class:`~fedlmc.strategies.screening.WeightBound`).
     """
 
     name = "federated"

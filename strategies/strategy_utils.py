@@ -263,6 +263,7 @@ def screen_reply(
     epochs: int | None = None,
     assigned: Mapping[int, int] | None = None,
     senders: Senders | None = None,
+    places: Mapping[int, int] | None = None,
 ) -> ClientUpdate | Failure:
     """The reply as a :class:`ClientUpdate`, or the :class:`Failure` saying why it is dropped
     (the train screen of :mod:`fedlmc.strategies.screening`; with
@@ -272,7 +273,9 @@ def screen_reply(
     partition id, a simulation's own assignment): the partition the reply must claim, and the
     one a failure is named by; ``senders``: the node an error reply answers for and the
     partition it claimed earlier (:class:`Senders`), which names a failure where nothing was
-    assigned."""
+    assigned. A reply without ``partition-id`` (a plain Flower ClientApp's: ``arrays`` and
+    ``num-examples`` only) is its node's assigned partition, else its node's place in
+    ``places`` (node id -> index among the nodes asked)."""
     senders = senders or Senders()
     node = senders.node_of(message)
     known = None if assigned is None else assigned.get(node)
@@ -290,7 +293,10 @@ def screen_reply(
     try:
         record = single_record(content.array_records, "ArrayRecord")
         metrics = dict(single_record(content.metric_records, "MetricRecord"))
-        partition_id = check_partition_id(metrics.get(PARTITION_KEY), num_partitions)
+        claimed = metrics.get(PARTITION_KEY, known)
+        if claimed is None and places is not None:
+            claimed = places.get(node)
+        partition_id = check_partition_id(claimed, num_partitions)
         if known is not None and partition_id != known:
             partition_id = known
             raise ScreenError(
@@ -362,7 +368,14 @@ def screen_replies(
         replied.add(senders.node_of(message))
         screened.append(
             screen_reply(
-                message, reference, weighted_by_key, num_partitions, epochs, assigned, senders
+                message,
+                reference,
+                weighted_by_key,
+                num_partitions,
+                epochs,
+                assigned,
+                senders,
+                places={int(n): index for index, n in enumerate(sorted(sent_to))},
             )
         )
     updates = [u for u in screened if isinstance(u, ClientUpdate)]

@@ -38,6 +38,7 @@ from fedlmc.strategies.protocol import (
     NUM_PARTITIONS_KEY,
     PARTITION_KEY,
     PARTITION_RECORD,
+    holdout_share,
     record_to_state,
     state_to_record,
 )
@@ -173,7 +174,7 @@ def statistics_for_merge(
         "statistics_seed": statistics_seed(config["seed"], pid),
     }
     entry = merge_method(str(fit_config[MERGE_KEY]))
-    data = client_train_data(config, pid, num_partitions)
+    data = client_train_data(config, pid, num_partitions, holdout_share(fit_config))
     return entry.secure.secure_sums.client_parts(model.eval(), data, options)
 
 
@@ -266,7 +267,7 @@ def secure_temperature_reply(
     model = build_from_config(config, load_splits(config))
     keys = list(model.state_dict())
     model.load_state_dict({k: torch.as_tensor(a) for k, a in zip(keys, arrays, strict=True)})
-    x, y = client_calibration_data(config, pid, num_partitions)
+    x, y = client_calibration_data(config, pid, num_partitions, holdout_share(fit_config))
     logits = predict_logits(model.to(device_of(config)).eval(), x)
     stats = temperature_statistics(logits, y, float(fit_config[LOG_T_KEY]))
     means = np.array([stats.nll_sum, stats.grad_sum, stats.hess_sum]) / max(stats.count, 1)

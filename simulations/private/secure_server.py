@@ -48,6 +48,7 @@ from fedlmc.merging.methods import merge_method
 from fedlmc.merging.post_merge import ServerData, post_merge
 from fedlmc.simulations.config.field_keys import field_method_options
 from fedlmc.simulations.records.server_outcome import ServerRun, width_columns
+from fedlmc.strategies.protocol import HOLDOUT_SHARE_KEY
 from fedlmc.strategies.secure import (
     CLIPPING_KEY,
     MAX_WEIGHT_KEY,
@@ -90,12 +91,18 @@ def secure_fit_config(
     method: str = "average",
     weights_bound: float | None = None,
 ) -> dict:
-    """What the secure round sends every client: the run config, the round, the clients'
+    """What the secure round sends every client: the run config, the round, the share each
+    client holds out for federated calibration (``holdout-share``,
+    :mod:`fedlmc.strategies.protocol`, when it is not 0), the clients'
     check values (the clipping range and ``max_weight``), the merge ``method`` whose
     ``sum_exponents`` they pre-scale by and, for a rule of several sums, the weight range
     ``weights_bound`` (:func:`fedlmc.strategies.secure_statistics.weight_range`)."""
+    from fedlmc.simulations.config.derived import calibration_holdout
+
     sent = {k: v for k, v in config.items()}
     sent.update({"server-round": 1, CLIPPING_KEY: float(clipping), MAX_WEIGHT_KEY: max_weight})
+    if (share := calibration_holdout(config)) > 0:
+        sent[HOLDOUT_SHARE_KEY] = share
     sent[MERGE_KEY] = method
     if weights_bound is not None:
         sent[WEIGHT_RANGE_KEY] = float(weights_bound)
@@ -200,7 +207,7 @@ def run_secure_average(run: ServerRun) -> None:
     temperature = reference
     if config["calibration"] == "federated":
         fitted = secure_temperature(  # on the clients that survived the average's round
-            grid, finished.state, n, config, settings.max_weight, timeout
+            grid, finished.state, n, sent, settings.max_weight, timeout
         )
         outcome.secure[f"{method}_t"] = fitted
         temperature = fitted.temperature

@@ -47,6 +47,8 @@ TINY = {
     "timeout": 120.0,
 }
 FEDERATED = {**TINY, "strategy": "aligned", "calibration": "federated"}
+HOLDOUT = {"holdout-share": 0.1}  # what a strategy with calibration = "federated" sends
+KEEP = {**HOLDOUT, "keep-model": "one-query"}  # ... and with a merge that queries its clients
 
 
 # ----------------------------------------------------------------------------- holdout
@@ -55,7 +57,7 @@ FEDERATED = {**TINY, "strategy": "aligned", "calibration": "federated"}
 def test_federated_calibration_holds_out_a_stratified_share_never_trained_on():
     config = validate_run_config({**FEDERATED, "align": "weight_matching"})
     (x, y) = client_data(config, 1, 2)
-    (xt, yt), (xh, yh) = split_for_calibration(config, (x, y), 1)
+    (xt, yt), (xh, yh) = split_for_calibration(config, (x, y), 1, 0.1)
     assert len(yh) == round(0.1 * len(y)) and len(yt) + len(yh) == len(y)
     rows = {tuple(r.tolist()) for r in x.flatten(1)[:, ::7]}
     held = {tuple(r.tolist()) for r in xh.flatten(1)[:, ::7]}
@@ -86,8 +88,8 @@ def test_bad_holdout_is_refused_with_the_value_and_what_is_allowed():
         validate_run_config({**FEDERATED, "calibration-holdout": 1.0})
     config = validate_run_config({**FEDERATED, "calibration-holdout": 0.01})
     x, y = client_data(config, 0, 2)
-    with pytest.raises(ValueError, match="calibration-holdout = 0.01 of partition 0's 20"):
-        split_for_calibration(config, (x[:20], y[:20]), 0)
+    with pytest.raises(ValueError, match=r"\(calibration-holdout\) = 0.01 of partition 0's 20"):
+        split_for_calibration(config, (x[:20], y[:20]), 0, 0.01)
 
 
 # ----------------------------------------------------------------------------- ClientApp
@@ -116,7 +118,7 @@ def ask(context: Context, message_type: str, config: dict, arrays=None) -> Messa
 def test_client_side_activation_matching_uses_the_model_kept_in_its_context(task_identity):
     config = {**FEDERATED, "align": "activation_federated"}
     context = node_context(1)
-    trained = ask(context, "train", {**config, "server-round": 1})
+    trained = ask(context, "train", {**config, **KEEP, "server-round": 1})
     own = {
         k: torch.from_numpy(a.numpy().copy())
         for k, a in next(iter(trained.content.array_records.values())).items()
@@ -127,7 +129,7 @@ def test_client_side_activation_matching_uses_the_model_kept_in_its_context(task
     resolved = validate_run_config(config)
     splits = load_splits(resolved)
     reference = build_from_config(resolved, splits, seed=11).eval()
-    reply = ask(context, "query.align", config, state_to_record(reference.state_dict()))
+    reply = ask(context, "query.align", {**config, **KEEP}, state_to_record(reference.state_dict()))
     perms, digest = permutations_from_content(reply.content)
     assert digest == state_digest(own)
     own_model = load_state(build_from_config(resolved, splits), own).eval()
@@ -141,8 +143,27 @@ def test_client_side_activation_matching_uses_the_model_kept_in_its_context(task
         == 4
     )
 
-    again = ask(context, "query.align", config, state_to_record(reference.state_dict()))
+    again = ask(context, "query.align", {**config, **KEEP}, state_to_record(reference.state_dict()))
     assert again.has_error() and "no trained model of this cell kept" in again.error.reason
+
+
+def test_the_client_holds_out_and_keeps_what_the_message_says_not_what_the_run_config_says(
+    task_identity,
+):
+    """A run config of federated client-side matching without the protocol keys: no holdout, no
+    kept model; the protocol keys without such a run config: both."""
+    config = {**FEDERATED, "align": "activation_federated"}
+    resolved = validate_run_config(config)
+    context = node_context(0)
+    plain = ask(context, "train", {**config, "server-round": 1})
+    assert plain.content["metrics"]["num-examples"] == len(client_data(resolved, 0, 2)[1])
+    assert "epoch-calibration-loss" not in plain.content["metrics"]
+    assert not list(context.state.array_records)
+    told = ask(context, "train", {**TINY, **KEEP, "server-round": 1})
+    held = len(client_train_data(validate_run_config(TINY), 0, 2, holdout=0.1)[1])
+    assert told.content["metrics"]["num-examples"] == held < len(client_data(resolved, 0, 2)[1])
+    assert len(told.content["metrics"]["epoch-calibration-loss"]) == 1
+    assert len(list(context.state.array_records)) == 1
 
 
 def test_one_temperature_query_answers_for_several_models(task_identity):
@@ -155,7 +176,8 @@ def test_one_temperature_query_answers_for_several_models(task_identity):
     splits = load_splits(resolved)
     models = [build_from_config(resolved, splits, seed=s).eval() for s in (1, 2, 3)]
     content = models_query_content(
-        [state_to_record(m.state_dict()) for m in models], {**config, "log-t": [-1.0, 0.5]}
+        [state_to_record(m.state_dict()) for m in models],
+        {**config, **HOLDOUT, "log-t": [-1.0, 0.5]},
     )
     message = Message(content, dst_node_id=100, message_type="query.temperature")
     reply = app(message, node_context(0))
@@ -186,7 +208,7 @@ def test_unit_stats_query_returns_the_moments_of_the_named_layers(task_identity)
     reply = ask(
         node_context(0),
         "query.unit_stats",
-        {**config, "layers": ["hidden.1.linear"]},
+        {**config, **HOLDOUT, "layers": ["hidden.1.linear"]},
         state_to_record(model.state_dict()),
     )
     got = unit_stats_from_content(reply.content)

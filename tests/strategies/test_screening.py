@@ -352,9 +352,8 @@ def test_the_weight_bound_constant_is_documented_in_the_docs():
 def test_a_strategy_tells_its_clients_what_they_need_in_a_users_own_server_app():
     from flwr.app import ConfigRecord as Record
 
-    from fedlmc.simulations.config import calibration_holdout, keeps_trained_model
-    from fedlmc.simulations.task import client_run_config
     from fedlmc.strategies import PermutationAlignedAverage
+    from fedlmc.strategies.protocol import PROTOCOL_KEYS, holdout_share, keep_model
 
     readme_config = {"model": "mlp", "width": 0.5, "depth": 2, "base-hidden": 64, "epochs": 2}
     strategy = PermutationAlignedAverage(
@@ -362,17 +361,24 @@ def test_a_strategy_tells_its_clients_what_they_need_in_a_users_own_server_app()
         StrategyOptions(num_clients=2, calibration="federated"),
         method="activation_federated",
     )
-    sent = strategy.round_config(1, Record(dict(readme_config)))
-    client = client_run_config({}, dict(sent))  # what the ClientApp works with
-    assert keeps_trained_model(client)  # kept for the align query: no LookupError
-    assert calibration_holdout(client) == pytest.approx(0.1)  # a held-out share to calibrate on
-    plain = OneShotAverage(tiny(0), StrategyOptions(num_clients=2, calibration="federated"))
-    assert calibration_holdout(client_run_config({}, dict(plain.round_config(1, Record({}))))) > 0
+    sent = dict(strategy.round_config(1, Record(dict(readme_config))))
+    assert set(sent) - set(readme_config) <= PROTOCOL_KEYS  # no run-config key of fedlmc's
+    assert keep_model(sent) == "one-query"  # kept for the align query: no LookupError
+    assert holdout_share(sent) == pytest.approx(0.1)  # a held-out share to calibrate on
+    plain = OneShotAverage(
+        tiny(0), StrategyOptions(num_clients=2, calibration="federated", holdout_share=0.25)
+    )
+    assert holdout_share(dict(plain.round_config(1, Record({})))) == 0.25
+    assert keep_model(dict(plain.round_config(1, Record({})))) is None
     server = OneShotAverage(tiny(0), StrategyOptions(num_clients=2, calibration="none"))
     assert dict(server.round_config(1, Record({"strategy": "compare"}))) == {
         "strategy": "compare",
         "server-round": 1,
     }
+    study = OneShotAverage(tiny(0), num_clients=2, calibration="none", clients_keep_models=True)
+    assert keep_model(dict(study.round_config(1, Record({})))) == "several-queries"
+    with pytest.raises(ValueError, match=r"holdout-share = 1.0; allowed: a number in \[0, 1\)"):
+        OneShotAverage(tiny(0), num_clients=2, calibration="federated", holdout_share=1.0)
 
 
 def test_the_model_factory_allow_list_refuses_what_it_does_not_name(monkeypatch):
