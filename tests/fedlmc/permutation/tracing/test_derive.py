@@ -15,14 +15,10 @@ from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import (
     PermutationSpec,
     apply_permutation,
-    check_spec,
     derive_layer_names,
     derive_spec,
     invert_permutation,
-    permutation_spec,
     random_permutations,
-    restrict_spec,
-    spec_from_groups,
 )
 from fedlmc.permutation import tracing as spec_tracing
 from fedlmc.permutation.matching import weight_matching
@@ -91,22 +87,6 @@ def test_derived_spec_equals_hand_written(name, norm):
         expected = written.activation_modules[by_axes_written[axes]]
         assert derived.activation_modules[group] == expected
     assert derive_layer_names(model, x) == model.layer_names
-
-
-def test_permutation_spec_keeps_built_in_specs_and_derives_for_others():
-    model = build_model("mlp", width=0.25, base_hidden=16, in_shape=(1, 4, 4))
-    assert permutation_spec(model) == model.permutation_spec()
-    assert permutation_spec(model, torch.randn(2, 1, 4, 4)) == model.permutation_spec()
-
-    plain = nn.Sequential(nn.Flatten(), nn.Linear(16, 5), nn.ReLU(), nn.Linear(5, 3))
-    with pytest.raises(ValueError, match="Sequential.*example_input"):
-        permutation_spec(plain)
-    spec = permutation_spec(plain, torch.randn(2, 1, 4, 4))
-    assert spec.perm_to_axes == {"1": [("1.weight", 0), ("1.bias", 0), ("3.weight", 1)]}
-    assert spec.activation_modules == {"1": "2"}
-
-    plain.config = {"in_shape": (1, 4, 4)}  # a registry-built model without a spec method
-    assert permutation_spec(plain) == spec
 
 
 # ----------------------------------------------------------------------------- other models
@@ -409,21 +389,6 @@ def test_unknown_function_ends_its_group_and_a_wrong_rule_is_caught(monkeypatch)
         derive_spec(model, x)
 
 
-def test_check_spec_names_the_group_that_breaks_equivalence():
-    torch.manual_seed(0)
-    model = build_model("mlp", width=0.25, base_hidden=16, in_shape=(1, 4, 4)).eval()
-    x = torch.randn(2, 1, 4, 4)
-    good = model.permutation_spec()
-    check_spec(model, good, x)
-    groups = {
-        g: [a for a in axes if a != ("hidden.2.linear.weight", 1)]
-        for g, axes in good.perm_to_axes.items()
-    }
-    bad = spec_from_groups(groups, good.activation_modules, model.state_dict())
-    with pytest.raises(ValueError, match="group 'hidden.1' .*not a symmetry"):
-        check_spec(model, bad, x)
-
-
 # ----------------------------------------------------------------------------- more structure
 
 
@@ -504,19 +469,3 @@ def test_reshape_runs_match_axes_of_equal_product():
     assert runs((2, 8, 3, 3), (2, 72)) == [([0], [0]), ([1, 2, 3], [1])]
     assert runs((1, 8, 1, 1), (8,)) == [([1], [0])]
     assert runs((2, 6), (2, 4)) is None
-
-
-def test_restrict_spec_permutes_only_the_kept_groups():
-    torch.manual_seed(0)
-    model = build_model("mlp", width=0.25, base_hidden=16, in_shape=(1, 4, 4))
-    spec, state = model.permutation_spec(), model.state_dict()
-    only = restrict_spec(spec, ["hidden.1"])
-    assert list(only.perm_to_axes) == ["hidden.1"]
-    assert only.axes_to_perm["hidden.1.linear.weight"] == ("hidden.1", None)
-    assert "hidden.0.linear.bias" not in only.axes_to_perm
-    perms = random_permutations(spec, state, seed=2)
-    restricted = apply_permutation(only, {"hidden.1": perms["hidden.1"]}, state)
-    full = apply_permutation(spec, {"hidden.1": perms["hidden.1"]}, state)
-    assert all(torch.equal(restricted[key], full[key]) for key in state)
-    with pytest.raises(ValueError, match="unknown permutation group 'nope'"):
-        restrict_spec(spec, ["nope"])
