@@ -35,10 +35,16 @@ def linear(seed: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(16, 10)).eval()
 
 
-def averaged(seeds):
+def averaged(seeds, lambdas: int = 5):
     states = [linear(s).state_dict() for s in seeds]
     context = study_context(
-        linear(0), states, None, splits(), device=torch.device("cpu"), diagnostics=False, lambdas=5
+        linear(0),
+        states,
+        None,
+        splits(),
+        device=torch.device("cpu"),
+        diagnostics=False,
+        lambdas=lambdas,
     )
     return context, merge_in_context(context, "average")
 
@@ -56,7 +62,7 @@ def test_the_two_client_curve_of_a_linear_model_has_no_raw_loss_barrier():
 
 
 def test_client_paths_to_the_merge_of_a_linear_model_have_no_raw_loss_barrier():
-    columns = client_barrier_columns(*averaged((1, 2, 3)))
+    columns = client_barrier_columns(*averaged((1, 2, 3), lambdas=3))
     assert columns["client_to_merge_path_loss_barrier_half_worst"] <= 0
     assert columns["client_to_merge_path_loss_barrier_max_worst"] == pytest.approx(0, abs=1e-12)
     for key in ("half", "half_calibrated", "max", "max_calibrated"):
@@ -72,7 +78,7 @@ def test_the_pairwise_matrix_is_symmetric_with_a_zero_diagonal_and_matches_the_c
         assert all(matrix[i][j] == matrix[j][i] for i in range(3) for j in range(3))
     raw = json.loads(columns["pairwise_loss_barrier_half"])
     assert all(raw[i][j] < 0 for i in range(3) for j in range(3) if i != j)
-    pair = curve_columns(*averaged((1, 2)))  # clients 0 and 1 of the three, unaligned
+    pair = curve_columns(*averaged((1, 2), lambdas=3))  # clients 0 and 1 of the three, unaligned
     assert raw[0][1] == pytest.approx(pair["loss_barrier_half"], rel=1e-9)
 
 
