@@ -22,7 +22,6 @@ from fedlmc.averaging import average, load_state
 from fedlmc.data.loading import load_dataset
 from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
-from fedlmc.permutation import permutation_spec
 from fedlmc.permutation.chain import chain_layers, depth_weighted_bias_average, norm_free_chain
 from fedlmc.simulations.config import ConfigError, canonical_run_config, validate_run_config
 from fedlmc.study.compare import compare_methods
@@ -207,19 +206,6 @@ def test_a_residual_network_has_no_lewc_numbers(splits):
     assert row["recip_orth_mean"] == 0.0  # both sufficient conditions hold, LEWC has no exponent
     with pytest.raises(ValueError, match="not one chain"):
         merge_states("average_lewc_bias", template, pair)
-
-
-def test_chains_are_read_from_any_spec_and_norms_are_refused():
-    vgg = build_model("vgg11", width=0.125, norm="none")
-    assert len(chain_layers(vgg.permutation_spec(), vgg.state_dict())) == len(vgg.layer_names)
-    plain = nn.Sequential(
-        nn.Flatten(), nn.Linear(784, 8), nn.ReLU(), nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 10)
-    )
-    spec = permutation_spec(plain, torch.rand(2, 1, 28, 28))
-    assert chain_layers(spec, plain.state_dict()) == ["1", "3", "5"]
-    bn = build_model("mlp", width=0.125, norm="bn")
-    with pytest.raises(ValueError, match="norm-free"):
-        norm_free_chain(bn.permutation_spec(), bn.state_dict())
 
 
 def test_dead_units_and_bias_shares_show_a_merge_that_passes_only_its_biases():

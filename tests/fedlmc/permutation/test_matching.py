@@ -16,19 +16,14 @@ from fedlmc.permutation import (
     permutation_spec,
     random_permutations,
 )
-from fedlmc.permutation.coordinate_descent import _WeightMatcher
 from fedlmc.permutation.matching import (
     ALIGNMENTS,
-    Matching,
     activation_matching,
     align_to_reference,
-    is_scored,
     matching_objective,
     merge_many,
-    scored_keys,
     weight_matching,
 )
-from fedlmc.permutation.objective import solve_max_assignment
 
 MNIST = (1, 28, 28)
 CIFAR = (3, 32, 32)
@@ -91,16 +86,6 @@ def rel_err(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((x - y).norm() / y.norm())
 
 
-@pytest.mark.parametrize(("name", "width", "in_shape", "norm"), CASES, ids=IDS)
-def test_weight_matching_recovers_a_random_permutation_exactly(name, width, in_shape, norm):
-    model = make(name, width, in_shape, norm, seed=0)
-    spec, sd, permuted, applied = permuted_copy(model, seed=7)
-    found = weight_matching(spec, sd, permuted)
-    assert isinstance(found, Matching)
-    assert_recovers(spec, sd, permuted, applied, found)
-    assert found.objectives[-1] == pytest.approx(matching_objective(spec, sd, sd), rel=1e-6)
-
-
 @pytest.mark.parametrize(
     ("name", "width", "in_shape", "norm"),
     [
@@ -119,122 +104,6 @@ def test_activation_matching_recovers_a_random_permutation_exactly(name, width, 
     found = activation_matching(model, other, x, batch_size=24)
     assert model.training and not other.training
     assert_recovers(spec, sd, permuted, applied, found)
-
-
-@pytest.mark.parametrize(("name", "width", "in_shape", "norm"), CASES, ids=IDS)
-def test_weight_aligned_model_computes_the_same_function(name, width, in_shape, norm):
-    model_a = make(name, width, in_shape, norm, seed=0)
-    model_b = make(name, width, in_shape, norm, seed=1)
-    spec = permutation_spec(model_a)
-    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
-    found = weight_matching(spec, sd_a, sd_b, seed=5)
-    aligned = load_state(model_b, apply_permutation(spec, found, sd_b))
-    assert rel_err(logits(aligned, in_shape), logits(model_b, in_shape)) < 1e-5
-    # the descent never loses ground and ends above the unaligned objective
-    at_identity = matching_objective(spec, sd_a, sd_b)
-    objectives = found.objectives
-    assert all(b >= a - 1e-12 * abs(a) for a, b in zip(objectives, objectives[1:], strict=False))
-    assert objectives[-1] > at_identity
-    final = matching_objective(spec, sd_a, sd_b, found)  # exact, float64
-    assert final > at_identity
-    assert objectives[-1] == pytest.approx(final, rel=1e-6)
-    # at convergence no single group can be improved: re-running from the result changes nothing
-    again = weight_matching(spec, sd_a, sd_b, seed=9, init_perms=found)
-    assert all(torch.equal(again[g], found[g]) for g in found)
-
-
-@pytest.mark.parametrize(
-    ("name", "width", "in_shape", "norm"),
-    [("mlp", 1.0, MNIST, "none"), ("vgg11", 0.125, CIFAR, "bn"), ("resnet20", 0.25, CIFAR, "ln")],
-)
-def test_float32_cost_matrices_take_the_float64_path(name, width, in_shape, norm):
-    """Cost matrices held in float32 (the default) give the float64 matrices' permutations and
-    objectives, on a planted permutation (recovered exactly) and on independent models."""
-    model_a = make(name, width, in_shape, norm, seed=0)
-    spec, sd, permuted, applied = permuted_copy(model_a, seed=2)
-    for float64_costs in (False, True):
-        found = weight_matching(spec, sd, permuted, float64_costs=float64_costs)
-        assert_recovers(spec, sd, permuted, applied, found)
-    sd_b = make(name, width, in_shape, norm, seed=1).state_dict()
-    single = weight_matching(spec, sd, sd_b, seed=3)
-    double = weight_matching(spec, sd, sd_b, seed=3, float64_costs=True)
-    for group in single:
-        assert torch.equal(single[group], double[group]), group
-    assert single.objectives == pytest.approx(double.objectives, rel=1e-7)  # gains from A_p
-    perms = identity_permutations(spec, sd)
-    group = next(iter(spec.perm_to_axes))
-    assert _WeightMatcher(spec, sd, sd_b).matrix(group, perms).dtype == torch.float32
-    assert _WeightMatcher(spec, sd, sd_b, True).matrix(group, perms).dtype == torch.float64
-
-
-@pytest.mark.parametrize("name", ["mlp", "resnet20"])
-def test_cost_matrices_and_exact_gain_match_the_objective(name):
-    """The incrementally updated A_p gives J's change for any new perm of group p."""
-    in_shape = MNIST if name == "mlp" else CIFAR
-    model_a = make(name, 0.25, in_shape, "ln", seed=0)
-    model_b = make(name, 0.25, in_shape, "ln", seed=1)
-    spec = permutation_spec(model_a)
-    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
-    matcher = _WeightMatcher(spec, sd_a, sd_b)
-    perms = random_permutations(spec, sd_a, seed=0)
-    for group in spec.perm_to_axes:  # build every A_p once
-        matcher.matrix(group, perms)
-    for step, group in enumerate(spec.perm_to_axes):  # move a few units of each group in turn
-        new = perms[group].clone()
-        new[:3] = new[:3].roll(1)
-        perms = {**perms, group: new}
-        target = list(spec.perm_to_axes)[(step + 1) % len(spec.perm_to_axes)]
-        cost = matcher.matrix(target, perms)  # low-rank update
-        candidate = torch.randperm(len(cost), generator=torch.Generator().manual_seed(step))
-        moved = {**perms, target: candidate}
-        expected = matching_objective(spec, sd_a, sd_b, moved) - matching_objective(
-            spec, sd_a, sd_b, perms
-        )
-        rows = torch.arange(len(cost))
-        from_cost = float(cost[rows, candidate].sum() - cost[rows, perms[target]].sum())
-        exact = matcher.exact_gain(target, perms, perms[target], candidate)
-        assert exact == pytest.approx(expected, rel=1e-9, abs=1e-9)
-        assert from_cost == pytest.approx(expected, rel=1e-4, abs=1e-5)
-
-
-def test_weight_matching_is_deterministic_and_seed_controls_the_order():
-    model_a = make("mlp", 0.5, MNIST, "none", seed=0)
-    model_b = make("mlp", 0.5, MNIST, "none", seed=1)
-    spec = permutation_spec(model_a)
-    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
-    first = weight_matching(spec, sd_a, sd_b, seed=3)
-    second = weight_matching(spec, sd_a, sd_b, seed=3)
-    assert all(torch.equal(first[g], second[g]) for g in first)
-    assert first.objectives == second.objectives
-
-
-def test_max_iter_bounds_the_number_of_sweeps():
-    model_a = make("mlp", 0.5, MNIST, "none", seed=0)
-    model_b = make("mlp", 0.5, MNIST, "none", seed=1)
-    spec = permutation_spec(model_a)
-    found = weight_matching(spec, model_a.state_dict(), model_b.state_dict(), max_iter=1)
-    assert len(found.objectives) == 1
-
-
-@pytest.mark.parametrize("kind", ["gaussian", "ties", "low_rank"])
-def test_reduced_assignment_is_a_maximum_weight_assignment(kind):
-    """Solving the row/column-reduced minimisation gives scipy's maximum value, also with ties."""
-    from scipy.optimize import linear_sum_assignment
-
-    generator = torch.Generator().manual_seed(0)
-    n = 60
-    if kind == "gaussian":
-        cost = torch.randn(n, n, generator=generator, dtype=torch.float64)
-    elif kind == "ties":
-        cost = torch.randint(-3, 4, (n, n), generator=generator).double()
-    else:
-        cost = torch.randn(n, 3, generator=generator, dtype=torch.float64)
-        cost = cost @ torch.randn(3, n, generator=generator, dtype=torch.float64)
-    found = solve_max_assignment(cost)
-    assert torch.equal(found.sort().values, torch.arange(n))
-    rows, cols = linear_sum_assignment(cost.numpy(), maximize=True)
-    best = cost.numpy()[rows, cols].sum()
-    assert cost[torch.arange(n), found].sum().item() == pytest.approx(best, rel=0, abs=1e-9)
 
 
 def test_activation_aligned_model_computes_the_same_function():
@@ -346,49 +215,6 @@ def with_random_statistics(sd: dict, seed: int) -> dict:
         elif key.endswith("running_var"):
             out[key] = 100.0 * torch.rand(value.shape, generator=generator) + 0.1
     return out
-
-
-@pytest.mark.parametrize(
-    ("name", "width", "in_shape", "norm"),
-    [
-        ("mlp", 0.25, MNIST, "bn"),
-        ("vgg11", 0.125, (1, 8, 8), "bn"),
-        ("resnet20", 0.25, CIFAR, "bn"),
-    ],
-)
-def test_weight_matching_ignores_batchnorm_running_statistics(name, width, in_shape, norm):
-    model_a = make(name, width, in_shape, norm, seed=0)
-    model_b = make(name, width, in_shape, norm, seed=1)
-    spec = permutation_spec(model_a)
-    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
-    statistics = [k for k in spec.axes_to_perm if k.endswith(("running_mean", "running_var"))]
-    assert statistics and not any(is_scored(k) for k in statistics)
-    assert set(scored_keys(spec)) == set(spec.axes_to_perm) - set(statistics)
-    assert all(is_scored(k) for k in sd_a if k.endswith((".weight", ".bias")))
-    odd_b = with_random_statistics(sd_b, seed=2)
-    found = weight_matching(spec, sd_a, sd_b, seed=3)
-    odd = weight_matching(spec, with_random_statistics(sd_a, seed=4), odd_b, seed=3)
-    for group in found:
-        assert torch.equal(found[group], odd[group]), group
-    assert odd.objectives == pytest.approx(found.objectives, rel=1e-12)
-    assert matching_objective(spec, sd_a, odd_b, found) == pytest.approx(
-        matching_objective(spec, sd_a, sd_b, found), rel=1e-12
-    )
-    # a permuted copy whose statistics were replaced is still recovered exactly, statistics
-    # permuted along with their units
-    spec, sd, permuted, applied = permuted_copy(model_a, seed=5)
-    odd_permuted = with_random_statistics(permuted, seed=6)
-    recovered = weight_matching(spec, sd, odd_permuted)
-    for group, perm in applied.items():
-        assert torch.equal(recovered[group], invert_permutation(perm)), group
-    restored = apply_permutation(spec, recovered, odd_permuted)
-    odd_original = apply_permutation(
-        spec, {g: invert_permutation(p) for g, p in applied.items()}, odd_permuted
-    )
-    for key in sd:
-        assert torch.equal(restored[key], odd_original[key]), key
-        if is_scored(key):
-            assert torch.equal(restored[key], sd[key]), key
 
 
 def test_merge_many_ignores_batchnorm_running_statistics():

@@ -1,7 +1,6 @@
 """Tests of fedlmc.study.context (the frozen StudyContext) and of fedlmc.study.compare's
 ``study_context``, which builds it from ``compare_methods``' arguments: weights normalised,
-settings read-only, the diagnostics' inputs and layers found, and the one merge of
-fedlmc.study.merge reading the context."""
+settings read-only, the diagnostics' inputs and layers found."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from fedlmc.data.loading import DataSplits
 from fedlmc.models.classifiers import build_model
 from fedlmc.study.compare import study_context
 from fedlmc.study.context import StudyContext
-from fedlmc.study.merge import merge_clients, merge_in_context
 
 
 def tiny_splits() -> DataSplits:
@@ -82,19 +80,3 @@ def test_server_data_is_none_for_an_empty_server_split():
     context = StudyContext(mlp(0), (), (), empty, torch.device("cpu"))
     assert context.server_data is None
     assert StudyContext(mlp(0), (), (), splits, torch.device("cpu")).server_data is not None
-
-
-def test_merge_in_context_is_the_weighted_average_and_merge_clients_agrees():
-    splits = tiny_splits()
-    template = mlp(0)
-    states = [mlp(1).state_dict(), mlp(2).state_dict()]
-    context = study_context(
-        template, states, [3, 1], splits, device=torch.device("cpu"), diagnostics=False
-    )
-    merged = merge_in_context(context, "average")
-    for key, value in merged.state.items():
-        assert torch.allclose(value, 0.75 * states[0][key] + 0.25 * states[1][key]), key
-    state, info = merge_clients("average_t", template, states, [3, 1], splits)
-    assert info["method"] == "average" and info["bn_reset"] is False
-    for key in state:
-        assert torch.equal(state[key], merged.state[key]), key

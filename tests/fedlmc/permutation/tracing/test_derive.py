@@ -15,16 +15,11 @@ from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import (
     PermutationSpec,
     apply_permutation,
-    check_spec,
     derive_layer_names,
     derive_spec,
     invert_permutation,
-    permutation_spec,
     random_permutations,
-    restrict_spec,
-    spec_from_groups,
 )
-from fedlmc.permutation import tracing as spec_tracing
 from fedlmc.permutation.matching import weight_matching
 from fedlmc.permutation.tracing import SpecDerivationWarning
 
@@ -93,22 +88,6 @@ def test_derived_spec_equals_hand_written(name, norm):
     assert derive_layer_names(model, x) == model.layer_names
 
 
-def test_permutation_spec_keeps_built_in_specs_and_derives_for_others():
-    model = build_model("mlp", width=0.25, base_hidden=16, in_shape=(1, 4, 4))
-    assert permutation_spec(model) == model.permutation_spec()
-    assert permutation_spec(model, torch.randn(2, 1, 4, 4)) == model.permutation_spec()
-
-    plain = nn.Sequential(nn.Flatten(), nn.Linear(16, 5), nn.ReLU(), nn.Linear(5, 3))
-    with pytest.raises(ValueError, match="Sequential.*example_input"):
-        permutation_spec(plain)
-    spec = permutation_spec(plain, torch.randn(2, 1, 4, 4))
-    assert spec.perm_to_axes == {"1": [("1.weight", 0), ("1.bias", 0), ("3.weight", 1)]}
-    assert spec.activation_modules == {"1": "2"}
-
-    plain.config = {"in_shape": (1, 4, 4)}  # a registry-built model without a spec method
-    assert permutation_spec(plain) == spec
-
-
 # ----------------------------------------------------------------------------- other models
 
 
@@ -157,18 +136,6 @@ def test_small_cnn_with_global_pooling_permutes_every_hidden_layer():
     }
     assert_symmetry(model, spec, x)
     assert derive_layer_names(model, x) == ["features.2", "features.6", "head.2", "head.4"]
-
-
-def test_flatten_of_a_feature_map_ends_the_group_of_the_last_conv():
-    torch.manual_seed(0)
-    model, x = randomize_norms(SmallCNN(pool=False)), torch.randn(2, 3, 8, 8)
-    with pytest.warns(SpecDerivationWarning, match="features.4.*reshapes .*7, 4, 4"):
-        spec = derive_spec(model, x)
-    assert set(spec.perm_to_axes) == {"features.0", "head.1"}
-    assert spec.axes_to_perm["features.4.weight"] == (None, "features.0", None, None)
-    assert "features.4.bias" not in spec.axes_to_perm
-    assert spec.axes_to_perm["head.1.weight"] == ("head.1", None)
-    assert_symmetry(model, spec, x)
 
 
 class Dense(nn.Module):
@@ -232,41 +199,6 @@ def test_residual_mlp_ties_the_stream_and_keeps_inner_groups():
     assert derive_layer_names(model, x) == ["inp", "blocks.0", "act", "head"]
 
 
-class TwoBranch(nn.Module):
-    """Two conv branches concatenated along the channels, then a 1x1 conv and a head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem, self.stem_act = nn.Conv2d(3, 6, 3, padding=1), nn.ReLU()
-        self.a, self.a_act = nn.Conv2d(6, 4, 1), nn.ReLU()
-        self.b, self.b_act = nn.Conv2d(6, 5, 3, padding=1), nn.ReLU()
-        self.mix, self.mix_act = nn.Conv2d(9, 8, 1), nn.ReLU()
-        self.pool, self.head = nn.AdaptiveAvgPool2d(1), nn.Linear(8, 3)
-
-    def forward(self, x: Tensor) -> Tensor:
-        s = self.stem_act(self.stem(x))
-        y = torch.cat([self.a_act(self.a(s)), self.b_act(self.b(s))], dim=1)
-        return self.head(torch.flatten(self.pool(self.mix_act(self.mix(y))), 1))
-
-
-def test_concatenated_groups_are_dropped_with_a_warning():
-    torch.manual_seed(0)
-    model, x = TwoBranch().eval(), torch.randn(2, 3, 6, 6)
-    with pytest.warns(SpecDerivationWarning, match="concatenates along axis 1") as record:
-        spec = derive_spec(model, x)
-    dropped = " ".join(str(w.message) for w in record)
-    assert "units of a" in dropped and "units of b" in dropped
-    assert set(spec.perm_to_axes) == {"stem", "mix"}
-    assert set(spec.perm_to_axes["stem"]) == {
-        ("stem.weight", 0),
-        ("stem.bias", 0),
-        ("a.weight", 1),
-        ("b.weight", 1),
-    }
-    assert spec.axes_to_perm["mix.weight"] == ("mix", None, None, None)
-    assert_symmetry(model, spec, x)
-
-
 @pytest.fixture
 def one_thread():
     """One torch thread: on a shared 2-core machine this is much faster than two contending."""
@@ -302,221 +234,3 @@ def test_torchvision_resnet18_spec_is_a_symmetry_and_weight_matching_recovers_it
     names = derive_layer_names(model, x)
     blocks = [f"layer{s}.{b}" for s in range(1, 5) for b in range(2)]
     assert names == ["relu", *blocks, "fc"]
-
-
-# ----------------------------------------------------------------------------- what is refused
-
-
-class Gate(nn.Module):
-    def forward(self, x: Tensor) -> Tensor:
-        return x if x.sum() > 0 else -x
-
-
-def test_untraceable_model_names_the_module():
-    model = nn.Sequential(nn.Linear(4, 4), Gate(), nn.Linear(4, 2))
-    with pytest.raises(ValueError, match=r"cannot trace module '1' \(Gate\).*permutation_spec"):
-        derive_spec(model, torch.randn(2, 4))
-
-
-def test_bad_example_input_names_the_node():
-    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-    with pytest.raises(ValueError, match="node '_0'.*failed"):
-        derive_spec(model, torch.randn(2, 5))
-    with pytest.raises(ValueError, match="example_input must be a tensor"):
-        derive_spec(model, [])
-
-
-class Attention(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp, self.inp_act = nn.Linear(6, 8), nn.ReLU()
-        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
-        self.out, self.out_act = nn.Linear(8, 8), nn.ReLU()
-        self.head = nn.Linear(8, 3)
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.inp_act(self.inp(x))
-        a = self.attn(h, h, h)[0]
-        return self.head(self.out_act(self.out(a))).mean(dim=1)
-
-
-def test_attention_ends_the_groups_it_reads():
-    torch.manual_seed(0)
-    model, x = Attention().eval(), torch.randn(2, 5, 6)
-    with pytest.warns(SpecDerivationWarning, match="units of inp.*'attn' .MultiheadAttention"):
-        spec = derive_spec(model, x)
-    assert spec.perm_to_axes == {"out": [("out.weight", 0), ("out.bias", 0), ("head.weight", 1)]}
-    assert not any(key.startswith("attn.") for key in spec.axes_to_perm)
-    assert spec.activation_modules == {}  # the units are on the last axis of (N, T, D)
-
-
-class Grouped(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=2)
-        self.pw = nn.Conv2d(8, 6, 1)
-        self.dw = nn.Conv2d(6, 6, 3, padding=1, groups=6)
-        self.bn, self.act = nn.BatchNorm2d(6), nn.ReLU()
-        self.head = nn.Linear(6, 3)
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.pw(F.relu(self.grouped(F.relu(self.c1(x)))))
-        return self.head(self.act(self.bn(self.dw(h))).mean((2, 3)))
-
-
-def test_grouped_conv_ends_groups_and_depthwise_conv_carries_them():
-    torch.manual_seed(0)
-    model, x = randomize_norms(Grouped()), torch.randn(2, 3, 6, 6)
-    with pytest.warns(SpecDerivationWarning, match="grouped convolution .groups=2") as record:
-        spec = derive_spec(model, x)
-    assert {str(w.message).split(" are ")[0] for w in record} == {
-        "derive_spec: the units of c1",
-        "derive_spec: the units of grouped",
-    }
-    assert list(spec.perm_to_axes) == ["pw"]
-    assert set(spec.perm_to_axes["pw"]) == {
-        ("pw.weight", 0),
-        ("pw.bias", 0),
-        ("dw.weight", 0),
-        ("dw.bias", 0),
-        ("bn.weight", 0),
-        ("bn.bias", 0),
-        ("bn.running_mean", 0),
-        ("bn.running_var", 0),
-        ("head.weight", 1),
-    }
-    assert spec.activation_modules == {"pw": "act"}
-    assert_symmetry(model, spec, x)
-
-
-class Cumulative(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 2)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.b(torch.cumsum(self.a(x), dim=-1))
-
-
-def test_unknown_function_ends_its_group_and_a_wrong_rule_is_caught(monkeypatch):
-    model, x = Cumulative(), torch.randn(3, 4)
-    with pytest.warns(SpecDerivationWarning, match="units of a .*cumsum.* not supported"):
-        assert derive_spec(model, x).perm_to_axes == {}
-    # Pretend cumsum were pointwise: the check on the example input refuses the wrong spec.
-    monkeypatch.setitem(spec_tracing.FUNCTION_KINDS, torch.cumsum, "activation")
-    with pytest.raises(ValueError, match="wrong spec.*group 'a'"):
-        derive_spec(model, x)
-
-
-def test_check_spec_names_the_group_that_breaks_equivalence():
-    torch.manual_seed(0)
-    model = build_model("mlp", width=0.25, base_hidden=16, in_shape=(1, 4, 4)).eval()
-    x = torch.randn(2, 1, 4, 4)
-    good = model.permutation_spec()
-    check_spec(model, good, x)
-    groups = {
-        g: [a for a in axes if a != ("hidden.2.linear.weight", 1)]
-        for g, axes in good.perm_to_axes.items()
-    }
-    bad = spec_from_groups(groups, good.activation_modules, model.state_dict())
-    with pytest.raises(ValueError, match="group 'hidden.1' .*not a symmetry"):
-        check_spec(model, bad, x)
-
-
-# ----------------------------------------------------------------------------- more structure
-
-
-class SharedLayer(nn.Module):
-    """One Linear applied twice: its input and output axes fall into one group."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp, self.mid, self.out = nn.Linear(5, 7), nn.Linear(7, 7), nn.Linear(7, 2)
-        self.r1, self.r2, self.r3 = nn.ReLU(), nn.ReLU(), nn.ReLU()
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.out(self.r3(self.mid(self.r2(self.mid(self.r1(self.inp(x)))))))
-
-
-def test_a_module_called_twice_ties_its_input_and_output_units():
-    torch.manual_seed(0)
-    model, x = SharedLayer(), torch.randn(3, 5)
-    spec = derive_quietly(model, x)
-    assert list(spec.perm_to_axes) == ["inp"]
-    assert spec.axes_to_perm["mid.weight"] == ("inp", "inp")
-    assert_symmetry(model, spec, x)
-    assert derive_layer_names(model, x) == ["r1", "r2", "r3", "out"]
-
-
-class TwoInputs(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b, self.head = nn.Linear(3, 5), nn.Linear(4, 5), nn.Linear(5, 2)
-
-    def forward(self, x: Tensor, y: Tensor) -> Tensor:
-        return self.head(F.relu(self.a(x) + self.b(y)))
-
-
-def test_tuple_example_input_and_functional_activation():
-    torch.manual_seed(0)
-    model, args = TwoInputs(), (torch.randn(3, 3), torch.randn(3, 4))
-    spec = derive_quietly(model, args)
-    assert set(partition(spec)) == {
-        frozenset(
-            {("a.weight", 0), ("a.bias", 0), ("b.weight", 0), ("b.bias", 0), ("head.weight", 1)}
-        )
-    }
-    # The sum's units sit on dim 1 of a's and b's outputs; F.relu is no module.
-    assert spec.activation_modules == {"a": "b"}
-    with pytest.warns(SpecDerivationWarning, match="node 'relu' is not the output of a module"):
-        assert derive_layer_names(model, args) == ["head"]
-
-
-class ClassToken(nn.Module):
-    """A learned token expanded over the batch and concatenated along the token axis."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed, self.act, self.head = nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)
-        self.token = nn.Parameter(torch.randn(1, 1, 6))
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.embed(x)
-        h = torch.cat([self.token.expand(h.shape[0], -1, -1), h], dim=1)
-        return self.head(self.act(h)[:, 0])
-
-
-def test_concatenation_along_tokens_joins_the_feature_axes():
-    torch.manual_seed(0)
-    model, x = ClassToken(), torch.randn(2, 5, 4)
-    spec = derive_quietly(model, x)
-    assert spec.perm_to_axes == {
-        "embed": [("embed.weight", 0), ("embed.bias", 0), ("token", 2), ("head.weight", 1)]
-    }
-    assert spec.activation_modules == {}  # features are on the last axis of (N, T, D)
-    assert derive_layer_names(model, x) == ["act", "head"]  # h[:, 0] is skipped like a pool
-
-
-def test_reshape_runs_match_axes_of_equal_product():
-    runs = spec_tracing._reshape_runs
-    assert runs((2, 8, 1, 1), (2, 8)) == [([0], [0]), ([1], [1])]
-    assert runs((2, 8, 3, 3), (2, 72)) == [([0], [0]), ([1, 2, 3], [1])]
-    assert runs((1, 8, 1, 1), (8,)) == [([1], [0])]
-    assert runs((2, 6), (2, 4)) is None
-
-
-def test_restrict_spec_permutes_only_the_kept_groups():
-    torch.manual_seed(0)
-    model = build_model("mlp", width=0.25, base_hidden=16, in_shape=(1, 4, 4))
-    spec, state = model.permutation_spec(), model.state_dict()
-    only = restrict_spec(spec, ["hidden.1"])
-    assert list(only.perm_to_axes) == ["hidden.1"]
-    assert only.axes_to_perm["hidden.1.linear.weight"] == ("hidden.1", None)
-    assert "hidden.0.linear.bias" not in only.axes_to_perm
-    perms = random_permutations(spec, state, seed=2)
-    restricted = apply_permutation(only, {"hidden.1": perms["hidden.1"]}, state)
-    full = apply_permutation(spec, {"hidden.1": perms["hidden.1"]}, state)
-    assert all(torch.equal(restricted[key], full[key]) for key in state)
-    with pytest.raises(ValueError, match="unknown permutation group 'nope'"):
-        restrict_spec(spec, ["nope"])
