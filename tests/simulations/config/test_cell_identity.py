@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.config.cell_identity import (
     canonical_run_config,
@@ -25,6 +27,7 @@ def test_a_cell_id_is_12_hex_digits_stable_across_key_order_and_defaults():
     assert cell_id(config) == cell_id(reordered) == cell_id(full)
 
 
+@pytest.mark.slow
 def test_the_same_config_has_the_same_id_in_another_process():
     code = (
         "from fedlmc.simulations.config.cell_identity import cell_id;"

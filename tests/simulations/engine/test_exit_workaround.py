@@ -1,6 +1,7 @@
 """:func:`fedlmc.simulations.engine.exit_workaround.exit_even_if_stuck`: a process whose
 non-daemon thread never returns (Flower's worker threads in ``ray.get`` after an interrupted
-simulation) still exits, with the code it was given, ``grace`` seconds into its shutdown."""
+simulation) still exits, with the code it was given, ``grace`` seconds into its shutdown. Each
+test starts a Python process: ``slow``."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ STUCK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grace", [0.0, 0.5])
 def test_a_process_with_a_stuck_thread_exits_with_its_code(grace):
     started = time.monotonic()
@@ -42,6 +44,7 @@ def test_a_process_with_a_stuck_thread_exits_with_its_code(grace):
     assert time.monotonic() - started >= grace
 
 
+@pytest.mark.slow
 def test_without_it_the_stuck_thread_keeps_the_process_alive():
     """The control: the same process without the workaround does not exit on its own."""
     code = "import threading; threading.Thread(target=threading.Event().wait).start()"
