@@ -21,8 +21,8 @@
   (Ray's servers listen on ``127.0.0.1`` exactly when the node's address is ``127.0.0.1``).
 
 If one of them changes, this module is the one place to change;
-``tests/strategies/test_flower_compat.py`` fails first (it checks each signature and calls each for
-real).
+``tests/simulations/engine/test_compat.py`` fails first (it checks each signature and calls each
+for real).
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
-"""The private APIs behind :mod:`fedlmc.strategies.flower_compat` and
-:mod:`fedlmc.simulations.engine.compat`: each test fails when the private API it wraps changes (its
-signature, checked with ``inspect``, or what it does, exercised for real)."""
+"""The private API behind :mod:`fedlmc.strategies.flower_compat`: each test fails when the
+private API it wraps changes (its signature, checked with ``inspect``, or what it does,
+exercised for real). The engine's (Python's and Ray's) are in
+``tests/simulations/engine/test_compat.py``."""
 
 from __future__ import annotations
 
 import inspect
-import os
-import subprocess
-import sys
-import textwrap
-import threading
-from pathlib import Path
 
 import numpy as np
-import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from fedlmc.simulations.engine.compat import ray_bootstrap_address
 from fedlmc.strategies.flower_compat import construct_messages
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def parameters(func) -> list[tuple[str, inspect._ParameterKind]]:
@@ -54,75 +45,3 @@ def test_construct_messages_gives_one_message_per_node_with_the_record(task_iden
         assert np.array_equal(message.content["arrays"]["w"].numpy(), weights)
         assert dict(message.content["config"]) == {"lr": 0.1, "round": 3}
     assert construct_messages(FedAvg(), record, [], MessageType.EVALUATE) == []
-
-
-def test_threading_still_has_register_atexit_with_its_signature():
-    assert parameters(threading._register_atexit) == [
-        ("func", POSITIONAL),
-        ("arg", inspect.Parameter.VAR_POSITIONAL),
-        ("kwargs", inspect.Parameter.VAR_KEYWORD),
-    ]
-
-
-@pytest.mark.slow
-def test_registered_function_runs_before_the_non_daemon_threads_are_joined():
-    """A non-daemon thread waits for an event that only the registered function sets: the
-    process exits only if the function runs before the interpreter joins that thread."""
-    code = textwrap.dedent(
-        """
-        import threading
-        from fedlmc.simulations.engine.compat import register_before_thread_join
-
-        release = threading.Event()
-        def waiter():
-            release.wait()
-            print("thread released", flush=True)
-        threading.Thread(target=waiter).start()
-        def before_join():
-            print("before join", flush=True)
-            release.set()
-        register_before_thread_join(before_join)
-        print("main done", flush=True)
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:3] == ["main done", "before join", "thread released"]
-
-
-def test_ray_still_canonicalises_bootstrap_addresses():
-    from ray._private.services import canonicalize_bootstrap_address
-
-    assert parameters(canonicalize_bootstrap_address) == [
-        ("addr", POSITIONAL),
-        ("temp_dir", POSITIONAL),
-    ]
-
-
-def test_ray_bootstrap_address_resolves_auto_from_ray_address(monkeypatch):
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6391")
-    host, _, port = ray_bootstrap_address("auto").rpartition(":")
-    assert port == "6391" and host  # localhost resolved to this node's address
-    assert ray_bootstrap_address("local") is None
-    monkeypatch.delenv("RAY_ADDRESS")
-    assert ray_bootstrap_address("10.1.2.3:6379") == "10.1.2.3:6379"
-
-
-def test_ray_takes_a_loopback_node_address_while_clusters_are_off(monkeypatch):
-    """Ray's node address (what its servers bind to) is 127.0.0.1 inside ``loopback_node``
-    and this machine's reachable address outside it (no Ray node runs in this process)."""
-    import ray
-    from ray._private import ray_constants, services
-
-    from fedlmc.simulations.engine.compat import CLUSTER_VARIABLE, loopback_node
-
-    assert not ray.is_initialized()  # else Ray answers with the running node's address
-    monkeypatch.delenv(CLUSTER_VARIABLE, raising=False)
-    assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
-    before = ray_constants.ENABLE_RAY_CLUSTER
-    with loopback_node():
-        assert services.get_node_ip_address() == "127.0.0.1"
-        assert os.environ[CLUSTER_VARIABLE] == "0"
-    assert ray_constants.ENABLE_RAY_CLUSTER == before and CLUSTER_VARIABLE not in os.environ

@@ -19,13 +19,11 @@ from fedlmc.merging.calibrate import (
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
 from fedlmc.strategies import (
-    FedAvgBaseline,
     InconsistentShapesError,
     NotEnoughClientsError,
     OneShotAverage,
     PermutationAlignedAverage,
     StrategyOptions,
-    epochs_per_round,
 )
 from fedlmc.strategies.protocol import (
     bn_stats_from_content,
@@ -342,29 +340,6 @@ def test_bad_strategy_arguments_name_the_value():
             StrategyOptions(num_clients=2, calibration="none"),
             method="activation_matching",
         )
-
-
-def test_fedavg_rounds_share_the_total_local_epochs():
-    assert epochs_per_round(10, 3) == [4, 3, 3]
-    assert sum(epochs_per_round(7, 7)) == 7
-    with pytest.raises(ValueError, match="fedavg-rounds = 4"):
-        epochs_per_round(3, 4)
-    strategy = FedAvgBaseline(StrategyOptions(num_clients=2), total_epochs=5, num_rounds=2)
-    assert [strategy.local_epochs(r) for r in (1, 2)] == [3, 2]
-
-
-def test_fedavg_baseline_averages_survivors_by_num_examples():
-    template = tiny(0)
-    strategy = FedAvgBaseline(StrategyOptions(num_clients=3), total_epochs=2, num_rounds=2)
-    strategy.expect_replies(state_to_record(template.state_dict()), [1, 2, 3])
-    replies = [
-        reply(1, constant_state(template, 2.0), 0, n=1),
-        error_reply(2, 1),
-        reply(3, constant_state(template, 6.0), 2, n=1),
-    ]
-    arrays, metrics = strategy.aggregate_train(1, replies)
-    assert all(torch.equal(t, torch.full_like(t, 4.0)) for t in record_to_state(arrays).values())
-    assert metrics["clients-survived"] == 2 and metrics["clients-failed"] == 1
 
 
 def test_query_payloads_round_trip_exactly():

@@ -375,10 +375,12 @@ def test_a_strategy_tells_its_clients_what_they_need_in_a_users_own_server_app()
         "strategy": "compare",
         "server-round": 1,
     }
-    study = OneShotAverage(tiny(0), num_clients=2, calibration="none", clients_keep_models=True)
+    study = OneShotAverage(
+        tiny(0), StrategyOptions(num_clients=2, calibration="none", clients_keep_models=True)
+    )
     assert keep_model(dict(study.round_config(1, Record({})))) == "several-queries"
     with pytest.raises(ValueError, match=r"holdout-share = 1.0; allowed: a number in \[0, 1\)"):
-        OneShotAverage(tiny(0), num_clients=2, calibration="federated", holdout_share=1.0)
+        StrategyOptions(num_clients=2, calibration="federated", holdout_share=1.0)
 
 
 def test_the_model_factory_allow_list_refuses_what_it_does_not_name(monkeypatch):

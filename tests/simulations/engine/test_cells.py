@@ -1,9 +1,7 @@
 """The sweep engine (:mod:`fedlmc.simulations.engine.cells`): many cells in one Flower simulation.
 
-- The Grid view and the slot broker against a scripted in-process Grid (no Ray, fast): each cell
-  sees its own nodes and partitions, a message is pushed only when a client slot is free, a
-  reply reaches only its own cell, a late reply (after a timeout) keeps its slot busy until it
-  arrives and is then dropped.
+(The Grid view and the slot broker against a scripted in-process Grid, no Ray:
+``test_grid_view.py`` and ``test_slots.py``.)
 - Through Flower's simulation engine (Ray): three cells in one simulation, one of them with a
   client that hangs past the timeout: only that cell fails, and a cell run beside it (after
   another cell on the same warm actors) gives exactly the numbers it gives alone.
@@ -21,10 +19,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -32,8 +28,6 @@ import pytest
 
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.engine.cells import EngineStats, run_cells
-from fedlmc.simulations.engine.grid_view import PARTITION_RECORD, CellGrid
-from fedlmc.simulations.engine.slots import Broker
 from fedlmc.simulations.engine.sweep_server import CellJob, CellResult
 from fedlmc.simulations.records.results_file import read_results
 from fedlmc.simulations.runs.federation import run_federation_outcome
@@ -41,235 +35,6 @@ from fedlmc.strategies import NotEnoughClientsError
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
-
-# ----------------------------------------------------------------------------- scripted Grid
-
-
-class ScriptedGrid:
-    """An in-process Grid: each pushed message is answered after ``delay(message)`` seconds by
-    a reply echoing the destination node and the message's config; it records when each
-    message was pushed and answered and how many were outstanding at once."""
-
-    def __init__(self, nodes: list[int], delay) -> None:
-        self.nodes = list(nodes)
-        self.delay = delay
-        self.lock = threading.Lock()
-        self.replies: dict[str, object] = {}
-        self.pushed: dict[str, float] = {}
-        self.answered: dict[str, float] = {}
-        self.outstanding = 0
-        self.most_outstanding = 0
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
-
-    def push_messages(self, messages: Iterable) -> list[str]:
-        ids = []
-        for message in messages:
-            mid = uuid.uuid4().hex
-            message.metadata.__dict__["_message_id"] = mid
-            with self.lock:
-                self.pushed[mid] = time.time()
-                self.outstanding += 1
-                self.most_outstanding = max(self.most_outstanding, self.outstanding)
-            threading.Timer(self.delay(message), self._answer, args=(message,)).start()
-            ids.append(mid)
-        return ids
-
-    def _answer(self, message) -> None:
-        from flwr.app import Message, MetricRecord, RecordDict
-
-        values = {}
-        for record in message.content.config_records.values():
-            values.update(record)
-        metrics = MetricRecord(
-            {
-                "node": int(message.metadata.dst_node_id),
-                "partition-id": int(values.get("partition-id", -1)),
-                "num-partitions": int(values.get("num-partitions", -1)),
-                "cell": int(values["cell"]),
-                "created-at": float(message.metadata.created_at),
-            }
-        )
-        reply = Message(RecordDict({"metrics": metrics}), reply_to=message)
-        with self.lock:
-            mid = message.metadata.message_id
-            self.replies[mid] = reply
-            self.answered[mid] = time.time()
-            self.outstanding -= 1
-
-    def pull_messages(self, message_ids: Iterable[str]) -> list:
-        with self.lock:
-            return [self.replies.pop(m) for m in list(message_ids) if m in self.replies]
-
-
-def shared_messages(cell: int, nodes: list[int]) -> tuple[list, object]:
-    """One message per node, all sharing one RecordDict (as Flower's strategies do)."""
-    from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-
-    content = RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord({"cell": cell})})
-    return [Message(content, dst_node_id=n, message_type="train") for n in nodes], content
-
-
-def metrics_of(replies) -> list[dict]:
-    return sorted(
-        (dict(next(iter(r.content.metric_records.values()))) for r in replies),
-        key=lambda m: m["partition-id"],
-    )
-
-
-@pytest.fixture
-def broker_factory() -> Iterator:
-    made: list[Broker] = []
-
-    def make(grid, slots: int, pool_size: int) -> Broker:
-        broker = Broker(grid, slots, pool_size, threading.Event()).start()
-        made.append(broker)
-        return broker
-
-    yield make
-    for broker in made:
-        broker.close()
-
-
-def test_each_cell_sees_its_nodes_and_partitions_and_only_its_replies(
-    task_identity, broker_factory
-):
-    grid = ScriptedGrid([30, 10, 20], delay=lambda _m: 0.05)
-    broker = broker_factory(grid, slots=2, pool_size=3)
-    narrow, wide = CellGrid(broker, 2, priority=0), CellGrid(broker, 3, priority=1)
-    assert narrow.get_node_ids() == [10, 20] and wide.get_node_ids() == [10, 20, 30]
-
-    results: dict[int, list] = {}
-
-    def cell(view: CellGrid, number: int) -> None:
-        messages, content = shared_messages(number, view.get_node_ids())
-        results[number] = view.send_and_receive(messages, timeout=10)
-        assert PARTITION_RECORD not in content  # the strategies' RecordDict is left alone
-
-    threads = [threading.Thread(target=cell, args=(v, n)) for v, n in ((narrow, 0), (wide, 1))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=20)
-
-    got = {n: metrics_of(replies) for n, replies in results.items()}
-    assert [(m["node"], m["partition-id"], m["num-partitions"]) for m in got[0]] == [
-        (10, 0, 2),
-        (20, 1, 2),
-    ]
-    assert [(m["node"], m["partition-id"], m["num-partitions"]) for m in got[1]] == [
-        (10, 0, 3),
-        (20, 1, 3),
-        (30, 2, 3),
-    ]
-    assert all(m["cell"] == n for n, ms in got.items() for m in ms)  # no stolen replies
-    assert grid.most_outstanding == 2  # never more messages out than client slots
-
-
-def test_a_cell_reports_its_client_replies_as_they_arrive(task_identity, broker_factory):
-    """The sweep's progress inside a cell of many clients: each reply is heard once, as it
-    arrives, while the cell is still pushing its other messages (one slot: one at a time)."""
-    grid = ScriptedGrid(list(range(1, 7)), delay=lambda _m: 0.02)
-    broker = broker_factory(grid, slots=1, pool_size=6)
-    heard: list[float] = []
-    view = CellGrid(broker, 6, priority=0, on_reply=lambda n: heard.extend([time.time()] * n))
-    messages, _content = shared_messages(0, view.get_node_ids())
-    replies = view.send_and_receive(messages, timeout=10)
-    assert len(replies) == 6 and len(heard) == 6
-    assert heard[0] < max(grid.pushed.values())  # heard before the last message went out
-
-
-def test_nodes_are_shown_once_the_whole_pool_registered(broker_factory):
-    grid = ScriptedGrid([5], delay=lambda _m: 0.0)
-    broker = broker_factory(grid, slots=1, pool_size=2)
-    view = CellGrid(broker, 2, priority=0)
-    assert view.get_node_ids() == []  # a half-registered pool could map partitions wrongly
-    grid.nodes = [7, 5]
-    assert view.get_node_ids() == [5, 7]
-
-
-def test_a_late_reply_keeps_its_slot_until_it_arrives_and_is_then_dropped(
-    task_identity, broker_factory
-):
-    """One client slot. Cell 0's message answers after 2 s but the cell waits 0.2 s: it gets
-    no reply. Cell 1's message is pushed only once that late reply has freed the slot, its
-    clock (``created_at``) starts then, and it receives its own reply, never cell 0's."""
-    grid = ScriptedGrid([1, 2], delay=lambda m: 2.0 if m.metadata.dst_node_id == 1 else 0.05)
-    broker = broker_factory(grid, slots=1, pool_size=2)
-    first, second = CellGrid(broker, 2, priority=0), CellGrid(broker, 2, priority=1)
-
-    slow, _ = shared_messages(0, [1])
-    start = time.time()
-    assert first.send_and_receive(slow, timeout=0.2) == []
-    assert not grid.answered  # it stopped waiting at its timeout, before the reply came
-
-    fast, _ = shared_messages(1, [2])
-    replies = second.send_and_receive(fast, timeout=10)
-    (late_id,) = [m for m in grid.answered if grid.pushed[m] < start + 0.1]
-    (fast_id,) = [m for m in grid.pushed if m != late_id]
-    assert grid.pushed[fast_id] >= grid.answered[late_id]  # the slot was busy until then
-    (metrics,) = metrics_of(replies)
-    assert metrics["cell"] == 1 and metrics["node"] == 2
-    assert metrics["created-at"] >= grid.answered[late_id]  # the timeout counts from the push
-    time.sleep(3 * 0.02)
-    assert broker.take([late_id]) == [] and grid.replies == {}  # pulled and dropped
-    assert grid.most_outstanding == 1
-
-
-def node_intervals(
-    grid: ScriptedGrid, cells: dict[str, int]
-) -> list[tuple[int, int, float, float]]:
-    """(node, cell, pushed, answered) of every message, from the grid's records."""
-    return [(cells[m][0], cells[m][1], grid.pushed[m], grid.answered[m]) for m in grid.answered]
-
-
-def test_exclusive_cells_never_share_a_node_with_another_message(task_identity, broker_factory):
-    """Cells whose clients keep state in the node's context send exclusive messages: with 4
-    slots and 2 nodes, two ordinary cells overlap on each node, but no message overlaps an
-    exclusive one on its node, and every cell still gets all its replies."""
-    where: dict[str, tuple[int, int]] = {}
-    grid = ScriptedGrid([1, 2], delay=lambda _m: 0.15)
-    original_push = grid.push_messages
-
-    def recording_push(messages):
-        messages = list(messages)
-        ids = original_push(messages)
-        for mid, message in zip(ids, messages, strict=True):
-            cell = int(next(iter(message.content.config_records.values()))["cell"])
-            where[mid] = (int(message.metadata.dst_node_id), cell)
-        return ids
-
-    grid.push_messages = recording_push
-    broker = broker_factory(grid, slots=4, pool_size=2)
-    exclusive = {0: False, 1: False, 2: True, 3: True}
-    views = {n: CellGrid(broker, 2, priority=n, exclusive=exclusive[n]) for n in exclusive}
-    results: dict[int, list] = {}
-
-    def cell(number: int) -> None:
-        for _ in range(2):  # two rounds, as train + align
-            messages, _ = shared_messages(number, views[number].get_node_ids())
-            results.setdefault(number, []).extend(
-                views[number].send_and_receive(messages, timeout=20)
-            )
-
-    threads = [threading.Thread(target=cell, args=(n,)) for n in exclusive]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-
-    assert {n: len(r) for n, r in results.items()} == {0: 4, 1: 4, 2: 4, 3: 4}
-    spans = node_intervals(grid, where)
-    overlapping = [
-        (a, b)
-        for a in spans
-        for b in spans
-        if a is not b and a[0] == b[0] and a[2] < b[3] and b[2] < a[3]
-    ]
-    assert overlapping  # ordinary cells do share nodes (4 slots, 2 nodes)
-    assert all(not exclusive[a[1]] and not exclusive[b[1]] for a, b in overlapping)
-
 
 # ----------------------------------------------------------------------------- Flower + Ray
 

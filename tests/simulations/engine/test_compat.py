@@ -1,0 +1,96 @@
+"""The private APIs of Python and Ray behind :mod:`fedlmc.simulations.engine.compat`: each test
+fails when the private API it wraps changes (its signature, checked with ``inspect``, or what it
+does, exercised for real)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from fedlmc.simulations.engine.compat import ray_bootstrap_address
+
+ROOT = Path(__file__).resolve().parents[3]
+POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+
+def parameters(func) -> list[tuple[str, inspect._ParameterKind]]:
+    return [(p.name, p.kind) for p in inspect.signature(func).parameters.values()]
+
+
+def test_threading_still_has_register_atexit_with_its_signature():
+    assert parameters(threading._register_atexit) == [
+        ("func", POSITIONAL),
+        ("arg", inspect.Parameter.VAR_POSITIONAL),
+        ("kwargs", inspect.Parameter.VAR_KEYWORD),
+    ]
+
+
+@pytest.mark.slow
+def test_registered_function_runs_before_the_non_daemon_threads_are_joined():
+    """A non-daemon thread waits for an event that only the registered function sets: the
+    process exits only if the function runs before the interpreter joins that thread."""
+    code = textwrap.dedent(
+        """
+        import threading
+        from fedlmc.simulations.engine.compat import register_before_thread_join
+
+        release = threading.Event()
+        def waiter():
+            release.wait()
+            print("thread released", flush=True)
+        threading.Thread(target=waiter).start()
+        def before_join():
+            print("before join", flush=True)
+            release.set()
+        register_before_thread_join(before_join)
+        print("main done", flush=True)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["main done", "before join", "thread released"]
+
+
+def test_ray_still_canonicalises_bootstrap_addresses():
+    from ray._private.services import canonicalize_bootstrap_address
+
+    assert parameters(canonicalize_bootstrap_address) == [
+        ("addr", POSITIONAL),
+        ("temp_dir", POSITIONAL),
+    ]
+
+
+def test_ray_bootstrap_address_resolves_auto_from_ray_address(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6391")
+    host, _, port = ray_bootstrap_address("auto").rpartition(":")
+    assert port == "6391" and host  # localhost resolved to this node's address
+    assert ray_bootstrap_address("local") is None
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert ray_bootstrap_address("10.1.2.3:6379") == "10.1.2.3:6379"
+
+
+def test_ray_takes_a_loopback_node_address_while_clusters_are_off(monkeypatch):
+    """Ray's node address (what its servers bind to) is 127.0.0.1 inside ``loopback_node``
+    and this machine's reachable address outside it (no Ray node runs in this process)."""
+    import ray
+    from ray._private import ray_constants, services
+
+    from fedlmc.simulations.engine.compat import CLUSTER_VARIABLE, loopback_node
+
+    assert not ray.is_initialized()  # else Ray answers with the running node's address
+    monkeypatch.delenv(CLUSTER_VARIABLE, raising=False)
+    assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    with loopback_node():
+        assert services.get_node_ip_address() == "127.0.0.1"
+        assert os.environ[CLUSTER_VARIABLE] == "0"
+    assert ray_constants.ENABLE_RAY_CLUSTER == before and CLUSTER_VARIABLE not in os.environ
