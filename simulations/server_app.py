@@ -12,8 +12,7 @@
   ``average`` and, unless ``calibration = none``, ``average_t`` (with the strategy's temperature).
 - ``aligned``: :class:`fedlmc.strategies.PermutationAlignedAverage` with the registered merge method
   ``align``; rows ``<align>`` and ``<align>_t``.
-- ``fedavg``: :class:`fedlmc.strategies.FedAvgBaseline` over ``fedavg-rounds`` rounds; row
-``fedavg``.
+- ``fedavg``: :class:`~fedlmc.strategies.FedAvgBaseline`, ``fedavg-rounds`` rounds; row ``fedavg``.
 
 ``warmup-rounds = k > 0`` (``init = "shared"``; the one-shot strategies): first ``k`` FedAvg
 rounds of one local epoch each from the server's initialisation (:func:`warm_up`), then the

@@ -459,22 +459,8 @@ def register_method(
             f"{CALIBRATED_SUFFIX!r} and not {', '.join(REFERENCE_METHODS)}"
         )
     check_own_columns(name, tuple(columns), replace=replace)
-    check_server_sees(name, server_sees)
-    if sum_exponents is not None and server_sees != SECURE_SUM:
-        raise ValueError(
-            f"merge method {name!r}: sum_exponents with server_sees = {server_sees!r}; "
-            f"allowed only with server_sees = {SECURE_SUM!r}"
-        )
-    if secure_sums is not None and (server_sees != SECURE_SUM or sum_exponents is not None):
-        raise ValueError(
-            f"merge method {name!r}: secure_sums with server_sees = {server_sees!r} or with "
-            f"sum_exponents; allowed only with server_sees = {SECURE_SUM!r}, without exponents"
-        )
-    if divide_by_holders and (sum_exponents is None or not mixed_widths):
-        raise ValueError(
-            f"merge method {name!r}: divide_by_holders without sum_exponents and "
-            "mixed_widths; allowed only on a mixed-widths rule with its sum_exponents"
-        )
+    secure = SecureForm(server_sees, sum_exponents, secure_sums, divide_by_holders, secure_note)
+    _check_secure_form(name, secure, mixed_widths)
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
         entry = MergeMethod(
@@ -496,13 +482,7 @@ def register_method(
             builds_model=builds_model,
             min_clients=int(min_clients),
             needs_base=needs_base,
-            secure=SecureForm(
-                server_sees=server_sees,
-                sum_exponents=sum_exponents,
-                secure_sums=secure_sums,
-                divide_by_holders=divide_by_holders,
-                note=secure_note,
-            ),
+            secure=secure,
         )
         METHODS.add(name, entry, replace=replace)
         return align
@@ -593,3 +573,24 @@ def study_methods(federated: bool = False) -> tuple[str, ...]:
         for n in (m, m + CALIBRATED_SUFFIX)
     ]
     return (*names, *REFERENCE_METHODS)
+
+
+def _check_secure_form(name: str, secure: SecureForm, mixed_widths: bool) -> None:
+    """``ValueError`` for a secure part that contradicts itself (``register_method``'s keys)."""
+    sees = secure.server_sees
+    check_server_sees(name, sees)
+    if secure.sum_exponents is not None and sees != SECURE_SUM:
+        raise ValueError(
+            f"merge method {name!r}: sum_exponents with server_sees = {sees!r}; "
+            f"allowed only with server_sees = {SECURE_SUM!r}"
+        )
+    if secure.secure_sums is not None and (sees != SECURE_SUM or secure.sum_exponents is not None):
+        raise ValueError(
+            f"merge method {name!r}: secure_sums with server_sees = {sees!r} or with "
+            f"sum_exponents; allowed only with server_sees = {SECURE_SUM!r}, without exponents"
+        )
+    if secure.divide_by_holders and (secure.sum_exponents is None or not mixed_widths):
+        raise ValueError(
+            f"merge method {name!r}: divide_by_holders without sum_exponents and "
+            "mixed_widths; allowed only on a mixed-widths rule with its sum_exponents"
+        )

@@ -89,7 +89,8 @@ def merge_rows(
             row.update(endpoint_columns(endpoints))
             row.update(gap_columns(endpoints, row))
     if calibrated and temperature_server_split is not None:
-        rows[-1]["temperature_server_split"] = temperature_server_split
+        row = rows[-1]  # the _t row
+        row["temperature_server_split"] = temperature_server_split
     return rows
 
 

@@ -518,8 +518,6 @@ LONG_FUNCTIONS_ALLOWED = {
     # Declarative tables: one entry per run-config key, read as a table, not as logic.
     "simulations/config/keys.py:declared_keys",
     "simulations/config/field_keys.py:field_method_keys",
-    # Being shortened in the same step (#40); remove this entry once it is 80 lines or fewer.
-    "fedlmc/study/compare.py:compare_methods",
 }
 """``path:qualified name`` of the functions allowed over :data:`MAX_FUNCTION_LINES`."""
 

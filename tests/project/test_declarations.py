@@ -197,8 +197,9 @@ def test_every_column_the_server_adds_is_declared():
     """The Flower server's round and server columns bypass ``empty_row``: each one it writes is
     in the column table (and the round columns are exactly the declared ones)."""
     written = set()
-    for module in ("server_app.py", "records/server_outcome.py"):  # the ServerApp and its rows
-        tree = ast.parse((ROOT / "simulations" / module).read_text())
+    modules = ("simulations/server_app.py", "simulations/records/server_outcome.py")
+    for module in (*modules, "fedlmc/study/model_rows.py"):  # the ServerApp and its rows
+        tree = ast.parse((ROOT / module).read_text())
         written |= _literal_keys(tree, {"row", "columns"})
     declared = {c.name for c in column_table()}
     assert {"clients_survived", "temperature_server_split", "merge_seconds"} <= written

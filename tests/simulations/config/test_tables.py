@@ -13,11 +13,11 @@ from fedlmc.models import model_names
 from fedlmc.simulations.config import run_schema
 from fedlmc.simulations.config.tables import (
     PYPROJECT_TABLE,
+    _pyproject_config_of,
     keys_table,
     methods_table,
     models_table,
     pyproject_config,
-    pyproject_config_of,
     with_pyproject_config,
 )
 
@@ -52,12 +52,12 @@ def test_the_pyproject_block_reads_back_as_the_defaults():
 
 def test_the_block_is_replaced_in_place_and_read_back():
     text = '[project]\nname = "x"\n\n[tool.flwr.app.config]\nseed = 99\n\n[tool.other]\na = 1\n'
-    assert pyproject_config_of(text) == "[tool.flwr.app.config]\nseed = 99\n"
+    assert _pyproject_config_of(text) == "[tool.flwr.app.config]\nseed = 99\n"
     new = with_pyproject_config(text)
     assert new.startswith('[project]\nname = "x"\n\n') and new.endswith("\n\n[tool.other]\na = 1\n")
-    assert pyproject_config_of(new) == pyproject_config()
+    assert _pyproject_config_of(new) == pyproject_config()
 
 
 def test_a_pyproject_without_the_block_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"^no \[tool\.flwr\.app\.config\] table; allowed: "):
-        pyproject_config_of('[project]\nname = "x"\n')
+        _pyproject_config_of('[project]\nname = "x"\n')
