@@ -60,7 +60,7 @@ def client_run_config(
     context_config: Mapping[str, Any], message_config: Mapping[str, Any] | None = None
 ) -> RunConfig:
     """The validated run config a client works with: context, overlaid by the message's entries.
-    Validated once per distinct config in a process (:func:`_validated_client_config`: every
+    Validated once per distinct config in a process (cached: every
     message of a run carries the same one), read-only so that the cached copy is shared."""
     values = schema_values(context_config)
     values.update(schema_values(message_config or {}))
