@@ -65,6 +65,7 @@ from fedlmc.io import atomic_write, atomic_write_csv
 from fedlmc.merging.methods import REFERENCE_METHODS, base_method
 from fedlmc.simulations.config import (
     FEDAVG,
+    Mode,
     align_method,
     cell_default_methods_note,
     client_width,
@@ -362,7 +363,7 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
         strategy, grid, template, one_shot, 1, initial=warm.state, progress=outcome.progress
     )
     report = result.report
-    outcome.results["compare"], outcome.reports["compare"] = result, report
+    outcome.results[Mode.COMPARE], outcome.reports[Mode.COMPARE] = result, report
     states = [u.state for u in report.survivors]
     weights = list(result.weights)
     start = time.perf_counter()
@@ -403,7 +404,7 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     """``average`` or ``aligned``: one strategy, its merged model and temperature."""
     options = strategy_options(config, splits, device, outcome)
     options = options.replace(calibration=config["calibration"], keep_client_states=True)
-    if config["strategy"] == "average":
+    if config["strategy"] == Mode.AVERAGE:
         strategy = OneShotAverage(template, options)
     else:
         strategy = PermutationAlignedAverage(
@@ -482,10 +483,10 @@ def run_dp(grid, config, splits, template, device, outcome: ServerOutcome) -> No
 
 
 MODES = {
-    "compare": run_compare,
-    "average": run_one_shot,
-    "aligned": run_one_shot,
-    "fedavg": run_fedavg,
+    Mode.COMPARE: run_compare,
+    Mode.AVERAGE: run_one_shot,
+    Mode.ALIGNED: run_one_shot,
+    Mode.FEDAVG: run_fedavg,
 }
 
 

@@ -44,7 +44,7 @@ from fedlmc.simulations.config.schema import (
     shown,
 )
 from fedlmc.simulations.config.secure import check_secure_aggregation
-from fedlmc.simulations.config.values import FEDAVG, parse_widths
+from fedlmc.simulations.config.values import Mode, parse_widths
 
 
 def check_min_clients(config: Mapping[str, Any]) -> None:
@@ -259,7 +259,7 @@ def check_warmup_rounds(config: Mapping[str, Any]) -> None:
     FedAvg round averages equal shapes) and ``k < epochs`` (the one-shot round trains the
     remaining ``epochs - k``)."""
     k = config["warmup-rounds"]
-    if not k or config["strategy"] == FEDAVG:
+    if not k or config["strategy"] == Mode.FEDAVG:
         return
     if config["init"] != "shared":
         raise ConfigError(
@@ -307,8 +307,8 @@ def check_partition(config: Mapping[str, Any]) -> None:
 def check_secure_cell(config: Mapping[str, Any]) -> None:
     """``secure-aggregation``: the cell's merge methods checked
     (:func:`fedlmc.simulations.config.secure.check_secure_aggregation`)."""
-    methods = [config["align"]] if config["strategy"] == "aligned" else []
-    methods += method_list(config) if config["strategy"] == "compare" else []
+    methods = [config["align"]] if config["strategy"] == Mode.ALIGNED else []
+    methods += method_list(config) if config["strategy"] == Mode.COMPARE else []
     check_secure_aggregation(config, methods)
 
 

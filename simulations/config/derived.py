@@ -23,7 +23,7 @@ from fedlmc.models.registry import (
     model_entry,
 )
 from fedlmc.simulations.config.run_config import RunConfig
-from fedlmc.simulations.config.values import FEDAVG, option_key, parse_widths
+from fedlmc.simulations.config.values import FEDAVG, ONE_SHOT_MODES, Mode, option_key, parse_widths
 
 
 def absolute_paths(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -146,12 +146,12 @@ def selected_methods(config: Mapping[str, Any]) -> list[str]:
     """The merge methods the run executes: ``methods`` under ``compare``, ``align`` under
     ``aligned``, ``average`` under ``average``, none for FedAvg."""
     strategy = config["strategy"]
-    if strategy == "compare":
+    if strategy == Mode.COMPARE:
         names = merge_method_names()
         return [base_method(m) for m in method_list(config) if base_method(m) in names]
-    if strategy == "aligned":
+    if strategy == Mode.ALIGNED:
         return [align_method(config)]
-    return ["average"] if strategy == "average" else []
+    return ["average"] if strategy == Mode.AVERAGE else []
 
 
 def row_methods(config: Mapping[str, Any]) -> list[str]:
@@ -162,11 +162,11 @@ def row_methods(config: Mapping[str, Any]) -> list[str]:
     when its rows hold exactly these
     (:func:`fedlmc.simulations.records.results_file.finished_cells`)."""
     strategy = config["strategy"]
-    if strategy == "compare":
+    if strategy == Mode.COMPARE:
         return method_list(config)
-    if strategy == FEDAVG:
+    if strategy == Mode.FEDAVG:
         return [FEDAVG]
-    base = align_method(config) if strategy == "aligned" else "average"
+    base = align_method(config) if strategy == Mode.ALIGNED else "average"
     return [base] if config["calibration"] == "none" else [base, base + CALIBRATED_SUFFIX]
 
 
@@ -176,8 +176,8 @@ def row_methods(config: Mapping[str, Any]) -> list[str]:
 def uses_fedavg(config: Mapping[str, Any]) -> bool:
     """Whether the FedAvg baseline runs: ``strategy = "fedavg"``, or ``fedavg`` in the
     ``methods`` of ``compare``."""
-    return config["strategy"] == FEDAVG or (
-        config["strategy"] == "compare" and FEDAVG in method_list(config)
+    return config["strategy"] == Mode.FEDAVG or (
+        config["strategy"] == Mode.COMPARE and FEDAVG in method_list(config)
     )
 
 
@@ -191,7 +191,7 @@ def federated_calibration(config: Mapping[str, Any]) -> bool:
     """Whether the run calibrates (and runs every data-dependent step after the merge: BatchNorm
     and REPAIR statistics, ``auto``'s decision) on the clients' data: ``calibration =
     "federated"`` with the ``average`` or ``aligned`` strategy."""
-    return config["strategy"] in ("average", "aligned") and config["calibration"] == "federated"
+    return config["strategy"] in ONE_SHOT_MODES and config["calibration"] == "federated"
 
 
 def calibration_holdout(config: Mapping[str, Any]) -> float:
@@ -209,6 +209,6 @@ def keeps_trained_model(config: Mapping[str, Any]) -> bool:
     in the ``methods`` of ``"compare"``). The server's side of it (the sweep engine's exclusive
     messages, ``compare``'s ``StrategyOptions.clients_keep_models``); the clients read the
     ``keep-model`` key their messages carry (:mod:`fedlmc.strategies.protocol`)."""
-    if config["strategy"] not in ("aligned", "compare"):
+    if config["strategy"] not in (Mode.ALIGNED, Mode.COMPARE):
         return False
     return any(merge_method_entry(m).needs_clients for m in selected_methods(config))

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedlmc.simulations.config.schema import ConfigError
+from fedlmc.simulations.config.values import Mode
 
 __all__ = ["CLIENT_FIXED", "DP_DELTA", "DP_MODES", "DP_OFF", "check_dp", "is_dp"]
 
@@ -46,7 +47,7 @@ def check_dp(config: Mapping[str, Any]) -> None:
         return
     mode = config["dp"]
     needs = {
-        "strategy": ("average", "the one merge fedlmc runs under DP"),
+        "strategy": (Mode.AVERAGE.value, "the one merge fedlmc runs under DP"),
         "init": ("shared", "clipping acts on the update from the server's arrays"),
         "secure-aggregation": ("off", "DP under SecAgg+ is not built"),
         "warmup-rounds": (0, "warm-up rounds average in the clear"),

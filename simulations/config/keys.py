@@ -41,7 +41,9 @@ from fedlmc.simulations.config.values import (
     DEFAULT_OUTLIER_FACTOR,
     INITS,
     MAX_LAMBDAS,
+    ONE_SHOT_MODES,
     STRATEGIES,
+    Mode,
     _align,
     _dataset,
     _failures,
@@ -163,7 +165,7 @@ def declared_keys() -> dict[str, Key]:
         ),
         "strategy": named(
             str,
-            "compare",
+            Mode.COMPARE.value,
             "server strategy (not a merge method: `average` / `fedavg` here run the "
             "OneShotAverage / FedAvgBaseline strategies; as `methods` entries they are rows "
             "of `compare`)",
@@ -176,7 +178,7 @@ def declared_keys() -> dict[str, Key]:
             "clients of different widths get its mixed-width counterparts (embed_average, ...)",
             _methods,
             cell_methods,
-            applies=_strategy_is("compare"),
+            applies=_strategy_is(Mode.COMPARE),
         ),
         "align": Key(
             str,
@@ -184,7 +186,7 @@ def declared_keys() -> dict[str, Key]:
             "merge method of the aligned strategy",
             _align,
             aligning_methods,
-            applies=_strategy_is("aligned"),
+            applies=_strategy_is(Mode.ALIGNED),
         ),
         "auto-tolerance": Key(
             float,
@@ -236,7 +238,7 @@ def declared_keys() -> dict[str, Key]:
             "server",
             "temperature calibration of the average/aligned strategies",
             CALIBRATIONS,
-            applies=_strategy_is("average", "aligned"),
+            applies=_strategy_is(*ONE_SHOT_MODES),
         ),
         "calibration-holdout": Key(
             float,
@@ -315,7 +317,7 @@ def declared_keys() -> dict[str, Key]:
             "one-shot round, which then trains epochs - warmup-rounds epochs (0: pure one-shot; "
             'needs init = "shared")',
             at_least(0),
-            applies=_strategy_is("compare", "average", "aligned"),
+            applies=_strategy_is(Mode.COMPARE, *ONE_SHOT_MODES),
         ),
         "lambdas": Key(
             int,
@@ -323,13 +325,13 @@ def declared_keys() -> dict[str, Key]:
             f"points on the interpolation grid (compare): odd, so that it holds lambda = 1/2; "
             f"at most {MAX_LAMBDAS}",
             _lambdas,
-            applies=_strategy_is("compare"),
+            applies=_strategy_is(Mode.COMPARE),
         ),
         "diagnostics": Key(
             bool,
             True,
             "compute LEWC and orthogonality diagnostics (compare)",
-            applies=_strategy_is("compare"),
+            applies=_strategy_is(Mode.COMPARE),
         ),
         "seed": Key(int, 0, "seed", at_least(0)),
         "device": named(str, "auto", "training device", ("auto", "cpu", "cuda"), runtime=True),

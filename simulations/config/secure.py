@@ -21,6 +21,7 @@ from typing import Any
 from fedlmc.merging.methods import base_method
 from fedlmc.merging.server_sees import SECURE_SUM
 from fedlmc.simulations.config.schema import ConfigError
+from fedlmc.simulations.config.values import ONE_SHOT_MODES
 
 __all__ = [
     "SECURE_MODES",
@@ -100,7 +101,7 @@ def _refuse_methods(config: Mapping[str, Any], mode: str, methods: Sequence[str]
                 f"secure-aggregation = {mode!r}: merge method {method!r} is a sum, but fedlmc "
                 f"does not run it securely yet: it needs {missing}; allowed: {allowed}"
             )
-    if strategy not in ("average", "aligned"):
+    if strategy not in ONE_SHOT_MODES:
         raise ConfigError(
             f"secure-aggregation = {mode!r} with strategy = {strategy!r}: allowed only with "
             f"{allowed} (one merge per secure round)"

@@ -26,6 +26,7 @@ from fedlmc.simulations.config.schema import (
     shown,
 )
 from fedlmc.simulations.config.validate import validate_run_config
+from fedlmc.simulations.config.values import FEDAVG, Mode
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -211,7 +212,7 @@ def client_epochs(cells: Sequence[Mapping[str, Any]]) -> int:
     that also reports FedAvg (its rounds train as long again)."""
     total = 0
     for cell in cells:
-        again = cell["strategy"] == "compare" and "fedavg" in row_methods(cell)
+        again = cell["strategy"] == Mode.COMPARE and FEDAVG in row_methods(cell)
         total += int(cell["num-clients"]) * int(cell["epochs"]) * (2 if again else 1)
     return total
 

@@ -40,6 +40,7 @@ from fedlmc.simulations.config.schema import (
     check_value,
     did_you_mean,
 )
+from fedlmc.simulations.config.values import Mode
 
 
 def validate_run_config(
@@ -85,7 +86,7 @@ def with_cell_default_methods(config: dict[str, Any]) -> dict[str, Any]:
     (:func:`mixed_widths`) and whose ``methods`` is the default gets the mixed-width
     counterparts of the default methods (:func:`mixed_width_counterparts`); an explicit list is
     checked as given (:func:`check_widths`)."""
-    if config["strategy"] != "compare" or config["methods"] != default_methods():
+    if config["strategy"] != Mode.COMPARE or config["methods"] != default_methods():
         return config
     try:
         mixed = mixed_widths(config)
@@ -100,7 +101,7 @@ def cell_default_methods_note(config: Mapping[str, Any]) -> str | None:
     """The line saying that a mixed-width run got the mixed-width counterparts of the default
     methods (:func:`with_cell_default_methods`); ``None`` for any other run."""
     mixed_default = mixed_width_counterparts(default_methods())
-    if config["strategy"] != "compare" or config["methods"] != mixed_default:
+    if config["strategy"] != Mode.COMPARE or config["methods"] != mixed_default:
         return None
     if not mixed_widths(config):
         return None

@@ -7,6 +7,7 @@ import difflib
 import math
 import re
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Any
 
 from fedlmc.data.catalog import (
@@ -32,10 +33,29 @@ from fedlmc.simulations.config.schema import (
     at_least,
 )
 
-STRATEGIES = ("compare", "average", "aligned", "fedavg")
+
+class Mode(StrEnum):
+    """The run config's ``strategy``: what the ServerApp does with the federation (not a merge
+    method: ``average`` and ``fedavg`` are method names too, the rows of ``compare``)."""
+
+    COMPARE = "compare"
+    """Collect the client models once and evaluate every method of ``methods`` on them."""
+    AVERAGE = "average"
+    """:class:`fedlmc.strategies.OneShotAverage`: one round, the plain weighted average."""
+    ALIGNED = "aligned"
+    """:class:`fedlmc.strategies.PermutationAlignedAverage` with the merge method ``align``."""
+    FEDAVG = "fedavg"
+    """:class:`fedlmc.strategies.FedAvgBaseline`: ``fedavg-rounds`` rounds."""
+
+
+STRATEGIES = tuple(mode.value for mode in Mode)
+"""The allowed values of ``strategy``, in :class:`Mode`'s order."""
+ONE_SHOT_MODES = (Mode.AVERAGE, Mode.ALIGNED)
+"""The modes of one one-shot strategy (their ``calibration`` applies)."""
 BIAS_VALUES = ("auto", "true", "false")
 FAILURE_MODES = ("raise", "nan", "hang")
 FEDAVG = "fedavg"
+"""The FedAvg baseline's method (row) name."""
 INITS = ("independent", "shared")
 DEFAULT_MAX_SHARE = 0.5  # = fedlmc.strategies.screening.DEFAULT_MAX_SHARE (no Flower import here)
 DEFAULT_OUTLIER_FACTOR = 10.0  # = fedlmc.strategies.robust.DEFAULT_OUTLIER_FACTOR
@@ -221,7 +241,7 @@ def _model_option_keys() -> dict[str, Key]:
     return keys
 
 
-def _strategy_is(*names: str) -> Rule:
+def _strategy_is(*names: Mode) -> Rule:
     text = " or ".join(f'`"{name}"`' for name in names)
     return Rule(
         f"`strategy` {'=' if len(names) == 1 else 'is'} {text}",

@@ -80,8 +80,9 @@ def secure_merge_method(config: Mapping[str, Any]) -> str:
     """The merge a secure run computes: ``average``, or the ``align`` method of ``aligned``
     (:func:`fedlmc.simulations.config.derived.align_method`)."""
     from fedlmc.simulations.config.derived import align_method
+    from fedlmc.simulations.config.values import Mode
 
-    return align_method(config) if config["strategy"] == "aligned" else "average"
+    return align_method(config) if config["strategy"] == Mode.ALIGNED else "average"
 
 
 def secure_fit_config(

@@ -10,6 +10,8 @@ from fedlmc.simulations.config.schema import ConfigError
 from fedlmc.simulations.config.values import (
     FEDAVG,
     MAX_LAMBDAS,
+    STRATEGIES,
+    Mode,
     aligning_methods,
     cell_methods,
     dataset_names,
@@ -72,3 +74,13 @@ def test_a_value_outside_the_allowed_ones_is_refused_in_one_line(key, value, nam
         validate_run_config({key: value}, check_devices=False)
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"{key} = ") and named in message
+
+
+def test_the_strategies_are_the_modes_and_a_bad_one_is_refused_naming_them():
+    assert STRATEGIES == tuple(Mode) == ("compare", "average", "aligned", "fedavg")
+    config = validate_run_config({"strategy": "aligned"}, check_devices=False)
+    assert Mode(config["strategy"]) is Mode.ALIGNED
+    with pytest.raises(ConfigError) as error:
+        validate_run_config({"strategy": "align"}, check_devices=False)
+    assert "'align'" in str(error.value) and ", ".join(STRATEGIES) in str(error.value)
+    assert "\n" not in str(error.value)
