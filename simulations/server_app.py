@@ -66,17 +66,12 @@ from fedlmc.merging.methods import REFERENCE_METHODS, base_method
 from fedlmc.simulations.config import (
     FEDAVG,
     Mode,
-    align_method,
     cell_default_methods_note,
     client_width,
-    method_list,
     mixed_widths,
-    validate_run_config,
 )
-from fedlmc.simulations.config.defences import client_check, robust_method_options
-from fedlmc.simulations.config.derived import calibration_holdout, keeps_trained_model
 from fedlmc.simulations.config.dp import is_dp
-from fedlmc.simulations.config.field_keys import field_method_options
+from fedlmc.simulations.config.run_plan import RunPlan, plan_run
 from fedlmc.simulations.config.secure import is_secure
 from fedlmc.simulations.config.threads import server_threads, use_threads
 from fedlmc.simulations.private.dp_server import run_dp_average
@@ -120,7 +115,6 @@ from fedlmc.strategies.fedavg import MERGED_TEST_ACCURACY, MERGED_TEST_LOSS
 from fedlmc.strategies.options import StrategyOptions
 from fedlmc.strategies.protocol import record_to_state, state_to_record
 from fedlmc.strategies.queries import ClientRounds
-from fedlmc.strategies.robust import RobustScreen
 from fedlmc.strategies.screening import ClientReferences, WeightBound
 from fedlmc.strategies.strategy_utils import StateDict
 from fedlmc.study.compare import (
@@ -179,19 +173,6 @@ def merged_test_evaluation(template: nn.Module, splits: DataSplits, device: torc
     return evaluate
 
 
-def method_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run-config keys that reach the merge methods
-    (:class:`fedlmc.merging.methods.MergeJob`): ``auto-tolerance``, ``cca-ridge``, the robust
-    rules' (:func:`fedlmc.simulations.config.defences.robust_method_options`) and the field
-    methods' (:func:`fedlmc.simulations.config.field_keys.field_method_options`)."""
-    return {
-        "auto_tolerance": config["auto-tolerance"],
-        "cca_ridge": config["cca-ridge"],
-        **robust_method_options(config),
-        **field_method_options(config),
-    }
-
-
 def weight_bound(config: Mapping[str, Any], simulated: bool) -> WeightBound:
     """The bound on each client's weight (:class:`fedlmc.strategies.screening.WeightBound`): in a
     simulation the partition sizes the server knows (the ClientApp's own split of the same
@@ -208,33 +189,26 @@ def weight_bound(config: Mapping[str, Any], simulated: bool) -> WeightBound:
     )
 
 
-def strategy_options(
-    config: Mapping[str, Any], splits: DataSplits, device: torch.device, outcome
+def one_shot_options(
+    plan: RunPlan, splits: DataSplits, device: torch.device, outcome: ServerOutcome
 ) -> StrategyOptions:
-    """The strategies' options from the run config (one-shot fields as in a plain merge)."""
-    return StrategyOptions(
-        num_clients=config["num-clients"],
-        min_clients=config["min-clients"],
+    """The plan's strategy options with what only the running server knows: the weight bound,
+    the server split, the device and the clients' references (:func:`client_references`)."""
+    return plan.strategy_options.replace(
         weight_bound=outcome.weight_bound,
-        robust=RobustScreen(config["outlier-factor"]),
-        client_check=client_check(config),
         server_data=splits.server if len(splits.server[1]) else None,
-        wait_timeout=config["timeout"],
-        query_timeout=config["timeout"],
         device=device,
-        client_references=client_references(config, outcome),
-        calibration="none",
-        holdout_share=calibration_holdout(config),
+        client_references=client_references(plan, outcome),
     )
 
 
-def client_references(config: Mapping[str, Any], outcome: ServerOutcome) -> ClientReferences | None:
+def client_references(plan: RunPlan, outcome: ServerOutcome) -> ClientReferences | None:
     """Clients of different widths: the arrays the server expects of each partition (its
     width's model), for the train screen; ``None`` when every client has the server's width."""
     if outcome.client_templates is None:
         return None
     states = {p: model.state_dict() for p, model in outcome.client_templates.items()}
-    labels = {p: f"width {client_width(config, p):g}" for p in states}
+    labels = {p: f"width {client_width(plan.config, p):g}" for p in states}
     return ClientReferences.of_states(states, labels)
 
 
@@ -277,24 +251,17 @@ def survivors_train_seconds(result: FedAvgResult) -> float:
     return float(sum(_train_seconds(u) for r in result.reports.values() for u in r.survivors))
 
 
-def warm_up(grid, config, template, outcome: ServerOutcome) -> WarmUp:
+def warm_up(grid, plan: RunPlan, template, outcome: ServerOutcome) -> WarmUp:
     """``warmup-rounds = k`` FedAvg rounds of one local epoch each from the server's
-    initialisation (:class:`fedlmc.strategies.FedAvgBaseline`, ``epochs = k``); no rounds for
+    initialisation (:class:`fedlmc.strategies.FedAvgBaseline`, ``epochs = k``, the plan's
+    :attr:`~fedlmc.simulations.config.run_plan.RunPlan.fedavg_options`); no rounds for
     ``k = 0``."""
-    k = config["warmup-rounds"]
+    k = plan.config["warmup-rounds"]
     if not k:
         return WarmUp()
-    options = StrategyOptions(
-        num_clients=config["num-clients"],
-        min_clients=config["min-clients"],
-        wait_timeout=config["timeout"],
-        weight_bound=outcome.weight_bound,
-        robust=RobustScreen(config["outlier-factor"]),
-        client_check=client_check(config),
-        holdout_share=calibration_holdout(config),  # never trained on, in warm-up rounds too
-    )
+    options = plan.fedavg_options.replace(weight_bound=outcome.weight_bound)
     strategy = FedAvgBaseline(options, total_epochs=k, num_rounds=k)
-    result, seconds = _start(strategy, grid, template, config, k)
+    result, seconds = _start(strategy, grid, template, plan.config, k)
     outcome.results["warmup"] = result
     return WarmUp(
         record_to_state(result.arrays),
@@ -309,7 +276,7 @@ def warm_up(grid, config, template, outcome: ServerOutcome) -> WarmUp:
 
 
 def compare_cell(
-    config: Mapping[str, Any],
+    plan: RunPlan,
     template: nn.Module,
     states: Sequence[StateDict],
     weights: Sequence[float],
@@ -320,9 +287,9 @@ def compare_cell(
     clients: ClientRounds | None = None,
     base: StateDict | None = None,
 ) -> Comparison:
-    """:func:`fedlmc.study.compare_methods` with the run config's settings: its ``methods``
-    (FedAvg aside: it is a run of its own), ``lambdas``, ``seed``, ``diagnostics`` and the
-    merge methods' options; ``client_templates``: each client's architecture (its width's)
+    """:func:`fedlmc.study.compare_methods` with the plan's settings: its ``compare_methods``
+    (FedAvg aside: it is a run of its own), its study's ``lambdas``, ``seed``, ``diagnostics``
+    and the merge methods' options; ``client_templates``: each client's architecture (its width's)
     when it differs from ``template``'s; ``clients``: the query rounds on the collected
     clients, for the methods that run on them; ``base``: their shared starting model."""
     return compare_methods(
@@ -330,12 +297,12 @@ def compare_cell(
         states,
         weights,
         splits,
-        [m for m in method_list(config) if m != FEDAVG],
-        lambdas=config["lambdas"],
-        seed=config["seed"],
-        diagnostics=config["diagnostics"],
+        list(plan.compare_methods),
+        lambdas=plan.study.lambdas,
+        seed=plan.study.seed,
+        diagnostics=plan.study.diagnostics,
         device=device,
-        method_options=method_options(config),
+        method_options=dict(plan.method_options),
         client_templates=client_templates,
         progress=progress,
         clients=clients,
@@ -343,12 +310,12 @@ def compare_cell(
     )
 
 
-def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
+def run_compare(grid, plan: RunPlan, splits, template, device, outcome: ServerOutcome) -> None:
     """Collect the client models once, evaluate every requested method on them (each base merge
     once, its weights kept for ``merged-<method>.safetensors``)."""
-    options = strategy_options(config, splits, device, outcome)
-    keep = keeps_trained_model(config)  # the study's methods query the collected clients
-    options = options.replace(calibration="none", keep_client_states=True, clients_keep_models=keep)
+    config = plan.config
+    options = one_shot_options(plan, splits, device, outcome)
+    keep = plan.client.keeps_model  # the study's methods query the collected clients
     if outcome.client_templates is None:
         strategy = OneShotAverage(template, options)
     else:  # the collecting round's own merge must take clients of different widths
@@ -357,7 +324,7 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
         "this round only collects the client models; every method's temperature, the _t rows, "
         "is fitted afterwards on the server split"
     )
-    warm = warm_up(grid, config, template, outcome)
+    warm = warm_up(grid, plan, template, outcome)
     one_shot = warm.one_shot_config(config)
     result, seconds = _start(
         strategy, grid, template, one_shot, 1, initial=warm.state, progress=outcome.progress
@@ -368,20 +335,20 @@ def run_compare(grid, config, splits, template, device, outcome: ServerOutcome) 
     weights = list(result.weights)
     start = time.perf_counter()
     own = None if outcome.client_templates is None else outcome.templates_of(report, template)
-    methods = [m for m in method_list(config) if m != FEDAVG]
+    methods = plan.compare_methods
     bases = list(dict.fromkeys(base_method(m) for m in methods if m not in REFERENCE_METHODS))
     say = outcome.progress.merging(bases)
     clients = strategy.client_rounds(report.survivors) if keep else None
     base = (warm.state or template.state_dict()) if one_shot["init"] == "shared" else None
     comparison = compare_cell(
-        config, template, states, weights, splits, device, own, say, clients, base
+        plan, template, states, weights, splits, device, own, say, clients, base
     )
     outcome.timings["evaluate_seconds"] = time.perf_counter() - start
     columns = warm.columns(round_columns(report, result_bytes(result), seconds, 1, config))
     outcome.rows.extend(with_query_cost(row, columns) for row in comparison.rows)
     outcome.merged.update(comparison.merged)
-    if FEDAVG in method_list(config):
-        run_fedavg(grid, config, splits, template, device, outcome)
+    if plan.runs_fedavg:
+        run_fedavg(grid, plan, splits, template, device, outcome)
 
 
 def with_query_cost(row: Mapping[str, Any], columns: Mapping[str, Any]) -> dict[str, Any]:
@@ -400,22 +367,22 @@ def result_bytes(result: OneShotResult | FedAvgResult) -> int:
     return int(sum(m.get("bytes-received", 0) for m in result.train_metrics_clientapp.values()))
 
 
-def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
+def run_one_shot(grid, plan: RunPlan, splits, template, device, outcome: ServerOutcome) -> None:
     """``average`` or ``aligned``: one strategy, its merged model and temperature."""
-    options = strategy_options(config, splits, device, outcome)
-    options = options.replace(calibration=config["calibration"], keep_client_states=True)
-    if config["strategy"] == Mode.AVERAGE:
+    config = plan.config
+    options = one_shot_options(plan, splits, device, outcome)
+    if plan.mode == Mode.AVERAGE:
         strategy = OneShotAverage(template, options)
     else:
         strategy = PermutationAlignedAverage(
             template,
             options,
-            method=align_method(config),
+            method=plan.merge_method,
             seed=config["seed"],
-            method_options=method_options(config),
+            method_options=dict(plan.method_options),
         )
     base = strategy.merge_method
-    warm = warm_up(grid, config, template, outcome)
+    warm = warm_up(grid, plan, template, outcome)
     one_shot = warm.one_shot_config(config)
     result, seconds = _start(
         strategy, grid, template, one_shot, 1, initial=warm.state, progress=outcome.progress
@@ -435,7 +402,7 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
         splits,
         device=device,
         num_clients=len(report.survivors),
-        calibrated=config["calibration"] != "none",
+        calibrated=options.calibration != "none",
         temperature=result.temperature,
         temperature_server_split=result.server_split_temperature,
         endpoints=endpoints,
@@ -443,18 +410,12 @@ def run_one_shot(grid, config, splits, template, device, outcome: ServerOutcome)
     outcome.rows.extend({**row, **result.merge_info, **columns} for row in rows)
 
 
-def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
-    """Multi-round FedAvg from the shared template initialisation."""
+def run_fedavg(grid, plan: RunPlan, splits, template, device, outcome: ServerOutcome) -> None:
+    """Multi-round FedAvg from the shared template initialisation (the plan's
+    :attr:`~fedlmc.simulations.config.run_plan.RunPlan.fedavg_options`)."""
+    config = plan.config
     rounds = config["fedavg-rounds"]
-    options = StrategyOptions(
-        num_clients=config["num-clients"],
-        min_clients=config["min-clients"],
-        wait_timeout=config["timeout"],
-        weight_bound=outcome.weight_bound,
-        robust=RobustScreen(config["outlier-factor"]),
-        client_check=client_check(config),
-        holdout_share=calibration_holdout(config),
-    )
+    options = plan.fedavg_options.replace(weight_bound=outcome.weight_bound)
     strategy = FedAvgBaseline(options, total_epochs=config["epochs"], num_rounds=rounds)
     evaluate = merged_test_evaluation(template, splits, device)
     result, seconds = _start(
@@ -471,15 +432,15 @@ def run_fedavg(grid, config, splits, template, device, outcome: ServerOutcome) -
     outcome.rows.append({**row, **columns})
 
 
-def run_secure(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
+def run_secure(grid, plan: RunPlan, splits, template, device, outcome: ServerOutcome) -> None:
     """``average`` under ``secure-aggregation``
     (:mod:`fedlmc.simulations.private.secure_server`)."""
-    run_secure_average(ServerRun(grid, config, splits, template, device, outcome))
+    run_secure_average(ServerRun(grid, plan, splits, template, device, outcome))
 
 
-def run_dp(grid, config, splits, template, device, outcome: ServerOutcome) -> None:
+def run_dp(grid, plan: RunPlan, splits, template, device, outcome: ServerOutcome) -> None:
     """``average`` under ``dp`` (:mod:`fedlmc.simulations.private.dp_server`)."""
-    run_dp_average(ServerRun(grid, config, splits, template, device, outcome))
+    run_dp_average(ServerRun(grid, plan, splits, template, device, outcome))
 
 
 MODES = {
@@ -520,11 +481,10 @@ def prepare_data(config: Mapping[str, Any]) -> DataSplits:
     return load_splits(config)
 
 
-def run_mode(
-    grid: Grid, config: Mapping[str, Any], simulated: bool, progress: RunProgress
-) -> ServerOutcome:
-    """The data, the models and the configured mode (:data:`MODES`) of a validated run config,
-    its stages told through ``progress``."""
+def run_mode(grid: Grid, plan: RunPlan, simulated: bool, progress: RunProgress) -> ServerOutcome:
+    """The data, the models and the planned mode (:data:`MODES`) of a run, its stages told
+    through ``progress``."""
+    config = plan.config
     outcome = ServerOutcome(config=config, progress=progress)
     if progress.watching:  # each reply told as it arrives, the waits on a timer
         grid = WatchedGrid(grid, progress)
@@ -538,9 +498,9 @@ def run_mode(
     if mixed_widths(config):
         outcome.client_templates = client_templates(config, splits)
     outcome.weight_bound = weight_bound(config, simulated)
-    mode = run_secure if is_secure(config) else MODES[config["strategy"]]
+    mode = run_secure if is_secure(config) else MODES[plan.mode]
     mode = run_dp if is_dp(config) else mode
-    mode(grid, config, splits, template, device_of(config), outcome)
+    mode(grid, plan, splits, template, device_of(config), outcome)
     for row in outcome.rows:  # after every mode: a strategy's T replaces the study's
         row.update(flag_columns(row, splits.num_classes, len(splits.test[1])))
     outcome.timings["server_seconds"] = time.perf_counter() - start
@@ -550,26 +510,28 @@ def run_mode(
 
 def run_server(
     grid: Grid,
-    run_config: Mapping[str, Any],
+    run_config: Mapping[str, Any] | RunPlan,
     *,
     simulated: bool = False,
     say: Say | None = None,
 ) -> ServerOutcome:
-    """Validate the run config (a validated :class:`~fedlmc.simulations.config.RunConfig` is
-    taken as it is), run the configured mode, add columns, write the outputs.
+    """Plan the run once (:func:`fedlmc.simulations.config.run_plan.plan_run`: a plan is taken as
+    it is, a validated :class:`~fedlmc.simulations.config.RunConfig` is not validated again),
+    run the planned mode, add columns, write the outputs.
     ``simulated``: the clients are this project's simulated ClientApps, whose partition sizes
     the server knows (the weight bound, :func:`weight_bound`). ``say`` receives the stages
     and, last, where the rows went (:mod:`fedlmc.simulations.records.progress`)."""
-    config = validate_run_config(run_config, check_devices=False)  # once: as it is if validated
+    plan = run_config if isinstance(run_config, RunPlan) else plan_run(run_config)  # the boundary
+    config = plan.config
     if config["out-dir"]:  # before any work: never overwrite a sweep's results.csv
         check_writable_folder(config["out-dir"], "out-dir")
         refuse_mixing(config["out-dir"], "run")
         with out_dir_lock(config["out-dir"], "the fedlmc ServerApp"):  # re-entrant in fedlmc run
             refuse_mixing(config["out-dir"], "run")  # again, under the lock
-            outcome = run_mode(grid, config, simulated, RunProgress(say))
+            outcome = run_mode(grid, plan, simulated, RunProgress(say))
             write_outputs(outcome, config["out-dir"], device_of(config))
     else:
-        outcome = run_mode(grid, config, simulated, RunProgress(say))
+        outcome = run_mode(grid, plan, simulated, RunProgress(say))
     if say is not None:
         say(rows_destination(config))
     for row in outcome.rows:
@@ -595,7 +557,7 @@ def main(grid: Grid, context: Context) -> None:
     """Entry point of ``flwr run``: the run config comes from ``context.run_config``; the
     server computes with ``server-cpus`` threads (0: every usable core, no client slots run
     beside a deployment's ServerApp; :mod:`fedlmc.simulations.config.threads`)."""
-    config = validate_run_config(dict(context.run_config), check_devices=False)  # the boundary
-    use_threads(server_threads(config["server-cpus"]))
+    plan = plan_run(dict(context.run_config))  # the boundary: validated and planned once
+    use_threads(server_threads(plan.config["server-cpus"]))
     shorten_flower_config_logs()  # the train ConfigRecord: 50+ keys on one line otherwise
-    run_server(grid, config, say=flower_say)
+    run_server(grid, plan, say=flower_say)

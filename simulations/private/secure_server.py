@@ -7,7 +7,7 @@ is secure: one SecAgg+ round (:func:`fedlmc.strategies.secure.secure_average`) o
 Grid, in a simulation or a deployment alike, then the same post-merge steps on the server's
 own data as the clear strategy (BatchNorm statistics re-estimated on the server split where
 the method does; the server holds the merged model, never a client's). The merge method
-(:func:`secure_merge_method`) travels in the fit config (:data:`MERGE_KEY`): each client
+(the plan's ``merge_method``) travels in the fit config (:data:`MERGE_KEY`): each client
 pre-scales its arrays by its share to the power of the method's ``sum_exponents`` and the
 server post-scales the weighted mean (:mod:`fedlmc.merging.sum_form`; the plain average's
 exponents are all 0); for a rule that divides by the holders (``heterofl``) the clients also
@@ -70,19 +70,9 @@ from fedlmc.study.model_rows import merge_rows
 __all__ = [
     "run_secure_average",
     "secure_fit_config",
-    "secure_merge_method",
     "secure_round_columns",
     "secure_sums_options",
 ]
-
-
-def secure_merge_method(config: Mapping[str, Any]) -> str:
-    """The merge a secure run computes: ``average``, or the ``align`` method of ``aligned``
-    (:func:`fedlmc.simulations.config.derived.align_method`)."""
-    from fedlmc.simulations.config.derived import align_method
-    from fedlmc.simulations.config.values import Mode
-
-    return align_method(config) if config["strategy"] == Mode.ALIGNED else "average"
 
 
 def secure_fit_config(
@@ -91,19 +81,19 @@ def secure_fit_config(
     max_weight: float,
     method: str = "average",
     weights_bound: float | None = None,
+    holdout_share: float = 0.0,
 ) -> dict:
     """What the secure round sends every client: the run config, the round, the share each
     client holds out for federated calibration (``holdout-share``,
-    :mod:`fedlmc.strategies.protocol`, when it is not 0), the clients'
-    check values (the clipping range and ``max_weight``), the merge ``method`` whose
+    :mod:`fedlmc.strategies.protocol`, the plan's
+    :attr:`~fedlmc.simulations.config.run_plan.ClientPlan.holdout_share`, when it is not 0),
+    the clients' check values (the clipping range and ``max_weight``), the merge ``method`` whose
     ``sum_exponents`` they pre-scale by and, for a rule of several sums, the weight range
     ``weights_bound`` (:func:`fedlmc.strategies.secure_statistics.weight_range`)."""
-    from fedlmc.simulations.config.derived import calibration_holdout
-
     sent = {k: v for k, v in config.items()}
     sent.update({"server-round": 1, CLIPPING_KEY: float(clipping), MAX_WEIGHT_KEY: max_weight})
-    if (share := calibration_holdout(config)) > 0:
-        sent[HOLDOUT_SHARE_KEY] = share
+    if holdout_share > 0:
+        sent[HOLDOUT_SHARE_KEY] = float(holdout_share)
     sent[MERGE_KEY] = method
     if weights_bound is not None:
         sent[WEIGHT_RANGE_KEY] = float(weights_bound)
@@ -161,7 +151,7 @@ def run_secure_average(run: ServerRun) -> None:
     (its rows, :func:`fedlmc.study.model_rows.merge_rows`, and merged state)."""
     grid, config, splits, template = run.grid, run.config, run.splits, run.template
     device, outcome = run.device, run.outcome
-    method = secure_merge_method(config)
+    method = run.plan.merge_method  # average, or the align method of aligned
     initial = {k: v.detach().cpu() for k, v in template.state_dict().items()}
     n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
     settings = secure_settings(
@@ -173,7 +163,7 @@ def run_secure_average(run: ServerRun) -> None:
         fixed = float(config["secagg-clipping-range"]) > 0
         bound = weight_range(initial, settings.clipping_range, fixed)
     c, m = settings.clipping_range, settings.max_weight
-    sent = secure_fit_config(config, c, m, method, bound)
+    sent = secure_fit_config(config, c, m, method, bound, run.plan.client.holdout_share)
     outcome.progress.training(config["num-clients"], config["epochs"], secure=True)
     if sums is not None:
         options = secure_sums_options(config)

@@ -22,6 +22,7 @@ from fedlmc.simulations.config import (
     server_width,
     widths_text,
 )
+from fedlmc.simulations.config.run_plan import RunPlan
 from fedlmc.simulations.records.progress import RunProgress
 from fedlmc.strategies import (
     FedAvgResult,
@@ -67,16 +68,22 @@ class ServerOutcome:
 
 @dataclass(frozen=True)
 class ServerRun:
-    """What a mode of the ServerApp works on: the run's ``grid``, its validated run ``config``,
-    the data ``splits``, the server's model ``template``, the ``device`` it evaluates on, and
-    the ``outcome`` it fills (its rows, merged weights, reports)."""
+    """What a mode of the ServerApp works on: the run's ``grid``, its ``plan``
+    (:class:`~fedlmc.simulations.config.run_plan.RunPlan`), the data ``splits``, the server's
+    model ``template``, the ``device`` it evaluates on, and the ``outcome`` it fills (its rows,
+    merged weights, reports)."""
 
     grid: Grid
-    config: Mapping[str, Any]
+    plan: RunPlan
     splits: DataSplits
     template: nn.Module
     device: torch.device
     outcome: ServerOutcome
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The plan's validated run config (the plain values of the rows' config columns)."""
+        return self.plan.config
 
 
 MIXED_COLLECT = "embed_average"

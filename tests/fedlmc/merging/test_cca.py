@@ -18,7 +18,7 @@ from fedlmc.models.classifiers import build_model
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import apply_permutation, random_permutations
 from fedlmc.simulations.config import validate_run_config
-from fedlmc.simulations.server_app import method_options
+from fedlmc.simulations.config.run_plan import plan_run
 
 SMALL = (1, 6, 6)
 GROUPS = ("hidden.0", "hidden.1")
@@ -167,4 +167,4 @@ def test_fewer_samples_than_units_need_the_ridge_and_the_run_config_sets_it():
     small, large = merged(1e-4), merged(1e-1)
     assert any(not torch.allclose(small[k], large[k], atol=1e-4) for k in small)
     config = validate_run_config({"methods": "cca_merge_t", "cca-ridge": 1e-3})
-    assert method_options(config)["cca_ridge"] == 1e-3
+    assert plan_run(config).method_options["cca_ridge"] == 1e-3

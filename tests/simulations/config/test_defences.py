@@ -10,7 +10,7 @@ import pytest
 from fedlmc.simulations.config import ConfigError, validate_run_config
 from fedlmc.simulations.config.cell_identity import cell_id
 from fedlmc.simulations.config.defences import client_check, robust_method_options
-from fedlmc.simulations.server_app import method_options
+from fedlmc.simulations.config.run_plan import plan_run
 
 ALIGNED = {"strategy": "aligned", "dataset": "mnist5k"}
 
@@ -58,7 +58,7 @@ def test_the_keys_reach_the_merge_methods():
         "krum_byzantine": 1,
         "krum_select": 3,
     }
-    assert method_options(config)["krum_select"] == 3
+    assert plan_run(config).method_options["krum_select"] == 3
 
 
 def test_auto_checks_accuracy_only_where_clients_data_are_alike():
