@@ -196,8 +196,9 @@ def federated_calibration(config: Mapping[str, Any]) -> bool:
 
 def calibration_holdout(config: Mapping[str, Any]) -> float:
     """The share of each client's partition held out from training for calibration:
-    ``calibration-holdout`` under :func:`federated_calibration`, else 0. The ServerApp gives it
-    to its strategies (``StrategyOptions.holdout_share``), which send it to the clients as
+    ``calibration-holdout`` under :func:`federated_calibration`, else 0. The run plan gives it
+    to the strategies (:mod:`fedlmc.simulations.config.run_plan`,
+    ``StrategyOptions.holdout_share``), which send it to the clients as
     ``holdout-share`` (:mod:`fedlmc.strategies.protocol`); a client reads only that."""
     return float(config["calibration-holdout"]) if federated_calibration(config) else 0.0
 
@@ -206,8 +207,9 @@ def keeps_trained_model(config: Mapping[str, Any]) -> bool:
     """Whether the clients of a run keep their trained weights in their node's context between
     rounds: a merge method that queries the clients about their own models runs
     (``activation_federated``, ``fisher``, ``regmean``: ``align`` of ``strategy = "aligned"``, or
-    in the ``methods`` of ``"compare"``). The server's side of it (the sweep engine's exclusive
-    messages, ``compare``'s ``StrategyOptions.clients_keep_models``); the clients read the
+    in the ``methods`` of ``"compare"``). The server's side of it (the run plan's client plan,
+    :mod:`fedlmc.simulations.config.run_plan`: the sweep engine's exclusive messages,
+    ``compare``'s ``StrategyOptions.clients_keep_models``); the clients read the
     ``keep-model`` key their messages carry (:mod:`fedlmc.strategies.protocol`)."""
     if config["strategy"] not in (Mode.ALIGNED, Mode.COMPARE):
         return False

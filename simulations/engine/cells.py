@@ -22,7 +22,8 @@ clients) whose ServerApp (:class:`SweepServer`) runs every cell on the same Grid
   in flight, so concurrent cells never see each other's replies;
 - client state: a cell whose clients keep their trained model in the node's ``context.state``
   between rounds (client-side activation matching,
-  :func:`fedlmc.simulations.config.keeps_trained_model`) sends *exclusive* messages: one runs on a
+  the run plan's ``client.queried_methods``, :mod:`fedlmc.simulations.config.run_plan`) sends
+  *exclusive* messages: one runs on a
   node only while no other message runs there, and no message runs on a node while an exclusive one
   does (Flower's simulation stores a node's context after each message, so two messages on one
   node at once would lose one's update). Other cells keep sharing nodes freely; a message never

@@ -16,7 +16,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedlmc.simulations.config import keeps_trained_model
+from fedlmc.simulations.config.run_plan import plan_run
 from fedlmc.simulations.engine.grid_view import CellGrid
 from fedlmc.simulations.engine.slots import Broker, EngineStopped
 from fedlmc.simulations.records.server_outcome import ServerOutcome
@@ -106,7 +106,8 @@ class SweepServer:
         self, broker: Broker, job: CellJob, priority: int, gate: threading.BoundedSemaphore
     ) -> None:
         start = time.perf_counter()
-        exclusive = keeps_trained_model(job.config)
+        plan = plan_run(job.config)  # a sweep's cell: validated already, planned once here
+        exclusive = bool(plan.client.queried_methods)  # the clients keep their trained models
         heard = None if self.on_reply is None else partial(self.on_reply, job)
         grid = CellGrid(broker, job.config["num-clients"], priority, exclusive, on_reply=heard)
         result = CellResult(job.key, job.config)
@@ -114,7 +115,7 @@ class SweepServer:
             try:
                 if self.on_start is not None:
                     self.on_start(job)
-                result.outcome = run_server(grid, job.config, simulated=True, say=job.say)
+                result.outcome = run_server(grid, plan, simulated=True, say=job.say)
             except EngineStopped:
                 return
             except Exception as err:  # noqa: BLE001 - a failed cell is a result, the others go on
