@@ -84,21 +84,20 @@ from fedlmc.merging.regmean import gram_matrices
 from fedlmc.merging.repair import unit_statistics
 from fedlmc.permutation.embed import slice_state
 from fedlmc.permutation.matching import activation_matching
-from fedlmc.simulations.config import cell_id, client_width
-from fedlmc.simulations.config.threads import config_slot_threads, pool_threads, use_threads
+from fedlmc.simulations.config import client_width
+from fedlmc.simulations.config.threads import pool_threads, use_threads
 from fedlmc.simulations.private.dp_client import dp_clipping_mod
 from fedlmc.simulations.private.secure_client import secure_train_mod
 from fedlmc.simulations.task import (
+    ClientSetup,
     build_from_config,
     client_calibration_data,
     client_data,
-    client_run_config,
     client_seed,
+    client_setup,
     client_train_data,
     device_of,
-    failure_plan,
     load_splits,
-    train_options,
 )
 from fedlmc.strategies.protocol import (
     ALIGN_QUERY,
@@ -184,8 +183,7 @@ def use_slot_threads(message: Message, context: Context) -> int:
     """Compute with this client slot's ``max(1, floor(num-cpus))`` threads (torch and the BLAS
     pools, :mod:`fedlmc.simulations.config.threads`), whatever the environment's thread variables
     say."""
-    config = client_run_config(context.run_config, _message_config(message))
-    count = config_slot_threads(config)
+    count = client_setup(context.run_config, _message_config(message)).slot_threads
     use_threads(count)
     return count
 
@@ -218,12 +216,12 @@ def _guarded(code: int, handler: Callable[[Message, Context], Message]) -> Calla
 # ----------------------------------------------------------------------------- train
 
 
-def _initial_model(config: dict, splits, pid: int, message: Message) -> nn.Module:
+def _initial_model(setup: ClientSetup, splits, pid: int, message: Message) -> nn.Module:
     """The per-client seeded initialisation at this client's width, or, when ``init = shared``,
     the received weights (:func:`shared_start`)."""
-    width = client_width(config, pid)
-    model = build_from_config(config, splits, seed=client_seed(config["seed"], pid), width=width)
-    if config["init"] == "shared":
+    config, seed = setup.config, client_seed(setup.seed, pid)
+    model = build_from_config(config, splits, seed=seed, width=client_width(config, pid))
+    if setup.init == "shared":
         record = next(iter(message.content.array_records.values()))
         model.load_state_dict(shared_start(record_to_state(record), model), strict=True)
     return model
@@ -261,13 +259,14 @@ def _hang_past_deadline(message: Message, timeout: float) -> None:
 
 def train_reply(message: Message, context: Context) -> Message:
     """Train on this node's partition and reply with the weights and training metrics."""
-    config = client_run_config(context.run_config, _message_config(message))
+    setup = client_setup(context.run_config, _message_config(message))
+    config = setup.config
     pid, num_partitions = _partition(message, context)
-    mode = failure_plan(config).get(pid)
+    mode = setup.failures.get(pid)
     if mode == "raise":
         raise InjectedFailure(f"injected failure on partition {pid}")
     if mode == "hang":
-        _hang_past_deadline(message, config["timeout"])
+        _hang_past_deadline(message, setup.timeout)
         raise InjectedFailure(f"injected hang on partition {pid} (replying after the timeout)")
     sent = _message_config(message)
     server_round = int(sent.get(SERVER_ROUND_KEY, 1))
@@ -278,13 +277,13 @@ def train_reply(message: Message, context: Context) -> Message:
     held_out = None
     if share > 0:  # its loss after every epoch (the reply's history)
         held_out = client_calibration_data(config, pid, num_partitions, share)
-    model = _initial_model(config, splits, pid, message)
+    model = _initial_model(setup, splits, pid, message)
     load_seconds = time.perf_counter() - start
     model, history = train_model(
         model,
         data,
-        **train_options(config),
-        seed=client_seed(config["seed"], pid, server_round),
+        **setup.train,
+        seed=client_seed(setup.seed, pid, server_round),
         device=device_of(config),
         augment=splits.augment,
         held_out=held_out,
@@ -301,7 +300,7 @@ def train_reply(message: Message, context: Context) -> Message:
     }
     arrays = state_to_record(_checked_weights(model, poison=mode == "nan"))
     if keep_model(sent) is not None:
-        keep_trained_model(context, _kept_key(config, pid, num_partitions), arrays)
+        keep_trained_model(context, _kept_key(setup, pid, num_partitions), arrays)
     record = metric_record(metrics)
     for key, values in history_metrics(
         history.loss, history.accuracy, history.held_out_loss
@@ -311,9 +310,9 @@ def train_reply(message: Message, context: Context) -> Message:
     return Message(content, reply_to=message)
 
 
-def _kept_key(config: dict, pid: int, num_partitions: int) -> str:
+def _kept_key(setup: ClientSetup, pid: int, num_partitions: int) -> str:
     """The ``context.state`` key of a cell's trained model on this node."""
-    return f"{KEPT_PREFIX}{cell_id(config)}/{pid}-of-{num_partitions}"
+    return f"{KEPT_PREFIX}{setup.cell}/{pid}-of-{num_partitions}"
 
 
 def keep_trained_model(context: Context, key: str, arrays: ArrayRecord) -> None:
@@ -328,11 +327,11 @@ def keep_trained_model(context: Context, key: str, arrays: ArrayRecord) -> None:
 # ----------------------------------------------------------------------------- queries
 
 
-def _received_model_and_config(message: Message, context: Context):
-    config = client_run_config(context.run_config, _message_config(message))
+def _received_model_and_setup(message: Message, context: Context):
+    setup = client_setup(context.run_config, _message_config(message))
     pid, num_partitions = _partition(message, context)
-    model = _model_from(config, query_models(message.content)[0])
-    return config, pid, num_partitions, model
+    model = _model_from(setup.config, query_models(message.content)[0])
+    return setup, pid, num_partitions, model
 
 
 def _train_data(message: Message, config: dict, pid: int, num_partitions: int):
@@ -344,7 +343,7 @@ def temperature_reply(message: Message, context: Context) -> Message:
     """NLL sums and derivatives in log T of the received model (or of each received model) on
     this node's calibration data (the query's ``holdout-share``; its training data when that
     is 0 or absent)."""
-    config = client_run_config(context.run_config, _message_config(message))
+    config = client_setup(context.run_config, _message_config(message)).config
     pid, num_partitions = _partition(message, context)
     share = holdout_share(_message_config(message))
     x, y = client_calibration_data(config, pid, num_partitions, share)
@@ -362,8 +361,8 @@ def temperature_reply(message: Message, context: Context) -> Message:
 
 def bn_stats_reply(message: Message, context: Context) -> Message:
     """Per-layer BatchNorm input moments of the received model on this node's training data."""
-    config, pid, num_partitions, model = _received_model_and_config(message, context)
-    x, _ = _train_data(message, config, pid, num_partitions)
+    setup, pid, num_partitions, model = _received_model_and_setup(message, context)
+    x, _ = _train_data(message, setup.config, pid, num_partitions)
     stats = bn_statistics(model, x)
     return Message(bn_stats_to_content(stats, {"partition-id": pid}), reply_to=message)
 
@@ -371,16 +370,18 @@ def bn_stats_reply(message: Message, context: Context) -> Message:
 def unit_stats_reply(message: Message, context: Context) -> Message:
     """Per-unit output moments of the requested ``layers`` of the received model on this node's
     training data (REPAIR, :func:`fedlmc.merging.repair.unit_statistics`)."""
-    config, pid, num_partitions, model = _received_model_and_config(message, context)
+    setup, pid, num_partitions, model = _received_model_and_setup(message, context)
     layers = _message_config(message)["layers"]
-    x, _ = _train_data(message, config, pid, num_partitions)
+    x, _ = _train_data(message, setup.config, pid, num_partitions)
     stats = unit_statistics(model, x, layers if isinstance(layers, list) else [layers])
     return Message(unit_stats_to_content(stats, {"partition-id": pid}), reply_to=message)
 
 
-def _kept_record(context: Context, config: dict, pid: int, num_partitions: int) -> ArrayRecord:
+def _kept_record(
+    context: Context, setup: ClientSetup, pid: int, num_partitions: int
+) -> ArrayRecord:
     """This node's trained model of the cell, kept since its train round."""
-    key = _kept_key(config, pid, num_partitions)
+    key = _kept_key(setup, pid, num_partitions)
     if key not in context.state.array_records:
         raise LookupError(
             f"no trained model of this cell kept on this node (key {key!r}); was the node "
@@ -390,12 +391,12 @@ def _kept_record(context: Context, config: dict, pid: int, num_partitions: int) 
 
 
 def _release_kept(
-    message: Message, context: Context, config: dict, pid: int, num_partitions: int
+    message: Message, context: Context, setup: ClientSetup, pid: int, num_partitions: int
 ) -> None:
     """Remove the kept model after its query when the message says ``keep-model =
     "one-query"`` (one merge); ``several-queries`` keeps it for the study's other queries."""
     if keep_model(_message_config(message)) == KEEP_ONE_QUERY:
-        del context.state[_kept_key(config, pid, num_partitions)]
+        del context.state[_kept_key(setup, pid, num_partitions)]
 
 
 def align_reply(message: Message, context: Context) -> Message:
@@ -403,17 +404,17 @@ def align_reply(message: Message, context: Context) -> Message:
     matched to the received reference by activation correlation on its training data
     (:func:`fedlmc.permutation.matching.activation_matching`); replies with the permutations and the
     digest of the weights they permute."""
-    config, pid, num_partitions, reference = _received_model_and_config(message, context)
-    kept = _kept_record(context, config, pid, num_partitions)
-    own = _model_from(config, kept)
-    x, _ = _train_data(message, config, pid, num_partitions)
-    perms = activation_matching(reference, own, x, seed=client_seed(config["seed"], pid))
+    setup, pid, num_partitions, reference = _received_model_and_setup(message, context)
+    kept = _kept_record(context, setup, pid, num_partitions)
+    own = _model_from(setup.config, kept)
+    x, _ = _train_data(message, setup.config, pid, num_partitions)
+    perms = activation_matching(reference, own, x, seed=client_seed(setup.seed, pid))
     content = permutations_to_content(
         dict(perms),
         state_digest(record_to_state(kept)),
         {"partition-id": pid, "num-examples": len(x)},
     )
-    _release_kept(message, context, config, pid, num_partitions)
+    _release_kept(message, context, setup, pid, num_partitions)
     return Message(content, reply_to=message)
 
 
@@ -422,30 +423,30 @@ def statistics_reply(message: Message, context: Context) -> Message:
     Gram matrices of the requested ``layers``' inputs, on a bounded seeded sample of its
     training data (:func:`fedlmc.merging.fisher.fisher_diagonal`,
     :func:`fedlmc.merging.regmean.gram_matrices`), with the digest of those weights."""
-    config = client_run_config(context.run_config, _message_config(message))
+    setup = client_setup(context.run_config, _message_config(message))
     pid, num_partitions = _partition(message, context)
-    kept = _kept_record(context, config, pid, num_partitions)
-    own = _model_from(config, kept)
-    x, y = _train_data(message, config, pid, num_partitions)
-    seed = statistics_seed(config["seed"], pid)
+    kept = _kept_record(context, setup, pid, num_partitions)
+    own = _model_from(setup.config, kept)
+    x, y = _train_data(message, setup.config, pid, num_partitions)
+    seed = statistics_seed(setup.seed, pid)
     if message.metadata.message_type.rsplit(".", 1)[-1] == FISHER_QUERY:
-        xs, ys = bounded_sample(x, y, config["fisher-samples"], seed)
-        found = fisher_diagonal(own, xs, ys, labels=config["fisher-labels"], seed=seed)
+        xs, ys = bounded_sample(x, y, setup.fisher_samples, seed)
+        found = fisher_diagonal(own, xs, ys, labels=setup.fisher_labels, seed=seed)
     else:
         layers = _message_config(message)["layers"]
-        xs, _ = bounded_sample(x, None, config["regmean-samples"], seed)
+        xs, _ = bounded_sample(x, None, setup.regmean_samples, seed)
         found = gram_matrices(own, xs, layers if isinstance(layers, list) else [layers])
     digest = state_digest(record_to_state(kept))
     content = statistics_to_content(found, digest, {"partition-id": pid, "num-examples": len(xs)})
-    _release_kept(message, context, config, pid, num_partitions)
+    _release_kept(message, context, setup, pid, num_partitions)
     return Message(content, reply_to=message)
 
 
 @torch.no_grad()
 def evaluate_reply(message: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this node's data."""
-    config, pid, num_partitions, model = _received_model_and_config(message, context)
-    x, y = client_data(config, pid, num_partitions)
+    setup, pid, num_partitions, model = _received_model_and_setup(message, context)
+    x, y = client_data(setup.config, pid, num_partitions)
     logits = predict_logits(model, x)
     metrics = metric_record(
         {

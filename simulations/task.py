@@ -22,6 +22,8 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -35,12 +37,14 @@ from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import (
     RunConfig,
     calibration_holdout,
+    cell_id,
     client_widths,
     model_options,
     run_schema,
     server_width,
     validate_run_config,
 )
+from fedlmc.simulations.config.threads import config_slot_threads
 from fedlmc.train import seed_everything
 
 Data = tuple[Tensor, Tensor]
@@ -72,6 +76,70 @@ def _validated_client_config(items: tuple[tuple[str, Any], ...]) -> RunConfig:
     """:func:`validate_run_config` of a client's config (as sorted items), cached: the
     ClientApp validates each distinct config once, not on every message."""
     return validate_run_config(dict(items), check_devices=False, whole_run=False)
+
+
+@dataclass(frozen=True)
+class ClientSetup:
+    """What a ClientApp process needs of one client config, resolved once per distinct config
+    (:func:`client_setup`) instead of on every message.
+
+    :param config: The validated client config (:func:`client_run_config`; data, model and
+        width helpers read it).
+    :param seed: The run's ``seed`` (each client's seeds derive from it, :func:`client_seed`).
+    :param init: ``init``: ``"shared"`` starts from the received weights.
+    :param timeout: The server's ``timeout`` (a test-only hanging client sleeps past it).
+    :param failures: The test-only ``inject-failure`` plan (:func:`failure_plan`).
+    :param train: :func:`fedlmc.train.train_model`'s options (:func:`train_options`).
+    :param slot_threads: The threads a client slot computes with
+        (:func:`fedlmc.simulations.config.threads.config_slot_threads`).
+    :param fisher_samples: ``fisher-samples`` (Fisher merging's query).
+    :param fisher_labels: ``fisher-labels`` (Fisher merging's query).
+    :param regmean_samples: ``regmean-samples`` (RegMean's query).
+    """
+
+    config: RunConfig
+    seed: int
+    init: str
+    timeout: float
+    failures: Mapping[int, str]
+    train: Mapping[str, Any]
+    slot_threads: int
+    fisher_samples: int
+    fisher_labels: str
+    regmean_samples: int
+
+    @functools.cached_property
+    def cell(self) -> str:
+        """The cell's id (:func:`fedlmc.simulations.config.cell_id`): the key of the trained
+        model a client keeps for later queries (computed when first asked for)."""
+        return cell_id(self.config)
+
+
+def client_setup(
+    context_config: Mapping[str, Any], message_config: Mapping[str, Any] | None = None
+) -> ClientSetup:
+    """The :class:`ClientSetup` of a client's config (:func:`client_run_config`'s overlay of the
+    message on the context), cached per distinct config in a process."""
+    values = schema_values(context_config)
+    values.update(schema_values(message_config or {}))
+    return _client_setup(tuple(sorted(values.items())))
+
+
+@functools.lru_cache(maxsize=32)
+def _client_setup(items: tuple[tuple[str, Any], ...]) -> ClientSetup:
+    config = _validated_client_config(items)
+    return ClientSetup(
+        config=config,
+        seed=int(config["seed"]),
+        init=str(config["init"]),
+        timeout=float(config["timeout"]),
+        failures=MappingProxyType(failure_plan(config)),
+        train=MappingProxyType(train_options(config)),
+        slot_threads=config_slot_threads(config),
+        fisher_samples=int(config["fisher-samples"]),
+        fisher_labels=str(config["fisher-labels"]),
+        regmean_samples=int(config["regmean-samples"]),
+    )
 
 
 def device_of(config: Mapping[str, Any]) -> torch.device:

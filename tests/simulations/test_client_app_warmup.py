@@ -14,7 +14,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from fedlmc.simulations.client_app import _initial_model, app
 from fedlmc.simulations.config import ConfigError, validate_run_config
 from fedlmc.simulations.server_app import run_server
-from fedlmc.simulations.task import build_from_config, load_splits
+from fedlmc.simulations.task import build_from_config, client_setup, load_splits
 from fedlmc.strategies.protocol import record_to_state, state_to_record
 
 TINY = {
@@ -89,17 +89,22 @@ def test_shared_init_gives_every_client_the_servers_weights_and_independent_its_
     server = build_from_config(config, splits).state_dict()
     content = RecordDict({"arrays": state_to_record(server), "config": ConfigRecord(config)})
     message = Message(content, dst_node_id=1, message_type="train")
-    shared = [_initial_model(config, splits, p, message).state_dict() for p in (0, 1, 2)]
+    shared = [
+        _initial_model(client_setup(config), splits, p, message).state_dict() for p in (0, 1, 2)
+    ]
     for state in shared:
         assert_same_state(state, server)
     independent = {**config, "init": "independent"}
-    own = [_initial_model(independent, splits, p, message).state_dict() for p in (0, 1, 2)]
+    own = [
+        _initial_model(client_setup(independent), splits, p, message).state_dict()
+        for p in (0, 1, 2)
+    ]
     first = "hidden.0.linear.weight"
     for p, state in enumerate(own):
         assert not torch.equal(state[first], server[first]), p
         for q in range(p):
             assert not torch.equal(state[first], own[q][first]), (p, q)
-    again = _initial_model(independent, splits, 1, message).state_dict()
+    again = _initial_model(client_setup(independent), splits, 1, message).state_dict()
     assert_same_state(again, own[1])  # seeded per client: the same client draws the same
 
 

@@ -33,7 +33,7 @@ from fedlmc.simulations.config import (
     sweep_from_mapping,
     validate_run_config,
 )
-from fedlmc.simulations.task import build_from_config, client_seed, load_splits
+from fedlmc.simulations.task import build_from_config, client_seed, client_setup, load_splits
 from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
 from fedlmc.strategies.protocol import record_to_state, state_to_record
 from fedlmc.strategies.screening import ClientReferences
@@ -175,7 +175,7 @@ def test_each_client_builds_its_width_and_shared_init_is_the_nested_slice(task_i
     splits = load_splits(config)
     server = build_from_config(config, splits)  # the server's template: width 2, the cell seed
     message = train_message(config, state_to_record(server.state_dict()))
-    narrow = _initial_model(config, splits, 0, message)
+    narrow = _initial_model(client_setup(config), splits, 0, message)
     wide = server.state_dict()
     for key, tensor in narrow.state_dict().items():  # every tensor: the first units of the wide
         block = wide[key][tuple(slice(0, n) for n in tensor.shape)]
@@ -183,7 +183,9 @@ def test_each_client_builds_its_width_and_shared_init_is_the_nested_slice(task_i
     first = "hidden.0.linear.weight"
     assert narrow.state_dict()[first].shape[0] * 4 == wide[first].shape[0]
     # independent: a width-0.5 model of its own seed; the reply has partition 0's shapes
-    independent = _initial_model({**config, "init": "independent"}, splits, 0, message)
+    independent = _initial_model(
+        client_setup({**config, "init": "independent"}), splits, 0, message
+    )
     alone = build_from_config(config, splits, seed=client_seed(0, 0), width=0.5)
     for key, tensor in alone.state_dict().items():
         assert torch.equal(independent.state_dict()[key], tensor), key

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.config import ConfigError, cell_id, validate_run_config
 from fedlmc.simulations.task import (
     build_from_config,
     client_data,
     client_seed,
+    client_setup,
     data_key,
     failure_plan,
     load_splits,
@@ -83,3 +84,18 @@ def test_training_options_come_from_the_config(config):
 def test_the_failure_plan_reads_modes_per_partition():
     assert failure_plan({"inject-failure": "none"}) == {}
     assert failure_plan({"inject-failure": "raise:1, nan:2"}) == {1: "raise", 2: "nan"}
+
+
+def test_a_client_setup_is_resolved_once_per_config_with_typed_fields():
+    context = {"seed": 4, "fisher-samples": 32, "inject-failure": "nan:1", "not-a-key": 1}
+    setup = client_setup(context, {"epochs": 3, "init": "shared", "timeout": 9})
+    assert client_setup(context, {"epochs": 3, "init": "shared", "timeout": 9}) is setup
+    assert (setup.seed, setup.init, setup.timeout) == (4, "shared", 9.0)
+    assert setup.train["epochs"] == 3 and setup.train == train_options(setup.config)
+    assert dict(setup.failures) == {1: "nan"} and setup.fisher_samples == 32
+    assert setup.cell == cell_id(setup.config)
+    with pytest.raises(TypeError):
+        setup.train["epochs"] = 4  # type: ignore[index]
+    assert client_setup(context, {"epochs": 4}).train["epochs"] == 4
+    with pytest.raises(ConfigError, match="epochs"):
+        client_setup({}, {"epochs": -1})
