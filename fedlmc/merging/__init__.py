@@ -48,8 +48,3 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-# Registers the baselines' methods (no torch at import; imports fedlmc.merging.methods).
-from fedlmc.merging import baselines as _baselines  # noqa: E402, F401
-from fedlmc.merging import field_methods as _field_methods  # noqa: E402, F401
-from fedlmc.merging import robust_rules as _robust_rules  # noqa: E402, F401

@@ -34,13 +34,11 @@ from fedlmc.merging.builtin_methods import (
     random_permutation_control,
     weight_matching_to_first,
 )
+from fedlmc.merging.merge_job import Alignment, ClientQueries, MergeJob
 from fedlmc.merging.method_registry import (
     CALIBRATED_SUFFIX,
     METHODS,
     REFERENCE_METHODS,
-    Alignment,
-    ClientQueries,
-    MergeJob,
     MergeMethod,
     MergeRequest,
     base_method,

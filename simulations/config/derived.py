@@ -11,7 +11,7 @@ from fedlmc.data.catalog import (
     TRAIN_SIZES,
     absolute_hf_name,
 )
-from fedlmc.merging.hooks import resolve_method_entry
+from fedlmc.merging.method_registry import resolve_method_entry
 from fedlmc.merging.methods import (
     CALIBRATED_SUFFIX,
     base_method,
@@ -48,7 +48,7 @@ def absolute_paths(config: Mapping[str, Any]) -> Mapping[str, Any]:
 def method_list(config: Mapping[str, Any]) -> list[str]:
     """The ``methods`` key as a list of row names, in the given order, without duplicates; an
     entry ``package.module:function`` is the method it registers
-    (:func:`fedlmc.merging.hooks.resolve_method_entry`)."""
+    (:func:`fedlmc.merging.method_registry.resolve_method_entry`)."""
     entries = (m.strip() for m in config["methods"].split(",") if m.strip())
     return list(dict.fromkeys(resolve_method_entry(m) for m in entries))
 
@@ -138,7 +138,8 @@ def mixed_width_methods() -> tuple[str, ...]:
 
 def align_method(config: Mapping[str, Any]) -> str:
     """The merge method of the ``aligned`` strategy: ``align``, or the method an entry
-    ``package.module:function`` registers (:func:`fedlmc.merging.hooks.resolve_method_entry`)."""
+    ``package.module:function`` registers
+    (:func:`fedlmc.merging.method_registry.resolve_method_entry`)."""
     return resolve_method_entry(config["align"])
 
 

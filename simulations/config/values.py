@@ -13,7 +13,7 @@ from fedlmc.data.catalog import (
     DATASETS,
     is_known_dataset,
 )
-from fedlmc.merging.hooks import resolve_method_entry
+from fedlmc.merging.method_registry import resolve_method_entry
 from fedlmc.merging.methods import (
     merge_method,
     merge_method_names,

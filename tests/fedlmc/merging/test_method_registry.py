@@ -5,10 +5,16 @@ the study and the strategies ask the same function and give the same line."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from fedlmc.merging.method_registry import (
+    _DECLARED,
+    BUILTIN_MODULES,
     METHODS,
     MergeRequest,
     check_method,
@@ -156,3 +162,23 @@ def test_the_request_of_a_run_config_is_read_from_its_keys():
     assert request.server_data is None and request.clients is None  # asked by the merge
     vgg = merge_request(validate_run_config({"model": "vgg11"}))
     assert vgg.chain_reason == "norm = 'bn'" and vgg.bias_free == "" and vgg.base is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["field_methods", "robust_rules", "baselines", "method_registry"])
+def test_the_registry_loads_the_built_ins_in_one_order_whatever_is_imported_first(first):
+    """Importing a built-in module registers nothing; the registry registers every built-in
+    itself at its first listing, in :data:`BUILTIN_MODULES`' order, without torch."""
+    script = (
+        f"import sys, fedlmc.merging.{first}\n"
+        "from fedlmc.merging import method_registry as r\n"
+        "print(len(r.METHODS._entries), ','.join(r.merge_method_names()), 'torch' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    count, names, torch_loaded = done.stdout.split()
+    assert count == "0" and torch_loaded == "False"
+    declared = [d for m in BUILTIN_MODULES for d in _DECLARED[f"fedlmc.merging.{m}"]]
+    assert names.split(",") == [name for name, _, _ in declared]
+    assert {"average", "cca_merge", "fisher", "krum"} <= set(names.split(","))
