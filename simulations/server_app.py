@@ -62,7 +62,7 @@ from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.io import atomic_write, atomic_write_csv
-from fedlmc.merging.methods import REFERENCE_METHODS, base_method
+from fedlmc.merging.method_registry import REFERENCE_METHODS, base_method
 from fedlmc.simulations.config import (
     FEDAVG,
     align_method,
@@ -180,7 +180,7 @@ def merged_test_evaluation(template: nn.Module, splits: DataSplits, device: torc
 
 def method_options(config: Mapping[str, Any]) -> dict[str, Any]:
     """The run-config keys that reach the merge methods
-    (:class:`fedlmc.merging.methods.MergeJob`): ``auto-tolerance``, ``cca-ridge``, the robust
+    (:class:`fedlmc.merging.merge_job.MergeJob`): ``auto-tolerance``, ``cca-ridge``, the robust
     rules' (:func:`fedlmc.simulations.config.defences.robust_method_options`) and the field
     methods' (:func:`fedlmc.simulations.config.field_keys.field_method_options`)."""
     return {

@@ -32,8 +32,9 @@ followed by the plain average, so its paths are the usual ones between the mappe
   columns (``lewc_undefined_reason`` says why); strategies and saved merges refuse it.
   Norm-free plain chains only.
 
-This module imports no torch at import time (it is imported by :mod:`fedlmc.merging.methods` to
-register the methods); each method imports what it needs when it runs.
+This module imports no torch at import time (the registry imports it to register the methods,
+:data:`fedlmc.merging.method_registry.BUILTIN_MODULES`); each method imports what it needs when
+it runs.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def average_rescale(job: MergeJob) -> Alignment:
     columns=(*RESCALE_COLUMNS, *ALIGNMENT_COLUMNS),
 )
 def weight_matching_rescale(job: MergeJob) -> Alignment:
-    r"""Weight matching onto client 0 (:func:`~fedlmc.merging.methods.weight_matching_to_first`),
+    r"""Weight matching onto client 0
+    (:func:`~fedlmc.merging.builtin_methods.weight_matching_to_first`),
     :math:`\sum_i w_i \pi_i(\theta_i)`, then RESCALE on the server inputs."""
     return _rescaled(job, weight_matching_to_first(job))
 

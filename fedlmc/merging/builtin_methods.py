@@ -6,7 +6,8 @@ the weight-matched average, whichever has the lower calibrated NLL), the mixed-w
 and HeteroFL's holder average, and the ``random_direction`` flatness control. The methods table
 (``fedlmc methods``, [Merge methods](../methods.md)) lists them with their descriptions.
 
-Imported by :mod:`fedlmc.merging.methods`; no torch at import time (each function imports what
+Declared with :func:`~fedlmc.merging.method_registry.builtin_method`: the registry registers them
+when it first lists or looks up a method; no torch at import time (each function imports what
 it needs when it runs).
 """
 

@@ -39,7 +39,7 @@ Every rule needs each model in the clear (``server_sees = "each model"``): none 
 secure aggregation. Each is registered with ``on_path = False`` (the merge is no point on a path
 between the clients: barrier columns NaN, compared by their ``merge_gap_*`` columns).
 
-This module imports no torch at import time (the package ``fedlmc.merging`` imports it to register
+This module imports no torch at import time (the registry imports it to register
 the methods); each method imports what it needs when it runs.
 """
 

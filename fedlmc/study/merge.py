@@ -26,7 +26,8 @@ from torch import Tensor, nn
 from fedlmc.analysis.paths import PathRule
 from fedlmc.averaging import interpolate, normalised_weights
 from fedlmc.evaluation import resolve_device
-from fedlmc.merging.methods import base_method, check_template_merge, merge_method, merge_states
+from fedlmc.merging.method_registry import base_method, check_template_merge, merge_method
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.post_merge import PostMerged, ServerData, post_merge
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
@@ -171,8 +172,8 @@ def merge_clients(
     device: str | torch.device | None = None,
     spec: PermutationSpec | None = None,
 ) -> tuple[StateDict, dict[str, Any]]:
-    r"""Merged weights for one registered merge method (:mod:`fedlmc.merging.methods`; a ``_t``
-    suffix is accepted and ignored, the temperature does not change the weights).
+    r"""Merged weights for one registered merge method (:mod:`fedlmc.merging.method_registry`; a
+    ``_t`` suffix is accepted and ignored, the temperature does not change the weights).
 
     Multi-client weight/activation matching aligns every client to client 0 and takes the
     weighted mean :math:`\sum_i w_i \pi_i(\theta_i)`; activation matching correlates activations on

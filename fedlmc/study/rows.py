@@ -28,7 +28,7 @@ from fedlmc.columns import (
     Column,
     check_unique,
 )
-from fedlmc.merging.methods import METHODS, base_method
+from fedlmc.merging.method_registry import METHODS, base_method
 from fedlmc.merging.server_sees import REFERENCE_SERVER_SEES
 
 __all__ = [

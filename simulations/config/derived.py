@@ -11,13 +11,13 @@ from fedlmc.data.catalog import (
     TRAIN_SIZES,
     absolute_hf_name,
 )
-from fedlmc.merging.method_registry import resolve_method_entry
-from fedlmc.merging.methods import (
+from fedlmc.merging.method_registry import (
     CALIBRATED_SUFFIX,
     base_method,
     merge_method_names,
+    resolve_method_entry,
 )
-from fedlmc.merging.methods import merge_method as merge_method_entry
+from fedlmc.merging.method_registry import merge_method as merge_method_entry
 from fedlmc.models.registry import (
     is_factory_path,
     model_entry,

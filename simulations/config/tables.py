@@ -9,7 +9,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from fedlmc.merging.methods import CALIBRATED_SUFFIX, METHODS, REFERENCE_METHODS, MergeMethod
+from fedlmc.merging.method_registry import (
+    CALIBRATED_SUFFIX,
+    METHODS,
+    REFERENCE_METHODS,
+    MergeMethod,
+)
 from fedlmc.models.registry import MODELS
 from fedlmc.simulations.config import FEDAVG, option_key, run_schema
 from fedlmc.simulations.config.schema import Key

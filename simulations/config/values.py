@@ -13,10 +13,10 @@ from fedlmc.data.catalog import (
     DATASETS,
     is_known_dataset,
 )
-from fedlmc.merging.method_registry import resolve_method_entry
-from fedlmc.merging.methods import (
+from fedlmc.merging.method_registry import (
     merge_method,
     merge_method_names,
+    resolve_method_entry,
     study_methods,
     template_merge_names,
 )
@@ -43,7 +43,8 @@ DEFAULT_OUTLIER_FACTOR = 10.0  # = fedlmc.strategies.robust.DEFAULT_OUTLIER_FACT
 
 def cell_methods() -> tuple[str, ...]:
     """Every method a cell can report: the study's rows, those that run on the clients too (a
-    compare cell queries its clients for them; :func:`fedlmc.merging.methods.study_methods`),
+    compare cell queries its clients for them;
+    :func:`fedlmc.merging.method_registry.study_methods`),
     and the FedAvg baseline."""
     return (*study_methods(federated=True), FEDAVG)
 

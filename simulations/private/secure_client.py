@@ -33,7 +33,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 
-from fedlmc.merging.methods import merge_method
+from fedlmc.merging.method_registry import merge_method
 from fedlmc.strategies.protocol import (
     NUM_PARTITIONS_KEY,
     PARTITION_KEY,
@@ -117,7 +117,7 @@ def scaled_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count:
     :func:`fedlmc.merging.sum_form.embedded_for_sum`), then each key times this client's
     SecAgg+ share to the power of the method's ``sum_exponents``
     (:func:`fedlmc.merging.sum_form.client_scaled`)."""
-    from fedlmc.merging.methods import merge_method
+    from fedlmc.merging.method_registry import merge_method
     from fedlmc.merging.sum_form import client_scaled, embedded_for_sum
     from fedlmc.permutation.model_spec import permutation_spec
 
@@ -139,7 +139,7 @@ def sent_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count: i
     :func:`scaled_for_merge` state; for a rule that divides by the holders (``heterofl``), its
     model embedded in the server's shapes with the entries it does not hold set to 0 and its
     holder masks times the clipping range (:func:`fedlmc.merging.sum_form.held_for_sum`)."""
-    from fedlmc.merging.methods import merge_method
+    from fedlmc.merging.method_registry import merge_method
     from fedlmc.merging.sum_form import held_for_sum
     from fedlmc.permutation.model_spec import permutation_spec
 

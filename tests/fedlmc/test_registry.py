@@ -18,7 +18,9 @@ from fedlmc.averaging import average, load_state
 from fedlmc.data.catalog import datasets_markdown
 from fedlmc.data.loading import from_arrays
 from fedlmc.evaluation import predict_logits
-from fedlmc.merging.methods import METHODS, Alignment, merge_states, register_method, study_methods
+from fedlmc.merging.merge_job import Alignment
+from fedlmc.merging.method_registry import METHODS, register_method, study_methods
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.models.registry import MODELS as MODEL_REGISTRY
 from fedlmc.models.registry import ModelOption, model_names, register_model

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from fedlmc.columns import COMMON_COLUMNS, REPORT_SECTIONS, Column
-from fedlmc.merging.methods import METHODS, Alignment, merge_states, register_method
+from fedlmc.merging.merge_job import Alignment
+from fedlmc.merging.method_registry import METHODS, register_method
+from fedlmc.merging.methods import merge_states
 from fedlmc.simulations import config as run_config
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import (

@@ -14,7 +14,8 @@ from torch import nn
 from fedlmc import build_model
 from fedlmc.data.splits import DataSplits
 from fedlmc.merging.alignment_record import nothing_aligned_lines
-from fedlmc.merging.methods import METHODS, merge_states
+from fedlmc.merging.method_registry import METHODS
+from fedlmc.merging.methods import merge_states
 from fedlmc.permutation import (
     SpecDerivationWarning,
     apply_permutation,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from fedlmc.merging.methods import METHODS, merge_states
+from fedlmc.merging.method_registry import METHODS
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 
 

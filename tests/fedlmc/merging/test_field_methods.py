@@ -21,8 +21,8 @@ from fedlmc.merging.field_methods import (
     TA_SCALING,
 )
 from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, fisher_merge, statistics_seed
-from fedlmc.merging.method_registry import register_method
-from fedlmc.merging.methods import merge_method, merge_states
+from fedlmc.merging.method_registry import merge_method, register_method
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.regmean import gram_matrices, regmean_layers, regmean_merge
 from fedlmc.merging.sum_form import SecureSums, weighted_means
 from fedlmc.merging.task_vectors import task_arithmetic

@@ -21,7 +21,7 @@ from fedlmc.merging.method_registry import (
     merge_method,
     refusal,
 )
-from fedlmc.merging.methods import merge_states, model_facts, width_difference
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import ConfigError, merge_request, validate_run_config
 
@@ -109,19 +109,6 @@ def test_the_alternatives_a_method_allows_are_accepted():
     assert refusal("average_repair", no_server) is None  # the clients' data stands in
     assert refusal("activation_matching", no_server) is not None
     assert refusal("krum", MergeRequest(num_clients=1, fewest_clients=1)) is None  # its own merge
-
-
-def test_the_facts_of_a_model_and_of_the_states():
-    facts = model_facts(mlp(0, norm="bn"), None, ["average_lewc_bias", "average_repair"])
-    assert facts["model"] == "MLP" and "norm" in facts["chain_reason"]
-    assert facts["bias_free"] == ""  # with BatchNorm REPAIR resets the statistics
-    assert model_facts(mlp(0), None, ["average"]) == {"model": "MLP"}  # nothing else asked
-    assert model_facts(mlp(0, bias=False), None, ["average_repair"])["bias_free"].startswith(
-        "layer 'hidden.0"
-    )
-    narrow, wide = mlp(0).state_dict(), build_model("mlp", width=0.25, depth=2).state_dict()
-    assert width_difference([narrow, narrow]) == ""
-    assert "in client 0 and" in width_difference([narrow, wide])
 
 
 def _message(error: type[Exception], call) -> str:

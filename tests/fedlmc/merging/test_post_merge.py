@@ -14,7 +14,8 @@ from fedlmc.data.splits import DataSplits
 from fedlmc.evaluation import predict_logits
 from fedlmc.merging.calibrate import fit_temperature, reset_bn_stats
 from fedlmc.merging.clients import LocalClients
-from fedlmc.merging.methods import METHODS, Alignment, merge_method, register_method
+from fedlmc.merging.merge_job import Alignment
+from fedlmc.merging.method_registry import METHODS, merge_method, register_method
 from fedlmc.merging.post_merge import (
     ServerData,
     calibrate,

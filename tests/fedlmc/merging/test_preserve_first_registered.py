@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from fedlmc.data.loading import from_arrays
-from fedlmc.merging.methods import (
+from fedlmc.merging.method_registry import (
     check_template_merge,
     merge_method,
-    merge_states,
     study_methods,
     template_merge_names,
 )
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations import load_merged
 from fedlmc.simulations.config import ConfigError, validate_run_config

@@ -11,7 +11,8 @@ import torch
 
 from fedlmc.averaging import average
 from fedlmc.data.loading import from_arrays
-from fedlmc.merging.methods import merge_method, merge_states, study_methods
+from fedlmc.merging.method_registry import merge_method, study_methods
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import ConfigError, validate_run_config

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedlmc.merging.methods import METHODS, Alignment, register_method
+from fedlmc.merging.merge_job import Alignment
+from fedlmc.merging.method_registry import METHODS, register_method
 from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SERVER_SEES
 from fedlmc.merging.sum_form import plain_exponents
 from fedlmc.simulations.cli import main

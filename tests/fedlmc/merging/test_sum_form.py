@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fedlmc.averaging import average
-from fedlmc.merging.methods import merge_method, merge_states
+from fedlmc.merging.method_registry import merge_method
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.sum_form import (
     client_scaled,
     divided_by_holders,

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedlmc.merging.methods import METHODS, merge_method_names, merge_states, study_methods
+from fedlmc.merging.method_registry import METHODS, merge_method_names, study_methods
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.widths import match_to_widest, width_weights
 from fedlmc.models import build_model
 from fedlmc.permutation.embed import embed_state

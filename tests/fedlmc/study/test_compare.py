@@ -16,7 +16,7 @@ from fedlmc.averaging import average, load_state
 from fedlmc.data.loading import load_dataset
 from fedlmc.evaluation import evaluate, metrics_from_logits, predict_logits
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.merging.methods import REFERENCE_METHODS, merge_method, study_methods
+from fedlmc.merging.method_registry import REFERENCE_METHODS, merge_method, study_methods
 from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
