@@ -217,7 +217,7 @@ class OneShotAverage(ScreenedFedAvg):
         their own models (``activation_federated``, ``fisher``, ``regmean``), else ``None``."""
         if (kept := super().kept_models()) is not None:
             return kept
-        return KEEP_ONE_QUERY if merge_method(self.merge_method).needs_clients else None
+        return KEEP_ONE_QUERY if merge_method(self.merge_method).needs.clients else None
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -390,7 +390,7 @@ class OneShotAverage(ScreenedFedAvg):
         runs on the clients (``activation_federated``) or takes their data under federated
         calibration (``auto``)."""
         entry = merge_method(self.merge_method)
-        uses_clients = entry.needs_clients or (entry.clients_for_data and self.on_clients)
+        uses_clients = entry.needs.clients or (entry.needs.clients_for_data and self.on_clients)
         return merge_states(
             self.merge_method,
             self.template,
@@ -402,7 +402,7 @@ class OneShotAverage(ScreenedFedAvg):
             spec=self.spec,
             options=self.method_options,
             clients=clients if uses_clients else None,
-            base=self.shared_base() if entry.needs_base else None,
+            base=self.shared_base() if entry.needs.base else None,
             with_info=True,
         )
 

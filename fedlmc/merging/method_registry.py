@@ -7,38 +7,37 @@ identity for plain averaging), and optionally its own merged weights (MergeMany)
 merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once with
 :func:`register_method`, together with its declaration:
 
-- what it needs, asked by its one refusal (:meth:`MergeMethod.refusal`) before any work:
-  ``needs_server_data`` (inputs held by the server; ``clients_for_data``: or, with
-  ``job.clients`` set and ``calibration = "federated"``, the clients' held-out data),
-  ``needs_clients`` (it runs a protocol with the clients, ``job.clients``, a
-  :class:`~fedlmc.merging.merge_job.ClientQueries`: only inside a federation), ``needs_base``
-  (the rule is relative to the clients' common starting model, ``job.base``: task vectors),
-  ``plain_chain_only`` (defined only for norm-free plain feed-forward chains,
-  :mod:`fedlmc.permutation.chain`), ``many_clients`` (more than two clients accepted),
-  ``min_clients`` (the fewest it accepts at its default options, Krum: :math:`2f + 3 = 3`;
-  below it the study's default method list leaves it out) and ``mixed_widths`` (it accepts
-  clients of different widths, :mod:`fedlmc.merging.widths`, embedding each into the shapes
-  of ``template``, the server model; every other method refuses them);
-- how the study evaluates it: ``reestimate_bn`` (a BatchNorm model's running statistics are
-  re-estimated after the merge), ``repair`` (REPAIR follows, :mod:`fedlmc.merging.repair`, for
-  models without BatchNorm, which need a bias in every repaired layer), ``on_path`` (``False``
-  for a control moved off the path between the aligned clients, ``random_direction``: its
-  barrier and path columns are NaN), ``counterpart_of`` (for a ``mixed_widths`` method, the
-  one-width method it stands in for by default, ``embed_average`` for ``average``) and
-  ``columns`` (the results columns only it fills, :class:`fedlmc.columns.Column` rows, from
-  its ``Alignment.info``; an undeclared ``info`` key is an error; a permuting method declares
-  :data:`fedlmc.merging.alignment_record.ALIGNMENT_COLUMNS`);
-- how the merge is built: ``combine(spec, states, weights)`` (the rule combining the aligned
-  clients, default the weighted average; the merge and every point of the study's paths use
-  it) and ``builds_model(template, aligned, weights, options) -> nn.Module`` (a merge that is a
-  model of another architecture, Preserve-First Merging: whatever needs a state dict of the
-  template refuses it, :func:`check_template_merge`);
-- the secure protocol, one value :class:`SecureForm`: ``server_sees`` (the least the server
-  must see, :data:`fedlmc.merging.server_sees.SERVER_SEES`), ``sum_exponents`` (a ``sum`` rule
-  as :math:`\sum_i w_i^{1+e_k} \theta_i[k]`, :mod:`fedlmc.merging.sum_form`), ``secure_sums``
-  (a rule from several secure means, :class:`fedlmc.merging.sum_form.SecureSums`),
-  ``divide_by_holders`` (HeteroFL's division by the summed holder masks) and ``secure_note``
-  (what a ``sum`` rule without them would need).
+- what it needs (:class:`Needs`), asked by its one refusal (:meth:`MergeMethod.refusal`):
+  ``needs_server_data`` (inputs held by the server; ``clients_for_data``: or, with ``job.clients``
+  set and ``calibration = "federated"``, the clients' held-out data), ``needs_clients`` (it runs a
+  protocol with the clients, ``job.clients``, a :class:`~fedlmc.merging.merge_job.ClientQueries`:
+  only inside a federation), ``needs_base`` (the rule is relative to the clients' common starting
+  model, ``job.base``: task vectors), ``plain_chain_only`` (defined only for norm-free plain
+  feed-forward chains, :mod:`fedlmc.permutation.chain`), ``many_clients`` (more than two clients
+  accepted), ``min_clients`` (the fewest it accepts at its default options, Krum: :math:`2f + 3 =
+  3`; below it the study's default method list leaves it out) and ``mixed_widths`` (it accepts
+  clients of different widths, :mod:`fedlmc.merging.widths`, embedding each into the shapes of
+  ``template``, the server model; every other method refuses them);
+- how the study evaluates it (:class:`Evaluation`): ``reestimate_bn`` (a BatchNorm model's running
+  statistics are re-estimated after the merge), ``repair`` (REPAIR follows,
+  :mod:`fedlmc.merging.repair`, for models without BatchNorm, which need a bias in every repaired
+  layer), ``on_path`` (``False`` for a control moved off the path between the aligned clients,
+  ``random_direction``: its barrier and path columns are NaN), ``counterpart_of`` (for a
+  ``mixed_widths`` method, the one-width method it stands in for by default, ``embed_average`` for
+  ``average``) and ``columns`` (the results columns only it fills, :class:`fedlmc.columns.Column`
+  rows, from its ``Alignment.info``; an undeclared ``info`` key is an error; a permuting method
+  declares :data:`fedlmc.merging.alignment_record.ALIGNMENT_COLUMNS`);
+- how the merge is built (:class:`Rule`): ``combine(spec, states, weights)`` (combining the aligned
+  clients, default the weighted average; the merge and every point of the study's paths use it) and
+  ``builds_model(template, aligned, weights, options) -> nn.Module`` (a merge that is a model of
+  another architecture, Preserve-First Merging: whatever needs a state dict of the template refuses
+  it, :func:`check_template_merge`);
+- the secure protocol, one value :class:`SecureForm`: ``server_sees`` (the least the server must
+  see, :data:`fedlmc.merging.server_sees.SERVER_SEES`), ``sum_exponents`` (a ``sum`` rule as
+  :math:`\sum_i w_i^{1+e_k} \theta_i[k]`, :mod:`fedlmc.merging.sum_form`), ``secure_sums`` (a rule
+  from several secure means, :class:`fedlmc.merging.sum_form.SecureSums`), ``divide_by_holders``
+  (HeteroFL's division by the summed holder masks) and ``secure_note`` (what a ``sum`` rule without
+  them would need).
 
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
 row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
@@ -82,8 +81,11 @@ __all__ = [
     "CALIBRATED_SUFFIX",
     "METHODS",
     "REFERENCE_METHODS",
+    "Evaluation",
     "MergeMethod",
     "MergeRequest",
+    "Needs",
+    "Rule",
     "SecureForm",
     "base_method",
     "builtin_method",
@@ -164,45 +166,68 @@ class SecureForm:
 
 
 @dataclass(frozen=True)
-class MergeMethod:
-    """A registered merge method (see the module docstring); built by :func:`register_method`,
-    its secure-protocol part one value, ``secure``."""
+class Needs:
+    """What a method needs of a merge, asked by its one refusal (:meth:`MergeMethod.refusal`;
+    ``register_method``'s ``needs_server_data``, ``needs_clients``, ``needs_base``, ...)."""
 
-    name: str
-    align: Callable[[MergeJob], Alignment]
-    description: str
-    needs_server_data: bool = False
+    server_data: bool = False
+    clients_for_data: bool = False
+    clients: bool = False
+    base: bool = False
+    plain_chain_only: bool = False
     many_clients: bool = True
+    min_clients: int = 1
+    mixed_widths: bool = False
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How the study evaluates a method's merge (BatchNorm statistics, REPAIR, its path) and
+    the results columns only it fills."""
+
     reestimate_bn: bool = True
     repair: bool = False
-    needs_clients: bool = False
-    clients_for_data: bool = False
-    combine: Combine | None = None
-    plain_chain_only: bool = False
-    columns: tuple[Column, ...] = ()
-    mixed_widths: bool = False
-    counterpart_of: str = ""
     on_path: bool = True
+    counterpart_of: str = ""
+    columns: tuple[Column, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How the merge is built from the aligned clients: ``combine`` (default the weighted
+    average), or ``builds_model``, a model of another architecture."""
+
+    combine: Combine | None = None
     builds_model: BuildModel | None = None
-    min_clients: int = 1
-    needs_base: bool = False
-    secure: SecureForm = field(default_factory=SecureForm)
 
     @property
     def template_shaped(self) -> bool:
-        """Whether the merge is a state dict of the template (every method but those registered
-        with ``builds_model``)."""
+        """Whether the merge is a state dict of the template (no ``builds_model``)."""
         return self.builds_model is None
 
-    @property
-    def server_sees(self) -> str:
-        """The least the server must see of the clients (``secure.server_sees``)."""
-        return self.secure.server_sees
+    def combined(
+        self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
+    ) -> StateDict:
+        """``states`` combined at ``weights`` by this rule (plain average by default)."""
+        if self.combine is None:
+            from fedlmc.averaging import average
 
-    @property
-    def runs_securely(self) -> bool:
-        """Whether secure aggregation can run the rule (:attr:`SecureForm.runs_securely`)."""
-        return self.secure.runs_securely
+            return average(states, weights)
+        return self.combine(spec, states, weights)
+
+
+@dataclass(frozen=True)
+class MergeMethod:
+    """A registered merge method (see the module docstring), built by :func:`register_method`:
+    its alignment ``align(job) -> Alignment`` and its declaration in four parts."""
+
+    name: str
+    description: str
+    align: Callable[[MergeJob], Alignment]
+    needs: Needs = field(default_factory=Needs)
+    evaluation: Evaluation = field(default_factory=Evaluation)
+    rule: Rule = field(default_factory=Rule)
+    secure: SecureForm = field(default_factory=SecureForm)
 
     def refusal(self, request: MergeRequest, shown: str | None = None) -> str | None:
         """Why this method cannot run on ``request``, in one line naming the method (as
@@ -210,20 +235,10 @@ class MergeMethod:
         Each precondition is asked in this order and written only here."""
         name = repr(shown or self.name)
         for precondition in _PRECONDITIONS:
-            reason = precondition(self, request)
+            reason = precondition(self.needs, self.evaluation.repair, request)
             if reason:
                 return f"merge method {name}{reason}"
         return None
-
-    def combined(
-        self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
-    ) -> StateDict:
-        """``states`` combined at ``weights`` by this method's rule (plain average by default)."""
-        if self.combine is None:
-            from fedlmc.averaging import average
-
-            return average(states, weights)
-        return self.combine(spec, states, weights)
 
 
 BUILTIN_MODULES = ("builtin_methods", "baselines", "field_methods", "robust_rules")
@@ -236,7 +251,7 @@ _Align = TypeVar("_Align", bound=Callable[..., Any])
 def builtin_method(name: str, **declaration: Any) -> Callable[[_Align], _Align]:
     """Decorator of the built-in modules (:data:`BUILTIN_MODULES`): declares ``align`` as the
     method ``name``, ``register_method(name, **declaration)``, which the registry runs when it
-    loads them (:func:`_load_builtin_methods`), so that importing such a module registers
+    loads them (once, before its first use), so that importing such a module registers
     nothing and the built-ins are listed in one order whichever module was imported first."""
     module = sys._getframe(1).f_globals["__name__"]  # the declaring module, as namedtuple reads it
 
@@ -260,18 +275,18 @@ def _load_builtin_methods() -> None:
 METHODS: Registry[MergeMethod] = Registry("merge method", load=_load_builtin_methods)
 
 
-def _one_width(m: MergeMethod, r: MergeRequest) -> str:
-    if m.mixed_widths or not r.widths:
+def _one_width(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if n.mixed_widths or not r.widths:
         return ""
-    allowed = ", ".join(e.name for e in METHODS if e.mixed_widths) or "none"
+    allowed = ", ".join(e.name for e in METHODS if e.needs.mixed_widths) or "none"
     return (
         f" needs clients of one width ({r.widths}); allowed for mixed widths: {allowed} "
         f"(each also with {CALIBRATED_SUFFIX})"
     )
 
 
-def _on_clients(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.needs_clients or r.clients is None or r.clients:
+def _on_clients(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not n.clients or r.clients is None or r.clients:
         return ""
     return (
         " runs on the clients; got none: allowed only in a federation (strategy = 'aligned' or "
@@ -279,26 +294,26 @@ def _on_clients(m: MergeMethod, r: MergeRequest) -> str:
     )
 
 
-def _server_data(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.needs_server_data or r.server_data is None or r.server_data:
+def _server_data(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not n.server_data or r.server_data is None or r.server_data:
         return ""
-    if m.clients_for_data and r.federated_data:
+    if n.clients_for_data and r.federated_data:
         return ""
-    instead = " or the clients' data (calibration = 'federated')" if m.clients_for_data else ""
+    instead = " or the clients' data (calibration = 'federated')" if n.clients_for_data else ""
     return f" needs server data; got none: allowed: server data (server_data=(x, y)){instead}"
 
 
-def _client_count(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.many_clients and r.num_clients > 2:
+def _client_count(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not n.many_clients and r.num_clients > 2:
         return f" with {r.num_clients} clients: allowed: at most 2 clients"
     fewest = r.fewest_clients
-    if fewest is not None and 1 < fewest < m.min_clients:  # one client is its own merge
-        return f" with {fewest} clients: allowed: at least {m.min_clients} clients"
+    if fewest is not None and 1 < fewest < n.min_clients:  # one client is its own merge
+        return f" with {fewest} clients: allowed: at least {n.min_clients} clients"
     return ""
 
 
-def _base(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.needs_base or r.base is None or r.base:
+def _base(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not n.base or r.base is None or r.base:
         return ""
     return (
         " needs the clients' common base model; got none: its task vectors are relative to it, "
@@ -307,14 +322,14 @@ def _base(m: MergeMethod, r: MergeRequest) -> str:
     )
 
 
-def _plain_chain(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.plain_chain_only or not r.chain_reason:
+def _plain_chain(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not n.plain_chain_only or not r.chain_reason:
         return ""
     return f": model {r.model!r} is not supported: {r.chain_reason}; allowed: {PLAIN_CHAINS}"
 
 
-def _repair_bias(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.repair or not r.bias_free:
+def _repair_bias(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not repair or not r.bias_free:
         return ""
     return (
         f": {r.bias_free} has no bias, and REPAIR (Jordan et al. 2023) sets each hidden unit's "
@@ -323,7 +338,7 @@ def _repair_bias(m: MergeMethod, r: MergeRequest) -> str:
     )
 
 
-_PRECONDITIONS: tuple[Callable[[MergeMethod, MergeRequest], str], ...] = (
+_PRECONDITIONS: tuple[Callable[[Needs, bool, MergeRequest], str], ...] = (
     *(_one_width, _on_clients, _server_data, _client_count, _base, _plain_chain, _repair_bias),
 )
 """Each the tail of a refusal (``""``: met), in the order :meth:`MergeMethod.refusal` asks."""
@@ -381,28 +396,15 @@ def register_method(
     secure = SecureForm(server_sees, sum_exponents, secure_sums, divide_by_holders, secure_note)
     _check_secure_form(name, secure, mixed_widths)
 
+    needs = Needs(
+        *(needs_server_data, clients_for_data, needs_clients, needs_base, plain_chain_only),
+        *(many_clients, int(min_clients), mixed_widths),
+    )
+    evaluation = Evaluation(reestimate_bn, repair, on_path, counterpart_of, tuple(columns))
+
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
-        entry = MergeMethod(
-            name=name,
-            align=align,
-            description=description,
-            needs_server_data=needs_server_data,
-            many_clients=many_clients,
-            reestimate_bn=reestimate_bn,
-            repair=repair,
-            needs_clients=needs_clients,
-            clients_for_data=clients_for_data,
-            combine=combine,
-            plain_chain_only=plain_chain_only,
-            columns=tuple(columns),
-            mixed_widths=mixed_widths,
-            counterpart_of=counterpart_of,
-            on_path=on_path,
-            builds_model=builds_model,
-            min_clients=int(min_clients),
-            needs_base=needs_base,
-            secure=secure,
-        )
+        rule = Rule(combine, builds_model)
+        entry = MergeMethod(name, description, align, needs, evaluation, rule, secure)
         METHODS.add(name, entry, replace=replace)
         return align
 
@@ -413,7 +415,12 @@ def check_own_columns(method: str, columns: Sequence[Column], *, replace: bool =
     """A method's own columns must be :class:`Column` rows of ``source = "row"`` whose names are
     new: not a common column, not another method's different column."""
     taken = {c.name for c in COMMON_COLUMNS}
-    others = {c.name: c for m in METHODS if not (replace and m.name == method) for c in m.columns}
+    others = {
+        c.name: c
+        for m in METHODS
+        if not (replace and m.name == method)
+        for c in m.evaluation.columns
+    }
     for column in columns:
         if not isinstance(column, Column) or column.source != "row":
             what = column.name if isinstance(column, Column) else column
@@ -437,7 +444,7 @@ def merge_method(name: str) -> MergeMethod:
 def template_merge_names() -> tuple[str, ...]:
     """The registered methods whose merge is a state dict of the template (all but those
     registered with ``builds_model``), in registration order."""
-    return tuple(m.name for m in METHODS if m.template_shaped)
+    return tuple(m.name for m in METHODS if m.rule.template_shaped)
 
 
 def check_template_merge(
@@ -448,7 +455,7 @@ def check_template_merge(
     ``allowed`` there (default: :func:`template_merge_names`), when its merge is a model of
     another architecture (``builds_model``)."""
     entry = merge_method(method)
-    if not entry.template_shaped:
+    if not entry.rule.template_shaped:
         names = template_merge_names() if allowed is None else allowed
         raise ValueError(
             f"{where}: merge method {entry.name!r} builds a model of another architecture (not "
@@ -475,9 +482,12 @@ def mixed_width_row(method: str) -> str | None:
     ``counterpart_of`` its merge, with its ``_t`` kept (``"average_t"`` ->
     ``"embed_average_t"``); ``None`` when there is none."""
     base = base_method(method)
-    if base not in METHODS or METHODS.get(base).mixed_widths:
+    if base not in METHODS or METHODS.get(base).needs.mixed_widths:
         return method
-    twin = next((m.name for m in METHODS if m.mixed_widths and m.counterpart_of == base), None)
+    twin = next(
+        (m.name for m in METHODS if m.needs.mixed_widths and m.evaluation.counterpart_of == base),
+        None,
+    )
     return None if twin is None else twin + method[len(base) :]
 
 
@@ -488,7 +498,7 @@ def study_methods(federated: bool = False) -> tuple[str, ...]:
     names = [
         n
         for m in merge_method_names()
-        if federated or not METHODS.get(m).needs_clients
+        if federated or not METHODS.get(m).needs.clients
         for n in (m, m + CALIBRATED_SUFFIX)
     ]
     return (*names, *REFERENCE_METHODS)

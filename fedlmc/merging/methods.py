@@ -121,7 +121,7 @@ def merge_states(
     )
     entry = check_method(method, request)
     w = normalised_weights(weights, len(states))
-    if len(states) == 1 and not entry.mixed_widths:
+    if len(states) == 1 and not entry.needs.mixed_widths:
         merged, aligned, info = average(states, w), list(states), {}
     else:
         job = MergeJob(
@@ -146,7 +146,7 @@ def _run(entry: MergeMethod, job: MergeJob) -> tuple[StateDict, list[StateDict],
     from fedlmc.averaging import normalised_weights
 
     alignment = entry.align(job)
-    undeclared = sorted(set(alignment.info) - {c.name for c in entry.columns})
+    undeclared = sorted(set(alignment.info) - {c.name for c in entry.evaluation.columns})
     if undeclared:
         raise ValueError(
             f"merge method {entry.name!r} reports column {undeclared[0]!r} it does not declare; "
@@ -157,6 +157,6 @@ def _run(entry: MergeMethod, job: MergeJob) -> tuple[StateDict, list[StateDict],
         w = normalised_weights([w[i] for i in alignment.kept], len(alignment.kept))
     merged = alignment.merged
     if merged is None:
-        spec = job.spec if entry.combine is None else job.permutation_spec()
-        merged = entry.combined(spec, alignment.aligned, w)
+        spec = job.spec if entry.rule.combine is None else job.permutation_spec()
+        merged = entry.rule.combined(spec, alignment.aligned, w)
     return merged, alignment.aligned, dict(alignment.info)

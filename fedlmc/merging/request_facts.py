@@ -53,9 +53,9 @@ def model_facts(
     statistics' reset) when one of them is ``repair``; the others are left unasked."""
     entries = [merge_method(m) for m in methods if base_method(m) not in REFERENCE_METHODS]
     facts: dict[str, Any] = {"model": type(template).__name__}
-    if any(e.plain_chain_only for e in entries):
+    if any(e.needs.plain_chain_only for e in entries):
         facts["chain_reason"] = plain_chain_reason(template, spec)
-    if any(e.repair for e in entries):
+    if any(e.evaluation.repair for e in entries):
         from fedlmc.merging.calibrate import has_batchnorm
         from fedlmc.merging.repair import bias_free_layer
 

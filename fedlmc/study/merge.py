@@ -97,12 +97,12 @@ def path_rule(method: str, template: nn.Module, spec: PermutationSpec | None) ->
     :math:`(\lambda, 1 - \lambda)` (e.g. depth-weighted biases at every :math:`\lambda`);
     ``None`` for a method registered ``on_path = False`` (its barrier columns stay NaN)."""
     entry = merge_method(method)
-    if not entry.on_path:
+    if not entry.evaluation.on_path:
         return None
-    if entry.combine is None:
+    if entry.rule.combine is None:
         return interpolate
     spec = spec if spec is not None else permutation_spec(template)
-    return lambda sd_a, sd_b, lam: entry.combined(spec, [sd_a, sd_b], [lam, 1.0 - lam])
+    return lambda sd_a, sd_b, lam: entry.rule.combined(spec, [sd_a, sd_b], [lam, 1.0 - lam])
 
 
 def merge_in_context(context: StudyContext, method: str) -> Merged:
@@ -123,18 +123,18 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         device=context.device,
         spec=context.spec,
         options=dict(context.method_options),
-        clients=context.clients if entry.needs_clients else None,
+        clients=context.clients if entry.needs.clients else None,
         base=context.base,
         with_info=True,
     )
-    if entry.template_shaped:
+    if entry.rule.template_shaped:
         source = None if server_data is None else ServerData(*server_data)
         finished = post_merge(
             context.template, merged, aligned, weights, method, source, device=context.device
         )
     else:
         options = dict(context.method_options)
-        model = entry.builds_model(context.template, aligned, weights, options)
+        model = entry.rule.builds_model(context.template, aligned, weights, options)
         model = model.to(context.device).eval()
         finished = PostMerged(model, merged, "none", repaired=False)
     if context.device.type == "cuda":
@@ -150,7 +150,7 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         info=info,
         combined=merged,
         path=path_rule(method, context.template, context.spec),
-        template_shaped=entry.template_shaped,
+        template_shaped=entry.rule.template_shaped,
         query_rounds=after[0] - before[0],
         query_bytes=after[1] - before[1],
     )

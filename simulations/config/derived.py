@@ -133,7 +133,7 @@ def widths_text(widths: Sequence[float]) -> str:
 def mixed_width_methods() -> tuple[str, ...]:
     """The registered merge methods that merge clients of different widths
     (``mixed_widths``, :mod:`fedlmc.merging.widths`)."""
-    return tuple(m for m in merge_method_names() if merge_method_entry(m).mixed_widths)
+    return tuple(m for m in merge_method_names() if merge_method_entry(m).needs.mixed_widths)
 
 
 def align_method(config: Mapping[str, Any]) -> str:
@@ -212,4 +212,4 @@ def keeps_trained_model(config: Mapping[str, Any]) -> bool:
     ``keep-model`` key their messages carry (:mod:`fedlmc.strategies.protocol`)."""
     if config["strategy"] not in ("aligned", "compare"):
         return False
-    return any(merge_method_entry(m).needs_clients for m in selected_methods(config))
+    return any(merge_method_entry(m).needs.clients for m in selected_methods(config))

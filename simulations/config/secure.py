@@ -55,7 +55,7 @@ def secure_methods() -> tuple[str, ...]:
     with their ``sum_exponents`` (:mod:`fedlmc.merging.sum_form`)."""
     from fedlmc.merging.method_registry import METHODS
 
-    return tuple(m.name for m in METHODS if m.runs_securely)
+    return tuple(m.name for m in METHODS if m.secure.runs_securely)
 
 
 def secure_choices() -> str:
@@ -80,7 +80,7 @@ def _not_built(method: str) -> str | None:
     from fedlmc.merging.method_registry import METHODS
 
     entry = METHODS.get(base_method(method)) if base_method(method) in METHODS else None
-    if entry is None or entry.runs_securely:
+    if entry is None or entry.secure.runs_securely:
         return None
     return entry.secure.note or "it registers no sum_exponents (how each client would pre-scale)"
 

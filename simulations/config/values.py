@@ -121,7 +121,7 @@ def _align(value: Any) -> str | None:
         return str(error)
     if name in aligning_methods():
         return None
-    if name in merge_method_names() and not merge_method(name).template_shaped:
+    if name in merge_method_names() and not merge_method(name).rule.template_shaped:
         return (
             f"merge method {name!r} builds a model of another architecture, not a state dict "
             f"of the model the strategy returns; allowed: {', '.join(aligning_methods())}"

@@ -122,10 +122,10 @@ def scaled_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count:
     from fedlmc.permutation.model_spec import permutation_spec
 
     entry = merge_method(str(fit_config.get(MERGE_KEY, "average")))
-    if not entry.runs_securely:
+    if not entry.secure.runs_securely:
         raise ValueError(f"merge method {entry.name!r} does not run under secure aggregation")
     spec = permutation_spec(model)
-    if entry.mixed_widths:
+    if entry.needs.mixed_widths:
         state = embedded_for_sum(state, model, spec)
     exponents = entry.secure.sum_exponents(spec, state)
     if not any(exponents.values()):

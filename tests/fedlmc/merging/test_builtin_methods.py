@@ -39,7 +39,10 @@ def test_weight_matching_undoes_a_planted_permutation():
 
 
 def test_the_built_in_methods_declare_what_they_need():
-    assert METHODS.get("average").runs_securely and METHODS.get("average").server_sees == "sum"
-    assert METHODS.get("weight_matching").server_sees == "each model"
-    assert METHODS.get("activation_matching").needs_server_data
-    assert METHODS.get("activation_federated").needs_clients
+    assert (
+        METHODS.get("average").secure.runs_securely
+        and METHODS.get("average").secure.server_sees == "sum"
+    )
+    assert METHODS.get("weight_matching").secure.server_sees == "each model"
+    assert METHODS.get("activation_matching").needs.server_data
+    assert METHODS.get("activation_federated").needs.clients

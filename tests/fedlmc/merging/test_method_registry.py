@@ -94,7 +94,7 @@ def test_each_precondition_is_refused_with_its_one_line(method, fields, line):
 
 def test_an_accepted_request_returns_none_for_every_method():
     for entry in METHODS:
-        count = 2 if not entry.many_clients else max(2, entry.min_clients)
+        count = 2 if not entry.needs.many_clients else max(2, entry.needs.min_clients)
         request = MergeRequest(num_clients=count, fewest_clients=count, **FULL)
         assert refusal(entry.name, request) is None, entry.name
         assert check_method(entry.name + "_t", request) is entry
@@ -105,7 +105,7 @@ def test_an_accepted_request_returns_none_for_every_method():
 def test_the_alternatives_a_method_allows_are_accepted():
     assert refusal("embed_average", MergeRequest(num_clients=2, widths="client widths 1,2")) is None
     no_server = MergeRequest(num_clients=2, server_data=False, federated_data=True)
-    assert merge_method("average_repair").clients_for_data
+    assert merge_method("average_repair").needs.clients_for_data
     assert refusal("average_repair", no_server) is None  # the clients' data stands in
     assert refusal("activation_matching", no_server) is not None
     assert refusal("krum", MergeRequest(num_clients=1, fewest_clients=1)) is None  # its own merge

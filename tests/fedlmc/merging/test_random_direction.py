@@ -114,7 +114,11 @@ def test_more_than_two_clients_are_refused_before_any_work():
 
 def test_it_is_registered_in_every_list():
     entry = merge_method("random_direction_t")
-    assert (entry.name, entry.many_clients, entry.on_path) == ("random_direction", False, False)
+    assert (entry.name, entry.needs.many_clients, entry.evaluation.on_path) == (
+        "random_direction",
+        False,
+        False,
+    )
     assert {"random_direction", "random_direction_t"} <= set(study_methods())
     assert "`random_direction`, `random_direction_t`" in methods_table()
     assert "`random_direction_step_norm`" in columns_table()
