@@ -46,11 +46,12 @@ def plain_chain_reason(template: nn.Module, spec: PermutationSpec | None) -> str
 def model_facts(
     template: nn.Module, spec: PermutationSpec | None, methods: Sequence[str]
 ) -> dict[str, Any]:
-    """The :class:`MergeRequest` fields about ``template`` (under ``spec``) that ``methods``
-    ask: ``model`` (its class name), ``chain_reason`` (:func:`plain_chain_reason`) when one
-    of them is ``plain_chain_only``, ``bias_free`` (the first repaired layer without a bias,
-    :func:`fedlmc.merging.repair.bias_free_layer`; none with BatchNorm, whose REPAIR is the
-    statistics' reset) when one of them is ``repair``; the others are left unasked."""
+    """The :class:`~fedlmc.merging.method_registry.MergeRequest` fields about ``template``
+    (under ``spec``) that ``methods`` ask: ``model`` (its class name), ``chain_reason``
+    (:func:`plain_chain_reason`) when one of them is ``plain_chain_only``, ``bias_free`` (the
+    first repaired layer without a bias, :func:`fedlmc.merging.repair.bias_free_layer`; none
+    with BatchNorm, whose REPAIR is the statistics' reset) when one of them is ``repair``; the
+    others are left unasked."""
     entries = [merge_method(m) for m in methods if base_method(m) not in REFERENCE_METHODS]
     facts: dict[str, Any] = {"model": type(template).__name__}
     if any(e.needs.plain_chain_only for e in entries):
