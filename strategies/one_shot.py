@@ -511,10 +511,9 @@ class PermutationAlignedAverage(OneShotAverage):
 
 
 class AutoMerge(PermutationAlignedAverage):
-    """The ``auto`` merge (:func:`fedlmc.merging.builtin_methods.automatic_choice`): plain
-    averaging when
-    its calibrated NLL is within ``tolerance`` nats of the endpoints', else the better of it and
-    weight matching; the NLLs are measured on the server data, or, with ``calibration =
+    """The ``auto`` merge (:func:`fedlmc.merging.builtin_methods.automatic_choice`): plain averaging
+    when its calibrated NLL is within ``tolerance`` nats of the endpoints', else the better of it
+    and weight matching; the NLLs are measured on the server data, or, with ``calibration =
     "federated"``, on the clients' held-out data (no server data needed).
     The result's ``merge_info`` holds ``auto_choice`` and ``auto_nll_gap``."""
 

@@ -23,8 +23,7 @@ data, and only sums, statistics or permutation indices come back:
   model on its own training data, with the digest of those weights (checked the same way).
 
 :class:`ClientRounds` implements :class:`fedlmc.merging.merge_job.ClientQueries`, so registered
-merge
-methods (``auto``, ``activation_federated``) reach the clients through it, and
+merge methods (``auto``, ``activation_federated``) reach the clients through it, and
 :class:`fedlmc.merging.post_merge.StatisticsSource` (``bn_statistics``, ``unit_statistics``,
 ``temperature``), so the post-merge pipeline takes the clients' data through it.
 """

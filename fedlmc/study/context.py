@@ -159,8 +159,7 @@ def default_methods(num_clients: int) -> list[str]:
 
 def count_request(num_clients: int) -> MergeRequest:
     """The :class:`~fedlmc.merging.method_registry.MergeRequest` of a study's ``num_clients``
-    clients,
-    its other preconditions unasked."""
+    clients, its other preconditions unasked."""
     return MergeRequest(num_clients=num_clients, fewest_clients=num_clients)
 
 
