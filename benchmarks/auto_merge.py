@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from fedlmc.data.loading import load_dataset, partition
-from fedlmc.merging.methods import AUTO_TOLERANCE
+from fedlmc.merging.builtin_methods import AUTO_TOLERANCE
 from fedlmc.models.classifiers import build_model
 from fedlmc.study.compare import compare_methods
 from fedlmc.train import train_model

@@ -47,7 +47,7 @@ _EXPORTS = {
     "weight_matching": "fedlmc.permutation.matching",
     "activation_matching": "fedlmc.permutation.matching",
     "merge_many": "fedlmc.permutation.matching",
-    "register_method": "fedlmc.merging.methods",
+    "register_method": "fedlmc.merging.method_registry",
     "merge_states": "fedlmc.merging.methods",
     "fit_temperature": "fedlmc.merging.calibrate",
     "reset_bn_stats": "fedlmc.merging.calibrate",

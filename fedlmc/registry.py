@@ -44,18 +44,29 @@ def signature_problem(function: Callable[..., Any], leading: Sequence[str]) -> s
 
 
 class Registry(Generic[T]):
-    """Entries of one kind (``what``, e.g. ``"model"``) by name, in registration order."""
+    """Entries of one kind (``what``, e.g. ``"model"``) by name, in registration order.
 
-    def __init__(self, what: str) -> None:
+    ``load``, if given, registers the built-in entries: it runs once, before the first
+    registration, look-up or listing (so the built-ins come first, in its order)."""
+
+    def __init__(self, what: str, load: Callable[[], None] | None = None) -> None:
         self.what = what
         self._entries: dict[str, T] = {}
+        self._load = load
+
+    def _loaded(self) -> dict[str, T]:
+        """The entries, after the one run of ``load`` (cleared first: its registrations add)."""
+        load, self._load = self._load, None
+        if load is not None:
+            load()
+        return self._entries
 
     def add(self, name: str, entry: T, *, replace: bool = False) -> T:
         """Register ``entry`` as ``name``; a second registration of a name is an error unless
         ``replace``."""
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"{self.what} name {name!r}: allowed: a Python identifier")
-        if name in self._entries and not replace:
+        if name in self._loaded() and not replace:
             raise ValueError(f"{self.what} {name!r} is already registered")
         self._entries[name] = entry
         return entry
@@ -63,7 +74,7 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The entry of ``name``; ``ValueError`` naming the allowed names otherwise."""
         try:
-            return self._entries[name]
+            return self._loaded()[name]
         except (KeyError, TypeError):
             raise ValueError(
                 f"unknown {self.what} {name!r}; allowed: {', '.join(self._entries)}"
@@ -76,13 +87,13 @@ class Registry(Generic[T]):
 
     def names(self) -> tuple[str, ...]:
         """Registered names in registration order."""
-        return tuple(self._entries)
+        return tuple(self._loaded())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._loaded()
 
     def __iter__(self) -> Iterator[T]:
-        return iter(list(self._entries.values()))
+        return iter(list(self._loaded().values()))
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._loaded())

@@ -62,7 +62,7 @@ from fedlmc.averaging import load_state
 from fedlmc.data.loading import DataSplits, fetch_dataset
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.io import atomic_write, atomic_write_csv
-from fedlmc.merging.methods import REFERENCE_METHODS, base_method
+from fedlmc.merging.method_registry import REFERENCE_METHODS, base_method
 from fedlmc.simulations.config import (
     FEDAVG,
     Mode,

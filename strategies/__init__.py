@@ -3,8 +3,8 @@
 - :class:`OneShotAverage`: one round, robust weighted average, BN re-estimation and temperature
   calibration (server-side or federated).
 - :class:`PermutationAlignedAverage`: the same after alignment by a registered merge method
-  (:mod:`fedlmc.merging.methods`: weight or activation matching, MergeMany, random-permutation
-  control).
+  (:mod:`fedlmc.merging.method_registry`: weight or activation matching, MergeMany,
+  random-permutation control).
 - :class:`AutoMerge`: the ``auto`` method: plain averaging when it is good enough on the server
   data, else the better of it and weight matching.
 - :class:`FedAvgBaseline`: multi-round FedAvg with the same total local epochs.

@@ -7,8 +7,8 @@ sends its weights; the server merges the survivors in one shot,
 
 with :math:`n_i` the client's ``num-examples`` and :math:`\pi_i` the identity
 (:class:`OneShotAverage`) or the permutations of a registered merge method
-(:class:`PermutationAlignedAverage`, :mod:`fedlmc.merging.methods`: weight or activation matching,
-MergeMany, the random-permutation control, ...).
+(:class:`PermutationAlignedAverage`, :mod:`fedlmc.merging.method_registry`: weight or activation
+matching, MergeMany, the random-permutation control, ...).
 Then the post-merge pipeline (:mod:`fedlmc.merging.post_merge`, the same the study runs): for
 BatchNorm models the merged model's running statistics are re-estimated, REPAIR methods renormalise
 the hidden units of models without BatchNorm, and one softmax temperature :math:`T` is fitted
@@ -70,16 +70,15 @@ from torch import Tensor, nn
 
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import predict_logits, resolve_device
-from fedlmc.merging.methods import (
-    AUTO_TOLERANCE,
+from fedlmc.merging.builtin_methods import AUTO_TOLERANCE
+from fedlmc.merging.method_registry import (
     MergeRequest,
     check_method,
     check_template_merge,
     merge_method,
-    merge_states,
-    model_facts,
     template_merge_names,
 )
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.post_merge import (
     Calibration,
     ServerData,
@@ -87,6 +86,7 @@ from fedlmc.merging.post_merge import (
     calibrate,
     post_merge,
 )
+from fedlmc.merging.request_facts import model_facts
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec, check_spec
 from fedlmc.strategies.base import ScreenedFedAvg
@@ -166,7 +166,7 @@ class OneShotAverage(ScreenedFedAvg):
     :param template: A model of the clients' architecture (its weights are not used): needed to load
         the merged weights for BN re-estimation and temperature fitting. With ``client_references``
         (clients of different widths) it is the merged model's (server) width and the merge method
-        must be a mixed-width one (``mixed_widths`` in :mod:`fedlmc.merging.methods`).
+        must be a mixed-width one (``mixed_widths`` in :mod:`fedlmc.merging.method_registry`).
     :param options: Every other setting (:class:`fedlmc.strategies.options.StrategyOptions`:
         ``num_clients``, ``min_clients``, ``calibration``, ``server_data``, ``keep_client_states``,
         the screens, ...), read as ``self.options``. ``calibration="server"`` needs
@@ -174,7 +174,7 @@ class OneShotAverage(ScreenedFedAvg):
     """
 
     merge_method = "average"
-    """The registered merge method (:mod:`fedlmc.merging.methods`) this strategy applies."""
+    """The registered merge method (:mod:`fedlmc.merging.method_registry`) this strategy applies."""
 
     def __init__(self, template: nn.Module, options: StrategyOptions) -> None:
         super().__init__(options)
@@ -217,7 +217,7 @@ class OneShotAverage(ScreenedFedAvg):
         their own models (``activation_federated``, ``fisher``, ``regmean``), else ``None``."""
         if (kept := super().kept_models()) is not None:
             return kept
-        return KEEP_ONE_QUERY if merge_method(self.merge_method).needs_clients else None
+        return KEEP_ONE_QUERY if merge_method(self.merge_method).needs.clients else None
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -390,7 +390,7 @@ class OneShotAverage(ScreenedFedAvg):
         runs on the clients (``activation_federated``) or takes their data under federated
         calibration (``auto``)."""
         entry = merge_method(self.merge_method)
-        uses_clients = entry.needs_clients or (entry.clients_for_data and self.on_clients)
+        uses_clients = entry.needs.clients or (entry.needs.clients_for_data and self.on_clients)
         return merge_states(
             self.merge_method,
             self.template,
@@ -402,7 +402,7 @@ class OneShotAverage(ScreenedFedAvg):
             spec=self.spec,
             options=self.method_options,
             clients=clients if uses_clients else None,
-            base=self.shared_base() if entry.needs_base else None,
+            base=self.shared_base() if entry.needs.base else None,
             with_info=True,
         )
 
@@ -435,7 +435,8 @@ class OneShotAverage(ScreenedFedAvg):
 class PermutationAlignedAverage(OneShotAverage):
     r"""One-shot merge after permutation alignment by a registered merge method.
 
-    ``method`` is any registered merge method but ``average`` (:mod:`fedlmc.merging.methods`;
+    ``method`` is any registered merge method but ``average``
+    (:mod:`fedlmc.merging.method_registry`;
     built in: ``weight_matching`` and ``activation_matching`` permute every client onto client
     0, the lowest partition id, ``merge_many`` runs MergeMany, ``random_permutation`` is the
     scrambled control, ``activation_federated`` matches activations on the clients), then
@@ -510,9 +511,9 @@ class PermutationAlignedAverage(OneShotAverage):
 
 
 class AutoMerge(PermutationAlignedAverage):
-    """The ``auto`` merge (:func:`fedlmc.merging.methods.automatic_choice`): plain averaging when
-    its calibrated NLL is within ``tolerance`` nats of the endpoints', else the better of it and
-    weight matching; the NLLs are measured on the server data, or, with ``calibration =
+    """The ``auto`` merge (:func:`fedlmc.merging.builtin_methods.automatic_choice`): plain averaging
+    when its calibrated NLL is within ``tolerance`` nats of the endpoints', else the better of it
+    and weight matching; the NLLs are measured on the server data, or, with ``calibration =
     "federated"``, on the clients' held-out data (no server data needed).
     The result's ``merge_info`` holds ``auto_choice`` and ``auto_nll_gap``."""
 

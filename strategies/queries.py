@@ -22,8 +22,8 @@ data, and only sums, statistics or permutation indices come back:
   client returns the diagonal Fisher, or its layers' input Gram matrices, of its own trained
   model on its own training data, with the digest of those weights (checked the same way).
 
-:class:`ClientRounds` implements :class:`fedlmc.merging.methods.ClientQueries`, so registered merge
-methods (``auto``, ``activation_federated``) reach the clients through it, and
+:class:`ClientRounds` implements :class:`fedlmc.merging.merge_job.ClientQueries`, so registered
+merge methods (``auto``, ``activation_federated``) reach the clients through it, and
 :class:`fedlmc.merging.post_merge.StatisticsSource` (``bn_statistics``, ``unit_statistics``,
 ``temperature``), so the post-merge pipeline takes the clients' data through it.
 """

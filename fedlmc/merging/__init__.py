@@ -1,8 +1,11 @@
 """Merging: the merge-method registry and the steps after the average.
 
-- :mod:`fedlmc.merging.methods`: :func:`merge_states` (the merge entry) and the registry's names.
-- :mod:`fedlmc.merging.method_registry`: :func:`register_method`, :class:`MergeJob`,
-  :class:`Alignment`, the registry of methods.
+- :mod:`fedlmc.merging.methods`: :func:`merge_states`, the merge entry.
+- :mod:`fedlmc.merging.method_registry`: the registry of methods (:func:`register_method`, the
+  look-ups, each method's refusal, methods named by import path); it registers the built-in
+  modules' methods itself at its first use.
+- :mod:`fedlmc.merging.merge_job`: :class:`MergeJob` and :class:`Alignment`, what a method
+  receives and returns.
 - :mod:`fedlmc.merging.builtin_methods`: the built-in one-shot methods (plain average, weight /
   activation matching, MergeMany, controls, ``auto``, mixed widths).
 - :mod:`fedlmc.merging.calibrate`: softmax temperature and BatchNorm statistics.
@@ -17,13 +20,13 @@
 - :mod:`fedlmc.merging.baselines`: published baselines registered as methods (RESCALE,
   :mod:`fedlmc.merging.rescale`; CCA Merge, :mod:`fedlmc.merging.cca`; Preserve-First Merging,
   :mod:`fedlmc.merging.preserve_first`, a model of another architecture registered with
-  ``builds_model``), imported here so that they are registered whenever the registry is.
+  ``builds_model``), registered by the registry as the built-in methods are.
 - :mod:`fedlmc.merging.robust_rules`: the robust aggregation rules registered as methods
-  (coordinate-wise median, trimmed mean, Krum, multi-Krum), imported here as the baselines are.
+  (coordinate-wise median, trimmed mean, Krum, multi-Krum), registered as the baselines are.
 - :mod:`fedlmc.merging.field_methods`: the methods the model-merging field compares against
   (Fisher merging, :mod:`fedlmc.merging.fisher`; RegMean, :mod:`fedlmc.merging.regmean`; Task
   Arithmetic, TIES and DARE, :mod:`fedlmc.merging.task_vectors`; OT fusion,
-  :mod:`fedlmc.merging.ot_fusion`), registered with their options, imported here too.
+  :mod:`fedlmc.merging.ot_fusion`), registered with their options, the same way.
 
 The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
 :mod:`fedlmc.permutation` (MergeMany averages while it aligns).
@@ -32,11 +35,11 @@ The weighted average itself is :mod:`fedlmc.averaging`, below both this package 
 from fedlmc._lazy import lazy_exports
 
 _EXPORTS = {
+    "merge_states": ".methods",
     **dict.fromkeys(
-        ["register_method", "merge_method", "merge_method_names", "merge_states"]
-        + ["MergeMethod", "MergeJob", "Alignment", "ClientQueries"],
-        ".methods",
+        ["register_method", "merge_method", "merge_method_names", "MergeMethod"], ".method_registry"
     ),
+    **dict.fromkeys(["MergeJob", "Alignment", "ClientQueries"], ".merge_job"),
     **dict.fromkeys(
         ["fit_temperature", "fit_temperature_federated", "reset_bn_stats", "has_batchnorm"],
         ".calibrate",
@@ -48,8 +51,3 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-# Registers the baselines' methods (no torch at import; imports fedlmc.merging.methods).
-from fedlmc.merging import baselines as _baselines  # noqa: E402, F401
-from fedlmc.merging import field_methods as _field_methods  # noqa: E402, F401
-from fedlmc.merging import robust_rules as _robust_rules  # noqa: E402, F401

@@ -32,8 +32,9 @@ followed by the plain average, so its paths are the usual ones between the mappe
   columns (``lewc_undefined_reason`` says why); strategies and saved merges refuse it.
   Norm-free plain chains only.
 
-This module imports no torch at import time (it is imported by :mod:`fedlmc.merging.methods` to
-register the methods); each method imports what it needs when it runs.
+This module imports no torch at import time (the registry imports it to register the methods,
+:data:`fedlmc.merging.method_registry.BUILTIN_MODULES`); each method imports what it needs when
+it runs.
 """
 
 from __future__ import annotations
@@ -43,13 +44,9 @@ from typing import TYPE_CHECKING
 
 from fedlmc.columns import Column
 from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS
-from fedlmc.merging.methods import (
-    Alignment,
-    MergeJob,
-    plain_average,
-    register_method,
-    weight_matching_to_first,
-)
+from fedlmc.merging.builtin_methods import plain_average, weight_matching_to_first
+from fedlmc.merging.merge_job import Alignment, MergeJob
+from fedlmc.merging.method_registry import builtin_method
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -127,7 +124,7 @@ def _rescaled(job: MergeJob, alignment: Alignment) -> Alignment:
     return Alignment(alignment.aligned, state, info, alignment.kept)
 
 
-@register_method(
+@builtin_method(
     "average_rescale",
     server_sees="each model's statistics",
     description="plain average, then RESCALE (Vanishing Feature): every hidden unit's std set to "
@@ -142,7 +139,7 @@ def average_rescale(job: MergeJob) -> Alignment:
     return _rescaled(job, Alignment(list(job.states)))
 
 
-@register_method(
+@builtin_method(
     "weight_matching_rescale",
     description="weight matching onto client 0, average, then RESCALE (Vanishing Feature) on "
     "the server split",
@@ -151,7 +148,8 @@ def average_rescale(job: MergeJob) -> Alignment:
     columns=(*RESCALE_COLUMNS, *ALIGNMENT_COLUMNS),
 )
 def weight_matching_rescale(job: MergeJob) -> Alignment:
-    r"""Weight matching onto client 0 (:func:`~fedlmc.merging.methods.weight_matching_to_first`),
+    r"""Weight matching onto client 0
+    (:func:`~fedlmc.merging.builtin_methods.weight_matching_to_first`),
     :math:`\sum_i w_i \pi_i(\theta_i)`, then RESCALE on the server inputs."""
     return _rescaled(job, weight_matching_to_first(job))
 
@@ -163,7 +161,7 @@ def _condition(matrix: Tensor) -> float:
     return float(values[0] / values[-1]) if float(values[-1]) > 0 else math.inf
 
 
-@register_method(
+@builtin_method(
     "cca_merge",
     description="CCA Merge: every client mapped onto client 0 by the linear maps of CCA of the "
     "hidden activations on the server split, then average (norm-free chains: MLP, VGG-11 "
@@ -203,7 +201,7 @@ def preserve_first_model(
     return preserve_first(template, aligned, weights, int(options.get("pfm_layers", PFM_LAYERS)))
 
 
-register_method(
+builtin_method(
     "preserve_first",
     description="Preserve-First Merging (Vanishing Feature): every client's first layer kept, "
     "their outputs averaged, then the plain average's later layers (a model with N first "
@@ -213,7 +211,7 @@ register_method(
     reestimate_bn=False,
     builds_model=preserve_first_model,
 )(plain_average)
-register_method(
+builtin_method(
     "weight_matching_preserve_first",
     description="weight matching onto client 0, then Preserve-First Merging of the matched "
     "clients (a model with N first layers; norm-free chains)",

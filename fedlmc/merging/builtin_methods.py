@@ -6,7 +6,8 @@ the weight-matched average, whichever has the lower calibrated NLL), the mixed-w
 and HeteroFL's holder average, and the ``random_direction`` flatness control. The methods table
 (``fedlmc methods``, [Merge methods](../methods.md)) lists them with their descriptions.
 
-Imported by :mod:`fedlmc.merging.methods`; no torch at import time (each function imports what
+Declared with :func:`~fedlmc.merging.method_registry.builtin_method`: the registry registers them
+when it first lists or looks up a method; no torch at import time (each function imports what
 it needs when it runs).
 """
 
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from fedlmc.columns import Column
 from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS, alignment_info
-from fedlmc.merging.method_registry import Alignment, MergeJob, register_method
+from fedlmc.merging.merge_job import Alignment, MergeJob
+from fedlmc.merging.method_registry import builtin_method
 from fedlmc.merging.random_direction import RANDOM_DIRECTION_COLUMNS
 from fedlmc.merging.sum_form import lewc_bias_exponents, plain_exponents
 
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     StateDict = dict[str, Tensor]
 
 
-@register_method(
+@builtin_method(
     "average",
     description="plain weighted average, no permutation",
     server_sees="sum",
@@ -40,7 +42,7 @@ def plain_average(job: MergeJob) -> Alignment:
     return Alignment(list(job.states))
 
 
-@register_method(
+@builtin_method(
     "weight_matching",
     description="Git Re-Basin weight matching of every client onto client 0, then average",
     columns=ALIGNMENT_COLUMNS,
@@ -68,7 +70,7 @@ def permuted(
     return Alignment(aligned, info=alignment_info(spec, perms))
 
 
-@register_method(
+@builtin_method(
     "activation_matching",
     description="activation matching onto client 0 on the server split's inputs, then average",
     needs_server_data=True,
@@ -87,7 +89,7 @@ def activation_matching_to_first(job: MergeJob) -> Alignment:
     return permuted(spec, job.states, perms)
 
 
-@register_method(
+@builtin_method(
     "activation_federated",
     server_sees="one model and permutations",
     description="activation matching onto client 0 computed by each client on its own data; "
@@ -122,7 +124,7 @@ def activation_matching_on_clients(job: MergeJob) -> Alignment:
     return Alignment(aligned, kept=None if kept_all else kept, info=alignment_info(spec, applied))
 
 
-@register_method(
+@builtin_method(
     "merge_many",
     description="MergeMany: each client matched to the weighted mean of the others, repeated",
     columns=ALIGNMENT_COLUMNS,
@@ -138,7 +140,7 @@ def merge_many_alignment(job: MergeJob) -> Alignment:
     return Alignment(aligned, merged, info=alignment_info(spec, perms))
 
 
-@register_method(
+@builtin_method(
     "random_permutation",
     description="control: every client but the first randomly permuted, then average",
     columns=ALIGNMENT_COLUMNS,
@@ -159,7 +161,7 @@ def random_permutation_control(job: MergeJob) -> Alignment:
     return permuted(spec, job.states, perms)
 
 
-register_method(
+builtin_method(
     "average_repair",
     server_sees="each model's statistics",
     description="plain average, then REPAIR of every hidden unit's mean and std (server split, "
@@ -169,7 +171,7 @@ register_method(
     repair=True,
     clients_for_data=True,
 )(plain_average)
-register_method(
+builtin_method(
     "weight_matching_repair",
     description="weight matching onto client 0, average, then REPAIR (server split, or the "
     "clients' data when calibration is federated); needs biases (bias-free: "
@@ -193,7 +195,7 @@ def lewc_bias_combination(
     return depth_weighted_bias_average(layers, states, weights)
 
 
-register_method(
+builtin_method(
     "average_lewc_bias",
     server_sees="sum",
     sum_exponents=lewc_bias_exponents,
@@ -248,7 +250,7 @@ AUTO_COLUMNS = (
 """The columns the ``auto`` method fills (:func:`automatic_choice`'s ``info``)."""
 
 
-@register_method(
+@builtin_method(
     "auto",
     description="plain average if its calibrated NLL is within auto-tolerance of the endpoints', "
     "else the better of it and weight matching (server split, or the clients' held-out data "
@@ -308,7 +310,7 @@ def automatic_choice(job: MergeJob) -> Alignment:
 # ----------------------------------------------------------------------------- mixed widths
 
 
-@register_method(
+@builtin_method(
     "embed_average",
     server_sees="sum",
     sum_exponents=plain_exponents,
@@ -325,7 +327,7 @@ def embed_first_slots(job: MergeJob) -> Alignment:
     return Alignment(embed_clients(job.template, job.states, job.permutation_spec(), "first"))
 
 
-@register_method(
+@builtin_method(
     "embed_weight_matching",
     description="mixed widths: the widest client at the first units of the server width, every "
     "other client weight-matched onto its units (rectangular assignments), then average",
@@ -343,7 +345,7 @@ def embed_matched_slots(job: MergeJob) -> Alignment:
     return Alignment(matched, info=alignment_info(spec, [m.slots for m in matched]))
 
 
-register_method(
+builtin_method(
     "embed_weight_matching_repair",
     description="mixed widths: embed_weight_matching, then REPAIR of every hidden unit's "
     "mean and std (server split, or the clients' data when calibration is federated); needs "
@@ -366,7 +368,7 @@ def holder_combination(
     return holder_average(spec, states, weights)
 
 
-register_method(
+builtin_method(
     "heterofl",
     server_sees="sum",
     sum_exponents=plain_exponents,
@@ -378,7 +380,7 @@ register_method(
 )(embed_first_slots)
 
 
-@register_method(
+@builtin_method(
     "random_direction",
     description="control (flatness): client 0 moved by a seeded Gaussian direction of the "
     "length of its step to the plain average (two clients)",

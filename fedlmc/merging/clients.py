@@ -1,8 +1,8 @@
-r"""Clients in one process: :class:`fedlmc.merging.methods.ClientQueries` on in-memory data, no
+r"""Clients in one process: :class:`fedlmc.merging.merge_job.ClientQueries` on in-memory data, no
 Flower.
 
 The merge methods that talk to the clients (``activation_federated``; ``auto`` on the clients'
-calibration data) reach them through a :class:`~fedlmc.merging.methods.ClientQueries`. In a
+calibration data) reach them through a :class:`~fedlmc.merging.merge_job.ClientQueries`. In a
 federation the strategies provide one that sends Flower query rounds
 (:class:`fedlmc.strategies.queries.ClientRounds`); :class:`LocalClients` computes the same answers
 from each client's data held in memory, with the same functions the ClientApp calls and the same
@@ -66,7 +66,8 @@ __all__ = ["LocalClients"]
 @dataclass
 class LocalClients:
     """Clients ``0..N-1`` with their trained ``states``, the inputs they trained on and their
-    calibration data (held-out shares), answering :class:`fedlmc.merging.methods.ClientQueries`."""
+    calibration data (held-out shares), answering
+    :class:`fedlmc.merging.merge_job.ClientQueries`."""
 
     template: nn.Module
     states: Sequence[StateDict]

@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fedlmc.columns import Column
-from fedlmc.merging.method_registry import Alignment, MergeJob, register_method
+from fedlmc.merging.merge_job import Alignment, MergeJob
+from fedlmc.merging.method_registry import builtin_method
 from fedlmc.merging.sum_form import SecureSums
 
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ FISHER_SUMS = SecureSums(fisher_part_shapes, fisher_client_parts, fisher_secure_
 """Fisher merging's secure form: :math:`u_i \\odot \\theta_i` and :math:`c\\,u_i` summed."""
 
 
-@register_method(
+@builtin_method(
     "fisher",
     description="Fisher merging: every entry averaged with each client's normalised diagonal "
     "Fisher of its own model on its own data (a client query; runs under SecAgg+)",
@@ -280,7 +281,7 @@ REGMEAN_SUMS = SecureSums(regmean_part_shapes, regmean_client_parts, regmean_sec
 """RegMean's secure form: the weights, the reduced Grams and their products summed."""
 
 
-@register_method(
+@builtin_method(
     "regmean",
     description="RegMean: every linear layer the least-squares fit of the clients' outputs on "
     "their own inputs, from each client's Gram matrices (a client query; runs under SecAgg+)",
@@ -313,7 +314,7 @@ TASK_VECTOR_NOTE = (
 )
 
 
-@register_method(
+@builtin_method(
     "task_arithmetic",
     description="Task Arithmetic: the base plus lambda times the sum of the clients' task "
     "vectors (theta_i - theta_0; init = 'shared')",
@@ -332,7 +333,7 @@ def task_arithmetic_merge(job: MergeJob) -> Alignment:
     return Alignment(list(job.states), merged)
 
 
-@register_method(
+@builtin_method(
     "ties",
     description="TIES-Merging: each task vector trimmed to its top k, signs elected, the "
     "agreeing entries averaged, added to the base (init = 'shared')",
@@ -353,7 +354,7 @@ def ties_merging(job: MergeJob) -> Alignment:
     return Alignment(list(job.states), merged)
 
 
-@register_method(
+@builtin_method(
     "dare",
     description="DARE: each task vector's entries dropped with rate p and rescaled by 1/(1-p) "
     "(seeded), then Task Arithmetic (init = 'shared')",
@@ -376,7 +377,7 @@ def dare_merging(job: MergeJob) -> Alignment:
 # ----------------------------------------------------------------------------- OT fusion
 
 
-@register_method(
+@builtin_method(
     "ot_fusion",
     description="OT fusion: every client's units transported onto client 0's layer by layer "
     "(exact OT, or Sinkhorn with ot-reg > 0; POT), then average (norm-free chains)",

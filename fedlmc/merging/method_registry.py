@@ -5,87 +5,49 @@ and their normalised weights :math:`w_i` into the clients *in a common basis*,
 :math:`\pi_1(\theta_1), \dots, \pi_N(\theta_N)` (:math:`\pi_i` a hidden-unit permutation, the
 identity for plain averaging), and optionally its own merged weights (MergeMany); otherwise the
 merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once with
-:func:`register_method`, together with what it needs:
+:func:`register_method`, together with its declaration:
 
-- ``needs_server_data``: inputs held by the server (activation matching correlates activations
-  on them);
-- ``many_clients``: whether it accepts more than two clients; ``min_clients``: the fewest it
-  accepts at its default options (Krum: :math:`2f + 3 = 3`; default 1), below which the
-  study's default method list leaves it out;
-- ``reestimate_bn``: whether a BatchNorm model's running statistics are re-estimated after the
-  merge (by the study on the server split, by the strategies on server or federated data);
-- ``repair``: whether the merge is followed by REPAIR (:mod:`fedlmc.merging.repair`: every hidden
-  unit rescaled so that its pre-activation mean and std match the endpoints' interpolated ones) for
-  models without BatchNorm, which must have a bias in every repaired layer (the mean is set
-  through it; its refusal, :meth:`MergeMethod.refusal`, refuses a bias-free one); for
-  BatchNorm models REPAIR reduces to re-estimating the statistics;
-- ``needs_clients``: it runs a protocol with the clients (``job.clients``, a
-  :class:`ClientQueries`), so it exists only inside a federation (the strategies), never in the
-  server-side study;
-- ``clients_for_data``: with ``job.clients`` set (a federation calibrating on the clients'
-  held-out data, ``calibration = "federated"``), the data it needs comes from the clients
-  instead of the server split;
-- ``combine``: how the aligned clients become one model at given weights,
-  ``combine(spec, states, weights)`` (default: the plain weighted average). The merge and every
-  point of the study's interpolation paths use it, so a method's barriers and LEWC diagnostics
-  are measured on the path its own rule defines;
-- ``plain_chain_only``: the method is defined only for norm-free plain feed-forward chains
-  (:mod:`fedlmc.permutation.chain`), and is refused for other models before any work;
-- ``mixed_widths``: it accepts clients of different widths (:mod:`fedlmc.merging.widths`): it
-  embeds every client into the shapes of ``template``, the *server* model (at least as wide as
-  every client), so its merge and its aligned clients have the server's shapes. Every other
-  method refuses clients whose state dicts differ in shape, before any work;
-- ``on_path``: the merge lies on a path between the aligned clients (default); ``False`` for a
-  control that moves one client off it (``random_direction``): the study leaves its barrier and
-  path columns NaN;
-- ``server_sees``: the least the server must see of the clients for this method's rule, one of
-  :data:`fedlmc.merging.server_sees.SERVER_SEES` (``sum``: secure aggregation can run it;
-  default ``each model``); the ``server_sees`` column, the methods table and ``fedlmc
-  validate``'s refusal of a secure-aggregation cell read it;
-- ``builds_model``: for a method whose merge is a model of another architecture than the
-  template (Preserve-First Merging keeps every client's first layers),
-  ``builds_model(template, aligned, weights, options) -> nn.Module`` (``options``: the job's
-  method options), the model the study evaluates
-  (in eval mode; a ``parameter_count`` attribute, if it has one, is what it needs to predict).
-  Its merged state dict is then only the combination of the aligned clients its later layers
-  use: whatever needs a state dict of the template (the strategies, the saved merges, the
-  barrier paths, LEWC/LLFC) refuses it or leaves its columns NaN
-  (:func:`check_template_merge`);
-- ``sum_exponents``: for a ``sum`` rule that is one weighted sum with a per-key power of the
-  weights, :math:`\sum_i w_i^{1+e_k} \theta_i[k]`, the exponents ``sum_exponents(spec, state)
-  -> {key: e_k}`` (:mod:`fedlmc.merging.sum_form`): what each client pre-scales and the server
-  post-scales, so that the method runs under secure aggregation; ``divide_by_holders``: a
-  ``mixed_widths`` rule that averages each entry over the clients holding it (HeteroFL): each
-  client also sends its holder masks in the same secure sum and the server divides by their
-  sum (:func:`fedlmc.merging.sum_form.divided_by_holders`); ``secure_note``: for a ``sum``
-  rule without them, what it would need to run securely (the refusal says it);
-- ``secure_sums``: for a ``sum`` rule computed from several secure means at once (Fisher
-  merging, RegMean: ratios and solves of sums over the clients), what each client sends and how
-  the server merges the means (:class:`fedlmc.merging.sum_form.SecureSums`); like
-  ``sum_exponents``, it makes the method run under secure aggregation;
-- the secure-protocol declarations (``server_sees``, ``sum_exponents``, ``secure_sums``,
-  ``divide_by_holders``, ``secure_note``) are kept together as one value, the entry's
-  ``secure`` (:class:`SecureForm`);
-- ``needs_base``: the rule is relative to the clients' common starting model (task vectors:
-  Task Arithmetic, TIES, DARE), ``job.base``; refused before any work without one (clients
-  initialised independently have none);
-- ``counterpart_of``: for a ``mixed_widths`` method, the one-width method it stands in for when
-  a run of clients of different widths leaves ``methods`` at its default (``embed_average`` for
-  ``average``);
-- ``columns``: the results columns only this method fills (:class:`fedlmc.columns.Column`,
-  from its ``Alignment.info``; NaN or empty on the other rows). They join the results schema
-  (:func:`fedlmc.study.rows.row_columns`), the docs' columns table and, with a ``report_table``, the
-  report; an ``info`` key the method did not declare is an error. A method whose merge permutes
-  hidden units declares :data:`fedlmc.merging.alignment_record.ALIGNMENT_COLUMNS` and fills them
-  with :func:`~fedlmc.merging.alignment_record.alignment_info` (groups aligned, units moved).
+- what it needs (:class:`Needs`), asked by its one refusal (:meth:`MergeMethod.refusal`):
+  ``needs_server_data`` (inputs held by the server; ``clients_for_data``: or, with ``job.clients``
+  set and ``calibration = "federated"``, the clients' held-out data), ``needs_clients`` (it runs a
+  protocol with the clients, ``job.clients``, a :class:`~fedlmc.merging.merge_job.ClientQueries`:
+  only inside a federation), ``needs_base`` (the rule is relative to the clients' common starting
+  model, ``job.base``: task vectors), ``plain_chain_only`` (defined only for norm-free plain
+  feed-forward chains, :mod:`fedlmc.permutation.chain`), ``many_clients`` (more than two clients
+  accepted), ``min_clients`` (the fewest it accepts at its default options, Krum: :math:`2f + 3 =
+  3`; below it the study's default method list leaves it out) and ``mixed_widths`` (it accepts
+  clients of different widths, :mod:`fedlmc.merging.widths`, embedding each into the shapes of
+  ``template``, the server model; every other method refuses them);
+- how the study evaluates it (:class:`Evaluation`): ``reestimate_bn`` (a BatchNorm model's running
+  statistics are re-estimated after the merge), ``repair`` (REPAIR follows,
+  :mod:`fedlmc.merging.repair`, for models without BatchNorm, which need a bias in every repaired
+  layer), ``on_path`` (``False`` for a control moved off the path between the aligned clients,
+  ``random_direction``: its barrier and path columns are NaN), ``counterpart_of`` (for a
+  ``mixed_widths`` method, the one-width method it stands in for by default, ``embed_average`` for
+  ``average``) and ``columns`` (the results columns only it fills, :class:`fedlmc.columns.Column`
+  rows, from its ``Alignment.info``; an undeclared ``info`` key is an error; a permuting method
+  declares :data:`fedlmc.merging.alignment_record.ALIGNMENT_COLUMNS`);
+- how the merge is built (:class:`Rule`): ``combine(spec, states, weights)`` (combining the aligned
+  clients, default the weighted average; the merge and every point of the study's paths use it) and
+  ``builds_model(template, aligned, weights, options) -> nn.Module`` (a merge that is a model of
+  another architecture, Preserve-First Merging: whatever needs a state dict of the template refuses
+  it, :func:`check_template_merge`);
+- the secure protocol, one value :class:`SecureForm`: ``server_sees`` (the least the server must
+  see, :data:`fedlmc.merging.server_sees.SERVER_SEES`), ``sum_exponents`` (a ``sum`` rule as
+  :math:`\sum_i w_i^{1+e_k} \theta_i[k]`, :mod:`fedlmc.merging.sum_form`), ``secure_sums`` (a rule
+  from several secure means, :class:`fedlmc.merging.sum_form.SecureSums`), ``divide_by_holders``
+  (HeteroFL's division by the summed holder masks) and ``secure_note`` (what a ``sum`` rule without
+  them would need).
 
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
 row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
 strategies (``PermutationAlignedAverage(method=...)``), the run-config schema, ``fedlmc
 methods`` and the docs' methods table. :func:`fedlmc.merging.methods.merge_states` is the one
-function the study and the strategies call. The built-in methods are registered in
-:mod:`fedlmc.merging.builtin_methods`; import :mod:`fedlmc.merging.methods` (which imports both)
-to see them in :data:`METHODS`.
+function the study and the strategies call, with a :class:`~fedlmc.merging.merge_job.MergeJob`.
+The built-in methods are declared in :data:`BUILTIN_MODULES` (:func:`builtin_method`); the
+registry registers them itself, once, before its first registration, look-up or listing. A
+method written in user code can also be named by import path, ``"package.module:name"``
+(:func:`resolve_method_entry`).
 
 This module imports no torch at import time (the run-config validation reads the method names
 without loading torch); each registered function imports what it needs when it runs.
@@ -93,42 +55,51 @@ without loading torch); each registered function imports what it needs when it r
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
 from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SECURE_SUM, check_server_sees
-from fedlmc.registry import Registry
+from fedlmc.models.registry import MODEL_ALLOW_VARIABLE, factory_allowed, is_factory_path
+from fedlmc.registry import Registry, signature_problem
 
 if TYPE_CHECKING:
-    import torch
     from torch import Tensor, nn
 
+    from fedlmc.merging.merge_job import Alignment, MergeJob
     from fedlmc.merging.sum_form import SecureSums, SumExponents
     from fedlmc.permutation.spec import PermutationSpec
 
     StateDict = dict[str, Tensor]
 
 __all__ = [
+    "BUILTIN_MODULES",
     "CALIBRATED_SUFFIX",
     "METHODS",
     "REFERENCE_METHODS",
-    "Alignment",
-    "ClientQueries",
-    "MergeJob",
+    "Evaluation",
     "MergeMethod",
     "MergeRequest",
+    "Needs",
+    "Rule",
     "SecureForm",
     "base_method",
+    "builtin_method",
+    "check_merge_function",
     "check_method",
     "check_own_columns",
     "check_template_merge",
+    "is_method_path",
     "merge_method",
     "merge_method_names",
     "mixed_width_row",
     "refusal",
     "register_method",
+    "resolve_method_entry",
     "study_methods",
     "template_merge_names",
 ]
@@ -142,87 +113,6 @@ Combine = Callable[["PermutationSpec | None", Sequence["StateDict"], Sequence[fl
 BuildModel = Callable[
     ["nn.Module", Sequence["StateDict"], Sequence[float], "Mapping[str, Any]"], "nn.Module"
 ]
-
-
-class ClientQueries(Protocol):
-    """What a federation lets a merge method ask the clients of ``MergeJob.states`` (in that
-    order), without any data leaving them. The strategies implement it with Flower query
-    rounds (:class:`fedlmc.strategies.queries.ClientRounds`);
-    :class:`fedlmc.merging.clients.LocalClients` answers the same from data held in memory
-    (notebooks, tests)."""
-
-    def calibrated_nlls(
-        self, states: Sequence[StateDict], reestimate_bn: Sequence[bool]
-    ) -> list[float]:
-        """Per state dict, the mean NLL over the clients' calibration data at the temperature of
-        :func:`fedlmc.merging.calibrate.temperature_grid` minimising it (BatchNorm statistics
-        re-estimated on the clients' data first where ``reestimate_bn``)."""
-        ...
-
-    def activation_permutations(self, reference: StateDict) -> list[dict[str, Tensor]]:
-        """Per client, the permutations matching its own model's hidden units to
-        ``reference``'s by activation correlation on its own data; an empty mapping (the
-        identity) for client 0, whose model ``reference`` is."""
-        ...
-
-    def fisher_diagonals(self) -> list[StateDict | None]:
-        """Per client, the diagonal empirical Fisher of its own model on (a bounded sample of)
-        its own training data (:func:`fedlmc.merging.fisher.fisher_diagonal`); ``None`` for a
-        client whose answer was dropped."""
-        ...
-
-    def gram_matrices(self, layers: Sequence[str]) -> list[dict[str, Tensor] | None]:
-        """Per client, the Gram matrix of each of ``layers``' inputs of its own model on (a
-        bounded sample of) its own training data (:func:`fedlmc.merging.regmean.gram_matrices`);
-        ``None`` for a client whose answer was dropped."""
-        ...
-
-
-@dataclass
-class MergeJob:
-    """What a merge method receives: the clients, their normalised weights and the context
-    (the server's held-out data ``(x, y)`` if any, method ``options`` such as
-    ``auto_tolerance``, ``clients``, the :class:`ClientQueries` of a federation, and ``base``,
-    the clients' common starting model if any)."""
-
-    template: nn.Module
-    states: Sequence[StateDict]
-    weights: list[float]
-    seed: int = 0
-    server_data: tuple[Tensor, Tensor] | None = None
-    device: torch.device | None = None
-    spec: PermutationSpec | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    clients: ClientQueries | None = None
-    base: StateDict | None = None
-    """The clients' common starting model when they had one (``init = "shared"``: the server's
-    initialisation), for the methods registered ``needs_base``."""
-
-    @property
-    def server_inputs(self) -> Tensor | None:
-        """The inputs of the server data (``None`` without server data)."""
-        return None if self.server_data is None else self.server_data[0]
-
-    def permutation_spec(self) -> PermutationSpec:
-        """The given spec, else the template's (:func:`fedlmc.permutation.permutation_spec`)."""
-        if self.spec is None:
-            from fedlmc.permutation.model_spec import permutation_spec
-
-            self.spec = permutation_spec(self.template)
-        return self.spec
-
-
-@dataclass
-class Alignment:
-    """The clients in the merged basis, the method's own merged weights if it has them, and
-    what the method reports about its choice (``info``: row columns such as ``auto_choice``)."""
-
-    aligned: list[StateDict]
-    merged: StateDict | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    kept: list[int] | None = None
-    """Indices of the clients in ``aligned`` when the method had to leave some out (a client
-    whose answer to a query was dropped); ``None``: all of them."""
 
 
 PLAIN_CHAINS = "norm-free plain feed-forward chains (MLP, VGG-11 with norm = 'none')"
@@ -276,61 +166,49 @@ class SecureForm:
 
 
 @dataclass(frozen=True)
-class MergeMethod:
-    """A registered merge method (see the module docstring); built by :func:`register_method`,
-    its secure-protocol part one value, ``secure``."""
+class Needs:
+    """What a method needs of a merge, asked by its one refusal (:meth:`MergeMethod.refusal`;
+    ``register_method``'s ``needs_server_data``, ``needs_clients``, ``needs_base``, ...)."""
 
-    name: str
-    align: Callable[[MergeJob], Alignment]
-    description: str
-    needs_server_data: bool = False
+    server_data: bool = False
+    clients_for_data: bool = False
+    clients: bool = False
+    base: bool = False
+    plain_chain_only: bool = False
     many_clients: bool = True
+    min_clients: int = 1
+    mixed_widths: bool = False
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How the study evaluates a method's merge (BatchNorm statistics, REPAIR, its path) and
+    the results columns only it fills."""
+
     reestimate_bn: bool = True
     repair: bool = False
-    needs_clients: bool = False
-    clients_for_data: bool = False
-    combine: Combine | None = None
-    plain_chain_only: bool = False
-    columns: tuple[Column, ...] = ()
-    mixed_widths: bool = False
-    counterpart_of: str = ""
     on_path: bool = True
+    counterpart_of: str = ""
+    columns: tuple[Column, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How the merge is built from the aligned clients: ``combine`` (default the weighted
+    average), or ``builds_model``, a model of another architecture."""
+
+    combine: Combine | None = None
     builds_model: BuildModel | None = None
-    min_clients: int = 1
-    needs_base: bool = False
-    secure: SecureForm = field(default_factory=SecureForm)
 
     @property
     def template_shaped(self) -> bool:
-        """Whether the merge is a state dict of the template (every method but those registered
-        with ``builds_model``)."""
+        """Whether the merge is a state dict of the template (no ``builds_model``)."""
         return self.builds_model is None
-
-    @property
-    def server_sees(self) -> str:
-        """The least the server must see of the clients (``secure.server_sees``)."""
-        return self.secure.server_sees
-
-    @property
-    def runs_securely(self) -> bool:
-        """Whether secure aggregation can run the rule (:attr:`SecureForm.runs_securely`)."""
-        return self.secure.runs_securely
-
-    def refusal(self, request: MergeRequest, shown: str | None = None) -> str | None:
-        """Why this method cannot run on ``request``, in one line naming the method (as
-        ``shown``, default its name), the bad value and what is allowed; ``None`` when it can.
-        Each precondition is asked in this order and written only here."""
-        name = repr(shown or self.name)
-        for precondition in _PRECONDITIONS:
-            reason = precondition(self, request)
-            if reason:
-                return f"merge method {name}{reason}"
-        return None
 
     def combined(
         self, spec: PermutationSpec | None, states: Sequence[StateDict], weights: Sequence[float]
     ) -> StateDict:
-        """``states`` combined at ``weights`` by this method's rule (plain average by default)."""
+        """``states`` combined at ``weights`` by this rule (plain average by default)."""
         if self.combine is None:
             from fedlmc.averaging import average
 
@@ -338,21 +216,77 @@ class MergeMethod:
         return self.combine(spec, states, weights)
 
 
-METHODS: Registry[MergeMethod] = Registry("merge method")
+@dataclass(frozen=True)
+class MergeMethod:
+    """A registered merge method (see the module docstring), built by :func:`register_method`:
+    its alignment ``align(job) -> Alignment`` and its declaration in four parts."""
+
+    name: str
+    description: str
+    align: Callable[[MergeJob], Alignment]
+    needs: Needs = field(default_factory=Needs)
+    evaluation: Evaluation = field(default_factory=Evaluation)
+    rule: Rule = field(default_factory=Rule)
+    secure: SecureForm = field(default_factory=SecureForm)
+
+    def refusal(self, request: MergeRequest, shown: str | None = None) -> str | None:
+        """Why this method cannot run on ``request``, in one line naming the method (as
+        ``shown``, default its name), the bad value and what is allowed; ``None`` when it can.
+        Each precondition is asked in this order and written only here."""
+        name = repr(shown or self.name)
+        for precondition in _PRECONDITIONS:
+            reason = precondition(self.needs, self.evaluation.repair, request)
+            if reason:
+                return f"merge method {name}{reason}"
+        return None
 
 
-def _one_width(m: MergeMethod, r: MergeRequest) -> str:
-    if m.mixed_widths or not r.widths:
+BUILTIN_MODULES = ("builtin_methods", "baselines", "field_methods", "robust_rules")
+"""The modules of ``fedlmc.merging`` declaring the built-in methods (:func:`builtin_method`), in
+the order :data:`METHODS` lists them."""
+_DECLARED: dict[str, list[tuple[str, dict[str, Any], Callable[[MergeJob], Alignment]]]] = {}
+_Align = TypeVar("_Align", bound=Callable[..., Any])
+
+
+def builtin_method(name: str, **declaration: Any) -> Callable[[_Align], _Align]:
+    """Decorator of the built-in modules (:data:`BUILTIN_MODULES`): declares ``align`` as the
+    method ``name``, ``register_method(name, **declaration)``, which the registry runs when it
+    loads them (once, before its first use), so that importing such a module registers
+    nothing and the built-ins are listed in one order whichever module was imported first."""
+    module = sys._getframe(1).f_globals["__name__"]  # the declaring module, as namedtuple reads it
+
+    def decorator(align: _Align) -> _Align:
+        _DECLARED.setdefault(module, []).append((name, declaration, align))
+        return align
+
+    return decorator
+
+
+def _load_builtin_methods() -> None:
+    """Import the built-in modules and register what they declare, in their order (run once by
+    :data:`METHODS`, before its first registration, look-up or listing)."""
+    for module in BUILTIN_MODULES:
+        full = f"fedlmc.merging.{module}"
+        importlib.import_module(full)
+        for name, declaration, align in _DECLARED.get(full, []):
+            register_method(name, **declaration)(align)
+
+
+METHODS: Registry[MergeMethod] = Registry("merge method", load=_load_builtin_methods)
+
+
+def _one_width(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if n.mixed_widths or not r.widths:
         return ""
-    allowed = ", ".join(e.name for e in METHODS if e.mixed_widths) or "none"
+    allowed = ", ".join(e.name for e in METHODS if e.needs.mixed_widths) or "none"
     return (
         f" needs clients of one width ({r.widths}); allowed for mixed widths: {allowed} "
         f"(each also with {CALIBRATED_SUFFIX})"
     )
 
 
-def _on_clients(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.needs_clients or r.clients is None or r.clients:
+def _on_clients(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not n.clients or r.clients is None or r.clients:
         return ""
     return (
         " runs on the clients; got none: allowed only in a federation (strategy = 'aligned' or "
@@ -360,26 +294,26 @@ def _on_clients(m: MergeMethod, r: MergeRequest) -> str:
     )
 
 
-def _server_data(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.needs_server_data or r.server_data is None or r.server_data:
+def _server_data(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not n.server_data or r.server_data is None or r.server_data:
         return ""
-    if m.clients_for_data and r.federated_data:
+    if n.clients_for_data and r.federated_data:
         return ""
-    instead = " or the clients' data (calibration = 'federated')" if m.clients_for_data else ""
+    instead = " or the clients' data (calibration = 'federated')" if n.clients_for_data else ""
     return f" needs server data; got none: allowed: server data (server_data=(x, y)){instead}"
 
 
-def _client_count(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.many_clients and r.num_clients > 2:
+def _client_count(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not n.many_clients and r.num_clients > 2:
         return f" with {r.num_clients} clients: allowed: at most 2 clients"
     fewest = r.fewest_clients
-    if fewest is not None and 1 < fewest < m.min_clients:  # one client is its own merge
-        return f" with {fewest} clients: allowed: at least {m.min_clients} clients"
+    if fewest is not None and 1 < fewest < n.min_clients:  # one client is its own merge
+        return f" with {fewest} clients: allowed: at least {n.min_clients} clients"
     return ""
 
 
-def _base(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.needs_base or r.base is None or r.base:
+def _base(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not n.base or r.base is None or r.base:
         return ""
     return (
         " needs the clients' common base model; got none: its task vectors are relative to it, "
@@ -388,14 +322,14 @@ def _base(m: MergeMethod, r: MergeRequest) -> str:
     )
 
 
-def _plain_chain(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.plain_chain_only or not r.chain_reason:
+def _plain_chain(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not n.plain_chain_only or not r.chain_reason:
         return ""
     return f": model {r.model!r} is not supported: {r.chain_reason}; allowed: {PLAIN_CHAINS}"
 
 
-def _repair_bias(m: MergeMethod, r: MergeRequest) -> str:
-    if not m.repair or not r.bias_free:
+def _repair_bias(n: Needs, repair: bool, r: MergeRequest) -> str:
+    if not repair or not r.bias_free:
         return ""
     return (
         f": {r.bias_free} has no bias, and REPAIR (Jordan et al. 2023) sets each hidden unit's "
@@ -404,7 +338,7 @@ def _repair_bias(m: MergeMethod, r: MergeRequest) -> str:
     )
 
 
-_PRECONDITIONS: tuple[Callable[[MergeMethod, MergeRequest], str], ...] = (
+_PRECONDITIONS: tuple[Callable[[Needs, bool, MergeRequest], str], ...] = (
     *(_one_width, _on_clients, _server_data, _client_count, _base, _plain_chain, _repair_bias),
 )
 """Each the tail of a refusal (``""``: met), in the order :meth:`MergeMethod.refusal` asks."""
@@ -462,28 +396,15 @@ def register_method(
     secure = SecureForm(server_sees, sum_exponents, secure_sums, divide_by_holders, secure_note)
     _check_secure_form(name, secure, mixed_widths)
 
+    needs = Needs(
+        *(needs_server_data, clients_for_data, needs_clients, needs_base, plain_chain_only),
+        *(many_clients, int(min_clients), mixed_widths),
+    )
+    evaluation = Evaluation(reestimate_bn, repair, on_path, counterpart_of, tuple(columns))
+
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
-        entry = MergeMethod(
-            name=name,
-            align=align,
-            description=description,
-            needs_server_data=needs_server_data,
-            many_clients=many_clients,
-            reestimate_bn=reestimate_bn,
-            repair=repair,
-            needs_clients=needs_clients,
-            clients_for_data=clients_for_data,
-            combine=combine,
-            plain_chain_only=plain_chain_only,
-            columns=tuple(columns),
-            mixed_widths=mixed_widths,
-            counterpart_of=counterpart_of,
-            on_path=on_path,
-            builds_model=builds_model,
-            min_clients=int(min_clients),
-            needs_base=needs_base,
-            secure=secure,
-        )
+        rule = Rule(combine, builds_model)
+        entry = MergeMethod(name, description, align, needs, evaluation, rule, secure)
         METHODS.add(name, entry, replace=replace)
         return align
 
@@ -494,7 +415,12 @@ def check_own_columns(method: str, columns: Sequence[Column], *, replace: bool =
     """A method's own columns must be :class:`Column` rows of ``source = "row"`` whose names are
     new: not a common column, not another method's different column."""
     taken = {c.name for c in COMMON_COLUMNS}
-    others = {c.name: c for m in METHODS if not (replace and m.name == method) for c in m.columns}
+    others = {
+        c.name: c
+        for m in METHODS
+        if not (replace and m.name == method)
+        for c in m.evaluation.columns
+    }
     for column in columns:
         if not isinstance(column, Column) or column.source != "row":
             what = column.name if isinstance(column, Column) else column
@@ -518,7 +444,7 @@ def merge_method(name: str) -> MergeMethod:
 def template_merge_names() -> tuple[str, ...]:
     """The registered methods whose merge is a state dict of the template (all but those
     registered with ``builds_model``), in registration order."""
-    return tuple(m.name for m in METHODS if m.template_shaped)
+    return tuple(m.name for m in METHODS if m.rule.template_shaped)
 
 
 def check_template_merge(
@@ -529,7 +455,7 @@ def check_template_merge(
     ``allowed`` there (default: :func:`template_merge_names`), when its merge is a model of
     another architecture (``builds_model``)."""
     entry = merge_method(method)
-    if not entry.template_shaped:
+    if not entry.rule.template_shaped:
         names = template_merge_names() if allowed is None else allowed
         raise ValueError(
             f"{where}: merge method {entry.name!r} builds a model of another architecture (not "
@@ -556,9 +482,12 @@ def mixed_width_row(method: str) -> str | None:
     ``counterpart_of`` its merge, with its ``_t`` kept (``"average_t"`` ->
     ``"embed_average_t"``); ``None`` when there is none."""
     base = base_method(method)
-    if base not in METHODS or METHODS.get(base).mixed_widths:
+    if base not in METHODS or METHODS.get(base).needs.mixed_widths:
         return method
-    twin = next((m.name for m in METHODS if m.mixed_widths and m.counterpart_of == base), None)
+    twin = next(
+        (m.name for m in METHODS if m.needs.mixed_widths and m.evaluation.counterpart_of == base),
+        None,
+    )
     return None if twin is None else twin + method[len(base) :]
 
 
@@ -569,7 +498,7 @@ def study_methods(federated: bool = False) -> tuple[str, ...]:
     names = [
         n
         for m in merge_method_names()
-        if federated or not METHODS.get(m).needs_clients
+        if federated or not METHODS.get(m).needs.clients
         for n in (m, m + CALIBRATED_SUFFIX)
     ]
     return (*names, *REFERENCE_METHODS)
@@ -593,4 +522,77 @@ def _check_secure_form(name: str, secure: SecureForm, mixed_widths: bool) -> Non
         raise ValueError(
             f"merge method {name!r}: divide_by_holders without sum_exponents and "
             "mixed_widths; allowed only on a mixed-widths rule with its sum_exponents"
+        )
+
+
+def is_method_path(entry: object) -> bool:
+    """Whether a ``methods`` entry names a method by import path (``"package.module:name"``)
+    rather than by its registered name."""
+    return is_factory_path(entry)
+
+
+def resolve_method_entry(entry: str) -> str:
+    """The registered method (or ``_t`` row) a ``methods`` entry stands for: the entry itself
+    unless it is an import path ``"package.module:name"`` (as a model used once is named; every
+    process that validates the run config resolves it the same way; idempotent):
+
+    1. ``package.module`` is imported (it must be importable where the run executes; the
+       allow-list :data:`fedlmc.models.registry.MODEL_ALLOW_VARIABLE`, when set, applies too);
+    2. if it registered a method ``name`` (``@register_method("name", ...)``), that method is
+       the entry (a function ``name`` of the module that is not that method is refused);
+    3. else, if ``name`` is a function of the module called as ``name(job)``
+       (:func:`check_merge_function`; ``os:system`` is refused), it is registered as method
+       ``name`` with :func:`register_method`'s defaults;
+    4. else ``ValueError`` naming the entry and what is allowed.
+
+    Its rows are ``name`` (and ``name_t`` for the entry ``package.module:name_t``)."""
+    if not is_method_path(entry):
+        return entry
+    location, _, name = entry.rpartition(":")
+    if location.endswith(".py") or "/" in location:
+        raise ValueError(
+            f"merge method {entry!r}: allowed: 'package.module:function', importable where the "
+            "run executes (not a file path)"
+        )
+    allow = os.environ.get(MODEL_ALLOW_VARIABLE)
+    if not factory_allowed(entry, allow):
+        raise ValueError(
+            f"merge method {entry!r} is not allowed here; allowed ({MODEL_ALLOW_VARIABLE}): "
+            f"{allow or 'none'}"
+        )
+    try:
+        module = importlib.import_module(location)
+    except ImportError as error:
+        raise ValueError(f"merge method {entry!r} cannot be imported: {error}") from None
+    base = base_method(name)
+    function = getattr(module, base, None)
+    if base in METHODS:
+        if callable(function) and METHODS.get(base).align is not function:
+            raise ValueError(
+                f"merge method {entry!r}: {base!r} is already another method's name; allowed: "
+                "a function of another name"
+            )
+        check_merge_function(entry, METHODS.get(base).align)
+        return name
+    if not callable(function) or isinstance(function, type):
+        raise ValueError(
+            f"merge method {entry!r}: module {location!r} registers no method {base!r} and has "
+            f"no function {base!r}; allowed: a function job -> Alignment, or a method the module "
+            "registers with @register_method"
+        )
+    check_merge_function(entry, function)
+    register_method(base, description=f"user merge function {location}:{base}")(function)
+    return base + CALIBRATED_SUFFIX if name != base else base
+
+
+def check_merge_function(entry: str, function: object) -> None:
+    """``ValueError`` unless ``function`` is called as a merge function, ``function(job)``
+    (:func:`fedlmc.registry.signature_problem`): ``os:system`` takes ``(command)``, a C
+    built-in no readable signature, and neither is registered as a merge method."""
+    problem = signature_problem(function, ("job",))
+    if problem is not None:
+        raise ValueError(
+            f"merge method {entry!r}: {problem}; allowed: a function merge(job) -> Alignment "
+            "(a MergeJob in, an Alignment out), or a method the module registers with "
+            "@register_method"
         )

@@ -1,11 +1,10 @@
-r"""The merge entry, :func:`merge_states`, and the merge-method registry's public names.
+r"""The merge entry, :func:`merge_states`: client state dicts merged with a registered method.
 
-:func:`merge_states` merges client state dicts with a registered method (the one function the
-study and the strategies call; ``with_info=True`` also returns what the method reports).
-The registry (:func:`register_method`, :class:`MergeJob`, :class:`Alignment`, :data:`METHODS`,
-...) is :mod:`fedlmc.merging.method_registry`, the built-in methods
-:mod:`fedlmc.merging.builtin_methods`; both are importable from here, and importing this module
-registers the built-in methods.
+:func:`merge_states` is the one function the study and the strategies call (``with_info=True``
+also returns what the method reports). The methods are registered in
+:mod:`fedlmc.merging.method_registry`; a method receives a
+:class:`~fedlmc.merging.merge_job.MergeJob` and returns an
+:class:`~fedlmc.merging.merge_job.Alignment`.
 
 This module imports no torch at import time (the run-config validation reads the method names
 without loading torch).
@@ -16,95 +15,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from fedlmc.merging.builtin_methods import (
-    AUTO_COLUMNS,
-    AUTO_TOLERANCE,
-    activation_matching_on_clients,
-    activation_matching_to_first,
-    automatic_choice,
-    calibrated_nll,
-    embed_first_slots,
-    embed_matched_slots,
-    holder_combination,
-    lewc_bias_combination,
-    merge_many_alignment,
-    permuted,
-    plain_average,
-    random_direction,
-    random_permutation_control,
-    weight_matching_to_first,
-)
-from fedlmc.merging.method_registry import (
-    CALIBRATED_SUFFIX,
-    METHODS,
-    REFERENCE_METHODS,
-    Alignment,
-    ClientQueries,
-    MergeJob,
-    MergeMethod,
-    MergeRequest,
-    base_method,
-    check_method,
-    check_own_columns,
-    check_template_merge,
-    merge_method,
-    merge_method_names,
-    mixed_width_row,
-    refusal,
-    register_method,
-    study_methods,
-    template_merge_names,
-)
+from fedlmc.merging.merge_job import MergeJob
+from fedlmc.merging.method_registry import MergeMethod, MergeRequest, check_method
+from fedlmc.merging.request_facts import model_facts, width_difference
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
+    from fedlmc.merging.merge_job import ClientQueries
     from fedlmc.permutation.spec import PermutationSpec
 
     StateDict = dict[str, Tensor]
 
-__all__ = [
-    "AUTO_COLUMNS",
-    "AUTO_TOLERANCE",
-    "CALIBRATED_SUFFIX",
-    "METHODS",
-    "REFERENCE_METHODS",
-    "Alignment",
-    "ClientQueries",
-    "MergeJob",
-    "MergeMethod",
-    "MergeRequest",
-    "activation_matching_on_clients",
-    "activation_matching_to_first",
-    "automatic_choice",
-    "base_method",
-    "calibrated_nll",
-    "check_method",
-    "check_own_columns",
-    "check_template_merge",
-    "embed_first_slots",
-    "embed_matched_slots",
-    "holder_combination",
-    "lewc_bias_combination",
-    "merge_many_alignment",
-    "merge_method",
-    "merge_method_names",
-    "merge_states",
-    "mixed_width_row",
-    "model_facts",
-    "permuted",
-    "plain_average",
-    "random_direction",
-    "plain_chain_reason",
-    "random_permutation_control",
-    "refusal",
-    "register_method",
-    "study_methods",
-    "template_merge_names",
-    "weight_matching_to_first",
-    "width_difference",
-]
+__all__ = ["merge_states"]
 
 
 @overload
@@ -197,7 +121,7 @@ def merge_states(
     )
     entry = check_method(method, request)
     w = normalised_weights(weights, len(states))
-    if len(states) == 1 and not entry.mixed_widths:
+    if len(states) == 1 and not entry.needs.mixed_widths:
         merged, aligned, info = average(states, w), list(states), {}
     else:
         job = MergeJob(
@@ -222,7 +146,7 @@ def _run(entry: MergeMethod, job: MergeJob) -> tuple[StateDict, list[StateDict],
     from fedlmc.averaging import normalised_weights
 
     alignment = entry.align(job)
-    undeclared = sorted(set(alignment.info) - {c.name for c in entry.columns})
+    undeclared = sorted(set(alignment.info) - {c.name for c in entry.evaluation.columns})
     if undeclared:
         raise ValueError(
             f"merge method {entry.name!r} reports column {undeclared[0]!r} it does not declare; "
@@ -233,64 +157,6 @@ def _run(entry: MergeMethod, job: MergeJob) -> tuple[StateDict, list[StateDict],
         w = normalised_weights([w[i] for i in alignment.kept], len(alignment.kept))
     merged = alignment.merged
     if merged is None:
-        spec = job.spec if entry.combine is None else job.permutation_spec()
-        merged = entry.combined(spec, alignment.aligned, w)
+        spec = job.spec if entry.rule.combine is None else job.permutation_spec()
+        merged = entry.rule.combined(spec, alignment.aligned, w)
     return merged, alignment.aligned, dict(alignment.info)
-
-
-def plain_chain_reason(template: nn.Module, spec: PermutationSpec | None) -> str:
-    """Why ``template`` (under ``spec``, default: its own) is no norm-free plain chain of
-    Linear/Conv layers (:func:`fedlmc.permutation.chain.chain_layers`, and no state key outside
-    the chain's weights and biases, :func:`fedlmc.permutation.chain.outside_chain_key`: no
-    BatchNorm or other norm layer); ``""`` when it is one."""
-    from fedlmc.permutation.chain import chain_layers, outside_chain_key
-    from fedlmc.permutation.model_spec import permutation_spec
-
-    state = template.state_dict()
-    layers = chain_layers(spec or permutation_spec(template), state)
-    if layers is None:
-        return "its Linear/Conv layers are not one chain (residual?)"
-    other = outside_chain_key(layers, state)
-    return (
-        ""
-        if other is None
-        else f"state key {other!r} is no Linear/Conv weight or bias of the chain"
-    )
-
-
-def model_facts(
-    template: nn.Module, spec: PermutationSpec | None, methods: Sequence[str]
-) -> dict[str, Any]:
-    """The :class:`MergeRequest` fields about ``template`` (under ``spec``) that ``methods``
-    ask: ``model`` (its class name), ``chain_reason`` (:func:`plain_chain_reason`) when one
-    of them is ``plain_chain_only``, ``bias_free`` (the first repaired layer without a bias,
-    :func:`fedlmc.merging.repair.bias_free_layer`; none with BatchNorm, whose REPAIR is the
-    statistics' reset) when one of them is ``repair``; the others are left unasked."""
-    entries = [merge_method(m) for m in methods if base_method(m) not in REFERENCE_METHODS]
-    facts: dict[str, Any] = {"model": type(template).__name__}
-    if any(e.plain_chain_only for e in entries):
-        facts["chain_reason"] = plain_chain_reason(template, spec)
-    if any(e.repair for e in entries):
-        from fedlmc.merging.calibrate import has_batchnorm
-        from fedlmc.merging.repair import bias_free_layer
-
-        layer = None if has_batchnorm(template) else bias_free_layer(template)
-        facts["bias_free"] = "" if layer is None else f"layer {layer!r}"
-    return facts
-
-
-def width_difference(states: Sequence[StateDict]) -> str:
-    """The first key whose shape differs between client 0 and another client (or that one of
-    them lacks), as a refusal names it; ``""`` when the clients have one width."""
-    reference = states[0] if states else {}
-    for index, sd in enumerate(states[1:], start=1):
-        for key in dict.fromkeys([*reference, *sd]):
-            a, b = reference.get(key), sd.get(key)
-            shape_a = "no such key" if a is None else tuple(a.shape)
-            shape_b = "no such key" if b is None else tuple(b.shape)
-            if shape_a != shape_b:
-                return f"{key!r} has shape {shape_a} in client 0 and {shape_b} in client {index}"
-    return ""
-
-
-# ----------------------------------------------------------------------------- built-in methods

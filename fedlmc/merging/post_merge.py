@@ -1,7 +1,7 @@
 r"""The post-merge pipeline, written once: BatchNorm re-estimation, REPAIR, temperature.
 
-A merge method (:mod:`fedlmc.merging.methods`) turns the clients :math:`\theta_i` and their weights
-:math:`w_i` into merged weights :math:`\bar\theta` and the clients in the merged basis
+A merge method (:mod:`fedlmc.merging.method_registry`) turns the clients :math:`\theta_i` and their
+weights :math:`w_i` into merged weights :math:`\bar\theta` and the clients in the merged basis
 :math:`\pi_i(\theta_i)`. Three data-dependent steps then finish the merged model, in this order:
 
 1. **BatchNorm re-estimation** (:func:`fedlmc.merging.calibrate.apply_bn_statistics`): every
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from fedlmc.merging.calibrate import BNStats
-    from fedlmc.merging.methods import MergeMethod
+    from fedlmc.merging.method_registry import MergeMethod
     from fedlmc.merging.repair import UnitStats
 
     StateDict = dict[str, Tensor]
@@ -166,14 +166,14 @@ def reestimates_batchnorm(model: nn.Module, method: MergeMethod) -> bool:
     """Whether ``model`` (merged by ``method``) gets its BatchNorm statistics re-estimated."""
     from fedlmc.merging.calibrate import has_batchnorm
 
-    return method.reestimate_bn and has_batchnorm(model)
+    return method.evaluation.reestimate_bn and has_batchnorm(model)
 
 
 def repairs(model: nn.Module, method: MergeMethod, endpoints: int) -> bool:
     """Whether ``model`` (merged by ``method`` from ``endpoints`` clients) is repaired."""
     from fedlmc.merging.calibrate import has_batchnorm
 
-    return method.repair and endpoints >= 2 and not has_batchnorm(model)
+    return method.evaluation.repair and endpoints >= 2 and not has_batchnorm(model)
 
 
 def _reestimate_batchnorm(
@@ -216,7 +216,7 @@ def post_merge(
     """
     from fedlmc.averaging import load_state
     from fedlmc.evaluation import resolve_device
-    from fedlmc.merging.methods import merge_method
+    from fedlmc.merging.method_registry import merge_method
     from fedlmc.merging.repair import repair_with_statistics
 
     entry = merge_method(method)

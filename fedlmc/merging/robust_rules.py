@@ -39,7 +39,7 @@ Every rule needs each model in the clear (``server_sees = "each model"``): none 
 secure aggregation. Each is registered with ``on_path = False`` (the merge is no point on a path
 between the clients: barrier columns NaN, compared by their ``merge_gap_*`` columns).
 
-This module imports no torch at import time (the package ``fedlmc.merging`` imports it to register
+This module imports no torch at import time (the registry imports it to register
 the methods); each method imports what it needs when it runs.
 """
 
@@ -51,7 +51,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fedlmc.columns import Column
-from fedlmc.merging.method_registry import Alignment, MergeJob, register_method
+from fedlmc.merging.merge_job import Alignment, MergeJob
+from fedlmc.merging.method_registry import builtin_method
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -213,7 +214,7 @@ def _krum_alignment(job: MergeJob, select: int) -> Alignment:
     return Alignment(list(job.states), merged, {"krum_selected": json.dumps(kept)})
 
 
-@register_method(
+@builtin_method(
     "median",
     server_sees="each model",
     description="coordinate-wise median of the clients (Flower's FedMedian rule, once; unweighted)",
@@ -224,7 +225,7 @@ def median_merge(job: MergeJob) -> Alignment:
     return Alignment(list(job.states), coordinate_median(job.states))
 
 
-@register_method(
+@builtin_method(
     "trimmed_mean",
     server_sees="each model",
     description="coordinate-wise mean after trimming floor(trim-fraction x N) clients at each "
@@ -237,7 +238,7 @@ def trimmed_mean_merge(job: MergeJob) -> Alignment:
     return Alignment(list(job.states), trimmed_mean(job.states, fraction))
 
 
-@register_method(
+@builtin_method(
     "krum",
     server_sees="each model",
     min_clients=2 * KRUM_BYZANTINE + 3,
@@ -251,7 +252,7 @@ def krum_merge(job: MergeJob) -> Alignment:
     return _krum_alignment(job, 1)
 
 
-@register_method(
+@builtin_method(
     "multi_krum",
     server_sees="each model",
     min_clients=2 * KRUM_BYZANTINE + 3,

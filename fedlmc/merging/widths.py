@@ -5,7 +5,7 @@ hidden units; the server model (the merge's ``template``) has :math:`K_p \ge \ma
 Every method first embeds each client into the server's shapes at slots :math:`s_i`
 (:func:`fedlmc.permutation.embed.embed_state`: the embedded client :math:`E_{s_i}(\theta_i)`
 computes exactly client :math:`i`'s function, zero elsewhere), then combines the embedded
-clients. The three rules (registered in :mod:`fedlmc.merging.methods`):
+clients. The three rules (registered in :mod:`fedlmc.merging.method_registry`):
 
 - **embed_average**: slots :math:`s_i = 0..k_{ip}-1` (the first units, HeteroFL's nesting) and
   the plain weighted average :math:`\bar\theta = \sum_i w_i E_{s_i}(\theta_i)`. An entry held by

@@ -2,9 +2,9 @@ r"""Comparison of one-shot merge methods on the client models of one federated r
 
 Given the client state dicts :math:`\theta_1, \dots, \theta_N` of one round (same architecture)
 and their merge weights :math:`c_i` (e.g. sample counts, :math:`w_i = c_i / \sum_j c_j`), every
-method of :func:`fedlmc.merging.methods.study_methods` is evaluated on the *same* client models and
-gives one tidy row (columns: :mod:`fedlmc.study.rows`). The merge methods are those registered in
-:mod:`fedlmc.merging.methods`; the built-in ones:
+method of :func:`fedlmc.merging.method_registry.study_methods` is evaluated on the *same* client
+models and gives one tidy row (columns: :mod:`fedlmc.study.rows`). The merge methods are those
+registered in :mod:`fedlmc.merging.method_registry`; the built-in ones:
 
 - ``average``: :math:`\bar\theta = \sum_i w_i \theta_i` (no permutation).
 - ``weight_matching`` / ``activation_matching``: every client is permuted onto the reference
@@ -65,15 +65,15 @@ from torch import Tensor, nn
 from fedlmc.analysis.diagnostics import layer_names_of
 from fedlmc.averaging import normalised_weights
 from fedlmc.evaluation import resolve_device
-from fedlmc.merging.methods import (
+from fedlmc.merging.merge_job import ClientQueries
+from fedlmc.merging.method_registry import (
     CALIBRATED_SUFFIX,
     REFERENCE_METHODS,
-    ClientQueries,
     MergeRequest,
     base_method,
-    model_facts,
     refusal,
 )
+from fedlmc.merging.request_facts import model_facts
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
 from fedlmc.study.barriers import (
@@ -271,14 +271,14 @@ def compare_methods(
     """One row per requested method (columns :func:`fedlmc.study.rows.row_columns`), all on the same
     client models, and the merged weights of each base merge (``Comparison.merged``).
 
-    ``methods`` defaults to every study method (:func:`fedlmc.merging.methods.study_methods`)
-    that accepts this many clients (:func:`default_methods`) and can merge such models (each
-    method's one refusal, :func:`fedlmc.merging.methods.refusal`, asked once on the
-    :class:`~fedlmc.merging.methods.MergeRequest` of the arguments: no ``plain_chain_only``
-    method for a ResNet or a BatchNorm model, no REPAIR for a bias-free one). A method given
-    explicitly that does not accept them (``random_direction`` with more than two clients, a
-    ``plain_chain_only`` one on such a model, ``average_repair`` on a bias-free MLP) is refused
-    with that refusal before any work.
+    ``methods`` defaults to the :func:`~fedlmc.merging.method_registry.study_methods` that
+    accept this many clients (:func:`default_methods`) and can merge such models (each method's
+    one refusal, :func:`~fedlmc.merging.method_registry.refusal`, asked once on the
+    :class:`~fedlmc.merging.method_registry.MergeRequest` of the arguments: no
+    ``plain_chain_only`` method for a ResNet or a BatchNorm model, no REPAIR for a bias-free
+    one). A method given explicitly that does not accept them (``random_direction`` with more
+    than two clients, a ``plain_chain_only`` one on such a model, ``average_repair`` on a
+    bias-free MLP) is refused with that refusal before any work.
     Each base merge is computed once; its ``_t`` row reuses it with the server-fitted
     temperature. Raw rows have ``temperature = 1``; ``nll_raw``/``nll_calibrated`` (and ECE) are
     filled for both; the ``merge_gap_*`` columns compare with the unweighted mean endpoint.
@@ -291,7 +291,7 @@ def compare_methods(
     messages. ``client_templates`` (one model per client) are the architectures the clients'
     weights load into when they differ from ``template`` (clients of different widths, merged
     at ``template``'s width by a mixed-width merge method); default: ``template`` for every
-    client. ``clients`` (a federation's :class:`~fedlmc.merging.methods.ClientQueries`, in the
+    client. ``clients`` (a federation's :class:`~fedlmc.merging.merge_job.ClientQueries`, in the
     order of ``states``: a :class:`~fedlmc.merging.clients.LocalClients`, or the compare
     strategy's query rounds) lets the methods that run on the clients (``fisher``, ``regmean``,
     ``activation_federated``) be rows; ``base`` (the clients' common starting model, e.g. the
@@ -362,7 +362,7 @@ def _checked_methods(
 
 def _accepted_methods(methods: Sequence[str], request: MergeRequest, defaulted: bool) -> list[str]:
     """``methods`` that run on ``request`` (each method's one refusal,
-    :func:`fedlmc.merging.methods.refusal`): the default ones leave out those refused (no
+    :func:`fedlmc.merging.method_registry.refusal`): the default ones leave out those refused (no
     ``plain_chain_only`` method for a ResNet or a BatchNorm VGG, no REPAIR for a bias-free MLP,
     no task-vector method without a ``base``); ``ValueError`` with the refusal of one given
     explicitly, before any work."""

@@ -24,9 +24,9 @@ from torch import Tensor, nn
 
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.merging.methods import (
+from fedlmc.merging.merge_job import ClientQueries
+from fedlmc.merging.method_registry import (
     REFERENCE_METHODS,
-    ClientQueries,
     MergeRequest,
     check_method,
     refusal,
@@ -60,7 +60,7 @@ class StudyContext:
     ``weights`` are normalised; ``diagnostic_x`` are the first ``diagnostic_samples`` test
     inputs; ``layer_names`` the layers the diagnostics measure (empty without diagnostics);
     ``lewc_undefined`` why LEWC's depths are undefined for this model ("" where defined);
-    ``clients`` the federation's :class:`~fedlmc.merging.methods.ClientQueries` the methods that
+    ``clients`` the federation's :class:`~fedlmc.merging.merge_job.ClientQueries` the methods that
     run on the clients query (``None``: none of them runs); ``base`` the clients' common
     starting model (``None``: the task-vector methods do not run).
     """
@@ -158,14 +158,14 @@ def default_methods(num_clients: int) -> list[str]:
 
 
 def count_request(num_clients: int) -> MergeRequest:
-    """The :class:`~fedlmc.merging.methods.MergeRequest` of a study's ``num_clients`` clients,
-    its other preconditions unasked."""
+    """The :class:`~fedlmc.merging.method_registry.MergeRequest` of a study's ``num_clients``
+    clients, its other preconditions unasked."""
     return MergeRequest(num_clients=num_clients, fewest_clients=num_clients)
 
 
 def check_client_count(methods: list[str], num_clients: int) -> list[str]:
     """``methods``; ``ValueError`` with the refusal of the first one that does not accept
-    ``num_clients`` clients (:func:`fedlmc.merging.methods.refusal`), before any work."""
+    ``num_clients`` clients (:func:`fedlmc.merging.method_registry.refusal`), before any work."""
     request = count_request(num_clients)
     for method in methods:
         if method not in REFERENCE_METHODS:

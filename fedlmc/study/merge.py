@@ -26,7 +26,8 @@ from torch import Tensor, nn
 from fedlmc.analysis.paths import PathRule
 from fedlmc.averaging import interpolate, normalised_weights
 from fedlmc.evaluation import resolve_device
-from fedlmc.merging.methods import base_method, check_template_merge, merge_method, merge_states
+from fedlmc.merging.method_registry import base_method, check_template_merge, merge_method
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.post_merge import PostMerged, ServerData, post_merge
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
@@ -96,12 +97,12 @@ def path_rule(method: str, template: nn.Module, spec: PermutationSpec | None) ->
     :math:`(\lambda, 1 - \lambda)` (e.g. depth-weighted biases at every :math:`\lambda`);
     ``None`` for a method registered ``on_path = False`` (its barrier columns stay NaN)."""
     entry = merge_method(method)
-    if not entry.on_path:
+    if not entry.evaluation.on_path:
         return None
-    if entry.combine is None:
+    if entry.rule.combine is None:
         return interpolate
     spec = spec if spec is not None else permutation_spec(template)
-    return lambda sd_a, sd_b, lam: entry.combined(spec, [sd_a, sd_b], [lam, 1.0 - lam])
+    return lambda sd_a, sd_b, lam: entry.rule.combined(spec, [sd_a, sd_b], [lam, 1.0 - lam])
 
 
 def merge_in_context(context: StudyContext, method: str) -> Merged:
@@ -122,18 +123,18 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         device=context.device,
         spec=context.spec,
         options=dict(context.method_options),
-        clients=context.clients if entry.needs_clients else None,
+        clients=context.clients if entry.needs.clients else None,
         base=context.base,
         with_info=True,
     )
-    if entry.template_shaped:
+    if entry.rule.template_shaped:
         source = None if server_data is None else ServerData(*server_data)
         finished = post_merge(
             context.template, merged, aligned, weights, method, source, device=context.device
         )
     else:
         options = dict(context.method_options)
-        model = entry.builds_model(context.template, aligned, weights, options)
+        model = entry.rule.builds_model(context.template, aligned, weights, options)
         model = model.to(context.device).eval()
         finished = PostMerged(model, merged, "none", repaired=False)
     if context.device.type == "cuda":
@@ -149,7 +150,7 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         info=info,
         combined=merged,
         path=path_rule(method, context.template, context.spec),
-        template_shaped=entry.template_shaped,
+        template_shaped=entry.rule.template_shaped,
         query_rounds=after[0] - before[0],
         query_bytes=after[1] - before[1],
     )
@@ -171,8 +172,8 @@ def merge_clients(
     device: str | torch.device | None = None,
     spec: PermutationSpec | None = None,
 ) -> tuple[StateDict, dict[str, Any]]:
-    r"""Merged weights for one registered merge method (:mod:`fedlmc.merging.methods`; a ``_t``
-    suffix is accepted and ignored, the temperature does not change the weights).
+    r"""Merged weights for one registered merge method (:mod:`fedlmc.merging.method_registry`; a
+    ``_t`` suffix is accepted and ignored, the temperature does not change the weights).
 
     Multi-client weight/activation matching aligns every client to client 0 and takes the
     weighted mean :math:`\sum_i w_i \pi_i(\theta_i)`; activation matching correlates activations on

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import resolve_device
-from fedlmc.merging.methods import CALIBRATED_SUFFIX
+from fedlmc.merging.method_registry import CALIBRATED_SUFFIX
 from fedlmc.study.barriers import gap_columns
 from fedlmc.study.context import Predictions
 from fedlmc.study.flags import flag_columns

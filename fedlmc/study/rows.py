@@ -28,7 +28,7 @@ from fedlmc.columns import (
     Column,
     check_unique,
 )
-from fedlmc.merging.methods import METHODS, base_method
+from fedlmc.merging.method_registry import METHODS, base_method
 from fedlmc.merging.server_sees import REFERENCE_SERVER_SEES
 
 __all__ = [
@@ -63,7 +63,7 @@ def method_columns() -> tuple[Column, ...]:
     declared by several registrations of one function, e.g. under two names, counted once)."""
     found: dict[str, Column] = {}
     for method in METHODS:
-        for column in method.columns:
+        for column in method.evaluation.columns:
             found.setdefault(column.name, column)
     return tuple(found.values())
 
@@ -109,7 +109,7 @@ def _cell(text: str) -> str:
 def _declared_by() -> dict[str, list[str]]:
     by: dict[str, list[str]] = {}
     for method in METHODS:
-        for column in method.columns:
+        for column in method.evaluation.columns:
             by.setdefault(column.name, []).append(method.name)
     return by
 
@@ -149,7 +149,7 @@ def server_sees_of(method: str) -> str:
     for the ensembles and ``fedavg``, empty for any other name."""
     base = base_method(method)
     if base in METHODS:
-        return METHODS.get(base).server_sees
+        return METHODS.get(base).secure.server_sees
     return REFERENCE_SERVER_SEES.get(base, "")
 
 

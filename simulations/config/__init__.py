@@ -4,7 +4,8 @@ A *run config* is a flat mapping of hyphenated keys (the same keys as Flower's `
 and ``[tool.flwr.app.config]``) to scalars. :func:`run_schema` lists every key with its type,
 default and allowed values; the named values (data sets, models and their options, merge
 methods) are read from the registries of :mod:`fedlmc.data.catalog`,
-:mod:`fedlmc.models.registry` and :mod:`fedlmc.merging.methods`, so a registered model or merge
+:mod:`fedlmc.models.registry` and :mod:`fedlmc.merging.method_registry`, so a registered model or
+merge
 method is a valid value with no edit here. :func:`validate_run_config` fills in defaults and rejects
 anything else with a :class:`ConfigError` whose one-line message names the key, the value and
 what is allowed. Nothing here imports Flower, torch, scipy or pandas.

@@ -16,7 +16,7 @@ from fedlmc.data.catalog import (
     TRAIN_SIZES,
     is_hf_name,
 )
-from fedlmc.merging.methods import MergeRequest, refusal
+from fedlmc.merging.method_registry import MergeRequest, refusal
 from fedlmc.models.registry import (
     MODELS,
     is_factory_path,
@@ -192,10 +192,10 @@ def check_model_bias(config: Mapping[str, Any]) -> None:
 
 
 def merge_request(config: Mapping[str, Any]) -> MergeRequest:
-    """The :class:`~fedlmc.merging.methods.MergeRequest` of a run config, from its keys alone
-    (no model is built): ``num-clients`` clients; the model's name; why it is no norm-free plain
-    chain (a residual model, a norm); what has no bias where REPAIR needs one (``bias = false``
-    without BatchNorm); how the clients' widths differ; whether the clients share a starting
+    """The :class:`~fedlmc.merging.method_registry.MergeRequest` of a run config, from its keys
+    alone (no model is built): ``num-clients`` clients; the model's name; why it is no norm-free
+    plain chain (a residual model, a norm); what has no bias where REPAIR needs one (``bias =
+    false`` without BatchNorm); how the clients' widths differ; whether the clients share a starting
     model (``init = "shared"``: the server's initialisation is the base). Server data and the
     clients' queries are not asked here (the merge asks them)."""
     model, norm = config["model"], resolved_norm(config)
@@ -229,8 +229,8 @@ def merge_request(config: Mapping[str, Any]) -> MergeRequest:
 def check_merge_methods(config: Mapping[str, Any]) -> None:
     """Every merge method the run executes (:func:`selected_methods`) asked, before any work,
     whether it runs on the config's :func:`merge_request` (its one refusal,
-    :func:`fedlmc.merging.methods.refusal`: a plain-chain method on a residual or normed model,
-    more than two clients for ``random_direction``, a task-vector method without
+    :func:`fedlmc.merging.method_registry.refusal`: a plain-chain method on a residual or normed
+    model, more than two clients for ``random_direction``, a task-vector method without
     ``init = "shared"``, REPAIR without biases, a one-width method for clients of different
     widths)."""
     methods = selected_methods(config)

@@ -11,13 +11,13 @@ from fedlmc.data.catalog import (
     TRAIN_SIZES,
     absolute_hf_name,
 )
-from fedlmc.merging.hooks import resolve_method_entry
-from fedlmc.merging.methods import (
+from fedlmc.merging.method_registry import (
     CALIBRATED_SUFFIX,
     base_method,
     merge_method_names,
+    resolve_method_entry,
 )
-from fedlmc.merging.methods import merge_method as merge_method_entry
+from fedlmc.merging.method_registry import merge_method as merge_method_entry
 from fedlmc.models.registry import (
     is_factory_path,
     model_entry,
@@ -48,7 +48,7 @@ def absolute_paths(config: Mapping[str, Any]) -> Mapping[str, Any]:
 def method_list(config: Mapping[str, Any]) -> list[str]:
     """The ``methods`` key as a list of row names, in the given order, without duplicates; an
     entry ``package.module:function`` is the method it registers
-    (:func:`fedlmc.merging.hooks.resolve_method_entry`)."""
+    (:func:`fedlmc.merging.method_registry.resolve_method_entry`)."""
     entries = (m.strip() for m in config["methods"].split(",") if m.strip())
     return list(dict.fromkeys(resolve_method_entry(m) for m in entries))
 
@@ -133,12 +133,13 @@ def widths_text(widths: Sequence[float]) -> str:
 def mixed_width_methods() -> tuple[str, ...]:
     """The registered merge methods that merge clients of different widths
     (``mixed_widths``, :mod:`fedlmc.merging.widths`)."""
-    return tuple(m for m in merge_method_names() if merge_method_entry(m).mixed_widths)
+    return tuple(m for m in merge_method_names() if merge_method_entry(m).needs.mixed_widths)
 
 
 def align_method(config: Mapping[str, Any]) -> str:
     """The merge method of the ``aligned`` strategy: ``align``, or the method an entry
-    ``package.module:function`` registers (:func:`fedlmc.merging.hooks.resolve_method_entry`)."""
+    ``package.module:function`` registers
+    (:func:`fedlmc.merging.method_registry.resolve_method_entry`)."""
     return resolve_method_entry(config["align"])
 
 
@@ -213,4 +214,4 @@ def keeps_trained_model(config: Mapping[str, Any]) -> bool:
     ``keep-model`` key their messages carry (:mod:`fedlmc.strategies.protocol`)."""
     if config["strategy"] not in (Mode.ALIGNED, Mode.COMPARE):
         return False
-    return any(merge_method_entry(m).needs_clients for m in selected_methods(config))
+    return any(merge_method_entry(m).needs.clients for m in selected_methods(config))

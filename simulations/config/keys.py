@@ -7,9 +7,7 @@ from fedlmc.data.catalog import (
     PARTITION_SCHEMES,
 )
 from fedlmc.merging.baselines import CCA_RIDGE
-from fedlmc.merging.methods import (
-    AUTO_TOLERANCE,
-)
+from fedlmc.merging.builtin_methods import AUTO_TOLERANCE
 from fedlmc.merging.post_merge import CALIBRATIONS
 from fedlmc.merging.robust_rules import KRUM_BYZANTINE, KRUM_SELECT, TRIM_FRACTION
 from fedlmc.models.registry import (

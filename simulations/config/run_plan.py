@@ -6,7 +6,7 @@ The plan holds what every later step would otherwise re-derive from the run conf
 - the mode (:class:`~fedlmc.simulations.config.values.Mode`, the ``strategy`` key);
 - the merge methods, resolved once (an entry ``package.module:function`` is the method it
   registers): the ``aligned`` mode's method, the ``compare`` mode's rows and the options every
-  merge method receives (:class:`fedlmc.merging.methods.MergeJob`'s ``options``);
+  merge method receives (:class:`fedlmc.merging.merge_job.MergeJob`'s ``options``);
 - the strategies' options (:class:`fedlmc.strategies.StrategyOptions`), built once; the FedAvg
   rounds (the baseline and the warm-up before a one-shot round) take a variant of the same
   object (:attr:`RunPlan.fedavg_options`);
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from fedlmc.merging.methods import merge_method
+from fedlmc.merging.method_registry import merge_method
 from fedlmc.simulations.config.defences import client_check, robust_method_options
 from fedlmc.simulations.config.derived import (
     align_method,
@@ -146,7 +146,7 @@ def plan_run(config: Mapping[str, Any]) -> RunPlan:
 def client_plan(config: Mapping[str, Any], mode: Mode) -> ClientPlan:
     """What the clients of ``config`` must do (:class:`ClientPlan`)."""
     federated = federated_calibration(config)
-    queried = [m for m in selected_methods(config) if merge_method(m).needs_clients]
+    queried = [m for m in selected_methods(config) if merge_method(m).needs.clients]
     return ClientPlan(
         holdout_share=float(config["calibration-holdout"]) if federated else 0.0,
         keeps_model=mode == Mode.COMPARE and keeps_trained_model(config),

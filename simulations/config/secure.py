@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedlmc.merging.methods import base_method
+from fedlmc.merging.method_registry import base_method
 from fedlmc.merging.server_sees import SECURE_SUM
 from fedlmc.simulations.config.schema import ConfigError
 from fedlmc.simulations.config.values import ONE_SHOT_MODES
@@ -54,9 +54,9 @@ def secure_cells_in_flight(configs: Sequence[Mapping[str, Any]], wanted: int) ->
 def secure_methods() -> tuple[str, ...]:
     """The merge methods secure aggregation runs, from the registry: ``server_sees = "sum"``
     with their ``sum_exponents`` (:mod:`fedlmc.merging.sum_form`)."""
-    from fedlmc.merging.methods import METHODS
+    from fedlmc.merging.method_registry import METHODS
 
-    return tuple(m.name for m in METHODS if m.runs_securely)
+    return tuple(m.name for m in METHODS if m.secure.runs_securely)
 
 
 def secure_choices() -> str:
@@ -78,10 +78,10 @@ def _needs_more_than_sum(method: str) -> str | None:
 def _not_built(method: str) -> str | None:
     """Why the ``sum`` rule ``method`` does not run securely here (its ``secure_note``), or
     None when it runs (or is no registered merge method: a reference row such as ``fedavg``)."""
-    from fedlmc.merging.methods import METHODS
+    from fedlmc.merging.method_registry import METHODS
 
     entry = METHODS.get(base_method(method)) if base_method(method) in METHODS else None
-    if entry is None or entry.runs_securely:
+    if entry is None or entry.secure.runs_securely:
         return None
     return entry.secure.note or "it registers no sum_exponents (how each client would pre-scale)"
 

@@ -9,7 +9,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from fedlmc.merging.methods import CALIBRATED_SUFFIX, METHODS, REFERENCE_METHODS, MergeMethod
+from fedlmc.merging.method_registry import (
+    CALIBRATED_SUFFIX,
+    METHODS,
+    REFERENCE_METHODS,
+    MergeMethod,
+)
 from fedlmc.models.registry import MODELS
 from fedlmc.simulations.config import FEDAVG, option_key, run_schema
 from fedlmc.simulations.config.schema import Key
@@ -41,16 +46,16 @@ def _yes(flag: bool) -> str:
 
 
 def _data_source(method: MergeMethod) -> str:
-    if method.needs_clients:
+    if method.needs.clients:
         return (
             'each client\'s own (a federation only: `strategy = "aligned"`, or `compare` '
             "querying its clients)"
         )
-    if method.needs_base:
+    if method.needs.base:
         return 'none, but the clients\' common base (`init = "shared"`)'
-    if method.needs_server_data and method.clients_for_data:
+    if method.needs.server_data and method.needs.clients_for_data:
         return "server split, or the clients' (calibration = federated)"
-    return "server split" if method.needs_server_data else "none"
+    return "server split" if method.needs.server_data else "none"
 
 
 def methods_table() -> str:
@@ -59,11 +64,11 @@ def methods_table() -> str:
         [
             f"`{m.name}`, `{m.name}{CALIBRATED_SUFFIX}`",
             _data_source(m),
-            _yes(m.many_clients),
-            _yes(m.reestimate_bn),
-            _yes(m.mixed_widths),
+            _yes(m.needs.many_clients),
+            _yes(m.evaluation.reestimate_bn),
+            _yes(m.needs.mixed_widths),
             m.description,
-            m.server_sees,
+            m.secure.server_sees,
         ]
         for m in METHODS
     ]
@@ -89,18 +94,23 @@ def methods_table() -> str:
 def _secure_row(method: MergeMethod) -> list[str]:
     """A method's row of :func:`secure_methods_table`."""
     name = f"`{method.name}`, `{method.name}{CALIBRATED_SUFFIX}`"
-    if method.runs_securely:
+    if method.secure.runs_securely:
         cell = (
             '`strategy = "average"`'
             if method.name == "average"
             else f'`strategy = "aligned"`, `align = "{method.name}"`'
         )
         runs = "yes, plus the holder masks (about twice the bytes)"
-        return [name, method.server_sees, runs if method.secure.divide_by_holders else "yes", cell]
-    if method.server_sees == "sum":
+        return [
+            name,
+            method.secure.server_sees,
+            runs if method.secure.divide_by_holders else "yes",
+            cell,
+        ]
+    if method.secure.server_sees == "sum":
         need = method.secure.note or "its sum_exponents (how each client would pre-scale)"
-        return [name, method.server_sees, "not built", f"would need {need}"]
-    return [name, method.server_sees, "no", "its rule needs more than a sum"]
+        return [name, method.secure.server_sees, "not built", f"would need {need}"]
+    return [name, method.secure.server_sees, "no", "its rule needs more than a sum"]
 
 
 def secure_methods_table() -> str:

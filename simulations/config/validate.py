@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fedlmc.merging.methods import (
-    mixed_width_row,
-)
+from fedlmc.merging.method_registry import mixed_width_row
 from fedlmc.simulations.config.checks import (
     check_cuda,
     check_data_source,
@@ -75,7 +73,7 @@ def default_methods() -> str:
 
 def mixed_width_counterparts(methods: str) -> str:
     """``methods`` with each row's mixed-width counterpart
-    (:func:`fedlmc.merging.methods.mixed_width_row`), rows without one left out:
+    (:func:`fedlmc.merging.method_registry.mixed_width_row`), rows without one left out:
     ``"average,average_t,ensemble"`` -> ``"embed_average,embed_average_t,ensemble"``."""
     rows = (mixed_width_row(m) for m in method_list({"methods": methods}))
     return ",".join(m for m in rows if m is not None)

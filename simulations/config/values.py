@@ -14,10 +14,10 @@ from fedlmc.data.catalog import (
     DATASETS,
     is_known_dataset,
 )
-from fedlmc.merging.hooks import resolve_method_entry
-from fedlmc.merging.methods import (
+from fedlmc.merging.method_registry import (
     merge_method,
     merge_method_names,
+    resolve_method_entry,
     study_methods,
     template_merge_names,
 )
@@ -63,7 +63,8 @@ DEFAULT_OUTLIER_FACTOR = 10.0  # = fedlmc.strategies.robust.DEFAULT_OUTLIER_FACT
 
 def cell_methods() -> tuple[str, ...]:
     """Every method a cell can report: the study's rows, those that run on the clients too (a
-    compare cell queries its clients for them; :func:`fedlmc.merging.methods.study_methods`),
+    compare cell queries its clients for them;
+    :func:`fedlmc.merging.method_registry.study_methods`),
     and the FedAvg baseline."""
     return (*study_methods(federated=True), FEDAVG)
 
@@ -140,7 +141,7 @@ def _align(value: Any) -> str | None:
         return str(error)
     if name in aligning_methods():
         return None
-    if name in merge_method_names() and not merge_method(name).template_shaped:
+    if name in merge_method_names() and not merge_method(name).rule.template_shaped:
         return (
             f"merge method {name!r} builds a model of another architecture, not a state dict "
             f"of the model the strategy returns; allowed: {', '.join(aligning_methods())}"

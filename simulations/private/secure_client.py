@@ -33,7 +33,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 
-from fedlmc.merging.methods import merge_method
+from fedlmc.merging.method_registry import merge_method
 from fedlmc.strategies.protocol import (
     NUM_PARTITIONS_KEY,
     PARTITION_KEY,
@@ -117,15 +117,15 @@ def scaled_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count:
     :func:`fedlmc.merging.sum_form.embedded_for_sum`), then each key times this client's
     SecAgg+ share to the power of the method's ``sum_exponents``
     (:func:`fedlmc.merging.sum_form.client_scaled`)."""
-    from fedlmc.merging.methods import merge_method
+    from fedlmc.merging.method_registry import merge_method
     from fedlmc.merging.sum_form import client_scaled, embedded_for_sum
     from fedlmc.permutation.model_spec import permutation_spec
 
     entry = merge_method(str(fit_config.get(MERGE_KEY, "average")))
-    if not entry.runs_securely:
+    if not entry.secure.runs_securely:
         raise ValueError(f"merge method {entry.name!r} does not run under secure aggregation")
     spec = permutation_spec(model)
-    if entry.mixed_widths:
+    if entry.needs.mixed_widths:
         state = embedded_for_sum(state, model, spec)
     exponents = entry.secure.sum_exponents(spec, state)
     if not any(exponents.values()):
@@ -139,7 +139,7 @@ def sent_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count: i
     :func:`scaled_for_merge` state; for a rule that divides by the holders (``heterofl``), its
     model embedded in the server's shapes with the entries it does not hold set to 0 and its
     holder masks times the clipping range (:func:`fedlmc.merging.sum_form.held_for_sum`)."""
-    from fedlmc.merging.methods import merge_method
+    from fedlmc.merging.method_registry import merge_method
     from fedlmc.merging.sum_form import held_for_sum
     from fedlmc.permutation.model_spec import permutation_spec
 

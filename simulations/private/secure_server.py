@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedlmc.averaging import load_state
-from fedlmc.merging.methods import merge_method
+from fedlmc.merging.method_registry import merge_method
 from fedlmc.merging.post_merge import ServerData, post_merge
 from fedlmc.simulations.config.field_keys import field_method_options
 from fedlmc.simulations.records.server_outcome import ServerRun, width_columns

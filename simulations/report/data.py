@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedlmc.merging.methods import REFERENCE_METHODS
+from fedlmc.merging.method_registry import REFERENCE_METHODS
 from fedlmc.simulations.records.row_groups import split_labels, varying_keys, with_split_methods
 
 MAX_PANELS = 12

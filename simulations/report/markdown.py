@@ -14,7 +14,7 @@ import pandas as pd
 
 from fedlmc.analysis.convergence import MIN_JUDGED_EPOCHS
 from fedlmc.merging.alignment_record import nothing_aligned_lines
-from fedlmc.merging.methods import REFERENCE_METHODS
+from fedlmc.merging.method_registry import REFERENCE_METHODS
 from fedlmc.simulations.records.row_groups import varying_keys
 from fedlmc.simulations.report.data import (
     BARRIER_OF_GAP,

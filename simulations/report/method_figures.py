@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from fedlmc.merging.methods import REFERENCE_METHODS, base_method
+from fedlmc.merging.method_registry import REFERENCE_METHODS, base_method
 from fedlmc.simulations.records.row_groups import varying_keys
 from fedlmc.simulations.report.data import aggregate, has_values
 from fedlmc.simulations.report.plotting import panel_grid, save

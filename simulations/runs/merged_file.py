@@ -100,7 +100,7 @@ def fitted_temperature(rows: pd.DataFrame, method: str) -> float:
 def _check_saved_kind(base: str) -> None:
     """A :class:`ConfigError` for a registered merge that is no state dict of the model
     (``builds_model``: ``preserve_first``): none is saved, its rows are all there is."""
-    from fedlmc.merging.methods import METHODS, check_template_merge
+    from fedlmc.merging.method_registry import METHODS, check_template_merge
 
     if base in METHODS:
         try:

@@ -18,7 +18,9 @@ from fedlmc.averaging import average, load_state
 from fedlmc.data.catalog import datasets_markdown
 from fedlmc.data.loading import from_arrays
 from fedlmc.evaluation import predict_logits
-from fedlmc.merging.methods import METHODS, Alignment, merge_states, register_method, study_methods
+from fedlmc.merging.merge_job import Alignment
+from fedlmc.merging.method_registry import METHODS, register_method, study_methods
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.models.registry import MODELS as MODEL_REGISTRY
 from fedlmc.models.registry import ModelOption, model_names, register_model
@@ -302,3 +304,13 @@ def test_an_entry_of_another_signature_is_named_with_what_it_takes():
         "it takes (job, *more): *more as well"
     )
     assert "cannot be read" in signature_problem(min, ("job",))  # no signature in Python 3.11
+
+
+def test_a_registry_runs_its_loader_once_before_the_first_use():
+    calls = []
+    registry: Registry[int] = Registry("thing", load=lambda: calls.append(registry.add("a", 1)))
+    assert calls == []  # nothing loaded at creation
+    registry.add("b", 2)  # a registration comes after the built-ins
+    assert registry.names() == ("a", "b") and len(calls) == 1
+    assert "a" in registry and registry.get("b") == 2 and len(registry) == 2
+    assert len(calls) == 1

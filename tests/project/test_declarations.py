@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from fedlmc.columns import COMMON_COLUMNS, REPORT_SECTIONS, Column
-from fedlmc.merging.methods import METHODS, Alignment, merge_states, register_method
+from fedlmc.merging.merge_job import Alignment
+from fedlmc.merging.method_registry import METHODS, register_method
+from fedlmc.merging.methods import merge_states
 from fedlmc.simulations import config as run_config
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import (
@@ -107,7 +109,7 @@ def test_a_method_column_is_one_declaration_that_reaches_every_list(halfway_with
 
 
 def test_the_auto_columns_are_declared_by_the_auto_method():
-    auto = {c.name for c in METHODS.get("auto").columns}
+    auto = {c.name for c in METHODS.get("auto").evaluation.columns}
     # its own two, and what the alignment did when it kept weight matching
     assert auto == {"auto_choice", "auto_nll_gap", "aligned_groups", "aligned_units_moved"}
     assert not auto & set(COLUMNS) and auto <= set(row_columns())

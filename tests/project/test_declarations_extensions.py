@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlmc.merging.methods import METHODS
+from fedlmc.merging.method_registry import METHODS
 from fedlmc.simulations import config as run_config
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import (
@@ -219,7 +219,8 @@ def test_a_figure_declared_once_is_drawn_and_listed(tmp_path):
 # ----------------------------------------------------------------------------- merge-method hooks
 
 USER_MERGES = '''
-from fedlmc.merging.methods import Alignment, register_method
+from fedlmc.merging.merge_job import Alignment
+from fedlmc.merging.method_registry import register_method
 
 
 def keep_first(job):

@@ -13,7 +13,8 @@ from fedlmc.averaging import average, load_state
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.merging.calibrate import fit_temperature
 from fedlmc.merging.clients import LocalClients
-from fedlmc.merging.methods import merge_states, study_methods
+from fedlmc.merging.method_registry import study_methods
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.repair import repair, unit_statistics
 from fedlmc.permutation import apply_permutation, permutation_spec
 from fedlmc.permutation.matching import activation_matching

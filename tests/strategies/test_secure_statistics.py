@@ -15,7 +15,8 @@ import torch
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.merging.fisher import statistics_seed
-from fedlmc.merging.methods import merge_method, merge_states
+from fedlmc.merging.method_registry import merge_method
+from fedlmc.merging.methods import merge_states
 from fedlmc.simulations.client_app import train_reply
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.private.secure_client import secure_fit_reply

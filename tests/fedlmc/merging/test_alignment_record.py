@@ -14,7 +14,8 @@ from torch import nn
 from fedlmc import build_model
 from fedlmc.data.splits import DataSplits
 from fedlmc.merging.alignment_record import nothing_aligned_lines
-from fedlmc.merging.methods import METHODS, merge_states
+from fedlmc.merging.method_registry import METHODS
+from fedlmc.merging.methods import merge_states
 from fedlmc.permutation import (
     SpecDerivationWarning,
     apply_permutation,
@@ -62,7 +63,9 @@ def rows_of(template, states, methods, spec=None) -> pd.DataFrame:
 
 
 def test_every_permuting_method_declares_the_columns_and_plain_ones_do_not() -> None:
-    declares = {m.name for m in METHODS if "aligned_groups" in {c.name for c in m.columns}}
+    declares = {
+        m.name for m in METHODS if "aligned_groups" in {c.name for c in m.evaluation.columns}
+    }
     assert {*ALIGNING, "random_permutation", "embed_weight_matching", "auto"} <= declares
     assert not {"average", "average_repair", "embed_average", "heterofl"} & declares
 

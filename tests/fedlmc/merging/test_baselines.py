@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from fedlmc.merging.methods import METHODS, merge_states
+from fedlmc.merging.method_registry import METHODS
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 
 
@@ -34,11 +35,21 @@ def test_rescale_changes_a_shrunk_average_and_stays_off_the_path():
     plain, _ = merge_states("average", template, states)
     rescaled, _ = merge_states("average_rescale", template, states, server_data=server_data())
     assert any(not torch.allclose(plain[k], rescaled[k]) for k in plain)
-    assert not METHODS.get("average_rescale").on_path and METHODS.get("cca_merge").on_path
+    assert (
+        not METHODS.get("average_rescale").evaluation.on_path
+        and METHODS.get("cca_merge").evaluation.on_path
+    )
 
 
 def test_the_baselines_declare_their_needs():
-    assert METHODS.get("cca_merge").plain_chain_only and METHODS.get("cca_merge").needs_server_data
+    assert (
+        METHODS.get("cca_merge").needs.plain_chain_only
+        and METHODS.get("cca_merge").needs.server_data
+    )
     for method in ("preserve_first", "weight_matching_preserve_first"):
         entry = METHODS.get(method)
-        assert entry.builds_model is not None and entry.plain_chain_only and not entry.on_path
+        assert (
+            entry.rule.builds_model is not None
+            and entry.needs.plain_chain_only
+            and not entry.evaluation.on_path
+        )

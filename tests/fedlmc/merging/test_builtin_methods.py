@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from fedlmc.merging.methods import METHODS, merge_states
+from fedlmc.merging.method_registry import METHODS
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import apply_permutation, random_permutations
@@ -38,7 +39,10 @@ def test_weight_matching_undoes_a_planted_permutation():
 
 
 def test_the_built_in_methods_declare_what_they_need():
-    assert METHODS.get("average").runs_securely and METHODS.get("average").server_sees == "sum"
-    assert METHODS.get("weight_matching").server_sees == "each model"
-    assert METHODS.get("activation_matching").needs_server_data
-    assert METHODS.get("activation_federated").needs_clients
+    assert (
+        METHODS.get("average").secure.runs_securely
+        and METHODS.get("average").secure.server_sees == "sum"
+    )
+    assert METHODS.get("weight_matching").secure.server_sees == "each model"
+    assert METHODS.get("activation_matching").needs.server_data
+    assert METHODS.get("activation_federated").needs.clients

@@ -21,8 +21,8 @@ from fedlmc.merging.field_methods import (
     TA_SCALING,
 )
 from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, fisher_merge, statistics_seed
-from fedlmc.merging.method_registry import register_method
-from fedlmc.merging.methods import merge_method, merge_states
+from fedlmc.merging.method_registry import merge_method, register_method
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.regmean import gram_matrices, regmean_layers, regmean_merge
 from fedlmc.merging.sum_form import SecureSums, weighted_means
 from fedlmc.merging.task_vectors import task_arithmetic
@@ -175,9 +175,11 @@ def test_the_declared_fisher_labels_are_the_ones_the_fisher_takes():
 
 
 def test_the_registry_runs_the_secure_forms_and_refuses_a_misdeclared_one():
-    assert merge_method("fisher").runs_securely and merge_method("regmean").runs_securely
+    assert (
+        merge_method("fisher").secure.runs_securely and merge_method("regmean").secure.runs_securely
+    )
     assert merge_method("fisher").secure.secure_sums is FISHER_SUMS
-    assert not merge_method("task_arithmetic").runs_securely
+    assert not merge_method("task_arithmetic").secure.runs_securely
     assert "two secure rounds" in merge_method("ties").secure.note
     with pytest.raises(ValueError, match="secure_sums with server_sees = 'each model'"):
         register_method("bad_sums", description="x", secure_sums=SecureSums(len, len, len))

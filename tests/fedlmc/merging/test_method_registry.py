@@ -5,17 +5,23 @@ the study and the strategies ask the same function and give the same line."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from fedlmc.merging.method_registry import (
+    _DECLARED,
+    BUILTIN_MODULES,
     METHODS,
     MergeRequest,
     check_method,
     merge_method,
     refusal,
 )
-from fedlmc.merging.methods import merge_states, model_facts, width_difference
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import ConfigError, merge_request, validate_run_config
 
@@ -88,7 +94,7 @@ def test_each_precondition_is_refused_with_its_one_line(method, fields, line):
 
 def test_an_accepted_request_returns_none_for_every_method():
     for entry in METHODS:
-        count = 2 if not entry.many_clients else max(2, entry.min_clients)
+        count = 2 if not entry.needs.many_clients else max(2, entry.needs.min_clients)
         request = MergeRequest(num_clients=count, fewest_clients=count, **FULL)
         assert refusal(entry.name, request) is None, entry.name
         assert check_method(entry.name + "_t", request) is entry
@@ -99,23 +105,10 @@ def test_an_accepted_request_returns_none_for_every_method():
 def test_the_alternatives_a_method_allows_are_accepted():
     assert refusal("embed_average", MergeRequest(num_clients=2, widths="client widths 1,2")) is None
     no_server = MergeRequest(num_clients=2, server_data=False, federated_data=True)
-    assert merge_method("average_repair").clients_for_data
+    assert merge_method("average_repair").needs.clients_for_data
     assert refusal("average_repair", no_server) is None  # the clients' data stands in
     assert refusal("activation_matching", no_server) is not None
     assert refusal("krum", MergeRequest(num_clients=1, fewest_clients=1)) is None  # its own merge
-
-
-def test_the_facts_of_a_model_and_of_the_states():
-    facts = model_facts(mlp(0, norm="bn"), None, ["average_lewc_bias", "average_repair"])
-    assert facts["model"] == "MLP" and "norm" in facts["chain_reason"]
-    assert facts["bias_free"] == ""  # with BatchNorm REPAIR resets the statistics
-    assert model_facts(mlp(0), None, ["average"]) == {"model": "MLP"}  # nothing else asked
-    assert model_facts(mlp(0, bias=False), None, ["average_repair"])["bias_free"].startswith(
-        "layer 'hidden.0"
-    )
-    narrow, wide = mlp(0).state_dict(), build_model("mlp", width=0.25, depth=2).state_dict()
-    assert width_difference([narrow, narrow]) == ""
-    assert "in client 0 and" in width_difference([narrow, wide])
 
 
 def _message(error: type[Exception], call) -> str:
@@ -156,3 +149,23 @@ def test_the_request_of_a_run_config_is_read_from_its_keys():
     assert request.server_data is None and request.clients is None  # asked by the merge
     vgg = merge_request(validate_run_config({"model": "vgg11"}))
     assert vgg.chain_reason == "norm = 'bn'" and vgg.bias_free == "" and vgg.base is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["field_methods", "robust_rules", "baselines", "method_registry"])
+def test_the_registry_loads_the_built_ins_in_one_order_whatever_is_imported_first(first):
+    """Importing a built-in module registers nothing; the registry registers every built-in
+    itself at its first listing, in :data:`BUILTIN_MODULES`' order, without torch."""
+    script = (
+        f"import sys, fedlmc.merging.{first}\n"
+        "from fedlmc.merging import method_registry as r\n"
+        "print(len(r.METHODS._entries), ','.join(r.merge_method_names()), 'torch' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    count, names, torch_loaded = done.stdout.split()
+    assert count == "0" and torch_loaded == "False"
+    declared = [d for m in BUILTIN_MODULES for d in _DECLARED[f"fedlmc.merging.{m}"]]
+    assert names.split(",") == [name for name, _, _ in declared]
+    assert {"average", "cca_merge", "fisher", "krum"} <= set(names.split(","))

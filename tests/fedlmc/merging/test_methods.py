@@ -1,6 +1,6 @@
 """Tests of fedlmc.merging.methods, the merge entry: ``merge_states`` with and without its info
-(``with_info``), the checks it runs before any work, and the
-built-in methods (fedlmc.merging.builtin_methods) registered by importing it."""
+(``with_info``), the checks it runs before any work, and the built-in methods
+(fedlmc.merging.builtin_methods) it finds registered."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fedlmc.merging import builtin_methods, method_registry
-from fedlmc.merging.methods import METHODS, merge_states
+from fedlmc.merging.method_registry import METHODS
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import apply_permutation, permutation_spec, random_permutations
 
@@ -53,7 +54,7 @@ def test_merge_states_checks_before_any_work():
         merge_states("no_such_method", template, [sd, sd])
 
 
-def test_importing_the_entry_registers_every_built_in_method():
+def test_every_built_in_method_is_registered_before_the_first_merge():
     registered = {entry.align for entry in METHODS}
     built_in = {
         value

@@ -14,7 +14,8 @@ from fedlmc.data.splits import DataSplits
 from fedlmc.evaluation import predict_logits
 from fedlmc.merging.calibrate import fit_temperature, reset_bn_stats
 from fedlmc.merging.clients import LocalClients
-from fedlmc.merging.methods import METHODS, Alignment, merge_method, register_method
+from fedlmc.merging.merge_job import Alignment
+from fedlmc.merging.method_registry import METHODS, merge_method, register_method
 from fedlmc.merging.post_merge import (
     ServerData,
     calibrate,
@@ -143,7 +144,7 @@ def test_repair_needs_two_endpoints_no_batchnorm_and_the_method_asking_for_it():
     assert not repairs(mlp, merge_method("average"), 2)
     # a method opting out of BatchNorm re-estimation is still not repaired on a BatchNorm model
     # (the study's former guard handed such a model to REPAIR, which refuses BatchNorm)
-    opted_out = replace(entry, reestimate_bn=False)
+    opted_out = replace(entry, evaluation=replace(entry.evaluation, reestimate_bn=False))
     assert not reestimates_batchnorm(bn, opted_out) and not repairs(bn, opted_out, 2)
     assert reestimates_batchnorm(bn, entry) and not reestimates_batchnorm(mlp, entry)
     assert not reestimates_batchnorm(bn, merge_method("average_lewc_bias"))

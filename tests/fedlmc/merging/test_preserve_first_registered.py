@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from fedlmc.data.loading import from_arrays
-from fedlmc.merging.methods import (
+from fedlmc.merging.method_registry import (
     check_template_merge,
     merge_method,
-    merge_states,
     study_methods,
     template_merge_names,
 )
+from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations import load_merged
 from fedlmc.simulations.config import ConfigError, validate_run_config
@@ -76,15 +76,15 @@ def test_no_preserved_layer_is_the_average_and_all_but_the_head_the_logit_ensemb
 
 def test_the_built_model_is_the_registered_one_on_the_clients_merge_states_aligned():
     entry = merge_method("weight_matching_preserve_first_t")
-    assert (entry.name, entry.on_path, entry.plain_chain_only) == (
+    assert (entry.name, entry.evaluation.on_path, entry.needs.plain_chain_only) == (
         "weight_matching_preserve_first",
         False,
         True,
     )
-    assert not entry.template_shaped and entry.server_sees == "each model"
+    assert not entry.rule.template_shaped and entry.secure.server_sees == "each model"
     template, clients = mlp(0), states(2)
     merged, aligned = merge_states(entry.name, template, clients)
-    model = entry.builds_model(template, aligned, [0.5, 0.5], {})
+    model = entry.rule.builds_model(template, aligned, [0.5, 0.5], {})
     assert model.k == 1 and len(model.clients) == 2
     assert all(torch.equal(merged[k], v) for k, v in model.merged.state_dict().items())
 

@@ -11,7 +11,8 @@ import torch
 
 from fedlmc.averaging import average
 from fedlmc.data.loading import from_arrays
-from fedlmc.merging.methods import merge_method, merge_states, study_methods
+from fedlmc.merging.method_registry import merge_method, study_methods
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import ConfigError, validate_run_config
@@ -113,7 +114,11 @@ def test_more_than_two_clients_are_refused_before_any_work():
 
 def test_it_is_registered_in_every_list():
     entry = merge_method("random_direction_t")
-    assert (entry.name, entry.many_clients, entry.on_path) == ("random_direction", False, False)
+    assert (entry.name, entry.needs.many_clients, entry.evaluation.on_path) == (
+        "random_direction",
+        False,
+        False,
+    )
     assert {"random_direction", "random_direction_t"} <= set(study_methods())
     assert "`random_direction`, `random_direction_t`" in methods_table()
     assert "`random_direction_step_norm`" in columns_table()

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fedlmc.averaging import average, load_state
-from fedlmc.merging.methods import MergeRequest, merge_states, model_facts, refusal
+from fedlmc.merging.method_registry import MergeRequest, refusal
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.repair import (
     UnitStats,
     combine_unit_statistics,
@@ -18,6 +19,7 @@ from fedlmc.merging.repair import (
     repair_with_statistics,
     unit_statistics,
 )
+from fedlmc.merging.request_facts import model_facts
 from fedlmc.models.classifiers import build_model
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.config.schema import ConfigError

@@ -159,8 +159,8 @@ def test_the_rules_are_registered_with_their_temperature_rows_and_what_the_serve
     rows = study_methods()
     for name in ("median", "trimmed_mean", "krum", "multi_krum"):
         entry = merge_method(f"{name}_t")
-        assert entry.name == name and entry.server_sees == "each model"
-        assert not entry.on_path and name in rows and f"{name}_t" in rows
+        assert entry.name == name and entry.secure.server_sees == "each model"
+        assert not entry.evaluation.on_path and name in rows and f"{name}_t" in rows
 
 
 def test_the_one_shot_strategy_merges_with_a_robust_rule(task_identity):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedlmc.merging.methods import METHODS, Alignment, register_method
+from fedlmc.merging.merge_job import Alignment
+from fedlmc.merging.method_registry import METHODS, register_method
 from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SERVER_SEES
 from fedlmc.merging.sum_form import plain_exponents
 from fedlmc.simulations.cli import main
@@ -20,7 +21,7 @@ SECURE = {"num-clients": 3, "secure-aggregation": "secagg+"}
 
 
 def test_every_method_declares_a_known_value_and_only_sum_rules_say_sum():
-    declared = {m.name: m.server_sees for m in METHODS}
+    declared = {m.name: m.secure.server_sees for m in METHODS}
     assert set(declared.values()) <= set(SERVER_SEES)
     assert {m for m, v in declared.items() if v == "sum"} == {
         "average",
@@ -45,7 +46,7 @@ def test_a_registration_without_it_gets_each_model_and_a_bad_value_is_refused():
         return Alignment(list(job.states))
 
     try:
-        assert METHODS.get("s33_plain").server_sees == DEFAULT_SERVER_SEES == "each model"
+        assert METHODS.get("s33_plain").secure.server_sees == DEFAULT_SERVER_SEES == "each model"
     finally:
         METHODS.remove("s33_plain")
     with pytest.raises(ValueError, match=r"server_sees = 'a sum'; allowed: 'sum', "):
@@ -113,9 +114,9 @@ def test_every_sum_rule_runs_securely_or_says_what_it_would_need():
     secure = ("average", "average_lewc_bias", "embed_average", "heterofl", "fisher", "regmean")
     assert secure_methods() == secure
     for entry in METHODS:
-        if entry.server_sees == "sum" and not entry.runs_securely:
+        if entry.secure.server_sees == "sum" and not entry.secure.runs_securely:
             assert entry.secure.note
-            init = "shared" if entry.needs_base else "independent"
+            init = "shared" if entry.needs.base else "independent"
             cell = {**SECURE, "strategy": "aligned", "align": entry.name, "init": init}
             with pytest.raises(ConfigError, match="is a sum, but fedlmc does not run it") as err:
                 validate_run_config(cell)
@@ -135,7 +136,7 @@ def test_sum_exponents_need_a_sum_rule_and_a_sum_without_them_is_refused_securel
         return Alignment(list(job.states))
 
     try:
-        assert not METHODS.get("s33_sum").runs_securely
+        assert not METHODS.get("s33_sum").secure.runs_securely
         with pytest.raises(ConfigError, match="it registers no sum_exponents"):
             validate_run_config({**SECURE, "strategy": "aligned", "align": "s33_sum"})
     finally:

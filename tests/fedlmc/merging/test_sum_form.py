@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fedlmc.averaging import average
-from fedlmc.merging.methods import merge_method, merge_states
+from fedlmc.merging.method_registry import merge_method
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.sum_form import (
     client_scaled,
     divided_by_holders,
@@ -162,7 +163,7 @@ def test_an_entry_held_by_nobody_takes_the_empty_slot_value_and_the_threshold_de
     torch.testing.assert_close(got["bn.running_var"], torch.tensor([0.8, 1.0, 1.0]))
     torch.testing.assert_close(got["fc.bias"], torch.tensor([0.3, 0.0]))
     heterofl = merge_method("heterofl")
-    assert heterofl.runs_securely and heterofl.secure.divide_by_holders
+    assert heterofl.secure.runs_securely and heterofl.secure.divide_by_holders
 
 
 def test_the_holder_bound_grows_as_the_smallest_share_shrinks_and_refuses_too_small_shares():

@@ -6,13 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from fedlmc.merging.methods import METHODS, merge_method_names, merge_states, study_methods
+from fedlmc.merging.method_registry import METHODS, merge_method_names, study_methods
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.widths import match_to_widest, width_weights
 from fedlmc.models import build_model
 from fedlmc.permutation.embed import embed_state
 
 FLAT = (1, 4, 4)
-MIXED = [m.name for m in METHODS if m.mixed_widths]
+MIXED = [m.name for m in METHODS if m.needs.mixed_widths]
 
 
 def _mlp(width: float, seed: int = 0, **options) -> nn.Module:
@@ -132,7 +133,7 @@ def test_width_weights_count_each_clients_entries():
 def test_same_width_methods_refuse_mixed_shapes_before_any_work():
     narrow, wide = _mlp(0.125), _mlp(0.25)
     states = [wide.state_dict(), narrow.state_dict()]
-    for method in (m.name for m in METHODS if not m.mixed_widths):
+    for method in (m.name for m in METHODS if not m.needs.mixed_widths):
         with pytest.raises(ValueError, match=rf"^merge method '{method}' needs clients of one "):
             merge_states(method, wide, states)
     with pytest.raises(ValueError, match=r"\(32, 16\) in client 0 and \(16, 16\) in client 1"):

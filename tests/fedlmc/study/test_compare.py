@@ -16,7 +16,7 @@ from fedlmc.averaging import average, load_state
 from fedlmc.data.loading import load_dataset
 from fedlmc.evaluation import evaluate, metrics_from_logits, predict_logits
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.merging.methods import REFERENCE_METHODS, merge_method, study_methods
+from fedlmc.merging.method_registry import REFERENCE_METHODS, merge_method, study_methods
 from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
@@ -166,12 +166,14 @@ def test_every_method_gives_one_complete_row(two_client_rows, template):
             assert row["agreement_logit_ensemble"] == 1.0
             assert row["nll_calibrated"] <= row["nll_raw"] + 1e-9
             continue
-        if not merge_method(row["method"]).template_shaped:  # preserve_first: another model
+        if not merge_method(row["method"]).rule.template_shaped:  # preserve_first: another model
             assert all(math.isnan(row[c]) for c in BARRIERS + QUARTER + DIAGNOSTICS[:5])
             assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS[5:]), row
             assert row["lewc_undefined_reason"] and row["merged_parameters_ratio"] > 1
             continue
-        if not merge_method(row["method"]).on_path:  # random_direction: on no path between them
+        if not merge_method(
+            row["method"]
+        ).evaluation.on_path:  # random_direction: on no path between them
             assert all(math.isnan(row[c]) for c in BARRIERS + QUARTER) and row["curve"] == ""
             assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS), row
             continue
@@ -280,7 +282,7 @@ def test_ensemble_of_identical_clients_equals_the_endpoint(template, clients, sp
 
 def test_half_barrier_is_the_signed_excess_of_the_midpoint_over_the_chord(two_client_rows):
     for row in two_client_rows:
-        if row["method"] in REFERENCE_METHODS or not merge_method(row["method"]).on_path:
+        if row["method"] in REFERENCE_METHODS or not merge_method(row["method"]).evaluation.on_path:
             continue  # references and merges on no path (random_direction, RESCALE) have none
         curve = json.loads(row["curve"])
         half = curve["lam"].index(0.5)
@@ -514,11 +516,11 @@ def test_default_methods_on_a_batchnorm_model_leave_out_the_plain_chain_ones(spl
     chain_only = {
         m
         for m in default_methods(2)
-        if m not in REFERENCE_METHODS and merge_method(m).plain_chain_only
+        if m not in REFERENCE_METHODS and merge_method(m).needs.plain_chain_only
     }
     assert {"average_lewc_bias", "cca_merge", "preserve_first"} <= chain_only
     needs_base = {
-        m for m in default_methods(2) if m not in REFERENCE_METHODS and merge_method(m).needs_base
+        m for m in default_methods(2) if m not in REFERENCE_METHODS and merge_method(m).needs.base
     }
     assert {"task_arithmetic", "ties_t", "dare"} <= needs_base
     left_out = chain_only | needs_base

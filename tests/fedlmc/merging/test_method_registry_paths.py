@@ -1,16 +1,21 @@
-"""Merge methods named by import path (:mod:`fedlmc.merging.hooks`): an entry
+"""Merge methods named by import path
+(:func:`fedlmc.merging.method_registry.resolve_method_entry`): an entry
 ``package.module:name`` resolves to the method it registers or to a merge function."""
 
 from __future__ import annotations
 
 import pytest
 
-from fedlmc.merging.hooks import check_merge_function, is_method_path, resolve_method_entry
-from fedlmc.merging.methods import METHODS
+from fedlmc.merging.method_registry import (
+    METHODS,
+    check_merge_function,
+    is_method_path,
+    resolve_method_entry,
+)
 from fedlmc.models.registry import MODEL_ALLOW_VARIABLE
 
 MODULE = '''
-from fedlmc.merging.methods import Alignment
+from fedlmc.merging.merge_job import Alignment
 
 
 def first_client(job):
