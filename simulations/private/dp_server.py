@@ -112,7 +112,7 @@ def run_dp_average(run: ServerRun) -> None:
     model = load_state(template, finished.state).to(device).eval()
     columns = dp_round_columns(strategy, config, seconds, width_columns(config))
     columns.update(merge_seconds=time.perf_counter() - start, dp_epsilon=dp_epsilon(z, n_clients))
-    calibrated = config["calibration"] == "server" and server is not None
+    calibrated = run.plan.strategy_options.calibration == "server" and server is not None
     temperature = server.temperature(model)[0] if calibrated else None
     rows = merge_rows(
         "average",

@@ -193,10 +193,11 @@ def run_secure_average(run: ServerRun) -> None:
     columns = secure_round_columns(result, config, width_columns(config))
     columns.update(merge_seconds=merge_seconds, secagg_error_bound=result.error_bound)
     n = len(result.num_examples)
-    calibrated = config["calibration"] != "none"
+    calibration = run.plan.strategy_options.calibration
+    calibrated = calibration != "none"
     reference = server.temperature(model)[0] if calibrated and server is not None else math.nan
     temperature = reference
-    if config["calibration"] == "federated":
+    if calibration == "federated":
         fitted = secure_temperature(  # on the clients that survived the average's round
             grid, finished.state, n, sent, settings.max_weight, timeout
         )
