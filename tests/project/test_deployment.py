@@ -34,8 +34,6 @@ import pandas as pd
 import pytest
 from safetensors.torch import load_file
 
-pytestmark = pytest.mark.slow
-
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "federation.md"
 MARKER = "<!-- deployment-test:"
@@ -46,6 +44,11 @@ TINY_MODEL = (
     "lambdas=3 diagnostics=false timeout=120.0"
 )
 TINY = f"{TINY_MODEL} num-clients=2 min-clients=2"
+TEST_BOUND = RUN_TIMEOUT + 60
+"""Each test's wall bound (pytest-timeout; docs/development.md, "Bounds"): one run's bound plus
+the deployment's start; 3 to 7 times a test's quiet duration (64-105 s)."""
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TEST_BOUND)]
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def wait_for_port(port: int, process: subprocess.Popen, log: Path, seconds: floa
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.3)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {seconds} s")
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} ({log.stem}) after {seconds} s")
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -343,7 +346,8 @@ def test_the_pages_local_simulation_with_fedlmc_superlink(tmp_path):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and f"--parent-pid {pids[0]}" in ps_text():
             time.sleep(0.5)
-        assert f"--parent-pid {pids[0]}" not in ps_text()  # its flower-superexec exited too
+        # its flower-superexec exited too
+        assert f"--parent-pid {pids[0]}" not in ps_text(), "flower-superexec still up after 30 s"
     finally:
         from fedlmc.simulations.runs.local_superlink import stop_local_superlink
 
@@ -411,7 +415,10 @@ def wait_for_replies(log: Path, count: int, run: subprocess.Popen, seconds: floa
     deadline = time.monotonic() + seconds
     while replies_sent(log) < count:
         if run.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"no reply {count} in {log}:\n{log.read_text()[-3000:]}")
+            why = f"flwr run exited with {run.returncode}" if run.poll() is not None else "timeout"
+            raise AssertionError(
+                f"no reply {count} in {log} after {seconds} s ({why}):\n{log.read_text()[-3000:]}"
+            )
         time.sleep(0.1)
 
 

@@ -31,6 +31,7 @@ from tests.project.test_deployment import (
     PAGE,
     REPO,
     RUN_TIMEOUT,
+    TEST_BOUND,
     TINY_MODEL,
     node_id_of,
     page_deployment,
@@ -38,7 +39,7 @@ from tests.project.test_deployment import (
     wait_for_replies,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TEST_BOUND)]  # docs/development.md
 
 KEYS_SHARED = 2
 """SecAgg+'s stages reach a node as ``train`` messages: setup, share keys, masked vectors

@@ -228,6 +228,7 @@ def test_readme_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)  # 3x its quiet 132 s (docs/development.md, "Bounds")
 def test_user_cnn_is_aligned_and_merged_in_simulation_without_a_hand_written_spec() -> None:
     """examples/custom_cnn.py: a user CNN (BatchNorm, a residual block) named by its file in the
     run config goes through training on Ray actors, weight and activation matching with a derived

@@ -118,11 +118,13 @@ def test_run_prints_one_row_per_method_and_listens_on_loopback_only(tmp_path):
         start_new_session=True,
     )
     listening: set[str] = set()
+    deadline = time.monotonic() + 300
     try:
         while proc.poll() is None:
+            assert time.monotonic() < deadline, "fedlmc run did not exit within 300 s"
             listening |= listening_addresses(proc.pid)
             time.sleep(0.5)
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

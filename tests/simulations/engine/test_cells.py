@@ -179,7 +179,9 @@ def ray_head() -> Iterator[dict]:
         deadline = time.monotonic() + 90
         while "Ray runtime started" not in (temp / "head.log").read_text():
             if head.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ray start failed: {(temp / 'head.log').read_text()[-2000:]}")
+                why = f"exited with {head.returncode}" if head.poll() is not None else "after 90 s"
+                text = (temp / "head.log").read_text()[-2000:]
+                raise RuntimeError(f"no 'Ray runtime started' from ray start ({why}): {text}")
             time.sleep(0.5)
         yield {"address": f"127.0.0.1:{gcs}", "temp": temp, "env": env}
     finally:

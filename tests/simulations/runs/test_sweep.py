@@ -113,18 +113,25 @@ def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["cell_id", "method"]).reset_index(drop=True)[stable_columns(frame)]
 
 
+def wait_while_running(proc: subprocess.Popen, ready, what: str, seconds: float = 300) -> None:
+    """Poll ``ready()`` until it holds; fail naming ``what`` if ``proc`` exits first or
+    ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert proc.poll() is None, f"the sweep exited ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} after {seconds:g} s"
+        time.sleep(0.05)
+
+
 def kill_after_first_cell(config: Path, out: Path) -> int:
     """Start the sweep, SIGKILL it (by pid) as soon as results.csv holds a cell; the number of
     cells written when it died."""
     proc = cli("sweep", str(config), "--out", str(out), "--quiet", "--no-report")
     results = out / "results.csv"
-    deadline = time.monotonic() + 300
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if results.exists() and len(read_results(out)) > 0:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "the sweep ended before it could be killed"
+        wait_while_running(
+            proc, lambda: results.exists() and len(read_results(out)) > 0, f"a cell in {results}"
+        )
     finally:
         # the sweep and the Ray processes it started share its new session: kill that group
         if proc.poll() is None:
@@ -184,13 +191,11 @@ def test_ctrl_c_exits_130_at_once_and_a_rerun_resumes(tmp_path, uninterrupted):
         "1",
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    deadline = time.monotonic() + 300
+    results = out / "results.csv"
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (out / "results.csv").exists() and len(read_results(out)) > 0:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "the sweep ended before it could be interrupted"
+        wait_while_running(
+            proc, lambda: results.exists() and len(read_results(out)) > 0, f"a cell in {results}"
+        )
         os.killpg(proc.pid, signal.SIGINT)
         code, _out, err = finish(proc, timeout=60)
     finally:
@@ -221,13 +226,10 @@ def test_sigint_to_the_main_pid_alone_exits_130_without_a_traceback(tmp_path):
     hang = '[run]\ntimeout = 150.0\ninject-failure = "hang:1"\n'
     config.write_text(TINY.replace("[run]\n", hang).replace("0.125, 0.25, 0.5", "0.125"))
     proc = cli("sweep", str(config), "--out", str(out), "--no-report")
-    deadline = time.monotonic() + 300
+    cells = out / "cells"
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (out / "cells").is_dir() and any((out / "cells").iterdir()):
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "the sweep ended before it could be interrupted"
+        started = lambda: cells.is_dir() and any(cells.iterdir())  # noqa: E731
+        wait_while_running(proc, started, f"a cell in {cells}")
         os.kill(proc.pid, signal.SIGINT)
         code, _out, err = finish(proc, timeout=60)
     finally:
