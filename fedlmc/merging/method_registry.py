@@ -14,8 +14,9 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   only inside a federation), ``needs_base`` (the rule is relative to the clients' common starting
   model, ``job.base``: task vectors), ``plain_chain_only`` (defined only for norm-free plain
   feed-forward chains, :mod:`fedlmc.permutation.chain`), ``many_clients`` (more than two clients
-  accepted), ``min_clients`` (the fewest it accepts at its default options, Krum: :math:`2f + 3 =
-  3`; below it the study's default method list leaves it out) and ``mixed_widths`` (it accepts
+  accepted), ``min_clients`` (the fewest it accepts: a number, or a function of the method options
+  ``min_clients(options) -> (count, why)``, Krum: :math:`2f + 3`; below it the study's default
+  method list leaves it out) and ``mixed_widths`` (it accepts
   clients of different widths, :mod:`fedlmc.merging.widths`, embedding each into the shapes of
   ``template``, the server model; every other method refuses them);
 - how the study evaluates it (:class:`Evaluation`): ``reestimate_bn`` (a BatchNorm model's running
@@ -32,12 +33,12 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   ``builds_model(template, aligned, weights, options) -> nn.Module`` (a merge that is a model of
   another architecture, Preserve-First Merging: whatever needs a state dict of the template refuses
   it, :func:`check_template_merge`);
-- the secure protocol, one value :class:`SecureForm`: ``server_sees`` (the least the server must
-  see, :data:`fedlmc.merging.server_sees.SERVER_SEES`), ``sum_exponents`` (a ``sum`` rule as
-  :math:`\sum_i w_i^{1+e_k} \theta_i[k]`, :mod:`fedlmc.merging.sum_form`), ``secure_sums`` (a rule
-  from several secure means, :class:`fedlmc.merging.sum_form.SecureSums`), ``divide_by_holders``
-  (HeteroFL's division by the summed holder masks) and ``secure_note`` (what a ``sum`` rule without
-  them would need).
+- the secure protocol, one value (:class:`~fedlmc.merging.server_sees.SecureForm`): ``server_sees``
+  (the least the server must see, :data:`fedlmc.merging.server_sees.SERVER_SEES`),
+  ``sum_exponents`` (a ``sum`` rule as :math:`\sum_i w_i^{1+e_k} \theta_i[k]`,
+  :mod:`fedlmc.merging.sum_form`), ``secure_sums`` (a rule from several secure means,
+  :class:`fedlmc.merging.sum_form.SecureSums`), ``divide_by_holders`` (HeteroFL's division by the
+  summed holder masks) and ``secure_note`` (what a ``sum`` rule without them would need).
 
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
 row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
@@ -63,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
-from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SECURE_SUM, check_server_sees
+from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SecureForm
 from fedlmc.models.registry import MODEL_ALLOW_VARIABLE, factory_allowed, is_factory_path
 from fedlmc.registry import Registry, signature_problem
 
@@ -80,13 +81,13 @@ __all__ = [
     "BUILTIN_MODULES",
     "CALIBRATED_SUFFIX",
     "METHODS",
+    "MinClients",
     "REFERENCE_METHODS",
     "Evaluation",
     "MergeMethod",
     "MergeRequest",
     "Needs",
     "Rule",
-    "SecureForm",
     "base_method",
     "builtin_method",
     "check_merge_function",
@@ -110,6 +111,9 @@ REFERENCE_METHODS = {
     "logit_ensemble": "softmax of the weighted mean of the clients' logits (N forward passes)",
 }
 Combine = Callable[["PermutationSpec | None", Sequence["StateDict"], Sequence[float]], "StateDict"]
+MinClients = Callable[[Mapping[str, Any]], tuple[int, str]]
+"""``min_clients(options) -> (count, why)``: the fewest clients at the method options, and
+``why`` (``""``, or the reason a refusal appends, such as ``" (2 x krum_byzantine + 3)"``)."""
 BuildModel = Callable[
     ["nn.Module", Sequence["StateDict"], Sequence[float], "Mapping[str, Any]"], "nn.Module"
 ]
@@ -132,7 +136,8 @@ class MergeRequest:
     BatchNorm, whose statistics REPAIR resets); ``widths``: how the clients' widths differ
     (``""``: one width); ``server_data``: the server holds inputs; ``federated_data``: the
     clients' held-out data can stand in (``calibration = "federated"``); ``clients``: a
-    federation's clients answer queries; ``base``: the clients' common starting model exists."""
+    federation's clients answer queries; ``base``: the clients' common starting model exists;
+    ``options``: the method options the merge runs with (a ``min_clients`` function reads them)."""
 
     num_clients: int
     fewest_clients: int | None = None
@@ -144,25 +149,7 @@ class MergeRequest:
     federated_data: bool = False
     clients: bool | None = None
     base: bool | None = None
-
-
-@dataclass(frozen=True)
-class SecureForm:
-    """The secure-protocol part of a method's declaration (module docstring; ``note``: its
-    ``secure_note``)."""
-
-    server_sees: str = DEFAULT_SERVER_SEES
-    sum_exponents: SumExponents | None = None
-    secure_sums: SecureSums | None = None
-    divide_by_holders: bool = False
-    note: str = ""
-
-    @property
-    def runs_securely(self) -> bool:
-        """Whether secure aggregation can run the rule: ``sum`` with its ``sum_exponents`` or
-        its ``secure_sums``."""
-        built = self.sum_exponents is not None or self.secure_sums is not None
-        return self.server_sees == SECURE_SUM and built
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -176,8 +163,12 @@ class Needs:
     base: bool = False
     plain_chain_only: bool = False
     many_clients: bool = True
-    min_clients: int = 1
+    min_clients: int | MinClients = 1
     mixed_widths: bool = False
+
+    def fewest_clients(self, options: Mapping[str, Any]) -> tuple[int, str]:
+        """The fewest clients accepted at the method ``options`` and why (:data:`MinClients`)."""
+        return self.min_clients(options) if callable(self.min_clients) else (self.min_clients, "")
 
 
 @dataclass(frozen=True)
@@ -306,10 +297,14 @@ def _server_data(n: Needs, repair: bool, r: MergeRequest) -> str:
 def _client_count(n: Needs, repair: bool, r: MergeRequest) -> str:
     if not n.many_clients and r.num_clients > 2:
         return f" with {r.num_clients} clients: allowed: at most 2 clients"
-    fewest = r.fewest_clients
-    if fewest is not None and 1 < fewest < n.min_clients:  # one client is its own merge
-        return f" with {fewest} clients: allowed: at least {n.min_clients} clients"
-    return ""
+    if r.fewest_clients is None:
+        return ""
+    low = max(r.fewest_clients, 2)  # one client is its own merge
+    need, why = n.fewest_clients(r.options)
+    if low > r.num_clients or low >= need:
+        return ""
+    count = low if low == r.num_clients else f"as few as {low}"
+    return f" with {count} clients: allowed: at least {need} clients{why}"
 
 
 def _base(n: Needs, repair: bool, r: MergeRequest) -> str:
@@ -381,7 +376,7 @@ def register_method(
     sum_exponents: SumExponents | None = None,
     secure_note: str = "",
     divide_by_holders: bool = False,
-    min_clients: int = 1,
+    min_clients: int | MinClients = 1,
     secure_sums: SecureSums | None = None,
     needs_base: bool = False,
     replace: bool = False,
@@ -394,11 +389,11 @@ def register_method(
         )
     check_own_columns(name, tuple(columns), replace=replace)
     secure = SecureForm(server_sees, sum_exponents, secure_sums, divide_by_holders, secure_note)
-    _check_secure_form(name, secure, mixed_widths)
+    secure.check(name, mixed_widths)
 
     needs = Needs(
         *(needs_server_data, clients_for_data, needs_clients, needs_base, plain_chain_only),
-        *(many_clients, int(min_clients), mixed_widths),
+        *(many_clients, min_clients if callable(min_clients) else int(min_clients), mixed_widths),
     )
     evaluation = Evaluation(reestimate_bn, repair, on_path, counterpart_of, tuple(columns))
 
@@ -502,27 +497,6 @@ def study_methods(federated: bool = False) -> tuple[str, ...]:
         for n in (m, m + CALIBRATED_SUFFIX)
     ]
     return (*names, *REFERENCE_METHODS)
-
-
-def _check_secure_form(name: str, secure: SecureForm, mixed_widths: bool) -> None:
-    """``ValueError`` for a secure part that contradicts itself (``register_method``'s keys)."""
-    sees = secure.server_sees
-    check_server_sees(name, sees)
-    if secure.sum_exponents is not None and sees != SECURE_SUM:
-        raise ValueError(
-            f"merge method {name!r}: sum_exponents with server_sees = {sees!r}; "
-            f"allowed only with server_sees = {SECURE_SUM!r}"
-        )
-    if secure.secure_sums is not None and (sees != SECURE_SUM or secure.sum_exponents is not None):
-        raise ValueError(
-            f"merge method {name!r}: secure_sums with server_sees = {sees!r} or with "
-            f"sum_exponents; allowed only with server_sees = {SECURE_SUM!r}, without exponents"
-        )
-    if secure.divide_by_holders and (secure.sum_exponents is None or not mixed_widths):
-        raise ValueError(
-            f"merge method {name!r}: divide_by_holders without sum_exponents and "
-            "mixed_widths; allowed only on a mixed-widths rule with its sum_exponents"
-        )
 
 
 def is_method_path(entry: object) -> bool:

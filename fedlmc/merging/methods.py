@@ -117,6 +117,7 @@ def merge_states(
         federated_data=clients is not None,
         clients=clients is not None,
         base=base is not None,
+        options=options or {},
         **model_facts(template, spec, [method]),
     )
     entry = check_method(method, request)

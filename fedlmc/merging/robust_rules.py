@@ -28,8 +28,10 @@ float64 and cast back:
 
 Krum needs :math:`N \ge 2f + 3` clients (:math:`N - f - 2 > f`: an honest client's nearest
 neighbours outnumber the attackers) and :math:`1 \le m \le N - f`; :func:`check_krum` refuses
-anything else in one line (the run config is checked before any work,
-:mod:`fedlmc.simulations.config`). Integer and bool tensors (BatchNorm's
+anything else in one line. Each method's one refusal asks the same before any work, at the
+method options (its ``min_clients``, a function of ``krum_byzantine`` and ``krum_select``): the
+run config's check with ``min-clients`` clients (:mod:`fedlmc.simulations.config`) and
+``merge_states``. Integer and bool tensors (BatchNorm's
 ``num_batches_tracked``) take the elementwise maximum over the clients the rule uses, as the
 plain average does; Flower's Krum also counts them in its distances, these rules do not (a
 count of batches is no weight). ``krum`` and ``multi_krum`` report which clients they kept
@@ -105,9 +107,7 @@ def check_krum(clients: int, byzantine: int, select: int = 1) -> None:
     r"""``ValueError`` in one line unless :math:`f \ge 0`, :math:`N \ge 2f + 3` and
     :math:`1 \le m \le N - f` (``clients`` :math:`N`, ``byzantine`` :math:`f`, ``select``
     :math:`m`; module docstring)."""
-    for name, value, low in (("krum_byzantine", byzantine, 0), ("krum_select", select, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} = {value!r}; allowed: an integer >= {low}")
+    _check_krum_options(byzantine, select)
     if clients < 2 * byzantine + 3:
         raise ValueError(
             f"Krum with krum_byzantine = {byzantine} needs at least 2f + 3 = "
@@ -118,6 +118,32 @@ def check_krum(clients: int, byzantine: int, select: int = 1) -> None:
             f"krum_select = {select} with {clients} clients and krum_byzantine = {byzantine}; "
             f"allowed: 1 .. {clients - byzantine} (N - f)"
         )
+
+
+def _check_krum_options(byzantine: Any, select: Any) -> None:
+    for name, value, low in (("krum_byzantine", byzantine, 0), ("krum_select", select, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} = {value!r}; allowed: an integer >= {low}")
+
+
+def _krum_min_clients(options: Mapping[str, Any]) -> tuple[int, str]:
+    r"""The fewest clients Krum accepts at its ``options``, :math:`2f + 3`, and why (its
+    ``min_clients``, :data:`fedlmc.merging.method_registry.MinClients`)."""
+    byzantine = options.get("krum_byzantine", KRUM_BYZANTINE)
+    _check_krum_options(byzantine, 1)
+    return 2 * byzantine + 3, f" (2 x krum_byzantine + 3, krum_byzantine = {byzantine})"
+
+
+def _multi_krum_min_clients(options: Mapping[str, Any]) -> tuple[int, str]:
+    r"""The fewest clients multi-Krum accepts at its ``options``: :math:`2f + 3`, and at least
+    :math:`m + f` (:math:`m \le N - f`), and why."""
+    byzantine = options.get("krum_byzantine", KRUM_BYZANTINE)
+    select = options.get("krum_select", KRUM_SELECT)
+    _check_krum_options(byzantine, select)
+    if select + byzantine <= 2 * byzantine + 3:
+        return _krum_min_clients(options)
+    why = f"krum_select = {select}, krum_byzantine = {byzantine}"
+    return select + byzantine, f" (krum_select + krum_byzantine, {why})"
 
 
 def _floating_keys(state: Mapping[str, Tensor]) -> list[str]:
@@ -241,7 +267,7 @@ def trimmed_mean_merge(job: MergeJob) -> Alignment:
 @builtin_method(
     "krum",
     server_sees="each model",
-    min_clients=2 * KRUM_BYZANTINE + 3,
+    min_clients=_krum_min_clients,
     description="Krum: the one client closest to its N - f - 2 nearest others (Flower's Krum "
     "rule, once; needs N >= 2f + 3)",
     on_path=False,
@@ -255,7 +281,7 @@ def krum_merge(job: MergeJob) -> Alignment:
 @builtin_method(
     "multi_krum",
     server_sees="each model",
-    min_clients=2 * KRUM_BYZANTINE + 3,
+    min_clients=_multi_krum_min_clients,
     description="multi-Krum: the weighted average of the krum-select clients of the lowest "
     "Krum scores (Flower's MultiKrum rule, once)",
     on_path=False,

@@ -274,11 +274,10 @@ def compare_methods(
     ``methods`` defaults to the :func:`~fedlmc.merging.method_registry.study_methods` that
     accept this many clients (:func:`default_methods`) and can merge such models (each method's
     one refusal, :func:`~fedlmc.merging.method_registry.refusal`, asked once on the
-    :class:`~fedlmc.merging.method_registry.MergeRequest` of the arguments: no
-    ``plain_chain_only`` method for a ResNet or a BatchNorm model, no REPAIR for a bias-free
-    one). A method given explicitly that does not accept them (``random_direction`` with more
-    than two clients, a ``plain_chain_only`` one on such a model, ``average_repair`` on a
-    bias-free MLP) is refused with that refusal before any work.
+    :class:`~fedlmc.merging.method_registry.MergeRequest` of the arguments and the
+    ``method_options``: no ``plain_chain_only`` method for a ResNet or a BatchNorm model, no
+    REPAIR for a bias-free one). A method given explicitly that does not accept them (such as
+    ``krum`` with fewer than :math:`2f + 3` clients) is refused with it before any work.
     Each base merge is computed once; its ``_t`` row reuses it with the server-fitted
     temperature. Raw rows have ``temperature = 1``; ``nll_raw``/``nll_calibrated`` (and ECE) are
     filled for both; the ``merge_gap_*`` columns compare with the unweighted mean endpoint.
@@ -286,14 +285,14 @@ def compare_methods(
     additivity and ranks (the merge gap remains). Diagnostics use the first ``diagnostic_samples``
     test inputs. ``spec`` (default: the template's, derived from its graph for models without a
     hand-written one) and ``layer_names`` (default: ``template.layer_names``, else derived from
-    the graph) make any traceable model work. ``method_options`` reach every merge method
-    (e.g. ``{"auto_tolerance": 0.05}``). ``progress`` (optional) receives one-line status
-    messages. ``client_templates`` (one model per client) are the architectures the clients'
-    weights load into when they differ from ``template`` (clients of different widths, merged
-    at ``template``'s width by a mixed-width merge method); default: ``template`` for every
-    client. ``clients`` (a federation's :class:`~fedlmc.merging.merge_job.ClientQueries`, in the
-    order of ``states``: a :class:`~fedlmc.merging.clients.LocalClients`, or the compare
-    strategy's query rounds) lets the methods that run on the clients (``fisher``, ``regmean``,
+    the graph) make any traceable model work. ``method_options`` reach every merge method (e.g.
+    ``{"auto_tolerance": 0.05}``). ``progress`` (optional) receives one-line status messages.
+    ``client_templates`` (one model per client) are the architectures the clients' weights load
+    into when they differ from ``template`` (clients of different widths, merged at
+    ``template``'s width by a mixed-width merge method); default: ``template`` for every client.
+    ``clients`` (a federation's :class:`~fedlmc.merging.merge_job.ClientQueries`, in the order
+    of ``states``: a :class:`~fedlmc.merging.clients.LocalClients`, or the compare strategy's
+    query rounds) lets the methods that run on the clients (``fisher``, ``regmean``,
     ``activation_federated``) be rows; ``base`` (the clients' common starting model, e.g. the
     server's initialisation of ``init = "shared"``) the task-vector methods
     (``task_arithmetic``, ``ties``, ``dare``): without it the default ``methods`` leave them out
@@ -305,7 +304,9 @@ def compare_methods(
         raise ValueError(f"diagnostic_samples must be >= 1, got {diagnostic_samples}")
     dev = resolve_device(device)
     template = copy.deepcopy(template).to(dev).eval()
-    methods, spec = _checked_methods(template, dev, states, splits, methods, spec, clients, base)
+    methods, spec = _checked_methods(
+        template, dev, states, splits, methods, spec, clients, base, method_options
+    )
     context = study_context(
         template,
         states,
@@ -338,11 +339,13 @@ def _checked_methods(
     spec: PermutationSpec | None,
     clients: ClientQueries | None,
     base: StateDict | None,
+    options: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], PermutationSpec | None]:
     """The methods of :func:`compare_methods`, checked before any work (known, and each
     method's one refusal asked, :func:`_accepted_methods`), and the permutation ``spec``
     (derived once from the graph on two test inputs when a method aligns and neither ``spec``
-    nor the template gives one)."""
+    nor the template gives one); the refusal reads the method ``options`` (Krum's fewest
+    clients)."""
     check_states(states)
     defaulted = methods is None
     chosen = default_methods(len(states)) if methods is None else methods
@@ -355,6 +358,7 @@ def _checked_methods(
         fewest_clients=len(states),
         clients=clients is not None,
         base=base is not None,
+        options=dict(options or {}),
         **model_facts(template, spec, methods),
     )
     return _accepted_methods(methods, request, defaulted), spec

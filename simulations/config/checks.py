@@ -25,6 +25,7 @@ from fedlmc.models.registry import (
     parameter_count,
     user_factory,
 )
+from fedlmc.simulations.config.defences import robust_method_options
 from fedlmc.simulations.config.derived import (
     client_pool_size,
     client_widths,
@@ -193,11 +194,13 @@ def check_model_bias(config: Mapping[str, Any]) -> None:
 
 def merge_request(config: Mapping[str, Any]) -> MergeRequest:
     """The :class:`~fedlmc.merging.method_registry.MergeRequest` of a run config, from its keys
-    alone (no model is built): ``num-clients`` clients; the model's name; why it is no norm-free
-    plain chain (a residual model, a norm); what has no bias where REPAIR needs one (``bias =
-    false`` without BatchNorm); how the clients' widths differ; whether the clients share a starting
-    model (``init = "shared"``: the server's initialisation is the base). Server data and the
-    clients' queries are not asked here (the merge asks them)."""
+    alone (no model is built): ``num-clients`` clients, as few as ``min-clients`` (a round merges
+    whoever survived), at the robust rules' method options (Krum's fewest clients); the model's
+    name; why it is no norm-free plain chain (a residual model, a norm); what has no bias where
+    REPAIR needs one (``bias = false`` without BatchNorm); how the clients' widths differ;
+    whether the clients share a starting model (``init = "shared"``: the server's
+    initialisation is the base). Server data and the clients' queries are not asked here (the
+    merge asks them)."""
     model, norm = config["model"], resolved_norm(config)
     chain = ""
     if model_entry(model).plain_chain is False:
@@ -213,6 +216,7 @@ def merge_request(config: Mapping[str, Any]) -> MergeRequest:
         widths = False
     return MergeRequest(
         num_clients=config["num-clients"],
+        fewest_clients=config["min-clients"],
         model=model,
         chain_reason=chain,
         bias_free=bias_free,
@@ -223,6 +227,7 @@ def merge_request(config: Mapping[str, Any]) -> MergeRequest:
             else ""
         ),
         base=config["init"] == "shared",
+        options=robust_method_options(config),
     )
 
 
@@ -232,7 +237,8 @@ def check_merge_methods(config: Mapping[str, Any]) -> None:
     :func:`fedlmc.merging.method_registry.refusal`: a plain-chain method on a residual or normed
     model, more than two clients for ``random_direction``, a task-vector method without
     ``init = "shared"``, REPAIR without biases, a one-width method for clients of different
-    widths)."""
+    widths, ``krum`` / ``multi_krum`` with fewer than ``2 krum-byzantine + 3`` or
+    ``krum-select + krum-byzantine`` as its ``min-clients``)."""
     methods = selected_methods(config)
     if not methods:
         return

@@ -22,7 +22,6 @@ from fedlmc.simulations.config.checks import (
     check_warmup_rounds,
     check_widths,
 )
-from fedlmc.simulations.config.defences import check_krum_cell
 from fedlmc.simulations.config.derived import (
     client_widths,
     method_list,
@@ -133,7 +132,6 @@ CONSISTENCY_CHECKS: list[Check] = [
     check_widths,
     check_secure_cell,
     check_dp_cell,
-    check_krum_cell,
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
 about a new key joins this list (run by :func:`validate_run_config`)."""

@@ -61,7 +61,7 @@ def mlp(seed: int, **options) -> torch.nn.Module:
         (
             "krum",
             {"num_clients": 4, "fewest_clients": 2},
-            "merge method 'krum' with 2 clients: allowed: at least 3 clients",
+            "merge method 'krum' with as few as 2 clients: allowed: at least 3 clients",
         ),
         (
             "ties",
@@ -94,7 +94,7 @@ def test_each_precondition_is_refused_with_its_one_line(method, fields, line):
 
 def test_an_accepted_request_returns_none_for_every_method():
     for entry in METHODS:
-        count = 2 if not entry.needs.many_clients else max(2, entry.needs.min_clients)
+        count = 2 if not entry.needs.many_clients else max(2, entry.needs.fewest_clients({})[0])
         request = MergeRequest(num_clients=count, fewest_clients=count, **FULL)
         assert refusal(entry.name, request) is None, entry.name
         assert check_method(entry.name + "_t", request) is entry

@@ -145,6 +145,15 @@ def test_refusals_are_one_line_naming_the_value():
         check_trim_fraction(0.5)
     with pytest.raises(ValueError, match="'krum' with 2 clients: allowed: at least 3 clients"):
         merge_states("krum", tiny(), clients(2))
+    # its one refusal reads the method options: f = 1 needs 5 clients, m = 3 with f = 2 needs 7
+    with pytest.raises(ValueError, match=r"'krum' with 4 clients: .* at least 5 .* = 1\)$"):
+        merge_states("krum", tiny(), clients(4), options={"krum_byzantine": 1})
+    with pytest.raises(ValueError, match=r"'multi_krum' with 4 clients: allowed: at least 7"):
+        merge_states("multi_krum", tiny(), clients(4), options={"krum_byzantine": 2})
+    with pytest.raises(ValueError, match=r"'multi_krum' with 3 clients: allowed: at least 4"):
+        merge_states("multi_krum", tiny(), clients(3), options={"krum_select": 4})
+    with pytest.raises(ValueError, match="krum_select = 0; allowed: an integer >= 1"):
+        merge_states("multi_krum", tiny(), clients(3), options={"krum_select": 0})
     # the study refuses it before any work, leaves it out of its defaults below 3 clients, and
     # a single client is its own merge for Krum as for every method
     from fedlmc.study.context import check_client_count, default_methods
@@ -198,3 +207,21 @@ def test_the_one_shot_strategy_merges_with_a_robust_rule(task_identity):
     assert found.report.survivor_ids == [0, 1, 2]  # the screen is off: the rule alone acts
     for key, tensor in found.merged_state.items():
         assert torch.allclose(tensor, torch.full_like(tensor, 2.0)), key
+
+
+def test_the_study_asks_krums_one_refusal_at_its_method_options():
+    from fedlmc.data.splits import DataSplits
+    from fedlmc.study.compare import compare_methods
+
+    x, y = torch.randn(8, *IN_SHAPE), torch.arange(8) % 2
+    splits = DataSplits("tiny", (x, y), (x, y), (x, y), 2, IN_SHAPE)
+    with pytest.raises(ValueError, match=r"'krum_t' with 4 clients: allowed: at least 5 .* = 1\)"):
+        compare_methods(
+            tiny(),
+            clients(4),
+            [1] * 4,
+            splits,
+            ["krum_t"],
+            device="cpu",
+            method_options={"krum_byzantine": 1},
+        )

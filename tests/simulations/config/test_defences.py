@@ -22,14 +22,18 @@ def validated(**values):
 @pytest.mark.parametrize(
     ("values", "words"),
     [
-        ({"align": "krum"}, r"allowed only with min-clients >= 2 x krum-byzantine \+ 3 = 3"),
+        ({"align": "krum"}, r"'krum' with 2 clients: allowed: at least 3 clients \(2 x krum_"),
         (
             {"align": "krum", "num-clients": 5, "min-clients": 4, "krum-byzantine": 1},
-            r"= 5 \(every merge it accepts needs that many clients\); got min-clients = 4",
+            r"'krum' with as few as 4 clients: allowed: at least 5 .*krum_byzantine = 1\)",
+        ),
+        (  # a round of one client is its own merge, but min-clients = 1 lets two merge
+            {"align": "krum", "num-clients": 3, "min-clients": 1},
+            r"'krum' with as few as 2 clients: allowed: at least 3 clients",
         ),
         (
             {"align": "multi_krum", "num-clients": 4, "min-clients": 4, "krum-select": 5},
-            r"krum-select = 5 with min-clients = 4 and krum-byzantine = 0: allowed: 1 \.\. 4",
+            r"'multi_krum' with 4 clients: allowed: at least 5 clients \(krum_select \+ krum_",
         ),
         ({"align": "trimmed_mean", "trim-fraction": 0.5}, r"allowed: a number in \[0, 0.5\)"),
         ({"client-check": "always"}, "allowed: auto, server-split, copies, off"),
@@ -39,6 +43,14 @@ def test_a_bad_robust_setting_is_one_line_before_any_work(values, words):
     with pytest.raises(ConfigError, match=words) as caught:
         validated(**values)
     assert "\n" not in str(caught.value)
+
+
+def test_krum_at_enough_clients_for_its_options_is_accepted():
+    five = {"num-clients": 5, "min-clients": 5, "krum-byzantine": 1}
+    assert validated(align="krum", **five)["krum-byzantine"] == 1
+    assert validated(align="multi_krum", **five, **{"krum-select": 4})["krum-select"] == 4
+    with pytest.raises(ConfigError, match="'multi_krum' with 5 clients: allowed: at least 6"):
+        validated(align="multi_krum", **five, **{"krum-select": 5})
 
 
 def test_the_compare_strategy_is_checked_as_the_aligned_one():
