@@ -1,16 +1,17 @@
-"""A real Flower deployment on loopback, **as docs/federation.md prints it**: one SuperLink,
-three SuperNodes for runs of two clients (the lowest node ids train; the third stays idle),
+"""A real Flower deployment on loopback, **as docs/federation.md prints it**: one SuperLink, three
+SuperNodes for runs of two clients (the lowest node ids train; the third stays idle),
 ``flwr run . loopback``.
 
 The page's loopback blocks (the ``toml`` connection and the ``bash`` commands after the
-``<!-- deployment-test: ... -->`` marker) are parsed and run as written, with three documented
+``<!-- deployment-test: ... -->`` marker) are parsed and run as written, with four documented
 substitutions: every port becomes a free one (the same page port, the same free port), the
-``out-dir`` a temporary folder, and the run config gets a tiny model's keys (:data:`TINY_MODEL`,
-none of which the page sets). ``export`` lines set the processes' environment, ``&`` lines start
-the SuperLink and the SuperNodes, the ``flwr run`` line is the first run; ``kill`` is what the
-fixture's finaliser does (by process group, also when a test fails). Everything binds 127.0.0.1
-and uses a temporary ``FLWR_HOME``. The other runs reuse the page's SuperLink and SuperNodes.
-The page's local-simulation block (``fedlmc superlink start``, ``flwr run .``, ``fedlmc
+``out-dir`` a temporary folder, the run config gets a tiny model's keys (:data:`TINY_MODEL`, none
+of which the page sets), and the SuperNodes heartbeat every :data:`NODE_HEARTBEAT` s, so that a
+killed one is reported unavailable sooner. ``export`` lines set the processes' environment, ``&``
+lines start the SuperLink and the SuperNodes, the ``flwr run`` line is the first run; ``kill`` is
+what the fixture's finaliser does (by process group, also when a test fails). Everything binds
+127.0.0.1 and uses a temporary ``FLWR_HOME``. The other runs reuse the page's SuperLink and
+SuperNodes. The page's local-simulation block (``fedlmc superlink start``, ``flwr run .``, ``fedlmc
 superlink stop``) runs the same way on Flower's local simulation, its own SuperLink.
 """
 
@@ -44,6 +45,18 @@ TINY_MODEL = (
     "lambdas=3 diagnostics=false timeout=120.0"
 )
 TINY = f"{TINY_MODEL} num-clients=2 min-clients=2"
+NODE_HEARTBEAT = 10
+"""The SuperNodes' heartbeat interval in these tests (Flower's least, ``HEARTBEAT_MIN_INTERVAL``;
+its default is 30 s): the SuperLink tells a killed node "Node Unavailable" once two intervals
+pass without a heartbeat, 16-20 s after the kill instead of 36-60 s. Set in the
+``flower-supernode`` processes only (:data:`SUPERNODE_SITE`); nothing else changes."""
+SUPERNODE_SITE = f"""import sys
+if sys.argv and sys.argv[0].endswith("flower-supernode"):
+    import flwr.common.constant
+    flwr.common.constant.HEARTBEAT_DEFAULT_INTERVAL = {NODE_HEARTBEAT}
+"""
+"""A ``sitecustomize`` on the deployment's ``PYTHONPATH``: Flower's SuperNode has no flag for its
+heartbeat interval, so its constant is set before Flower's modules import it."""
 TEST_BOUND = RUN_TIMEOUT + 60
 """Each test's wall bound (pytest-timeout; docs/development.md, "Bounds"): one run's bound plus
 the deployment's start; 3 to 7 times a test's quiet duration (64-105 s)."""
@@ -148,6 +161,9 @@ def start_deployment(tmp_path_factory, page: PageDeployment) -> Iterator[dict]:
     """The page's background commands on free ports; stopped when the caller ends."""
     home = tmp_path_factory.mktemp("flwr-home")
     logs = tmp_path_factory.mktemp("logs")
+    site = tmp_path_factory.mktemp("site")
+    (site / "sitecustomize.py").write_text(SUPERNODE_SITE)
+    path = os.environ.get("PYTHONPATH")
     env = {
         **os.environ,
         **page.env,
@@ -155,6 +171,7 @@ def start_deployment(tmp_path_factory, page: PageDeployment) -> Iterator[dict]:
         "FLWR_HOME": str(home),
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(site), *([path] if path else [])]),
     }
     ports: dict[str, str] = {}
     (home / "config.toml").write_text(with_free_ports(page.connection, ports))

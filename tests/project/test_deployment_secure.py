@@ -1,17 +1,17 @@
 """A SuperNode killed during the SecAgg+ round of a real loopback deployment.
 
 The SuperLink and three SuperNodes of docs/federation.md's loopback blocks (started as
-tests/project/test_deployment.py starts them: free ports, a temporary ``FLWR_HOME``, every
-process in its own group, stopped by pid when the test ends), one ``flwr run`` of the secure
-plain average over all three (``secure-aggregation = "secagg+"``, a tiny MLP, one epoch, no
-calibration), and partition 2's SuperNode killed (its process group, ``SIGKILL``) as soon as
-its own log shows its second reply sent (setup, share keys): it has shared its keys and drops
-in SecAgg+'s masked-vector stage, the case SecAgg+'s key shares are for. Partition 2 is also
-told to hang in that stage (the documented test-only ``inject-failure = "hang:2"``), so that
-however late the kill comes, it cannot come after its masked vector. The SuperLink answers the
-dead node's message with its "Node Unavailable" error once the node's heartbeats stop (36 to
-60 s after the kill: most of the test's time). Fewer survivors than the threshold, and drops
-at the other stages, are tested in process (tests/strategies/test_secure_dropped.py).
+tests/project/test_deployment.py starts them: free ports, a temporary ``FLWR_HOME``, every process
+in its own group, stopped by pid when the test ends), one ``flwr run`` of the secure plain average
+over all three (``secure-aggregation = "secagg+"``, a tiny MLP, one epoch, no calibration), and
+partition 2's SuperNode killed (its process group, ``SIGKILL``) as soon as its own log shows its
+second reply sent (setup, share keys): it has shared its keys and drops in SecAgg+'s masked-vector
+stage, the case SecAgg+'s key shares are for. Partition 2 is also told to hang in that stage (the
+documented test-only ``inject-failure = "hang:2"``), so that however late the kill comes, it cannot
+come after its masked vector. The SuperLink answers the dead node's message with its "Node
+Unavailable" error once the node's heartbeats stop (16 to 20 s after the kill with the tests'
+``NODE_HEARTBEAT`` of 10 s; 36 to 60 s with Flower's default). Fewer survivors than the threshold,
+and drops at the other stages, are tested in process (tests/strategies/test_secure_dropped.py).
 """
 
 from __future__ import annotations
