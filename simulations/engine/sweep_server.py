@@ -106,13 +106,15 @@ class SweepServer:
         self, broker: Broker, job: CellJob, priority: int, gate: threading.BoundedSemaphore
     ) -> None:
         start = time.perf_counter()
-        plan = plan_run(job.config)  # a sweep's cell: validated already, planned once here
-        exclusive = bool(plan.client.queried_methods)  # the clients keep their trained models
         heard = None if self.on_reply is None else partial(self.on_reply, job)
-        grid = CellGrid(broker, job.config["num-clients"], priority, exclusive, on_reply=heard)
         result = CellResult(job.key, job.config)
+        grid: CellGrid | None = None
         try:
             try:
+                plan = plan_run(job.config)  # a sweep's cell: validated already, planned once
+                exclusive = bool(plan.client.queried_methods)  # clients keep trained models
+                n = job.config["num-clients"]
+                grid = CellGrid(broker, n, priority, exclusive, on_reply=heard)
                 if self.on_start is not None:
                     self.on_start(job)
                 result.outcome = run_server(grid, plan, simulated=True, say=job.say)
@@ -121,7 +123,8 @@ class SweepServer:
             except Exception as err:  # noqa: BLE001 - a failed cell is a result, the others go on
                 result.error = err
             finally:
-                grid.close()
+                if grid is not None:
+                    grid.close()
             result.seconds = time.perf_counter() - start
             self._report(result)
         finally:

@@ -89,3 +89,22 @@ def test_a_stopped_simulation_starts_no_cell(scripted_grid):
     sweep = server(jobs(3), lambda job: started.append(job.key), lambda r: None, stop=stop)
     sweep.main(scripted_grid([1, 2], delay=lambda _m: 0.0), None)
     assert started == []
+
+
+def test_a_cell_whose_plan_fails_is_reported_with_its_error_and_frees_its_slot(scripted_grid):
+    """A cell config that cannot be planned (here a plain dict with a bad value, which planning
+    validates) is that cell's error; its slot is released, so every later cell still runs."""
+    bad = CellJob("cell-bad", {"seed": -1})
+    started: list[str] = []
+
+    def start(job: CellJob) -> None:
+        started.append(job.key)
+        raise ValueError("failed")
+
+    done: list[CellResult] = []
+    sweep = server([bad, *jobs(3)], start, done.append, max_in_flight=1)
+    sweep.main(scripted_grid([1, 2], delay=lambda _m: 0.0), None)
+    assert sorted(r.key for r in done) == ["cell-0", "cell-1", "cell-2", "cell-bad"]
+    failed = next(r for r in done if r.key == "cell-bad")
+    assert "seed" in str(failed.error) and failed.outcome is None
+    assert sorted(started) == ["cell-0", "cell-1", "cell-2"]  # the bad cell never started
