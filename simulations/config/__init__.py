@@ -37,7 +37,6 @@ from fedlmc.simulations.config.derived import (  # noqa: F401
     client_widths,
     explicit_server_width,
     federated_calibration,
-    keeps_trained_model,
     method_list,
     mixed_width_methods,
     mixed_widths,

@@ -202,16 +202,3 @@ def calibration_holdout(config: Mapping[str, Any]) -> float:
     ``StrategyOptions.holdout_share``), which send it to the clients as
     ``holdout-share`` (:mod:`fedlmc.strategies.protocol`); a client reads only that."""
     return float(config["calibration-holdout"]) if federated_calibration(config) else 0.0
-
-
-def keeps_trained_model(config: Mapping[str, Any]) -> bool:
-    """Whether the clients of a run keep their trained weights in their node's context between
-    rounds: a merge method that queries the clients about their own models runs
-    (``activation_federated``, ``fisher``, ``regmean``: ``align`` of ``strategy = "aligned"``, or
-    in the ``methods`` of ``"compare"``). The server's side of it (the run plan's client plan,
-    :mod:`fedlmc.simulations.config.run_plan`: the sweep engine's exclusive messages,
-    ``compare``'s ``StrategyOptions.clients_keep_models``); the clients read the
-    ``keep-model`` key their messages carry (:mod:`fedlmc.strategies.protocol`)."""
-    if config["strategy"] not in (Mode.ALIGNED, Mode.COMPARE):
-        return False
-    return any(merge_method_entry(m).needs.clients for m in selected_methods(config))

@@ -32,10 +32,11 @@ from fedlmc.merging.method_registry import merge_method
 from fedlmc.simulations.config.defences import client_check, robust_method_options
 from fedlmc.simulations.config.derived import (
     align_method,
+    calibration_holdout,
     federated_calibration,
-    keeps_trained_model,
     method_list,
     selected_methods,
+    uses_fedavg,
 )
 from fedlmc.simulations.config.field_keys import field_method_options
 from fedlmc.simulations.config.run_config import RunConfig
@@ -135,7 +136,7 @@ def plan_run(config: Mapping[str, Any]) -> RunPlan:
         mode=mode,
         align_method=align_method(config) if mode == Mode.ALIGNED else None,
         compare_methods=tuple(methods),
-        runs_fedavg=mode == Mode.FEDAVG or (mode == Mode.COMPARE and FEDAVG in method_list(config)),
+        runs_fedavg=uses_fedavg(config),
         method_options=MappingProxyType(merge_options(config)),
         strategy_options=strategy_options(config, mode, client),
         study=StudySettings(config["lambdas"], config["seed"], config["diagnostics"]),
@@ -145,13 +146,12 @@ def plan_run(config: Mapping[str, Any]) -> RunPlan:
 
 def client_plan(config: Mapping[str, Any], mode: Mode) -> ClientPlan:
     """What the clients of ``config`` must do (:class:`ClientPlan`)."""
-    federated = federated_calibration(config)
     queried = [m for m in selected_methods(config) if merge_method(m).needs.clients]
     return ClientPlan(
-        holdout_share=float(config["calibration-holdout"]) if federated else 0.0,
-        keeps_model=mode == Mode.COMPARE and keeps_trained_model(config),
-        federated_calibration=federated,
-        queried_methods=tuple(queried) if mode in (Mode.ALIGNED, Mode.COMPARE) else (),
+        holdout_share=calibration_holdout(config),
+        keeps_model=mode == Mode.COMPARE and bool(queried),
+        federated_calibration=federated_calibration(config),
+        queried_methods=tuple(queried),
     )
 
 

@@ -19,7 +19,7 @@ from fedlmc.merging.repair import repair, unit_statistics
 from fedlmc.permutation import apply_permutation, permutation_spec
 from fedlmc.permutation.matching import activation_matching
 from fedlmc.simulations.config import ConfigError, canonical_run_config, validate_run_config
-from fedlmc.simulations.config.derived import keeps_trained_model
+from fedlmc.simulations.config.run_plan import plan_run
 from fedlmc.simulations.runs.federation import run_federation_outcome
 from fedlmc.simulations.task import (
     build_from_config,
@@ -231,7 +231,8 @@ def test_client_side_matching_is_only_for_federations_and_compare_cells():
         merge_states("activation_federated", template, states)
     # a compare cell queries its collected clients for it: its clients keep their models
     cell = validate_run_config({**TINY, "methods": "average,activation_federated"})
-    assert keeps_trained_model(cell) and not keeps_trained_model({**cell, "methods": "average"})
+    assert plan_run(cell).client.keeps_model
+    assert not plan_run({**cell, "methods": "average"}).client.keeps_model
 
 
 def test_local_clients_recover_a_known_permutation_through_activation_federated():
