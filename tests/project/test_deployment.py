@@ -49,14 +49,21 @@ NODE_HEARTBEAT = 10
 """The SuperNodes' heartbeat interval in these tests (Flower's least, ``HEARTBEAT_MIN_INTERVAL``;
 its default is 30 s): the SuperLink tells a killed node "Node Unavailable" once two intervals
 pass without a heartbeat, 16-20 s after the kill instead of 36-60 s. Set in the
-``flower-supernode`` processes only (:data:`SUPERNODE_SITE`); nothing else changes."""
+``flower-supernode`` processes only, and there only for the node's heartbeat to the SuperLink
+(:data:`SUPERNODE_SITE`)."""
 SUPERNODE_SITE = f"""import sys
 if sys.argv and sys.argv[0].endswith("flower-supernode"):
-    import flwr.common.constant
-    flwr.common.constant.HEARTBEAT_DEFAULT_INTERVAL = {NODE_HEARTBEAT}
+    import flwr.supercore.heartbeat
+    import flwr.supernode.fleet_http_connection
+    flwr.supercore.heartbeat.HEARTBEAT_DEFAULT_INTERVAL = {NODE_HEARTBEAT}
+    flwr.supernode.fleet_http_connection.HEARTBEAT_DEFAULT_INTERVAL = {NODE_HEARTBEAT}
 """
 """A ``sitecustomize`` on the deployment's ``PYTHONPATH``: Flower's SuperNode has no flag for its
-heartbeat interval, so its constant is set before Flower's modules import it."""
+heartbeat interval, so the two modules that send the node's heartbeat (its period, and the
+interval it tells the SuperLink) are given :data:`NODE_HEARTBEAT`. Flower's constant itself is
+left alone: the SuperNode also times its ClientApps' task tokens by it (a ClientApp must start
+within one interval and heartbeat within two), and the ClientApp processes heartbeat at the
+default period; a 10 s token there expired under load ("ClientApp stopped responding")."""
 TEST_BOUND = RUN_TIMEOUT + 60
 """Each test's wall bound (pytest-timeout; docs/development.md, "Bounds"): one run's bound plus
 the deployment's start; 3 to 7 times a test's quiet duration (64-105 s)."""

@@ -310,7 +310,9 @@ def test_random_direction_row_steps_as_far_as_the_average_on_trained_models(
     keys = [k for k, _ in template.named_parameters()]
     half_step = 0.5 * global_norm([clients[1][k] - clients[0][k] for k in keys])
     for method in ("random_direction", "random_direction_t"):
-        assert rows[method]["random_direction_step_norm"] == pytest.approx(half_step, rel=1e-9)
+        # float32 weights: the merge's step (average - client 0) and the half difference are
+        # the same number rounded two ways (about 1e-9 apart, depending on the torch threads)
+        assert rows[method]["random_direction_step_norm"] == pytest.approx(half_step, rel=1e-6)
         assert math.isnan(rows["average"]["random_direction_step_norm"])
     moved, _ = merge_clients("random_direction", template, clients[:2], [200, 200], splits)
     assert global_norm([moved[k] - clients[0][k] for k in keys]) == pytest.approx(

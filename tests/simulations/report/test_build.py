@@ -25,8 +25,7 @@ except ImportError:
 
 @pytest.fixture(scope="session")
 def sweep_dir(tmp_path_factory) -> Path:
-    # the same output as test_sweep's uninterrupted sweep: when that ran first, this resumes
-    # it with nothing left to do
+    # test_sweep's uninterrupted sweep, run once for every file that reads it
     return shared_sweep(tmp_path_factory)
 
 

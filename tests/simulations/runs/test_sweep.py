@@ -9,6 +9,7 @@ neighbours), with no duplicates; a changed config is refused without ``--force``
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -89,14 +90,23 @@ def tiny_config(tmp: Path) -> Path:
 
 
 def shared_sweep(tmp_path_factory) -> Path:
-    """The uninterrupted tiny sweep, run once per session (a rerun only resumes it)."""
+    """The uninterrupted tiny sweep, run once per test run and read by test_sweep, test_build
+    and test_tracking: under pytest-xdist the workers share it (in their base temp's parent,
+    the first to take the lock runs it, the others wait for it), as pytest-xdist's docs advise
+    for a session fixture that must run once."""
     base = tmp_path_factory.getbasetemp()
-    out = base / "shared-sweep"
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    out, done = base / "shared-sweep", base / "shared-sweep.done"
     track = ("--track", "tensorboard")  # test_tracking reads its runs back
-    code, _out, err = finish(
-        cli("sweep", str(tiny_config(base)), "--out", str(out), "--quiet", *track)
-    )
-    assert code == 0, err
+    with open(base / "shared-sweep.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            code, _out, err = finish(
+                cli("sweep", str(tiny_config(base)), "--out", str(out), "--quiet", *track)
+            )
+            assert code == 0, err
+            done.touch()
     return out
 
 
