@@ -9,16 +9,20 @@ import pytest
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, each worker process computes with its share of the cores:
-    ``max(1, C // workers)`` torch and BLAS threads (:func:`use_threads`). torch's default is
-    one thread per core in every process, so two workers on two cores ran four threads, and a
-    test's many small parallel ops waited on a preempted thread (the compare fixture took 42 s
-    beside another worker against 5.5 s alone). Processes a test starts and the server threads
-    a run sets keep the project's own rule (:mod:`fedlmc.simulations.config.threads`)."""
+    ``max(1, C // workers)`` torch and BLAS threads (:func:`use_threads`), and the processes
+    its tests start inherit that share as ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ... (a
+    plain script such as ``examples/merge_two_mlps.py`` reads them; fedlmc's own processes keep
+    their rule, :mod:`fedlmc.simulations.config.threads`, which does not read them). torch's
+    default is one thread per core in every process, so two workers on two cores ran four
+    threads, and a test's many small parallel ops waited on a preempted thread (the compare
+    fixture took 42 s beside another worker against 5.5 s alone)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        from fedlmc.simulations.config.threads import usable_cores, use_threads
+        from fedlmc.simulations.config.threads import thread_variables, usable_cores, use_threads
 
-        use_threads(max(1, usable_cores() // workers))
+        share = max(1, usable_cores() // workers)
+        os.environ.update(thread_variables(share))
+        use_threads(share)
 
 
 @pytest.fixture
