@@ -109,6 +109,21 @@ def test_apply_without_bias_reproduces_strided_convolution():
     torch.testing.assert_close(apply_without_bias(conv, z), expected.detach())
 
 
+def test_apply_without_bias_convolves_a_float32_conv_in_float32_and_returns_float64():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 5, 3, padding=1, bias=True)
+    z = torch.randn(4, 3, 8, 8, dtype=torch.float64)
+    out = apply_without_bias(conv, z)
+    assert out.dtype == torch.float64
+    # the layer's own float32 arithmetic, no bias: within float32 rounding of the float64 result
+    weight = conv.weight.detach()
+    float32 = torch.nn.functional.conv2d(z.float(), weight, None, 1, 1)
+    assert torch.equal(out, float32.double())
+    exact = torch.nn.functional.conv2d(z, weight.double(), None, 1, 1)
+    torch.testing.assert_close(out, exact, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(out, exact)
+
+
 def test_reciprocal_orthogonality_is_zero_for_orthogonal_hidden_subspaces():
     a, b = _mlp(5, 1.0, depth=1, base_hidden=4), _mlp(6, 1.0, depth=1, base_hidden=4)
     a_sd, b_sd = a.state_dict(), b.state_dict()
