@@ -86,7 +86,7 @@ def crafted_batches(marker: Path) -> dict[str, object]:
         "eval": Raw(eval, f"open({str(marker)!r}, 'w')"),
         "ndarray(shape) uninitialised": {"data": Raw(np.ndarray, huge, "u1"), "labels": []},
         "an object array of 10^10 Nones": Raw(multiarray, np.ndarray, huge, "O"),
-        "one array 10^4 times (61 MB from 30 kB)": {
+        "one array 10^4 times (61 MB from 66 kB)": {
             "data": [pixels] * 10**4,
             "labels": [0] * 20_000,
         },
