@@ -64,9 +64,8 @@ def _encode(text: Any, encoding: str = "utf-8") -> bytes:
 
 
 def _frombuffer(buffer: Any, dtype: Any, shape: Any, order: str) -> np.ndarray:
-    """NumPy's protocol-5 ``_frombuffer``: an array over bytes the file holds (copied)."""
-    array = np.frombuffer(buffer, dtype=np.dtype(dtype))
-    return array.reshape(shape, order=order).copy()
+    """NumPy's protocol-5 ``_frombuffer``: an array over bytes the file holds."""
+    return np.frombuffer(buffer, dtype=np.dtype(dtype)).reshape(shape, order=order)
 
 
 _REPLACEMENTS = {

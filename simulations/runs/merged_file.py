@@ -14,7 +14,7 @@ without a ``_t`` row).
 A results folder is untrusted (someone may send it): :func:`load_merged` runs no code it names
 and allocates nothing it has not checked.
 
-- Imports: a row whose ``model`` (or a ``methods`` entry) is an import path
+- Imports: a row whose ``model`` (or ``align``, or a ``methods`` entry) is an import path
   (``path/file.py:make_net``, ``package.module:make_net``: importing it runs its code) is
   refused before anything is imported, unless the caller names it in ``allow`` or the
   allow-list ``FEDLMC_MODEL_ALLOW`` (:data:`fedlmc.models.registry.MODEL_ALLOW_VARIABLE`,
@@ -126,10 +126,12 @@ def row_config(row: pd.Series, allow: Collection[str] = ()) -> dict[str, Any]:
 
 
 def row_imports(values: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """``(key, path)`` of every import path a row names: its ``model`` when it is no
-    registered model, and each ``methods`` entry."""
+    """``(key, path)`` of every import path a row names (the keys whose value validation or the
+    build imports): its ``model`` when it is no registered model, its ``align`` and each
+    ``methods`` entry."""
     model = values.get("model")
     found = [("model", model)] if model not in model_names() and is_factory_path(model) else []
+    found += [("align", values["align"])] if is_factory_path(values.get("align")) else []
     methods = values.get("methods")
     entries = (m.strip() for m in methods.split(",")) if isinstance(methods, str) else ()
     return found + [("methods", m) for m in entries if is_factory_path(m)]

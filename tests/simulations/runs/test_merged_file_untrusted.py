@@ -79,19 +79,22 @@ def test_the_allow_list_variable_admits_a_model_file(tmp_path, monkeypatch):
     assert (tmp_path / "run" / "imported").exists()
 
 
-def test_a_merge_method_module_named_by_the_results_is_not_imported(tmp_path, monkeypatch):
-    """A ``methods`` entry ``module:function`` is imported by validation: a module the sender
-    placed where Python finds it (the working directory) would run."""
+@pytest.mark.parametrize(
+    ("key", "value"), [("methods", "average,sent_module:merge"), ("align", "sent_module:merge")]
+)
+def test_a_merge_method_module_named_by_the_results_is_not_imported(
+    tmp_path, monkeypatch, key, value
+):
+    """A ``methods`` entry or ``align`` ``module:function`` is imported by validation: a module
+    the sender placed where Python finds it (the working directory) would run."""
     monkeypatch.delenv("FEDLMC_MODEL_ALLOW", raising=False)
     write_run(tmp_path / "run")
     (tmp_path / "sent_module.py").write_text(FACTORY.replace("make_net", "merge"))
     monkeypatch.syspath_prepend(str(tmp_path))
     rows = pd.read_csv(tmp_path / "run" / "results.csv")
-    rows.assign(methods="average,sent_module:merge").to_csv(
-        tmp_path / "run" / "results.csv", index=False
-    )
+    rows.assign(**{key: value}).to_csv(tmp_path / "run" / "results.csv", index=False)
     message = refusal(tmp_path / "run")
-    assert message.startswith("methods = 'sent_module:merge' in the results is an import path")
+    assert message.startswith(f"{key} = 'sent_module:merge' in the results is an import path")
     assert not (tmp_path / "imported").exists()
 
 
