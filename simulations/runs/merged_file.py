@@ -139,10 +139,12 @@ def row_imports(values: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def check_row_imports(values: Mapping[str, Any], allow: Collection[str] = ()) -> None:
     """:class:`ConfigError` for the first import path of the row (:func:`row_imports`) that
-    neither ``allow`` nor a set ``FEDLMC_MODEL_ALLOW`` lists: importing it would run its code."""
+    neither ``allow`` (paths, or one path) nor a set ``FEDLMC_MODEL_ALLOW`` lists: importing it
+    would run its code."""
+    allowed = {allow} if isinstance(allow, str) else set(allow)
     listed = os.environ.get(MODEL_ALLOW_VARIABLE)
     for key, path in row_imports(values):
-        if path in allow or (listed is not None and factory_allowed(path, listed)):
+        if path in allowed or (listed is not None and factory_allowed(path, listed)):
             continue
         raise ConfigError(
             f"{key} = {path!r} in the results is an import path (importing it runs its code); "

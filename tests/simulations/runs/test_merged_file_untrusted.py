@@ -64,6 +64,7 @@ def test_a_model_file_named_by_the_results_is_not_imported_unless_allowed(tmp_pa
     assert message.endswith(f"load_merged(..., allow=[{model!r}]) or FEDLMC_MODEL_ALLOW")
     assert "allowed: a registered model (mlp, vgg11, resnet20, vit" in message
 
+    refusal(tmp_path / "run", allow=model + "_v2")  # one path, not a string holding it
     merged = load_merged(tmp_path / "run", "average", allow=[model])  # the caller trusts it
     assert (tmp_path / "run" / "imported").exists()
     assert all(torch.equal(merged.model.state_dict()[k], v) for k, v in state.items())
