@@ -5,7 +5,8 @@
 - :mod:`fedlmc.data.loading`: :func:`load_dataset` and :func:`from_arrays`.
 - :mod:`fedlmc.data.splits`: :class:`DataSplits` and the stratified server split.
 - :mod:`fedlmc.data.partitions`: IID, Dirichlet and pathological partitions (flwr-datasets).
-- :mod:`fedlmc.data.download`, :mod:`fedlmc.data.hf`: torchvision files and Hugging Face data.
+- :mod:`fedlmc.data.download`, :mod:`fedlmc.data.hf`: torchvision files and Hugging Face data;
+  :mod:`fedlmc.data.cifar_files`: CIFAR batches that fail the md5, read without running code.
 - :mod:`fedlmc.data.augment`: batched augmentation.
 """
 

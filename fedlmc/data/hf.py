@@ -29,6 +29,15 @@ Tensors: ``x`` float32 ``(N, C, H, W)`` standardised per channel with the mean a
 deviation of the whole training split (train + server; a constant channel keeps std 1);
 ``y`` int64. ``num_classes`` is the ``ClassLabel``'s, else ``max(label) + 1`` over train and test.
 ``augment`` is ``None``.
+
+Untrusted folders: nothing read here unpickles or runs code (``datasets`` 4.8, ``pyarrow`` 26,
+checked in their sources and by ``tests/fedlmc/data/test_hf_untrusted.py``). A
+``save_to_disk`` folder is JSON (``state.json``, ``dataset_info.json``, features included)
+and Arrow files; a file is refused unless ``.parquet`` or ``.arrow``; a folder's builder is
+picked by its data files' extensions (csv, json, parquet, arrow, text, images, webdataset
+tars whose decoders load ``.npy`` without pickles and ``.pth`` with ``weights_only``, ...), and
+no extension picks the ``pandas`` builder, the one that calls ``pd.read_pickle``; a folder with
+a loading script (``NAME/NAME.py``) is refused by ``datasets`` (one ``ValueError`` line here).
 """
 
 from __future__ import annotations
@@ -129,7 +138,9 @@ def load_hf_splits(spec: str, cache_dir: str | os.PathLike | None = None):
             loaded = datasets.load_dataset(str(path), cache_dir=cache)
         else:
             loaded = datasets.load_dataset(spec, cache_dir=cache)
-    except (OSError, ValueError, TypeError, KeyError) as err:  # ConnectionError is an OSError
+    # RuntimeError: a folder with a loading script (datasets 4 runs none); ConnectionError is
+    # an OSError
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as err:
         raise ValueError(f"cannot load 'hf:{spec}' with datasets: {_one_line(err)}") from err
     if isinstance(loaded, datasets.Dataset):
         loaded = datasets.DatasetDict(train=loaded)

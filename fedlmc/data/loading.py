@@ -23,7 +23,10 @@ Datasets (``DATASETS``):
   ``download=True`` first runs :func:`fedlmc.data.download.fetch_dataset` (torchvision's downloader,
   md5-verified, idempotent, locked per ``root``). CIFAR files that exist but do not match
   torchvision's md5 sums for the official release (e.g. a subset written in the same pickle
-  format) are read as they are, with the same parsing, after a ``UserWarning``.
+  format) are read after a ``UserWarning`` with the same parsing, by an unpickler that admits
+  only the arrays, lists, strings and numbers the format holds
+  (:mod:`fedlmc.data.cifar_files`: a file naming anything else, ``posix.system`` say, is one
+  ``ValueError`` line naming it, its md5 and the fix).
 - ``"hf:NAME"``: an image-classification data set loaded with Hugging Face ``datasets`` (a hub
   name or a local ``save_to_disk`` folder / parquet files), normalised with its own training
   statistics; see :mod:`fedlmc.data.hf`.
@@ -37,7 +40,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import pickle
 import warnings
 from pathlib import Path
 
@@ -56,6 +58,7 @@ from fedlmc.data.catalog import (
     is_hf_name,
     torchvision_datasets,
 )
+from fedlmc.data.cifar_files import read_batches
 from fedlmc.data.download import ChecksumError, DownloadError, FetchResult, fetch_dataset
 from fedlmc.data.partitions import (
     PARTITION_SCHEMES,
@@ -258,7 +261,7 @@ def _read_mnist5k_cache(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         with np.load(path) as f:
             pixels, labels = f["pixels"], f["labels"]
-    except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError):
+    except (OSError, ValueError, KeyError, EOFError):  # np.load refuses pickles: ValueError
         return None
     valid = (
         pixels.shape == (5000, 784)
@@ -293,7 +296,7 @@ def _torchvision_uint8(name: str, root, download: bool, mirror: str | None) -> t
     if name in ("mnist", "fashion_mnist"):
         splits = [_mnist_like(cls, root, train) for train in (True, False)]
     else:
-        splits = _cifar(cls, root)
+        splits = _cifar(cls, root, name)
     (x_tr, y_tr), (x_te, y_te) = splits
     _check_labels_below(name, NUM_CLASSES[name], y_tr, y_te)
     return (x_tr, y_tr), (x_te, y_te)
@@ -325,9 +328,11 @@ def _mnist_like(cls, root: Path, train: bool) -> Data:
     return torch.as_tensor(ds.data).unsqueeze(1).contiguous(), torch.as_tensor(ds.targets).long()
 
 
-def _cifar(cls, root: Path) -> list[Data]:
-    """CIFAR through torchvision's class; if the files are present but fail its md5 check,
-    read the same pickle batches with the same parsing, after a warning."""
+def _cifar(cls, root: Path, name: str) -> list[Data]:
+    """CIFAR through torchvision's class, which unpickles its files only after they match
+    torchvision's md5 sums; files present that do not match are read, after a warning, by
+    :func:`fedlmc.data.cifar_files.read_batches` (an unpickler that admits only arrays, lists,
+    strings and numbers), with the same parsing."""
     try:
         sets = [cls(str(root), train=train, download=False) for train in (True, False)]
         return [_cifar_tensors(ds.data, ds.targets) for ds in sets]
@@ -342,30 +347,15 @@ def _cifar(cls, root: Path) -> list[Data]:
             ) from err
     warnings.warn(
         f"{folder} does not match torchvision's md5 sums for the official {cls.__name__} "
-        f"release; reading its files as they are",
+        f"release; reading its files as data only (arrays, lists, strings, numbers)",
         UserWarning,
         stacklevel=4,
     )
+    fix = f"run 'fedlmc data fetch {name} --root {root}' for the official files"
     return [
-        _cifar_tensors(*_read_cifar_batches(folder, files))
+        _cifar_tensors(*read_batches(folder, files, fix))
         for files in (cls.train_list, cls.test_list)
     ]
-
-
-def _read_cifar_batches(folder: Path, files: list[list[str]]) -> tuple[np.ndarray, list[int]]:
-    """torchvision's CIFAR parsing (``CIFAR10.__init__``): latin1 pickles with ``data``
-    (N, 3072) and ``labels`` or ``fine_labels``, stacked, reshaped to (N, 3, 32, 32) and
-    transposed to torchvision's ``.data`` layout (N, 32, 32, 3); returns ``(data, targets)``."""
-    data, targets = [], []
-    for file_name, _md5 in files:
-        try:
-            with open(folder / file_name, "rb") as f:
-                entry = pickle.load(f, encoding="latin1")
-            data.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3072))
-            targets.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
-        except (OSError, pickle.UnpicklingError, KeyError, EOFError, ValueError) as err:
-            raise ValueError(f"cannot read CIFAR batch {folder / file_name}: {err}") from err
-    return np.vstack(data).reshape(-1, 3, 32, 32).transpose((0, 2, 3, 1)), targets
 
 
 def _cifar_tensors(data: np.ndarray, targets) -> Data:

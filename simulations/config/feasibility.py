@@ -91,12 +91,42 @@ def check_memory(config: Mapping[str, Any]) -> None:
     elements = model_parameters(config)
     if elements is None:
         return
-    needed, have = memory_estimate(config, elements), machine_memory()
+    check_bytes_needed(
+        config,
+        elements,
+        memory_estimate(config, elements),
+        f"{config['num-clients']} clients and the server need",
+        "a smaller width or fewer clients",
+    )
+
+
+MEMORY_FACTOR_LOAD = 2  # a model loaded back: its weights and the state dict read into it
+
+
+def check_load_memory(config: Mapping[str, Any], elements: int) -> None:
+    """:class:`ConfigError` when the configured model of ``elements`` parameters, built and
+    loaded back from a file (:func:`fedlmc.simulations.load_merged`), needs more than this
+    machine's memory: :math:`4 P` bytes (float32) times :data:`MEMORY_FACTOR_LOAD`."""
+    check_bytes_needed(
+        config,
+        elements,
+        4 * int(elements) * MEMORY_FACTOR_LOAD,
+        "building it and reading its weights need",
+        "a model that fits this machine",
+    )
+
+
+def check_bytes_needed(
+    config: Mapping[str, Any], elements: int, needed: int, who: str, allowed: str
+) -> None:
+    """:class:`ConfigError` naming the width key, the model's parameters and ``needed`` bytes
+    against :func:`machine_memory` when ``needed`` exceeds it."""
+    have = machine_memory()
     if needed > have:
         raise ConfigError(
             f"{width_key(config)} = {_shown(config[width_key(config)])}: the {config['model']} at "
             f"width {server_width(config):g} has about {elements:,} parameters; "
-            f"{config['num-clients']} clients and the server need about {needed:,} bytes "
+            f"{who} about {needed:,} bytes "
             f"({needed / 2**30:.1f} GiB), this machine has {have:,} ({have / 2**30:.1f} GiB); "
-            "allowed: a smaller width or fewer clients"
+            f"allowed: {allowed}"
         )
