@@ -1,9 +1,9 @@
 """fedlmc never replaces a file it did not write (issue 52, item 1): ``fedlmc run --csv`` takes
 a new file or a ``fedlmc run --csv`` table of the same columns (and appends to it); every other
 path (another file, a device, a FIFO, a link, a folder, a fedlmc table with other columns; an
-unreadable file: ``tests/simulations/test_cli_hostile_paths.py``) is refused before any work, unopened when it is not a regular file, with no
-lock or temporary file left beside it. The names fedlmc writes in an out dir are checked the
-same way."""
+unreadable file: ``tests/simulations/test_cli_hostile_paths.py``) is refused before any work,
+unopened when it is not a regular file, with no lock or temporary file left beside it. The
+names fedlmc writes in an out dir are checked the same way."""
 
 from __future__ import annotations
 
