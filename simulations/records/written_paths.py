@@ -7,7 +7,8 @@ FIFO for reading blocks until a writer comes):
 - :func:`check_own_files`: the files fedlmc writes into an out dir (:data:`OUT_DIR_FILES`:
   ``results.csv``, ``training.csv``, ``config.json``, the report, ``figures/``, the lock, ...)
   are each absent or a regular file (``figures/`` a real folder), never a symbolic link, a
-  device, a FIFO or a socket.
+  device, a FIFO or a socket; ``results.csv`` and ``training.csv`` must hold fedlmc's tables
+  (a header with ``method`` or ``cell_id``, with ``phase``), not a user's file of that name.
 - :func:`check_csv_file`: ``fedlmc run --csv FILE`` writes a new file, or appends to a file
   that already holds a ``fedlmc run --csv`` table with the same columns (its first line is
   exactly :func:`run_csv_columns`); anything else is refused.
@@ -55,6 +56,9 @@ OUT_DIR_FILES = (
     ".lock",
 )
 """The files fedlmc writes into a sweep's or a run's out dir under fixed names."""
+TABLE_MARKERS = {"results.csv": ("method", "cell_id"), "training.csv": ("phase",)}
+"""A column a header of fedlmc's tables holds (a sweep's ``results.csv`` of failed cells only
+has ``cell_id`` but no ``method``)."""
 FOLDERS = ("figures", "tensorboard")
 """The folders fedlmc writes into an out dir."""
 MAX_HEADER = 64 * 1024  # bytes of a --csv file read to find its first line
@@ -85,6 +89,30 @@ def check_own_files(folder: str | os.PathLike, key: str) -> None:
                 f"{key} = {str(folder)!r}: {name} there is {file_kind(found.st_mode)}; fedlmc "
                 f"writes that name itself; allowed: {allowed} fedlmc wrote, or no {name}"
             )
+        if name in TABLE_MARKERS and not holds_table(base / name, TABLE_MARKERS[name]):
+            raise ConfigError(
+                f"{key} = {str(folder)!r}: {name} there is not a fedlmc table (no header "
+                f"holding {' or '.join(TABLE_MARKERS[name])}); fedlmc would replace it; "
+                f"allowed: a folder without {name}, or one where fedlmc wrote it"
+            )
+
+
+def holds_table(path: Path, markers: Sequence[str]) -> bool:
+    """Whether the regular file ``path`` is empty or one of its lines in the first
+    :data:`MAX_HEADER` bytes is a CSV header holding a column of ``markers`` (junk lines or a
+    byte order mark above it allowed: they are read as damage, not as another file)."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_HEADER)
+    except OSError:
+        return True  # unreadable: the reader that needs it says so
+    if not data.strip():
+        return True
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        fields = header_of(line.encode("utf-8")) or []
+        if set(markers) & {f.removeprefix("\ufeff") for f in fields}:
+            return True
+    return False
 
 
 def run_csv_columns() -> tuple[str, ...]:

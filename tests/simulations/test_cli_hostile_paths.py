@@ -268,6 +268,17 @@ def test_run_out_dir_with_its_results_file_a_link_out_is_refused(tmp_path, capsy
     assert outside.read_text() == "root:x:0:0\n" and sorted(os.listdir(out)) == ["results.csv"]
 
 
+def test_run_out_dir_holding_a_users_results_csv_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.csv").write_text("my notes\n")
+    assert main(["run", f"out-dir={out}", *GUARD]) == 2
+    err = capsys.readouterr().err
+    assert "results.csv there is not a fedlmc table" in err and err.count("\n") == 1
+    assert (out / "results.csv").read_text() == "my notes\n"
+    assert sorted(os.listdir(out)) == ["results.csv"]
+
+
 @pytest.mark.slow
 def test_data_fetch_refuses_a_fifo_where_a_data_file_goes(tmp_path):
     raw = tmp_path / "MNIST" / "raw"

@@ -187,3 +187,29 @@ def test_the_lock_never_truncates_a_file_through_a_link(tmp_path):
         with out_dir_lock(folder, "fedlmc run"):
             pytest.fail("the block ran")
     assert victim.read_text() == "keep me\n"
+
+
+def test_an_out_dir_holding_a_users_file_under_fedlmcs_table_names_is_refused(tmp_path):
+    for name in ("results.csv", "training.csv"):
+        folder = tmp_path / name.replace(".", "-")
+        folder.mkdir()
+        (folder / name).write_text("my notes, not a table\n")
+        with pytest.raises(ConfigError, match=rf"{name} there is not a fedlmc table"):
+            check_own_files(folder, "out-dir")
+        assert (folder / name).read_text() == "my notes, not a table\n"
+
+
+def test_fedlmcs_tables_damaged_above_the_header_or_empty_are_its_own(tmp_path):
+    """A junk line or a byte order mark above the header is damage the reader sets aside
+    (``csv_lines``), not another file; an empty file holds nothing to lose."""
+    cases = {
+        "junk": b"garbage line\ncell_id,status,error\n",
+        "bom": "\ufeffmethod,accuracy\naverage,0.5\n".encode(),
+        "empty": b"",
+    }
+    for case, data in cases.items():
+        folder = tmp_path / case
+        folder.mkdir()
+        (folder / "results.csv").write_bytes(data)
+        (folder / "training.csv").write_bytes(b"cell_id,phase,client,step\n")
+        check_own_files(folder, "--out")
