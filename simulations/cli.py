@@ -5,13 +5,15 @@
   its report; the default out dir is ``results/<name>``. A grid of more than ``--max-cells``
   (default 1000) points is refused before any cell is validated; the first line says how many
   cells and client-epochs of training are left.
-- ``fedlmc report DIR``: (re)build the figures and ``report.md`` of a sweep's out dir (a run's
-  out dir is refused with the reason).
+- ``fedlmc report DIR [--to FOLDER]``: (re)build the figures and ``report.md`` of a sweep's
+  out dir (a run's out dir is refused with the reason), into DIR or, with ``--to``, into
+  FOLDER (DIR then only read: a read-only DIR without ``--to`` is refused before any work).
 - ``fedlmc run [key=value ...] [--csv FILE] [--ray-address ADDR]``: one federation with the
   given run-config keys; prints its rows. Its ``out-dir`` and ``--csv`` are checked before any
-  work (writable; an out dir holding a sweep is refused, and so is a ``--csv`` file holding
-  another command's rows) and held locked while it runs
-  (:mod:`fedlmc.simulations.runs.run_outputs`).
+  work (writable; an out dir holding a sweep is refused; ``--csv`` must be a new file or a
+  ``fedlmc run --csv`` table of the same columns, which the rows are appended to: a link, a
+  device, a FIFO, another file or another command's rows are refused) and held locked while
+  it runs (:mod:`fedlmc.simulations.runs.run_outputs`).
 - ``fedlmc validate CONFIG.toml [key=value ...] [--out DIR]``: check a sweep (every cell, the
   memory its models need, and that the out dir is a writable folder holding no ``fedlmc run``
   results) and print its expanded cells.
@@ -32,6 +34,9 @@
 - ``fedlmc data fetch NAME --root DIR [--mirror URL]``: download a torchvision data set once
   (md5-checked, :func:`fedlmc.data.download.fetch_dataset`); a failed download exits 1 with one
   line. ``fedlmc data list``: the registered data sets (a markdown table, as in the docs).
+
+A config file is a regular file of at most 1 MiB (:mod:`fedlmc.simulations.config.config_file`);
+no path written is a link, a device, a FIFO (:mod:`fedlmc.simulations.records.written_paths`).
 
 Configuration errors (and ``ValueError`` from bad data or partition settings) end with one line
 ``fedlmc: error: ...`` on stderr and exit status 2, without a traceback; so does a
@@ -65,6 +70,7 @@ from fedlmc.simulations.config import (
     parse_override,
     validate_run_config,
 )
+from fedlmc.simulations.config.config_file import read_config_text
 from fedlmc.simulations.config.tables import (
     columns_table,
     keys_table,
@@ -129,6 +135,12 @@ def add_report_command(sub: Commands) -> None:
     """``fedlmc report DIR``."""
     report = sub.add_parser("report", help="build figures and report.md from a sweep folder")
     report.add_argument("dir", help="a sweep output folder (holding results.csv)")
+    report.add_argument(
+        "--to",
+        metavar="FOLDER",
+        help="write report.md, report_full.md and figures/ into FOLDER instead of DIR (for a "
+        "read-only DIR: DIR is then only read)",
+    )
 
 
 def add_run_command(sub: Commands) -> None:
@@ -329,8 +341,10 @@ def command_sweep(args: argparse.Namespace) -> int:
     sweep = load_sweep_config(args.config, args.overrides, max_cells=args.max_cells)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
     from fedlmc.simulations.records.results_file import check_writable_folder
+    from fedlmc.simulations.records.written_paths import check_own_files
 
     check_writable_folder(out_dir, "--out")
+    check_own_files(out_dir, "--out")
     tracking = track_request(args, out_dir)
     from fedlmc.simulations.engine.cells import EngineError
     from fedlmc.simulations.records.out_dir_lock import out_dir_lock
@@ -358,14 +372,17 @@ def command_sweep(args: argparse.Namespace) -> int:
     return code
 
 
-def print_report(out_dir: Path) -> None:
+def print_report(out_dir: Path, to: Path | None = None) -> None:
+    """Build the report of the sweep in ``out_dir`` into ``to`` (default: ``out_dir``) and
+    print where it went."""
     from fedlmc.simulations.report.build import build_report
 
-    paths = build_report(out_dir)
+    paths = build_report(out_dir, to)
+    to = out_dir if to is None else to
     figures = [p for p in paths if p.suffix == ".png"]
     print(
-        f"report: {out_dir / 'report.md'} (every table: report_full.md); {len(figures)} "
-        f"figure(s) in {out_dir / 'figures'}"
+        f"report: {to / 'report.md'} (every table: report_full.md); {len(figures)} "
+        f"figure(s) in {to / 'figures'}"
     )
     for path in figures:
         print(f"  {path}")
@@ -373,14 +390,16 @@ def print_report(out_dir: Path) -> None:
 
 def command_report(args: argparse.Namespace) -> int:
     from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+    from fedlmc.simulations.report.build import report_folder
 
     out_dir = Path(args.dir)
     if not (out_dir / "results.csv").exists():
         raise ConfigError(f"dir = {args.dir!r}: no results.csv there; allowed: a sweep out dir")
     refuse_run_folder(args.dir)
-    with out_dir_lock(out_dir, "fedlmc report"):
+    to = report_folder(out_dir, args.to)  # a read-only DIR without --to: refused here
+    with out_dir_lock(to, "fedlmc report"):
         refuse_run_folder(args.dir)  # again under the lock: a run may have written meanwhile
-        print_report(out_dir)
+        print_report(out_dir, None if to == out_dir else to)
     return 0
 
 
@@ -435,8 +454,10 @@ def command_run(args: argparse.Namespace) -> int:
 
 def command_track(args: argparse.Namespace) -> int:
     from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+    from fedlmc.simulations.records.written_paths import check_own_files
 
     out_dir = Path(args.dir)
+    check_own_files(out_dir, "dir")
     if not (out_dir / "results.csv").is_file():
         raise ConfigError(
             f"dir = {args.dir!r}: no results.csv there; allowed: a sweep's or a fedlmc run's "
@@ -449,6 +470,7 @@ def command_track(args: argparse.Namespace) -> int:
 
 def command_validate(args: argparse.Namespace) -> int:
     from fedlmc.simulations.records.results_file import check_writable_folder, refuse_mixing
+    from fedlmc.simulations.records.written_paths import check_own_files
 
     sweep = load_sweep_config(
         args.config,
@@ -458,6 +480,7 @@ def command_validate(args: argparse.Namespace) -> int:
     )
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
     check_writable_folder(out_dir, "--out")
+    check_own_files(out_dir, "--out")
     refuse_mixing(out_dir, "sweep")
     cells = expand_grid(sweep)
     axes = list(sweep.grid)
@@ -488,10 +511,10 @@ def command_models(args: argparse.Namespace) -> int:
 def command_keys(args: argparse.Namespace) -> int:
     if args.write_pyproject:
         path = Path(args.write_pyproject)
+        text = read_config_text(path, "--write-pyproject")  # a regular file, at most 1 MiB
         try:
-            text = path.read_text(encoding="utf-8")
             updated = with_pyproject_config(text)
-        except (OSError, ValueError) as err:
+        except ValueError as err:
             raise ConfigError(f"--write-pyproject {str(path)!r}: {err}") from None
         atomic_write_text(path, updated)
         print(f"{path}: [tool.flwr.app.config] {'unchanged' if updated == text else 'updated'}")

@@ -22,6 +22,8 @@ Guarantees:
 - One fetch at a time per ``root``: an exclusive ``flock`` on ``root/.fedlmc-fetch.lock``; a
   second process waits, then finds the files present. Run it once, in the driver or server,
   not in every client.
+- Nothing but regular files is read or replaced: a name the fetch uses taken by a symbolic
+  link, a device, a FIFO or a folder is refused (``ValueError``) before any file is opened.
 
 Errors are one line: :class:`ChecksumError` (md5 mismatch, names file, URL and both sums) and
 :class:`DownloadError` (network unreachable or file missing on the server, names the URLs and
@@ -38,6 +40,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tarfile
 import urllib.error
 from collections.abc import Iterator, Mapping
@@ -110,6 +113,7 @@ def fetch_dataset(
     md5s = _expected_md5s(name, checksums)
     root = Path(root).expanduser()
     folder = root / DATA_FOLDERS[name]
+    _refuse_special_files(root, folder, md5s)  # before any file is opened
     if _all_present(name, root, md5s):  # no lock needed (files appear whole): read-only roots
         return FetchResult(name, folder, ())
     try:
@@ -342,6 +346,23 @@ def _all_present(name: str, root: Path, md5s: Mapping[str, str]) -> bool:
         members = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
     folder = root / DATA_FOLDERS[name]
     return all(_is_valid(folder / f, md5s.get(f)) for f in members)
+
+
+def _refuse_special_files(root: Path, folder: Path, md5s: Mapping[str, str]) -> None:
+    """``ValueError`` (one line) when a name the fetch reads or writes (the lock file, an
+    archive, a decompressed or unpacked file) is taken by anything but a regular file: a
+    symbolic link, a device, a FIFO (reading it would block), a folder. ``lstat`` only."""
+    names = {LOCK_NAME, *md5s, *(n.removesuffix(".gz") for n in md5s)}
+    for path in sorted({root / n for n in names} | {folder / n for n in names}):
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise ValueError(
+                f"root={str(root)!r}: {str(path)!r} is not a regular file; allowed: a regular "
+                "file a fetch wrote, or no file of that name"
+            )
 
 
 def _remove_own_temporaries(root: Path, folder: Path, md5s: Mapping[str, str]) -> None:

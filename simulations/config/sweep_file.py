@@ -10,10 +10,10 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
-from pathlib import Path
 from typing import Any
 
 from fedlmc.simulations.config.cell_identity import canonical_run_config, cell_id
+from fedlmc.simulations.config.config_file import read_config_text
 from fedlmc.simulations.config.derived import row_methods
 from fedlmc.simulations.config.keys import run_schema
 from fedlmc.simulations.config.report_keys import REPORT_SCHEMA
@@ -116,12 +116,10 @@ class SweepConfig:
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:
-    """The TOML file at ``path``; unreadable or malformed files raise :class:`ConfigError`."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-        raise ConfigError(f"config file {str(path)!r}: cannot read it ({reason})") from None
+    """The TOML file at ``path``; unreadable or malformed files, and anything but a regular
+    file of at most 1 MiB (:func:`~fedlmc.simulations.config.config_file.read_config_text`),
+    raise :class:`ConfigError`."""
+    text = read_config_text(path)  # a regular file of at most 1 MiB, read bounded
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -6,7 +6,9 @@ ServerApp under ``flwr run``: the whole federation, then its files; ``fedlmc rep
 figures and ``report.md``). A second command on the same folder is refused at once with one
 line naming the holder (``fedlmc run (pid 1234)``, written into the lock file by the holder),
 never waits, and writes nothing. The kernel frees the lock when its holder dies, even on
-SIGKILL, so a crashed command never blocks the next one.
+SIGKILL, so a crashed command never blocks the next one. The lock file is opened without
+following a symbolic link and without blocking on a FIFO, and must be a regular file
+(:func:`open_lock_file`): a link named ``.lock`` never gets another file truncated.
 
 Within one process the lock is re-entrant (a count per folder): ``fedlmc run`` holds it and its
 ServerApp, in a thread of the same process, takes it again. Callers check what the folder holds
@@ -16,8 +18,10 @@ another command may have written there between their first check and the lock.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,6 +61,29 @@ def _leave_held(key: str) -> None:
             del _held[key]
 
 
+def open_lock_file(path: Path) -> int:
+    """The lock file at ``path`` opened (created if absent) for reading and writing, never
+    through a symbolic link and never blocking on a FIFO; :class:`ConfigError` when the name is
+    taken by anything but a regular file (its holder's line would be written into it)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        raise ConfigError(
+            f"lock file {str(path)!r} is not a regular file ({err.strerror}); allowed: a "
+            "regular file fedlmc wrote, or none"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(
+            f"lock file {str(path)!r} is not a regular file; allowed: a regular file fedlmc "
+            "wrote, or none"
+        )
+    return fd
+
+
 @contextmanager
 def out_dir_lock(out_dir: str | os.PathLike, command: str) -> Iterator[Path]:
     """Hold the lock of ``out_dir`` (created if needed) while the block runs, as ``command``
@@ -71,7 +98,7 @@ def out_dir_lock(out_dir: str | os.PathLike, command: str) -> Iterator[Path]:
             _leave_held(key)
         return
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock_file(folder / LOCK)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -50,6 +50,7 @@ from fedlmc.simulations.records.csv_lines import (
     shown_field,
     split_lines,
 )
+from fedlmc.simulations.records.written_paths import check_csv_file, check_csv_kind
 from fedlmc.study.rows import column_table
 
 RESULTS = "results.csv"
@@ -340,7 +341,9 @@ def check_csv_target(path: str | os.PathLike, out_dir: str | os.PathLike) -> Non
     ``path``: it must be writable (:func:`check_writable_file`), not be a file the run's
     ServerApp writes itself (``results.csv``, ``training.csv`` of its ``out-dir``), and replace
     no rows another command wrote: a file holding a sweep's rows (a ``cell_id`` header, wherever
-    it is), any file of a sweep's out dir, or any file of another run's out dir."""
+    it is), any file of a sweep's out dir, or any file of another run's out dir; and an existing
+    file must be a regular file holding a ``fedlmc run --csv`` table of the same columns, which
+    the rows are appended to (:mod:`fedlmc.simulations.records.written_paths`)."""
     check_plain_path(path, "--csv")
     file = Path(path).expanduser().resolve()
     own = Path(out_dir).expanduser().resolve() if out_dir else None
@@ -349,6 +352,7 @@ def check_csv_target(path: str | os.PathLike, out_dir: str | os.PathLike) -> Non
             f"--csv {str(path)!r}: the run writes it itself (the {file.name} of its out-dir); "
             "allowed: another file"
         )
+    check_csv_kind(path)  # a link, a device, a FIFO, a folder: refused unopened
     check_writable_file(path, "--csv")
     if not file.is_file():
         return
@@ -364,6 +368,7 @@ def check_csv_target(path: str | os.PathLike, out_dir: str | os.PathLike) -> Non
             f"--csv {str(path)!r} is a file of a fedlmc run's out dir {str(file.parent)!r}; "
             "this run would replace what that run wrote; allowed: a new file, or its own out-dir"
         )
+    check_csv_file(path)  # a regular file: only a run --csv table of the same columns
 
 
 __all__ = [

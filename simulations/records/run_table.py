@@ -10,7 +10,6 @@ from typing import Any
 
 import pandas as pd
 
-from fedlmc.io import atomic_write_csv
 from fedlmc.simulations.config import cell_default_methods_note
 from fedlmc.simulations.config.dp import is_dp
 from fedlmc.simulations.config.secure import is_secure
@@ -32,7 +31,8 @@ SHOWN_COLUMNS = (
 def show_rows(rows: pd.DataFrame, config: Mapping[str, Any], csv_path: str | None) -> None:
     """Print a run's rows (the :data:`SHOWN_COLUMNS` with a value, a line for each left out),
     the note on cell-dependent default methods, a warning for each method that aligned
-    nothing; write the rows to ``csv_path``."""
+    nothing; append the rows to ``csv_path`` (a new file, or a ``fedlmc run --csv`` table of
+    the same columns: :func:`~fedlmc.simulations.records.written_paths.append_csv_rows`)."""
     shown, left_out = shown_columns(rows, config)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -50,8 +50,10 @@ def show_rows(rows: pd.DataFrame, config: Mapping[str, Any], csv_path: str | Non
         print(note)
     print_alignment_flags(rows)
     if csv_path:
-        atomic_write_csv(csv_path, rows)
-        print(f"rows written to {csv_path}")
+        from fedlmc.simulations.records.written_paths import append_csv_rows
+
+        appended = append_csv_rows(csv_path, rows)
+        print(f"rows {'appended' if appended else 'written'} to {csv_path}")
 
 
 def print_alignment_flags(rows: pd.DataFrame) -> None:

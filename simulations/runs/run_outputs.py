@@ -1,12 +1,18 @@
 """Where one ``fedlmc run`` writes, guarded: its ``out-dir`` and its ``--csv`` file.
 
 :func:`check_run_outputs` refuses, before any work, an ``out-dir`` that is no writable folder
-and a ``--csv`` file that would replace another command's rows
-(:func:`fedlmc.simulations.records.results_file.check_csv_target`); :func:`holding_outputs`
-then holds the lock of both folders (:mod:`fedlmc.simulations.records.out_dir_lock`) for the
-whole federation and checks both again under it, since another command may have written there
-between the first check and the lock. A folder in use is refused at once, naming its holder
-(``fedlmc sweep (pid 1234)``): a run never writes beside a sweep.
+or whose names fedlmc writes are taken by a link, a device or a FIFO
+(:func:`fedlmc.simulations.records.written_paths.check_own_files`), and a ``--csv`` path that
+is not new or a ``fedlmc run --csv`` table of the same columns, or would replace another
+command's rows (:func:`fedlmc.simulations.records.results_file.check_csv_target`);
+:func:`holding_outputs` then holds the lock of the out dir
+(:mod:`fedlmc.simulations.records.out_dir_lock`) for the whole federation, and that of the
+``--csv`` file's folder when that folder is a fedlmc out dir already (it holds a ``.lock``: no
+lock file is ever created beside a user's file), and checks both again under it, since another
+command may have written there between the first check and the lock. A folder in use is
+refused at once, naming its holder (``fedlmc sweep (pid 1234)``): a run never writes beside a
+sweep. The rows themselves are appended under a ``flock`` of the ``--csv`` file
+(:func:`fedlmc.simulations.records.written_paths.append_csv_rows`).
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedlmc.simulations.records.out_dir_lock import out_dir_lock
+from fedlmc.simulations.records.out_dir_lock import LOCK, out_dir_lock
 from fedlmc.simulations.records.results_file import (
     check_csv_target,
     check_writable_folder,
     refuse_mixing,
 )
+from fedlmc.simulations.records.written_paths import check_own_files
 
 __all__ = ["check_run_outputs", "holding_outputs"]
 
@@ -32,6 +39,7 @@ def check_run_outputs(config: Mapping[str, Any], csv_path: str | None) -> None:
     under its lock (:func:`holding_outputs`), so that a folder in use names its holder."""
     if config["out-dir"]:
         check_writable_folder(config["out-dir"], "out-dir")
+        check_own_files(config["out-dir"], "out-dir")
     if csv_path:
         check_csv_target(csv_path, config["out-dir"])
 
@@ -47,6 +55,8 @@ def holding_outputs(config: Mapping[str, Any], csv_path: str | None) -> Iterator
             held.enter_context(out_dir_lock(out_dir, "fedlmc run"))
             refuse_mixing(out_dir, "run")
         if csv_path:
-            held.enter_context(out_dir_lock(Path(csv_path).expanduser().parent, "fedlmc run"))
+            folder = Path(csv_path).expanduser().parent
+            if (folder / LOCK).is_file():  # a fedlmc out dir: never beside a sweep there
+                held.enter_context(out_dir_lock(folder, "fedlmc run"))
             check_csv_target(csv_path, out_dir)
         yield

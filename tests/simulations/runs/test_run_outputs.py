@@ -1,4 +1,5 @@
-"""A ``fedlmc run``'s outputs are guarded: its ``out-dir`` and ``--csv`` folder are locked for
+"""A ``fedlmc run``'s outputs are guarded: its ``out-dir``, and the ``--csv`` file's folder when
+that is a fedlmc out dir (it has a ``.lock``; none is made beside a user's file), are locked for
 the whole federation (refused at once while another command holds either, naming it), and a
 ``--csv`` file is checked again under the lock (another command may have written it between
 the first check and the lock). The other process is stood in for by a second open file
@@ -16,6 +17,7 @@ import pytest
 
 from fedlmc.simulations.config import ConfigError
 from fedlmc.simulations.records.out_dir_lock import LOCK
+from fedlmc.simulations.records.written_paths import append_csv_rows
 from fedlmc.simulations.runs.run_outputs import check_run_outputs, holding_outputs
 
 
@@ -58,12 +60,22 @@ def test_the_csv_file_is_checked_again_under_the_lock(tmp_path):
     assert target.read_text() == rows
 
 
-def test_an_earlier_csv_of_a_run_may_be_replaced_and_own_out_dir_files_not(tmp_path):
+def test_an_earlier_csv_of_a_run_may_be_appended_to_and_own_out_dir_files_not(tmp_path):
     own = tmp_path / "run"
     own.mkdir()
     earlier = tmp_path / "rows.csv"
-    pd.DataFrame([{"method": "average", "accuracy": 0.5}]).to_csv(earlier, index=False)
+    append_csv_rows(earlier, pd.DataFrame([{"method": "average", "accuracy": 0.5}]))
     check_run_outputs({"out-dir": str(own)}, str(earlier))  # a run's --csv of before: fine
     check_run_outputs({"out-dir": str(own)}, str(own / "rows.csv"))
     with pytest.raises(ConfigError, match="the run writes it itself"):
         check_run_outputs({"out-dir": str(own)}, str(own / "training.csv"))
+    other = tmp_path / "other.csv"  # a table of two columns, not the run --csv table
+    pd.DataFrame([{"method": "average", "accuracy": 0.5}]).to_csv(other, index=False)
+    with pytest.raises(ConfigError, match="other columns"):
+        check_run_outputs({"out-dir": str(own)}, str(other))
+
+
+def test_no_lock_is_left_beside_a_csv_outside_any_out_dir(tmp_path):
+    with holding_outputs({"out-dir": ""}, str(tmp_path / "rows.csv")):
+        pass
+    assert os.listdir(tmp_path) == []
