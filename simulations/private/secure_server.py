@@ -198,11 +198,11 @@ def run_secure_average(run: ServerRun) -> None:
     weights = [n / sum(result.num_examples) for n in result.num_examples]
     finished = post_merge(template, result.merged_state, [], weights, method, server, device=device)
     merge_seconds = time.perf_counter() - start
-    outcome.merged[method] = finished.state
     model = load_state(template, finished.state).to(device).eval()
     if server is not None:  # the one check of the merge on data (secure_checks)
         models = (model, load_state(template, initial))
         check_merged_model(models, server, config["init"] == "shared", device)
+    outcome.merged[method] = finished.state
     columns = secure_round_columns(result, config, width_columns(config))
     columns.update(merge_seconds=merge_seconds, secagg_error_bound=result.error_bound)
     n = len(result.num_examples)
