@@ -60,7 +60,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -108,6 +108,13 @@ from fedlmc.strategies.strategy_utils import (
 )
 
 Data = tuple[Tensor, Tensor]
+NO_SERVER_DATA_WARNING = (
+    "a deployment without server data: a poisoned client's model cannot be checked on data "
+    "(no accuracy check; the payload screen, the norm rule and the copy check still run, and a "
+    "label flipper within them is merged at its share, up to max-client-share); pass "
+    "server_data=(x, y) to check each client's accuracy on it"
+)
+"""The warning line of a one-shot round in a deployment without ``server_data``."""
 
 
 @dataclass(frozen=True)
@@ -224,9 +231,13 @@ class OneShotAverage(ScreenedFedAvg):
     ) -> Iterable[Message]:
         """Flower's hook (:class:`~fedlmc.strategies.base.ScreenedFedAvg`'s), keeping the
         arrays sent: the clients' common starting model under ``init = "shared"``
-        (:meth:`shared_base`)."""
+        (:meth:`shared_base`). In a deployment (no partitions assigned) without
+        ``server_data``, one warning line: :data:`NO_SERVER_DATA_WARNING`."""
         self._sent_arrays = arrays
-        return super().configure_train(server_round, arrays, config, grid)
+        messages = super().configure_train(server_round, arrays, config, grid)
+        if self._assigned is None and self.server_data is None:  # a deployment without data
+            log(WARNING, "fedlmc warning: %s", NO_SERVER_DATA_WARNING)
+        return messages
 
     def shared_base(self) -> StateDict | None:
         """The weights this round sent when its config says the clients start from them

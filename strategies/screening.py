@@ -15,8 +15,8 @@ A client's reply is untrusted input. Every message type has one screen here; eac
   weights are O(1); 1e30-scaled weights overflow the logits); ``num-examples`` an integer-valued
   number >= 1; ``partition-id`` an integer in ``0 .. num_partitions - 1``, the partition the
   server assigned the node where it assigned one (a simulation), and unique among the round's
-  replies (:func:`partition_problems`: the first reply to arrive keeps the id, every later
-  claimant is dropped by node id).
+  replies (:func:`partition_problems`: every reply claiming an id another node also claims
+  is dropped by node id, the server cannot tell which is honest).
 - **train history** (:func:`screen_history`): the per-epoch lists of
   :data:`fedlmc.strategies.protocol.HISTORY_KEYS`: training loss and accuracy both or neither,
   each a list of numbers (no bools) as long as the round's configured ``epochs`` (at most
@@ -127,18 +127,23 @@ def check_partition_id(value: Any, num_partitions: int | None) -> int:
 
 
 def partition_problems(claims: Sequence[tuple[int, int]]) -> dict[int, str]:
-    """Index -> reason for every ``(partition id, node id)`` claim (in arrival order) whose
-    partition id an earlier claim already took: the first claimant keeps it, each later one is
-    dropped and named by its node (one client cannot veto another by claiming its id)."""
-    first: dict[int, int] = {}
+    """Index -> reason for every ``(partition id, node id)`` claim whose partition id another
+    node also claims: every claimant is dropped, each named by its node with the others (the
+    server cannot tell which is honest; keeping the first to arrive handed a partition to an
+    impersonator that answered first and dropped the honest client)."""
+    nodes: dict[int, list[int]] = {}
+    for pid, node in claims:
+        nodes.setdefault(pid, [])
+        if node not in nodes[pid]:
+            nodes[pid].append(node)
     problems: dict[int, str] = {}
     for index, (pid, node) in enumerate(claims):
-        if pid in first and first[pid] != node:
+        others = [str(n) for n in nodes[pid] if n != node]
+        if others:
             problems[index] = (
-                f"claims partition-id {pid}, which node {first[pid]}'s earlier reply holds "
-                "(the later claim is dropped)"
+                f"claims partition-id {pid}, which node {', '.join(others)} also claims (the "
+                "server cannot tell which is honest: every claimant is dropped)"
             )
-        first.setdefault(pid, node)
     return problems
 
 

@@ -51,6 +51,11 @@ BatchNorm statistics are re-estimated anyway). Every client shares its key with 
 (``num_shares`` = 1.0, all :math:`N`) and any majority can unmask (``reconstruction_threshold`` =
 :math:`\lfloor N/2 \rfloor + 1`, at least 2).
 
+**What the server checks** (:mod:`fedlmc.strategies.secure_checks`): it never sees a client,
+so after the unmask stage it checks the clients' clear example counts against ``max_weight``,
+the unmasked total of their shares against those counts, and the unmasked mean's finiteness and
+range, and refuses an implausible round (:func:`secure_round`), never merging it.
+
 **A client that drops out** (:func:`secure_round`). Every stage waits at most ``timeout``
 seconds (Flower's default waits forever); a node that sends no good reply (an error of its
 own, the SuperLink's "Node Unavailable" once its heartbeats stopped, or nothing in time) is
@@ -81,6 +86,9 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+
+from fedlmc.strategies.secure_checks import check_round, recording_total_share
+from fedlmc.strategies.secure_grid import WatchingGrid, failure_text
 
 __all__ = [
     "CLIPPING_KEY",
@@ -332,7 +340,7 @@ class _RecordingSecAggPlus(SecAggPlusWorkflow):
     """SecAgg+ that keeps the reasons of the failures it met (the workflow itself drops them)
     and every node that gave no good reply, ``{node id: "SecAgg+ stage 'S': reason"}`` at the
     first stage it missed: in ``dropped`` before its masked vector reached the sum, in
-    ``unmask_missed`` after (the grid it runs on is a :class:`_WatchingGrid`)."""
+    ``unmask_missed`` after (the grid it runs on is a :class:`WatchingGrid`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -340,6 +348,7 @@ class _RecordingSecAggPlus(SecAggPlusWorkflow):
         self.dropped: dict[int, str] = {}
         self.unmask_missed: dict[int, str] = {}
         self.halted_at = ""
+        self.total_shares: list[int] = []  # the unmasked total share (recording_total_share)
 
     def _recorded(self, stage: str, step: Any, grid: Any, context: Any, state: Any) -> bool:
         grid.unanswered = {}
@@ -364,75 +373,8 @@ class _RecordingSecAggPlus(SecAggPlusWorkflow):
         return self._recorded("masked vectors", step, grid, context, state)
 
     def unmask_stage(self, grid, context, state) -> bool:
-        return self._recorded("unmask", super().unmask_stage, grid, context, state)
-
-
-def failure_text(failure: Any) -> str:
-    """A failure on one line: an error reply's last non-empty line of its reason (the client's
-    exception message, without Ray's traceback), else ``str(failure)``."""
-    error = failure.args[0] if isinstance(failure, Exception) and failure.args else failure
-    reason = getattr(error, "reason", None)
-    text = str(reason if reason is not None else failure)
-    lines = [line.strip(" '>\"") for line in text.splitlines() if line.strip(" '>\"")]
-    return lines[-1] if lines else text
-
-
-class _WatchingGrid:
-    """A Grid seen through the replies it receives: their bytes, and in ``unanswered`` the
-    nodes of the last :meth:`send_and_receive` that sent no good reply, with the reason
-    (:func:`unanswered_nodes`); everything else delegated."""
-
-    def __init__(self, grid: Any) -> None:
-        self._grid = grid
-        self.bytes_received = 0
-        self.unanswered: dict[int, str] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._grid, name)
-
-    def send_and_receive(self, messages, *, timeout: float | None = None):
-        messages = list(messages)
-        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
-        self.bytes_received += sum(reply_bytes(r) for r in replies)
-        self.unanswered.update(unanswered_nodes(messages, replies, timeout))
-        return replies
-
-
-def unanswered_nodes(
-    messages: Sequence[Any], replies: Sequence[Any], timeout: float | None
-) -> dict[int, str]:
-    """``{node id: reason}`` for every destination of ``messages`` without a good reply: an
-    error reply's reason (:func:`failure_text`; the SuperLink answers a message to a node whose
-    heartbeats stopped with an error of its own, matched by ``reply_to_message_id``) or "no
-    reply within the timeout"."""
-    ids = [(m.metadata.message_id, m.metadata.dst_node_id) for m in messages]
-    sent = {message_id: node for message_id, node in ids if message_id}
-    answered = {r.metadata.src_node_id for r in replies if not r.has_error()}
-    errors = {}
-    for reply in replies:
-        if reply.has_error():
-            node = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-            errors[node] = failure_text(reply.error)
-    missing = f"no reply within the timeout ({timeout:g} s)" if timeout else "no reply"
-    return {
-        node: errors.get(node, missing)
-        for node in dict.fromkeys(m.metadata.dst_node_id for m in messages)
-        if node not in answered
-    }
-
-
-def reply_bytes(message: Any) -> int:
-    """The payload of a reply: its arrays' bytes, its ``bytes`` config values and 8 bytes per
-    other config or metric number (0 for an error reply)."""
-    if message.has_error():
-        return 0
-    content = message.content
-    total = sum(a.nbytes for r in content.array_records.values() for a in r.values())
-    for record in [*content.config_records.values(), *content.metric_records.values()]:
-        for value in record.values():
-            items = value if isinstance(value, list) else [value]
-            total += sum(len(v) if isinstance(v, bytes | str) else 8 for v in items)
-    return int(total)
+        with recording_total_share(self.total_shares):
+            return self._recorded("unmask", super().unmask_stage, grid, context, state)
 
 
 def dropped_text(dropped: Mapping[int, str]) -> str:
@@ -446,8 +388,9 @@ class SecureRound:
     their example counts and metrics, what the strategy received, the failures, the nodes
     dropped before their masked vector reached the sum (``{node id: "SecAgg+ stage 'S':
     reason"}``, :func:`dropped_text`), those whose vector is in the sum but whose unmasking
-    shares did not arrive (``unmask_missed``, same form) and the cost (message rounds, bytes
-    the clients sent, wall seconds)."""
+    shares did not arrive (``unmask_missed``, same form), the unmasked total of the clients'
+    quantised shares (:func:`~fedlmc.strategies.secure_checks.recording_total_share`) and the
+    cost (message rounds, bytes the clients sent, wall seconds)."""
 
     aggregate: list[np.ndarray]
     settings: SecureSettings
@@ -457,6 +400,7 @@ class SecureRound:
     failures: list[str] = field(default_factory=list)
     dropped: dict[int, str] = field(default_factory=dict)
     unmask_missed: dict[int, str] = field(default_factory=dict)
+    total_share: int | None = None
     rounds: int = SECURE_MESSAGE_ROUNDS
     bytes_sent: int = 0
     seconds: float = 0.0
@@ -498,7 +442,8 @@ def secure_round(
     ``sent`` and ``fit_config`` (its secure handler reads what to compute from it) and the
     server obtains the weighted average of the clients' answers.
     :class:`SecureAggregationError` naming the stage and the failures when the round yields
-    no aggregate."""
+    no aggregate; :class:`~fedlmc.strategies.secure_checks.ImplausibleAggregateError` when its
+    weights or aggregate are implausible (:func:`~fedlmc.strategies.secure_checks.check_round`)."""
     start = time.perf_counter()
     strategy = SumOnlyFedAvg(num_clients, ndarrays_to_parameters(list(sent)), fit_config)
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
@@ -513,7 +458,7 @@ def secure_round(
         modulus_range=settings.modulus_range,
         timeout=timeout,
     )
-    watching = _WatchingGrid(grid)
+    watching = WatchingGrid(grid)
     DefaultWorkflow(fit_workflow=secagg)(watching, legacy)
     if not strategy.received:
         missed = secagg.dropped | secagg.unmask_missed
@@ -524,7 +469,7 @@ def secure_round(
             f"{num_clients - len(missed)} remained); dropped: {dropped_text(missed) or 'none'}; "
             f"failures: {reasons}"
         )
-    return SecureRound(
+    found = SecureRound(
         strategy.received[0],
         settings,
         strategy.num_examples,
@@ -534,8 +479,11 @@ def secure_round(
         bytes_sent=watching.bytes_received,
         dropped=dict(secagg.dropped),
         unmask_missed=dict(secagg.unmask_missed),
+        total_share=secagg.total_shares[-1] if secagg.total_shares else None,
         seconds=time.perf_counter() - start,
     )
+    check_round(found)
+    return found
 
 
 def secure_average(

@@ -351,8 +351,8 @@ def screen_replies(
     earlier; nodes in ``sent_to`` with neither a reply nor an error count as failures ("no
     reply before the timeout"); ids must be below ``num_partitions``. With ``assigned`` (a
     simulation: node id -> the partition the server assigned it) a reply must claim its node's
-    partition; without it (a deployment) a partition id claimed by several replies stays with
-    the first reply to arrive and every later claimant is dropped, named by its node id
+    partition; without it (a deployment) every reply claiming a partition id another node also
+    claims is dropped, named by its node id
     (:func:`~fedlmc.strategies.screening.partition_problems`).
     Without a ``reference`` the survivors must agree among themselves on keys and shapes
     (:class:`InconsistentShapesError` otherwise); with

@@ -31,6 +31,10 @@ means); no
   the others and ``clients_dropped_reasons`` (= ``clients_failed``) each by node id, with the
   SecAgg+ stage it missed and why (``"node N: SecAgg+ stage 'masked vectors': Error: Node
   Unavailable ..."``: the server never learns a dropped node's partition);
+- no row at all when the round is implausible: the server checks what it can without seeing a
+  client (:mod:`fedlmc.strategies.secure_checks`: the weights, the aggregate's range, and here
+  the merged model on the server split, :func:`check_merged_model`) and refuses the round with
+  one line (:class:`~fedlmc.strategies.secure_checks.ImplausibleAggregateError`);
 - ``secagg_error_bound``: the largest difference of a merged value from the clear rule the
   quantisation allows (:attr:`fedlmc.strategies.secure.SecureResult.error_bound`: the plain
   :math:`3Nc/(QS)`, grown by a post-scale, or the ratio bound of ``heterofl``).
@@ -44,6 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedlmc.averaging import load_state
+from fedlmc.evaluation import evaluate
 from fedlmc.merging.method_registry import merge_method
 from fedlmc.merging.post_merge import ServerData, post_merge
 from fedlmc.simulations.config.field_keys import field_method_options
@@ -57,6 +62,11 @@ from fedlmc.strategies.secure import (
     dropped_text,
     secure_average,
     secure_settings,
+)
+from fedlmc.strategies.secure_checks import (
+    ImplausibleAggregateError,
+    merged_model_problem,
+    refusal,
 )
 from fedlmc.strategies.secure_statistics import (
     WEIGHT_RANGE_KEY,
@@ -188,8 +198,11 @@ def run_secure_average(run: ServerRun) -> None:
     weights = [n / sum(result.num_examples) for n in result.num_examples]
     finished = post_merge(template, result.merged_state, [], weights, method, server, device=device)
     merge_seconds = time.perf_counter() - start
-    outcome.merged[method] = finished.state
     model = load_state(template, finished.state).to(device).eval()
+    if server is not None:  # the one check of the merge on data (secure_checks)
+        models = (model, load_state(template, initial))
+        check_merged_model(models, server, config["init"] == "shared", device)
+    outcome.merged[method] = finished.state
     columns = secure_round_columns(result, config, width_columns(config))
     columns.update(merge_seconds=merge_seconds, secagg_error_bound=result.error_bound)
     n = len(result.num_examples)
@@ -216,6 +229,21 @@ def run_secure_average(run: ServerRun) -> None:
     )
     outcome.rows.extend({**row, **columns} for row in rows)
     outcome.secure[method] = result
+
+
+def check_merged_model(models: tuple, server: ServerData, shared_start: bool, device) -> None:
+    """:class:`~fedlmc.strategies.secure_checks.ImplausibleAggregateError` when the merged
+    model of ``models = (merged, initial)`` is implausible on the server split
+    (:func:`~fedlmc.strategies.secure_checks.merged_model_problem`: a non-finite loss, or, from
+    a ``shared_start``, no better than the initial model in accuracy and loss)."""
+    merged, initial = (
+        evaluate(m.to(device).eval(), (server.x, server.y), device=device) for m in models
+    )
+    labels = server.y.cpu().numpy()
+    found = (merged["accuracy"], merged["nll"])
+    problem = merged_model_problem(found, initial["nll"], labels, shared_start)
+    if problem is not None:
+        raise ImplausibleAggregateError(refusal(problem))
 
 
 def secure_round_text(result: SecureResult) -> str:

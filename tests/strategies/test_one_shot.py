@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedlmc.averaging import average, load_state
 from fedlmc.evaluation import predict_logits
@@ -408,3 +408,47 @@ def test_federated_temperature_history_counts_the_clients_that_answered_the_grid
     y = torch.cat([data_by_node[n][1] for n in (0, 1)])
     assert temperature == pytest.approx(fit_temperature(predict_logits(model, x), y), rel=1e-3)
     assert [f.node_id for f in clients.dropped] == [2]
+
+
+class _NodesGrid:
+    """The nodes of a deployment, as a Grid lists them; ``assigned``: the partitions a
+    simulation's engine assigns (``None``: a deployment, which assigns none)."""
+
+    def __init__(self, nodes, assigned=None) -> None:
+        self.nodes = list(nodes)
+        if assigned is not None:
+            self.assigned_partitions = lambda: dict(assigned)
+
+    def get_node_ids(self) -> list[int]:
+        return self.nodes
+
+
+def _warnings_of_configure_train(strategy, grid) -> list[str]:
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(level=logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("flwr")
+    logger.addHandler(handler)
+    try:
+        arrays = state_to_record(strategy.template.state_dict())
+        strategy.configure_train(1, arrays, ConfigRecord(), grid)
+    finally:
+        logger.removeHandler(handler)
+    return [r.getMessage() for r in records if r.levelno == logging.WARNING]
+
+
+def test_a_deployment_without_server_data_is_warned_that_clients_cannot_be_checked_on_data():
+    template = tiny(0)
+    nodes = [5, 6, 7]
+    strategy = OneShotAverage(template, StrategyOptions(num_clients=3, calibration="none"))
+    (line,) = _warnings_of_configure_train(strategy, _NodesGrid(nodes))
+    assert line.startswith("fedlmc warning: a deployment without server data: a poisoned")
+    assert "max-client-share" in line and "server_data=(x, y)" in line and "\n" not in line
+    with_data = OneShotAverage(
+        template, StrategyOptions(num_clients=3, calibration="none", server_data=data())
+    )
+    assert _warnings_of_configure_train(with_data, _NodesGrid(nodes)) == []
+    simulated = _NodesGrid(nodes, assigned={5: 0, 6: 1, 7: 2})  # a simulation: not warned
+    assert _warnings_of_configure_train(strategy, simulated) == []

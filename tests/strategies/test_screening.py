@@ -99,7 +99,6 @@ def bad_train_replies(template):
         (26, 7, honest(26, 7, template, 1.0, n=-3), "num-examples"),
         (27, None, honest(27, -1, template, 1.0), "partition-id"),
         (28, None, honest(28, 99, template, 1.0), "partition-id"),
-        (29, 1, honest(29, 1, template, 9.0), "node 12's earlier reply holds"),
         (30, 8, reply(30, float_buffers, {**ok, "partition-id": 8}), "missing or unexpected"),
         (31, 9, honest(31, 9, template, math.nan), "non-finite"),
     ]
@@ -118,7 +117,6 @@ def test_every_malformed_train_reply_is_dropped_by_node_and_reason_and_the_rest_
     ]
     found = strategy.merge_round(1, replies)
     arrays, metrics, report = found.arrays, found.metrics, found.report
-    # partition 1 claimed twice: the first reply (node 12) keeps it, the later one is dropped
     assert report.survivor_ids == [0, 1, 10]
     failures = {f.node_id: f for f in report.failures}
     for node, _pid, _reply, words in bad:
@@ -128,6 +126,34 @@ def test_every_malformed_train_reply_is_dropped_by_node_and_reason_and_the_rest_
     for key, tensor in arrays.to_torch_state_dict().items():
         if tensor.is_floating_point():
             assert torch.allclose(tensor, torch.full_like(tensor, 2.0)), key
+
+
+def test_two_replies_claiming_one_partition_are_both_dropped_and_named():
+    """Issue 52's spoof in a deployment without server data: node 20 answers first, claims
+    partition 0 and 1e30 examples (capped at max-client-share 0.5) and sends a model the
+    relative rules pass (a label flipper's; here all 5s, beside honest 1s to 4s); the honest
+    partition 0 (node 11) answers after it. The server cannot tell which is honest: both are
+    dropped and named, and partitions 1-3 are merged (keeping the first claimant merged the
+    spoof at half the weight: 4.0 everywhere)."""
+    template = tiny(0)
+    strategy = strategy_for(template, [20, 11, 12, 13, 14])
+    replies = [
+        reply(20, constant(template, 5.0), {"num-examples": 1e30, "partition-id": 0}),
+        honest(11, 0, template, 1.0),
+        honest(12, 1, template, 2.0),
+        honest(13, 2, template, 3.0),
+        honest(14, 3, template, 4.0),
+    ]
+    found = strategy.merge_round(1, replies)
+    assert found.report.survivor_ids == [1, 2, 3]
+    failures = {f.node_id: f.describe() for f in found.report.failures}
+    assert sorted(failures) == [11, 20]
+    assert failures[20].startswith("node 20 (partition 0): claims partition-id 0, which node 11")
+    assert failures[11].startswith("node 11 (partition 0): claims partition-id 0, which node 20")
+    assert all("every claimant is dropped" in text for text in failures.values())
+    for key, tensor in found.arrays.to_torch_state_dict().items():
+        if tensor.is_floating_point():
+            assert torch.allclose(tensor, torch.full_like(tensor, 3.0)), key
 
 
 def test_integer_buffers_must_keep_their_exact_dtype():
