@@ -204,6 +204,10 @@ def test_a_duplicated_row_is_named_as_duplicated_not_as_lacking_rows(tmp_path, c
     read_results(out)
     err = capsys.readouterr().err
     assert f"({cell}: {method!r})" in err and f"lack rows ({other})" in err
+    results.write_text("\n".join([*lines[:4], lines[3], *lines[5:]]), encoding="utf-8")
+    read_results(out)  # seed 1's first row twice, its second row lost: named in both lines
+    err = capsys.readouterr().err
+    assert f"({cell}: {method!r})" in err and f"lack rows ({cell})" in err
 
 
 def test_a_cell_is_done_only_with_exactly_its_methods(undamaged):
