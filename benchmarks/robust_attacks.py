@@ -46,7 +46,12 @@ from fedlmc.simulations.task import (
     load_splits,
     train_options,
 )
-from fedlmc.strategies import OneShotAverage, PermutationAlignedAverage, StrategyOptions
+from fedlmc.strategies import (
+    ClientsFailedError,
+    OneShotAverage,
+    PermutationAlignedAverage,
+    StrategyOptions,
+)
 from fedlmc.strategies.protocol import state_to_record
 from fedlmc.strategies.robust import OFF, RobustScreen
 from fedlmc.train import train_model
@@ -68,7 +73,8 @@ DEFENCES: dict[str, dict] = {
     "outlier screen": {"method": "average", "robust": RobustScreen(), "client_check": "off"},
     "median": {"method": "median", "robust": OFF, "client_check": "off"},
     "trimmed mean": {"method": "trimmed_mean", "robust": OFF, "client_check": "off"},
-    "Krum": {"method": "krum", "robust": OFF, "client_check": "off"},
+    # Krum's fewest clients at f = 0 (2f + 3): its strategy refuses a smaller min_clients
+    "Krum": {"method": "krum", "robust": OFF, "client_check": "off", "min_clients": 3},
     "server-split check": {"method": "average", "robust": OFF, "client_check": "server-split"},
     "fedlmc default": {
         "method": "average",
@@ -154,7 +160,7 @@ def defend(defence: dict, template, replies: list[Message], server) -> tuple[dic
     n = len(replies)
     options = StrategyOptions(
         num_clients=n,
-        min_clients=2,
+        min_clients=defence.get("min_clients", 2),
         calibration="none",
         server_data=server,
         robust=defence["robust"],
@@ -167,7 +173,7 @@ def defend(defence: dict, template, replies: list[Message], server) -> tuple[dic
     strategy.expect_replies(state_to_record(template.state_dict()), [100 + p for p in range(n)])
     try:
         found = strategy.merge_round(1, replies)
-    except ValueError as err:  # a rule refusing the survivors (Krum: fewer than 2f + 3)
+    except (ValueError, ClientsFailedError) as err:  # fewer survivors than the rule needs
         return None, str(err).split(";")[0]
     named = [f"p{f.partition_id}: {short(f.reason)}" for f in found.report.failures]
     if "krum_selected" in found.merge_info:

@@ -460,6 +460,10 @@ class PermutationAlignedAverage(OneShotAverage):
     (a batch of 2 or more inputs), on the first 2 inputs of ``server_data`` or on
     ``model.config["in_shape"]``; a model it cannot be derived for is refused here, naming what
     to pass. A given ``spec`` is checked on the example input when there is one.
+
+    The method's one refusal (:func:`~fedlmc.merging.method_registry.check_method`) is asked
+    here too, with ``options.min_clients`` as the fewest clients a round may merge and
+    ``method_options``: ``krum`` below its :math:`2f + 3` clients is refused at construction.
     """
 
     def __init__(
@@ -479,17 +483,19 @@ class PermutationAlignedAverage(OneShotAverage):
         if entry.name == "average":
             raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")
         self.spec = self.construction_spec(spec, example_input, method)
+        self.method_options = dict(method_options or {})
         request = MergeRequest(  # the method's one refusal, before any client trains
             num_clients=self.num_clients,
+            fewest_clients=self.min_clients,  # Krum's 2f + 3 at these options
             server_data=self.server_data is not None,
             federated_data=self.on_clients,
             clients=True,
+            options=self.method_options,
             **model_facts(template, self.spec, [entry.name]),
         )
         check_method(method, request)
         self.merge_method = entry.name
         self.seed = int(seed)
-        self.method_options = dict(method_options or {})
 
     def construction_spec(
         self,

@@ -56,16 +56,20 @@ NORMS = ("bn", "ln", "none")
 
 @dataclass(frozen=True)
 class ModelOption:
-    """One build option: default (its type is the option's type), meaning, lower bound, and
-    whether front ends expose it (``public``)."""
+    """One build option: default (its type is the option's type), meaning, bounds, and whether
+    front ends expose it (``public``). ``maximum``: the largest value a real run could use, with
+    ``why_maximum``, one phrase saying why (the run config's key states both, ``fedlmc keys``)."""
 
     default: bool | int | float | str
     doc: str
     minimum: float | None = None
     public: bool = False
+    maximum: float | None = None
+    why_maximum: str = ""
 
     def check(self, name: str, value: Any) -> Any:
-        """``value`` if it has the default's type (and is >= ``minimum``); ``ValueError`` else."""
+        """``value`` if it has the default's type (and is in ``minimum`` .. ``maximum``);
+        ``ValueError`` else."""
         kind = type(self.default)
         if kind is bool:
             ok = isinstance(value, bool)
@@ -79,6 +83,11 @@ class ModelOption:
             raise ValueError(f"option {name} = {value!r}: allowed: a {kind.__name__}")
         if self.minimum is not None and value < self.minimum:
             raise ValueError(f"option {name} = {value!r}: allowed: a number >= {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(
+                f"option {name} = {value!r}: allowed: a number <= {self.maximum:g} "
+                f"({self.why_maximum})"
+            )
         return kind(value)
 
 
@@ -314,14 +323,26 @@ def _check_public_options(entry: ModelEntry) -> None:
 
 # ----------------------------------------------------------------------------- built-in models
 
+DEPTH: dict[str, Any] = {
+    "minimum": 1,
+    "maximum": 1000,
+    "why_maximum": "deeper than any net a merge study trains",
+}
+"""``depth``'s bounds (the MLP's and the ViT's: one run-config key)."""
+
 register_model(
     "mlp",
     "fedlmc.models:MLP",
     default_norm="none",
     options={
-        "depth": ModelOption(3, "hidden layers of the MLP", minimum=1, public=True),
+        "depth": ModelOption(3, "hidden layers of the MLP", public=True, **DEPTH),
         "base_hidden": ModelOption(
-            128, "hidden units of the MLP at width 1", minimum=1, public=True
+            128,
+            "hidden units of the MLP at width 1",
+            minimum=1,
+            public=True,
+            maximum=65536,
+            why_maximum="two 65536-unit layers hold 16 GiB of float32 weights",
         ),
         "bias": ModelOption(True, "bias in every linear layer"),
     },
@@ -352,27 +373,42 @@ register_model(
     "fedlmc.models.vit:ViT",
     default_norm="ln",
     options={
-        "depth": ModelOption(3, "transformer blocks", minimum=1, public=True),
+        "depth": ModelOption(3, "transformer blocks", public=True, **DEPTH),
         "heads": ModelOption(
             4,
             "attention heads at width 1, scaled by width when grow-heads",
             minimum=1,
             public=True,
+            maximum=1024,
+            why_maximum="more heads than any transformer has",
         ),
         "head_dim": ModelOption(
             8,
             "dimensions per head at width 1, scaled by width unless grow-heads",
             minimum=1,
             public=True,
+            maximum=4096,
+            why_maximum="wider than any transformer's heads",
         ),
         "grow_heads": ModelOption(
             True,
             "width scales the head count (true: the ViT family's rule) or the head dimension",
             public=True,
         ),
-        "mlp_ratio": ModelOption(2, "MLP hidden units per embedding dimension", minimum=1),
+        "mlp_ratio": ModelOption(
+            2,
+            "MLP hidden units per embedding dimension",
+            minimum=1,
+            maximum=64,
+            why_maximum="ViTs use 4",
+        ),
         "patch": ModelOption(
-            7, "patch side in pixels, a divisor of the image's sides", minimum=1, public=True
+            7,
+            "patch side in pixels, a divisor of the image's sides",
+            minimum=1,
+            public=True,
+            maximum=1024,
+            why_maximum="larger than the images' sides",
         ),
         "bias": ModelOption(True, "bias in the patch embedding and every linear layer"),
     },

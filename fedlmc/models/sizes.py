@@ -72,11 +72,12 @@ def mlp_parameters(
     bias: bool,
 ) -> int:
     """:class:`fedlmc.models.MLP`: ``depth`` dense blocks of ``scaled(base_hidden, width)``
-    units after flattening ``in_shape``, then a linear head."""
+    units after flattening ``in_shape`` (the first on the input, ``depth - 1`` alike on the
+    units: counted by multiplication, no list of ``depth`` entries), then a linear head."""
     units = scaled(base_hidden, width)
-    fan_ins = [math.prod(in_shape)] + [units] * (depth - 1)
-    hidden = sum(dense_parameters(f, units, bias) + norm_parameters(norm, units) for f in fan_ins)
-    return hidden + dense_parameters(units, num_classes, bias)
+    first = dense_parameters(math.prod(in_shape), units, bias) + norm_parameters(norm, units)
+    block = dense_parameters(units, units, bias) + norm_parameters(norm, units)
+    return first + (depth - 1) * block + dense_parameters(units, num_classes, bias)
 
 
 def vgg11_parameters(

@@ -11,6 +11,7 @@ from typing import Any
 
 from fedlmc.merging.robust_rules import check_trim_fraction
 from fedlmc.simulations.config.derived import selected_methods
+from fedlmc.simulations.config.schema import Range
 
 KRUM_METHODS = ("krum", "multi_krum")
 CLIENT_CHECK_VALUES = ("auto", "server-split", "copies", "off")
@@ -21,13 +22,19 @@ ALIKE_PARTITIONS = ("iid", "full")
 premise, :mod:`fedlmc.strategies.robust`)."""
 
 
-def trim_fraction_check(value: Any) -> str | None:
-    """The ``trim-fraction`` key's check: a number in [0, 0.5)."""
+def _trim_rule(value: Any) -> str | None:
+    """The trimmed mean's own check (:func:`fedlmc.merging.robust_rules.check_trim_fraction`)."""
     try:
         check_trim_fraction(value)
-    except ValueError:
-        return "allowed: a number in [0, 0.5)"
+    except ValueError as err:
+        return str(err)
     return None
+
+
+trim_fraction_check = Range(
+    0.0, 0.5, "trimming half at each end leaves no client", high_open=True, also=_trim_rule
+)
+"""The ``trim-fraction`` key's check: a number in [0, 0.5) (and the rule's own check)."""
 
 
 def uses_krum(config: Mapping[str, Any]) -> bool:

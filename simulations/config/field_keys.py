@@ -12,8 +12,14 @@ from typing import Any
 
 from fedlmc.merging.field_methods import FIELD_OPTIONS, FISHER_LABELS, STATISTICS_RANGE
 from fedlmc.simulations.config.derived import selected_methods
-from fedlmc.simulations.config.schema import Key, Rule, at_least, fraction, named
+from fedlmc.simulations.config.schema import Key, Rule, fraction, integers, named, numbers
 from fedlmc.simulations.config.secure import is_secure
+from fedlmc.simulations.config.values import (
+    EXAMPLES_WHY,
+    MAX_EXAMPLES,
+    SECAGG_MAX_RANGE,
+    SECAGG_WHY,
+)
 
 __all__ = ["field_method_keys", "field_method_options"]
 
@@ -23,12 +29,10 @@ def _runs(*methods: str) -> Rule:
     return Rule(f"{text} runs", lambda c: bool(set(methods) & set(selected_methods(c))))
 
 
-def _at_most_one(value: Any) -> str | None:
-    return None if 0.0 < value <= 1.0 else "allowed: a number in (0, 1]"
-
-
-def _alpha(value: Any) -> str | None:
-    return None if 0.0 <= value <= 1.0 else "allowed: a number in [0, 1]"
+_at_most_one = numbers(0.0, 1.0, low_open=True)
+_alpha = numbers(0.0, 1.0)
+SAMPLES = integers(1, MAX_EXAMPLES, EXAMPLES_WHY)
+SCALING = numbers(0.0, 100.0, "lambda scales a sum of task vectors: published ones are <= 1")
 
 
 def field_method_keys() -> dict[str, Key]:
@@ -41,7 +45,7 @@ def field_method_keys() -> dict[str, Key]:
             d["fisher_samples"],
             "fisher: the most training examples each client computes its Fisher on (a seeded "
             "subset)",
-            at_least(1),
+            SAMPLES,
             applies=_runs("fisher"),
         ),
         "fisher-labels": named(
@@ -56,14 +60,14 @@ def field_method_keys() -> dict[str, Key]:
             float,
             d["fisher_epsilon"],
             "fisher: the floor added to each client's unit-norm Fisher",
-            at_least(0.0, strict=True),
+            numbers(0.0, 1.0, "a floor of 1 outweighs the unit-norm Fisher", low_open=True),
             applies=_runs("fisher"),
         ),
         "regmean-samples": Key(
             int,
             d["regmean_samples"],
             "regmean: the most training examples each client computes its Gram matrices on",
-            at_least(1),
+            SAMPLES,
             applies=_runs("regmean"),
         ),
         "regmean-alpha": Key(
@@ -77,7 +81,7 @@ def field_method_keys() -> dict[str, Key]:
             float,
             d["ta_scaling"],
             "task_arithmetic, dare: lambda, the scale of the summed task vectors",
-            at_least(0.0),
+            SCALING,
             applies=_runs("task_arithmetic", "dare"),
         ),
         "ties-density": Key(
@@ -91,7 +95,7 @@ def field_method_keys() -> dict[str, Key]:
             float,
             d["ties_scaling"],
             "ties: lambda, the scale of the merged task vector",
-            at_least(0.0),
+            SCALING,
             applies=_runs("ties"),
         ),
         "dare-drop": Key(
@@ -105,7 +109,7 @@ def field_method_keys() -> dict[str, Key]:
             float,
             d["ot_reg"],
             "ot_fusion: entropic regularisation relative to the largest cost (0: exact OT)",
-            at_least(0.0),
+            numbers(0.0, 1000.0, "beyond, the plan is uniform"),
             applies=_runs("ot_fusion"),
         ),
         "secagg-statistics-range": Key(
@@ -113,7 +117,7 @@ def field_method_keys() -> dict[str, Key]:
             STATISTICS_RANGE,
             "regmean under SecAgg+: the largest absolute Gram entry a client may send (a "
             "client beyond it refuses, naming the layer)",
-            at_least(0.0, strict=True),
+            numbers(0.0, SECAGG_MAX_RANGE, SECAGG_WHY, low_open=True),
             applies=Rule(
                 '`secure-aggregation = "secagg+"` and `regmean` runs',
                 lambda c: is_secure(c) and "regmean" in selected_methods(c),

@@ -25,22 +25,36 @@ from fedlmc.simulations.config.derived import (
 from fedlmc.simulations.config.dp import DP_MODES, DP_OFF, is_dp
 from fedlmc.simulations.config.field_keys import field_method_keys
 from fedlmc.simulations.config.schema import (
+    MAX_INT,
     Key,
     Rule,
-    at_least,
     choice,
     fraction,
+    integers,
     named,
+    numbers,
 )
 from fedlmc.simulations.config.secure import SECURE_MODES, SECURE_OFF, is_secure
 from fedlmc.simulations.config.values import (
+    AT_MOST_CLIENTS,
     BIAS_VALUES,
+    CLIENTS_WHY,
+    CPUS_WHY,
     DEFAULT_MAX_SHARE,
     DEFAULT_OUTLIER_FACTOR,
+    EPOCHS_WHY,
+    EXAMPLES_WHY,
     INITS,
-    MAX_LAMBDAS,
+    MAX_CLIENTS,
+    MAX_CPUS,
+    MAX_EPOCHS,
+    MAX_EXAMPLES,
+    MAX_WIDTH,
     ONE_SHOT_MODES,
+    SECAGG_MAX_RANGE,
+    SECAGG_WHY,
     STRATEGIES,
+    WIDTH_RANGE,
     Mode,
     _align,
     _dataset,
@@ -99,7 +113,7 @@ def declared_keys() -> dict[str, Key]:
             float,
             1.0,
             "width multiplier (of every client when client-widths is empty)",
-            at_least(0.0, strict=True),
+            WIDTH_RANGE,
             applies=Rule("`client-widths` is empty", lambda c: not c["client-widths"]),
         ),
         "client-widths": Key(
@@ -113,7 +127,7 @@ def declared_keys() -> dict[str, Key]:
             float,
             0.0,
             "width of the merged model: at least the widest client's (0: the widest client's)",
-            at_least(0.0),
+            numbers(0.0, MAX_WIDTH, WIDTH_RANGE.why),
             resolve=Rule(
                 "the widest client's width counts as `0`", lambda c: explicit_server_width(c)
             ),
@@ -131,7 +145,7 @@ def declared_keys() -> dict[str, Key]:
             booleans=True,
             resolve=Rule("`auto` counts as the model's default", lambda c: resolved_bias(c)),
         ),
-        "num-clients": Key(int, 2, "number of clients", at_least(2)),
+        "num-clients": Key(int, 2, "number of clients", integers(2, MAX_CLIENTS, CLIENTS_WHY)),
         "partition": named(
             str, "iid", "partition scheme (full: every client the whole pool)", PARTITION_SCHEMES
         ),
@@ -139,23 +153,30 @@ def declared_keys() -> dict[str, Key]:
             float,
             0.5,
             "Dirichlet concentration",
-            at_least(0.0, strict=True),
+            numbers(0.0, 10_000, "beyond 100 a Dirichlet split is already iid", low_open=True),
             applies=Rule('`partition = "dirichlet"`', lambda c: c["partition"] == "dirichlet"),
         ),
         "classes-per-client": Key(
             int,
             2,
             "classes per client (pathological, shard)",
-            at_least(1),
+            integers(1, MAX_CLIENTS, "a client's classes or shards: at most its examples"),
             applies=Rule(
                 '`partition` is `"pathological"` or `"shard"`',
                 lambda c: c["partition"] in ("pathological", "shard"),
             ),
         ),
-        "epochs": Key(int, 10, "local epochs per client", at_least(1)),
-        "lr": Key(float, 0.05, "peak learning rate", at_least(0.0, strict=True)),
-        "weight-decay": Key(float, 3e-3, "weight decay", at_least(0.0)),
-        "batch-size": Key(int, 128, "batch size", at_least(1)),
+        "epochs": Key(int, 10, "local epochs per client", integers(1, MAX_EPOCHS, EPOCHS_WHY)),
+        "lr": Key(
+            float,
+            0.05,
+            "peak learning rate",
+            numbers(0.0, 10.0, "a larger step diverges with every optimizer", low_open=True),
+        ),
+        "weight-decay": Key(
+            float, 3e-3, "weight decay", numbers(0.0, 1.0, "ten times AdamW's usual 0.1")
+        ),
+        "batch-size": Key(int, 128, "batch size", integers(1, MAX_EXAMPLES, EXAMPLES_WHY)),
         "optimizer": named(str, "sgd", "optimizer", ("sgd", "adam", "adamw")),
         "momentum": Key(float, 0.9, "SGD momentum", fraction),
         "schedule": named(
@@ -190,14 +211,14 @@ def declared_keys() -> dict[str, Key]:
             float,
             AUTO_TOLERANCE,
             "nats: the auto method keeps the plain average within this calibrated-NLL gap",
-            at_least(0.0),
+            numbers(0.0, 100.0, "an NLL gap is at most ln(classes), 4.6 for 100 classes"),
             applies=Rule("the `auto` method runs", lambda c: "auto" in selected_methods(c)),
         ),
         "cca-ridge": Key(
             float,
             CCA_RIDGE,
             "CCA Merge's ridge on the activation covariances, relative to their mean variance",
-            at_least(0.0),
+            numbers(0.0, 1000.0, "1000 x the mean variance already drowns the covariances"),
             applies=Rule(
                 "the `cca_merge` method runs", lambda c: "cca_merge" in selected_methods(c)
             ),
@@ -217,7 +238,7 @@ def declared_keys() -> dict[str, Key]:
             KRUM_BYZANTINE,
             "krum, multi_krum: the Byzantine clients f assumed (each score sums the clients - f "
             "- 2 nearest; needs min-clients >= 2f + 3; Flower's num_malicious_nodes)",
-            at_least(0),
+            integers(0, (MAX_CLIENTS - 3) // 2, f"2f + 3 clients, at most {MAX_CLIENTS}"),
             applies=Rule("`krum` or `multi_krum` runs", lambda c: uses_krum(c)),
         ),
         "krum-select": Key(
@@ -225,7 +246,7 @@ def declared_keys() -> dict[str, Key]:
             KRUM_SELECT,
             "multi_krum: the clients m of the lowest Krum scores averaged (1: Krum; Flower's "
             "num_nodes_to_select)",
-            at_least(1),
+            integers(1, MAX_CLIENTS, AT_MOST_CLIENTS),
             applies=Rule(
                 "the `multi_krum` method runs", lambda c: "multi_krum" in selected_methods(c)
             ),
@@ -264,7 +285,7 @@ def declared_keys() -> dict[str, Key]:
             0.0,
             "SecAgg+ clipping range c: every trained weight must lie in [-c, c] (0: the "
             "smallest power of two >= 4x the initial model's largest |weight|, at least 8)",
-            at_least(0.0),
+            numbers(0.0, SECAGG_MAX_RANGE, SECAGG_WHY),
             applies=Rule('`secure-aggregation = "secagg+"`', lambda c: is_secure(c)),
         ),
         "dp": named(
@@ -280,7 +301,7 @@ def declared_keys() -> dict[str, Key]:
             float,
             1.0,
             "DP noise multiplier z: the noise's std is z * dp-clipping-norm / num-clients",
-            at_least(0.0),
+            numbers(0.0, 1000.0, "published multipliers are at most about 10"),
             applies=Rule('`dp` is not `"off"`', lambda c: is_dp(c)),
         ),
         "dp-clipping-norm": Key(
@@ -288,7 +309,7 @@ def declared_keys() -> dict[str, Key]:
             10.0,
             "DP clipping norm C: each client's update from the server's arrays is scaled to "
             "L2 norm at most C",
-            at_least(0.0, strict=True),
+            numbers(0.0, 1e6, "an update of norm 10^6 is a diverged model", low_open=True),
             applies=Rule('`dp` is not `"off"`', lambda c: is_dp(c)),
         ),
         "init": named(
@@ -302,7 +323,7 @@ def declared_keys() -> dict[str, Key]:
             int,
             5,
             "rounds of the FedAvg baseline",
-            at_least(1),
+            integers(1, MAX_EPOCHS, "each round trains at least one of the epochs"),
             applies=Rule(
                 'the FedAvg baseline runs (`strategy = "fedavg"`, or `fedavg` in `methods`)',
                 lambda c: uses_fedavg(c),
@@ -314,14 +335,13 @@ def declared_keys() -> dict[str, Key]:
             "FedAvg rounds of one local epoch each from the shared initialisation before the "
             "one-shot round, which then trains epochs - warmup-rounds epochs (0: pure one-shot; "
             'needs init = "shared")',
-            at_least(0),
+            integers(0, MAX_EPOCHS - 1, "fewer than the epochs"),
             applies=_strategy_is(Mode.COMPARE, *ONE_SHOT_MODES),
         ),
         "lambdas": Key(
             int,
             25,
-            f"points on the interpolation grid (compare): odd, so that it holds lambda = 1/2; "
-            f"at most {MAX_LAMBDAS}",
+            "points on the interpolation grid (compare); every point costs a full evaluation",
             _lambdas,
             applies=_strategy_is(Mode.COMPARE),
         ),
@@ -331,25 +351,36 @@ def declared_keys() -> dict[str, Key]:
             "compute LEWC and orthogonality diagnostics (compare)",
             applies=_strategy_is(Mode.COMPARE),
         ),
-        "seed": Key(int, 0, "seed", at_least(0)),
+        "seed": Key(int, 0, "seed", integers(0, MAX_INT, "a 64-bit TOML integer")),
         "device": named(str, "auto", "training device", ("auto", "cpu", "cuda"), runtime=True),
         "num-cpus": Key(
             float,
             1.0,
             "CPUs per simulated client; its threads: max(1, floor(num-cpus))",
-            at_least(0.0, strict=True),
+            numbers(0.0, MAX_CPUS, CPUS_WHY, low_open=True),
             runtime=True,
         ),
-        "num-gpus": Key(float, 0.0, "GPUs per simulated client", at_least(0.0), runtime=True),
+        "num-gpus": Key(
+            float,
+            0.0,
+            "GPUs per simulated client",
+            numbers(0.0, 64.0, "more GPUs than one machine holds"),
+            runtime=True,
+        ),
         "server-cpus": Key(
             float,
             0.0,
             "threads of the server's merges and evaluations (0: the cores the client slots "
             "leave, at least 1)",
-            at_least(0.0),
+            numbers(0.0, MAX_CPUS, CPUS_WHY),
             runtime=True,
         ),
-        "min-clients": Key(int, 2, "fewest surviving clients a merge accepts", at_least(1)),
+        "min-clients": Key(
+            int,
+            2,
+            "fewest surviving clients a merge accepts",
+            integers(1, MAX_CLIENTS, AT_MOST_CLIENTS),
+        ),
         "max-client-share": Key(
             float,
             DEFAULT_MAX_SHARE,
@@ -364,7 +395,7 @@ def declared_keys() -> dict[str, Key]:
             "robust screen (3+ clients): a client whose weight norms, BatchNorm/REPAIR "
             "statistics or calibration NLL exceed this factor times the median over the "
             "clients is dropped",
-            at_least(1.0, strict=True),
+            numbers(1.0, 1e300, "1e300 turns the screen off", low_open=True),
             runtime=True,
         ),
         "client-check": named(
@@ -378,7 +409,11 @@ def declared_keys() -> dict[str, Key]:
             runtime=True,
         ),
         "timeout": Key(
-            float, 600.0, "seconds to wait for clients", at_least(0.0, strict=True), runtime=True
+            float,
+            600.0,
+            "seconds to wait for clients",
+            numbers(0.0, 604_800.0, "one week", low_open=True),
+            runtime=True,
         ),
         "inject-failure": Key(str, "none", "test-only failure injection", _failures),
         "out-dir": Key(

@@ -6,12 +6,12 @@ matplotlib.
 
 from __future__ import annotations
 
-from fedlmc.simulations.config.schema import Key, at_least, named
+from fedlmc.simulations.config.schema import Key, integers, named
 
 __all__ = ["REPORT_SCHEMA"]
 
 REPORT_SCHEMA: dict[str, Key] = {
     "title": Key(str, "", "report title (empty: the sweep name)"),
-    "dpi": Key(int, 120, "figure resolution", at_least(50)),
+    "dpi": Key(int, 120, "figure resolution", integers(50, 1200, "print resolution")),
     "error-bars": named(str, "std", "spread drawn over seeds", ("std", "sem", "none")),
 }

@@ -22,14 +22,18 @@ __all__ = [
     "Check",
     "ConfigError",
     "Key",
+    "Range",
     "Rule",
     "at_least",
+    "bounds_text",
     "check_value",
     "choice",
     "coerce",
     "did_you_mean",
     "fraction",
+    "integers",
     "named",
+    "numbers",
     "out_of_range",
     "shown",
 ]
@@ -54,9 +58,12 @@ def cut(text: str) -> str:
 
 def out_of_range(key: str, value: Any, spec: Key | None) -> str:
     """The message for an integer beyond 64 bits: the key, the value cut short, and what
-    ``spec``'s check allows (``allowed: a number > 0``) within the 64-bit range."""
-    text = getattr(spec.check, "allowed", None) if spec is not None else None
-    allowed = text or "allowed: an integer"
+    ``spec``'s check allows (``allowed: a number > 0``) within the 64-bit range (a
+    :class:`Range` states its own bounds)."""
+    check = spec.check if spec is not None else None
+    if isinstance(check, Range):
+        return f"{key} = {cut(str(value))}: out of range; {check.allowed}"
+    allowed = getattr(check, "allowed", None) or "allowed: an integer"
     return f"{key} = {cut(str(value))}: out of range; {allowed}, at most {MAX_INT} (64-bit)"
 
 
@@ -130,12 +137,74 @@ def at_least(low: float, *, strict: bool = False) -> Check:
     return check
 
 
-def fraction(value: Any) -> str | None:
-    """A check accepting numbers in [0, 1)."""
-    return None if 0.0 <= value < 1.0 else fraction.allowed
+def bound_text(bound: float) -> str:
+    """A bound as written in a range: ``100000``, ``0.5``, ``1e-06`` (no digit grouping: a comma
+    separates the bounds)."""
+    if isinstance(bound, int) or (float(bound).is_integer() and abs(bound) < 1e16):
+        return str(int(bound))
+    return f"{bound:g}"
 
 
-fraction.allowed = "allowed: a number in [0, 1)"  # type: ignore[attr-defined]
+@dataclass(frozen=True)
+class Range:
+    """The check of a numeric key: the range a real run could use, declared once (the key
+    table's ``fedlmc keys`` column, the error message and the tests read it).
+
+    Accepts ``low <= value <= high`` (``<`` at an ``open`` end); ``integer``: the key is an int
+    (written ``1 .. 100000``, else ``(0, 10]``); ``why``: one phrase saying why a real run stays
+    inside (empty where the bounds are the quantity's own, a share in [0, 1)); ``also``: a
+    further check (``lambdas`` must be odd)."""
+
+    low: float
+    high: float
+    why: str = ""
+    integer: bool = False
+    low_open: bool = False
+    high_open: bool = False
+    also: Check | None = None
+
+    def __call__(self, value: Any) -> str | None:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        if not (above and below):
+            return self.allowed
+        return self.also(value) if self.also is not None else None
+
+    @property
+    def bounds(self) -> str:
+        """``1 .. 100000`` (an integer key) or ``(0, 10]``."""
+        low, high = bound_text(self.low), bound_text(self.high)
+        if self.integer and not (self.low_open or self.high_open):
+            return f"{low} .. {high}"
+        return f"{'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+    @property
+    def allowed(self) -> str:
+        """``allowed: an integer 1 .. 100000 (why)`` / ``allowed: a number in (0, 10] (why)``."""
+        what = f"an integer {self.bounds}" if self.integer else f"a number in {self.bounds}"
+        return f"allowed: {what}{f' ({self.why})' if self.why else ''}"
+
+
+def integers(low: int, high: int, why: str = "", **fields: Any) -> Range:
+    """The :class:`Range` of an int key: ``low .. high``."""
+    return Range(low, high, why, True, **fields)
+
+
+def numbers(
+    low: float, high: float, why: str = "", *, low_open: bool = False, high_open: bool = False
+) -> Range:
+    """The :class:`Range` of a float key: ``[low, high]``, ``(`` / ``)`` at an open end."""
+    return Range(low, high, why, False, low_open, high_open)
+
+
+def bounds_text(spec: Key) -> str | None:
+    """``allowed: ...`` of a key whose check is a :class:`Range` (``fedlmc keys``), else
+    ``None``."""
+    return spec.check.allowed if isinstance(spec.check, Range) else None
+
+
+fraction: Range = numbers(0.0, 1.0, high_open=True)
+"""A check accepting numbers in [0, 1): a share."""
 
 
 def did_you_mean(name: str, choices: Sequence[str]) -> str:

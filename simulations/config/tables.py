@@ -17,7 +17,7 @@ from fedlmc.merging.method_registry import (
 )
 from fedlmc.models.registry import MODELS
 from fedlmc.simulations.config import FEDAVG, option_key, run_schema
-from fedlmc.simulations.config.schema import Key
+from fedlmc.simulations.config.schema import Key, bounds_text
 from fedlmc.study.rows import columns_markdown, server_sees_of
 from fedlmc.training_columns import training_columns_markdown
 
@@ -154,13 +154,16 @@ def _identity(spec: Key) -> str:
 
 def keys_table() -> str:
     """Every run-config key: type, default, meaning and the allowed names where they are few,
-    and whether it is part of a sweep cell's identity (runtime keys never are; a key that can
+    or the range of a numeric key (its :class:`~fedlmc.simulations.config.schema.Range`), and
+    whether it is part of a sweep cell's identity (runtime keys never are; a key that can
     affect a run only when another key says so counts only then)."""
     rows = []
     for key, spec in run_schema().items():
         meaning = spec.doc
         if spec.allowed is not None:
             meaning += ": " + ", ".join(f"`{name}`" for name in spec.allowed())
+        if (bounds := bounds_text(spec)) is not None:
+            meaning += f"; {bounds}"
         default = f"`{_literal(spec.default)}`"
         rows.append([f"`{key}`", spec.type.__name__, default, meaning, _identity(spec)])
     return _table(["key", "type", "default", "meaning", "in a cell's identity"], rows)

@@ -28,9 +28,13 @@ from fedlmc.models.registry import (
     public_options,
 )
 from fedlmc.simulations.config.schema import (
+    Check,
     Key,
+    Range,
     Rule,
     at_least,
+    integers,
+    numbers,
 )
 
 
@@ -86,15 +90,16 @@ def _dataset(value: Any) -> str | None:
     return f"allowed: {', '.join(DATASETS)}, or hf:NAME (a Hugging Face hub name or local path)"
 
 
-def server_split_share(value: Any) -> str | None:
-    """``server-fraction`` in (0, 1): every strategy and calibration needs a server split, since
-    the server fits each model's temperature for the calibrated columns on it."""
-    if 0.0 < value < 1.0:
-        return None
-    return (
-        "allowed: a number in (0, 1); the server fits each model's temperature for the "
-        "calibrated columns on its split, whatever the calibration"
-    )
+server_split_share = numbers(
+    0.0,
+    1.0,
+    "the server fits each model's temperature for the calibrated columns on its split, "
+    "whatever the calibration",
+    low_open=True,
+    high_open=True,
+)
+"""``server-fraction`` in (0, 1): every strategy and calibration needs a server split, since
+the server fits each model's temperature for the calibrated columns on it."""
 
 
 def _model(value: Any) -> str | None:
@@ -162,9 +167,37 @@ def _plain_path(value: Any) -> str | None:
     return f"holds a control character ({found.group()!r}); allowed: a path of printable characters"
 
 
+MAX_WIDTH = 1024
+"""The widest width multiplier: 1,024 times the base widths (a 131,072-unit MLP layer) is
+beyond any machine's memory for the built-in models; the memory check refuses less."""
+WIDTH_RANGE = numbers(
+    0.0, MAX_WIDTH, "1024 x the base widths is beyond any machine's memory", low_open=True
+)
+"""The range of every width multiplier: ``width``, each of ``client-widths``."""
+MAX_CLIENTS = 100_000
+"""The most clients: more than the largest built-in data set's 60,000 training examples."""
+CLIENTS_WHY = "more clients than the largest built-in data set's 60000 examples"
+AT_MOST_CLIENTS = f"at most num-clients, itself at most {MAX_CLIENTS}"
+MAX_EPOCHS = 100_000
+"""The most local epochs (and FedAvg rounds): far beyond any study's training budget, and
+below the holdout split's seed stream (:data:`fedlmc.simulations.task.HOLDOUT_STREAM`)."""
+EPOCHS_WHY = "far beyond any study's training budget"
+MAX_EXAMPLES = 10_000_000
+"""The most examples a batch or a client's statistics take: more than ImageNet's 1.28 million
+training images, so one batch holds any partition whole."""
+EXAMPLES_WHY = "more than ImageNet's 1.28 million images"
+MAX_CPUS = 1024
+"""The most cores of one machine a client slot or the server computes on."""
+CPUS_WHY = "the cores of the largest machine"
+SECAGG_MAX_RANGE = 65536.0
+"""The widest SecAgg+ clipping or statistics range: beyond it, SecAgg+'s quantisation step
+:math:`2c / 2^{22}` exceeds 1/32 and the sum loses the weights."""
+SECAGG_WHY = "beyond, SecAgg+'s quantisation step 2 x range / 2^22 exceeds 1/32"
+
+
 def parse_widths(text: str) -> tuple[float, ...]:
     """``"0.5, 1,2"`` -> ``(0.5, 1.0, 2.0)``; ``ValueError`` naming the first item that is not a
-    finite number > 0 (empty text: no widths)."""
+    number in :data:`WIDTH_RANGE` (empty text: no widths)."""
     if not text.strip():
         return ()
     widths = []
@@ -175,6 +208,8 @@ def parse_widths(text: str) -> tuple[float, ...]:
             value = math.nan
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"width {item.strip()!r} is not a number > 0")
+        if WIDTH_RANGE(value):
+            raise ValueError(f"width {item.strip()!r} is over {MAX_WIDTH}")
         widths.append(value)
     return tuple(widths)
 
@@ -183,7 +218,10 @@ def _widths_list(value: Any) -> str | None:
     try:
         parse_widths(value)
     except ValueError as err:
-        return f"{err}; allowed: empty, or comma-separated width multipliers > 0 ('0.5,1,2,4')"
+        return (
+            f"{err}; allowed: empty, or comma-separated width multipliers in "
+            f"{WIDTH_RANGE.bounds} ('0.5,1,2,4')"
+        )
     return None
 
 
@@ -202,17 +240,15 @@ def _failures(value: Any) -> str | None:
 MAX_LAMBDAS = 201  # every point costs a full evaluation (and a temperature fit)
 
 
-def _lambdas(value: Any) -> str | None:
-    if 3 <= value <= MAX_LAMBDAS and value % 2 == 1:
-        return None
-    return (
-        f"allowed: an odd number 3 .. {MAX_LAMBDAS} (the grid must hold lambda = 1/2 for the "
-        "*_barrier_half columns)"
-    )
+LAMBDAS_WHY = "odd, so that the grid holds lambda = 1/2 for the *_barrier_half columns"
 
 
-def _share(value: Any) -> str | None:
-    return None if 0.0 < value <= 1.0 else "allowed: a number in (0, 1]"
+def _odd(value: Any) -> str | None:
+    return None if value % 2 == 1 else _lambdas.allowed
+
+
+_lambdas = integers(3, MAX_LAMBDAS, LAMBDAS_WHY, also=_odd)
+_share = numbers(0.0, 1.0, low_open=True)
 
 
 def option_key(name: str) -> str:
@@ -232,7 +268,7 @@ def _model_option_keys() -> dict[str, Key]:
     it when its model has no such option."""
     keys = {}
     for name, (option, models) in public_options().items():
-        check = at_least(option.minimum) if option.minimum is not None else None
+        check = option_range(option)
         docs: dict[str, list[str]] = {}  # each model's own doc, models with one doc together
         for model in models:
             docs.setdefault(model_entry(model).options[name].doc, []).append(model)
@@ -240,6 +276,18 @@ def _model_option_keys() -> dict[str, Key]:
         kind = type(option.default)
         keys[option_key(name)] = Key(kind, option.default, doc, check, applies=_has_option(name))
     return keys
+
+
+def option_range(option: Any) -> Check | None:
+    """The check of a numeric model option's key: its registered ``minimum`` .. ``maximum``
+    (:class:`fedlmc.models.registry.ModelOption`; a :class:`Range`), ``>= minimum`` where it
+    declares no maximum (a user's model), none where it declares neither."""
+    kind = type(option.default)
+    if kind not in (int, float) or option.minimum is None:
+        return None
+    if option.maximum is None:
+        return at_least(option.minimum)
+    return Range(option.minimum, option.maximum, option.why_maximum, kind is int)
 
 
 def _strategy_is(*names: Mode) -> Rule:

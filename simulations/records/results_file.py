@@ -18,7 +18,7 @@ rows hold exactly the methods its config reports
 (:func:`fedlmc.simulations.config.row_methods`), each once. A cell that lost a row (set aside,
 cut off, deleted) or holds one twice is therefore run again, and its new rows replace the old
 ones. :func:`read_results` warns when the sweep's ``config.json`` says a cell in the file lacks
-rows.
+rows, or holds one twice (named as duplicated, with its method: :func:`duplicated_rows`).
 
 :func:`out_dir_kind` says what a folder holds: ``"sweep"`` (a ``config.json`` with cells, or a
 ``results.csv`` with a ``cell_id`` column), ``"run"`` (a ``results.csv`` of ``fedlmc run`` / the
@@ -240,15 +240,50 @@ def incomplete_cells(results: pd.DataFrame, expected: Mapping[str, Sequence[str]
     return [cid for cid in present if cid not in done]
 
 
+def duplicated_rows(results: pd.DataFrame, cells: Sequence[str]) -> dict[str, list[str]]:
+    """Per cell of ``cells`` whose ``ok`` rows hold a method more than once: those methods
+    (``cell_id -> [method, ...]``); cells without a duplicated row are left out."""
+    if results.empty or "method" not in results:
+        return {}
+    ok = results[(results["status"] == "ok") & results["cell_id"].isin(list(cells))]
+    twice = ok[ok.duplicated(["cell_id", "method"])]
+    found: dict[str, list[str]] = {}
+    for cid, method in zip(twice["cell_id"], twice["method"].astype(str), strict=True):
+        found.setdefault(cid, []).append(method)
+    return {cid: list(dict.fromkeys(methods)) for cid, methods in found.items()}
+
+
+def _listed(items: Sequence[str]) -> str:
+    """The first 5 of ``items``, comma-separated, `` ...`` after when there are more."""
+    return f"{', '.join(items[:5])}{' ...' if len(items) > 5 else ''}"
+
+
 def warn_incomplete(path: Path, results: pd.DataFrame, *, rerun: bool) -> None:
-    """A warning naming the cells of ``path``'s sweep whose rows are not all there."""
+    """A warning naming the cells of ``path``'s sweep whose rows are not all there: those
+    holding a row twice named with the duplicated method, those that lack one (or hold
+    another method's) as lacking rows."""
     expected = sweep_methods(path.parent)
-    missing = incomplete_cells(results, expected) if expected else []
+    incomplete = incomplete_cells(results, expected) if expected else []
+    twice = duplicated_rows(results, incomplete)
+    held = results[results["status"] == "ok"].groupby("cell_id")["method"] if twice else None
+    missing = [
+        cid
+        for cid in incomplete
+        if cid not in twice or set(expected[cid]) - set(held.get_group(cid).astype(str))
+    ]
+    if twice:
+        what = "they run again" if rerun else "rerun the sweep to replace their rows"
+        named = [f"{cid}: {', '.join(repr(m) for m in methods)}" for cid, methods in twice.items()]
+        print(
+            f"fedlmc: warning: {len(twice)} cell(s) in {str(path)!r} hold a duplicated row "
+            f"({_listed(named)}); {what}",
+            file=sys.stderr,
+        )
     if missing:
         what = "they run again" if rerun else "rerun the sweep to complete them"
         print(
             f"fedlmc: warning: {len(missing)} cell(s) in {str(path)!r} lack rows "
-            f"({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}); {what}",
+            f"({_listed(missing)}); {what}",
             file=sys.stderr,
         )
 
@@ -378,6 +413,7 @@ __all__ = [
     "incomplete_cells",
     "plain_text",
     "check_writable_folder",
+    "duplicated_rows",
     "out_dir_kind",
     "read_results",
     "refuse_mixing",

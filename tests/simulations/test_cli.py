@@ -414,3 +414,53 @@ def test_track_is_refused_while_another_command_holds_the_folder(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "in use by fedlmc sweep (pid 4242)" in err
     assert not (sweep_dir / "tensorboard").exists()
+
+
+# ----------------------------------------------------------------------------- issue 52
+# Numbers that escaped the checks (trained until killed, failed after Ray started, a MemoryError
+# traceback): each is one line naming the key, the value and its range, exit 2, before any work.
+HUGE = "4611686018427387904"  # 2**62
+
+
+def issue_52_inputs(root: Path) -> list[tuple[str, list, str]]:
+    """(case id, argv, what the line must say) of every out-of-range number of this list."""
+    (root / "good.toml").write_text(GOOD_SWEEP)
+    (root / "dpi.toml").write_text(GOOD_SWEEP + "[report]\ndpi = 100000\n")
+    integer = "allowed: an integer"
+    return [
+        ("epochs=2**62", ["run", f"epochs={HUGE}", *GUARD], f"epochs = {HUGE}: {integer} 1 .. "),
+        ("lr=1e300", ["run", "lr=1e300", *GUARD], "lr = 1e+300: allowed: a number in (0, 10]"),
+        ("server-cpus=1e300", ["run", "server-cpus=1e300", *GUARD], "server-cpus = 1e+300: "),
+        ("num-cpus=1e300", ["run", "num-cpus=1e300", *GUARD], "num-cpus = 1e+300: allowed: "),
+        ("depth=2**62", ["run", f"depth={HUGE}", *GUARD], f"depth = {HUGE}: {integer} 1 .. 1000"),
+        ("validate depth=2**62", ["validate", "good.toml", f"depth={HUGE}"], "1 .. 1000"),
+        ("sweep grid epochs", ["sweep", "good.toml", f"grid.epochs=[1, {HUGE}]", *GUARD], HUGE),
+        ("timeout=1e9", ["run", "timeout=1e9", *GUARD], "(0, 604800] (one week)"),
+        ("weight-decay=5", ["run", "weight-decay=5", *GUARD], "weight-decay = 5.0: allowed: "),
+        ("batch-size=2**62", ["run", f"batch-size={HUGE}", *GUARD], "batch-size = "),
+        ("a client width of 1e6", ["run", "client-widths=1,1e6", *GUARD], "'1e6' is over 1024"),
+        ("num-clients=10**6", ["run", "num-clients=1000000", *GUARD], "2 .. 100000"),
+        ("report dpi=100000", ["validate", "dpi.toml"], "report.dpi = 100000: "),
+    ]
+
+
+def test_issue_52_out_of_range_numbers_give_one_line_and_exit_2_before_any_work(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    cases = issue_52_inputs(tmp_path)
+    failures = []
+    for case, argv, needle in cases:
+        before = snapshot(tmp_path)
+        try:
+            code = main(argv)
+        except (Exception, SystemExit) as escaped:  # noqa: BLE001 - listed as a failure
+            code = f"{type(escaped).__name__} raised"
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        ok = code == 2 and len(lines) == 1 and lines[0].startswith("fedlmc: error: ")
+        if not (ok and needle in err and "Traceback" not in err and snapshot(tmp_path) == before):
+            failures.append(f"{case}: exit {code}, {err[-300:]!r}")
+    assert failures == []
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    assert len(cases) == 13  # the count the closing note of issue 52 reports

@@ -342,6 +342,26 @@ def test_bad_strategy_arguments_name_the_value():
         )
 
 
+def test_krum_in_a_plain_serverapp_refuses_a_min_clients_below_its_fewest_clients():
+    """Issue 52: ``min_clients = 2`` lets a round merge 2 survivors, fewer than Krum's
+    ``2f + 3``: the registry's refusal, asked at construction, names the count (the run
+    config's check asks the same refusal)."""
+    template = tiny(0)
+
+    def krum(min_clients, **method_options):
+        options = StrategyOptions(num_clients=7, min_clients=min_clients, calibration="none")
+        return PermutationAlignedAverage(
+            template, options, method="krum", method_options=method_options
+        )
+
+    with pytest.raises(ValueError, match="'krum' with as few as 2 clients: allowed: at least 3"):
+        krum(2)
+    assert krum(3).merge_method == "krum"
+    with pytest.raises(ValueError, match=r"at least 5 clients \(2 x krum_byzantine \+ 3"):
+        krum(4, krum_byzantine=1)
+    assert krum(5, krum_byzantine=1).method_options == {"krum_byzantine": 1}
+
+
 def test_query_payloads_round_trip_exactly():
     model = tiny(0, norm="bn")
     x, y = data(32)

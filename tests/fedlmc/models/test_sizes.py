@@ -87,3 +87,26 @@ def test_a_bad_parameters_declaration_is_refused():
     with pytest.raises(ValueError, match="parameters = 3; allowed: a callable"):
         register_model("bad_count", Tiny, parameters=3)
     assert "bad_count" not in MODELS
+
+
+def test_a_huge_depth_is_counted_without_a_list_of_its_layers():
+    """Issue 52: ``depth = 2**62`` made the MLP's count build a list of ``depth`` fan-ins (a
+    MemoryError); the count is a product: ``first + (depth - 1) x block + head``."""
+    depth = 2**62
+    count = parameter_count("mlp", 1.0, 10, (1, 28, 28), "none", depth=3)
+    assert count == 784 * 128 + 128 + 2 * (128 * 128 + 128) + 128 * 10 + 10
+    from fedlmc.models.sizes import mlp_parameters
+
+    huge = mlp_parameters(1.0, 10, (1, 28, 28), "bn", depth=depth, base_hidden=128, bias=True)
+    block = 128 * 128 + 128 + 2 * 128
+    assert huge == (784 * 128 + 128 + 2 * 128) + (depth - 1) * block + 128 * 10 + 10
+
+
+def test_an_option_beyond_its_registered_maximum_is_refused_naming_the_range():
+    """The registry's bounds (``ModelOption.maximum``) hold for every builder call, not only
+    for the run config's key: ``depth`` at most 1000, ``base_hidden`` at most 65536."""
+    with pytest.raises(ValueError, match=r"option depth = 1001: allowed: a number <= 1000 \("):
+        parameter_count("mlp", 1.0, 10, (1, 28, 28), depth=1001)
+    with pytest.raises(ValueError, match="option base_hidden = 65537: allowed: a number <= 65536"):
+        parameter_count("mlp", 1.0, 10, (1, 28, 28), base_hidden=65537)
+    assert parameter_count("vit", 1.0, 10, (1, 28, 28), depth=1000) > 0

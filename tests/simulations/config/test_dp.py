@@ -32,8 +32,11 @@ def test_a_shared_init_average_with_dp_is_accepted_with_its_settings():
         ({"secure-aggregation": "secagg+"}, r"with secure-aggregation = 'secagg\+'"),
         ({"warmup-rounds": 1}, "dp = 'server-fixed' with warmup-rounds = 1"),
         ({"calibration": "federated"}, "with calibration = 'federated'"),
-        ({"dp-clipping-norm": 0.0}, r"dp-clipping-norm = 0.0: allowed: a number > 0"),
-        ({"dp-noise-multiplier": -0.1}, r"dp-noise-multiplier = -0.1: allowed: a number >= 0"),
+        ({"dp-clipping-norm": 0.0}, r"dp-clipping-norm = 0.0: allowed: a number in \(0, 1000000\]"),
+        (
+            {"dp-noise-multiplier": -0.1},
+            r"dp-noise-multiplier = -0.1: allowed: a number in \[0, 1000\]",
+        ),
         ({"dp-clipping-norm": math.inf}, "dp-clipping-norm"),
         ({"dp": "client"}, "dp = 'client': allowed: off, server-fixed, client-fixed"),
     ],

@@ -37,12 +37,12 @@ def test_a_small_cell_fits_and_a_huge_one_is_refused_naming_its_width():
     small = config()
     check_memory(small)
     assert memory_check_note(small) is None
-    huge = config(width=2000.0)
+    huge = config(width=1000.0)
     assert memory_estimate(huge, model_parameters(huge)) > machine_memory()
     with pytest.raises(ConfigError) as error:
         check_memory(huge)
     message = str(error.value)
-    assert message.startswith("width = 2000: the mlp at width 2000 has about ")
+    assert message.startswith("width = 1000: the mlp at width 1000 has about ")
     assert "\n" not in message and message.endswith("allowed: a smaller width or fewer clients")
 
 

@@ -16,7 +16,10 @@ def test_the_defaults_pass_their_checks():
 
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
-    [("dpi", 10, "allowed: a number >= 50"), ("error-bars", "var", "allowed: std, sem, none")],
+    [
+        ("dpi", 10, "allowed: an integer 50 .. 1200 (print resolution)"),
+        ("error-bars", "var", "allowed: std, sem, none"),
+    ],
 )
 def test_a_bad_report_setting_is_refused_naming_it(key, value, allowed):
     with pytest.raises(ConfigError) as error:

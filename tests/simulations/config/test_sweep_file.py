@@ -82,11 +82,11 @@ BAD_INPUTS = [
     ("wrong type bool for int", None, ["epochs=true"], ["run.epochs", "True", "int"]),
     ("wrong type in grid list", edited("[0.25, 0.5]", '[0.25, "x"]'), [], ["grid.width", "'x'"]),
     ("wrong type str for bool", None, ["diagnostics=yes"], ["run.diagnostics", "'yes'", "bool"]),
-    ("width zero", None, ["width=0"], ["run.width", "0.0", "> 0"]),
-    ("width negative in grid", None, ["grid.width=[1, -2]"], ["grid.width", "-2.0", "> 0"]),
+    ("width zero", None, ["width=0"], ["run.width", "0.0", "(0, 1024]"]),
+    ("width negative in grid", None, ["grid.width=[1, -2]"], ["grid.width", "-2.0", "(0, 1024]"]),
     ("width infinite", None, ["width=inf"], ["run.width", "inf", "finite"]),
-    ("alpha zero", None, ["alpha=0"], ["run.alpha", "0.0", "> 0"]),
-    ("one client", None, ["num-clients=1"], ["run.num-clients", "1", ">= 2"]),
+    ("alpha zero", None, ["alpha=0"], ["run.alpha", "0.0", "(0, 10000]"]),
+    ("one client", None, ["num-clients=1"], ["run.num-clients", "1", "2 .. 100000"]),
     ("unknown model", None, ["model=vgg16"], ["run.model", "'vgg16'", "mlp"]),
     ("unknown dataset", None, ["dataset=svhn"], ["run.dataset", "'svhn'", "mnist5k"]),
     ("unknown norm", None, ["norm=gn"], ["run.norm", "'gn'", "ln"]),
@@ -159,7 +159,7 @@ BAD_INPUTS = [
         ["server-fraction=0", "strategy=aligned", "calibration=federated"],
         ["server-fraction", "0.0", "allowed", "(0, 1)"],
     ),
-    ("report dpi too low", None, ["report.dpi=10"], ["report.dpi", "10", ">= 50"]),
+    ("report dpi too low", None, ["report.dpi=10"], ["report.dpi", "10", "50 .. 1200"]),
     ("report error bars", None, ["report.error-bars=iqr"], ["report.error-bars", "'iqr'", "sem"]),
     ("missing name", GOOD.replace('name = "good"\n', ""), [], ["name", "missing"]),
     ("bad name", GOOD.replace('name = "good"', 'name = "a/b"'), [], ["name", "'a/b'"]),
@@ -320,12 +320,12 @@ def test_shipped_configs_validate():
 def test_checks_that_can_only_fail_at_run_time_fail_at_validation():
     from fedlmc.simulations.config import MAX_LAMBDAS, machine_memory
 
-    with pytest.raises(ConfigError, match=r"width = 10000: .* about [\d,]+ bytes"):
-        validate_run_config({"width": 10000.0})
-    validate_run_config({"width": 10000.0}, check_devices=False)  # not a machine check then
+    with pytest.raises(ConfigError, match=r"width = 1000: .* about [\d,]+ bytes"):
+        validate_run_config({"width": 1000.0})
+    validate_run_config({"width": 1000.0}, check_devices=False)  # not a machine check then
     assert machine_memory() > 2**30
     for lambdas in (2, 24, MAX_LAMBDAS + 2, 100000):
-        with pytest.raises(ConfigError, match=f"lambdas = {lambdas}: allowed: an odd number"):
+        with pytest.raises(ConfigError, match=f"lambdas = {lambdas}: allowed: an integer 3 "):
             validate_run_config({"lambdas": lambdas})
     validate_run_config({"lambdas": 3})
     with pytest.raises(ConfigError, match=r"fedavg-rounds = 6: allowed: 1 .. epochs \(5\)"):

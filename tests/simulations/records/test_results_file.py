@@ -154,7 +154,8 @@ def test_a_damaged_results_file_ends_with_the_rows_of_an_undamaged_one(
         assert f"{set_aside} bad row(s)" in err and REJECTED in err
     else:
         assert not (out / REJECTED).exists()
-        assert "lack rows" in err and "they run again" in err
+        said = "hold a duplicated row" if damage is a_row_twice else "lack rows"
+        assert said in err and "they run again" in err
     # a second rerun has nothing left to do
     again = resumed_running_nothing(out)
     pd.testing.assert_frame_equal(by_cell(again), expected)
@@ -181,6 +182,32 @@ def test_each_bad_line_is_named_and_a_report_sees_every_good_row(tmp_path, capsy
     assert "line 7: status holds a control character ('\\x00')" in err
     assert "2 cell(s)" in err and "lack rows" in err and "rerun the sweep" in err
     assert not (out / REJECTED).exists()  # reading for a report sets nothing aside
+
+
+def test_a_duplicated_row_is_named_as_duplicated_not_as_lacking_rows(tmp_path, capsys, undamaged):
+    """Issue 52: a cell holding one of its rows twice is reported as holding a duplicated row,
+    with the cell and the method named; a cell that also lost a row lacks rows too."""
+    source, _expected = undamaged
+    out = copy_of(source, tmp_path / "sweep")
+    results = out / "results.csv"
+    lines = lines_of(results)
+    header = fields_of(lines[0])
+    cell, method = (fields_of(lines[3])[header.index(k)] for k in ("cell_id", "method"))
+    results.write_text(a_row_twice(lines), encoding="utf-8")
+    read_results(out)
+    err = capsys.readouterr().err
+    assert f"1 cell(s) in {str(results)!r} hold a duplicated row ({cell}: {method!r})" in err
+    assert "rerun the sweep to replace their rows" in err and "lack rows" not in err
+    other = fields_of(lines[5])[header.index("cell_id")]
+    twice_and_lost = [*lines[:5], lines[3], lines[5], *lines[7:]]  # seed 2 lost its second row
+    results.write_text("\n".join(twice_and_lost), encoding="utf-8")
+    read_results(out)
+    err = capsys.readouterr().err
+    assert f"({cell}: {method!r})" in err and f"lack rows ({other})" in err
+    results.write_text("\n".join([*lines[:4], lines[3], *lines[5:]]), encoding="utf-8")
+    read_results(out)  # seed 1's first row twice, its second row lost: named in both lines
+    err = capsys.readouterr().err
+    assert f"({cell}: {method!r})" in err and f"lack rows ({cell})" in err
 
 
 def test_a_cell_is_done_only_with_exactly_its_methods(undamaged):
