@@ -158,18 +158,14 @@ def save(fig, path: Path, dpi: int) -> Path:
 
 def fit_texts(fig) -> None:
     """Lay ``fig`` out with every text inside its canvas: the suptitle wrapped (at spaces) to
-    the figure's width and given its height at the top, then each visible panel's title and x
-    label wrapped to the panel's width, its y label to the panel's height and its legend's
-    labels to three quarters of its width; and the panels laid out again around the wrapped
-    texts (``tight_layout``)."""
+    the figure's width (``tight_layout`` keeps its height above the panels), then each visible
+    panel's title and x label wrapped to the panel's width, its y label to the panel's height
+    and its legend's labels to three quarters of its width; and the panels laid out again
+    around the wrapped texts."""
     renderer = fig.canvas.get_renderer()
-    title = fig._suptitle
-    top = 1.0
-    if title is not None and title.get_text():
-        wrap_to(title, 0.96 * fig.bbox.width, renderer)
-        top = 1 - (title.get_window_extent(renderer).height + 0.1 * fig.dpi) / fig.bbox.height
-    rect = (0, 0, 1, top)
-    fig.tight_layout(rect=rect)
+    if fig._suptitle is not None:  # tight_layout keeps the suptitle's height above the panels
+        wrap_to(fig._suptitle, 0.96 * fig.bbox.width, renderer)
+    fig.tight_layout()
     panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
     for ax in panels:
         box = ax.get_window_extent(renderer)
@@ -178,7 +174,7 @@ def fit_texts(fig) -> None:
         wrap_to(ax.yaxis.label, box.height, renderer)
         for label in ax.get_legend().get_texts() if ax.get_legend() else []:
             wrap_to(label, 0.75 * box.width, renderer)  # the rest: its handle and padding
-    fig.tight_layout(rect=rect)
+    fig.tight_layout()
 
 
 def wrap_to(text, length: float, renderer) -> None:
