@@ -14,6 +14,7 @@ drawn once, labelled ``a = b (identical here)``.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -144,15 +145,56 @@ def mark_empty(ax, what: str, zero_means: str = "") -> None:
 
 
 def save(fig, path: Path, dpi: int) -> Path:
-    """Write ``fig`` to ``path`` (titled by :func:`figure_title`, when set) and close it."""
-    top = 1.0
+    """Write ``fig`` to ``path`` (titled by :func:`figure_title`, when set) and close it; every
+    text inside the canvas (:func:`fit_texts`)."""
     if _TITLE.get():
         fig.suptitle(_TITLE.get(), fontsize=11)
-        top = 1 - 0.17 * (_TITLE.get().count("\n") + 1) / fig.get_figheight()  # room for it
-    fig.tight_layout(rect=(0, 0, 1, top))
+    fig.set_dpi(dpi)  # measured at the resolution it is written with
+    fit_texts(fig)
     fig.savefig(path, dpi=dpi)
     _pyplot().close(fig)
     return path
+
+
+def fit_texts(fig) -> None:
+    """Lay ``fig`` out with every text inside its canvas: the suptitle wrapped (at spaces) to
+    the figure's width (``tight_layout`` keeps its height above the panels), then each visible
+    panel's title and x label wrapped to the panel's width, its y label to the panel's height
+    and its legend's labels to three quarters of its width; and the panels laid out again
+    around the wrapped texts."""
+    renderer = fig.canvas.get_renderer()
+    if fig._suptitle is not None:  # tight_layout keeps the suptitle's height above the panels
+        wrap_to(fig._suptitle, 0.96 * fig.bbox.width, renderer)
+    fig.tight_layout()
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+    for ax in panels:
+        box = ax.get_window_extent(renderer)
+        wrap_to(ax.title, box.width, renderer)
+        wrap_to(ax.xaxis.label, box.width, renderer)
+        wrap_to(ax.yaxis.label, box.height, renderer)
+        for label in ax.get_legend().get_texts() if ax.get_legend() else []:
+            wrap_to(label, 0.75 * box.width, renderer)  # the rest: its handle and padding
+    fig.tight_layout()
+
+
+def wrap_to(text, length: float, renderer) -> None:
+    """Wrap the Text artist ``text`` at spaces (its own line breaks kept) to the fewest
+    characters a line needs so that its extent along its reading direction (the height of a
+    vertical label) is at most ``length`` pixels; unchanged when it fits or holds TeX."""
+    content = text.get_text()
+    if not content or "$" in content:
+        return
+    vertical = round(text.get_rotation()) % 180 == 90
+
+    def extent() -> float:
+        box = text.get_window_extent(renderer)
+        return box.height if vertical else box.width
+
+    chars = max(len(line) for line in content.split("\n"))
+    while extent() > length and chars > 10:
+        chars = min(chars - 1, int(chars * length / extent()))
+        lines = [textwrap.fill(line, max(chars, 10)) for line in content.split("\n")]
+        text.set_text("\n".join(lines))
 
 
 def log_axis(ax, values: Sequence[float], base: int, units: dict | None = None) -> None:

@@ -26,12 +26,13 @@ from typing import Any
 import pandas as pd
 
 from fedlmc.merging.alignment_record import nothing_aligned_lines
-from fedlmc.simulations.records.row_groups import varying_keys
+from fedlmc.simulations.records.row_groups import varying_keys, with_split_methods
 from fedlmc.simulations.report.data import (
     aggregate,
     axis_rows,
     has_values,
     mean_spread_table,
+    mean_spread_text,
     ok_rows,
     one_value,
     reference_table,
@@ -94,11 +95,78 @@ def table_or_constant(heading: str, table: pd.DataFrame, index_name: str) -> lis
     return [f"## {heading}", "", markdown_table(table, index_name), ""]
 
 
-def accuracy_section(rows: pd.DataFrame, kind: str, labels: Mapping[Any, str]) -> list[str]:
-    """Merged test accuracy per method and width, rows identical by construction merged."""
+ENDPOINTS = "endpoints (clients' mean)"
+"""The main accuracy table's first row: the clients' mean accuracy (``endpoint_acc_mean``)."""
+INSIDE_SPREAD = "†"
+"""Marks a gap smaller than the seed spread (:func:`gap_inside_spread`)."""
+
+
+def gap_inside_spread(gaps: pd.Series, merged: pd.Series, ends: pd.Series) -> bool | None:
+    """Whether the mean gap is inside the seed spread: ``|mean(gaps)| < max(std(merged),
+    std(ends))``, the std over seeds with ddof = 1 of the merge's accuracy and of its cells'
+    endpoint mean; ``None`` (undefined) with fewer than two seeds of either."""
+    merged, ends = merged.dropna(), ends.dropna()
+    if len(merged) < 2 or len(ends) < 2 or gaps.dropna().empty:
+        return None
+    return abs(float(gaps.mean())) < max(float(merged.std(ddof=1)), float(ends.std(ddof=1)))
+
+
+def accuracy_gap_cell(part: pd.DataFrame, kind: str) -> str:
+    """One merge's cell: ``mean ± spread; gap +g`` with :data:`INSIDE_SPREAD` after a gap
+    inside the seed spread (the endpoints' own row: its accuracy only)."""
+    accuracy = pd.to_numeric(part["accuracy"], errors="coerce")
+    text = mean_spread_text(accuracy, kind)
+    if not text or part["method"].iloc[0].startswith(ENDPOINTS):
+        return text
+    ends = pd.to_numeric(part["endpoint_acc_mean"], errors="coerce")
+    gaps = (ends - accuracy).dropna()
+    if gaps.empty:
+        return text
+    mark = INSIDE_SPREAD if gap_inside_spread(gaps, accuracy, ends) else ""
+    return f"{text}; gap {gaps.mean():+.4f}{mark}"
+
+
+def accuracy_gap_table(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """Methods x widths: each merge's accuracy and its gap to the endpoints' mean
+    (:func:`accuracy_gap_cell`), under a first row of the endpoints' mean accuracy (one value a
+    cell); methods split by the other varying keys. Without ``endpoint_acc_mean``: the
+    accuracies alone (:func:`mean_spread_table`)."""
     methods = list(dict.fromkeys(rows["method"]))
-    table, joined = merged_rows(mean_spread_table(rows, "accuracy", methods, kind))
+    if not has_values(rows, "endpoint_acc_mean"):
+        return mean_spread_table(rows, "accuracy", methods, kind)
+    cells = rows.drop_duplicates("cell_id") if "cell_id" in rows else rows
+    ends = cells.assign(method=ENDPOINTS, accuracy=cells["endpoint_acc_mean"])
+    data, order = with_split_methods(
+        pd.concat([ends, rows], ignore_index=True), [ENDPOINTS, *methods], ["width"]
+    )
+    texts = {key: accuracy_gap_cell(part, kind) for key, part in data.groupby(["method", "width"])}
+    table = pd.Series(texts).unstack()
+    return table.reindex([m for m in order if m in table.index]).fillna("")
+
+
+def accuracy_gap_note(table: pd.DataFrame) -> list[str]:
+    """What the gap and its mark mean, under a table that shows them."""
+    if not table.index.str.startswith(ENDPOINTS).any():
+        return []
+    return [
+        f"`{ENDPOINTS}`: the clients' mean accuracy in the same cells. After each merge's "
+        "accuracy, "
+        "`gap` is the gap to the endpoints' mean (endpoints − merge; the `merge_gap_accuracy` "
+        "column): the endpoints' mean accuracy minus the merge's, averaged over seeds; positive: "
+        f"the merge is worse than its clients on average. {INSIDE_SPREAD}: the gap is inside the "
+        "seed spread, |gap| < the larger std over seeds (ddof = 1) of the merge's accuracy and "
+        "of the endpoints' mean: at this many seeds the two are not told apart. With one seed "
+        f"the spread is undefined and no gap is marked (the cell says n=1).",
+        "",
+    ]
+
+
+def accuracy_section(rows: pd.DataFrame, kind: str, labels: Mapping[Any, str]) -> list[str]:
+    """Merged test accuracy per method and width with the endpoints' mean and each merge's gap
+    to it (:func:`accuracy_gap_table`), rows identical by construction merged."""
+    table, joined = merged_rows(accuracy_gap_table(rows, kind))
     lines = table_or_constant("Merged test accuracy", with_width_labels(table, labels), "method")
+    lines += accuracy_gap_note(table)
     if joined:
         lines += [
             "Rows joined by `=` are equal on every cell: a method and its `_t` row are one "

@@ -85,3 +85,37 @@ def test_the_short_report_reads_top_to_bottom(tmp_path):
     assert "| every method | 0.2 kB / 1 | 4.0 kB / 1 |" in sent
     assert "**Note**: average_t has a temperature at the fit's lower bound 0.001 in 3 of 6" in text
     assert "lewc_temperature_ratio" not in text and "0.1250" not in text  # full report only
+
+
+def test_the_main_accuracy_table_has_the_endpoints_the_gap_and_marks_a_gap_inside_the_spread(
+    tmp_path,
+):
+    # endpoints 0.9 + 0.005 seed + 0.0025 width (std 0.005 over seeds 0, 1, 2), the average
+    # 0.5 + 0.1 width + 0.01 seed (std 0.01), weight matching 0.9 + 0.001 seed (std 0.001)
+    rows = hand_built_rows()
+    rows["endpoint_acc_mean"] = 0.9 + 0.005 * rows["seed"] + 0.0025 * rows["width"]
+    text = summary_markdown(rows, {"name": "tiny"}, [], tmp_path, SETTINGS)
+    accuracy = text.split("## Merged test accuracy")[1].split("##")[0]
+    assert "| endpoints (clients' mean) | 0.9056 ± 0.0050 | 0.9150 ± 0.0050 |" in accuracy
+    # gap = endpoints - merge, mean over seeds: the average's 0.0050 at 4x is inside
+    # max(0.01, 0.005), its 0.3706 at 0.25x is not; weight matching's 0.0046 at 0.25x is inside
+    # max(0.001, 0.005), its 0.0140 at 4x is not
+    assert (
+        "| average = average_t | 0.5350 ± 0.0100; gap +0.3706 | 0.9100 ± 0.0100; gap +0.0050† |"
+        in accuracy
+    )
+    assert (
+        "| weight_matching | 0.9010 ± 0.0010; gap +0.0046† | 0.9010 ± 0.0010; gap +0.0140 |"
+        in accuracy
+    )
+    assert "gap to the endpoints' mean (endpoints − merge" in accuracy
+    assert "†: the gap is inside the seed spread" in accuracy
+    # one seed: the spread is undefined, no gap is marked and the note says so
+    single = summary_markdown(rows[rows["seed"] == 0], {}, [], tmp_path, SETTINGS)
+    accuracy = single.split("## Merged test accuracy")[1].split("##")[0]
+    assert "| weight_matching | 0.9000 (n=1); gap +0.0006 | 0.9000 (n=1); gap +0.0100 |" in accuracy
+    assert "†" not in accuracy.split("\n\n")[1]  # the table
+    assert "With one seed the spread is undefined and no gap is marked" in accuracy
+    # without the endpoints' column: the accuracies alone
+    plain = summary_markdown(rows.drop(columns="endpoint_acc_mean"), {}, [], tmp_path, SETTINGS)
+    assert "gap" not in plain.split("## Merged test accuracy")[1].split("##")[0]
