@@ -12,7 +12,8 @@ also uses Ray's token authentication (``RAY_AUTH_MODE=token``,
 :func:`fedlmc.simulations.engine.compat.token_authentication`) with a random token made for
 this start, held only in the environment of this process's Ray and of the processes it starts
 (never in a file, a log or the results), so a process that knows a port but not the token is
-refused on every call. It waits longer than Ray's defaults for
+refused on every call. Its processes end with this process, even when it is killed
+(:mod:`fedlmc.simulations.engine.ray_reaper`). It waits longer than Ray's defaults for
 what a loaded machine makes slow (:data:`LOCAL_SYSTEM_CONFIG`); a start that fails all the same
 (Ray's own 30 s wait for its node to register is fixed in Ray 2.55) ends in one line saying
 what happened and what to do (:class:`RayStartError`). Joining a cluster changes none of this:
@@ -33,6 +34,7 @@ from fedlmc.simulations.engine.compat import (
     ray_bootstrap_address,
     token_authentication,
 )
+from fedlmc.simulations.engine.ray_reaper import reap_when_this_process_dies
 
 CONNECT_TIMEOUT = 5.0  # seconds to reach a --ray-address before refusing it
 LOCAL_SYSTEM_CONFIG = {
@@ -166,6 +168,7 @@ def start_local_ray(args: Mapping[str, Any], worker_threads: int) -> None:
     import ray
 
     token = secrets.token_hex(32)  # 256 bits, as Ray's own generate_new_authentication_token
+    reap_when_this_process_dies(token)  # its processes end with this one, even a killed one
     try:  # the workers inherit all three
         with thread_environment(worker_threads), loopback_node(), token_authentication(token):
             ray.init(**args)
