@@ -7,7 +7,8 @@ about a second), but the raylet's dashboard agent and runtime-env agent then try
 
 :func:`reap_when_this_process_dies` starts one small watcher per process (the first call); it
 holds the read end of a pipe whose write end only this process holds (Python's pipes are not
-inherited), so its read returns end-of-file the moment this process exits, however it exits.
+inherited across ``exec``, and a forked child closes its copy), so its read returns end-of-file
+the moment this process exits, however it exits.
 Then it sends SIGKILL to every process whose start-up environment holds one of the tokens it
 was given: the token of a local Ray (:mod:`fedlmc.simulations.engine.ray_runtime`: 256 random
 bits, in the environment of that Ray's every process and of nothing else), so it reaches that
@@ -66,4 +67,12 @@ def reap_when_this_process_dies(token: str) -> None:
         os.close(read_end)
         _pipe.append(write_end)
         _watcher.append(watcher)
+        os.register_at_fork(after_in_child=_close_in_child)
     os.write(_pipe[0], token.encode() + b"\n")
+
+
+def _close_in_child() -> None:
+    """A forked child (e.g. a data loader's worker) lets go of the pipe: the watcher then sees
+    end-of-file when this process ends, not when its last child does."""
+    while _pipe:
+        os.close(_pipe.pop())

@@ -1,5 +1,6 @@
 """The watcher of :mod:`fedlmc.simulations.engine.ray_reaper`: a ``kill -9`` of the process
-that armed it ends the processes started with its token, and only those."""
+that armed it ends the processes started with its token, and only those, even while a child it
+forked lives on."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ STARTER = textwrap.dedent(
     from fedlmc.simulations.engine.ray_reaper import reap_when_this_process_dies
 
     reap_when_this_process_dies("a" * 64)
+    forked = os.fork()  # a forked child (a data loader's worker) that outlives the starter
+    if forked == 0:
+        time.sleep(120)
+        os._exit(0)
+    print(forked, flush=True)
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
     for token in ("a" * 64, "b" * 64):  # its own Ray's, another run's
         env = {**os.environ, "RAY_AUTH_TOKEN": token}
@@ -41,7 +47,7 @@ def test_a_killed_starter_takes_the_processes_with_its_token_and_no_other():
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
-    mine, other = int(starter.stdout.readline()), int(starter.stdout.readline())
+    forked, mine, other = (int(starter.stdout.readline()) for _ in range(3))
     try:
         assert running(mine) and running(other)
         os.kill(starter.pid, signal.SIGKILL)
@@ -51,8 +57,9 @@ def test_a_killed_starter_takes_the_processes_with_its_token_and_no_other():
             time.sleep(0.05)
         assert not running(mine), "the process with the run's token outlived it"
         assert running(other), "a process with another token was killed"
+        assert running(forked)  # it held no copy of the pipe: the watcher did not wait for it
     finally:
-        for pid in (mine, other):
+        for pid in (forked, mine, other):
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
         starter.stdout.close()
