@@ -12,6 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 STARTER = textwrap.dedent(
@@ -43,6 +45,7 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_a_killed_starter_takes_the_processes_with_its_token_and_no_other():
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER], cwd=ROOT, stdout=subprocess.PIPE, text=True
