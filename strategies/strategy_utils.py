@@ -60,6 +60,11 @@ _TRACEBACK_NOISE = re.compile(
     r"cause of the following exception:|During handling of the above exception.*)\s*"
 )
 _FRAME = re.compile(r'\s*File ".*", line \d+.*')
+_RAY_WRAPPER = re.compile(r"<class 'ray\.exceptions\.\w+(?:\(\w+\))?'>:<'(.*)'>", re.S)
+_RAY_HEADER = re.compile(r"(?:\x1b\[[0-9;]*m)?ray::\S+\(\)(?:\x1b\[[0-9;]*m)? \(pid=\d+.*")
+_RAY_FIELDS = re.compile(r"\s*\b(?:pid|ip|actor_id|node_id|worker_id)=[^,)\s]+,?")
+_CAUSE = "The above exception was the direct cause of the following exception:"
+_FLOWER_WRAPPER = "Exception ClientAppException occurred. Message:"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 MAX_REASON_CHARS = 300
 """Longest drop reason kept (the rest is cut, marked by an ellipsis)."""
@@ -86,14 +91,28 @@ def plain_text(reason: str) -> str:
     traceback frames, an object or class repr (``<ray.actor.ActorHandle object at 0x7f...>``)
     reduced to its class name, runs of whitespace as one space, at most
     :data:`MAX_REASON_CHARS` characters. Every drop reason passes here (:class:`Failure`), so
-    logs, errors and results.csv hold the same plain text."""
-    text = _TERMINAL_ESCAPE.sub("", str(reason))
+    logs, errors and results.csv hold the same plain text. A ClientApp error relayed by Ray
+    (:func:`without_ray_internals`) keeps the client's own exception only."""
+    text = _TERMINAL_ESCAPE.sub("", without_ray_internals(str(reason)))
     text = " ".join(_without_traceback(text))
     text = _OBJECT_REPR.sub(lambda m: (m.group(1) or m.group(2)).rsplit(".", 1)[-1], text)
     text = " ".join(_CONTROL.sub(" ", text).split())
     if len(text) > MAX_REASON_CHARS:
         text = text[: MAX_REASON_CHARS - 3].rstrip() + "..."
     return text
+
+
+def without_ray_internals(reason: str) -> str:
+    """A ClientApp error as Flower's simulation relays it from Ray
+    (``<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'ray::ClientAppActor.run()
+    (pid=..., ip=..., actor_id=..., repr=...) ValueError: boom ... ClientAppException ...
+    Message: boom'>``) reduced to the client's exception (``ValueError: boom``): no Ray
+    wrapper, no worker header, no process id, address or actor id."""
+    text = _RAY_WRAPPER.sub(r"\1", reason)
+    cause, marker, rest = text.partition(_CAUSE)
+    if marker and _FLOWER_WRAPPER in rest:  # Flower re-raised the client's exception
+        text = cause
+    return _RAY_FIELDS.sub("", _RAY_HEADER.sub("", text))
 
 
 class ClientsFailedError(RuntimeError):

@@ -19,6 +19,13 @@
   macOS and Windows) it is ``127.0.0.1``, and a node started then binds its GCS, raylet,
   object manager, agents and every worker's gRPC server to the loopback interface only
   (Ray's servers listen on ``127.0.0.1`` exactly when the node's address is ``127.0.0.1``).
+- :func:`token_authentication`: Ray (>= 2.52) requires a token on every gRPC call of a node
+  started with ``RAY_AUTH_MODE=token``. Ray reads the mode into its C++ ``RayConfig`` when it is
+  first used (at ``import ray``) and caches the token (``RAY_AUTH_TOKEN``) in its
+  ``AuthenticationTokenLoader``: a process that sets them later must re-read both
+  (``ray._raylet.Config.initialize("")`` and ``AuthenticationTokenLoader.instance().reset_cache()``,
+  what Ray's own ``ray._private.authentication_test_utils`` does), or the node it starts refuses
+  its own driver.
 
 If one of them changes, this module is the one place to change;
 ``tests/simulations/engine/test_compat.py`` fails first (it checks each signature and calls each
@@ -32,9 +39,15 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["loopback_node", "ray_bootstrap_address", "register_before_thread_join"]
+__all__ = [
+    "loopback_node",
+    "ray_bootstrap_address",
+    "register_before_thread_join",
+    "token_authentication",
+]
 
 CLUSTER_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray reads it when it is imported
+AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # Ray's token sources
 
 
 def register_before_thread_join(func: Callable[[], None]) -> None:
@@ -71,3 +84,27 @@ def loopback_node() -> Iterator[None]:
             os.environ.pop(CLUSTER_VARIABLE, None)
         else:
             os.environ[CLUSTER_VARIABLE] = variable
+
+
+@contextmanager
+def token_authentication(token: str) -> Iterator[None]:
+    """While the block runs (``ray.init`` of a local node), Ray's authentication mode is
+    ``token`` and its token ``token``, in this process's Ray and in the environment the node's
+    processes and workers inherit (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``; no token file is
+    read or written). The variables are put back afterwards; the started node and this
+    process's connection to it keep the token."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    before = {name: os.environ.get(name) for name in AUTH_VARIABLES}
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    Config.initialize("")  # re-read RAY_AUTH_MODE (module docstring)
+    AuthenticationTokenLoader.instance().reset_cache()
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

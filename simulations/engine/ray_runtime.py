@@ -6,8 +6,14 @@ run (:func:`client_slots`).
 A local Ray (no ``--ray-address``) is this machine's alone: its node address is ``127.0.0.1``
 (:func:`fedlmc.simulations.engine.compat.loopback_node`), so its GCS, raylet, object manager,
 agents and workers, the driver's own gRPC server included, listen on the loopback interface
-only (Ray's servers have no authentication: on every interface, anyone who reaches the machine
-could run code in them), and its dashboard is off. It waits longer than Ray's defaults for
+only (on every interface, anyone who reaches the machine could run code in them), and its
+dashboard is off. Loopback keeps other machines out, not other users of this one: a local Ray
+also uses Ray's token authentication (``RAY_AUTH_MODE=token``,
+:func:`fedlmc.simulations.engine.compat.token_authentication`) with a random token made for
+this start, held only in the environment of this process's Ray and of the processes it starts
+(never in a file, a log or the results), so a process that knows a port but not the token is
+refused on every call. Its processes end with this process, even when it is killed
+(:mod:`fedlmc.simulations.engine.ray_reaper`). It waits longer than Ray's defaults for
 what a loaded machine makes slow (:data:`LOCAL_SYSTEM_CONFIG`); a start that fails all the same
 (Ray's own 30 s wait for its node to register is fixed in Ray 2.55) ends in one line saying
 what happened and what to do (:class:`RayStartError`). Joining a cluster changes none of this:
@@ -16,13 +22,19 @@ the cluster's own ``ray start`` decides where it listens."""
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from fedlmc.simulations.config.threads import thread_environment, thread_variables
-from fedlmc.simulations.engine.compat import loopback_node, ray_bootstrap_address
+from fedlmc.simulations.engine.compat import (
+    loopback_node,
+    ray_bootstrap_address,
+    token_authentication,
+)
+from fedlmc.simulations.engine.ray_reaper import reap_when_this_process_dies
 
 CONNECT_TIMEOUT = 5.0  # seconds to reach a --ray-address before refusing it
 LOCAL_SYSTEM_CONFIG = {
@@ -150,12 +162,15 @@ def init_ray(
 
 
 def start_local_ray(args: Mapping[str, Any], worker_threads: int) -> None:
-    """``ray.init(**args)`` of a local Ray on the loopback interface (module docstring);
-    :class:`RayStartError` when it fails to start."""
+    """``ray.init(**args)`` of a local Ray on the loopback interface that admits only callers
+    holding a token made for it (module docstring); :class:`RayStartError` when it fails to
+    start."""
     import ray
 
-    try:
-        with thread_environment(worker_threads), loopback_node():  # the workers inherit both
+    token = secrets.token_hex(32)  # 256 bits, as Ray's own generate_new_authentication_token
+    reap_when_this_process_dies(token)  # its processes end with this one, even a killed one
+    try:  # the workers inherit all three
+        with thread_environment(worker_threads), loopback_node(), token_authentication(token):
             ray.init(**args)
     except Exception as err:  # noqa: BLE001 - Ray raises bare exceptions: one line for each
         if ray.is_initialized():

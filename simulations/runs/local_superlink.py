@@ -18,6 +18,11 @@ recognised by its ``--log-file``), by process id: SIGTERM, then SIGKILL after
 :data:`STOP_SECONDS`. The ``flower-superexec`` a SuperLink starts is stopped by it, or exits by
 itself since it watches its parent. ``tests/simulations/runs/test_local_superlink.py`` checks
 that the command and paths are Flower's, from Flower's source.
+
+It listens on ``127.0.0.1`` only, but authenticates no caller: Flower 1.42's open-source
+SuperLink has no authentication for its Control API (its only plugin besides the no-op one,
+OIDC, is in Flower's enterprise package), so any local user can list, stop and start runs on it
+while it runs (docs/reliability.md, "Other users of the same machine").
 """
 
 from __future__ import annotations

@@ -69,16 +69,79 @@ def tcp_address(hex_address: str) -> str:
     return socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)
 
 
-def listening_addresses(root: int) -> set[str]:
-    """The addresses the TCP sockets of ``root`` and its children listen on."""
-    inodes = socket_inodes(process_tree(root))
+def listening_sockets(pids: set[int]) -> set[tuple[str, int]]:
+    """``(address, port)`` of each TCP socket of ``pids`` in state LISTEN."""
+    inodes = socket_inodes(pids)
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN
-                found.add(tcp_address(fields[1]))
+                found.add((tcp_address(fields[1]), int(fields[1].partition(":")[2], 16)))
     return found
+
+
+def listening_addresses(root: int) -> set[str]:
+    """The addresses the TCP sockets of ``root`` and its children listen on."""
+    return {address for address, _ in listening_sockets(process_tree(root))}
+
+
+def gcs_of(root: int) -> tuple[int, dict[str, str]] | None:
+    """``(port, environment)`` of the GCS server below ``root``, once it listens."""
+    for pid in process_tree(root):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if not argv[0].endswith(b"gcs_server"):
+                continue
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ports = sorted(port for _, port in listening_sockets({pid}))
+        flags = dict(a.decode().partition("=")[::2] for a in argv[1:] if a.startswith(b"--"))
+        env = dict(e.decode().partition("=")[::2] for e in environ if b"=" in e)
+        return (ports[0], {**env, "logs": flags["--log_dir"]}) if ports else None
+    return None
+
+
+INTRUDER = """
+import os, sys, ray
+
+@ray.remote
+def whoami():
+    return os.getuid()
+
+ray.init(address=sys.argv[1], logging_level="ERROR")
+print("task ran as uid", ray.get(whoami.remote()), flush=True)
+"""
+
+
+def as_another_user() -> list[str]:
+    """``runuser -u nobody --`` where this process may switch users and ``nobody`` can run this
+    interpreter; else nothing (the intruder is then this user without the token)."""
+    if os.geteuid() != 0:
+        return []
+    probe = ["runuser", "-u", "nobody", "--", sys.executable, "-c", "import ray"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return probe[:4] if done.returncode == 0 else []
+
+
+def intrude(port: int, home: Path) -> subprocess.Popen:
+    """A second local process that knows the GCS port only (no token in its environment or
+    its home, ``~/.ray/auth_token``) joins that Ray and submits a task."""
+    home.mkdir(mode=0o777, exist_ok=True)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "OMP_NUM_THREADS": "1"}
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep 127.0.0.1 (else the machine's IP)
+    return subprocess.Popen(
+        [*as_another_user(), sys.executable, "-c", INTRUDER, f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=home,
+        env=env,
+    )
 
 
 def is_loopback(address: str) -> bool:
@@ -94,7 +157,10 @@ def test_run_prints_one_row_per_method_and_listens_on_loopback_only(tmp_path):
     every TCP socket that it and its children (Ray's GCS, raylet, agents, the client actors)
     listen on is on the loopback interface: a local Ray is not reachable from the network. A
     ``RAY_ADDRESS`` in the shell (here one where nothing listens) is not joined: a run without
-    ``--ray-address`` starts a Ray of its own (``ray.init(address="local")``)."""
+    ``--ray-address`` starts a Ray of its own (``ray.init(address="local")``). Nor can another
+    local process use it: one that knows the GCS port but not the run's token (``nobody``
+    where the machine lets it run this interpreter) is refused and runs no task, and the token
+    is in no output, results or Ray log."""
     csv = tmp_path / "rows.csv"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env["RAY_ADDRESS"] = "127.0.0.1:9"  # the discard port: no Ray answers there
@@ -118,19 +184,33 @@ def test_run_prints_one_row_per_method_and_listens_on_loopback_only(tmp_path):
         start_new_session=True,
     )
     listening: set[str] = set()
+    gcs, intruder = None, None
     deadline = time.monotonic() + 300
     try:
         while proc.poll() is None:
             assert time.monotonic() < deadline, "fedlmc run did not exit within 300 s"
             listening |= listening_addresses(proc.pid)
+            gcs = gcs or gcs_of(proc.pid)
+            if gcs and intruder is None:
+                intruder = intrude(gcs[0], tmp_path / "intruder")
             time.sleep(0.5)
         out, err = proc.communicate(timeout=60)
+        assert intruder is not None, "the GCS server was never seen"
+        intruder_out, intruder_err = intruder.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        for child in (proc, intruder):
+            if child is not None and child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL) if child is proc else child.kill()
+                child.communicate()
     assert proc.returncode == 0, err
     assert listening and all(is_loopback(a) for a in listening), sorted(listening)
+    assert "task ran" not in intruder_out and intruder.returncode != 0, intruder_out
+    assert "Authentication token is missing or incorrect" in intruder_err, intruder_err[-2000:]
+    token = gcs[1].get("RAY_AUTH_TOKEN", "")
+    assert gcs[1].get("RAY_AUTH_MODE") == "token" and len(token) == 64, sorted(gcs[1])
+    ray_logs = Path(gcs[1]["logs"])
+    assert token not in out + err + csv.read_text()
+    assert not [p for p in ray_logs.rglob("*") if p.is_file() and token in p.read_text("latin-1")]
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["method", "accuracy"])
     methods = [line.split()[0] for line in lines[header + 1 : header + 4]]

@@ -7,6 +7,7 @@ simulation: ``tests/simulations/test_server_app_poisoned_clients.py``."""
 from __future__ import annotations
 
 import math
+import traceback
 
 import pytest
 import torch
@@ -251,6 +252,42 @@ def test_every_drop_reason_is_plain_text():
     assert "\x1b" not in text and "\x00" not in text and "0x" not in text and "File" not in text
     assert "ClientAppActor" in text and "boom in ActorHandle" in text and "\n" not in text
     assert len(plain_text("x" * 1000)) == 300
+
+
+def test_a_client_error_relayed_by_ray_names_the_error_not_ray_internals():
+    """The reason Flower's simulation sends for a ClientApp that raised, built as Flower builds
+    it (``vce_api``: ``str(type(ex)) + ":<'" + str(ex) + "'>"``) from Ray's own error of an
+    actor task: the failure names the partition and the client's exception, and none of Ray's
+    wrapper, worker header, process id, address or actor id."""
+    from flwr.clientapp.client_app import ClientAppException
+    from ray.exceptions import RayTaskError
+
+    try:
+        try:
+            raise ValueError("bad batch on partition-id=3")
+        except ValueError as cause:
+            raise ClientAppException(str(cause)) from cause
+    except ClientAppException as wrapped:
+        relayed = RayTaskError(
+            "ClientAppActor.run",
+            traceback.format_exc(),
+            wrapped,
+            proctitle="ray::ClientAppActor.run",
+            pid=23140,
+            ip="127.0.0.1",
+            actor_repr="<flwr.simulation.ray_actor.ClientAppActor object at 0x7fb89c8e6350>",
+            actor_id="e9da09d21208f634f2767a7e01000000",
+        ).as_instanceof_cause()
+    reason = str(type(relayed)) + ":<'" + str(relayed) + "'>"
+    assert "pid=23140" in reason and "actor_id=e9da" in reason  # what Ray sends
+    error = Message(RecordDict(), dst_node_id=31, message_type="train")
+    from flwr.app import Error
+
+    failed = Message(Error(code=1, reason=reason), reply_to=error)
+    (failure,) = screen_replies([failed], None, [31]).failures
+    assert failure.describe() == (
+        "node 31 (partition 3): client error: ValueError: bad batch on partition-id=3"
+    )
 
 
 # ----------------------------------------------------------------------------- metrics

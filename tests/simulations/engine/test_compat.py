@@ -94,3 +94,34 @@ def test_ray_takes_a_loopback_node_address_while_clusters_are_off(monkeypatch):
         assert services.get_node_ip_address() == "127.0.0.1"
         assert os.environ[CLUSTER_VARIABLE] == "0"
     assert ray_constants.ENABLE_RAY_CLUSTER == before and CLUSTER_VARIABLE not in os.environ
+
+
+@pytest.mark.slow
+def test_token_authentication_turns_on_ray_token_mode_after_ray_is_imported():
+    """Ray read ``RAY_AUTH_MODE`` when it was imported; inside the block its mode is ``token``
+    with the given token (what a node started there requires), and the environment is put
+    back afterwards. In a fresh interpreter: the mode stays on in the process that set it."""
+    code = textwrap.dedent(
+        """
+        import os
+        import ray
+        from ray._raylet import (
+            AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode,
+        )
+        from fedlmc.simulations.engine.compat import token_authentication
+
+        loader = AuthenticationTokenLoader.instance()
+        print(get_authentication_mode() == AuthenticationMode.TOKEN)
+        with token_authentication("ab" * 32):
+            print(get_authentication_mode() == AuthenticationMode.TOKEN)
+            print(loader.get_raw_token() == "ab" * 32, os.environ["RAY_AUTH_MODE"])
+        print(sorted(k for k in os.environ if k.startswith("RAY_AUTH")))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["HOME"] = "/nonexistent"  # no ~/.ray/auth_token
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:4] == ["False", "True", "True token", "[]"], out.stdout
