@@ -120,6 +120,7 @@ def test_the_allow_list_still_applies_to_the_current_folder(user_folder, monkeyp
     assert "first_client" not in METHODS
 
 
+@pytest.mark.slow
 def test_fedlmc_validate_started_in_the_users_folder_resolves_its_module(tmp_path):
     """The CLI as the console script starts it (``-P``: no current folder on ``sys.path``,
     ``PYTHONPATH`` without the user's folder)."""
