@@ -33,6 +33,7 @@ from fedlmc.simulations.config.tables import (  # noqa: E402
     training_columns_table,
 )
 from fedlmc.simulations.report.figure_table import figures_markdown  # noqa: E402
+from fedlmc.strategies.query_handlers import query_handlers_table  # noqa: E402
 
 BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "methods": ("methods.md", methods_table),
@@ -43,6 +44,7 @@ BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "training-columns": ("reference/columns.md", training_columns_table),
     "figures": ("sweeps.md", figures_markdown),
     "secure-methods": ("private.md", secure_methods_table),
+    "query-handlers": ("federation.md", query_handlers_table),
 }
 """Block name -> (page under docs/, the function that makes its table)."""
 

@@ -7,13 +7,17 @@ registry instead of being written out again. Imports nothing heavy.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["Registry", "signature_problem"]
+__all__ = ["Registry", "import_user_module", "signature_problem"]
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 MAX_SHOWN = 120  # characters of a signature shown in a message
 
@@ -41,6 +45,26 @@ def signature_problem(function: Callable[..., Any], leading: Sequence[str]) -> s
         if param not in first and required and param.kind != inspect.Parameter.VAR_KEYWORD:
             return f"{takes}: {param.name} has no default"
     return None
+
+
+def import_user_module(location: str) -> ModuleType:
+    """The module ``location`` (``"package.module"``) of a user's entry named by import path,
+    searched as ``python -m`` searches: the current folder first, then ``sys.path``. The current
+    folder is put on ``sys.path`` as an absolute path (once), so that it also reaches the
+    simulation's workers, which start elsewhere: Ray's get the driver's ``sys.path`` through
+    ``PYTHONPATH`` (:func:`fedlmc.simulations.engine.ray_runtime.init_ray`). ``ImportError``
+    naming the folders searched and ``PYTHONPATH`` when it still cannot be imported."""
+    here = os.path.abspath(os.getcwd())
+    if here not in (os.path.abspath(p or os.curdir) for p in sys.path):
+        sys.path.insert(0, here)
+        importlib.invalidate_caches()
+    try:
+        return importlib.import_module(location)
+    except ImportError as error:
+        raise ImportError(
+            f"{error} (searched the current folder {here} and sys.path; a module in another "
+            "folder needs that folder on PYTHONPATH, e.g. PYTHONPATH=/path/to/folder)"
+        ) from None
 
 
 class Registry(Generic[T]):

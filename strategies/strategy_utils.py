@@ -39,6 +39,7 @@ from fedlmc.strategies.protocol import (
     single_record,
     tensor_bytes,
 )
+from fedlmc.strategies.query_handlers import missing_handler_line
 from fedlmc.strategies.screening import (
     ClientReferences,
     Reference,
@@ -125,6 +126,11 @@ class NodesUnavailableError(ClientsFailedError):
 
 class NotEnoughClientsError(ClientsFailedError):
     """Fewer clients than ``min_clients`` survived a round."""
+
+
+class MissingQueryHandlerError(ClientsFailedError):
+    """No client answered a query: their ClientApp registers no handler for it
+    (:func:`fedlmc.strategies.query_handlers.missing_handler_line`)."""
 
 
 class InconsistentShapesError(ClientsFailedError, ValueError):
@@ -529,7 +535,8 @@ def query_nodes(
 ) -> tuple[dict[int, RecordDict], list[Failure]]:
     """Send a ``query.<action>`` message to each node; replies by node id and the failures, one
     per node that sent no answer (a node the SuperLink reported lost is named by the message
-    it was sent, :class:`Senders`)."""
+    it was sent, :class:`Senders`). :class:`MissingQueryHandlerError` in one line when no node
+    answered and their ClientApp registers no handler for the query (nothing is merged)."""
     messages = [
         Message(content(), dst_node_id=int(n), message_type=f"query.{action}") for n in node_ids
     ]
@@ -537,10 +544,12 @@ def query_nodes(
     senders = Senders.of_messages(messages)
     answers: dict[int, RecordDict] = {}
     failures: list[Failure] = []
+    missing = None
     for reply in replies:
         node = senders.node_of(reply)
         if reply.has_error():
             reason = reply.error.reason or f"error code {reply.error.code}"
+            missing = missing or missing_handler_line(action, reason)
             if int(reply.metadata.src_node_id) == node:
                 failures.append(Failure(node, _partition_from_reason(reason), reason))
             else:
@@ -550,4 +559,6 @@ def query_nodes(
     for node in node_ids:
         if int(node) not in answers and all(f.node_id != int(node) for f in failures):
             failures.append(Failure(int(node), None, f"no {action} reply before the timeout"))
+    if missing and not answers:
+        raise MissingQueryHandlerError(missing)
     return answers, failures

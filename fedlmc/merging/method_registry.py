@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
 from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SecureForm
 from fedlmc.models.registry import MODEL_ALLOW_VARIABLE, factory_allowed, is_factory_path
-from fedlmc.registry import Registry, signature_problem
+from fedlmc.registry import Registry, import_user_module, signature_problem
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -510,7 +510,9 @@ def resolve_method_entry(entry: str) -> str:
     unless it is an import path ``"package.module:name"`` (as a model used once is named; every
     process that validates the run config resolves it the same way; idempotent):
 
-    1. ``package.module`` is imported (it must be importable where the run executes; the
+    1. ``package.module`` is imported, searched as ``python -m`` searches (the current folder
+       first, then ``sys.path``; :func:`fedlmc.registry.import_user_module`: the folder travels
+       to the workers; a module elsewhere needs its folder on ``PYTHONPATH``); the
        allow-list :data:`fedlmc.models.registry.MODEL_ALLOW_VARIABLE`, when set, applies too);
     2. if it registered a method ``name`` (``@register_method("name", ...)``), that method is
        the entry (a function ``name`` of the module that is not that method is refused);
@@ -535,7 +537,7 @@ def resolve_method_entry(entry: str) -> str:
             f"{allow or 'none'}"
         )
     try:
-        module = importlib.import_module(location)
+        module = import_user_module(location)
     except ImportError as error:
         raise ValueError(f"merge method {entry!r} cannot be imported: {error}") from None
     base = base_method(name)

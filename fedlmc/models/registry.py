@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlmc.models import sizes
-from fedlmc.registry import Registry, signature_problem
+from fedlmc.registry import Registry, import_user_module, signature_problem
 
 __all__ = [
     "MODELS",
@@ -226,7 +226,7 @@ def import_factory(path: str) -> Callable[..., Any]:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         else:
-            module = importlib.import_module(location)
+            module = import_user_module(location)
         factory = getattr(module, attribute)
     except (ImportError, AttributeError, OSError) as error:
         raise ValueError(f"model factory {path!r} cannot be imported: {error}") from None

@@ -30,6 +30,7 @@ from fedlmc.merging.method_registry import (
     MergeRequest,
     check_method,
     refusal,
+    resolve_method_entry,
     study_methods,
 )
 from fedlmc.permutation.spec import PermutationSpec
@@ -136,10 +137,13 @@ def check_states(states: Sequence[StateDict]) -> None:
 
 
 def check_methods(methods: Sequence[str], federated: bool = False) -> list[str]:
-    """``methods`` without duplicates, in order; ``ValueError`` naming an unknown one, or one
-    that runs on the clients when the study has none (``federated`` false)."""
+    """``methods`` without duplicates, in order, an import path ``"package.module:function"``
+    resolved to its rows' name (:func:`~fedlmc.merging.method_registry.resolve_method_entry`,
+    as a run config's ``methods``); ``ValueError`` naming one that does not import or is
+    unknown, or one that runs on the clients when the study has none (``federated`` false)."""
     if isinstance(methods, str):
         methods = [methods]
+    methods = [resolve_method_entry(m) for m in methods]
     allowed = study_methods(federated)
     for method in methods:
         if method not in allowed:

@@ -38,6 +38,7 @@ from fedlmc.simulations.config.tables import (
 from fedlmc.simulations.report.figure_table import figures_markdown
 from fedlmc.simulations.task import build_from_config
 from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
+from fedlmc.strategies.query_handlers import query_handlers_table
 from fedlmc.study.compare import compare_methods
 from fedlmc.study.rows import COLUMNS, ROUND_COLUMNS, column_table
 
@@ -200,6 +201,7 @@ def test_docs_tables_are_the_registries():
     made["datasets"] = datasets_markdown
     made["figures"] = figures_markdown
     made["secure-methods"] = secure_methods_table
+    made["query-handlers"] = query_handlers_table
     assert {name: make for name, (_, make) in gen.BLOCKS.items()} == made
     for name, (page, make) in gen.BLOCKS.items():
         text = (ROOT / "docs" / page).read_text()

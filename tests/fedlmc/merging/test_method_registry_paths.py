@@ -4,6 +4,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from fedlmc.merging.method_registry import (
@@ -13,6 +18,8 @@ from fedlmc.merging.method_registry import (
     resolve_method_entry,
 )
 from fedlmc.models.registry import MODEL_ALLOW_VARIABLE
+
+ROOT = Path(__file__).resolve().parents[3]
 
 MODULE = '''
 from fedlmc.merging.merge_job import Alignment
@@ -73,3 +80,60 @@ def test_the_allow_list_decides_which_paths_may_be_imported(module, monkeypatch)
 def test_a_file_path_is_refused_naming_what_is_allowed():
     with pytest.raises(ValueError, match="allowed: 'package.module:function'"):
         resolve_method_entry("merges/mine.py:merge")
+
+
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """A user's folder holding ``my_merges_<id>.py``, the current folder, and not on
+    ``sys.path`` (as under the ``fedlmc`` console script, whose ``sys.path[0]`` is its bin
+    folder); the module's registrations removed afterwards."""
+    name = f"my_merges_{tmp_path.name}".replace("-", "_")
+    (tmp_path / f"{name}.py").write_text(MODULE)
+    monkeypatch.chdir(tmp_path)
+    here = {"", ".", str(tmp_path)}
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in here])
+    monkeypatch.delenv(MODEL_ALLOW_VARIABLE, raising=False)
+    yield name
+    if "first_client" in METHODS:
+        METHODS.remove("first_client")
+
+
+def test_a_module_in_the_current_folder_is_found_as_python_m_finds_it(user_folder, tmp_path):
+    assert resolve_method_entry(f"{user_folder}:first_client") == "first_client"
+    # the folder is on sys.path as an absolute path: Ray's workers, started elsewhere, get it
+    assert str(tmp_path) in sys.path
+
+
+def test_a_module_that_still_does_not_import_names_pythonpath(user_folder, tmp_path):
+    with pytest.raises(ValueError) as refused:
+        resolve_method_entry("no_such_merges:first_client")
+    line = str(refused.value)
+    assert "\n" not in line
+    assert "No module named 'no_such_merges'" in line
+    assert str(tmp_path) in line and "PYTHONPATH" in line
+
+
+def test_the_allow_list_still_applies_to_the_current_folder(user_folder, monkeypatch):
+    monkeypatch.setenv(MODEL_ALLOW_VARIABLE, "other.module:*")
+    with pytest.raises(ValueError, match="is not allowed here"):
+        resolve_method_entry(f"{user_folder}:first_client")
+    assert "first_client" not in METHODS
+
+
+@pytest.mark.slow
+def test_fedlmc_validate_started_in_the_users_folder_resolves_its_module(tmp_path):
+    """The CLI as the console script starts it (``-P``: no current folder on ``sys.path``,
+    ``PYTHONPATH`` without the user's folder)."""
+    (tmp_path / "my_merges.py").write_text(MODULE)
+    config = tmp_path / "sweep.toml"
+    config.write_text('name = "mine"\n[run]\nmethods = "average,my_merges:first_client"\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop(MODEL_ALLOW_VARIABLE, None)
+    command = [sys.executable, "-P", "-m", "fedlmc.simulations.cli", "validate", str(config)]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "1 cell(s)" in done.stdout
+    config.write_text('name = "mine"\n[run]\nmethods = "my_merge:first_client"\n')
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "No module named 'my_merge'" in done.stderr and "PYTHONPATH" in done.stderr

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from fedlmc.models.registry import (
+    MODEL_ALLOW_VARIABLE,
     factory_allowed,
     is_factory_path,
     model_entry,
@@ -12,6 +15,7 @@ from fedlmc.models.registry import (
     parameter_count,
     public_options,
     register_model,
+    user_factory,
 )
 
 
@@ -32,6 +36,23 @@ def test_a_factory_path_is_a_model_of_its_own():
     assert entry.default_norm == "none" and entry.options == {}
     assert factory_allowed("pkg.nets:make", "pkg.nets:*")
     assert not factory_allowed("pkg.nets:make", "other:*")
+
+
+def test_a_factory_module_in_the_current_folder_is_found_as_python_m_finds_it(
+    tmp_path, monkeypatch
+):
+    """The folder fedlmc was started in is searched first, as ``python -m`` does, though it is
+    not on ``sys.path`` (the ``fedlmc`` console script's); a module elsewhere: PYTHONPATH."""
+    name = f"my_nets_{tmp_path.name}".replace("-", "_")
+    (tmp_path / f"{name}.py").write_text(
+        "def make_net(width, num_classes, in_shape, norm='none'):\n    return None\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in {"", ".", str(tmp_path)}])
+    monkeypatch.delenv(MODEL_ALLOW_VARIABLE, raising=False)
+    assert user_factory(f"{name}:make_net").__name__ == "make_net"
+    with pytest.raises(ValueError, match=r"No module named 'no_nets'.*PYTHONPATH"):
+        user_factory("no_nets:make_net")
 
 
 @pytest.mark.parametrize("name", ["mlp", "vgg11", "resnet20"])

@@ -5,14 +5,17 @@ settings read-only, the diagnostics' inputs and layers found."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 import torch
 
 from fedlmc.data.loading import DataSplits
+from fedlmc.merging.method_registry import METHODS
 from fedlmc.models.classifiers import build_model
-from fedlmc.study.compare import study_context
-from fedlmc.study.context import StudyContext
+from fedlmc.models.registry import MODEL_ALLOW_VARIABLE
+from fedlmc.study.compare import compare_methods, study_context
+from fedlmc.study.context import StudyContext, check_methods
 
 
 def tiny_splits() -> DataSplits:
@@ -80,3 +83,46 @@ def test_server_data_is_none_for_an_empty_server_split():
     context = StudyContext(mlp(0), (), (), empty, torch.device("cpu"))
     assert context.server_data is None
     assert StudyContext(mlp(0), (), (), splits, torch.device("cpu")).server_data is not None
+
+
+USER_MERGES = """
+from fedlmc.merging.merge_job import Alignment
+
+
+def keep_first(job):
+    return Alignment([job.states[0]] * len(job.states))
+"""
+
+
+@pytest.fixture
+def user_merges(tmp_path, monkeypatch):
+    """``my_merges_<id>.py`` in the current folder, which is not on ``sys.path``; its method
+    removed afterwards."""
+    name = f"my_merges_{tmp_path.name}".replace("-", "_")
+    (tmp_path / f"{name}.py").write_text(USER_MERGES)
+    monkeypatch.chdir(tmp_path)
+    here = {"", ".", str(tmp_path)}
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in here])
+    monkeypatch.delenv(MODEL_ALLOW_VARIABLE, raising=False)
+    yield name
+    if "keep_first" in METHODS:
+        METHODS.remove("keep_first")
+
+
+def test_compare_methods_accepts_a_module_function_method(user_merges):
+    splits = tiny_splits()
+    states = [mlp(s).state_dict() for s in (0, 1)]
+    methods = [f"{user_merges}:keep_first", f"{user_merges}:keep_first_t", "average"]
+    rows = compare_methods(mlp(0), states, None, splits, methods, diagnostics=False).rows
+    assert [r["method"] for r in rows] == ["keep_first", "keep_first_t", "average"]
+    assert 0.0 <= rows[0]["accuracy"] <= 1.0
+
+
+def test_an_unresolvable_method_path_is_refused_before_any_work(user_merges):
+    states = [mlp(s).state_dict() for s in (0, 1)]
+    # splits=None: any work past the method check would fail on it first
+    with pytest.raises(ValueError) as refused:
+        compare_methods(mlp(0), states, None, None, ["my_merge:keep_first"])
+    line = str(refused.value)
+    assert "No module named 'my_merge'" in line and "PYTHONPATH" in line
+    assert check_methods([f"{user_merges}:keep_first"]) == ["keep_first"]
