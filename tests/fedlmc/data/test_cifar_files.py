@@ -148,3 +148,60 @@ def test_batches_in_torchvisions_format_load_by_every_protocol(tmp_path, protoco
         splits.test[0].double(), normalised(x[10:], "cifar10"), rtol=0, atol=1e-5
     )
     assert torch.equal(splits.test[1], torch.from_numpy(y[10:]))
+
+
+class WithState:
+    """Unpickles as ``function(*args)``, then pickle's BUILD with ``state``."""
+
+    def __init__(self, function, args, state) -> None:
+        self.function, self.args, self.state = function, args, state
+
+    def __reduce__(self):
+        return (self.function, self.args, self.state)
+
+
+def arrays_numpy_would_fill_from_the_file():
+    """Arrays whose pickled state NumPy's ``ndarray.__setstate__`` trusts: an object dtype
+    sizes the array from the claimed shape and fills pointers from the file (on NumPy 2.4 a
+    segmentation fault: the interpreter dies, no exception)."""
+    reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]
+    empty = (np.ndarray, (0,), b"b")
+    return {
+        "an object array claiming 10 pointers, given 1": WithState(
+            reconstruct, empty, (1, (10,), np.dtype("O"), False, [None])
+        ),
+        "a structured dtype with an object field": WithState(
+            reconstruct, empty, (1, (10,), np.dtype([("a", "O")]), False, [None])
+        ),
+        "an object array in a key nobody reads": {
+            "data": np.zeros((1, 3072), np.uint8),
+            "labels": [0],
+            "extra": WithState(reconstruct, empty, (1, (10,), np.dtype("O"), False, [None])),
+        },
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", list(arrays_numpy_would_fill_from_the_file()))
+def test_an_object_array_is_refused_before_numpy_builds_it(tmp_path, what):
+    """Loaded in a subprocess, so that a crash is a failed test, not a dead worker: the load
+    ends in the one line, exit status 1, never a signal."""
+    import subprocess
+    import sys
+
+    root = cifar_root(tmp_path / "data")
+    crafted = arrays_numpy_would_fill_from_the_file()[what]
+    entry = crafted if isinstance(crafted, dict) else {"data": crafted, "labels": [0] * 10}
+    (root / "cifar-10-batches-py" / "data_batch_1").write_bytes(pickle.dumps(entry))
+    load = f"from fedlmc.data.loading import load_dataset; load_dataset('cifar10', {str(root)!r})"
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", load],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr[-500:])
+    last = done.stderr.strip().splitlines()[-1]
+    assert "cannot read CIFAR batch" in last and "allowed: numbers and fixed-size strings" in last
