@@ -51,6 +51,7 @@ from fedlmc.simulations.config.values import (
     MAX_EXAMPLES,
     MAX_WIDTH,
     ONE_SHOT_MODES,
+    RAY_RESOURCE_UNIT,
     SECAGG_MAX_RANGE,
     SECAGG_WHY,
     STRATEGIES,
@@ -70,6 +71,7 @@ from fedlmc.simulations.config.values import (
     aligning_methods,
     cell_methods,
     dataset_names,
+    ray_precision,
     server_split_share,
 )
 
@@ -357,14 +359,14 @@ def declared_keys() -> dict[str, Key]:
             float,
             1.0,
             "CPUs per simulated client; its threads: max(1, floor(num-cpus))",
-            numbers(0.0, MAX_CPUS, CPUS_WHY, low_open=True),
+            numbers(RAY_RESOURCE_UNIT, MAX_CPUS, CPUS_WHY),
             runtime=True,
         ),
         "num-gpus": Key(
             float,
             0.0,
             "GPUs per simulated client",
-            numbers(0.0, 64.0, "more GPUs than one machine holds"),
+            numbers(0.0, 64.0, "more GPUs than one machine holds", also=ray_precision),
             runtime=True,
         ),
         "server-cpus": Key(

@@ -191,10 +191,17 @@ def integers(low: int, high: int, why: str = "", **fields: Any) -> Range:
 
 
 def numbers(
-    low: float, high: float, why: str = "", *, low_open: bool = False, high_open: bool = False
+    low: float,
+    high: float,
+    why: str = "",
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    also: Check | None = None,
 ) -> Range:
-    """The :class:`Range` of a float key: ``[low, high]``, ``(`` / ``)`` at an open end."""
-    return Range(low, high, why, False, low_open, high_open)
+    """The :class:`Range` of a float key: ``[low, high]``, ``(`` / ``)`` at an open end;
+    ``also``: a further check."""
+    return Range(low, high, why, False, low_open, high_open, also)
 
 
 def bounds_text(spec: Key) -> str | None:

@@ -247,6 +247,17 @@ def _odd(value: Any) -> str | None:
     return None if value % 2 == 1 else _lambdas.allowed
 
 
+RAY_RESOURCE_UNIT = 1e-4
+"""The least fraction of a resource Ray schedules (``RESOURCE_UNIT_SCALING``): a non-zero
+``num_cpus`` or ``num_gpus`` below it fails inside Ray, after it started."""
+
+
+def ray_precision(value: Any) -> str | None:
+    if 0 < value < RAY_RESOURCE_UNIT:
+        return "allowed: 0 or at least 0.0001 (the least fraction of a resource Ray schedules)"
+    return None
+
+
 _lambdas = integers(3, MAX_LAMBDAS, LAMBDAS_WHY, also=_odd)
 _share = numbers(0.0, 1.0, low_open=True)
 

@@ -100,3 +100,14 @@ def test_a_value_just_outside_the_range_is_refused_and_one_at_its_edge_accepted(
         assert "\n" not in message
     for value in inside:
         assert check_value(name, value, keys) == value
+
+
+@pytest.mark.parametrize("name", ["num-cpus", "num-gpus"])
+@pytest.mark.parametrize("value", [1e-5, 5e-324, 9.9e-5])
+def test_a_resource_share_finer_than_ray_schedules_is_refused(name, value):
+    """Ray fails a non-zero ``num_cpus`` / ``num_gpus`` below 0.0001 only once it started
+    ("The precision of the fractional quantity ... cannot go beyond 0.0001")."""
+    schema = run_schema()
+    with pytest.raises(ConfigError, match=r"0\.0001"):
+        check_value(name, value, schema)
+    assert check_value(name, 1e-4, schema) == 1e-4
