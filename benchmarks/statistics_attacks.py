@@ -21,7 +21,8 @@ the server split (none in the "no server data" rows), evaluated on the test spli
 
 "honest only" merges the four honest clients alone. Also printed and written: the honest rounds'
 largest statistic relative to the median over the clients, and RegMean's solution growth
-(:func:`fedlmc.merging.regmean.solution_growth`) on honest clients.
+(:func:`fedlmc.merging.regmean.solution_growth`) on honest clients and, per attack, without the
+screen (``growth`` of the "today's screen" merges).
 
     nice -n 10 .venv/bin/python benchmarks/statistics_attacks.py            # seeds 0 1 2
     nice -n 10 .venv/bin/python benchmarks/statistics_attacks.py --seeds 0  # one seed
@@ -166,7 +167,11 @@ def merged_scores(template, method, states, answers, screen, server, test) -> tu
     source = None if server is None else ServerData(*server)
     weights = [1.0 / len(aligned)] * len(aligned)
     final = post_merge(template, merged, aligned, weights, method, source, device="cpu")
-    return scores(template, final.state, test), "; ".join(named)
+    found = scores(template, final.state, test)
+    if method == "regmean":  # how far the solution grew past the clients' weights
+        growth = solution_growth(merged, aligned, regmean_layers(template))
+        found["growth"] = max(growth.values())
+    return found, "; ".join(named)
 
 
 def todays_merge(method: str, states: list[dict], answers: list[dict]) -> dict:
@@ -340,6 +345,10 @@ def main() -> None:
         )
     )
     print(table)
+    for attack in runs[args.seeds[0]]["rows"]:
+        if attack.startswith("regmean"):
+            growth = [runs[s]["rows"][attack]["today's screen"]["growth"] for s in args.seeds]
+            print(f"  {attack}: RegMean's growth without the screen {max(growth):.3g}")
     print("\nhonest rounds:", json.dumps(honest))
     print(f"\n{RESULTS} written in {time.perf_counter() - start:.0f} s")
 

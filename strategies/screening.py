@@ -498,7 +498,8 @@ def screen_statistics_reply(
             raise ScreenError(f"{name} must be floating, got {array.dtype}")
         if tuple(array.shape) != tuple(shape):
             raise ScreenError(f"{name} has shape {tuple(array.shape)}, want {tuple(shape)}")
-        values = np.asarray(decode(array, key, tuple(shape)), dtype=np.float64)
+        sent = decode(array, key, tuple(shape))
+        values = np.asarray(sent, dtype=np.float64)
         if not np.isfinite(values).all():
             raise ScreenError(f"non-finite values in {name}")
         if kind == "fisher" and (values < 0).any():
@@ -509,7 +510,9 @@ def screen_statistics_reply(
             or (np.diagonal(values) < 0).any()
         ):
             raise ScreenError(f"{name} is no Gram matrix (not symmetric, or a negative diagonal)")
-        tensor = torch.from_numpy(values)
-        gram = kind == "gram"
-        summary[name] = check_gram_spectrum(name, tensor) if gram else fisher_scale(tensor)
+        if kind == "gram":  # the spectrum in the precision sent (float32: half the traffic)
+            own = np.asarray(sent, np.float32) if sent.dtype.itemsize <= 4 else values
+            summary[name] = check_gram_spectrum(name, torch.from_numpy(own))
+        else:
+            summary[name] = fisher_scale(torch.from_numpy(values))
     return summary

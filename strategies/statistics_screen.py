@@ -9,18 +9,19 @@ for the rounding of its float32 entries (at most :math:`\|E\|_F \le 2^{-24}\|G\|
 
 .. math:: \theta_{\min} < -\tau \max(\mathrm{tr}\,G / n,\ \theta_{\max}),
 
-:math:`\tau` = :data:`GRAM_TOLERANCE`, :math:`\theta_{\min} \ge \lambda_{\min}` and
-:math:`\theta_{\max} \le \lambda_{\max}` the extreme Ritz values of :data:`LANCZOS_STEPS` steps of
-Lanczos (full reorthogonalisation, float64) from a random start drawn afresh for every reply
-(:func:`extreme_eigenvalues`). Since :math:`\theta_{\min} \ge \lambda_{\min}`, an honest Gram
-is never refused; a negative eigenvalue is found within those steps when it is far from the
-rest of the spectrum relative to its spread (the off-diagonal entries multiplied by -4, an
-eigenvalue negated), and exactly at :math:`n \le` :data:`LANCZOS_STEPS` inputs. Lanczos costs
-one matrix-vector product a step (:math:`O(n^2)`), where an exact eigendecomposition or a
-Cholesky factor (:math:`O(n^3)`) would cost as much as RegMean's own products with the weights
-(benchmarks/field_methods.py). What it misses, a small negative eigenvalue hidden in the
-spectrum, moves the merge only where the other clients' Grams are about as small, and a
-solution that blows up there is the merge's own check
+:math:`\tau` = :data:`GRAM_TOLERANCE`, :math:`\theta_{\min}` and :math:`\theta_{\max}` the
+extreme eigenvalues (:func:`extreme_eigenvalues`): exact below :data:`EXACT_BELOW` inputs, else
+the extreme Ritz values of a block Krylov space (:data:`KRYLOV_STEPS` products of the Gram, in
+the float32 it was sent in, with :data:`KRYLOV_BLOCK` vectors drawn afresh for every reply), with
+:math:`\lambda_{\min} \le \theta_{\min}` and :math:`\theta_{\max} \le \lambda_{\max}` up to
+rounding. So an honest Gram is never refused; a negative eigenvalue is found within those
+products when it is far from the rest of the spectrum relative to its spread (the off-diagonal
+entries multiplied by -4, the top direction negated: docs/reliability.md). The Krylov space
+costs :data:`KRYLOV_STEPS` passes over the matrix (:math:`O(n^2)` each), where an exact
+eigendecomposition or a Cholesky factor (:math:`O(n^3)`) of every client's Gram would cost as
+much as RegMean's own products with the weights (benchmarks/field_methods.py). What it misses, a
+small negative eigenvalue hidden in the spectrum, moves the merge only where the other clients'
+Grams are about as small, and a solution that blows up there is refused by the merge's own check
 (:func:`fedlmc.merging.regmean.solution_growth`).
 
 **Scale** (:func:`statistics_outliers`, the relative rule of :mod:`fedlmc.strategies.robust`
@@ -46,44 +47,60 @@ from fedlmc.strategies.robust import RobustScreen, ratio_outliers
 GRAM_TOLERANCE = 1e-4
 r""":math:`\tau`: the largest negative eigenvalue accepted, relative to the Gram's scale (30
 times the float32 rounding at 2,048 inputs)."""
-LANCZOS_STEPS = 24
-"""Lanczos steps (matrix-vector products) per Gram matrix."""
+KRYLOV_STEPS = 6
+"""Products of a Gram matrix with a block of vectors per spectrum (passes over the matrix)."""
+KRYLOV_BLOCK = 8
+"""Vectors per block: a Krylov space of 48 dimensions."""
+EXACT_BELOW = 256
+"""Below this many inputs a Gram's extreme eigenvalues are computed exactly
+(``torch.linalg.eigvalsh``: cheaper there than the Krylov space)."""
 
 Summary = dict[str, dict[str, float]]
 """Per tensor (a layer's Gram, a parameter's Fisher), its scale statistics by name."""
 
 
-def extreme_eigenvalues(matrix: torch.Tensor, steps: int = LANCZOS_STEPS) -> tuple[float, float]:
-    r""":math:`(\theta_{\min}, \theta_{\max})`, the extreme Ritz values of ``steps`` Lanczos steps
-    on the symmetric ``matrix`` (float64, full reorthogonalisation, a fresh random start):
-    :math:`\lambda_{\min} \le \theta_{\min} \le \theta_{\max} \le \lambda_{\max}`, exact when the
-    Krylov space is the whole space (``steps`` >= n, or an invariant subspace reached)."""
-    g = matrix.double()
-    n = g.shape[0]
+def extreme_eigenvalues(matrix: torch.Tensor) -> tuple[float, float]:
+    r""":math:`(\theta_{\min}, \theta_{\max})` of the symmetric ``matrix``: its extreme
+    eigenvalues below :data:`EXACT_BELOW` rows (float64), else the extreme Ritz values of the
+    block Krylov space of :data:`KRYLOV_STEPS` products with :data:`KRYLOV_BLOCK` random
+    vectors (block Lanczos, fully reorthogonalised in float64; the products in the matrix's own
+    precision, float32 as the clients send it), with :math:`\lambda_{\min} \le \theta_{\min}
+    \le \theta_{\max} \le \lambda_{\max}` up to that rounding (about
+    :math:`10^{-6}\lambda_{\max}`, far inside :data:`GRAM_TOLERANCE`)."""
+    n = matrix.shape[0]
+    if n < EXACT_BELOW:
+        values = torch.linalg.eigvalsh(matrix.double())
+        return (float(values[0]), float(values[-1])) if n else (0.0, 0.0)
+    g = matrix if matrix.dtype in (torch.float32, torch.float64) else matrix.double()
     seed = int.from_bytes(os.urandom(8), "little") >> 1
-    q = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    basis = torch.empty(n, min(steps, n), dtype=torch.float64)
-    alphas, betas = [], []
-    size = float(g.abs().max()) if n else 0.0
-    for j in range(basis.shape[1]):
-        basis[:, j] = q / q.norm()
-        w = g @ basis[:, j]
-        alphas.append(float(basis[:, j] @ w))
-        known = basis[:, : j + 1]
-        for _ in range(2):  # full reorthogonalisation, twice (Kahan)
-            w -= known @ (known.T @ w)
-        beta = float(w.norm())
-        if j + 1 == basis.shape[1] or beta <= 1e-12 * max(size, 1e-300) * n:
+    generator = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, KRYLOV_BLOCK, dtype=torch.float64, generator=generator)
+    bases, products = [], []
+    for _ in range(KRYLOV_STEPS):
+        v = _orthonormal_rest(v, bases)
+        if v.shape[1] == 0:  # the Krylov space is invariant: its Ritz values are eigenvalues
             break
-        betas.append(beta)
-        q = w
-    m = len(alphas)
-    tri = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-    if m > 1:
-        off = torch.tensor(betas[: m - 1], dtype=torch.float64)
-        tri += torch.diag(off, 1) + torch.diag(off, -1)
-    ritz = torch.linalg.eigvalsh(tri)
+        bases.append(v)
+        products.append((g @ v.to(g.dtype)).double())
+        v = products[-1]
+    basis, image = torch.cat(bases, dim=1), torch.cat(products, dim=1)
+    ritz = torch.linalg.eigvalsh((basis.T @ image + image.T @ basis) / 2)
     return float(ritz[0]), float(ritz[-1])
+
+
+def _orthonormal_rest(v: torch.Tensor, bases: list[torch.Tensor]) -> torch.Tensor:
+    """An orthonormal basis of the part of ``v``'s columns orthogonal to ``bases`` (classical
+    Gram-Schmidt twice, then QR; columns already in their span left out)."""
+    size = float(v.norm()) or 1.0
+    for _ in range(2):
+        for basis in bases:
+            v = v - basis @ (basis.T @ v)
+    q, r = torch.linalg.qr(v)
+    kept = r.diagonal().abs() > 1e-10 * size
+    q = q[:, kept]
+    for basis in bases:  # once more for the columns QR made from near-dependent ones
+        q = q - basis @ (basis.T @ q)
+    return torch.linalg.qr(q)[0] if q.shape[1] else q
 
 
 def check_gram_spectrum(name: str, gram: torch.Tensor) -> dict[str, float]:
