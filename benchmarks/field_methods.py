@@ -222,7 +222,7 @@ def screened_query_timings(template, states, data, repeats: int) -> dict[str, di
             summaries = []
             for tensors in answers[kind]:
                 check = check_gram_spectrum if kind == "gram" else lambda _, t: fisher_scale(t)
-                summaries.append({k: check(k, v.double()) for k, v in tensors.items()})
+                summaries.append({k: check(k, v) for k, v in tensors.items()})  # as sent
             statistics_outliers(summaries, RobustScreen())
             if kind == "gram":
                 solution_growth(merged, states, layers)

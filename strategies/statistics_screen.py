@@ -17,7 +17,7 @@ the float32 it was sent in, with :data:`KRYLOV_BLOCK` vectors drawn afresh for e
 rounding. So an honest Gram is never refused; a negative eigenvalue is found within those
 products when it is far from the rest of the spectrum relative to its spread (the off-diagonal
 entries multiplied by -4, the top direction negated: docs/reliability.md). The Krylov space
-costs :data:`KRYLOV_STEPS` passes over the matrix (:math:`O(n^2)` each), where an exact
+costs :data:`KRYLOV_STEPS` + 1 passes over the matrix (:math:`O(n^2)` each), where an exact
 eigendecomposition or a Cholesky factor (:math:`O(n^3)`) of every client's Gram would cost as
 much as RegMean's own products with the weights (benchmarks/field_methods.py). What it misses, a
 small negative eigenvalue hidden in the spectrum, moves the merge only where the other clients'
@@ -47,10 +47,10 @@ from fedlmc.strategies.robust import RobustScreen, ratio_outliers
 GRAM_TOLERANCE = 1e-4
 r""":math:`\tau`: the largest negative eigenvalue accepted, relative to the Gram's scale (30
 times the float32 rounding at 2,048 inputs)."""
-KRYLOV_STEPS = 6
-"""Products of a Gram matrix with a block of vectors per spectrum (passes over the matrix)."""
+KRYLOV_STEPS = 4
+"""Blocks of the Krylov space (a spectrum costs one more pass over the matrix)."""
 KRYLOV_BLOCK = 8
-"""Vectors per block: a Krylov space of 48 dimensions."""
+"""Vectors per block: a Krylov space of 32 dimensions."""
 EXACT_BELOW = 256
 """Below this many inputs a Gram's extreme eigenvalues are computed exactly
 (``torch.linalg.eigvalsh``: cheaper there than the Krylov space)."""
@@ -62,11 +62,12 @@ Summary = dict[str, dict[str, float]]
 def extreme_eigenvalues(matrix: torch.Tensor) -> tuple[float, float]:
     r""":math:`(\theta_{\min}, \theta_{\max})` of the symmetric ``matrix``: its extreme
     eigenvalues below :data:`EXACT_BELOW` rows (float64), else the extreme Ritz values of the
-    block Krylov space of :data:`KRYLOV_STEPS` products with :data:`KRYLOV_BLOCK` random
-    vectors (block Lanczos, fully reorthogonalised in float64; the products in the matrix's own
-    precision, float32 as the clients send it), with :math:`\lambda_{\min} \le \theta_{\min}
-    \le \theta_{\max} \le \lambda_{\max}` up to that rounding (about
-    :math:`10^{-6}\lambda_{\max}`, far inside :data:`GRAM_TOLERANCE`)."""
+    block Krylov space :math:`[V, GV, \dots, G^{s-1}V]` (:math:`s` = :data:`KRYLOV_STEPS`,
+    :math:`V` :data:`KRYLOV_BLOCK` random vectors; each block orthonormalised, the space's
+    orthonormal basis :math:`Q` by one QR in float64, the products in the matrix's own
+    precision, float32 as the clients send it): the eigenvalues of :math:`Q^\top G Q`, with
+    :math:`\lambda_{\min} \le \theta_{\min} \le \theta_{\max} \le \lambda_{\max}` up to
+    that rounding (about :math:`10^{-6}\lambda_{\max}`, far inside :data:`GRAM_TOLERANCE`)."""
     n = matrix.shape[0]
     if n < EXACT_BELOW:
         values = torch.linalg.eigvalsh(matrix.double())
@@ -75,32 +76,15 @@ def extreme_eigenvalues(matrix: torch.Tensor) -> tuple[float, float]:
     seed = int.from_bytes(os.urandom(8), "little") >> 1
     generator = torch.Generator().manual_seed(seed)
     v = torch.randn(n, KRYLOV_BLOCK, dtype=torch.float64, generator=generator)
-    bases, products = [], []
+    blocks = []
     for _ in range(KRYLOV_STEPS):
-        v = _orthonormal_rest(v, bases)
-        if v.shape[1] == 0:  # the Krylov space is invariant: its Ritz values are eigenvalues
-            break
-        bases.append(v)
-        products.append((g @ v.to(g.dtype)).double())
-        v = products[-1]
-    basis, image = torch.cat(bases, dim=1), torch.cat(products, dim=1)
-    ritz = torch.linalg.eigvalsh((basis.T @ image + image.T @ basis) / 2)
+        v = torch.linalg.qr(v)[0]
+        blocks.append(v)
+        v = (g @ v.to(g.dtype)).double()
+    q = torch.linalg.qr(torch.cat(blocks, dim=1))[0]
+    t = q.T @ (g @ q.to(g.dtype)).double()
+    ritz = torch.linalg.eigvalsh((t + t.T) / 2)
     return float(ritz[0]), float(ritz[-1])
-
-
-def _orthonormal_rest(v: torch.Tensor, bases: list[torch.Tensor]) -> torch.Tensor:
-    """An orthonormal basis of the part of ``v``'s columns orthogonal to ``bases`` (classical
-    Gram-Schmidt twice, then QR; columns already in their span left out)."""
-    size = float(v.norm()) or 1.0
-    for _ in range(2):
-        for basis in bases:
-            v = v - basis @ (basis.T @ v)
-    q, r = torch.linalg.qr(v)
-    kept = r.diagonal().abs() > 1e-10 * size
-    q = q[:, kept]
-    for basis in bases:  # once more for the columns QR made from near-dependent ones
-        q = q - basis @ (basis.T @ q)
-    return torch.linalg.qr(q)[0] if q.shape[1] else q
 
 
 def check_gram_spectrum(name: str, gram: torch.Tensor) -> dict[str, float]:

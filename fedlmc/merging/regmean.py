@@ -149,10 +149,15 @@ def solution_growth(
     growth = {}
     for layer in layers:
         key = f"{layer}.weight"
-        largest = max(float(sd[key].double().norm()) for sd in states)
-        norm = float(merged[key].double().norm())
+        largest = max(_norm(sd[key]) for sd in states)
+        norm = _norm(merged[key])
         growth[layer] = norm / largest if largest > 0 else (math.inf if norm > 0 else 0.0)
     return growth
+
+
+def _norm(tensor: Tensor) -> float:
+    """The Frobenius norm, accumulated in float64 (no float64 copy)."""
+    return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
 
 
 def regmean_parts(

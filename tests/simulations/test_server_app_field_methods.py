@@ -9,6 +9,8 @@ message to the ClientApp (no Ray)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from flwr.app import Message
@@ -118,8 +120,12 @@ def test_an_aligned_fisher_cell_gives_the_same_merge(compare_cell, task_identity
 
 
 class PoisonedGramGrid(ClientAppGrid):
-    """The ClientApps' grid, partition 2's ``query.gram`` reply multiplied by 1e6 (its digest and
-    metrics kept): a well-formed reply far out of the other clients' scale."""
+    """The ClientApps' grid, partition 2's ``query.gram`` reply rewritten by ``spoil`` (its
+    digest and metrics kept)."""
+
+    def __init__(self, num_nodes: int, spoil) -> None:
+        super().__init__(num_nodes)
+        self.spoil = spoil
 
     def send_and_receive(self, messages, *, timeout=None):
         replies = super().send_and_receive(messages, timeout=timeout)
@@ -127,18 +133,25 @@ class PoisonedGramGrid(ClientAppGrid):
             kind = message.metadata.message_type.rsplit(".", 1)[-1]
             if kind == GRAM_QUERY and int(message.metadata.dst_node_id) == 3:
                 tensors, digest = statistics_from_content(reply.content)
-                scaled = {k: v * 1e6 for k, v in tensors.items()}
-                content = statistics_to_content(scaled, digest, {"partition-id": 2})
+                spoiled = {k: self.spoil(v) for k, v in tensors.items()}
+                content = statistics_to_content(spoiled, digest, {"partition-id": 2})
                 replies[index] = Message(content, reply_to=message)
         return replies
 
 
-def test_each_compare_row_counts_and_names_the_clients_its_method_lost(task_identity):
-    """RegMean's query drops partition 2 (its Grams x1e6); RegMean merges the other two and so
-    does Fisher merging after it (partition 2 is asked nothing more); the rows of the methods
-    that never asked keep every client."""
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [(lambda g: g * 1e6, "x the median"), (lambda g: g * math.nan, "non-finite values")],
+    ids=["x1e6", "nan"],
+)
+def test_each_compare_row_counts_and_names_the_clients_its_method_lost(
+    spoil, reason, task_identity
+):
+    """RegMean's query drops partition 2 (its Grams x1e6: the relative rule; NaN: the reply
+    screen); RegMean merges the other two and so does Fisher merging after it (partition 2 is
+    asked nothing more); the rows of the methods that never asked keep every client."""
     config = {**CELL, "num-clients": 3, "methods": "average,regmean,regmean_t,fisher,fisher_t"}
-    outcome = run_server(PoisonedGramGrid(3), config, simulated=True)
+    outcome = run_server(PoisonedGramGrid(3, spoil), config, simulated=True)
     rows = outcome.table().set_index("method")
     assert rows.loc["average", "clients_survived"] == 3
     assert rows.loc["average", "clients_dropped"] == 0
@@ -146,5 +159,5 @@ def test_each_compare_row_counts_and_names_the_clients_its_method_lost(task_iden
         assert rows.loc[method, "clients_survived"] == 2, method
         assert rows.loc[method, "clients_dropped"] == 1, method
         reasons = rows.loc[method, "clients_dropped_reasons"]
-        assert "(partition 2): gram reply:" in reasons and "x the median" in reasons, reasons
+        assert "(partition 2): gram reply:" in reasons and reason in reasons, reasons
         assert "(partition 2)" in rows.loc[method, "clients_failed"]
