@@ -21,7 +21,14 @@ process (every thread: the work whatever else loads the machine) and wall second
   timed on 32 examples and scaled to 256), and the Gram matrices (one forward pass); with the
   bytes each client's answer holds.
 
+- ``--screen-only``: only the server's side of a screened ``query.fisher`` / ``query.gram`` round
+  and its merge (:class:`fedlmc.strategies.queries.ClientRounds` on replies encoded beforehand)
+  and, in the same run, the statistics screen's own share of it (``ratio``: the round over the
+  round without that share).
+
     python benchmarks/field_methods.py                            # 512 and 2,048 units, 8 clients
+    python benchmarks/field_methods.py --widths 4 --screen-only \
+        --out benchmarks/results/field_methods_screen.json       # the screen's share
     python benchmarks/field_methods.py --widths 1 --clients 2 --epochs 1 --out /tmp/f.json  # quick
 """
 

@@ -47,10 +47,10 @@ from fedlmc.strategies.robust import RobustScreen, ratio_outliers
 GRAM_TOLERANCE = 1e-4
 r""":math:`\tau`: the largest negative eigenvalue accepted, relative to the Gram's scale (30
 times the float32 rounding at 2,048 inputs)."""
-KRYLOV_STEPS = 4
+KRYLOV_STEPS = 3
 """Blocks of the Krylov space (a spectrum costs one more pass over the matrix)."""
 KRYLOV_BLOCK = 8
-"""Vectors per block: a Krylov space of 32 dimensions."""
+"""Vectors per block: a Krylov space of 24 dimensions."""
 EXACT_BELOW = 256
 """Below this many inputs a Gram's extreme eigenvalues are computed exactly
 (``torch.linalg.eigvalsh``: cheaper there than the Krylov space)."""
@@ -63,9 +63,9 @@ def extreme_eigenvalues(matrix: torch.Tensor) -> tuple[float, float]:
     r""":math:`(\theta_{\min}, \theta_{\max})` of the symmetric ``matrix``: its extreme
     eigenvalues below :data:`EXACT_BELOW` rows (float64), else the extreme Ritz values of the
     block Krylov space :math:`[V, GV, \dots, G^{s-1}V]` (:math:`s` = :data:`KRYLOV_STEPS`,
-    :math:`V` :data:`KRYLOV_BLOCK` random vectors; each block orthonormalised, the space's
-    orthonormal basis :math:`Q` by one QR in float64, the products in the matrix's own
-    precision, float32 as the clients send it): the eigenvalues of :math:`Q^\top G Q`, with
+    :math:`V` :data:`KRYLOV_BLOCK` random vectors; each block orthonormalised and multiplied in
+    the matrix's own precision, float32 as the clients send it, the space's orthonormal basis
+    :math:`Q` by one QR in float64): the eigenvalues of :math:`Q^\top G Q`, with
     :math:`\lambda_{\min} \le \theta_{\min} \le \theta_{\max} \le \lambda_{\max}` up to
     that rounding (about :math:`10^{-6}\lambda_{\max}`, far inside :data:`GRAM_TOLERANCE`)."""
     n = matrix.shape[0]
@@ -75,13 +75,13 @@ def extreme_eigenvalues(matrix: torch.Tensor) -> tuple[float, float]:
     g = matrix if matrix.dtype in (torch.float32, torch.float64) else matrix.double()
     seed = int.from_bytes(os.urandom(8), "little") >> 1
     generator = torch.Generator().manual_seed(seed)
-    v = torch.randn(n, KRYLOV_BLOCK, dtype=torch.float64, generator=generator)
+    v = torch.randn(n, KRYLOV_BLOCK, dtype=g.dtype, generator=generator)
     blocks = []
     for _ in range(KRYLOV_STEPS):
         v = torch.linalg.qr(v)[0]
         blocks.append(v)
-        v = (g @ v.to(g.dtype)).double()
-    q = torch.linalg.qr(torch.cat(blocks, dim=1))[0]
+        v = g @ v
+    q = torch.linalg.qr(torch.cat(blocks, dim=1).double())[0]
     t = q.T @ (g @ q.to(g.dtype)).double()
     ritz = torch.linalg.eigvalsh((t + t.T) / 2)
     return float(ritz[0]), float(ritz[-1])
