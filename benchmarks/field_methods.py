@@ -21,7 +21,14 @@ process (every thread: the work whatever else loads the machine) and wall second
   timed on 32 examples and scaled to 256), and the Gram matrices (one forward pass); with the
   bytes each client's answer holds.
 
+- ``--screen-only``: only the server's side of a screened ``query.fisher`` / ``query.gram`` round
+  and its merge (:class:`fedlmc.strategies.queries.ClientRounds` on replies encoded beforehand)
+  and, in the same run, the statistics screen's own share of it (``ratio``: the round over the
+  round without that share).
+
     python benchmarks/field_methods.py                            # 512 and 2,048 units, 8 clients
+    python benchmarks/field_methods.py --widths 4 --screen-only \
+        --out benchmarks/results/field_methods_screen.json       # the screen's share
     python benchmarks/field_methods.py --widths 1 --clients 2 --epochs 1 --out /tmp/f.json  # quick
 """
 
@@ -41,7 +48,7 @@ from fedlmc.data.loading import load_dataset, partition
 from fedlmc.merging.clients import LocalClients
 from fedlmc.merging.fisher import bounded_sample, fisher_diagonal
 from fedlmc.merging.methods import merge_states
-from fedlmc.merging.regmean import gram_matrices, regmean_layers
+from fedlmc.merging.regmean import gram_matrices, regmean_layers, solution_growth
 from fedlmc.models.classifiers import build_model
 from fedlmc.train import train_model
 
@@ -139,6 +146,106 @@ def pass_timings(template, states, data, repeats: int) -> dict[str, float]:
     }
 
 
+class AnsweringGrid:
+    """Nodes ``0 .. N-1`` answer ``query.fisher`` / ``query.gram`` with the replies their
+    ClientApps would send (encoded once, before the timing: the clients' side)."""
+
+    def __init__(self, contents: dict[str, list]):
+        self.contents = contents
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app import Message
+
+        found = []
+        for message in messages:
+            kind = message.metadata.message_type.rsplit(".", 1)[-1]
+            content = self.contents[kind][int(message.metadata.dst_node_id)]
+            found.append(Message(content, reply_to=message))
+        return found
+
+
+def screened_query_timings(template, states, data, repeats: int) -> dict[str, dict]:
+    """Server seconds of a screened ``query.fisher`` / ``query.gram`` round and its merge
+    (:class:`fedlmc.strategies.queries.ClientRounds` on replies encoded beforehand, the default
+    relative rule), and, in the same run, the statistics screen's own share: the Gram spectra
+    or Fisher scales of every reply, their comparison and RegMean's growth check. ``ratio``:
+    the round's time over the time without that share (fedlmc's query before the screen)."""
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedlmc.strategies.protocol import state_digest, statistics_to_content
+    from fedlmc.strategies.queries import ClientRounds
+    from fedlmc.strategies.robust import RobustScreen
+    from fedlmc.strategies.statistics_screen import (
+        check_gram_spectrum,
+        fisher_scale,
+        statistics_outliers,
+    )
+    from fedlmc.strategies.strategy_utils import ClientUpdate
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
+    local = LocalClients(
+        template,
+        states,
+        [x for x, _ in data],
+        data,
+        train_labels=[y for _, y in data],
+        fisher_samples=SAMPLES,
+        regmean_samples=SAMPLES,
+    )
+    layers = regmean_layers(template)
+    answers = {"fisher": local.fisher_diagonals(), "gram": local.gram_matrices(layers)}
+    contents = {
+        kind: [
+            statistics_to_content(a, state_digest(states[i]), {"partition-id": i})
+            for i, a in enumerate(found)
+        ]
+        for kind, found in answers.items()
+    }
+    counts = [len(y) for _, y in data]
+    updates = [ClientUpdate(i, i, s, counts[i], {}, 0) for i, s in enumerate(states)]
+    found = {}
+    for method, kind in (("fisher", "fisher"), ("regmean", "gram")):
+        print(f"  screened query: {method}", flush=True)
+
+        def round_and_merge(method=method):
+            rounds = ClientRounds(
+                AnsweringGrid(contents),
+                updates,
+                {},
+                template=template,
+                device="cpu",
+                timeout=None,
+                min_clients=2,
+                robust=RobustScreen(),
+            )
+            merged, _ = merge_states(method, template, states, counts, clients=rounds)
+            assert rounds.dropped == [], rounds.dropped
+            return merged
+
+        merged = round_and_merge()
+
+        def screen_share(kind=kind, merged=merged):
+            summaries = []
+            for tensors in answers[kind]:
+                check = check_gram_spectrum if kind == "gram" else lambda _, t: fisher_scale(t)
+                summaries.append({k: check(k, v) for k, v in tensors.items()})  # as sent
+            statistics_outliers(summaries, RobustScreen())
+            if kind == "gram":
+                solution_growth(merged, states, layers)
+
+        total, share = timed(round_and_merge, repeats), timed(screen_share, repeats)
+        found[method] = {
+            "round_and_merge_cpu_s": total["cpu_s"],
+            "round_and_merge_wall_s": total["wall_s"],
+            "screen_cpu_s": share["cpu_s"],
+            "screen_wall_s": share["wall_s"],
+            "ratio_cpu": total["cpu_s"] / (total["cpu_s"] - share["cpu_s"]),
+            "ratio_wall": total["wall_s"] / (total["wall_s"] - share["wall_s"]),
+        }
+    return found
+
+
 def print_width(width: float, merges: dict[str, dict], passes: dict[str, float]) -> None:
     hidden = int(128 * width)
     base = merges["average"]["cpu_s"]
@@ -154,6 +261,16 @@ def print_width(width: float, merges: dict[str, dict], passes: dict[str, float])
     )
 
 
+def print_screened(width: float, screened: dict[str, dict]) -> None:
+    print(f"\n{int(128 * width)} hidden units: screened query round and merge (server)")
+    for method, t in screened.items():
+        print(
+            f"  {method:8s} {t['round_and_merge_cpu_s']:8.3f} CPU s, the statistics screen "
+            f"{t['screen_cpu_s']:.3f} CPU s: {t['ratio_cpu']:.3f}x the round without it "
+            f"(wall {t['ratio_wall']:.3f}x)"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", type=float, nargs="+", default=[4, 16])
@@ -161,6 +278,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--screen-only",
+        action="store_true",
+        help="time only the screened Fisher and Gram query rounds on the shared clients "
+        "(server side) and the statistics screen's share of them",
+    )
     args = parser.parse_args(argv)
     splits = load_dataset("mnist5k")
     results = {
@@ -176,11 +299,20 @@ def main(argv: list[str] | None = None) -> None:
     for width in args.widths:
         print(f"width {width:g}: training {2 * args.clients} clients", flush=True)
         shared = train_clients(splits, width, args.clients, args.epochs, shared=True)
+        screened = screened_query_timings(*shared, args.repeats)
+        print_screened(width, screened)
+        if args.screen_only:
+            results["widths"][f"{width:g}"] = {"screened_queries": screened}
+            continue
         independent = train_clients(splits, width, args.clients, args.epochs, shared=False)
         merges = merge_timings(*shared, SHARED, splits, args.repeats)
         merges.update(merge_timings(*independent, INDEPENDENT[1:], splits, args.repeats))
         passes = pass_timings(*shared, args.repeats)
-        results["widths"][f"{width:g}"] = {"merges": merges, "passes": passes}
+        results["widths"][f"{width:g}"] = {
+            "merges": merges,
+            "passes": passes,
+            "screened_queries": screened,
+        }
         print_width(width, merges, passes)
     results["load_after"] = os.getloadavg()[0]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,8 @@ ROUND_COLUMNS_DECLARED = (
         "clients_survived",
         "clients merged",
         "federation rows",
-        "the clients whose training reply was merged",
+        "the clients whose training reply was merged (a `compare` row of a method that queries "
+        "the clients: less those its queries lost)",
         source="round",
     ),
     Column(
@@ -83,7 +84,8 @@ ROUND_COLUMNS_DECLARED = (
         "federation rows",
         "clients with a training or query reply dropped by the screen of "
         "`fedlmc.strategies.screening`, a timeout or an error (a client dropped only from a query "
-        "after the merge stays merged)",
+        "after the merge stays merged; a `compare` row counts the clients its own method's "
+        "queries lost, and those of earlier queries, which its method no longer asked)",
         source="round",
     ),
     Column(

@@ -353,12 +353,21 @@ def run_compare(grid, plan: RunPlan, splits, template, device, outcome: ServerOu
 
 def with_query_cost(row: Mapping[str, Any], columns: Mapping[str, Any]) -> dict[str, Any]:
     """A compare row with the cell's round columns; a method that queried the clients keeps its
-    query rounds and their reply bytes added to the collecting round's."""
+    query rounds and their reply bytes added to the collecting round's, and the clients its
+    queries lost (:func:`fedlmc.study.compare.lost_columns`) counted and named: dropped and
+    failed, no longer among the survivors it merged."""
     merged = {**row, **columns}
     rounds, sent = row.get("rounds", math.nan), row.get("bytes_sent_by_clients", math.nan)
     if isinstance(rounds, int | float) and math.isfinite(rounds):
         merged["rounds"] = columns["rounds"] + int(rounds)
         merged["bytes_sent_by_clients"] = columns["bytes_sent_by_clients"] + int(sent)
+    lost = int(row.get("clients_dropped", 0) or 0)
+    if lost:
+        reasons = str(row["clients_dropped_reasons"])
+        merged["clients_survived"] = columns["clients_survived"] - lost
+        merged["clients_dropped"] = columns["clients_dropped"] + lost
+        for key, own in (("clients_dropped_reasons", reasons), ("clients_failed", reasons)):
+            merged[key] = "; ".join(text for text in (columns[key], own) if text)
     return merged
 
 

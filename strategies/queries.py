@@ -91,6 +91,7 @@ from fedlmc.strategies.screening import (
     screen_statistics_reply,
     screen_temperature_reply,
 )
+from fedlmc.strategies.statistics_screen import Summary, statistics_outliers
 from fedlmc.strategies.strategy_utils import (
     ClientsFailedError,
     ClientUpdate,
@@ -160,6 +161,8 @@ class ClientRounds:
         self.robust = robust
         self.num_classes = num_classes_of(template)
         self.dropped: list[Failure] = []
+        self.last_query = ""
+        """The action of the latest query round (the stage :meth:`refuse` names)."""
         self.clients = list(survivors)
         """The round's survivors as the merge received them (the order of ``MergeJob.states``)."""
         temperature_grid(self.grid_points)  # validates
@@ -184,6 +187,7 @@ class ClientRounds:
         if self.grid is None:
             raise RuntimeError(f"the {action} query needs the Grid of configure_train; got none")
         targets = self.survivors if clients is None else list(clients)
+        self.last_query = action
         config = {**self.config, **dict(extra or {})}
         answers, failures = query_nodes(
             self.grid,
@@ -431,15 +435,20 @@ class ClientRounds:
         self, action: str, shapes: Mapping[str, tuple[int, ...]], kind: str, extra: Mapping
     ) -> list[dict[str, Tensor] | None]:
         """One ``query.<action>`` round about the survivors' kept models: the screened answers
-        whose digest is that of the weights the client sent, per client of :attr:`clients`."""
+        (each on its own, then their scales against each other's,
+        :mod:`fedlmc.strategies.statistics_screen`) whose digest is that of the weights the
+        client sent, per client of :attr:`clients`."""
+        scales: dict[int, Summary] = {}
+
+        def screen(content: RecordDict) -> None:
+            scales[id(content)] = screen_statistics_reply(content, shapes, kind)
+
+        def compare(contents: list[RecordDict]) -> dict[int, str]:
+            return statistics_outliers([scales[id(c)] for c in contents], self.robust)
+
         answers = dict(
             (u.node_id, c)
-            for u, c in self.ask(
-                action,
-                ArrayRecord(),
-                extra,
-                screen=lambda c: screen_statistics_reply(c, shapes, kind),
-            )
+            for u, c in self.ask(action, ArrayRecord(), extra, screen=screen, compare=compare)
         )
         found: list[dict[str, Tensor] | None] = []
         for update in self.clients:
@@ -458,6 +467,16 @@ class ClientRounds:
                 continue
             found.append(tensors)
         return found
+
+    def refuse(self, index: int, reason: str) -> None:
+        """Drop client ``index`` of :attr:`clients` by name: the merge refused its answer to the
+        latest query (RegMean's solution blows up with its Gram matrices); it is recorded in
+        ``dropped`` with that query as its stage and asked nothing more."""
+        update = self.clients[index]
+        failure = Failure(update.node_id, update.partition_id, reason, stage=self.last_query)
+        log(WARNING, "%s query: dropped %s", self.last_query, failure.describe())
+        self.dropped.append(failure)
+        self.survivors = [u for u in self.survivors if u.node_id != update.node_id]
 
     def _digest_reason(self, update: ClientUpdate) -> str:
         """Why ``update``'s permutations do not apply to the weights it sent: a dtype other than

@@ -40,7 +40,9 @@ A client's reply is untrusted input. Every message type has one screen here; eac
 - **query.fisher / query.gram** (:func:`screen_statistics_reply`): exactly the expected tensors
   (the model's parameters, or one square matrix per layer; each payload checked before it is
   decoded), each floating, of the expected shape, finite, and non-negative (a Fisher diagonal)
-  or symmetric with a non-negative diagonal (a Gram matrix); a digest string.
+  or symmetric with a non-negative diagonal and positive semi-definite within a tolerance (a
+  Gram matrix, :mod:`fedlmc.strategies.statistics_screen`); a digest string. The replies' scales
+  are then compared with each other (the relative rule, the same module).
 
 **Weight bound** (:class:`WeightBound`, :func:`bounded_shares`). A client's weight in the merge
 is its share of the claimed counts, :math:`s_i = n_i / \sum_j n_j`, capped at :math:`c_i` with
@@ -79,6 +81,7 @@ from fedlmc.strategies.payload import (
     declared_shape,
     decode,
 )
+from fedlmc.strategies.statistics_screen import Summary, check_gram_spectrum, fisher_scale
 
 MAX_HISTORY_EPOCHS = 100_000
 """Longest per-epoch history accepted when the round's epochs are not known."""
@@ -479,9 +482,13 @@ def screen_align_reply(
 
 def screen_statistics_reply(
     content: RecordDict, shapes: Mapping[str, tuple[int, ...]], kind: str
-) -> None:
+) -> Summary:
     """A ``query.fisher`` (``kind = "fisher"``) or ``query.gram`` (``"gram"``) reply holding the
-    tensors of ``shapes`` (name -> shape); raises :class:`ScreenError`."""
+    tensors of ``shapes`` (name -> shape), a Gram matrix positive semi-definite
+    (:func:`fedlmc.strategies.statistics_screen.check_gram_spectrum`); raises
+    :class:`ScreenError`. Returns each tensor's scale, for the comparison with the other clients'
+    (:func:`fedlmc.strategies.statistics_screen.statistics_outliers`)."""
+    summary: Summary = {}
     arrays = _one(content.array_records, "ArrayRecord")
     digest = _one(content.config_records, "ConfigRecord").get("state-digest")
     if not isinstance(digest, str):
@@ -496,7 +503,8 @@ def screen_statistics_reply(
             raise ScreenError(f"{name} must be floating, got {array.dtype}")
         if tuple(array.shape) != tuple(shape):
             raise ScreenError(f"{name} has shape {tuple(array.shape)}, want {tuple(shape)}")
-        values = np.asarray(decode(array, key, tuple(shape)), dtype=np.float64)
+        sent = decode(array, key, tuple(shape))
+        values = np.asarray(sent, dtype=np.float64)
         if not np.isfinite(values).all():
             raise ScreenError(f"non-finite values in {name}")
         if kind == "fisher" and (values < 0).any():
@@ -507,3 +515,9 @@ def screen_statistics_reply(
             or (np.diagonal(values) < 0).any()
         ):
             raise ScreenError(f"{name} is no Gram matrix (not symmetric, or a negative diagonal)")
+        if kind == "gram":  # the spectrum in the precision sent (float32: half the traffic)
+            own = np.asarray(sent, np.float32) if sent.dtype.itemsize <= 4 else values
+            summary[name] = check_gram_spectrum(name, torch.from_numpy(own))
+        else:
+            summary[name] = fisher_scale(torch.from_numpy(values))
+    return summary

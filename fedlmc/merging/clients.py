@@ -35,7 +35,7 @@ clients' calibration data (the optimum the federated grid and Newton rounds conv
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -80,6 +80,14 @@ class LocalClients:
     fisher_labels: str = FISHER_LABELS[0]
     regmean_samples: int = REGMEAN_SAMPLES
     seed: int = 0
+
+    refused: list[tuple[int, str]] = field(default_factory=list)
+    """``(client, reason)`` for every answer a merge refused (:meth:`refuse`)."""
+
+    def refuse(self, index: int, reason: str) -> None:
+        """Record that the merge refused client ``index``'s answer (in-memory clients are
+        asked again by the next merge)."""
+        self.refused.append((int(index), str(reason)))
 
     def __post_init__(self) -> None:
         n = len(self.states)

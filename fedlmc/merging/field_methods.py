@@ -46,6 +46,7 @@ __all__ = [
     "OT_COLUMNS",
     "OT_REG",
     "REGMEAN_ALPHA",
+    "REGMEAN_GROWTH",
     "REGMEAN_RIDGE",
     "REGMEAN_SAMPLES",
     "REGMEAN_SUMS",
@@ -69,6 +70,12 @@ r"""Default :math:`\alpha`, the scale of the Gram matrices' non-diagonal entries
 for CLIP)."""
 REGMEAN_RIDGE = 1e-4
 r"""Default relative ridge :math:`\rho` of RegMean's solve."""
+REGMEAN_GROWTH = 10.0
+r"""Largest growth of RegMean's solution, :math:`\|W\|_F / \max_i \|W_i\|_F` per layer, before
+the client without which it grows least is dropped
+(:func:`fedlmc.merging.regmean.solution_growth`): honest clients' solutions stayed within 1.06
+in benchmarks/statistics_attacks.py's runs, one client's Grams with their off-diagonal entries
+times -4 took them to 18 to 50 (docs/reliability.md)."""
 REGMEAN_SAMPLES = 256
 """Default bound on the examples a client computes its Gram matrices on (FusionBench's
 ``num_regmean_examples``)."""
@@ -298,11 +305,46 @@ def regmean_merging(job: MergeJob) -> Alignment:
 
     alpha = float(option(job.options, "regmean_alpha"))
     ridge = float(job.options.get("regmean_ridge", REGMEAN_RIDGE))
-    return _merge_answers(
-        job,
-        job.clients.gram_matrices(regmean_layers(job.template)),
-        "sets of Gram matrices",
-        lambda states, grams, weights: regmean_merge(states, grams, weights, alpha, ridge),
+    layers = regmean_layers(job.template)
+    grams = list(job.clients.gram_matrices(layers))
+
+    def merge(states, found, weights):
+        return regmean_merge(states, found, weights, alpha, ridge)
+
+    while True:
+        alignment = _merge_answers(job, grams, "sets of Gram matrices", merge)
+        culprit = _blow_up_culprit(job, grams, layers, alignment, merge)
+        if culprit is None:
+            return alignment
+        job.clients.refuse(*culprit)
+        grams[culprit[0]] = None
+
+
+def _blow_up_culprit(job: MergeJob, grams: list, layers, alignment: Alignment, merge):
+    """``(index, reason)`` of the client whose Gram matrices blow RegMean's solution up (a
+    layer's :func:`fedlmc.merging.regmean.solution_growth` above :data:`REGMEAN_GROWTH`): the one
+    without which the largest growth is smallest; ``None`` when the solution is within the
+    limit or fewer than two clients are merged."""
+    from fedlmc.averaging import normalised_weights
+    from fedlmc.merging.regmean import solution_growth
+
+    growth = solution_growth(alignment.merged, alignment.aligned, layers)
+    layer = max(growth, key=growth.get)
+    kept = [i for i, g in enumerate(grams) if g is not None]
+    if growth[layer] <= REGMEAN_GROWTH or len(kept) < 2:
+        return None
+    without = {}
+    for index in kept:
+        rest = [i for i in kept if i != index]
+        states = [job.states[i] for i in rest]
+        weights = normalised_weights([job.weights[i] for i in rest], len(rest))
+        merged = merge(states, [grams[i] for i in rest], weights)
+        without[index] = max(solution_growth(merged, states, layers).values())
+    index = min(without, key=without.get)
+    return index, (
+        f"with its Gram matrices RegMean's solution of layer {layer!r} has {growth[layer]:.3g} "
+        f"x the largest client weight norm, without them at most {without[index]:.3g} x; "
+        f"allowed: at most {REGMEAN_GROWTH:g} x"
     )
 
 

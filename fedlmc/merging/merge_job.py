@@ -58,6 +58,11 @@ class ClientQueries(Protocol):
         ``None`` for a client whose answer was dropped."""
         ...
 
+    def refuse(self, index: int, reason: str) -> None:
+        """The merge refused client ``index``'s answer to the latest query (``reason``: one
+        line); a federation drops the client by name and asks it nothing more."""
+        ...
+
 
 @dataclass
 class MergeJob:

@@ -56,6 +56,7 @@ __all__ = [
     "regmean_merge",
     "regmean_parts",
     "regmean_solution",
+    "solution_growth",
 ]
 
 
@@ -135,6 +136,28 @@ def regmean_merge(
     for key, value in regmean_from_means(*weighted_means(parts, w), 1.0, ridge).items():
         merged[key] = value.to(states[0][key].dtype)
     return merged
+
+
+def solution_growth(
+    merged: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], layers: Sequence[str]
+) -> dict[str, float]:
+    r"""Per layer, :math:`\|W\|_F / \max_i \|W_i\|_F`: the merged weight's norm against the
+    largest of the clients' (0 when every client's is 0). With positive semi-definite Grams the
+    solve is a matrix-weighted average of the clients' weights; it grows far past them only
+    where the summed Gram is nearly singular along a direction some client's Gram weights
+    differently (a Gram crafted to blow the solution up)."""
+    growth = {}
+    for layer in layers:
+        key = f"{layer}.weight"
+        largest = max(_norm(sd[key]) for sd in states)
+        norm = _norm(merged[key])
+        growth[layer] = norm / largest if largest > 0 else (math.inf if norm > 0 else 0.0)
+    return growth
+
+
+def _norm(tensor: Tensor) -> float:
+    """The Frobenius norm, accumulated in float64 (no float64 copy)."""
+    return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
 
 
 def regmean_parts(

@@ -210,6 +210,7 @@ def _base_columns(context: StudyContext, baseline: ClientBaseline, method: str) 
     columns: dict[str, Any] = {"merge_seconds": merged.seconds, **merged.info}
     if merged.query_rounds:  # the federation adds its collecting round's (the ServerApp)
         columns.update(rounds=merged.query_rounds, bytes_sent_by_clients=merged.query_bytes)
+        columns.update(lost_columns(merged.query_lost))
     columns["merged_parameters_ratio"] = parameters_ratio(merged, context.template)
     columns.update(gap_columns(baseline.endpoints, metrics))
     columns.update(agreement_columns(baseline.top1, pred.test.argmax(dim=1)))
@@ -219,6 +220,16 @@ def _base_columns(context: StudyContext, baseline: ClientBaseline, method: str) 
         context.say(f"diagnostics: {method}")
         columns.update(diagnostic_columns(context, merged))
     return _BaseMerge(merged, columns, metrics, pred.temperature)
+
+
+def lost_columns(lost: Sequence[Any]) -> dict[str, Any]:
+    """``clients_dropped`` (distinct nodes) and ``clients_dropped_reasons`` of the clients a
+    method lost to the query rounds (:attr:`fedlmc.study.merge.Merged.query_lost`); the
+    federation adds its collecting round's (the ServerApp)."""
+    return {
+        "clients_dropped": len({f.node_id for f in lost}),
+        "clients_dropped_reasons": "; ".join(f.describe() for f in lost),
+    }
 
 
 def _path_columns(context: StudyContext, merged: Merged, method: str) -> dict[str, Any]:

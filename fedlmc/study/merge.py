@@ -58,7 +58,8 @@ class Merged:
     ``state`` only the combination of the aligned clients (no state dict of ``model``).
     ``query_rounds`` and ``query_bytes``: the message rounds and reply bytes of the clients'
     query rounds the method ran (a federation's clients that count them, such as
-    :class:`fedlmc.strategies.queries.ClientRounds`; 0 otherwise)."""
+    :class:`fedlmc.strategies.queries.ClientRounds`; 0 otherwise), ``query_lost`` the clients
+    it merged without because a query dropped them."""
 
     model: nn.Module
     state: StateDict
@@ -72,6 +73,11 @@ class Merged:
     template_shaped: bool = True
     query_rounds: int = 0
     query_bytes: int = 0
+    query_lost: list[Any] = field(default_factory=list)
+    """The clients a method that merges the clients' answers (``needs_clients``) lost to the
+    query rounds, by then or in its own (a federation's failures, each with ``node_id`` and
+    ``describe()``, e.g. :class:`fedlmc.strategies.strategy_utils.Failure`): a client dropped
+    from one query is asked nothing later, so the method merged without it."""
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -153,6 +159,7 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         template_shaped=entry.rule.template_shaped,
         query_rounds=after[0] - before[0],
         query_bytes=after[1] - before[1],
+        query_lost=list(getattr(context.clients, "dropped", ())) if entry.needs.clients else [],
     )
 
 

@@ -9,15 +9,23 @@ message to the ClientApp (no Ray)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from flwr.app import Message
 
 from fedlmc.merging.clients import LocalClients
 from fedlmc.merging.methods import merge_states
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.server_app import run_server
 from fedlmc.simulations.task import build_from_config, client_train_data, load_splits
-from fedlmc.strategies.protocol import record_to_state
+from fedlmc.strategies.protocol import (
+    GRAM_QUERY,
+    record_to_state,
+    statistics_from_content,
+    statistics_to_content,
+)
 from tests.simulations.test_client_app_warmup import TINY, ClientAppGrid
 
 METHODS = "average,fisher,fisher_t,regmean,task_arithmetic,ties,dare,ot_fusion,activation_federated"
@@ -109,3 +117,47 @@ def test_an_aligned_fisher_cell_gives_the_same_merge(compare_cell, task_identity
         torch.testing.assert_close(found.merged["fisher"][key], value, rtol=1e-5, atol=1e-6)
     kept = [k for c in other.contexts.values() for k in c.state.array_records]
     assert kept == []  # the aligned cell's query released every kept model
+
+
+class PoisonedGramGrid(ClientAppGrid):
+    """The ClientApps' grid, partition 2's ``query.gram`` reply rewritten by ``spoil`` (its
+    digest and metrics kept)."""
+
+    def __init__(self, num_nodes: int, spoil) -> None:
+        super().__init__(num_nodes)
+        self.spoil = spoil
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = super().send_and_receive(messages, timeout=timeout)
+        for index, (message, reply) in enumerate(zip(messages, replies, strict=True)):
+            kind = message.metadata.message_type.rsplit(".", 1)[-1]
+            if kind == GRAM_QUERY and int(message.metadata.dst_node_id) == 3:
+                tensors, digest = statistics_from_content(reply.content)
+                spoiled = {k: self.spoil(v) for k, v in tensors.items()}
+                content = statistics_to_content(spoiled, digest, {"partition-id": 2})
+                replies[index] = Message(content, reply_to=message)
+        return replies
+
+
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [(lambda g: g * 1e6, "x the median"), (lambda g: g * math.nan, "non-finite values")],
+    ids=["x1e6", "nan"],
+)
+def test_each_compare_row_counts_and_names_the_clients_its_method_lost(
+    spoil, reason, task_identity
+):
+    """RegMean's query drops partition 2 (its Grams x1e6: the relative rule; NaN: the reply
+    screen); RegMean merges the other two and so does Fisher merging after it (partition 2 is
+    asked nothing more); the rows of the methods that never asked keep every client."""
+    config = {**CELL, "num-clients": 3, "methods": "average,regmean,regmean_t,fisher,fisher_t"}
+    outcome = run_server(PoisonedGramGrid(3, spoil), config, simulated=True)
+    rows = outcome.table().set_index("method")
+    assert rows.loc["average", "clients_survived"] == 3
+    assert rows.loc["average", "clients_dropped"] == 0
+    for method in ("regmean", "regmean_t", "fisher", "fisher_t"):
+        assert rows.loc[method, "clients_survived"] == 2, method
+        assert rows.loc[method, "clients_dropped"] == 1, method
+        reasons = rows.loc[method, "clients_dropped_reasons"]
+        assert "(partition 2): gram reply:" in reasons and reason in reasons, reasons
+        assert "(partition 2)" in rows.loc[method, "clients_failed"]

@@ -18,11 +18,13 @@ from fedlmc.merging.regmean import gram_matrices, regmean_layers
 from fedlmc.models.classifiers import build_model
 from fedlmc.strategies.protocol import (
     FISHER_QUERY,
+    GRAM_QUERY,
     state_digest,
     statistics_from_content,
     statistics_to_content,
 )
 from fedlmc.strategies.queries import ClientRounds
+from fedlmc.strategies.robust import OFF, RobustScreen
 from fedlmc.strategies.screening import ScreenError, screen_statistics_reply
 from fedlmc.strategies.strategy_utils import ClientUpdate
 
@@ -38,8 +40,9 @@ def _model(seed: int) -> torch.nn.Module:
 
 
 def _data(seed: int):
+    """Inputs with a common offset (correlated, as pixels are), and labels."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(20, 1, 3, 3, generator=generator), torch.randint(
+    return torch.randn(20, 1, 3, 3, generator=generator) + 1.0, torch.randint(
         0, 10, (20,), generator=generator
     )
 
@@ -68,12 +71,19 @@ class StatisticsGrid:
         return replies
 
 
-def _rounds(spoil=None):
+def _rounds(spoil=None, robust=OFF):
     models = [_model(s) for s in range(3)]
     survivors = [ClientUpdate(n, n, models[n].state_dict(), 20, {}, 0) for n in range(3)]
     grid = StatisticsGrid(models, spoil)
     rounds = ClientRounds(
-        grid, survivors, {}, template=models[0], device="cpu", timeout=5.0, min_clients=2
+        grid,
+        survivors,
+        {},
+        template=models[0],
+        device="cpu",
+        timeout=5.0,
+        min_clients=2,
+        robust=robust,
     )
     return rounds, models
 
@@ -133,3 +143,84 @@ def test_the_screen_refuses_a_reply_without_a_digest():
     del content.config_records["digest"]
     with pytest.raises(ScreenError, match="expected exactly one ConfigRecord"):
         screen_statistics_reply(content, {"w": (2,)}, "fisher")
+
+
+def _off_diagonal_times(factor: float):
+    def spoil(tensors, digest):
+        out = {}
+        for name, g in tensors.items():
+            diagonal = torch.diag(torch.diagonal(g))
+            out[name] = diagonal + factor * (g - diagonal)
+        return out, digest
+
+    return spoil
+
+
+def _top_direction_negated(tensors, digest):
+    """Every Gram's top eigen-direction negated off the diagonal: symmetric, the diagonal kept
+    (what the screen accepted before), one eigenvalue far below 0."""
+    out = {}
+    for name, g in tensors.items():
+        values, vectors = torch.linalg.eigh(g.double())
+        part = values[-1] * torch.outer(vectors[:, -1], vectors[:, -1])
+        out[name] = (g.double() - 2 * (part - torch.diag(torch.diagonal(part)))).float()
+    return out, digest
+
+
+def _times(factor: float):
+    return lambda tensors, digest: ({k: v * factor for k, v in tensors.items()}, digest)
+
+
+def _every_entry(value: float):
+    return lambda tensors, digest: (
+        {k: torch.full_like(v, value) for k, v in tensors.items()},
+        digest,
+    )
+
+
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [
+        (_off_diagonal_times(-4.0), "positive semi-definite"),
+        (_top_direction_negated, "positive semi-definite"),
+        (_times(1e6), "x the median over clients"),
+    ],
+    ids=["off-diagonal x -4", "indefinite", "x1e6"],
+)
+def test_a_poisoned_gram_reply_is_dropped_by_name_and_the_others_merged(spoil, reason):
+    rounds, models = _rounds(spoil, RobustScreen())
+    layers = regmean_layers(models[0])
+    grams = rounds.gram_matrices(layers)
+    assert grams[2] is None and grams[0] is not None and grams[1] is not None
+    (failure,) = rounds.dropped
+    assert failure.partition_id == 2 and failure.stage == GRAM_QUERY
+    assert reason in failure.reason and "partition 2" in failure.describe()
+    honest = gram_matrices(models[0], _data(0)[0], layers)
+    assert all(torch.allclose(grams[0][k], honest[k]) for k in layers)
+
+
+@pytest.mark.parametrize("spoil", [_times(1e6), _every_entry(1e37)], ids=["x1e6", "1e37"])
+def test_a_fisher_reply_out_of_scale_is_dropped_by_name_and_the_others_merged(spoil):
+    rounds, _ = _rounds(spoil, RobustScreen())
+    fishers = rounds.fisher_diagonals()
+    assert fishers[2] is None and fishers[0] is not None and fishers[1] is not None
+    (failure,) = rounds.dropped
+    assert failure.partition_id == 2 and failure.stage == FISHER_QUERY
+    assert "mean Fisher entry" in failure.reason and "x the median over clients" in failure.reason
+
+
+def test_an_honest_round_with_the_relative_rule_drops_nobody():
+    rounds, models = _rounds(robust=RobustScreen())
+    assert all(f is not None for f in rounds.fisher_diagonals())
+    assert all(g is not None for g in rounds.gram_matrices(regmean_layers(models[0])))
+    assert rounds.dropped == []
+
+
+def test_a_client_the_merge_refuses_is_dropped_by_name_from_the_latest_query():
+    rounds, models = _rounds()
+    rounds.gram_matrices(regmean_layers(models[0]))
+    rounds.refuse(1, "its Gram matrices blow the solution up")
+    (failure,) = rounds.dropped
+    assert failure.partition_id == 1 and failure.stage == GRAM_QUERY
+    assert [u.node_id for u in rounds.survivors] == [0, 2]
+    assert rounds.fisher_diagonals()[1] is None  # asked nothing more

@@ -16,6 +16,7 @@ from fedlmc.merging.field_methods import (
     FISHER_LABELS,
     FISHER_SUMS,
     REGMEAN_ALPHA,
+    REGMEAN_GROWTH,
     REGMEAN_RIDGE,
     REGMEAN_SUMS,
     TA_SCALING,
@@ -23,7 +24,12 @@ from fedlmc.merging.field_methods import (
 from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, fisher_merge, statistics_seed
 from fedlmc.merging.method_registry import merge_method, register_method
 from fedlmc.merging.methods import merge_states
-from fedlmc.merging.regmean import gram_matrices, regmean_layers, regmean_merge
+from fedlmc.merging.regmean import (
+    gram_matrices,
+    regmean_layers,
+    regmean_merge,
+    solution_growth,
+)
 from fedlmc.merging.sum_form import SecureSums, weighted_means
 from fedlmc.merging.task_vectors import task_arithmetic
 from fedlmc.models.classifiers import build_model
@@ -90,6 +96,29 @@ def test_regmean_through_merge_states_is_the_rule_on_each_clients_own_grams():
         torch.testing.assert_close(merged[key], expected[key])
     sizes = sum(models[0].state_dict()[f"{n}.weight"].shape[1] ** 2 for n in layers)
     assert info["client_statistics_bytes"] == 3 * 4 * sizes
+    assert local.refused == []  # honest clients: the solution is within the growth limit
+
+
+def test_a_gram_that_blows_the_regmean_solution_up_is_refused_and_the_rest_merged():
+    """Clients 0 and 1 see inputs along (1, 0), client 2 along (1, 0.01) with another map: the
+    summed Gram is nearly singular along (0, 1), every Gram positive semi-definite and of the
+    same scale, and the solution grows 16 times past the clients' weights; without client 2
+    it is theirs."""
+    template = torch.nn.Sequential(torch.nn.Linear(2, 1, bias=False))
+    a = torch.linspace(0.5, 1.5, 8)[:, None]
+    inputs = [a * torch.tensor([1.0, 0.0])] * 2 + [a * torch.tensor([1.0, 0.01])]
+    rows = ([1.0, 0.0], [1.0, 0.0], [0.0, 1.0])
+    states = [{"0.weight": torch.tensor([row])} for row in rows]
+    labels = [(x, torch.zeros(len(x), dtype=torch.long)) for x in inputs]
+    local = LocalClients(template, states, inputs, labels)
+    grams = [gram_matrices(template, x, ["0"]) for x in inputs]
+    blown = regmean_merge(states, grams, [1, 1, 1], REGMEAN_ALPHA, REGMEAN_RIDGE)
+    assert solution_growth(blown, states, ["0"])["0"] > REGMEAN_GROWTH
+    merged, aligned = merge_states("regmean", template, states, None, clients=local)
+    ((index, reason),) = local.refused
+    assert index == 2 and "RegMean's solution of layer '0'" in reason
+    assert len(aligned) == 2
+    torch.testing.assert_close(merged["0.weight"], torch.tensor([[1.0, 0.0]]), atol=1e-3, rtol=0)
 
 
 class _DroppingClients:
