@@ -92,6 +92,8 @@ class Key:
     """For keys with named values: the allowed names (read when asked, e.g. from a registry)."""
     booleans: bool = False
     """A named key whose names include ``"true"``/``"false"``: TOML booleans are read as those."""
+    comma_list: bool = False
+    """A comma-separated list: a TOML list is read as its items joined by commas."""
     runtime: bool = False
     """Where or how a run executes, not what it computes: left out of a cell's identity."""
     applies: Rule | None = None
@@ -224,6 +226,24 @@ def coerce(key: str, value: Any, expected: type) -> Any:
     raise ConfigError(f"{key} = {shown(value)}: expected {expected.__name__}")
 
 
+def joined_list(key: str, value: Any) -> Any:
+    """A list key's ``value``: a string as it is, a list (of names or numbers) joined by commas;
+    anything else refused with what is allowed."""
+    if isinstance(value, str):
+        return value
+    items = value if isinstance(value, list | tuple) else [value]
+    if not isinstance(value, list | tuple) or not all(_list_item(item) for item in items):
+        raise ConfigError(
+            f"{key} = {shown(value)}: allowed: a comma-separated string or a list of names or "
+            "numbers"
+        )
+    return ",".join(str(item) for item in items)
+
+
+def _list_item(item: Any) -> bool:
+    return isinstance(item, str | int | float) and not isinstance(item, bool)
+
+
 def check_value(key: str, value: Any, schema: Mapping[str, Key], where: str = "") -> Any:
     """``value`` coerced to the type of ``schema[key]`` and checked (``where`` prefixes the key
     in messages, e.g. ``"grid."``); floats must be finite."""
@@ -232,6 +252,8 @@ def check_value(key: str, value: Any, schema: Mapping[str, Key], where: str = ""
         value = "true" if value else "false"
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
         raise ConfigError(out_of_range(f"{where}{key}", value, spec))
+    if spec.comma_list:
+        value = joined_list(f"{where}{key}", value)
     value = coerce(f"{where}{key}", value, spec.type)
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{where}{key} = {shown(value)}: allowed: a finite number")
