@@ -44,7 +44,8 @@ Every sub-command's ``--help`` ends with examples (:mod:`fedlmc.simulations.cli_
 run-config key given as ``--epochs 2`` is answered with ``epochs=2``.
 
 Configuration errors (and ``ValueError`` from bad data or partition settings) end with one line
-``fedlmc: error: ...`` on stderr and exit status 2, without a traceback; so does a
+``fedlmc: error: ...`` on stderr (one per mistake: a sweep file's independent mistakes, key by
+key, are all named) and exit status 2, without a traceback; so does a
 ``--ray-address`` where no Ray cluster answers. ``sweep`` exits 1 when every cell failed, or
 (one line) when the simulation stopped with cells unfinished (a rerun resumes); ``run`` exits 1
 (one line on stderr) when the federation fails.
@@ -68,6 +69,7 @@ from fedlmc.simulations.cli_help import (
     key_value_hint,
     keys_listing,
     methods_listing,
+    one_line,
 )
 from fedlmc.simulations.config import (
     MAX_CELLS,
@@ -288,19 +290,11 @@ def dest_name(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
-MAX_MESSAGE = 600  # characters of an error message: its start and its end are kept
-
-
 def print_error(message: object, status: int = 1) -> int:
-    """``fedlmc: error: <message on one line>`` on stderr, at most :data:`MAX_MESSAGE`
-    characters (the middle of a longer one, e.g. a 10,000-character path, is cut); returns
-    ``status`` (the exit code)."""
-    text = " ".join(str(message).split())
-    if len(text) > MAX_MESSAGE:
-        text = (
-            f"{text[: MAX_MESSAGE // 2]} ... {text[-MAX_MESSAGE // 4 :]} ({len(text)} characters)"
-        )
-    print(f"fedlmc: error: {text}", file=sys.stderr)
+    """``fedlmc: error: <message on one line>`` on stderr (:func:`one_line`), one line per
+    mistake of a :class:`ConfigErrors`; returns ``status`` (the exit code)."""
+    for part in getattr(message, "messages", [message]):
+        print(f"fedlmc: error: {one_line(part)}", file=sys.stderr)
     return status
 
 

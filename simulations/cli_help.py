@@ -46,6 +46,18 @@ METHODS_NOTE = (
 """What ``fedlmc methods`` says about the ``_t`` rows."""
 
 WIDEST = 100
+MAX_MESSAGE = 600  # characters of an error message: its start and its end are kept
+
+
+def one_line(message: object) -> str:
+    """``message`` on one line, at most :data:`MAX_MESSAGE` characters (the middle of a longer
+    one, e.g. a 10,000-character path, is cut)."""
+    text = " ".join(str(message).split())
+    if len(text) > MAX_MESSAGE:
+        text = (
+            f"{text[: MAX_MESSAGE // 2]} ... {text[-MAX_MESSAGE // 4 :]} ({len(text)} characters)"
+        )
+    return text
 
 
 def methods_listing() -> str:

@@ -71,6 +71,32 @@ class ConfigError(ValueError):
     """An invalid configuration value; the one-line message names key, value and what is allowed."""
 
 
+class ConfigErrors(ConfigError):
+    """Several independent mistakes of one file, each a one-line :class:`ConfigError` message
+    (``messages``), so that a file with three mistakes names all three."""
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        self.messages = [m for err in errors for m in getattr(err, "messages", [str(err)])]
+        super().__init__("; ".join(self.messages))
+
+
+def collected(checks: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Each check's result (``None`` for one that failed), then :class:`ConfigErrors` naming
+    every failure when more than one failed (the one :class:`ConfigError` itself when one did)."""
+    results, errors = [], []
+    for check in checks:
+        try:
+            results.append(check())
+        except ConfigError as err:
+            errors.append(err)
+            results.append(None)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors(errors)
+    return results
+
+
 @dataclass(frozen=True)
 class Rule:
     """A function of a validated configuration with its text for the docs: a condition

@@ -93,3 +93,21 @@ def test_a_list_key_takes_a_toml_list_or_names_both_forms(tmp_path):
     for bad in (3, ["average", True], {"a": 1}):
         with pytest.raises(ConfigError, match="allowed: a comma-separated string or a list"):
             validate_run_config({"methods": bad})
+
+
+def test_collected_names_every_failed_check_and_one_alone():
+    from fedlmc.simulations.config.schema import ConfigErrors, collected
+
+    def bad(text):
+        def check():
+            raise ConfigError(text)
+
+        return check
+
+    assert collected([lambda: 1, lambda: 2]) == [1, 2]
+    with pytest.raises(ConfigError, match="^one$") as alone:
+        collected([lambda: 1, bad("one")])
+    assert not isinstance(alone.value, ConfigErrors)
+    with pytest.raises(ConfigErrors) as several:
+        collected([bad("a"), lambda: 1, bad("b"), bad("c")])
+    assert several.value.messages == ["a", "b", "c"]
