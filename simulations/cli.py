@@ -18,7 +18,9 @@
   memory its models need, and that the out dir is a writable folder holding no ``fedlmc run``
   results) and print its expanded cells.
 - ``fedlmc methods`` / ``fedlmc models``: the registered merge methods / models (markdown tables,
-  as in the docs pages); ``fedlmc keys``: every run-config key (``--pyproject``: the
+  as in the docs pages; ``methods`` then says what the ``_t`` rows are); ``fedlmc keys
+  [NAME|PATTERN]``: every run-config key, one, or those a pattern such as ``'dp-*'`` matches, on
+  wrapped lines (``--markdown``: the docs' table; ``--pyproject``: the
   ``[tool.flwr.app.config]`` block of ``pyproject.toml``; ``--write-pyproject PATH``: rewrite that
   block in the file); ``fedlmc columns``: every results column with its definition.
 - ``fedlmc track DIR --to NAME [--track-dir DIR] [--tracking-uri URI]``: export a sweep's or a
@@ -38,8 +40,12 @@
 A config file is a regular file of at most 1 MiB (:mod:`fedlmc.simulations.config.config_file`);
 no path written is a link, a device, a FIFO (:mod:`fedlmc.simulations.records.written_paths`).
 
+Every sub-command's ``--help`` ends with examples (:mod:`fedlmc.simulations.cli_help`); a
+run-config key given as ``--epochs 2`` is answered with ``epochs=2``.
+
 Configuration errors (and ``ValueError`` from bad data or partition settings) end with one line
-``fedlmc: error: ...`` on stderr and exit status 2, without a traceback; so does a
+``fedlmc: error: ...`` on stderr (one per mistake: a sweep file's independent mistakes, key by
+key, are all named) and exit status 2, without a traceback; so does a
 ``--ray-address`` where no Ray cluster answers. ``sweep`` exits 1 when every cell failed, or
 (one line) when the simulation stopped with cells unfinished (a rerun resumes); ``run`` exits 1
 (one line on stderr) when the federation fails.
@@ -54,8 +60,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeAlias
 
-from fedlmc.data.catalog import DOWNLOADABLE, datasets_markdown
+from fedlmc.data.catalog import datasets_markdown
 from fedlmc.io import atomic_write_text
+from fedlmc.simulations.cli_help import (
+    add_data_command,
+    add_listing_commands,
+    help_options,
+    key_value_hint,
+    keys_listing,
+    methods_listing,
+    one_line,
+)
 from fedlmc.simulations.config import (
     MAX_CELLS,
     ConfigError,
@@ -68,13 +83,13 @@ from fedlmc.simulations.config import (
     load_sweep_config,
     memory_check_note,
     parse_override,
+    run_schema,
     validate_run_config,
 )
 from fedlmc.simulations.config.config_file import read_config_text
 from fedlmc.simulations.config.tables import (
     columns_table,
     keys_table,
-    methods_table,
     models_table,
     pyproject_config,
     with_pyproject_config,
@@ -104,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_sweep_command(sub: Commands) -> None:
     """``fedlmc sweep CONFIG.toml [key=value ...]`` and its options."""
-    sweep = sub.add_parser("sweep", help="run or resume a sweep, then build its report")
+    sweep = sub.add_parser(
+        "sweep", help="run or resume a sweep, then build its report", **help_options("sweep")
+    )
     sweep.add_argument("config", help="sweep TOML file")
     sweep.add_argument("overrides", nargs="*", metavar="key=value", help="overrides")
     sweep.add_argument("--out", help="output folder (default: results/<name>)")
@@ -133,7 +150,9 @@ def add_sweep_command(sub: Commands) -> None:
 
 def add_report_command(sub: Commands) -> None:
     """``fedlmc report DIR``."""
-    report = sub.add_parser("report", help="build figures and report.md from a sweep folder")
+    report = sub.add_parser(
+        "report", help="build figures and report.md from a sweep folder", **help_options("report")
+    )
     report.add_argument("dir", help="a sweep output folder (holding results.csv)")
     report.add_argument(
         "--to",
@@ -148,7 +167,7 @@ def add_run_command(sub: Commands) -> None:
     run = sub.add_parser(
         "run",
         help="run one federation and print its rows",
-        epilog=f"methods: {', '.join(cell_methods())} (fedlmc keys lists every key)",
+        **help_options("run", f"methods: {', '.join(cell_methods())} (fedlmc keys: every key)"),
     )
     run.add_argument("overrides", nargs="*", metavar="key=value", help="run-config values")
     run.add_argument("--csv", help="also write the rows to this CSV file")
@@ -158,14 +177,18 @@ def add_run_command(sub: Commands) -> None:
 
 def add_track_command(sub: Commands) -> None:
     """``fedlmc track DIR --to NAME``."""
-    track = sub.add_parser("track", help="export a sweep's or a run's out dir to a tracker")
+    track = sub.add_parser(
+        "track", help="export a sweep's or a run's out dir to a tracker", **help_options("track")
+    )
     track.add_argument("dir", help="a sweep's or a fedlmc run's out dir (holding results.csv)")
     add_track_options(track, "--to", required=True)
 
 
 def add_validate_command(sub: Commands) -> None:
     """``fedlmc validate CONFIG.toml [key=value ...]`` and its options."""
-    validate = sub.add_parser("validate", help="validate a sweep and list its cells")
+    validate = sub.add_parser(
+        "validate", help="validate a sweep and list its cells", **help_options("validate")
+    )
     validate.add_argument("config", help="sweep TOML file")
     validate.add_argument("overrides", nargs="*", metavar="key=value", help="overrides")
     validate.add_argument("--out", help="the output folder to check (default: results/<name>)")
@@ -179,51 +202,26 @@ def add_validate_command(sub: Commands) -> None:
     add_max_cells(validate)
 
 
-def add_listing_commands(sub: Commands) -> None:
-    """``fedlmc methods``, ``models``, ``keys`` and ``columns``: the markdown listings."""
-    sub.add_parser("methods", help="list the registered merge methods (markdown)")
-    sub.add_parser("models", help="list the registered models and their options (markdown)")
-    keys = sub.add_parser("keys", help="list every run-config key with its default (markdown)")
-    keys.add_argument(
-        "--pyproject",
-        action="store_true",
-        help="print pyproject.toml's [tool.flwr.app.config] block instead (every key's default)",
-    )
-    keys.add_argument(
-        "--write-pyproject",
-        metavar="PATH",
-        help="replace the [tool.flwr.app.config] block of the pyproject.toml at PATH",
-    )
-    sub.add_parser("columns", help="list every results column with its definition (markdown)")
-
-
 def add_superlink_command(sub: Commands) -> None:
     """``fedlmc superlink start|stop``."""
     link = sub.add_parser(
         "superlink",
         help="start or stop Flower's local SuperLink for `flwr run .` (waits longer than "
         "Flower's 15 s)",
+        **help_options("superlink"),
     )
     link_sub = link.add_subparsers(dest="superlink_command", required=True)
-    start = link_sub.add_parser("start", help="start it and wait until it answers")
+    start = link_sub.add_parser(
+        "start", help="start it and wait until it answers", **help_options("superlink start")
+    )
     start.add_argument(
         "--timeout", type=float, default=300.0, metavar="S", help="seconds to wait (300)"
     )
-    link_sub.add_parser("stop", help="stop it (whoever started it), by its process id")
-
-
-def add_data_command(sub: Commands) -> None:
-    """``fedlmc data list|fetch``."""
-    data = sub.add_parser("data", help="data sets: list them, fetch one into a folder")
-    data_sub = data.add_subparsers(dest="data_command", required=True)
-    data_sub.add_parser("list", help="list the registered data sets (markdown)")
-    fetch = data_sub.add_parser(
-        "fetch",
-        help="download a torchvision data set (md5-checked) where load_dataset reads it",
+    link_sub.add_parser(
+        "stop",
+        help="stop it (whoever started it), by its process id",
+        **help_options("superlink stop"),
     )
-    fetch.add_argument("name", choices=DOWNLOADABLE, help="data set")
-    fetch.add_argument("--root", required=True, help="folder to fetch into (the data-root)")
-    fetch.add_argument("--mirror", help="base URL of a mirror (default: torchvision's URLs)")
 
 
 def add_ray_address(parser: argparse.ArgumentParser) -> None:
@@ -292,19 +290,11 @@ def dest_name(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
-MAX_MESSAGE = 600  # characters of an error message: its start and its end are kept
-
-
 def print_error(message: object, status: int = 1) -> int:
-    """``fedlmc: error: <message on one line>`` on stderr, at most :data:`MAX_MESSAGE`
-    characters (the middle of a longer one, e.g. a 10,000-character path, is cut); returns
-    ``status`` (the exit code)."""
-    text = " ".join(str(message).split())
-    if len(text) > MAX_MESSAGE:
-        text = (
-            f"{text[: MAX_MESSAGE // 2]} ... {text[-MAX_MESSAGE // 4 :]} ({len(text)} characters)"
-        )
-    print(f"fedlmc: error: {text}", file=sys.stderr)
+    """``fedlmc: error: <message on one line>`` on stderr (:func:`one_line`), one line per
+    mistake of a :class:`ConfigErrors`; returns ``status`` (the exit code)."""
+    for part in getattr(message, "messages", [message]):
+        print(f"fedlmc: error: {one_line(part)}", file=sys.stderr)
     return status
 
 
@@ -499,7 +489,7 @@ def command_validate(args: argparse.Namespace) -> int:
 
 
 def command_methods(args: argparse.Namespace) -> int:
-    print(methods_table())
+    print(methods_listing())
     return 0
 
 
@@ -521,7 +511,7 @@ def command_keys(args: argparse.Namespace) -> int:
     elif args.pyproject:
         print(pyproject_config(), end="")
     else:
-        print(keys_table())
+        print(keys_table() if args.markdown else keys_listing(args.name))
     return 0
 
 
@@ -578,7 +568,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     handle_signals()  # SIGTERM stops a command like Ctrl-C does (exit status 143)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # `--epochs 2`: point to epochs=2
+        hint = key_value_hint(extras, sys.argv[1:] if argv is None else argv, list(run_schema()))
+        parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
     try:
         return COMMANDS[args.command](args)
     except ValueError as err:  # ConfigError is a ValueError

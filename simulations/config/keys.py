@@ -124,6 +124,7 @@ def declared_keys() -> dict[str, Key]:
             "one width multiplier per client, in partition order, e.g. '0.5,1,2,4' (empty: "
             "every client uses width); as many as num-clients",
             _widths_list,
+            comma_list=True,
         ),
         "server-width": Key(
             float,
@@ -199,6 +200,7 @@ def declared_keys() -> dict[str, Key]:
             "clients of different widths get its mixed-width counterparts (embed_average, ...)",
             _methods,
             cell_methods,
+            comma_list=True,
             applies=_strategy_is(Mode.COMPARE),
         ),
         "align": Key(

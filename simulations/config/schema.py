@@ -71,6 +71,32 @@ class ConfigError(ValueError):
     """An invalid configuration value; the one-line message names key, value and what is allowed."""
 
 
+class ConfigErrors(ConfigError):
+    """Several independent mistakes of one file, each a one-line :class:`ConfigError` message
+    (``messages``), so that a file with three mistakes names all three."""
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        self.messages = [m for err in errors for m in getattr(err, "messages", [str(err)])]
+        super().__init__("; ".join(self.messages))
+
+
+def collected(checks: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Each check's result (``None`` for one that failed), then :class:`ConfigErrors` naming
+    every failure when more than one failed (the one :class:`ConfigError` itself when one did)."""
+    results, errors = [], []
+    for check in checks:
+        try:
+            results.append(check())
+        except ConfigError as err:
+            errors.append(err)
+            results.append(None)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors(errors)
+    return results
+
+
 @dataclass(frozen=True)
 class Rule:
     """A function of a validated configuration with its text for the docs: a condition
@@ -92,6 +118,8 @@ class Key:
     """For keys with named values: the allowed names (read when asked, e.g. from a registry)."""
     booleans: bool = False
     """A named key whose names include ``"true"``/``"false"``: TOML booleans are read as those."""
+    comma_list: bool = False
+    """A comma-separated list: a TOML list is read as its items joined by commas."""
     runtime: bool = False
     """Where or how a run executes, not what it computes: left out of a cell's identity."""
     applies: Rule | None = None
@@ -231,6 +259,24 @@ def coerce(key: str, value: Any, expected: type) -> Any:
     raise ConfigError(f"{key} = {shown(value)}: expected {expected.__name__}")
 
 
+def joined_list(key: str, value: Any) -> Any:
+    """A list key's ``value``: a string as it is, a list (of names or numbers) joined by commas;
+    anything else refused with what is allowed."""
+    if isinstance(value, str):
+        return value
+    items = value if isinstance(value, list | tuple) else [value]
+    if not isinstance(value, list | tuple) or not all(_list_item(item) for item in items):
+        raise ConfigError(
+            f"{key} = {shown(value)}: allowed: a comma-separated string or a list of names or "
+            "numbers"
+        )
+    return ",".join(str(item) for item in items)
+
+
+def _list_item(item: Any) -> bool:
+    return isinstance(item, str | int | float) and not isinstance(item, bool)
+
+
 def check_value(key: str, value: Any, schema: Mapping[str, Key], where: str = "") -> Any:
     """``value`` coerced to the type of ``schema[key]`` and checked (``where`` prefixes the key
     in messages, e.g. ``"grid."``); floats must be finite."""
@@ -239,6 +285,8 @@ def check_value(key: str, value: Any, schema: Mapping[str, Key], where: str = ""
         value = "true" if value else "false"
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
         raise ConfigError(out_of_range(f"{where}{key}", value, spec))
+    if spec.comma_list:
+        value = joined_list(f"{where}{key}", value)
     value = coerce(f"{where}{key}", value, spec.type)
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{where}{key} = {shown(value)}: allowed: a finite number")

@@ -21,6 +21,7 @@ from fedlmc.simulations.config.schema import (
     ConfigError,
     Key,
     check_value,
+    collected,
     did_you_mean,
     out_of_range,
     shown,
@@ -171,12 +172,21 @@ def sweep_from_mapping(
     raw = _copy_tables(data)
     for text in overrides:
         apply_override(raw, text)
+    name, description, run, grid, report = collected(  # every table's mistakes, each named
+        [
+            lambda: _check_name(raw.get("name")),
+            lambda: _check_string("description", raw.get("description", "")),
+            lambda: _check_run_table(raw["run"]),
+            lambda: _check_grid_table(raw["grid"], raw["run"]),
+            lambda: _check_report_table(raw["report"]),
+        ]
+    )
     sweep = SweepConfig(
-        name=_check_name(raw.get("name")),
-        description=_check_string("description", raw.get("description", "")),
-        run=_check_run_table(raw["run"]),
-        grid=_check_grid_table(raw["grid"], raw["run"]),
-        report=_check_report_table(raw["report"]),
+        name=name,
+        description=description,
+        run=run,
+        grid=grid,
+        report=report,
         source=source,
         check_devices=check_devices,
     )
@@ -302,18 +312,28 @@ def _check_string(key: str, value: Any) -> str:
 
 
 def _check_known(table: str, keys: Sequence[str], schema: Mapping[str, Key]) -> None:
-    for key in keys:
-        if key not in schema:
-            raise ConfigError(
-                f"unknown key {table}.{key}{did_you_mean(key, list(schema))}; "
-                f"see the keys of [{table}] in the documentation"
-            )
+    collected([lambda key=key: _check_key_known(table, key, schema) for key in keys])
+
+
+def _check_key_known(table: str, key: str, schema: Mapping[str, Key]) -> None:
+    if key not in schema:
+        raise ConfigError(
+            f"unknown key {table}.{key}{did_you_mean(key, list(schema))}; "
+            f"see the keys of [{table}] in the documentation"
+        )
 
 
 def _check_run_table(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Every key of ``[run]`` known and its value valid; each mistake named."""
     schema = run_schema()
-    _check_known("run", list(run), schema)
-    return {key: check_value(key, value, schema, where="run.") for key, value in run.items()}
+    checks = [
+        lambda key=key, value=value: (
+            _check_key_known("run", key, schema),
+            check_value(key, value, schema, where="run."),
+        )[1]
+        for key, value in run.items()
+    ]
+    return dict(zip(run, collected(checks), strict=True))
 
 
 def _check_grid_table(grid: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -362,9 +382,11 @@ def _axis_value(axis: str, value: Any, schema: Mapping[str, Key]) -> Any:
 def _check_report_table(report: Mapping[str, Any]) -> dict[str, Any]:
     _check_known("report", list(report), REPORT_SCHEMA)
     settings = {k: spec.default for k, spec in REPORT_SCHEMA.items()}
-    for key, value in report.items():
-        settings[key] = check_value(key, value, REPORT_SCHEMA, where="report.")
-    return settings
+    checks = [
+        lambda key=key, value=value: check_value(key, value, REPORT_SCHEMA, where="report.")
+        for key, value in report.items()
+    ]
+    return settings | dict(zip(report, collected(checks), strict=True))
 
 
 def grid_points(sweep: SweepConfig) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from fedlmc.training_columns import training_columns_markdown
 __all__ = [
     "PYPROJECT_TABLE",
     "columns_table",
+    "key_facts",
     "keys_table",
     "methods_table",
     "models_table",
@@ -157,16 +158,19 @@ def keys_table() -> str:
     or the range of a numeric key (its :class:`~fedlmc.simulations.config.schema.Range`), and
     whether it is part of a sweep cell's identity (runtime keys never are; a key that can
     affect a run only when another key says so counts only then)."""
-    rows = []
-    for key, spec in run_schema().items():
-        meaning = spec.doc
-        if spec.allowed is not None:
-            meaning += ": " + ", ".join(f"`{name}`" for name in spec.allowed())
-        if (bounds := bounds_text(spec)) is not None:
-            meaning += f"; {bounds}"
-        default = f"`{_literal(spec.default)}`"
-        rows.append([f"`{key}`", spec.type.__name__, default, meaning, _identity(spec)])
+    rows = [[f"`{key}`", *key_facts(spec)] for key, spec in run_schema().items()]
     return _table(["key", "type", "default", "meaning", "in a cell's identity"], rows)
+
+
+def key_facts(spec: Key) -> list[str]:
+    """A key's type, default, meaning (with its allowed names or range) and identity: its row
+    of :func:`keys_table` (markdown: names and the default in backticks)."""
+    meaning = spec.doc
+    if spec.allowed is not None:
+        meaning += ": " + ", ".join(f"`{name}`" for name in spec.allowed())
+    if (bounds := bounds_text(spec)) is not None:
+        meaning += f"; {bounds}"
+    return [spec.type.__name__, f"`{_literal(spec.default)}`", meaning, _identity(spec)]
 
 
 def columns_table() -> str:

@@ -22,6 +22,7 @@ from fedlmc.simulations.config.checks import (
     check_warmup_rounds,
     check_widths,
 )
+from fedlmc.simulations.config.data_files import check_data_folder, check_data_root_given
 from fedlmc.simulations.config.derived import (
     client_widths,
     method_list,
@@ -125,6 +126,7 @@ Check = Callable[[Mapping[str, Any]], None]
 CONSISTENCY_CHECKS: list[Check] = [
     check_min_clients,
     check_data_source,
+    check_data_root_given,
     check_partition,
     check_model_layout,
     check_model_bias,
@@ -137,5 +139,5 @@ CONSISTENCY_CHECKS: list[Check] = [
 about a new key joins this list (run by :func:`validate_run_config`)."""
 WHOLE_RUN_CHECKS: list[Check] = [check_fedavg_rounds, check_warmup_rounds]
 """Checks about the whole run, skipped for a client's one-round config (``whole_run=False``)."""
-DEVICE_CHECKS: list[Check] = [check_local_sources, check_memory, check_cuda]
+DEVICE_CHECKS: list[Check] = [check_local_sources, check_data_folder, check_memory, check_cuda]
 """Checks about this machine, skipped with ``check_devices=False``."""

@@ -235,6 +235,8 @@ def test_cli_lists_methods_models_and_keys(capsys):
     assert main(["models"]) == 0
     assert "`resnet20`" in capsys.readouterr().out
     assert main(["keys"]) == 0
+    assert "\nalign\n" in capsys.readouterr().out
+    assert main(["keys", "--markdown"]) == 0
     assert "`align`" in capsys.readouterr().out
     help_text = subprocess.run(
         [sys.executable, "-m", "fedlmc.simulations.cli", "run", "--help"],

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from fedlmc.simulations.cli import MAX_MESSAGE, main
+from fedlmc.simulations.cli import main
+from fedlmc.simulations.cli_help import MAX_MESSAGE
 from fedlmc.simulations.config import MAX_NAME, parse_override
 from fedlmc.simulations.config.schema import MAX_INT, ConfigError
 

@@ -79,3 +79,35 @@ def test_long_values_are_cut_with_their_length():
 def test_did_you_mean_names_the_closest_choice_or_nothing():
     assert did_you_mean("averge", ["average", "ensemble"]) == " (did you mean 'average'?)"
     assert did_you_mean("zzz", ["average", "ensemble"]) == ""
+
+
+def test_a_list_key_takes_a_toml_list_or_names_both_forms(tmp_path):
+    """Issue 54 item 9: ``methods = [...]`` in a sweep file is the list it reads as."""
+    from fedlmc.simulations.config import load_sweep_config, validate_run_config
+
+    config = validate_run_config({"methods": ["average", "ensemble"], "client-widths": [1, 1]})
+    assert config["methods"] == "average,ensemble" and config["client-widths"] == "1,1"
+    path = tmp_path / "s.toml"
+    path.write_text('name = "s"\n[run]\nmethods = ["average", "ensemble"]\n[grid]\nseed = [0, 1]\n')
+    assert load_sweep_config(path, check_devices=False).run["methods"] == "average,ensemble"
+    for bad in (3, ["average", True], {"a": 1}):
+        with pytest.raises(ConfigError, match="allowed: a comma-separated string or a list"):
+            validate_run_config({"methods": bad})
+
+
+def test_collected_names_every_failed_check_and_one_alone():
+    from fedlmc.simulations.config.schema import ConfigErrors, collected
+
+    def bad(text):
+        def check():
+            raise ConfigError(text)
+
+        return check
+
+    assert collected([lambda: 1, lambda: 2]) == [1, 2]
+    with pytest.raises(ConfigError, match="^one$") as alone:
+        collected([lambda: 1, bad("one")])
+    assert not isinstance(alone.value, ConfigErrors)
+    with pytest.raises(ConfigErrors) as several:
+        collected([bad("a"), lambda: 1, bad("b"), bad("c")])
+    assert several.value.messages == ["a", "b", "c"]
