@@ -64,6 +64,8 @@ from fedlmc.permutation.objective import (
     check_pair,
     is_scored,
     matching_objective,
+    residual_stream,
+    sweep_order,
 )
 from fedlmc.permutation.spec import PermutationSpec, checked_permutations, identity_permutations
 
@@ -426,6 +428,7 @@ def weight_matching(
     objective = matching_objective(spec, sd_a, sd_b, perms)
     rng = np.random.default_rng(seed)
     coordinates = spec.coordinates()
+    first = residual_stream(spec, sd_a)  # visited first in the first sweep
     touching, neighbours = _coordinate_neighbours(coordinates, matcher.neighbours)
     version = dict.fromkeys(groups, 0)  # bumped whenever a group's permutation changes
     solved_at: dict[Coordinate, dict[str, int] | None] = dict.fromkeys(coordinates, None)
@@ -451,9 +454,9 @@ def weight_matching(
     workers = min(len(groups), os.cpu_count() or 1)
     objectives: list[float] = []
     with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
-        for _ in range(max_iter):
+        for sweep in range(max_iter):
             improved = False
-            order = [coordinates[i] for i in rng.permutation(len(coordinates))]
+            order = sweep_order(coordinates, rng, first if sweep == 0 else None)
             for run in _independent_runs(order, neighbours, stale):
                 for solved in _solve_run(run, matrix, warm, spec.blocks, pool):
                     moves = [(g, cost, c.to(matcher.device)) for g, cost, c in solved]

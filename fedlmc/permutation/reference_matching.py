@@ -35,7 +35,14 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from fedlmc.permutation.blocks import solve_block_assignment
-from fedlmc.permutation.objective import Matching, check_max_iter, check_pair, is_scored
+from fedlmc.permutation.objective import (
+    Matching,
+    check_max_iter,
+    check_pair,
+    is_scored,
+    residual_stream,
+    sweep_order,
+)
 from fedlmc.permutation.objective import matching_objective as objective
 from fedlmc.permutation.spec import PermutationSpec
 
@@ -95,11 +102,11 @@ def reference_weight_matching(
     perms = {group: torch.arange(n) for group, n in sizes.items()}
     coordinates = spec.coordinates()
     rng = np.random.default_rng(seed)
+    stream = residual_stream(spec, sd_a)
     objectives = []
-    for _ in range(max_iter):
+    for sweep in range(max_iter):
         improved = False
-        for index in rng.permutation(len(coordinates)):
-            groups = coordinates[index]
+        for groups in sweep_order(coordinates, rng, stream if sweep == 0 else None):
             costs = [cost_matrix(spec, group, sd_a, sd_b, perms, dtype) for group in groups]
             best = _best_assignment(spec, groups, costs)
             rows = torch.arange(len(best[0]))
