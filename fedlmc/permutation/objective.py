@@ -9,8 +9,8 @@ Weight matching maximises
 
 over the parameters ``w`` the spec permutes (:func:`matching_objective`); BatchNorm running
 statistics are permuted with their units but never scored (:func:`is_scored`). Here: the result
-type :class:`Matching`, the checks of a pair of state dicts, the objective and a one-off
-maximising linear assignment.
+type :class:`Matching`, the checks of a pair of state dicts, the objective, a one-off
+maximising linear assignment and the coordinate descent's sweep order (:func:`sweep_order`).
 """
 
 from __future__ import annotations
