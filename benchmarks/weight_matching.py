@@ -26,11 +26,19 @@ A last, untimed fedlmc run per width times its assignment solves alone, on the v
 the warm-started solver sees, against scipy and lapx's ``lapjvs`` (float64 kernel), split into
 cold solves (a group's first) and warm ones (``solver_*``). With a CUDA GPU, fedlmc also runs
 with the models on the GPU (``cuda_*``: cost matrices built there, assignments on the CPU);
-without one the row says so.
+without one the row says so. ``random_order`` is fedlmc's descent without the residual stream
+moved to the front of its first sweep (the descent before issue 53; on an MLP, which has no
+stream, the same path, checked: ``same_permutations_as_random_order``), timed in the same run
+(``time_ratio_vs_random_order``).
+
+``--vit-depths`` adds the ViT rows: a ViT of ``--vit-width`` trained as issue 53 says, a planted
+random permutation of it (``--vit-permutations`` seeds) matched back from ``--vit-seeds``
+matching seeds by both descents: how many restore the model bit for bit, and the median seconds.
 
     python benchmarks/weight_matching.py                       # widths 4 8 16 (hidden 512..2048)
     python benchmarks/weight_matching.py --widths 32 --repeats 3   # hidden 4096
     python benchmarks/weight_matching.py --widths 1 2 --epochs 1 --repeats 1   # quick run
+    python benchmarks/weight_matching.py --widths --vit-depths 2 4 6   # ViT recovery only
 """
 
 from __future__ import annotations
@@ -52,7 +60,12 @@ from fedlmc.averaging import interpolate, load_state
 from fedlmc.data.loading import load_dataset
 from fedlmc.evaluation import evaluate
 from fedlmc.models.classifiers import build_model
-from fedlmc.permutation import PermutationSpec, apply_permutation, permutation_spec
+from fedlmc.permutation import (
+    PermutationSpec,
+    apply_permutation,
+    permutation_spec,
+    random_permutations,
+)
 from fedlmc.permutation import coordinate_descent as align
 from fedlmc.permutation.accumulate import accumulate, dot64
 from fedlmc.permutation.assignment import solve_assignment
@@ -157,6 +170,18 @@ def fedlmc_weight_matching(spec: PermutationSpec, sd_a, sd_b, seed: int = 0):
     return dict(matching), len(matching.objectives)
 
 
+def random_order_weight_matching(spec: PermutationSpec, sd_a, sd_b, seed: int = 0):
+    """``(perms, sweeps)`` from :func:`weight_matching` with the residual stream not moved to
+    the front of the first sweep (the descent before issue 53: every sweep in the seeded random
+    order), for the before/after rows of the same run."""
+    stream = align.residual_stream
+    align.residual_stream = lambda spec, state_dict: None
+    try:
+        return fedlmc_weight_matching(spec, sd_a, sd_b, seed=seed)
+    finally:
+        align.residual_stream = stream
+
+
 # ----------------------------------------------------------------------------- models
 
 
@@ -216,11 +241,13 @@ def benchmark_width(width: float, args, splits, cache: Path) -> dict:
         )["accuracy"],
     }
     runs = {"fedlmc": lambda: fedlmc_weight_matching(spec, sd_a, sd_b, seed=args.seed)}
+    runs["random_order"] = lambda: random_order_weight_matching(spec, sd_a, sd_b, seed=args.seed)
     if hidden <= args.reference_max_hidden:
         runs["reference"] = lambda: reference_weight_matching(spec, sd_a, sd_b, seed=args.seed)
     if hidden in args.rebasin_hidden:
         runs["rebasin"] = lambda: (rebasin_weight_matching(model_a, model_b), None)
-    for name, timing in timed_interleaved(runs, args.repeats).items():
+    timed_runs = timed_interleaved(runs, args.repeats)
+    for name, timing in timed_runs.items():
         perms, sweeps = timing["result"]
         if name == "rebasin":  # the package permutes model b itself
             aligned, perms = perms, None
@@ -237,6 +264,10 @@ def benchmark_width(width: float, args, splits, cache: Path) -> dict:
     if hidden <= args.solver_max_hidden:
         solves = solver_comparison(spec, sd_a, sd_b, seed=args.seed)
         row.update({f"solver_{key}": value for key, value in solves.items()})
+    before = timed_runs["random_order"]["result"][0]
+    after = timed_runs["fedlmc"]["result"][0]
+    row["same_permutations_as_random_order"] = all(torch.equal(after[g], before[g]) for g in after)
+    row["time_ratio_vs_random_order"] = row["fedlmc_seconds"] / row["random_order_seconds"]
     for name in ("reference", "rebasin"):
         if name in runs:
             row[f"speedup_vs_{name}"] = row[f"{name}_seconds"] / row["fedlmc_seconds"]
@@ -244,6 +275,72 @@ def benchmark_width(width: float, args, splits, cache: Path) -> dict:
     row.update(cuda_path(spec, sd_a, sd_b, args))
     row["peak_rss_gib_so_far"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return row
+
+
+# ----------------------------------------------------------------------------- ViT recovery
+
+VIT_MATCHERS = {"random_order": random_order_weight_matching, "fedlmc": fedlmc_weight_matching}
+"""The descents the ViT rows compare: before (random order) and after issue 53 (stream first)."""
+
+
+def trained_vit(depth: int, args, splits, cache: Path) -> torch.nn.Module:
+    """A ViT of ``--vit-width`` trained as issue 53 says (AdamW, one-cycle lr 3e-3, weight decay
+    0.05, batches of 32) on the first ``--vit-digits`` digits, cached on disk."""
+    width, epochs, n = float(args.vit_width), args.vit_epochs, args.vit_digits
+    path = cache / f"vit_w{width}_d{depth}_e{epochs}_n{n}_s0.pt"
+    torch.manual_seed(0)
+    model = build_model("vit", width=width, depth=depth)
+    if path.exists():
+        model.load_state_dict(torch.load(path, map_location="cpu"))
+        return model.eval()
+    x, y = splits.train
+    common = {"lr": 3e-3, "weight_decay": 0.05, "batch_size": 32, "optimizer": "adamw"}
+    train_model(model, (x[:n], y[:n]), epochs=epochs, seed=0, device="cpu", **common)
+    torch.save(model.state_dict(), path)
+    return model.eval()
+
+
+def planted_recovery(spec: PermutationSpec, sd, args) -> dict:
+    """Per matcher of :data:`VIT_MATCHERS`: how many (permutation seed, matching seed) pairs
+    restore ``sd`` bit for bit from a planted random permutation of it, and the median
+    seconds of one matching (the matchers alternate run by run)."""
+    out = {name: {"recovered": 0, "runs": 0, "seconds": []} for name in VIT_MATCHERS}
+    for permutation_seed in range(args.vit_permutations):
+        planted = random_permutations(spec, sd, seed=permutation_seed)
+        permuted = apply_permutation(spec, planted, sd)
+        for seed in range(args.vit_seeds):
+            for name, matcher in VIT_MATCHERS.items():
+                start = time.perf_counter()
+                perms, _sweeps = matcher(spec, sd, permuted, seed=seed)
+                out[name]["seconds"].append(time.perf_counter() - start)
+                restored = apply_permutation(spec, perms, permuted)
+                out[name]["recovered"] += all(torch.equal(restored[k], sd[k]) for k in sd)
+                out[name]["runs"] += 1
+    return {
+        f"{name}_{key}": statistics.median(value) if key == "seconds" else value
+        for name, result in out.items()
+        for key, value in result.items()
+    }
+
+
+def vit_recovery(args, splits, cache: Path) -> list[dict]:
+    """One row per ``--vit-depths``: the trained ViT's accuracy and :func:`planted_recovery`."""
+    rows = []
+    for depth in args.vit_depths:
+        model = trained_vit(depth, args, splits, cache)
+        spec, sd = permutation_spec(model), model.state_dict()
+        row = {"width": args.vit_width, "depth": depth}
+        row["acc"] = evaluate(model, splits.test)["accuracy"]
+        row.update(planted_recovery(spec, sd, args))
+        rows.append(row)
+        print(
+            f"ViT width {args.vit_width} depth {depth}: planted permutation recovered "
+            f"{row['random_order_recovered']}/{row['random_order_runs']} before "
+            f"({row['random_order_seconds']:.2f} s), {row['fedlmc_recovered']}/"
+            f"{row['fedlmc_runs']} now ({row['fedlmc_seconds']:.2f} s)",
+            flush=True,
+        )
+    return rows
 
 
 def cuda_path(spec: PermutationSpec, sd_a, sd_b, args) -> dict:
@@ -304,10 +401,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--widths",
         type=float,
-        nargs="+",
+        nargs="*",
         default=[4.0, 8.0, 16.0],
-        help="MLP width multipliers of 128 hidden units (default: 4 8 16)",
+        help="MLP width multipliers of 128 hidden units (default: 4 8 16; none: no MLP rows)",
     )
+    parser.add_argument(
+        "--vit-depths",
+        type=int,
+        nargs="*",
+        default=[],
+        help="ViT depths whose planted-permutation recovery is counted (e.g. 2 4 6)",
+    )
+    parser.add_argument("--vit-width", type=float, default=4.0, help="ViT width (default 4)")
+    parser.add_argument("--vit-epochs", type=int, default=2, help="ViT training epochs")
+    parser.add_argument("--vit-digits", type=int, default=3600, help="ViT training digits")
+    parser.add_argument("--vit-permutations", type=int, default=4, help="planted permutations")
+    parser.add_argument("--vit-seeds", type=int, default=5, help="matching seeds per permutation")
     parser.add_argument(
         "--epochs", type=int, default=5, help="training epochs per model (0: untrained models)"
     )
@@ -369,7 +478,9 @@ def main(argv=None) -> None:
     for width in args.widths:
         rows.append(benchmark_width(width, args, splits, args.cache))
         print(f"width {width}: done", flush=True)
-    print_table(rows)
+    if rows:
+        print_table(rows)
+    vit_rows = vit_recovery(args, splits, args.cache)
     result = {
         "benchmark": "weight_matching",
         "dataset": "mnist5k (disjoint halves of the training split per model)",
@@ -382,6 +493,7 @@ def main(argv=None) -> None:
         "cpu_count": os.cpu_count(),
         "jit_seconds": jit,
         "rows": rows,
+        "vit_recovery": vit_rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
