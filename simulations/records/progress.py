@@ -64,15 +64,25 @@ def flower_say(message: str) -> None:
 SHORT_CONFIG_CHARACTERS = 240
 """Longest ``ConfigRecord`` text Flower's strategy log keeps whole (:class:`ShortConfigLog`)."""
 CONFIG_LINE = "\t├── ConfigRecord ("
+FINAL_RESULTS = "Final results:"
+FLOWER_SUMMARY = (
+    "Final results (Flower's round summary: the strategy's rounds as Flower records them, "
+    "at temperature 1.0, not fedlmc's results; those are the 'fedlmc result:' and "
+    "'fedlmc clients:' lines at the end):"
+)
 
 
 class ShortConfigLog(logging.Filter):
     """Flower's strategy start logs the train ``ConfigRecord`` on one line: fedlmc's carries
     every run-config key (50 and more). This filter cuts such a line to its first keys and
-    says how many there are and where all of them are listed."""
+    says how many there are and where all of them are listed; and it says of the "Final
+    results:" block the strategy's start logs that it is Flower's round summary
+    (:data:`FLOWER_SUMMARY`), not the rows fedlmc computes after it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message, args = record.msg, record.args
+        if message == FINAL_RESULTS:
+            record.msg = FLOWER_SUMMARY
         if isinstance(message, str) and message.startswith(CONFIG_LINE) and args:
             text = str(args[0] if isinstance(args, tuple) else args)
             if len(text) > SHORT_CONFIG_CHARACTERS:

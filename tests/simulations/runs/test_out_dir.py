@@ -74,20 +74,3 @@ def test_the_difference_names_new_and_gone_cells_and_changed_keys():
         "1 new cell(s); 1 cell(s) no longer in the sweep; changed keys: epochs"
     )
     assert describe_difference(old, old) == "different cells"
-
-
-@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"cells": [{"id": 1}]}', '{"cells": 3}'])
-def test_an_unreadable_config_json_is_named_with_the_way_to_recover(tmp_path, text):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "config.json").write_text(text)
-    first = record(tmp_path, [0, 1])
-    with pytest.raises(ConfigError) as error:
-        prepare_out_dir(out, first, force=False)
-    message = str(error.value)
-    assert message.startswith(f"out dir {str(out)!r}: config.json is unreadable (")
-    assert "different sweep" not in message and message.endswith("or another --out")
-    assert (out / "config.json").read_text() == text  # refused before anything is written
-    prepare_out_dir(out, first, force=True)  # the recovery the message names
-    assert (out / "config.previous.json").read_text() == text
-    assert json.loads((out / "config.json").read_text())["cells"] == first["cells"]
