@@ -25,6 +25,7 @@ that nothing was written to disk (the ServerApp logs it, ``fedlmc run`` prints i
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
@@ -258,6 +259,37 @@ def _reply_bar(total: int) -> Any:
         bar_format="{desc}: {n}/{total} client(s) replied |{bar}| {elapsed} elapsed, "
         "{remaining} left",
     )
+
+
+class LinePerUpdate:
+    """A file for a tqdm bar that is not on a terminal: each frame tqdm draws (``\\r`` + the
+    bar) becomes one plain line, without the carriage returns and cursor codes that make a log
+    file unreadable; empty frames (tqdm clearing its line) are dropped."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        for frame in ANSI_CODE.sub("", text).replace("\r", "\n").split("\n"):
+            if frame.strip():
+                self.stream.write(frame.rstrip() + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+ANSI_CODE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+"""A terminal control sequence (colour, cursor movement)."""
+
+
+def bar_file(stream: Any = None) -> Any:
+    """Where a tqdm bar writes: ``stream`` (default ``sys.stderr``) itself on a terminal, else
+    a :class:`LinePerUpdate` over it (one line per update into a file or a pipe)."""
+    stream = sys.stderr if stream is None else stream
+    return stream if getattr(stream, "isatty", lambda: False)() else LinePerUpdate(stream)
 
 
 @contextmanager

@@ -49,6 +49,7 @@ new sweep are carried over (same cell id = same resolved experiment).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -74,7 +75,7 @@ from fedlmc.simulations.records.cell_rows import (
     rows_of_cell,
 )
 from fedlmc.simulations.records.out_dir_lock import out_dir_lock
-from fedlmc.simulations.records.progress import redrawn
+from fedlmc.simulations.records.progress import bar_file, redrawn
 from fedlmc.simulations.records.results_file import (
     finished_cells,
     read_results,
@@ -152,6 +153,8 @@ def run_sweep(
             unit="cell",
             disable=not progress,
             desc=sweep.name,
+            file=bar_file(),  # into a file or a pipe: one plain line per update
+            ascii=not sys.stderr.isatty(),
         )
         configs = {i: runtime_config(cells[i], out_dir / "cells" / ids[i]) for i in todo}
         try:

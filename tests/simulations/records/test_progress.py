@@ -3,6 +3,7 @@ the rate so far, a heartbeat line when nothing arrives, a bar that redraws on a 
 
 from __future__ import annotations
 
+import io
 import time
 
 from fedlmc.simulations.records.progress import RoundWatch, RunProgress, redrawn
@@ -113,3 +114,25 @@ def test_flowers_train_config_is_cut_and_its_final_results_said_to_be_its_summar
     assert next(m for m in messages if "ConfigRecord (evaluate)" in m).endswith("{'few': 1}")
     summary = next(m for m in messages if m.startswith("Final results"))
     assert "Flower's round summary" in summary and "'fedlmc result:'" in summary
+
+
+def test_a_bar_into_a_file_writes_one_plain_line_per_update():
+    from tqdm import tqdm
+
+    from fedlmc.simulations.records.progress import bar_file
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    assert bar_file(terminal) is terminal
+    log = io.StringIO()
+    bar = tqdm(total=3, desc="quick", unit="cell", file=bar_file(log), ascii=True, mininterval=0)
+    for _ in range(3):
+        bar.update(1)
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text and "\x1b[" not in text, repr(text)
+    lines = text.splitlines()
+    assert [line.split("|")[0].split()[-1] for line in lines[:4]] == ["0%", "33%", "67%", "100%"]
