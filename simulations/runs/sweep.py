@@ -105,6 +105,23 @@ def run_cell(runner: Runner, cid: str, config: Mapping[str, Any]) -> pd.DataFram
         return failed_row(cid, config, err)
 
 
+def cells_bar(name: str, total: int, done: int, *, shown: bool) -> Any:
+    """The sweep's tqdm bar over its cells (``done`` of ``total`` at the start; disabled unless
+    ``shown``), on stderr: into a file or a pipe, one plain line per update
+    (:func:`~fedlmc.simulations.records.progress.bar_file`)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=done,
+        unit="cell",
+        disable=not shown,
+        desc=name,
+        file=bar_file(),
+        ascii=not sys.stderr.isatty(),
+    )
+
+
 def run_sweep(
     sweep: SweepConfig,
     out_dir: str | os.PathLike,
@@ -147,15 +164,7 @@ def run_sweep(
             f"sweep {sweep.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
             f"{work:,} client-epochs of training to go, results in {out_dir / RESULTS}"
         )
-        bar = tqdm(
-            total=len(cells),
-            initial=len(cells) - len(todo),
-            unit="cell",
-            disable=not progress,
-            desc=sweep.name,
-            file=bar_file(),  # into a file or a pipe: one plain line per update
-            ascii=not sys.stderr.isatty(),
-        )
+        bar = cells_bar(sweep.name, len(cells), len(cells) - len(todo), shown=progress)
         configs = {i: runtime_config(cells[i], out_dir / "cells" / ids[i]) for i in todo}
         try:
             with redrawn(bar):  # its elapsed time and time left move between cells
