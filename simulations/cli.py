@@ -459,8 +459,7 @@ def command_track(args: argparse.Namespace) -> int:
 
 
 def command_validate(args: argparse.Namespace) -> int:
-    from fedlmc.simulations.records.results_file import check_writable_folder, refuse_mixing
-    from fedlmc.simulations.records.written_paths import check_own_files
+    from fedlmc.simulations.runs.same_sweep import check_out_dir_for
 
     sweep = load_sweep_config(
         args.config,
@@ -469,9 +468,7 @@ def command_validate(args: argparse.Namespace) -> int:
         max_cells=args.max_cells,
     )
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
-    check_writable_folder(out_dir, "--out")
-    check_own_files(out_dir, "--out")
-    refuse_mixing(out_dir, "sweep")
+    check_out_dir_for(sweep, out_dir)  # writable, fedlmc's files, not another sweep's
     cells = expand_grid(sweep)
     axes = list(sweep.grid)
     print(

@@ -88,6 +88,7 @@ from fedlmc.simulations.config import client_width
 from fedlmc.simulations.config.threads import pool_threads, use_threads
 from fedlmc.simulations.private.dp_client import dp_clipping_mod
 from fedlmc.simulations.private.secure_client import secure_train_mod
+from fedlmc.simulations.records.console_logs import quiet_client_actor
 from fedlmc.simulations.task import (
     ClientSetup,
     build_from_config,
@@ -129,6 +130,7 @@ from fedlmc.strategies.protocol import (
 )
 from fedlmc.train import train_model
 
+quiet_client_actor()  # in each client actor: no "Manually terminating", no colour into a file
 app = ClientApp()
 
 HANG_MARGIN = 2.0  # seconds a hanging client (test-only) sleeps past the server's deadline

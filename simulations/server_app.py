@@ -76,6 +76,7 @@ from fedlmc.simulations.config.secure import is_secure
 from fedlmc.simulations.config.threads import server_threads, use_threads
 from fedlmc.simulations.private.dp_server import run_dp_average
 from fedlmc.simulations.private.secure_server import run_secure_average
+from fedlmc.simulations.records.clients_line import clients_line
 from fedlmc.simulations.records.out_dir_lock import out_dir_lock
 from fedlmc.simulations.records.progress import (
     RunProgress,
@@ -555,6 +556,9 @@ def run_server(
         )
     for line in flag_lines(outcome.rows):
         log(INFO, "fedlmc warning: %s", line)
+    merged = clients_line(outcome.rows, config["num-clients"])
+    if merged is not None:  # last: how many clients were merged, each dropped one by name
+        log(INFO, "fedlmc %s", merged)
     return outcome
 
 

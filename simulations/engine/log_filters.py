@@ -6,16 +6,26 @@ itself (SIGTERM or SIGINT sent to the process group reaches the Ray workers too,
 actor in the middle of a message dies with it: two tracebacks for two clients). Once
 :func:`fedlmc.simulations.engine.stop_signals.stopping` says a stop signal was caught, every
 error Flower's message-processing worker logs is such noise: the cells in flight are abandoned
-and the command's one line says so."""
+and the command's one line says so.
+
+Into a file or a pipe (not a terminal: :func:`plain_logs`) the output carries no colour codes:
+Flower's level names are left plain and Ray's ``(ClientAppActor pid=N)`` prefixes uncoloured
+(``RAY_COLOR_PREFIX=0``, which Ray reads as it prints each line forwarded from a worker, and
+which the client actors inherit: their own Flower logger goes plain with it,
+:func:`fedlmc.simulations.records.console_logs.quiet_client_actor`, which also hides the
+warning each client actor logs as Flower ends it, "Manually terminating ClientAppActor": every
+run ends that way)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from fedlmc.simulations.engine.stop_signals import stopping
+from fedlmc.simulations.records.console_logs import PLAIN, colour_flower, plain_logs
 
 FLOWER_WORKER_MODULES = ("vce_api", "raybackend")
 """Flower's modules that log a client actor's failure while processing a message (the
@@ -44,9 +54,15 @@ class _DropOwnerExitTraceback(logging.Filter):
 
 @contextmanager
 def quiet_flower(verbose: bool) -> Iterator[None]:
-    """Flower's logger at WARNING (our strategies' warnings still show) unless ``verbose``."""
+    """Flower's logger at WARNING (our strategies' warnings still show) unless ``verbose``;
+    no colour codes into a file or a pipe (:func:`plain_logs`), for this process and the
+    client actors Ray starts meanwhile."""
     logger = logging.getLogger("flwr")
     level, notice, shutdown = logger.level, _DropDeprecationNotice(), _DropOwnerExitTraceback()
+    plain, before = plain_logs(), os.environ.get(PLAIN)
+    if plain:
+        os.environ[PLAIN] = "0"
+        colour_flower(False)
     logger.addFilter(shutdown)
     if not verbose:
         logger.setLevel(logging.WARNING)
@@ -60,3 +76,9 @@ def quiet_flower(verbose: bool) -> Iterator[None]:
         logger.setLevel(level)
         logger.removeFilter(notice)
         logger.removeFilter(shutdown)
+        if plain:
+            colour_flower(True)
+            if before is None:
+                os.environ.pop(PLAIN, None)
+            else:
+                os.environ[PLAIN] = before

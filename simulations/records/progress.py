@@ -25,6 +25,7 @@ that nothing was written to disk (the ServerApp logs it, ``fedlmc run`` prints i
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
@@ -64,15 +65,25 @@ def flower_say(message: str) -> None:
 SHORT_CONFIG_CHARACTERS = 240
 """Longest ``ConfigRecord`` text Flower's strategy log keeps whole (:class:`ShortConfigLog`)."""
 CONFIG_LINE = "\t├── ConfigRecord ("
+FINAL_RESULTS = "Final results:"
+FLOWER_SUMMARY = (
+    "Final results (Flower's round summary: the strategy's rounds as Flower records them, "
+    "at temperature 1.0, not fedlmc's results; those are the 'fedlmc result:' and "
+    "'fedlmc clients:' lines at the end):"
+)
 
 
 class ShortConfigLog(logging.Filter):
     """Flower's strategy start logs the train ``ConfigRecord`` on one line: fedlmc's carries
     every run-config key (50 and more). This filter cuts such a line to its first keys and
-    says how many there are and where all of them are listed."""
+    says how many there are and where all of them are listed; and it says of the "Final
+    results:" block the strategy's start logs that it is Flower's round summary
+    (:data:`FLOWER_SUMMARY`), not the rows fedlmc computes after it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message, args = record.msg, record.args
+        if message == FINAL_RESULTS:
+            record.msg = FLOWER_SUMMARY
         if isinstance(message, str) and message.startswith(CONFIG_LINE) and args:
             text = str(args[0] if isinstance(args, tuple) else args)
             if len(text) > SHORT_CONFIG_CHARACTERS:
@@ -248,6 +259,37 @@ def _reply_bar(total: int) -> Any:
         bar_format="{desc}: {n}/{total} client(s) replied |{bar}| {elapsed} elapsed, "
         "{remaining} left",
     )
+
+
+class LinePerUpdate:
+    """A file for a tqdm bar that is not on a terminal: each frame tqdm draws (``\\r`` + the
+    bar) becomes one plain line, without the carriage returns and cursor codes that make a log
+    file unreadable; empty frames (tqdm clearing its line) are dropped."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        for frame in ANSI_CODE.sub("", text).replace("\r", "\n").split("\n"):
+            if frame.strip():
+                self.stream.write(frame.rstrip() + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+ANSI_CODE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+"""A terminal control sequence (colour, cursor movement)."""
+
+
+def bar_file(stream: Any = None) -> Any:
+    """Where a tqdm bar writes: ``stream`` (default ``sys.stderr``) itself on a terminal, else
+    a :class:`LinePerUpdate` over it (one line per update into a file or a pipe)."""
+    stream = sys.stderr if stream is None else stream
+    return stream if getattr(stream, "isatty", lambda: False)() else LinePerUpdate(stream)
 
 
 @contextmanager

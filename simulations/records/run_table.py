@@ -1,7 +1,7 @@
 """The table ``fedlmc run`` prints: the rows' main columns, why the others are left out, what
-ran (SecAgg+'s sum, rounds and bytes) and a warning for each row a reader should not take at
+ran (SecAgg+'s sum, rounds and bytes), a warning for each row a reader should not take at
 face value (an alignment that aligned nothing, a temperature at a bound of the fit, an
-accuracy at chance)."""
+accuracy at chance) and, last, the clients merged and those dropped."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pandas as pd
 from fedlmc.simulations.config import cell_default_methods_note
 from fedlmc.simulations.config.dp import is_dp
 from fedlmc.simulations.config.secure import is_secure
+from fedlmc.simulations.records.clients_line import clients_line
 
 SHOWN_COLUMNS = (
     "method",
@@ -25,6 +26,7 @@ SHOWN_COLUMNS = (
     "loss_barrier_half",
     "loss_barrier_half_calibrated",
     "lewc_cos_mean",
+    "clients_survived",
 )
 
 
@@ -32,7 +34,9 @@ def show_rows(rows: pd.DataFrame, config: Mapping[str, Any], csv_path: str | Non
     """Print a run's rows (the :data:`SHOWN_COLUMNS` with a value, a line for each left out),
     the note on cell-dependent default methods, a warning for each method that aligned
     nothing; append the rows to ``csv_path`` (a new file, or a ``fedlmc run --csv`` table of
-    the same columns: :func:`~fedlmc.simulations.records.written_paths.append_csv_rows`)."""
+    the same columns: :func:`~fedlmc.simulations.records.written_paths.append_csv_rows`); last,
+    how many clients were merged and which were dropped
+    (:func:`~fedlmc.simulations.records.clients_line.clients_line`)."""
     shown, left_out = shown_columns(rows, config)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(rows[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -54,6 +58,9 @@ def show_rows(rows: pd.DataFrame, config: Mapping[str, Any], csv_path: str | Non
 
         appended = append_csv_rows(csv_path, rows)
         print(f"rows {'appended' if appended else 'written'} to {csv_path}")
+    line = clients_line(rows.to_dict("records"), int(config.get("num-clients", 0)))
+    if line is not None:  # last: how many clients were merged, each one dropped by name
+        print(line)
 
 
 def print_alignment_flags(rows: pd.DataFrame) -> None:

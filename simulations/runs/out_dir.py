@@ -3,7 +3,6 @@ different sweep, and ``force``'s previous files with the rows carried over."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -14,16 +13,22 @@ from fedlmc.simulations.config import (
     ConfigError,
     SweepConfig,
     cell_id,
-    experiment_values,
 )
 from fedlmc.simulations.records.cell_rows import CONFIG, RESULTS
 from fedlmc.simulations.records.provenance import versions
 from fedlmc.simulations.records.results_file import (
     read_results,
     refuse_mixing,
-    sweep_record_of,
 )
 from fedlmc.simulations.records.training_file import keep_cells
+from fedlmc.simulations.runs.same_sweep import (
+    check_same_sweep,
+    describe_difference,
+    experiment_of,
+    recorded_experiment,
+)
+
+__all__ = ["describe_difference", "experiment_of", "prepare_out_dir", "sweep_record"]
 
 # ----------------------------------------------------------------------------- config.json
 
@@ -38,48 +43,22 @@ def sweep_record(sweep: SweepConfig, cells: Sequence[Mapping[str, Any]]) -> dict
     }
 
 
-def experiment_of(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a ``config.json`` record that must match to resume: the cells' experiments."""
-    return {c["cell_id"]: experiment_values(c["config"]) for c in record.get("cells", [])}
-
-
-def describe_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
-    """A short text saying how two experiments (cell id -> values) differ."""
-    gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
-    parts = []
-    if added:
-        parts.append(f"{len(added)} new cell(s)")
-    if gone:
-        parts.append(f"{len(gone)} cell(s) no longer in the sweep")
-    keys = {k for c in [*old.values(), *new.values()] for k in c}
-
-    def values_of(cells: Mapping[str, Any], key: str) -> set[str]:
-        return {json.dumps(c.get(key)) for c in cells.values()}
-
-    changed = sorted(k for k in keys if values_of(old, k) != values_of(new, k))
-    if changed:
-        parts.append(f"changed keys: {', '.join(changed)}")
-    return "; ".join(parts) or "different cells"
-
-
 def prepare_out_dir(out_dir: Path, record: Mapping[str, Any], *, force: bool) -> None:
     """Create ``out_dir``, refuse a run's results or a different sweep there (unless
     ``force``), write config.json."""
     refuse_mixing(out_dir, "sweep")
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out_dir)
-    path = out_dir / CONFIG
-    if path.exists():
-        before, now = experiment_of(sweep_record_of(out_dir)), experiment_of(record)
-        if before != now:
-            if not force:
-                raise ConfigError(
-                    f"out dir {str(out_dir)!r} holds a different sweep "
-                    f"({describe_difference(before, now)}); allowed: the same sweep (to resume), "
-                    f"another --out, or --force"
-                )
-            supersede(out_dir, set(now))
-    atomic_write_json(path, record)
+    if not force:
+        check_same_sweep(out_dir, record)
+    elif (out_dir / CONFIG).exists():
+        try:
+            same = recorded_experiment(out_dir) == experiment_of(record)
+        except ConfigError:  # unreadable: kept as config.previous.json
+            same = False
+        if not same:
+            supersede(out_dir, set(experiment_of(record)))
+    atomic_write_json(out_dir / CONFIG, record)
 
 
 def supersede(out_dir: Path, keep_ids: set[str]) -> None:

@@ -49,6 +49,7 @@ new sweep are carried over (same cell id = same resolved experiment).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -74,7 +75,7 @@ from fedlmc.simulations.records.cell_rows import (
     rows_of_cell,
 )
 from fedlmc.simulations.records.out_dir_lock import out_dir_lock
-from fedlmc.simulations.records.progress import redrawn
+from fedlmc.simulations.records.progress import bar_file, redrawn
 from fedlmc.simulations.records.results_file import (
     finished_cells,
     read_results,
@@ -102,6 +103,23 @@ def run_cell(runner: Runner, cid: str, config: Mapping[str, Any]) -> pd.DataFram
         return rows_of_cell(cid, config, metrics)
     except Exception as err:  # noqa: BLE001 - a failed cell is recorded, the sweep goes on
         return failed_row(cid, config, err)
+
+
+def cells_bar(name: str, total: int, done: int, *, shown: bool) -> Any:
+    """The sweep's tqdm bar over its cells (``done`` of ``total`` at the start; disabled unless
+    ``shown``), on stderr: into a file or a pipe, one plain line per update
+    (:func:`~fedlmc.simulations.records.progress.bar_file`)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=done,
+        unit="cell",
+        disable=not shown,
+        desc=name,
+        file=bar_file(),
+        ascii=not sys.stderr.isatty(),
+    )
 
 
 def run_sweep(
@@ -146,13 +164,7 @@ def run_sweep(
             f"sweep {sweep.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
             f"{work:,} client-epochs of training to go, results in {out_dir / RESULTS}"
         )
-        bar = tqdm(
-            total=len(cells),
-            initial=len(cells) - len(todo),
-            unit="cell",
-            disable=not progress,
-            desc=sweep.name,
-        )
+        bar = cells_bar(sweep.name, len(cells), len(cells) - len(todo), shown=progress)
         configs = {i: runtime_config(cells[i], out_dir / "cells" / ids[i]) for i in todo}
         try:
             with redrawn(bar):  # its elapsed time and time left move between cells

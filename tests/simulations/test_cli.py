@@ -250,6 +250,38 @@ def test_validate_lists_every_cell(tmp_path, capsys):
         assert cell_id(cell) in out
 
 
+@pytest.mark.slow  # one subprocess: the check imports neither torch nor pandas
+def test_validate_out_refuses_what_sweep_would_refuse(tmp_path, capsys):
+    quick = str(REPO / "configs" / "quick.toml")
+    out = tmp_path / "out"
+    from fedlmc.simulations.runs.out_dir import prepare_out_dir, sweep_record
+
+    sweep = load_sweep_config(quick, ["seed=[3]"], check_devices=False)
+    prepare_out_dir(out, sweep_record(sweep, expand_grid(sweep)), force=False)
+    assert main(["validate", quick, "seed=[3]", "--out", str(out)]) == 0  # the same sweep
+    capsys.readouterr()
+    assert main(["validate", quick, "seed=[4]", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedlmc: error: out dir {str(out)!r} holds a different sweep (")
+    assert err.count("\n") == 1
+    (out / "config.json").write_text("{truncated")
+    assert main(["validate", quick, "seed=[3]", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "config.json is unreadable" in err and "--force" in err and err.count("\n") == 1
+    check = (  # the folder is checked before torch or pandas are imported
+        "import sys; from fedlmc.simulations.cli import main; code = main(sys.argv[1:]); "
+        "print([m for m in ('torch', 'pandas') if m in sys.modules]); sys.exit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check, "validate", quick, "seed=[3]", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stdout == "[]\n", done
+
+
 def test_errors_exit_2_with_one_line(tmp_path, capsys):
     cases = [
         (["run", "widht=1"], "did you mean 'width'"),

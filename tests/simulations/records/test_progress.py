@@ -3,6 +3,7 @@ the rate so far, a heartbeat line when nothing arrives, a bar that redraws on a 
 
 from __future__ import annotations
 
+import io
 import time
 
 from fedlmc.simulations.records.progress import RoundWatch, RunProgress, redrawn
@@ -74,13 +75,15 @@ def test_a_bar_is_redrawn_between_events():
     assert off.redraws == 0
 
 
-def test_flowers_one_line_train_config_is_cut_to_its_first_keys():
+def test_flowers_train_config_is_cut_and_its_final_results_said_to_be_its_summary():
     """Flower's strategy start logs the whole train ConfigRecord on one line (60 keys here);
-    with the ServerApp's filter the line keeps its first keys and says how many there are."""
+    with the ServerApp's filter the line keeps its first keys and says how many there are, and
+    the "Final results:" block is said to be Flower's round summary, not fedlmc's rows."""
     import logging
 
     from flwr.app import ArrayRecord, ConfigRecord
     from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
+    from flwr.supercore import log
 
     from fedlmc.simulations.records.progress import shorten_flower_config_logs
 
@@ -99,6 +102,7 @@ def test_flowers_one_line_train_config_is_cut_to_its_first_keys():
         shorten_flower_config_logs()  # once only
         train = ConfigRecord({f"key-{i:02d}": i for i in range(60)})
         log_strategy_start_info(1, ArrayRecord(), train, ConfigRecord({"few": 1}))
+        log(logging.INFO, "Final results:")  # what Strategy.start logs above its Result
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -108,3 +112,27 @@ def test_flowers_one_line_train_config_is_cut_to_its_first_keys():
         "(60 keys: the run config; `fedlmc keys` lists every key)"
     )
     assert next(m for m in messages if "ConfigRecord (evaluate)" in m).endswith("{'few': 1}")
+    summary = next(m for m in messages if m.startswith("Final results"))
+    assert "Flower's round summary" in summary and "'fedlmc result:'" in summary
+
+
+def test_a_bar_into_a_file_writes_one_plain_line_per_update():
+    from tqdm import tqdm
+
+    from fedlmc.simulations.records.progress import bar_file
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    assert bar_file(terminal) is terminal
+    log = io.StringIO()
+    bar = tqdm(total=3, desc="quick", unit="cell", file=bar_file(log), ascii=True, mininterval=0)
+    for _ in range(3):
+        bar.update(1)
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text and "\x1b[" not in text, repr(text)
+    lines = text.splitlines()
+    assert [line.split("|")[0].split()[-1] for line in lines[:4]] == ["0%", "33%", "67%", "100%"]
