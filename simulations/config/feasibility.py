@@ -103,30 +103,51 @@ def check_memory(config: Mapping[str, Any]) -> None:
 MEMORY_FACTOR_LOAD = 2  # a model loaded back: its weights and the state dict read into it
 
 
+def available_memory() -> int:
+    """Bytes of memory available now (``MemAvailable`` of ``/proc/meminfo``: free memory plus
+    what the kernel can reclaim), else :func:`machine_memory`."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return machine_memory()
+
+
 def check_load_memory(config: Mapping[str, Any], elements: int) -> None:
     """:class:`ConfigError` when the configured model of ``elements`` parameters, built and
-    loaded back from a file (:func:`fedlmc.simulations.load_merged`), needs more than this
-    machine's memory: :math:`4 P` bytes (float32) times :data:`MEMORY_FACTOR_LOAD`."""
+    loaded back from a file (:func:`fedlmc.simulations.load_merged`), needs more than the
+    memory available now: :math:`4 P` bytes (float32) times :data:`MEMORY_FACTOR_LOAD` (a run
+    is planned against the machine's memory, a load happens now, beside whatever runs)."""
     check_bytes_needed(
         config,
         elements,
         4 * int(elements) * MEMORY_FACTOR_LOAD,
         "building it and reading its weights need",
-        "a model that fits this machine",
+        "a model that fits the memory available now",
+        have=(available_memory(), "available now"),
     )
 
 
 def check_bytes_needed(
-    config: Mapping[str, Any], elements: int, needed: int, who: str, allowed: str
+    config: Mapping[str, Any],
+    elements: int,
+    needed: int,
+    who: str,
+    allowed: str,
+    have: tuple[int, str] | None = None,
 ) -> None:
     """:class:`ConfigError` naming the width key, the model's parameters and ``needed`` bytes
-    against :func:`machine_memory` when ``needed`` exceeds it."""
-    have = machine_memory()
-    if needed > have:
+    against ``have`` (bytes, what they are; default :func:`machine_memory`, "this machine
+    has") when ``needed`` exceeds it."""
+    limit, what = have or (machine_memory(), "this machine has")
+    if needed > limit:
         raise ConfigError(
             f"{width_key(config)} = {_shown(config[width_key(config)])}: the {config['model']} at "
             f"width {server_width(config):g} has about {elements:,} parameters; "
             f"{who} about {needed:,} bytes "
-            f"({needed / 2**30:.1f} GiB), this machine has {have:,} ({have / 2**30:.1f} GiB); "
+            f"({needed / 2**30:.1f} GiB), {what} {limit:,} ({limit / 2**30:.1f} GiB); "
             f"allowed: {allowed}"
         )

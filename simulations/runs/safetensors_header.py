@@ -15,7 +15,9 @@ parser, :func:`json.loads`) and refuses, naming the file and the first differenc
 - tensor names other than the state dict's (a name missing or one too many);
 - a tensor whose dtype or shape differs from the state dict's;
 - data offsets that do not span exactly :math:`\prod_k s_k \times \text{itemsize}` bytes
-  inside the file.
+  inside the file;
+- data offsets that overlap or leave bytes uncovered (the tensors must tile the data exactly,
+  as safetensors itself requires), and a ``"__metadata__"`` that is no object of strings.
 """
 
 from __future__ import annotations
@@ -76,7 +78,11 @@ def read_header(path: Path, bound: int) -> tuple[dict[str, Any], int]:
         raise ConfigError(f"{path}: its header is no JSON ({error})") from None
     if not isinstance(header, dict):
         raise ConfigError(f"{path}: its header is no JSON object")
-    header.pop("__metadata__", None)
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise ConfigError(f"{path}: its header's __metadata__ is no object of strings")
     return header, size - 8 - length
 
 
@@ -96,6 +102,26 @@ def check_header(path: str | os.PathLike, state: Mapping[str, Any]) -> None:
         )
     for name, tensor in state.items():
         _check_entry(path, name, header[name], tensor, data_bytes)
+    _check_tiling(path, [header[name]["data_offsets"] for name in state], data_bytes)
+
+
+def _check_tiling(path: Path, offsets: list[list[int]], data_bytes: int) -> None:
+    """The tensors' ``[begin, end)`` byte ranges, sorted, must follow one another from 0 to
+    ``data_bytes`` with neither overlap nor gap."""
+    end = 0
+    for begin, stop in sorted(offsets):
+        if begin != end:
+            what = "overlap" if begin < end else "leave a gap"
+            raise ConfigError(
+                f"{path}: its tensors' data_offsets {what} at byte {min(begin, end):,}; allowed: "
+                "tensors that tile the data exactly"
+            )
+        end = stop
+    if end != data_bytes:
+        raise ConfigError(
+            f"{path}: its tensors cover {end:,} of its {data_bytes:,} data bytes; allowed: "
+            "tensors that tile the data exactly"
+        )
 
 
 def _check_entry(path: Path, name: str, entry: Any, tensor: Any, data_bytes: int) -> None:

@@ -85,3 +85,25 @@ def test_a_header_is_read_only_within_its_bound(tmp_path):
     assert refused(path).endswith("its header is no JSON object")
     path.write_bytes(b"\x01")
     assert refused(path).endswith("1 bytes, no safetensors header")
+
+
+def test_tensors_must_tile_the_data_and_metadata_be_strings(tmp_path):
+    """Headers that safetensors itself refuses only once it reads (found by an attack on the
+    check as it landed): overlapping ranges, trailing bytes, metadata that is no object of
+    strings; each is one line before any tensor is read."""
+
+    def onto_w(h):  # 'b' moved onto 'w''s first bytes, its own range left uncovered
+        start = h["w"]["data_offsets"][0]
+        return {**h, "b": {**h["b"], "data_offsets": [start, start + 24]}}
+
+    assert refused(written(tmp_path, onto_w)).endswith(
+        "allowed: tensors that tile the data exactly"
+    )
+    raw = written(tmp_path).read_bytes()
+    trailing = written(
+        tmp_path, lambda h: h, data=raw[8 + struct.unpack("<Q", raw[:8])[0] :] + b"x"
+    )
+    assert "its tensors cover" in refused(trailing) and "tile the data exactly" in refused(trailing)
+    for metadata in ([1], {"format": 1}):
+        edited = written(tmp_path, lambda h, m=metadata: {**h, "__metadata__": m})
+        assert refused(edited).endswith("its header's __metadata__ is no object of strings")
