@@ -24,6 +24,7 @@ from fedlmc.simulations.records.results_file import (
     sweep_record_of,
 )
 from fedlmc.simulations.records.training_file import keep_cells
+from fedlmc.simulations.records.written_paths import OUT_DIR_FILES
 
 # ----------------------------------------------------------------------------- config.json
 
@@ -67,7 +68,7 @@ def prepare_out_dir(out_dir: Path, record: Mapping[str, Any], *, force: bool) ->
     ``force``), write config.json."""
     refuse_mixing(out_dir, "sweep")
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(out_dir)
+    remove_stale_temporaries(out_dir, OUT_DIR_FILES)  # fedlmc's own temporaries only
     path = out_dir / CONFIG
     if path.exists():
         before, now = experiment_of(sweep_record_of(out_dir)), experiment_of(record)
