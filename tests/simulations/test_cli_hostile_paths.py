@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 
 from fedlmc.simulations.cli import main
+from fedlmc.simulations.report.build import REPORT_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 GUARD = ["--ray-address", "127.0.0.1:9"]
@@ -243,9 +244,30 @@ def test_report_on_a_read_only_folder_is_refused_naming_to_and_to_writes_elsewhe
     elsewhere = shared_dir / "elsewhere"
     assert main(["report", str(sweep), "--to", str(elsewhere)]) == 0
     assert (elsewhere / "report.md").is_file() and (elsewhere / "report_full.md").is_file()
-    assert (elsewhere / "report.md").read_text().startswith("# s")
+    assert (elsewhere / "report.md").read_text().startswith(f"{REPORT_MARKER}\n# s")
     assert f"report: {elsewhere / 'report.md'}" in capsys.readouterr().out
     assert snapshot(sweep) == before
+
+
+def test_report_to_a_folder_replaces_only_its_own_report_and_figures(tmp_path, capsys):
+    """A user's hand-written report.md / report_full.md or figures/ in ``--to FOLDER`` is
+    refused in one line before any work; fedlmc's own report there is written again."""
+    sweep = tmp_path / "sweep"
+    finished_sweep(sweep)
+    capsys.readouterr()
+    for name in ("report.md", "report_full.md", "figures/curves.png"):
+        to = tmp_path / name.replace("/", "-")
+        (to / name).parent.mkdir(parents=True)
+        (to / name).write_text("mine\n")
+        before = snapshot(to)
+        code = main(["report", str(sweep), "--to", str(to)])
+        err = capsys.readouterr().err
+        assert one_line_exit_2(code, err, "was not written by fedlmc report"), (name, err)
+        assert "allowed: " in err and snapshot(to) == before
+    to = tmp_path / "mine"
+    assert main(["report", str(sweep), "--to", str(to)]) == 0
+    assert main(["report", str(sweep), "--to", str(to)]) == 0  # its own report: written again
+    assert (to / "report.md").read_text().startswith(f"{REPORT_MARKER}\n")
 
 
 @pytest.mark.slow
