@@ -268,6 +268,19 @@ def test_report_to_a_folder_replaces_only_its_own_report_and_figures(tmp_path, c
     assert main(["report", str(sweep), "--to", str(to)]) == 0
     assert main(["report", str(sweep), "--to", str(to)]) == 0  # its own report: written again
     assert (to / "report.md").read_text().startswith(f"{REPORT_MARKER}\n")
+    assert not (to / ".lock").exists()  # the lock lives only while the report is written
+
+
+def test_a_refused_run_leaves_nothing_in_the_users_folder(tmp_path, capsys):
+    """A run refused under its out dir's lock (no Ray at the address) leaves no ``.lock`` in a
+    user's folder, and no folder it made itself."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    for out in (mine, tmp_path / "new"):
+        assert main(["run", "epochs=1", f"out-dir={out}", *GUARD]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+    assert sorted(os.listdir(mine)) == ["notes.txt"] and not (tmp_path / "new").exists()
 
 
 @pytest.mark.slow
