@@ -323,3 +323,26 @@ def test_data_fetch_refuses_a_fifo_where_a_data_file_goes(tmp_path):
     code, err = fedlmc(argv, tmp_path, timeout=60, limit=False)
     assert one_line_exit_2(code, err, "train-images-idx3-ubyte' is not a regular file"), (code, err)
     assert sorted(os.listdir(tmp_path)) == ["MNIST"]  # no lock file made
+
+
+def test_odd_csv_and_out_dir_paths_are_refused_in_one_line_naming_what_they_are(tmp_path, capsys):
+    (tmp_path / "FILE").write_text("x\n")
+    os.mkfifo(tmp_path / "fifo")
+    cases = [
+        (["--csv", "~nouser-52/x.csv"], "no user 'nouser-52' on this machine; allowed: "),
+        (["--csv", str(tmp_path / "FILE" / "x.csv")], "is not a folder; allowed: "),
+        (["out-dir=/dev/null"], "'/dev/null' is a character device; allowed: a folder"),
+        ([f"out-dir={tmp_path / 'fifo'}"], "is a FIFO (named pipe); allowed: a folder"),
+    ]
+    for args, needle in cases:
+        code = main(["run", "epochs=1", *args, *GUARD])
+        err = capsys.readouterr().err
+        assert one_line_exit_2(code, err, needle), (args, code, err)
+    assert (tmp_path / "FILE").read_text() == "x\n"
+
+
+def test_an_empty_csv_file_is_taken_as_new(tmp_path):
+    from fedlmc.simulations.records.written_paths import check_csv_file
+
+    (tmp_path / "empty.csv").write_bytes(b"")
+    check_csv_file(tmp_path / "empty.csv")  # the writer puts the header first
