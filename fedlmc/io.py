@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,10 +87,19 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
-    """Delete the temporaries of :func:`atomic_write` left in ``folder`` by a killed process."""
+def remove_stale_temporaries(
+    folder: str | os.PathLike, names: Sequence[str] | None = None
+) -> list[Path]:
+    """Delete the temporaries of :func:`atomic_write` left in ``folder`` by a killed process:
+    regular files (not links, not folders) named ``.<name>.<random>.tmp`` as ``mkstemp`` names
+    them, for a target ``<name>`` of ``names`` (any name when ``None``). Nothing else is
+    touched: a user's ``.notes.tmp`` stays."""
+    targets = "|".join(re.escape(n) for n in names) if names is not None else ".+"
+    pattern = re.compile(rf"\.(?:{targets})\.[a-z0-9_]+{re.escape(TEMP_SUFFIX)}")
     removed = []
     for stale in Path(folder).glob(f".*{TEMP_SUFFIX}"):
+        if not pattern.fullmatch(stale.name) or not stat.S_ISREG(os.lstat(stale).st_mode):
+            continue
         stale.unlink(missing_ok=True)
         removed.append(stale)
     return removed

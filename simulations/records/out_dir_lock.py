@@ -10,6 +10,12 @@ SIGKILL, so a crashed command never blocks the next one. The lock file is opened
 following a symbolic link and without blocking on a FIFO, and must be a regular file
 (:func:`open_lock_file`): a link named ``.lock`` never gets another file truncated.
 
+The lock file lives only while its holder runs: the holder deletes it (and the folder, when
+the lock made it and it is still empty) before it lets go, so a finished or refused command
+leaves nothing in a user's folder. A command that locked a lock file just deleted by its holder
+finds the name no longer naming its file (:func:`same_file`) and takes the lock again on the
+new one, so two commands never both hold a folder.
+
 Within one process the lock is re-entrant (a count per folder): ``fedlmc run`` holds it and its
 ServerApp, in a thread of the same process, takes it again. Callers check what the folder holds
 (:func:`fedlmc.simulations.records.results_file.refuse_mixing`) again once they hold the lock:
@@ -97,16 +103,10 @@ def out_dir_lock(out_dir: str | os.PathLike, command: str) -> Iterator[Path]:
         finally:
             _leave_held(key)
         return
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    fd = open_lock_file(folder / LOCK)
+    fd = locked_file(folder / LOCK, key)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"out dir {key!r} is in use by {holder_of(fd)}; allowed: wait for it to "
-                "finish, or another out dir"
-            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{command} (pid {os.getpid()})\n".encode(), 0)
         with _guard:
@@ -115,7 +115,47 @@ def out_dir_lock(out_dir: str | os.PathLike, command: str) -> Iterator[Path]:
             yield folder
         finally:
             _leave_held(key)
-            os.ftruncate(fd, 0)
+            (folder / LOCK).unlink(missing_ok=True)  # still held: no one else has it
+            if made:
+                remove_if_empty(folder)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def locked_file(path: Path, key: str) -> int:
+    """The lock file at ``path`` opened and ``flock``\\ ed; :class:`ConfigError` naming the
+    holder when another process holds it. A file its holder deleted meanwhile is let go and
+    the new one taken."""
+    while True:
+        fd = open_lock_file(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = holder_of(fd)
+            os.close(fd)
+            raise ConfigError(
+                f"out dir {key!r} is in use by {holder}; allowed: wait for it to finish, or "
+                "another out dir"
+            ) from None
+        if same_file(fd, path):
+            return fd
+        os.close(fd)
+
+
+def same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open at ``fd``."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Delete ``folder`` when nothing is in it (a refused command's out dir)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass

@@ -33,12 +33,14 @@ import io
 import json
 import os
 import re
+import stat
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedlmc.io import atomic_write_csv
+from fedlmc.simulations.config.config_file import file_kind
 from fedlmc.simulations.config.schema import ConfigError, shown
 from fedlmc.simulations.records.csv_lines import (
     CONTROL,
@@ -340,6 +342,13 @@ def check_plain_path(path: str | os.PathLike, key: str) -> None:
             f"{key} = {shown(str(path))} holds a control character ({found.group()!r}); "
             "allowed: a path of printable characters"
         )
+    try:
+        Path(path).expanduser()
+    except RuntimeError:  # ~name of a user this machine does not have
+        raise ConfigError(
+            f"{key} = {str(path)!r}: no user {str(path)[1:].split('/')[0]!r} on this machine; "
+            "allowed: ~/..., ~USER/... of an existing user, or a path without ~"
+        ) from None
 
 
 def check_writable_folder(path: str | os.PathLike, key: str) -> None:
@@ -348,7 +357,9 @@ def check_writable_folder(path: str | os.PathLike, key: str) -> None:
     check_plain_path(path, key)
     folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"{key} = {str(path)!r} is a file; allowed: a folder")
+        mode = os.stat(folder).st_mode
+        what = "a file" if stat.S_ISREG(mode) else file_kind(mode)  # a device, a FIFO
+        raise ConfigError(f"{key} = {str(path)!r} is {what}; allowed: a folder")
     existing = folder
     while not existing.exists():
         existing = existing.parent
@@ -365,7 +376,10 @@ def check_writable_file(path: str | os.PathLike, key: str) -> None:
     if file.is_dir():
         raise ConfigError(f"{key} = {str(path)!r} is a folder; allowed: a file path")
     if not parent.is_dir():
-        raise ConfigError(f"{key} = {str(path)!r}: folder {str(parent)!r} does not exist")
+        what = f"{str(parent)!r} is not a folder"
+        if not parent.exists():
+            what = f"folder {str(parent)!r} does not exist"
+        raise ConfigError(f"{key} = {str(path)!r}: {what}; allowed: a file in an existing folder")
     if not os.access(parent, os.W_OK | os.X_OK) or (file.exists() and not os.access(file, os.W_OK)):
         raise ConfigError(f"{key} = {str(path)!r} is not writable")
 

@@ -68,7 +68,7 @@ def lstat_or_none(path: Path) -> os.stat_result | None:
     """``os.lstat(path)`` (a link itself, not its target); ``None`` when nothing is there."""
     try:
         return os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a parent that is a file: said elsewhere
         return None
 
 
@@ -177,6 +177,8 @@ def check_csv_file(path: str | os.PathLike) -> None:
             data = handle.read(MAX_HEADER)
     except OSError as err:
         raise refuse_csv(path, f"cannot be read ({err.strerror})") from None
+    if not data:
+        return  # empty: written as a new file (the header first)
     problem = header_problem(header_of(data), run_csv_columns())
     if problem is not None:
         raise refuse_csv(path, problem)

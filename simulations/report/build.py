@@ -21,6 +21,13 @@ The parts: the rows and tables in :mod:`fedlmc.simulations.report.data`, the dra
 text of ``report.md`` in :mod:`fedlmc.simulations.report.markdown`; this module writes them
 (:func:`build_report`) and re-exports their public names. :func:`report_folder` says, before
 any work, where ``fedlmc report DIR [--to FOLDER]`` may write the report.
+
+What fedlmc wrote is recognisable: ``report.md`` and ``report_full.md`` start with the line
+:data:`REPORT_MARKER`, and ``figures/`` holds the empty file :data:`FIGURES_MARKER`. In a
+``--to FOLDER`` (:func:`check_report_files`) an existing ``report.md`` / ``report_full.md``
+must be empty or start with that line, and an existing non-empty ``figures/`` must hold that
+file; anything else is a user's and is refused before any work (a sweep's own out dir holds
+fedlmc's ``results.csv`` and its report, older ones without the markers, is fedlmc's).
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ from fedlmc.simulations.report.markdown import report_markdown
 from fedlmc.simulations.report.summary import FULL_REPORT, summary_markdown
 
 FIGURES = "figures"
+REPORT_MARKER = "<!-- written by fedlmc report -->"
+"""The first line of ``report.md`` and ``report_full.md``."""
+FIGURES_MARKER = ".fedlmc-figures"
+"""The empty file in a ``figures/`` folder fedlmc writes."""
 
 
 def report_settings(record: dict[str, Any]) -> dict[str, Any]:
@@ -66,10 +77,14 @@ def build_report(out_dir: str | os.PathLike, to: str | os.PathLike | None = None
     rows = ok_rows(results)
     training = read_training(out_dir)
     figures = draw_figures(rows, to / FIGURES, settings, training)
+    if (to / FIGURES).is_dir():
+        atomic_write_text(to / FIGURES / FIGURES_MARKER, "")
     report, full = to / "report.md", to / FULL_REPORT
     record = {"name": out_dir.name, **record}  # the title, wherever it is written
-    atomic_write_text(full, report_markdown(results, record, figures, to, settings, training))
-    atomic_write_text(report, summary_markdown(results, record, figures, to, settings, training))
+    text = report_markdown(results, record, figures, to, settings, training)
+    atomic_write_text(full, f"{REPORT_MARKER}\n{text}")
+    text = summary_markdown(results, record, figures, to, settings, training)
+    atomic_write_text(report, f"{REPORT_MARKER}\n{text}")
     return [*figures, report, full]
 
 
@@ -83,6 +98,8 @@ def report_folder(out_dir: Path, to: str | None) -> Path:
     if to:
         check_writable_folder(to, "--to")
         check_own_files(to, "--to")
+        if Path(to).resolve() != out_dir.resolve():
+            check_report_files(Path(to))
         return Path(to)
     if not all(creatable_in(f) for f in (out_dir, out_dir / FIGURES)):
         raise ConfigError(
@@ -91,6 +108,35 @@ def report_folder(out_dir: Path, to: str | None) -> Path:
             "FOLDER to write the report elsewhere"
         )
     return out_dir
+
+
+def check_report_files(to: Path) -> None:
+    """Before any work: :class:`ConfigError` when ``--to`` ``to`` holds a ``report.md``,
+    ``report_full.md`` or non-empty ``figures/`` fedlmc did not write (module docstring)."""
+    for name in ("report.md", FULL_REPORT):
+        if (to / name).is_file() and not starts_with_marker(to / name):
+            raise refuse_report(to, f"{name} there was not written by fedlmc report")
+    figures = to / FIGURES
+    if figures.is_dir() and any(figures.iterdir()) and not (figures / FIGURES_MARKER).is_file():
+        raise refuse_report(to, f"{FIGURES}/ there was not written by fedlmc report")
+
+
+def starts_with_marker(path: Path) -> bool:
+    """Whether ``path`` is empty or its first line is :data:`REPORT_MARKER` (an unreadable
+    file is not)."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(len(REPORT_MARKER) + 2)
+    except OSError:
+        return False
+    return not head or head.decode("utf-8", errors="replace").startswith(REPORT_MARKER)
+
+
+def refuse_report(to: Path, why: str) -> ConfigError:
+    return ConfigError(
+        f"--to {str(to)!r}: {why} and fedlmc would replace it; allowed: a folder without "
+        f"report.md, report_full.md and figures/, or one where fedlmc report wrote them"
+    )
 
 
 def creatable_in(folder: Path) -> bool:
@@ -108,6 +154,8 @@ def read_record(out_dir: Path) -> dict[str, Any]:
 
 __all__ = [
     "FIGURES",
+    "FIGURES_MARKER",
+    "REPORT_MARKER",
     "build_report",
     "read_record",
     "report_folder",

@@ -21,6 +21,7 @@ from fedlmc.simulations.records.results_file import (
     refuse_mixing,
 )
 from fedlmc.simulations.records.training_file import keep_cells
+from fedlmc.simulations.records.written_paths import OUT_DIR_FILES
 from fedlmc.simulations.runs.same_sweep import (
     check_same_sweep,
     describe_difference,
@@ -48,7 +49,7 @@ def prepare_out_dir(out_dir: Path, record: Mapping[str, Any], *, force: bool) ->
     ``force``), write config.json."""
     refuse_mixing(out_dir, "sweep")
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(out_dir)
+    remove_stale_temporaries(out_dir, OUT_DIR_FILES)  # fedlmc's own temporaries only
     if not force:
         check_same_sweep(out_dir, record)
     elif (out_dir / CONFIG).exists():

@@ -56,7 +56,7 @@ def holding_outputs(config: Mapping[str, Any], csv_path: str | None) -> Iterator
             refuse_mixing(out_dir, "run")
         if csv_path:
             folder = Path(csv_path).expanduser().parent
-            if (folder / LOCK).is_file():  # a fedlmc out dir: never beside a sweep there
+            if any((folder / n).is_file() for n in (LOCK, "results.csv")):  # a fedlmc out dir
                 held.enter_context(out_dir_lock(folder, "fedlmc run"))
             check_csv_target(csv_path, out_dir)
         yield

@@ -13,10 +13,13 @@ in MLflow's run names), a ``fedlmc run`` folder ``run-<12 hex>``, the figures ``
 - **Images**: each figure under ``figures/<file stem>``, its PNG bytes stored as they are (no
   re-encoding); **Text**: ``report.md`` under ``report``.
 
-Idempotency: a file ``.fedlmc-exported`` holding the run's digest is written last. A log dir
-whose marker holds the run's digest is skipped; one without it (an export that was killed) or
-with another digest (a changed run) is deleted and written again, and so is a log dir of the
-same run under another name (an export by an older fedlmc, named by the cell id alone).
+Idempotency: a file ``.fedlmc-exported`` is written first (holding ``pending``) and holds the
+run's digest once the export is done. A log dir whose marker holds the run's digest is skipped;
+one whose marker holds anything else (an export that was killed, a changed run) is deleted and
+written again, and so is a marked log dir of the same run under another name (an export by an
+older fedlmc, named by the cell id alone). Only folders holding the marker are ever deleted: a
+folder (or file) without it at a log dir's name is the user's, and :func:`check_log_dirs`
+refuses the export in one line before anything is written or deleted.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedlmc.io import atomic_write_text
+from fedlmc.simulations.config.schema import ConfigError
 from fedlmc.simulations.tracking.runs import TrackedRun
 
 __all__ = ["HPARAM_COLUMNS", "MARKER", "export_runs", "log_dir_name", "png_size"]
@@ -49,13 +53,16 @@ def log_dir_name(run: TrackedRun) -> str:
 
 
 def stale_dirs(root: Path, run: TrackedRun, name: str) -> list[Path]:
-    """Earlier log dirs of ``run`` under another name (its key alone, or another label)."""
+    """Earlier log dirs of ``run`` under another name (its key alone, or another label) that
+    hold fedlmc's :data:`MARKER` (a folder without it is not fedlmc's and is left alone)."""
     if not root.is_dir():
         return []
     return [
         p
         for p in root.iterdir()
         if p.is_dir()
+        and not p.is_symlink()
+        and (p / MARKER).is_file()
         and p.name != name
         and (p.name == run.key or p.name.endswith(f"cell={run.key}"))
     ]
@@ -64,6 +71,7 @@ def stale_dirs(root: Path, run: TrackedRun, name: str) -> list[Path]:
 def export_runs(runs: Sequence[TrackedRun], track_dir: str | Path) -> tuple[list[str], list[str]]:
     """Write every run not yet in ``track_dir``; ``(written keys, skipped keys)``."""
     root = Path(track_dir)
+    check_log_dirs(runs, root)
     written, skipped = [], []
     for run in runs:
         log_dir = root / log_dir_name(run)
@@ -75,10 +83,27 @@ def export_runs(runs: Sequence[TrackedRun], track_dir: str | Path) -> tuple[list
             continue
         if log_dir.exists():
             shutil.rmtree(log_dir)
+        log_dir.mkdir(parents=True)
+        atomic_write_text(log_dir / MARKER, "pending\n")  # fedlmc's folder from now on
         write_run(run, log_dir)
         atomic_write_text(log_dir / MARKER, digest + "\n")
         written.append(run.key)
     return written, skipped
+
+
+def check_log_dirs(runs: Sequence[TrackedRun], root: Path) -> None:
+    """Before any work: :class:`ConfigError` when a run's log dir name in ``root`` is taken by
+    something fedlmc did not write (no :data:`MARKER` in a real folder there)."""
+    for run in runs:
+        log_dir = root / log_dir_name(run)
+        if not (log_dir.exists() or log_dir.is_symlink()):
+            continue
+        if log_dir.is_symlink() or not log_dir.is_dir() or not (log_dir / MARKER).is_file():
+            raise ConfigError(
+                f"--track-dir {str(root)!r}: {log_dir.name!r} there was not written by fedlmc "
+                f"(no {MARKER} in it) and fedlmc would replace it; allowed: a folder without "
+                f"{log_dir.name!r}, or one where fedlmc exported it"
+            )
 
 
 def is_exported(log_dir: Path, digest: str) -> bool:

@@ -42,3 +42,19 @@ def test_stale_temporaries_of_a_killed_writer_are_removed(tmp_path: Path):
     removed = remove_stale_temporaries(tmp_path)
     assert [p.name for p in removed] == [".results.csv.abc123.tmp"]
     assert sorted(os.listdir(tmp_path)) == ["notes.tmp", "results.csv"]
+
+
+def test_only_fedlmc_temporaries_of_the_named_targets_are_removed(tmp_path: Path):
+    (tmp_path / ".results.csv.k2j_x9qa.tmp").write_text("half")  # as mkstemp names them
+    (tmp_path / ".notes.tmp").write_text("a user's file")
+    (tmp_path / ".mine.txt.k2j_x9qa.tmp").write_text("not a target fedlmc writes")
+    (tmp_path / ".x.tmp").mkdir()  # a folder: never removed, no IsADirectoryError
+    (tmp_path / ".config.json.abcd1234.tmp").symlink_to(tmp_path / ".notes.tmp")
+    removed = remove_stale_temporaries(tmp_path, ("results.csv", "config.json"))
+    assert [p.name for p in removed] == [".results.csv.k2j_x9qa.tmp"]
+    assert sorted(os.listdir(tmp_path)) == [
+        ".config.json.abcd1234.tmp",
+        ".mine.txt.k2j_x9qa.tmp",
+        ".notes.tmp",
+        ".x.tmp",
+    ]

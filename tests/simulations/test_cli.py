@@ -516,7 +516,7 @@ def test_track_is_refused_while_another_command_holds_the_folder(tmp_path, capsy
     from fedlmc.simulations.records.out_dir_lock import LOCK
 
     sweep_dir, _run_dir = finished_folders(tmp_path)
-    fd = os.open(sweep_dir / LOCK, os.O_RDWR)  # the lock as a running sweep holds it
+    fd = os.open(sweep_dir / LOCK, os.O_RDWR | os.O_CREAT)  # as a running sweep holds it
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.pwrite(fd, b"fedlmc sweep (pid 4242)\n", 0)

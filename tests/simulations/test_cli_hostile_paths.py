@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 
 from fedlmc.simulations.cli import main
+from fedlmc.simulations.report.build import REPORT_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 GUARD = ["--ray-address", "127.0.0.1:9"]
@@ -243,9 +244,43 @@ def test_report_on_a_read_only_folder_is_refused_naming_to_and_to_writes_elsewhe
     elsewhere = shared_dir / "elsewhere"
     assert main(["report", str(sweep), "--to", str(elsewhere)]) == 0
     assert (elsewhere / "report.md").is_file() and (elsewhere / "report_full.md").is_file()
-    assert (elsewhere / "report.md").read_text().startswith("# s")
+    assert (elsewhere / "report.md").read_text().startswith(f"{REPORT_MARKER}\n# s")
     assert f"report: {elsewhere / 'report.md'}" in capsys.readouterr().out
     assert snapshot(sweep) == before
+
+
+def test_report_to_a_folder_replaces_only_its_own_report_and_figures(tmp_path, capsys):
+    """A user's hand-written report.md / report_full.md or figures/ in ``--to FOLDER`` is
+    refused in one line before any work; fedlmc's own report there is written again."""
+    sweep = tmp_path / "sweep"
+    finished_sweep(sweep)
+    capsys.readouterr()
+    for name in ("report.md", "report_full.md", "figures/curves.png"):
+        to = tmp_path / name.replace("/", "-")
+        (to / name).parent.mkdir(parents=True)
+        (to / name).write_text("mine\n")
+        before = snapshot(to)
+        code = main(["report", str(sweep), "--to", str(to)])
+        err = capsys.readouterr().err
+        assert one_line_exit_2(code, err, "was not written by fedlmc report"), (name, err)
+        assert "allowed: " in err and snapshot(to) == before
+    to = tmp_path / "mine"
+    assert main(["report", str(sweep), "--to", str(to)]) == 0
+    assert main(["report", str(sweep), "--to", str(to)]) == 0  # its own report: written again
+    assert (to / "report.md").read_text().startswith(f"{REPORT_MARKER}\n")
+    assert not (to / ".lock").exists()  # the lock lives only while the report is written
+
+
+def test_a_refused_run_leaves_nothing_in_the_users_folder(tmp_path, capsys):
+    """A run refused under its out dir's lock (no Ray at the address) leaves no ``.lock`` in a
+    user's folder, and no folder it made itself."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    for out in (mine, tmp_path / "new"):
+        assert main(["run", "epochs=1", f"out-dir={out}", *GUARD]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+    assert sorted(os.listdir(mine)) == ["notes.txt"] and not (tmp_path / "new").exists()
 
 
 @pytest.mark.slow
@@ -288,3 +323,26 @@ def test_data_fetch_refuses_a_fifo_where_a_data_file_goes(tmp_path):
     code, err = fedlmc(argv, tmp_path, timeout=60, limit=False)
     assert one_line_exit_2(code, err, "train-images-idx3-ubyte' is not a regular file"), (code, err)
     assert sorted(os.listdir(tmp_path)) == ["MNIST"]  # no lock file made
+
+
+def test_odd_csv_and_out_dir_paths_are_refused_in_one_line_naming_what_they_are(tmp_path, capsys):
+    (tmp_path / "FILE").write_text("x\n")
+    os.mkfifo(tmp_path / "fifo")
+    cases = [
+        (["--csv", "~nouser-52/x.csv"], "no user 'nouser-52' on this machine; allowed: "),
+        (["--csv", str(tmp_path / "FILE" / "x.csv")], "is not a folder; allowed: "),
+        (["out-dir=/dev/null"], "'/dev/null' is a character device; allowed: a folder"),
+        ([f"out-dir={tmp_path / 'fifo'}"], "is a FIFO (named pipe); allowed: a folder"),
+    ]
+    for args, needle in cases:
+        code = main(["run", "epochs=1", *args, *GUARD])
+        err = capsys.readouterr().err
+        assert one_line_exit_2(code, err, needle), (args, code, err)
+    assert (tmp_path / "FILE").read_text() == "x\n"
+
+
+def test_an_empty_csv_file_is_taken_as_new(tmp_path):
+    from fedlmc.simulations.records.written_paths import check_csv_file
+
+    (tmp_path / "empty.csv").write_bytes(b"")
+    check_csv_file(tmp_path / "empty.csv")  # the writer puts the header first

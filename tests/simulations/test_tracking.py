@@ -183,14 +183,27 @@ def test_tensorboard_export_is_idempotent_and_adds_new_cells(tmp_path):
     assert again.written == () and again.skipped == (CELLS[0], "report")
     assert {p: p.stat().st_mtime_ns for p in track_dir.rglob("*")} == files  # nothing rewritten
 
-    # a resumed sweep: one more cell, a new report; a killed export left a dir without marker
+    # a resumed sweep: one more cell, a new report; a killed export left its marker pending
     sweep_folder(folder, cells=CELLS)
-    (track_dir / "report" / ".fedlmc-exported").unlink()
+    (track_dir / "report" / ".fedlmc-exported").write_text("pending\n")
     third = export_folder(folder, "tensorboard")
     assert third.written == (CELLS[1], "report") and third.skipped == (CELLS[0],)
     assert len(list((track_dir / "report").glob("events.out.tfevents.*"))) == 1  # replaced
     first = track_dir / run_dir(CELLS[0], 0.25)
     assert len(list(first.glob("events.out.tfevents.*"))) == 1
+
+
+def test_cli_track_refuses_a_users_folder_at_a_run_name_and_deletes_nothing(tmp_path, capsys):
+    folder = sweep_folder(tmp_path / "sweep", cells=CELLS[:1])
+    mine = tmp_path / "tb" / "report"
+    mine.mkdir(parents=True)
+    (mine / "draft.md").write_text("mine\n")
+    code = main(["track", str(folder), "--to", "tensorboard", "--track-dir", str(tmp_path / "tb")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "'report' there was not written" in err
+    assert "allowed: " in err
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["report"]  # nothing written
+    assert (mine / "draft.md").read_text() == "mine\n"
 
 
 def test_tensorboard_run_names_carry_the_grid_values_and_replace_older_names(tmp_path):

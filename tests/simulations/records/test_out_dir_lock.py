@@ -124,7 +124,7 @@ def test_every_writing_command_is_refused_while_another_holds_the_folder(tmp_pat
         assert (folder / LOCK).read_text() == f"test (pid {os.getpid()})\n"
         with out_dir_lock(folder, "nested"):  # re-entrant within one process
             pass
-    assert (folder / LOCK).read_text() == ""
+    assert not (folder / LOCK).exists()  # the holder deletes it before it lets go
 
 
 def test_a_sweep_checks_what_the_folder_holds_under_the_lock(tmp_path):
@@ -195,4 +195,21 @@ def test_a_run_started_while_a_sweep_runs_fails_fast_and_sigterm_keeps_whole_cel
     written = read_results(folder)
     assert written["cell_id"].nunique() == 1 and len(written) == 2  # the whole first cell only
     assert (written["inject-failure"] == "none").all()
-    assert out_dir_kind(folder) == "sweep" and (folder / LOCK).read_text() == ""
+    assert out_dir_kind(folder) == "sweep" and not (folder / LOCK).exists()
+
+
+def test_the_lock_file_is_gone_after_its_holder_and_a_deleted_one_is_never_held(tmp_path):
+    from fedlmc.simulations.records.out_dir_lock import same_file
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with out_dir_lock(folder, "test"):
+        fd = os.open(folder / LOCK, os.O_RDWR)  # a second command opened it meanwhile
+        assert same_file(fd, folder / LOCK)
+    try:
+        assert not (folder / LOCK).exists() and not same_file(fd, folder / LOCK)
+        with out_dir_lock(folder, "again"):  # a new lock file, not the deleted one
+            assert not same_file(fd, folder / LOCK)
+    finally:
+        os.close(fd)
+    assert os.listdir(folder) == []

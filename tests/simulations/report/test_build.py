@@ -14,7 +14,7 @@ from matplotlib.image import imread
 from fedlmc.simulations.records.results_file import read_results
 from fedlmc.simulations.records.row_groups import varying_keys
 from fedlmc.simulations.records.training_file import read_training
-from fedlmc.simulations.report.build import build_report
+from fedlmc.simulations.report.build import REPORT_MARKER, build_report
 from fedlmc.simulations.report.markdown import markdown_table
 
 try:  # rootdir on sys.path, or tests/ itself (pytest's default import mode)
@@ -64,7 +64,7 @@ def test_report_writes_figures_and_markdown(tmp_path, sweep_dir):
 
     text = (out / "report_full.md").read_text()
     frame = read_results(out)
-    assert text.startswith("# tiny\n")
+    assert text.startswith(f"{REPORT_MARKER}\n# tiny\n")  # fedlmc's report, recognisably
     assert "## Merged test accuracy" in text and "## Fitted temperature" in text
     # every LEWC number says which weights it measures
     scope = text.split("## What the LEWC and LLFC columns measure")[1].split("##")[0]

@@ -74,3 +74,13 @@ def test_the_difference_names_new_and_gone_cells_and_changed_keys():
         "1 new cell(s); 1 cell(s) no longer in the sweep; changed keys: epochs"
     )
     assert describe_difference(old, old) == "different cells"
+
+
+def test_preparing_keeps_a_users_dot_tmp_files_and_folders(tmp_path):
+    out = tmp_path / "out"
+    (out / ".x.tmp").mkdir(parents=True)  # used to raise IsADirectoryError
+    (out / ".notes.tmp").write_text("mine\n")  # used to be deleted
+    (out / ".results.csv.q1w2e3r4.tmp").write_text("half")  # a killed atomic write's
+    prepare_out_dir(out, record(tmp_path, [0]), force=False)
+    assert (out / ".notes.tmp").read_text() == "mine\n" and (out / ".x.tmp").is_dir()
+    assert not (out / ".results.csv.q1w2e3r4.tmp").exists()

@@ -93,3 +93,27 @@ def test_png_size_reads_the_header_and_refuses_other_files(tmp_path):
     assert png_size(png(tmp_path / "x.png").read_bytes()) == (10, 6, 4)
     with pytest.raises(ValueError, match="not a PNG file"):
         png_size(b"GIF89a" + bytes(30))
+
+
+def test_a_folder_without_the_marker_at_a_log_dir_name_is_refused_and_kept(tmp_path):
+    from fedlmc.simulations.config.schema import ConfigError
+
+    user = tmp_path / "tb" / "width=0.5 cell=0123456789ab"
+    user.mkdir(parents=True)
+    (user / "draft.md").write_text("mine\n")
+    with pytest.raises(ConfigError, match=r"not written by fedlmc .*allowed: "):
+        export_runs([a_run(tmp_path)], tmp_path / "tb")
+    assert (user / "draft.md").read_text() == "mine\n"
+    assert sorted(p.name for p in user.iterdir()) == ["draft.md"]
+
+
+def test_only_marked_folders_of_the_same_run_are_deleted(tmp_path):
+    tb = tmp_path / "tb"
+    (tb / "0123456789ab").mkdir(parents=True)  # the user's folder named by the key
+    (tb / "0123456789ab" / "draft.md").write_text("mine\n")
+    (tb / "old cell=0123456789ab").mkdir()  # an earlier export of the run under another label
+    (tb / "old cell=0123456789ab" / MARKER).write_text("pending\n")
+    assert export_runs([a_run(tmp_path)], tb) == (["0123456789ab"], [])
+    assert (tb / "0123456789ab" / "draft.md").read_text() == "mine\n"
+    assert not (tb / "old cell=0123456789ab").exists()
+    assert (tb / "width=0.5 cell=0123456789ab" / MARKER).is_file()
