@@ -303,7 +303,8 @@ def test_console_script_and_usage_errors(tmp_path):
     done = run_cli("validate", str(REPO / "configs" / "quick.toml"), "width=0", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "fedlmc: error: run.width = 0.0: allowed: a number > 0.0"
+        "fedlmc: error: run.width = 0.0: allowed: a number in (0, 1024] (1024 x the base widths "
+        "is beyond any machine's memory)"
     ]
     parser = build_parser()
     assert parser.prog == "fedlmc"

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 import fedlmc
 from fedlmc.averaging import average
 from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.engine.ray_reaper import WATCHER
 from fedlmc.simulations.runs.federation import run_federation, run_federation_outcome
 from fedlmc.simulations.task import build_from_config, device_of, load_splits
 from fedlmc.strategies import NotEnoughClientsError
@@ -52,7 +53,9 @@ TINY = {
 
 
 def ray_descendants() -> list[str]:
-    """Command lines of the live (non-zombie) Ray processes descended from this process."""
+    """Command lines of the live (non-zombie) Ray processes descended from this process; the
+    reaper's watcher (:mod:`fedlmc.simulations.engine.ray_reaper`: no Ray process, it lives as
+    long as this process by design) is not one."""
     parents: dict[int, int] = {}
     commands: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
@@ -75,7 +78,11 @@ def ray_descendants() -> list[str]:
                 return True
         return False
 
-    return [cmd for pid, cmd in commands.items() if descends(pid) and "ray" in cmd.lower()]
+    return [
+        cmd
+        for pid, cmd in commands.items()
+        if descends(pid) and "ray" in cmd.lower() and WATCHER not in cmd
+    ]
 
 
 def ray_is_down() -> bool:
