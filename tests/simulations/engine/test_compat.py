@@ -125,3 +125,39 @@ def test_token_authentication_turns_on_ray_token_mode_after_ray_is_imported():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:4] == ["False", "True", "True token", "[]"], out.stdout
+
+
+@pytest.mark.slow
+def test_a_plain_ray_after_the_local_ray_has_working_actors():
+    """A local Ray (token mode) shut down, then a plain ``ray.init`` in the same process (as
+    Flower's own ``run_simulation`` does): its actors answer. Before the reset at shutdown Ray
+    stayed in token mode with the old token and the actor died at once ("The actor died
+    unexpectedly before finishing this task"). In a fresh interpreter."""
+    code = textwrap.dedent(
+        """
+        import ray
+        from fedlmc.simulations.engine import ray_runtime
+
+        ray_runtime.start_local_ray(
+            {"address": "local", "num_cpus": 1, "include_dashboard": False,
+             "_system_config": dict(ray_runtime.LOCAL_SYSTEM_CONFIG)}, 1,
+        )
+
+        @ray.remote
+        class Echo:
+            def value(self):
+                return 5
+
+        print("token", ray.get(Echo.remote().value.remote(), timeout=60))
+        ray.shutdown()
+        ray.init(num_cpus=1, include_dashboard=False)
+        print("plain", ray.get(Echo.remote().value.remote(), timeout=60))
+        ray.shutdown()
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["HOME"] = "/nonexistent"  # no ~/.ray/auth_token
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=240
+    )
+    assert out.stdout.split() == ["token", "5", "plain", "5"], out.stderr[-2000:]
