@@ -91,6 +91,7 @@ from fedlmc.simulations.config.threads import (
     server_threads,
     threads_of_this_process,
 )
+from fedlmc.simulations.engine.compat import forget_token_authentication
 from fedlmc.simulations.engine.exit_workaround import exit_even_if_stuck
 from fedlmc.simulations.engine.log_filters import quiet_flower
 from fedlmc.simulations.engine.ray_runtime import (
@@ -250,6 +251,7 @@ def _run_group(
             stop.set()
             if ray.is_initialized():  # Flower shuts Ray down itself, unless it failed early
                 ray.shutdown()
+            forget_token_authentication()  # a later plain ray.init of this process works
     if server.fatal is not None:
         raise server.fatal
     missing = [job.key for job in jobs if job.key not in server.finished]

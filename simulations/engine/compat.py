@@ -38,12 +38,11 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 __all__ = [
     "loopback_node",
     "ray_bootstrap_address",
-    "reset_authentication_at_shutdown",
+    "forget_token_authentication",
     "register_before_thread_join",
     "token_authentication",
 ]
@@ -88,31 +87,21 @@ def loopback_node() -> Iterator[None]:
             os.environ[CLUSTER_VARIABLE] = variable
 
 
-def reset_authentication_at_shutdown() -> None:
-    """Once the local Ray started under :func:`token_authentication` shuts down (``ray.shutdown``,
-    which Flower's backend calls at the end of a simulation), Ray's configuration is read again
-    from this process's environment (where the variables were put back) and its token cache
-    emptied. Otherwise Ray stays in token mode with the old token, and a later ``ray.init`` of
-    this process that is not fedlmc's (Flower's ``run_simulation``, a notebook's own Ray) starts a
-    node without authentication whose actors die at once ("The actor died unexpectedly").
-    Resetting while the node runs is no option: the driver's next call is then refused."""
+def forget_token_authentication() -> None:
+    """After the local Ray started under :func:`token_authentication` has shut down, Ray's
+    configuration is read again from this process's environment (where the variables were put
+    back) and its token cache emptied. Otherwise Ray stays in token mode with the old token, and
+    a later ``ray.init`` of this process that is not fedlmc's (Flower's ``run_simulation``, a
+    notebook's own Ray) starts a node without authentication whose actors die at once ("The
+    actor died unexpectedly"). Only once Ray is down: while a node runs, the driver's next call
+    would be refused."""
     import ray
     from ray._raylet import AuthenticationTokenLoader, Config
 
-    if getattr(ray.shutdown, "resets_authentication", False):
+    if ray.is_initialized():
         return
-    original = ray.shutdown
-
-    def shutdown(*args: Any, **kwargs: Any) -> None:
-        try:
-            original(*args, **kwargs)
-        finally:
-            ray.shutdown = original
-            Config.initialize("")
-            AuthenticationTokenLoader.instance().reset_cache()
-
-    shutdown.resets_authentication = True  # type: ignore[attr-defined]
-    ray.shutdown = shutdown
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 @contextmanager

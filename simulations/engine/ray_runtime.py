@@ -32,7 +32,6 @@ from fedlmc.simulations.config.threads import thread_environment, thread_variabl
 from fedlmc.simulations.engine.compat import (
     loopback_node,
     ray_bootstrap_address,
-    reset_authentication_at_shutdown,
     token_authentication,
 )
 from fedlmc.simulations.engine.ray_reaper import reap_when_this_process_dies
@@ -173,7 +172,6 @@ def start_local_ray(args: Mapping[str, Any], worker_threads: int) -> None:
     try:  # the workers inherit all three
         with thread_environment(worker_threads), loopback_node(), token_authentication(token):
             ray.init(**args)
-        reset_authentication_at_shutdown()
     except Exception as err:  # noqa: BLE001 - Ray raises bare exceptions: one line for each
         if ray.is_initialized():
             ray.shutdown()

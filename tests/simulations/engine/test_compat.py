@@ -130,13 +130,14 @@ def test_token_authentication_turns_on_ray_token_mode_after_ray_is_imported():
 @pytest.mark.slow
 def test_a_plain_ray_after_the_local_ray_has_working_actors():
     """A local Ray (token mode) shut down, then a plain ``ray.init`` in the same process (as
-    Flower's own ``run_simulation`` does): its actors answer. Before the reset at shutdown Ray
+    Flower's own ``run_simulation`` does): its actors answer. Before the engine's reset Ray
     stayed in token mode with the old token and the actor died at once ("The actor died
     unexpectedly before finishing this task"). In a fresh interpreter."""
     code = textwrap.dedent(
         """
         import ray
         from fedlmc.simulations.engine import ray_runtime
+        from fedlmc.simulations.engine.compat import forget_token_authentication
 
         ray_runtime.start_local_ray(
             {"address": "local", "num_cpus": 1, "include_dashboard": False,
@@ -150,6 +151,7 @@ def test_a_plain_ray_after_the_local_ray_has_working_actors():
 
         print("token", ray.get(Echo.remote().value.remote(), timeout=60))
         ray.shutdown()
+        forget_token_authentication()  # what the engine does after each simulation
         ray.init(num_cpus=1, include_dashboard=False)
         print("plain", ray.get(Echo.remote().value.remote(), timeout=60))
         ray.shutdown()
