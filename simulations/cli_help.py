@@ -1,6 +1,6 @@
 """What the ``fedlmc`` command line teaches: an example under every sub-command's ``--help``,
 the ``key=value`` form pointed to when a run-config key is given as ``--key value``, and
-``fedlmc keys [NAME|PATTERN]``: one key, or the keys a shell-style pattern (:mod:`fnmatch`)
+``fedlmc keys [NAME|PATTERN]``: one key, or the keys a shell-style pattern (``fnmatch``)
 matches, each on wrapped lines no wider than the terminal (at most 100 columns); and the
 parsers of the listing commands (``methods``, ``models``, ``keys``, ``columns``, ``data``)."""
 
@@ -123,7 +123,7 @@ def key_lines(name: str, facts: Sequence[str], width: int | None = None) -> list
 def keys_listing(pattern: str | None = None) -> str:
     """``fedlmc keys [PATTERN]``: each run-config key (or each one ``pattern`` names,
     :func:`selected_keys`) on wrapped lines: ``type; default; meaning; in a cell's identity``;
-    :class:`ConfigError` naming the closest keys when ``pattern`` names none."""
+    :class:`~fedlmc.simulations.config.schema.ConfigError` naming the closest keys when ``pattern`` names none."""
     from fedlmc.simulations.config import ConfigError, run_schema
     from fedlmc.simulations.config.schema import did_you_mean
     from fedlmc.simulations.config.tables import key_facts

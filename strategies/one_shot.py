@@ -232,7 +232,7 @@ class OneShotAverage(ScreenedFedAvg):
         """Flower's hook (:class:`~fedlmc.strategies.base.ScreenedFedAvg`'s), keeping the
         arrays sent: the clients' common starting model under ``init = "shared"``
         (:meth:`shared_base`). In a deployment (no partitions assigned) without
-        ``server_data``, one warning line: :data:`NO_SERVER_DATA_WARNING`."""
+        ``server_data``, one warning line: ``NO_SERVER_DATA_WARNING``."""
         self._sent_arrays = arrays
         messages = super().configure_train(server_round, arrays, config, grid)
         if self._assigned is None and self.server_data is None:  # a deployment without data

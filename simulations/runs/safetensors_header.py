@@ -8,7 +8,7 @@ object mapping each tensor's name to ``{"dtype": "F32", "shape": [s_1, ...], "da
 its header declares it, so a header claiming a :math:`10^5 \times 10^5` tensor (40 GB of
 float32) over a sparse file would be allocated before ``load_state_dict`` could refuse its
 shape. :func:`check_header` reads at most :func:`header_bound` bytes of header itself (its own
-parser, :func:`json.loads`) and refuses, naming the file and the first difference:
+parser, ``json.loads``) and refuses, naming the file and the first difference:
 
 - a header length beyond the file or :func:`header_bound` (a few hundred bytes per tensor);
 - a header that is no JSON object of tensors;
