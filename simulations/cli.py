@@ -292,7 +292,8 @@ def dest_name(option: str) -> str:
 
 def print_error(message: object, status: int = 1) -> int:
     """``fedlmc: error: <message on one line>`` on stderr (:func:`one_line`), one line per
-    mistake of a :class:`~fedlmc.simulations.config.schema.ConfigErrors`; returns ``status`` (the exit code)."""
+    mistake of a :class:`~fedlmc.simulations.config.schema.ConfigErrors`; returns ``status``
+    (the exit code)."""
     for part in getattr(message, "messages", [message]):
         print(f"fedlmc: error: {one_line(part)}", file=sys.stderr)
     return status

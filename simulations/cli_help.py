@@ -123,7 +123,8 @@ def key_lines(name: str, facts: Sequence[str], width: int | None = None) -> list
 def keys_listing(pattern: str | None = None) -> str:
     """``fedlmc keys [PATTERN]``: each run-config key (or each one ``pattern`` names,
     :func:`selected_keys`) on wrapped lines: ``type; default; meaning; in a cell's identity``;
-    :class:`~fedlmc.simulations.config.schema.ConfigError` naming the closest keys when ``pattern`` names none."""
+    :class:`~fedlmc.simulations.config.schema.ConfigError` naming the closest keys when
+    ``pattern`` names none."""
     from fedlmc.simulations.config import ConfigError, run_schema
     from fedlmc.simulations.config.schema import did_you_mean
     from fedlmc.simulations.config.tables import key_facts
