@@ -96,10 +96,16 @@ def forget_token_authentication() -> None:
     actor died unexpectedly"). Only once Ray is down: while a node runs, the driver's next call
     would be refused."""
     import ray
+
+    if not ray.is_initialized():
+        _reread_authentication()
+
+
+def _reread_authentication() -> None:
+    """Ray's authentication mode and token read again from this process's environment
+    (module docstring)."""
     from ray._raylet import AuthenticationTokenLoader, Config
 
-    if ray.is_initialized():
-        return
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
 
@@ -111,13 +117,10 @@ def token_authentication(token: str) -> Iterator[None]:
     processes and workers inherit (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``; no token file is
     read or written). The variables are put back afterwards; the started node and this
     process's connection to it keep the token."""
-    from ray._raylet import AuthenticationTokenLoader, Config
-
     before = {name: os.environ.get(name) for name in AUTH_VARIABLES}
     os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
     os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
-    Config.initialize("")  # re-read RAY_AUTH_MODE (module docstring)
-    AuthenticationTokenLoader.instance().reset_cache()
+    _reread_authentication()
     try:
         yield
     finally:
