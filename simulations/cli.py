@@ -586,6 +586,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
 
+def console() -> None:
+    """The ``fedlmc`` console script: :func:`main`, then exit without the modules' teardown."""
+    from fedlmc.simulations.engine.exit_workaround import exit_without_teardown
+
+    exit_without_teardown(main())
+
+
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    console()

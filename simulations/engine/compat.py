@@ -6,6 +6,10 @@
   :func:`fedlmc.simulations.engine.exit_workaround.exit_even_if_stuck` arms its exit timer there,
   the only moment left when Flower's worker threads hang in ``ray.get`` after an interrupted
   simulation.
+- :func:`join_threads_as_at_exit`: CPython's ``threading._shutdown()`` is what the interpreter
+  calls first when it exits: it runs the callbacks above, then joins the non-daemon threads.
+  :func:`fedlmc.simulations.engine.exit_workaround.exit_without_teardown` calls it before its
+  own ``os._exit``, so that leaving early skips only the modules' teardown.
 - :func:`ray_bootstrap_address`: Ray's ``ray._private.services.canonicalize_bootstrap_address``
   resolves ``auto`` (``RAY_ADDRESS``, then the clusters running on this machine) the way
   ``ray.init`` does, so :func:`fedlmc.simulations.engine.ray_runtime.check_ray_address` probes the
@@ -43,6 +47,7 @@ __all__ = [
     "loopback_node",
     "ray_bootstrap_address",
     "forget_token_authentication",
+    "join_threads_as_at_exit",
     "register_before_thread_join",
     "token_authentication",
 ]
@@ -55,6 +60,12 @@ def register_before_thread_join(func: Callable[[], None]) -> None:
     """Call ``func`` at interpreter shutdown before the non-daemon threads are joined
     (CPython's ``threading._register_atexit``; the last registered runs first)."""
     threading._register_atexit(func)
+
+
+def join_threads_as_at_exit() -> None:
+    """Run the callbacks of :func:`register_before_thread_join`, then join the non-daemon
+    threads, as the interpreter does first when it exits (CPython's ``threading._shutdown``)."""
+    threading._shutdown()
 
 
 def ray_bootstrap_address(address: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -160,11 +161,15 @@ def test_run_prints_one_row_per_method_and_listens_on_loopback_only(tmp_path):
     ``--ray-address`` starts a Ray of its own (``ray.init(address="local")``). Nor can another
     local process use it: one that knows the GCS port but not the run's token (``nobody``
     where the machine lets it run this interpreter) is refused and runs no task, and the token
-    is in no output, results or Ray log."""
+    is in no output, results or Ray log. Partition 1 fails (``inject-failure=raise:1``): the
+    table's ``clients_survived`` and the last line say two of three were merged and name the
+    dropped one, and the output (pipes, not a terminal, as a log file) is plain: no colour
+    codes, no carriage-return frames, no "Manually terminating ClientAppActor" warning."""
     csv = tmp_path / "rows.csv"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env["RAY_ADDRESS"] = "127.0.0.1:9"  # the discard port: no Ray answers there
     args = ["epochs=1", "width=0.125", "num-clients=3", "lambdas=3", "diagnostics=false"]
+    args += ["min-clients=2", "inject-failure=raise:1"]
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -225,10 +230,19 @@ def test_run_prints_one_row_per_method_and_listens_on_loopback_only(tmp_path):
     assert heard[-1].startswith("3/3 client(s) replied after"), replies  # and the last
     stages = [line for line in told if "] training: " not in line]
     assert "waiting for 3 clients to train (1 epoch(s) each)" in stages[0]
-    assert "3 client model(s) received" in stages[1]
+    assert "2 client model(s) received" in stages[1]
     assert "merge and evaluation 1/1: average" in stages[2]
     assert "evaluation done: 3 row(s)" in stages[3]
     assert "fedlmc run: out-dir is empty: the rows were not written to disk" in err
+    assert "\x1b[" not in out + err and "\r" not in out + err, repr((out + err)[-2000:])
+    assert "Manually terminating" not in out + err, err[-2000:]
+    assert lines[header].split()[-1] == "clients_survived"
+    assert [line.split()[-1] for line in lines[header + 1 : header + 4]] == ["2", "2", "2"]
+    last = re.fullmatch(
+        r"clients: 2 of 3 merged; dropped: node \d+ \(partition 1\): (.*)", lines[-1]
+    )
+    assert last is not None and "injected failure on partition 1" in last.group(1), lines[-1]
+    assert "dropped reply from node" in err  # the server's warning, in plain text
     import pandas as pd
 
     rows = pd.read_csv(csv)
