@@ -67,6 +67,7 @@ _RAY_FIELDS = re.compile(r"\s*\b(?:pid|ip|actor_id|node_id|worker_id)=[^,)\s]+,?
 _CAUSE = "The above exception was the direct cause of the following exception:"
 _FLOWER_WRAPPER = "Exception ClientAppException occurred. Message:"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_ERROR_LINE = re.compile(r"\s*(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*: .*)")
 MAX_REASON_CHARS = 300
 """Longest drop reason kept (the rest is cut, marked by an ellipsis)."""
 
@@ -83,6 +84,19 @@ def _without_traceback(text: str) -> list[str]:
         if (after_frame and line.startswith("    ")) or _TRACEBACK_NOISE.fullmatch(line):
             continue
         after_frame = False
+        kept.append(line)
+    return _without_repeated_errors(kept)
+
+
+def _without_repeated_errors(lines: list[str]) -> list[str]:
+    """``lines`` less a traceback's last line (``pkg.mod.ValueError: boom``) where the text
+    before it already says ``ValueError: boom`` (a ClientApp's own one-line reason followed by
+    its traceback)."""
+    kept: list[str] = []
+    for line in lines:
+        short = _ERROR_LINE.fullmatch(line)
+        if short and short.group(1) in " ".join(kept):
+            continue
         kept.append(line)
     return kept
 

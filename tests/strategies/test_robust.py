@@ -256,6 +256,22 @@ def test_every_drop_reason_is_plain_text():
     assert len(plain_text("x" * 1000)) == 300
 
 
+def test_a_client_error_with_its_traceback_names_the_error_once():
+    """The ClientApp's error reply (``partition-id=1: InjectedFailure: boom`` and its traceback,
+    whose last line repeats the error, with its module) reads as the error, once; a different
+    error in the traceback is kept."""
+    from fedlmc.simulations.client_app import InjectedFailure
+
+    try:
+        raise InjectedFailure("injected failure on partition 1")
+    except InjectedFailure as err:
+        reason = f"partition-id=1: {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
+    assert "fedlmc.simulations.client_app.InjectedFailure: injected" in reason  # twice in all
+    said = "partition-id=1: InjectedFailure: injected failure on partition 1"
+    assert plain_text(reason) == said
+    assert plain_text(reason + "ValueError: another") == said + " ValueError: another"
+
+
 def test_a_client_error_relayed_by_ray_names_the_error_not_ray_internals():
     """The reason Flower's simulation sends for a ClientApp that raised, built as Flower builds
     it (``vce_api``: ``str(type(ex)) + ":<'" + str(ex) + "'>"``) from Ray's own error of an
