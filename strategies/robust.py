@@ -75,11 +75,12 @@ and against the others'. With :math:`m = \mathrm{median}_j a_j`, :math:`\mathrm{
 :math:`\delta` = :data:`ACCURACY_MARGIN`, :math:`\kappa` = :data:`ACCURACY_SPREAD`. A model
 further below a random guess than sampling explains is systematically wrong: a label flipper
 (trained honestly on permuted labels) scores near 0 on the true labels, a negated output layer
-picks the least likely class. An honest client that learned anything, however little, scores
-at least chance; an undertrained one can score far below the others (1 or 2 epochs: 0.117
-beside a median of 0.465), and with 3 clients the MAD is often 0, so the second term alone
-(the rule before issue 53) dropped honest clients (``benchmarks/screen_false_drops.py``). The
-second term keeps a federation whose median is itself near chance from dropping anyone. With
+picks the least likely class. An honest client scores about chance or more, however far below
+the others (2 epochs: 0.117 beside a median of 0.465; with 3 clients the MAD is often 0), so
+the second term alone (the rule before issue 53) dropped honest clients; beside a median 0.2
+above the floor no honest client of ``benchmarks/screen_false_drops.py`` scored below 0.100.
+The second term keeps a federation whose median is itself near chance from dropping anyone
+(there an honest client scored 0.048). With
 fewer than :math:`\zeta^2 (K - 1)` server examples (81 for 10 classes) the floor is below 0 and
 no client is dropped by accuracy. Like the relative rule it protects only while fewer than half
 are poisoned, and it sees only accuracy: a client above the floor is merged whatever it sent
