@@ -98,7 +98,7 @@ from fedlmc.strategies.protocol import (
     state_to_record,
 )
 from fedlmc.strategies.queries import MERGE_QUERIES, ClientRounds
-from fedlmc.strategies.robust import accuracy_outliers
+from fedlmc.strategies.robust import accuracy_outliers, chance_floor, num_classes_of
 from fedlmc.strategies.strategy_utils import (
     ClientUpdate,
     RoundReport,
@@ -369,12 +369,19 @@ class OneShotAverage(ScreenedFedAvg):
     def check_clients(self, report: RoundReport) -> None:
         """The base check (copies), then, with ``client_check = "server-split"``, server data
         and clients of the template's width, each survivor's accuracy on the server split
-        against the others' (:func:`fedlmc.strategies.robust.accuracy_outliers`)."""
+        against chance and the others' (:func:`fedlmc.strategies.robust.accuracy_outliers`,
+        the floor of :func:`fedlmc.strategies.robust.chance_floor` for the template's classes
+        and the split's size)."""
         super().check_clients(report)
         check = self.options.client_check == "server-split" and self.server_data is not None
         if not check or self.options.client_references is not None:
             return
-        self._drop(report, accuracy_outliers(self.server_split_accuracies(report.survivors)))
+        labels = self.server_data[1]
+        if not labels.numel():
+            return
+        classes = num_classes_of(self.template) or int(labels.max()) + 1
+        floor = chance_floor(max(classes, 2), int(labels.numel()))
+        self._drop(report, accuracy_outliers(self.server_split_accuracies(report.survivors), floor))
 
     def server_split_accuracies(self, survivors: Sequence[ClientUpdate]) -> list[float]:
         """Each survivor's own accuracy on the server data (its model as it sent it)."""

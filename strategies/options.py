@@ -62,8 +62,8 @@ class StrategyOptions:
     :param client_check: The check of each client's model before the merge
         (:mod:`fedlmc.strategies.robust`, :data:`~fedlmc.strategies.robust.CLIENT_CHECKS`):
         ``"server-split"`` (copies of another client's model, and, with ``server_data`` in a
-        one-shot strategy and 3 or more clients, an accuracy on it far below the others'),
-        ``"copies"`` or ``"off"``.
+        one-shot strategy and 3 or more clients, an accuracy on it below chance and far below
+        the others'), ``"copies"`` or ``"off"``.
     :param calibration: One-shot strategies: where BatchNorm statistics, REPAIR statistics and the
         temperature are fitted (the server's held-out data, the clients' data through query rounds,
         or not at all).

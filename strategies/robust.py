@@ -61,20 +61,32 @@ sent a copy (a free rider: bit-identical, or rounded) and is dropped, the first 
 adds no model, only a second weight for one). Honest clients train from their own seeds on
 their own data and are far apart; a free rider who adds noise above :math:`\tau` is not
 caught. *Server split* (3 or more clients, where the server holds data): client :math:`i`'s own
-accuracy :math:`a_i` on the server split against the others', with :math:`m = \mathrm{median}_j
-a_j` and :math:`\mathrm{MAD} = \mathrm{median}_j |a_j - m|`; client :math:`i` is dropped when
+accuracy :math:`a_i` on the server split (:math:`n` examples, :math:`K` classes) against chance
+and against the others'. With :math:`m = \mathrm{median}_j a_j`, :math:`\mathrm{MAD} =
+\mathrm{median}_j |a_j - m|` and the chance floor
 
-.. math:: a_i < m - \max(\delta, \kappa\,\mathrm{MAD}),
+.. math:: f = \frac{1}{K} - \zeta \sqrt{\frac{(1/K)(1 - 1/K)}{n}}
 
-:math:`\delta` = :data:`ACCURACY_MARGIN`, :math:`\kappa` = :data:`ACCURACY_SPREAD`. The
-margin :math:`\delta` keeps honest IID clients, which differ by a few points, and the spread
-term keeps clients whose accuracies are spread out anyway (non-IID partitions); a label-flipping
-client (trained honestly on permuted labels) scores near 0 on the true labels and is far below.
-Like the relative rule it protects only while fewer than half are poisoned, and it sees only
-accuracy: an attack that keeps the client's own accuracy (scaled weights that keep the argmax,
-a backdoor) passes. With clients whose data differ by design (Dirichlet, pathological, shard
-partitions) an honest client can be far below the median on the server's balanced split: the
-run config's ``client-check = "auto"`` then checks copies only.
+(a random guess scores :math:`1/K` in expectation whatever the classes' shares; :math:`\zeta`
+= :data:`ACCURACY_ERRORS` standard errors below it), client :math:`i` is dropped when
+
+.. math:: a_i < \min\bigl(f,\; m - \max(\delta, \kappa\,\mathrm{MAD})\bigr),
+
+:math:`\delta` = :data:`ACCURACY_MARGIN`, :math:`\kappa` = :data:`ACCURACY_SPREAD`. A model
+further below a random guess than sampling explains is systematically wrong: a label flipper
+(trained honestly on permuted labels) scores near 0 on the true labels, a negated output layer
+picks the least likely class. An honest client scores about chance or more, however far below
+the others (2 epochs: 0.117 beside a median of 0.465; with 3 clients the MAD is often 0), so
+the second term alone (the rule before issue 53) dropped honest clients; beside a median 0.2
+above the floor no honest client of ``benchmarks/screen_false_drops.py`` scored below 0.100.
+The second term keeps a federation whose median is itself near chance from dropping anyone
+(there an honest client scored 0.048). With
+fewer than :math:`\zeta^2 (K - 1)` server examples (81 for 10 classes) the floor is below 0 and
+no client is dropped by accuracy. Like the relative rule it protects only while fewer than half
+are poisoned, and it sees only accuracy: a client above the floor is merged whatever it sent
+(a partial label flipper that keeps some accuracy, scaled weights that keep the argmax, a
+backdoor). With clients whose data differ by design (Dirichlet, pathological, shard
+partitions) the run config's ``client-check = "auto"`` checks copies only.
 """
 
 from __future__ import annotations
@@ -107,6 +119,19 @@ ACCURACY_MARGIN = 0.2
 r"""Least drop :math:`\delta` below the median server-split accuracy that names a client."""
 ACCURACY_SPREAD = 3.0
 r""":math:`\kappa`: the drop must also exceed this many median absolute deviations."""
+ACCURACY_ERRORS = 3.0
+r""":math:`\zeta`: how many standard errors of a random guess's accuracy the chance floor lies
+below :math:`1/K`."""
+
+
+FACTOR_OFF = "to turn this check off: outlier-factor = 1e300"
+"""What every reason of the relative rule ends with: the run-config setting that turns it off."""
+COPIES_OFF = 'to turn this check off: client-check = "off"'
+"""What the copy check's reason ends with (``client_check = "off"`` in
+``StrategyOptions``)."""
+ACCURACY_OFF = 'to turn this check off: client-check = "copies"'
+"""What the accuracy check's reason ends with (``client_check = "copies"`` in
+``StrategyOptions``)."""
 
 
 class OutlierError(ValueError):
@@ -145,7 +170,7 @@ def ratio_outliers(values: Sequence[float], factor: float, what: str) -> dict[in
             ratio = value / centre if centre > 0 else math.inf
             found[index] = (
                 f"{what} is {value:.3g}, {ratio:.3g} x the median over clients ({centre:.3g}); "
-                f"allowed: at most {factor:g} x the median"
+                f"allowed: at most {factor:g} x the median ({FACTOR_OFF})"
             )
     return found
 
@@ -246,7 +271,7 @@ def nll_outliers(
                 if value > limit and index not in found:
                     found[index] = (
                         f"NLL per sample {value:.3g} (median over clients {centre:.3g}); allowed: "
-                        f"<= {screen.factor:g} x (median + log {num_classes})"
+                        f"<= {screen.factor:g} x (median + log {num_classes}) ({FACTOR_OFF})"
                     )
     return found
 
@@ -300,7 +325,8 @@ def copy_outliers(
             if gap <= tolerance * size:
                 found[i] = (
                     f"its weights are a copy of {labels[j]}'s (relative distance "
-                    f"{gap / size if size else 0.0:.3g}; allowed: > {tolerance:g})"
+                    f"{gap / size if size else 0.0:.3g}; allowed: > {tolerance:g}; "
+                    f"{COPIES_OFF})"
                 )
                 break
     return found
@@ -322,24 +348,40 @@ def _distance_and_norm(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> tupl
     return math.sqrt(gap), math.sqrt(size)
 
 
+def chance_floor(num_classes: int, examples: int, errors: float = ACCURACY_ERRORS) -> float:
+    r"""The chance floor :math:`f = 1/K - \zeta \sqrt{(1/K)(1 - 1/K)/n}` (module docstring):
+    ``errors`` standard errors below a random guess's accuracy on ``examples`` examples."""
+    if num_classes < 2 or examples < 1:
+        raise ValueError(
+            f"chance floor of {num_classes} classes on {examples} examples; allowed: at least "
+            "2 classes and 1 example"
+        )
+    chance = 1.0 / num_classes
+    return chance - errors * math.sqrt(chance * (1.0 - chance) / examples)
+
+
 def accuracy_outliers(
     accuracies: Sequence[float],
+    floor: float,
     margin: float = ACCURACY_MARGIN,
     spread: float = ACCURACY_SPREAD,
 ) -> dict[int, str]:
-    r"""Index -> reason for every accuracy below :math:`m - \max(\delta, \kappa\,
-    \mathrm{MAD})` (module docstring); none below :data:`MIN_CLIENTS`."""
+    r"""Index -> reason for every accuracy below :math:`\min(f, m - \max(\delta, \kappa\,
+    \mathrm{MAD}))` (module docstring; ``floor`` :math:`f`: :func:`chance_floor`); none below
+    :data:`MIN_CLIENTS`."""
     if len(accuracies) < MIN_CLIENTS:
         return {}
     values = torch.tensor(accuracies, dtype=torch.float64)
     centre = float(values.quantile(0.5))
     deviation = float((values - centre).abs().quantile(0.5))
-    threshold = centre - max(margin, spread * deviation)
+    below_others = centre - max(margin, spread * deviation)
+    threshold = min(floor, below_others)
     return {
         index: (
-            f"its accuracy on the server split is {value:.3g}, below the median over clients "
-            f"({centre:.3g}) by more than max({margin:g}, {spread:g} x the median absolute "
-            f"deviation {deviation:.3g}); allowed: >= {threshold:.3g}"
+            f"its accuracy on the server split is {value:.3g}, below chance (floor "
+            f"{floor:.3g}) and below the median over clients ({centre:.3g}) by more than "
+            f"max({margin:g}, {spread:g} x MAD {deviation:.3g}); allowed: >= {threshold:.3g} "
+            f"({ACCURACY_OFF})"
         )
         for index, value in enumerate(accuracies)
         if value < threshold

@@ -407,8 +407,9 @@ def declared_keys() -> dict[str, Key]:
             "auto",
             "each client's model checked before the merge: server-split (a copy of another "
             "client's model, and, where the server holds data and 3+ clients survive, an "
-            "accuracy on the server split far below the others'), copies (only copies), off; "
-            "auto: server-split for iid and full partitions, copies for the others",
+            "accuracy on the server split below chance and far below the others'), copies "
+            "(only copies), off; auto: server-split for iid and full partitions, copies for "
+            "the others",
             CLIENT_CHECK_VALUES,
             runtime=True,
         ),
