@@ -30,6 +30,7 @@ from typing import Any
 
 from fedlmc.simulations.config.threads import thread_environment, thread_variables
 from fedlmc.simulations.engine.compat import (
+    forget_token_authentication,
     loopback_node,
     ray_bootstrap_address,
     token_authentication,
@@ -164,7 +165,8 @@ def init_ray(
 def start_local_ray(args: Mapping[str, Any], worker_threads: int) -> None:
     """``ray.init(**args)`` of a local Ray on the loopback interface that admits only callers
     holding a token made for it (module docstring); :class:`RayStartError` when it fails to
-    start."""
+    start, Ray's token mode then forgotten
+    (:func:`fedlmc.simulations.engine.compat.forget_token_authentication`)."""
     import ray
 
     token = secrets.token_hex(32)  # 256 bits, as Ray's own generate_new_authentication_token
@@ -175,6 +177,7 @@ def start_local_ray(args: Mapping[str, Any], worker_threads: int) -> None:
     except Exception as err:  # noqa: BLE001 - Ray raises bare exceptions: one line for each
         if ray.is_initialized():
             ray.shutdown()
+        forget_token_authentication()  # a later plain ray.init of this process works
         raise RayStartError(start_failure(err)) from None
 
 
