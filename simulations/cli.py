@@ -77,6 +77,7 @@ from fedlmc.simulations.config import (
     absolute_paths,
     cell_id,
     cell_methods,
+    check_local_cpus,
     client_epochs,
     expand_grid,
     grid_points,
@@ -330,6 +331,7 @@ def positive_int(text: str) -> int:
 def command_sweep(args: argparse.Namespace) -> int:
     # every cell, before torch or Flower
     sweep = load_sweep_config(args.config, args.overrides, max_cells=args.max_cells)
+    check_local_cpus(expand_grid(sweep), args.ray_address)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
     from fedlmc.simulations.records.results_file import check_writable_folder
     from fedlmc.simulations.records.written_paths import check_own_files
@@ -409,6 +411,7 @@ def refuse_run_folder(folder: str) -> None:
 def command_run(args: argparse.Namespace) -> int:
     values = dict(parse_override(text) for text in args.overrides)
     config = validate_run_config(values)  # before torch, Ray or Flower are imported
+    check_local_cpus([config], args.ray_address)
     config = absolute_paths(config)
     from fedlmc.simulations.runs.run_outputs import check_run_outputs, holding_outputs
 
@@ -480,6 +483,7 @@ def command_validate(args: argparse.Namespace) -> int:
         values = " ".join(f"{k}={v}" for k, v in point.items()) or "(base values)"
         print(f"  {cell_id(cell)}  {values}")
     if not args.no_device_check:
+        check_local_cpus(cells, None)
         for note in dict.fromkeys(memory_check_note(cell) for cell in cells):
             if note is not None:
                 print(note)

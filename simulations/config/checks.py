@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,23 @@ def check_cuda(config: Mapping[str, Any]) -> None:
         if not torch.cuda.is_available():
             key = "num-gpus" if config["num-gpus"] > 0 else "device"
             raise ConfigError(f"{key} = {config[key]!r}: no CUDA GPU is visible on this machine")
+
+
+def check_local_cpus(configs: Iterable[Mapping[str, Any]], ray_address: str | None) -> None:
+    """A local Ray (no ``ray_address``) hosts a client only on this machine's cores: a
+    ``num-cpus`` above ``os.cpu_count()`` (what Ray counts, cgroup quotas aside) is refused
+    here, before Ray starts (Ray would start and then find no node to host one client). A
+    joined cluster may have larger nodes: nothing is checked then."""
+    if ray_address:
+        return
+    cores = os.cpu_count() or 1
+    for config in configs:
+        if float(config["num-cpus"]) > cores:
+            raise ConfigError(
+                f"num-cpus = {config['num-cpus']:g}: this machine has {cores} cores; allowed: "
+                f"at most {cores} for a client of the local Ray (a cluster joined with "
+                "--ray-address may offer more)"
+            )
 
 
 def check_widths(config: Mapping[str, Any]) -> None:
