@@ -35,7 +35,7 @@ from fedlmc.simulations.engine.compat import (
     ray_bootstrap_address,
     token_authentication,
 )
-from fedlmc.simulations.engine.ray_reaper import reap_when_this_process_dies
+from fedlmc.simulations.engine.ray_reaper import findable_processes, reap_when_this_process_dies
 
 CONNECT_TIMEOUT = 5.0  # seconds to reach a --ray-address before refusing it
 LOCAL_SYSTEM_CONFIG = {
@@ -171,8 +171,13 @@ def start_local_ray(args: Mapping[str, Any], worker_threads: int) -> None:
 
     token = secrets.token_hex(32)  # 256 bits, as Ray's own generate_new_authentication_token
     reap_when_this_process_dies(token)  # its processes end with this one, even a killed one
-    try:  # the workers inherit all three
-        with thread_environment(worker_threads), loopback_node(), token_authentication(token):
+    try:  # the workers inherit all four
+        with (
+            thread_environment(worker_threads),
+            loopback_node(),
+            token_authentication(token),
+            findable_processes(),  # the reaper can read the token of every one of them
+        ):
             ray.init(**args)
     except Exception as err:  # noqa: BLE001 - Ray raises bare exceptions: one line for each
         if ray.is_initialized():
