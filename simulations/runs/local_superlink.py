@@ -22,7 +22,10 @@ that the command and paths are Flower's, from Flower's source.
 It listens on ``127.0.0.1`` only, but authenticates no caller: Flower 1.42's open-source
 SuperLink has no authentication for its Control API (its only plugin besides the no-op one,
 OIDC, is in Flower's enterprise package), so any local user can list, stop and start runs on it
-while it runs (docs/reliability.md, "Other users of the same machine").
+while it runs (docs/reliability.md, "Other users of the same machine"). The Ray that Flower
+starts for each ``flwr run .`` on it inherits :func:`ray_environment`: it listens on the loopback
+interface only and requires a token made for this SuperLink (Flower's own local SuperLink:
+every interface, no authentication).
 """
 
 from __future__ import annotations
