@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.engine.ray_runtime import start_failure
 
@@ -48,6 +50,7 @@ def test_a_start_up_wait_that_ran_out_names_the_load_and_what_to_do():
     assert line.endswith("nothing ran; try again when it is quieter") and "\n" not in line
 
 
+@pytest.mark.slow
 def test_a_failed_start_leaves_ray_out_of_token_mode(tmp_path):
     """A local Ray that does not start (Ray's temporary folder is a file) leaves this process's
     Ray as it found it: not in token mode, so a later plain ``ray.init`` of the process (a
