@@ -411,8 +411,7 @@ def refuse_run_folder(folder: str) -> None:
 def command_run(args: argparse.Namespace) -> int:
     values = dict(parse_override(text) for text in args.overrides)
     config = validate_run_config(values)  # before torch, Ray or Flower are imported
-    check_local_cpus([config], args.ray_address)
-    config = absolute_paths(config)
+    config = absolute_paths(check_local_cpus([config], args.ray_address)[0])
     from fedlmc.simulations.runs.run_outputs import check_run_outputs, holding_outputs
 
     check_run_outputs(config, args.csv)
@@ -483,8 +482,7 @@ def command_validate(args: argparse.Namespace) -> int:
         values = " ".join(f"{k}={v}" for k, v in point.items()) or "(base values)"
         print(f"  {cell_id(cell)}  {values}")
     if not args.no_device_check:
-        check_local_cpus(cells, None)
-        for note in dict.fromkeys(memory_check_note(cell) for cell in cells):
+        for note in dict.fromkeys(memory_check_note(c) for c in check_local_cpus(cells, None)):
             if note is not None:
                 print(note)
     return 0
