@@ -117,16 +117,14 @@ def check_cuda(config: Mapping[str, Any]) -> None:
             raise ConfigError(f"{key} = {config[key]!r}: no CUDA GPU is visible on this machine")
 
 
-def check_local_cpus(
-    configs: Iterable[Mapping[str, Any]], ray_address: str | None
-) -> list[Mapping[str, Any]]:
-    """A local Ray (no ``ray_address``) hosts a client only on this machine's cores: a
-    ``num-cpus`` above ``os.cpu_count()`` (what Ray counts, cgroup quotas aside) is refused
-    here, before Ray starts (Ray would start and then find no node to host one client). A
-    joined cluster may have larger nodes: nothing is checked then. Returns ``configs`` (a list),
-    for a caller that goes on with them."""
+def check_local_cpus(configs: Iterable[Mapping[str, Any]], local: bool) -> list[Mapping[str, Any]]:
+    """A local Ray (``local``: the run starts one on this machine) hosts a client only on this
+    machine's cores: a ``num-cpus`` above ``os.cpu_count()`` (what Ray counts, cgroup quotas
+    aside) is refused here, before Ray starts (Ray would start and then find no node to host
+    one client). A joined cluster (``--ray-address``) may have larger nodes: nothing is checked
+    then. Returns ``configs`` (a list), for a caller that goes on with them."""
     configs = list(configs)
-    if ray_address:
+    if not local:
         return configs
     cores = os.cpu_count() or 1
     for config in configs:

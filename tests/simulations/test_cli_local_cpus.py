@@ -37,7 +37,8 @@ def test_num_cpus_above_this_machines_cores_is_refused_before_ray_starts(
     for argv in (["run", over], ["sweep", "good.toml", over], ["validate", "good.toml", over]):
         before = snapshot(tmp_path)
         assert main(argv) == 2, argv
-        assert capsys.readouterr().err.strip().splitlines() == [line], argv
+        captured = capsys.readouterr()
+        assert captured.err.strip().splitlines() == [line] and captured.out == "", argv
         assert snapshot(tmp_path) == before
     assert main(["validate", "good.toml", f"num-cpus={cores}"]) == 0
     assert main(["run", over, *GUARD]) == 1  # not refused here: it went on to join the cluster
