@@ -77,6 +77,7 @@ from fedlmc.simulations.config import (
     absolute_paths,
     cell_id,
     cell_methods,
+    check_local_cpus,
     client_epochs,
     expand_grid,
     grid_points,
@@ -330,6 +331,7 @@ def positive_int(text: str) -> int:
 def command_sweep(args: argparse.Namespace) -> int:
     # every cell, before torch or Flower
     sweep = load_sweep_config(args.config, args.overrides, max_cells=args.max_cells)
+    check_local_cpus(expand_grid(sweep), local=not args.ray_address)
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
     from fedlmc.simulations.records.results_file import check_writable_folder
     from fedlmc.simulations.records.written_paths import check_own_files
@@ -409,7 +411,7 @@ def refuse_run_folder(folder: str) -> None:
 def command_run(args: argparse.Namespace) -> int:
     values = dict(parse_override(text) for text in args.overrides)
     config = validate_run_config(values)  # before torch, Ray or Flower are imported
-    config = absolute_paths(config)
+    config = absolute_paths(check_local_cpus([config], local=not args.ray_address)[0])
     from fedlmc.simulations.runs.run_outputs import check_run_outputs, holding_outputs
 
     check_run_outputs(config, args.csv)
@@ -470,7 +472,7 @@ def command_validate(args: argparse.Namespace) -> int:
     )
     out_dir = Path(args.out) if args.out else Path("results") / sweep.name
     check_out_dir_for(sweep, out_dir)  # writable, fedlmc's files, not another sweep's
-    cells = expand_grid(sweep)
+    cells = check_local_cpus(expand_grid(sweep), local=not args.no_device_check)
     axes = list(sweep.grid)
     print(
         f"{sweep.name}: {len(cells)} cell(s), {client_epochs(cells):,} client-epochs of "

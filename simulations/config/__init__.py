@@ -19,6 +19,7 @@ from fedlmc.simulations.config.checks import (  # noqa: F401
     check_cuda,
     check_data_source,
     check_fedavg_rounds,
+    check_local_cpus,
     check_local_sources,
     check_merge_methods,
     check_min_clients,

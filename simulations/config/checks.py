@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,26 @@ def check_cuda(config: Mapping[str, Any]) -> None:
         if not torch.cuda.is_available():
             key = "num-gpus" if config["num-gpus"] > 0 else "device"
             raise ConfigError(f"{key} = {config[key]!r}: no CUDA GPU is visible on this machine")
+
+
+def check_local_cpus(configs: Iterable[Mapping[str, Any]], local: bool) -> list[Mapping[str, Any]]:
+    """A local Ray (``local``: the run starts one on this machine) hosts a client only on this
+    machine's cores: a ``num-cpus`` above ``os.cpu_count()`` (what Ray counts, cgroup quotas
+    aside) is refused here, before Ray starts (Ray would start and then find no node to host
+    one client). A joined cluster (``--ray-address``) may have larger nodes: nothing is checked
+    then. Returns ``configs`` (a list), for a caller that goes on with them."""
+    configs = list(configs)
+    if not local:
+        return configs
+    cores = os.cpu_count() or 1
+    for config in configs:
+        if float(config["num-cpus"]) > cores:
+            raise ConfigError(
+                f"num-cpus = {config['num-cpus']:g}: this machine has {cores} cores; allowed: "
+                f"at most {cores} for a client of the local Ray (a cluster joined with "
+                "--ray-address may offer more)"
+            )
+    return configs
 
 
 def check_widths(config: Mapping[str, Any]) -> None:

@@ -30,11 +30,12 @@ from typing import Any
 
 from fedlmc.simulations.config.threads import thread_environment, thread_variables
 from fedlmc.simulations.engine.compat import (
+    forget_token_authentication,
     loopback_node,
     ray_bootstrap_address,
     token_authentication,
 )
-from fedlmc.simulations.engine.ray_reaper import reap_when_this_process_dies
+from fedlmc.simulations.engine.ray_reaper import findable_processes, reap_when_this_process_dies
 
 CONNECT_TIMEOUT = 5.0  # seconds to reach a --ray-address before refusing it
 LOCAL_SYSTEM_CONFIG = {
@@ -164,17 +165,24 @@ def init_ray(
 def start_local_ray(args: Mapping[str, Any], worker_threads: int) -> None:
     """``ray.init(**args)`` of a local Ray on the loopback interface that admits only callers
     holding a token made for it (module docstring); :class:`RayStartError` when it fails to
-    start."""
+    start, Ray's token mode then forgotten
+    (:func:`fedlmc.simulations.engine.compat.forget_token_authentication`)."""
     import ray
 
     token = secrets.token_hex(32)  # 256 bits, as Ray's own generate_new_authentication_token
     reap_when_this_process_dies(token)  # its processes end with this one, even a killed one
-    try:  # the workers inherit all three
-        with thread_environment(worker_threads), loopback_node(), token_authentication(token):
+    try:  # the workers inherit all four
+        with (
+            thread_environment(worker_threads),
+            loopback_node(),
+            token_authentication(token),
+            findable_processes(),  # the reaper can read the token of every one of them
+        ):
             ray.init(**args)
     except Exception as err:  # noqa: BLE001 - Ray raises bare exceptions: one line for each
         if ray.is_initialized():
             ray.shutdown()
+        forget_token_authentication()  # a later plain ray.init of this process works
         raise RayStartError(start_failure(err)) from None
 
 

@@ -22,12 +22,16 @@ that the command and paths are Flower's, from Flower's source.
 It listens on ``127.0.0.1`` only, but authenticates no caller: Flower 1.42's open-source
 SuperLink has no authentication for its Control API (its only plugin besides the no-op one,
 OIDC, is in Flower's enterprise package), so any local user can list, stop and start runs on it
-while it runs (docs/reliability.md, "Other users of the same machine").
+while it runs (docs/reliability.md, "Other users of the same machine"). The Ray that Flower
+starts for each ``flwr run .`` on it inherits :func:`ray_environment`: it listens on the loopback
+interface only and requires a token made for this SuperLink (Flower's own local SuperLink:
+every interface, no authentication).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -165,16 +169,33 @@ def start_local_superlink(
     return process.pid
 
 
+def ray_environment() -> dict[str, str]:
+    """What the SuperLink passes on to the Ray that Flower starts for each ``flwr run .``
+    (``flower-superexec`` -> ``flwr-simulation`` -> ``ray.init``, each inheriting its
+    parent's environment; fedlmc's code runs only after that Ray is up, so the environment is
+    the one way in): Ray's node address ``127.0.0.1`` (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+    read when Ray is imported: its servers listen on the loopback interface only, not on every
+    interface) and Ray's token authentication with a random 256-bit token made for this
+    SuperLink (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``; never in a file or a log), as a
+    ``fedlmc run``'s own Ray (:mod:`fedlmc.simulations.engine.ray_runtime`)."""
+    return {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+    }
+
+
 def _launch(link: LocalSuperLink) -> subprocess.Popen:
     """The SuperLink's process, detached, with this Python's scripts first on ``PATH`` (it
-    starts ``flower-superexec`` by name)."""
+    starts ``flower-superexec`` by name) and :func:`ray_environment`."""
     scripts = Path(sys.executable).parent
     executable = scripts / SUPERLINK
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN_PATH"},
         "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        **ray_environment(),
     }
     command = link.command(str(executable) if executable.exists() else SUPERLINK)
     with open(link.runtime_dir / STARTUP_LOG, "w") as log:

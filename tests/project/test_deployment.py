@@ -359,8 +359,10 @@ def test_the_pages_local_simulation_with_fedlmc_superlink(tmp_path):
         pids = superlink_pids(link)
         assert len(pids) == 1
         flwr = local_run_line(lines[2], out)
-        done = run(flwr)
+        with watching_ray(env["FLWR_HOME"]) as ray_seen:
+            done = run(flwr)
         rows = check_local_run(done, out)
+        check_local_ray(ray_seen)
         assert set(rows["method"]) >= {"average", "weight_matching_t", "ensemble"}
         stopped = run(lines[3])
         assert stopped.returncode == 0 and f"stopped flower-superlink (pid {pids[0]})" in (
@@ -376,6 +378,73 @@ def test_the_pages_local_simulation_with_fedlmc_superlink(tmp_path):
         from fedlmc.simulations.runs.local_superlink import stop_local_superlink
 
         stop_local_superlink(link, say=lambda _line: None)
+
+
+Seen = dict[int, tuple[str, set[bytes] | None, set[str]]]
+"""pid -> (name, its ``RAY_AUTH_*`` variables or ``None``, the addresses it listens on)."""
+RAY_NAMES = (b"gcs_server", b"raylet", b"ray::")
+
+
+def ray_auth(environ: list[bytes]) -> set[bytes] | None:
+    """The ``RAY_AUTH_*`` variables of a start-up environment (the token's value left out);
+    ``None`` where the process's title overwrote it (Ray's agents without ``SPT_NOENV``:
+    :mod:`fedlmc.simulations.engine.ray_reaper`)."""
+    if not environ[0]:
+        return None
+    found = {v for v in environ if v.startswith(b"RAY_AUTH")}
+    return {v if v == b"RAY_AUTH_MODE=token" else v.partition(b"=")[0] for v in found}
+
+
+@contextlib.contextmanager
+def watching_ray(flwr_home: str) -> Iterator[Seen]:
+    """While the block runs, every 0.5 s: the processes started with ``FLWR_HOME=flwr_home``
+    whose command is Ray's GCS or raylet or a Ray worker or agent (:data:`Seen`)."""
+    import threading
+
+    from tests.simulations.test_cli import listening_sockets
+
+    marker = f"FLWR_HOME={flwr_home}".encode()
+    seen: Seen = {}
+    stop = threading.Event()
+
+    def look() -> None:
+        while not stop.wait(0.5):
+            for entry in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    command = Path(f"/proc/{entry}/cmdline").read_bytes()[:200]
+                    environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                    name = next((n for n in RAY_NAMES if n in command), None)
+                    if name is None or marker not in environ:
+                        continue
+                    addresses = {address for address, _ in listening_sockets({int(entry)})}
+                except OSError:
+                    continue
+                before = seen.get(int(entry), ("", None, set()))[2]
+                seen[int(entry)] = (name.decode(), ray_auth(environ), before | addresses)
+
+    watcher = threading.Thread(target=look, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join()
+
+
+def check_local_ray(seen: Seen) -> None:
+    """The Ray that Flower started for the run (:func:`watching_ray`): token mode with a token
+    in each of its processes whose environment can be read, and listening on the loopback
+    interface only (before: no authentication, and its GCS and raylet listening on every
+    interface)."""
+    from tests.simulations.test_cli import is_loopback
+
+    names = {name for name, _, _ in seen.values()}
+    assert {"gcs_server", "raylet"} <= names, names
+    readable = {pid: auth for pid, (_, auth, _) in seen.items() if auth is not None}
+    assert len(readable) >= 2
+    assert all(a == {b"RAY_AUTH_MODE=token", b"RAY_AUTH_TOKEN"} for a in readable.values()), seen
+    listening = set().union(*(addresses for _, _, addresses in seen.values()))
+    assert listening and all(is_loopback(address) for address in listening), seen
 
 
 def local_run_line(words: list[str], out: Path) -> list[str]:

@@ -6,6 +6,7 @@ model's is refused before any tensor is read. Each refusal is one ``ConfigError`
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -162,3 +163,33 @@ def test_a_header_length_beyond_the_file_is_refused_unread(tmp_path):
     path.write_bytes(struct.pack("<Q", 2**62) + path.read_bytes()[8:])
     message = refusal(tmp_path / "run")
     assert message.startswith(f"{path}: its header claims 4,611,686,018,427,387,904 bytes")
+
+
+def test_a_results_file_that_is_no_bounded_regular_file_is_refused_unread(tmp_path):
+    """``results.csv`` is read only as a regular file of at most 256 MiB: a FIFO in its place
+    (opening it would block), a link to ``/dev/zero`` (read without end) and a file over the
+    limit (here sparse: nothing of it is read) are each one line naming the file, what it is and
+    what is allowed. Before, the first two were said to be missing and the third was read."""
+    write_factory_run(tmp_path / "run")
+    results = tmp_path / "run" / "results.csv"
+    allowed = "allowed: a regular file of at most 268,435,456 bytes (256 MiB)"
+    results.unlink()
+    os.mkfifo(results)
+    assert (
+        refusal(tmp_path / "run")
+        == f"results file {str(results)!r} is a FIFO (named pipe); {allowed}"
+    )
+    results.unlink()
+    results.symlink_to("/dev/zero")
+    assert refusal(tmp_path / "run").endswith(f"is a character device; {allowed}")
+    results.unlink()
+    with results.open("wb") as sparse:
+        sparse.truncate((256 << 20) + 1)
+    assert refusal(tmp_path / "run").endswith(f"has 268,435,457 bytes; {allowed}")
+
+
+def test_a_results_file_that_is_no_table_is_one_line(tmp_path):
+    """A ``results.csv`` pandas cannot parse (binary junk) is one line, not a traceback."""
+    write_factory_run(tmp_path / "run")
+    (tmp_path / "run" / "results.csv").write_bytes(b'a,b\n"1,2\n\xff\xfe,3,4,5\n')
+    assert "not a results table" in refusal(tmp_path / "run")

@@ -133,18 +133,96 @@ def wait_while_running(proc: subprocess.Popen, ready, what: str, seconds: float 
         time.sleep(0.05)
 
 
+def descendants(root: int) -> dict[int, bytes]:
+    """``root``'s processes below it: pid -> ``/proc/PID/stat``'s start time (a pid reused by a
+    later process is not the same process)."""
+    stats: dict[int, list[bytes]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stats[int(entry)] = Path(f"/proc/{entry}/stat").read_bytes().rpartition(b")")[2].split()
+        except OSError:
+            continue
+    found, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        children = [p for p, stat in stats.items() if int(stat[1]) == pid]
+        found.update({c: stats[c][19] for c in children})
+        todo += children
+    return found
+
+
+def alive(processes: dict[int, bytes]) -> list[str]:
+    """The processes of ``processes`` still running (not zombies), as ``pid name``."""
+    running = []
+    for pid, started in processes.items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat.rpartition(b")")[2].split()
+        if fields[19] == started and fields[0] != b"Z":
+            running.append(f"{pid} {stat.partition(b' (')[2].partition(b')')[0].decode()}")
+    return running
+
+
+def environment(pid: int) -> set[bytes]:
+    """The start-up environment of process ``pid`` (empty when it is gone or a zombie)."""
+    try:
+        return set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+    except OSError:
+        return set()
+
+
+def run_tokens(processes: dict[int, bytes]) -> set[bytes]:
+    """The ``RAY_AUTH_TOKEN=...`` entries of ``processes``' environments: the local Ray's."""
+    return {v for pid in processes for v in environment(pid) if v.startswith(b"RAY_AUTH_TOKEN=")}
+
+
+def holders(tokens: set[bytes]) -> list[str]:
+    """Every running process of this machine (any parent) whose environment holds one of
+    ``tokens``, as ``pid name``."""
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            started = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[19]
+        except OSError:
+            continue
+        if environment(pid) & tokens:
+            found += alive({pid: started})
+    return found
+
+
 def kill_after_first_cell(config: Path, out: Path) -> int:
-    """Start the sweep, SIGKILL it (by pid) as soon as results.csv holds a cell; the number of
-    cells written when it died."""
+    """Start the sweep, SIGKILL it (by pid, as ``kill -9 PID`` does) as soon as results.csv
+    holds a cell; the number of cells written when it died. Every process of its local Ray
+    (GCS, raylet, agents, client workers: all below the sweep, and any process started with its
+    token) ends within 20 s of it (Ray alone leaves its two agents running for 60 s)."""
     proc = cli("sweep", str(config), "--out", str(out), "--quiet", "--no-report")
     results = out / "results.csv"
+    ray_processes: dict[int, bytes] = {}
+    tokens: set[bytes] = set()
+
+    def first_cell_written() -> bool:
+        nonlocal ray_processes, tokens
+        ray_processes = descendants(proc.pid)  # taken before each look: killed at once after
+        tokens = run_tokens(ray_processes)
+        return results.exists() and len(read_results(out)) > 0
+
     try:
-        wait_while_running(
-            proc, lambda: results.exists() and len(read_results(out)) > 0, f"a cell in {results}"
+        wait_while_running(proc, first_cell_written, f"a cell in {results}")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        deadline = time.monotonic() + 20
+        while (alive(ray_processes) or holders(tokens)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(ray_processes) >= 4 and len(tokens) == 1
+        assert not alive(ray_processes) and not holders(tokens), (
+            alive(ray_processes),
+            holders(tokens),
         )
     finally:
         # the sweep and the Ray processes it started share its new session: kill that group
-        if proc.poll() is None:
+        if proc.poll() is None or alive(ray_processes):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
     assert proc.returncode == -signal.SIGKILL
