@@ -145,7 +145,12 @@ def _norm_free_chain(template: nn.Module, spec: PermutationSpec | None) -> list[
     from fedlmc.permutation.chain import chain_layers
     from fedlmc.permutation.model_spec import permutation_spec
 
-    spec = spec or permutation_spec(template)
+    if spec is None:
+        try:
+            spec = permutation_spec(template)
+        except (ValueError, RuntimeError, TypeError) as error:  # torch.fx errors too
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ValueError(f"calibration = 'lewc' needs the model's depth: {first}") from None
     reason = plain_chain_reason(template, spec)
     if reason:
         raise ValueError(f"calibration = 'lewc' needs a norm-free plain chain: {reason}")

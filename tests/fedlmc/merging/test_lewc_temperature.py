@@ -114,3 +114,17 @@ def test_it_is_refused_where_lewc_is_undefined_and_allowed_on_plain_chains():
     assert lewc_refusal(plain_vgg, "average") == "" and chain_depth(plain_vgg) == 9
     assert all("\n" not in r for r in (lewc_refusal(resnet, "average"), lewc_refusal(vgg, "x")))
     assert math.isclose(LewcPrediction.of(plain_vgg, [1, 1]).value, 2.0**-8)
+
+
+def test_a_model_whose_depth_cannot_be_read_is_refused_in_one_line():
+    class Bare(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 3, bias=False)
+
+        def forward(self, x):
+            return self.layer(x)
+
+    reason = lewc_refusal(Bare(), "average")
+    assert reason.startswith("calibration = 'lewc' needs the model's depth: model 'Bare'")
+    assert "\n" not in reason
