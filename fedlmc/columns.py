@@ -153,7 +153,7 @@ ROUND_COLUMNS_DECLARED = (
         "`_t` rows of the `average`/`aligned` strategies",
         "the temperature fitted on the server split for the same merged model, beside "
         "`temperature` (fitted where `calibration` says: with `federated`, on the clients' "
-        "held-out data)",
+        "held-out data; with `lewc` not fitted but LEWC's prediction `sum_i w_i^L`)",
         source="server",
     ),
     Column(

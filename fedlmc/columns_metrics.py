@@ -56,7 +56,8 @@ def metric_family() -> tuple[Column, ...]:
             "the row's softmax temperature",
             every,
             "1 for raw rows; for `_t` rows the temperature `T` fitted on the server split "
-            "(`p(y|x) = softmax(f(x) / T)`; `T` never changes the accuracy)",
+            "(`p(y|x) = softmax(f(x) / T)`; `T` never changes the accuracy); a strategy's "
+            "`_t` row: its `calibration`'s `T` (`lewc`: predicted, `sum_i w_i^L`)",
         ),
         Column(
             "temperature_at_bound",

@@ -71,6 +71,7 @@ from fedlmc.simulations.config import (
     mixed_widths,
 )
 from fedlmc.simulations.config.dp import is_dp
+from fedlmc.simulations.config.lewc_calibration import lewc_note
 from fedlmc.simulations.config.run_plan import RunPlan, plan_run
 from fedlmc.simulations.config.secure import is_secure
 from fedlmc.simulations.config.threads import server_threads, use_threads
@@ -498,9 +499,9 @@ def run_mode(grid: Grid, plan: RunPlan, simulated: bool, progress: RunProgress) 
     outcome = ServerOutcome(config=config, progress=progress)
     if progress.watching:  # each reply told as it arrives, the waits on a timer
         grid = WatchedGrid(grid, progress)
-    note = cell_default_methods_note(config)
-    if note is not None:
-        outcome.progress(note)
+    for note in (cell_default_methods_note(config), lewc_note(config)):
+        if note is not None:
+            outcome.progress(note)
     start = time.perf_counter()
     splits = prepare_data(config)
     outcome.timings["load_seconds"] = time.perf_counter() - start

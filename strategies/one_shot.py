@@ -26,6 +26,10 @@ the hidden units of models without BatchNorm, and one softmax temperature :math:
   Newton rounds of one value each (usually one). Sums are exact, so the result equals a centralised
   fit on the survivors' calibration data. Every message round costs a ClientApp start in a
   deployment (SuperNodes start a process per message), hence the grid;
+- ``"lewc"``: no data and no query: :math:`T = \sum_i w_i^{\,L}` predicted from the chain's
+  depth :math:`L` and the merge weights (:mod:`fedlmc.merging.lewc_temperature`; :math:`T = 1`
+  when the round config says ``init = "shared"``); the plain average of norm-free chains only,
+  refused at construction for any other merge or model;
 - ``"none"``: :math:`T = 1` (BN statistics, if any, still re-estimated on ``server_data``).
 
 The ``activation_federated`` method aligns on the clients whatever the calibration: one
@@ -71,6 +75,7 @@ from torch import Tensor, nn
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import predict_logits, resolve_device
 from fedlmc.merging.builtin_methods import AUTO_TOLERANCE
+from fedlmc.merging.lewc_temperature import ONE_BASIN_NOTE, LewcPrediction, lewc_refusal
 from fedlmc.merging.method_registry import (
     MergeRequest,
     check_method,
@@ -188,6 +193,10 @@ class OneShotAverage(ScreenedFedAvg):
         self.template = copy.deepcopy(template).cpu().eval()
         if options.calibration == "server" and options.server_data is None:
             raise ValueError("calibration = 'server' needs server_data (x, y); got None")
+        if options.calibration == "lewc" and (
+            why := lewc_refusal(self.template, self.merge_method)
+        ):
+            raise ValueError(f"{type(self).__name__}: {why}")
         self.device = resolve_device(options.device)
         self.seed = 0
         self.spec: PermutationSpec | None = None
@@ -291,7 +300,7 @@ class OneShotAverage(ScreenedFedAvg):
         )
         merge_seconds = time.perf_counter() - start
         arrays = state_to_record(finished.state)
-        fitted, server_split = self.calibrate_temperature(finished.model, clients)
+        fitted, server_split = self.calibrate_temperature(finished.model, clients, weights)
         report.query_failures = [f for f in clients.dropped if f.stage not in MERGE_QUERIES]
         if not self.options.keep_client_states:
             for update in report.survivors:
@@ -436,18 +445,30 @@ class OneShotAverage(ScreenedFedAvg):
         return None if self.server_data is None else ServerData(*self.server_data)
 
     def calibrate_temperature(
-        self, model: nn.Module, clients: ClientRounds
+        self, model: nn.Module, clients: ClientRounds, weights: Sequence[float] = ()
     ) -> tuple[Calibration, float]:
-        """:math:`T` by the configured calibration (:func:`fedlmc.merging.post_merge.calibrate`)
-        and, when the server holds data and calibration is not ``none``, the temperature fitted on
-        the server data for the same model (a reference for the federated one; NaN else)."""
+        """:math:`T` by the configured calibration (:func:`fedlmc.merging.post_merge.calibrate`;
+        ``lewc``: predicted from the merge ``weights``, :meth:`lewc_prediction`) and, when the
+        server holds data and calibration is not ``none``, the temperature fitted on the server
+        data for the same model (a reference for the federated one; NaN else)."""
         server = self.server_source()
         if self.options.calibration == "none":
             return calibrate(model, None), math.nan
         reference = math.nan if server is None else calibrate(model, server).temperature
+        if self.options.calibration == "lewc":
+            return calibrate(model, self.lewc_prediction(weights)), reference
         if self.options.calibration == "server":
             return Calibration(reference), reference
         return calibrate(model, clients), reference
+
+    def lewc_prediction(self, weights: Sequence[float]) -> LewcPrediction:
+        """LEWC's temperature for this template and the merge ``weights``
+        (:mod:`fedlmc.merging.lewc_temperature`); :math:`T = 1`, said in a warning, when the round
+        config says the clients share their start (``init = "shared"``: one basin)."""
+        shared = self._round_config.get("init") == "shared"
+        if shared:
+            log(WARNING, "fedlmc warning: %s", ONE_BASIN_NOTE)
+        return LewcPrediction.of(self.template, weights, spec=self.spec, shared_start=shared)
 
 
 class PermutationAlignedAverage(OneShotAverage):
@@ -486,6 +507,7 @@ class PermutationAlignedAverage(OneShotAverage):
     ) -> None:
         aligning = [m for m in template_merge_names() if m != "average"]
         entry = check_template_merge(method, f"{type(self).__name__}(method={method!r})", aligning)
+        self.merge_method = entry.name  # before the base's checks (calibration = "lewc")
         super().__init__(template, options)
         if entry.name == "average":
             raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")

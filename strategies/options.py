@@ -66,7 +66,9 @@ class StrategyOptions:
         the others'), ``"copies"`` or ``"off"``.
     :param calibration: One-shot strategies: where BatchNorm statistics, REPAIR statistics and the
         temperature are fitted (the server's held-out data, the clients' data through query rounds,
-        or not at all).
+        or not at all); ``"lewc"``: no fit, ``T = sum_i w_i^L`` predicted from the chain's
+        depth and the merge weights (:mod:`fedlmc.merging.lewc_temperature`; the plain average of
+        norm-free chains only, refused at construction elsewhere).
     :param server_data: One-shot strategies: the server's held-out data; required for
         ``calibration="server"``.
     :param query_timeout: One-shot strategies: seconds a query round waits for replies (``None``:

@@ -43,7 +43,9 @@ call them; what differs is only where the statistics come from, a
   right). With one endpoint the merge *is* that client and REPAIR's targets are its own
   statistics, so it is skipped (it would cost ``L`` query rounds for nothing). REPAIR without a
   statistics source is a ``ValueError`` (the REPAIR methods need server data or the clients').
-- The temperature is fitted on the calibration source; without one :math:`T = 1`.
+- The temperature is fitted on the calibration source; without one :math:`T = 1`. LEWC's
+  prediction (:class:`fedlmc.merging.lewc_temperature.LewcPrediction`) is a source without data:
+  its :math:`T` is computed, not fitted.
 
 This module imports no torch at import time (the run-config validation reads
 :data:`CALIBRATIONS` without loading torch); each function imports what it needs when it runs.
@@ -78,9 +80,11 @@ __all__ = [
     "repairs",
 ]
 
-CALIBRATIONS = ("server", "federated", "none")
+CALIBRATIONS = ("server", "federated", "lewc", "none")
 """Where a strategy's post-merge statistics come from: ``server`` (:class:`ServerData`),
-``federated`` (the clients' query rounds) or ``none`` (:math:`T = 1`; BatchNorm statistics
+``federated`` (the clients' query rounds), ``lewc`` (no data: :math:`T` predicted from the
+chain's depth and the clients' weights, :class:`fedlmc.merging.lewc_temperature.LewcPrediction`;
+the plain average of norm-free chains only) or ``none`` (:math:`T = 1`; BatchNorm statistics
 still re-estimated on the server data when there is some)."""
 
 NO_SOURCE = "none"

@@ -259,7 +259,8 @@ def declared_keys() -> dict[str, Key]:
         "calibration": named(
             str,
             "server",
-            "temperature calibration of the average/aligned strategies",
+            "temperature calibration of the average/aligned strategies (lewc: no data, T "
+            "= sum_i w_i^L predicted from the depth and the clients' weights)",
             CALIBRATIONS,
             applies=_strategy_is(*ONE_SHOT_MODES),
         ),

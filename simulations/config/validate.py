@@ -32,6 +32,7 @@ from fedlmc.simulations.config.derived import (
 )
 from fedlmc.simulations.config.feasibility import check_memory
 from fedlmc.simulations.config.keys import RUN_KEYS, run_schema
+from fedlmc.simulations.config.lewc_calibration import check_lewc_calibration
 from fedlmc.simulations.config.run_config import RunConfig
 from fedlmc.simulations.config.schema import (
     ConfigError,
@@ -134,6 +135,7 @@ CONSISTENCY_CHECKS: list[Check] = [
     check_widths,
     check_secure_cell,
     check_dp_cell,
+    check_lewc_calibration,
 ]
 """The checks that involve several keys, in order; each raises :class:`ConfigError`. A check
 about a new key joins this list (run by :func:`validate_run_config`)."""

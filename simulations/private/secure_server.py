@@ -19,8 +19,9 @@ solves (:func:`fedlmc.strategies.secure_statistics.secure_sums_merge`). The temp
 ``_t`` row is fitted on the server split (``calibration = "server"``) or, with ``calibration =
 "federated"``, by secure Newton rounds on the held-out data of the clients that survived the
 average's round (:mod:`fedlmc.strategies.secure_temperature`: the server sees only pooled NLL
-means); no
-``average_t`` with ``"none"``. What differs from a clear run's rows:
+means), or, with ``calibration = "lewc"``, predicted from the template's depth and the
+survivors' public example counts alone (:mod:`fedlmc.merging.lewc_temperature`: no data, no
+round); no ``average_t`` with ``"none"``. What differs from a clear run's rows:
 
 - the endpoint and merge-gap columns are NaN: the server never holds a client's model to
   evaluate (the clients' own accuracy is not reported under secure aggregation);
@@ -49,6 +50,7 @@ from typing import Any
 
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import evaluate
+from fedlmc.merging.lewc_temperature import LewcPrediction
 from fedlmc.merging.method_registry import merge_method
 from fedlmc.merging.post_merge import ServerData, post_merge
 from fedlmc.simulations.config.field_keys import field_method_options
@@ -217,6 +219,9 @@ def run_secure_average(run: ServerRun) -> None:
         outcome.secure[f"{method}_t"] = fitted
         temperature = fitted.temperature
         columns = add_temperature_rounds(columns, fitted)
+    if calibration == "lewc":  # the public shares and the depth: nothing else
+        shared = config["init"] == "shared"
+        temperature = LewcPrediction.of(template, weights, shared_start=shared).value
     rows = merge_rows(
         method,
         model,
