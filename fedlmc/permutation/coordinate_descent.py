@@ -49,8 +49,9 @@ traffic of float64, and on the benchmark's 3 x 2,048 and 3 x 4,096 MLPs the same
 float64 matrices); only the assignment runs on the CPU.
 
 The textbook descent, every matrix rebuilt and solved in turn, is
-:func:`fedlmc.permutation.reference_matching.reference_weight_matching`: the same permutations
-on the same inputs (a test checks it), at a fraction of the speed.
+:func:`fedlmc.permutation.reference_matching.reference_weight_matching`: one descent, the same
+permutations as ``weight_matching(..., restarts=1)`` on the same inputs (a test checks it), at a
+fraction of the speed.
 """
 
 from __future__ import annotations
