@@ -30,13 +30,11 @@ one family (attention heads: :mod:`fedlmc.permutation.blocks`) are one step of t
 their matrices are built as above and their joint optimum, one block order for all of them,
 is found exactly by :func:`fedlmc.permutation.blocks.solve_block_assignment` (no warm start).
 
-Restarts: the descent ends at a local optimum that depends on the order. On a spec with a
-residual stream, :func:`weight_matching` runs :data:`STREAM_RESTARTS` descents by default and
-keeps the one with the highest exact :math:`J`: the first as above (stream first), the others
-with every sweep in a seeded random order (the published order). The stream-first descent
-finds a planted permutation, but between two independently trained ViTs it reaches the same
-optimum from every seed, and random orders reach higher ones (see :data:`STREAM_RESTARTS`).
-A plain chain (MLP, VGG) keeps one descent.
+Restarts (:mod:`fedlmc.permutation.restarts`): the descent ends at a local optimum that
+depends on the order. On a spec with a residual stream :func:`weight_matching` runs
+:data:`fedlmc.permutation.restarts.STREAM_RESTARTS` descents by default and keeps the one with
+the highest exact :math:`J`: the first as above (stream first), the others with every sweep in
+a seeded random order (the published order). A plain chain (MLP, VGG) keeps one descent.
 
 Cost of one sweep: :math:`A_p` depends only on the permutations of the groups that share a tensor
 with ``p`` (its *neighbours*), so a group is re-solved only when a neighbour changed since it was
@@ -56,7 +54,6 @@ fraction of the speed.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -68,7 +65,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlmc.permutation.accumulate import accumulate, dot64
+from fedlmc.permutation.accumulate import accumulate
 from fedlmc.permutation.assignment import WarmStart, solve_assignment
 from fedlmc.permutation.blocks import Blocks, solve_block_assignment
 from fedlmc.permutation.objective import (
@@ -80,6 +77,12 @@ from fedlmc.permutation.objective import (
     matching_objective,
     residual_stream,
     sweep_order,
+)
+from fedlmc.permutation.restarts import (
+    BOUND_TOLERANCE,
+    check_restarts,
+    restart_seed,
+    upper_bound,
 )
 from fedlmc.permutation.spec import PermutationSpec, checked_permutations, identity_permutations
 
@@ -410,53 +413,6 @@ def _solve_run(
     return found
 
 
-STREAM_RESTARTS = 5
-"""Descents of :func:`weight_matching` by default on a spec with a residual stream
-(:func:`fedlmc.permutation.objective.residual_stream`); one on any other spec."""
-
-
-def default_restarts(spec: PermutationSpec, state_dict: Mapping[str, Tensor]) -> int:
-    """:data:`STREAM_RESTARTS` when ``spec`` has a residual stream, else 1 (a plain chain)."""
-    return STREAM_RESTARTS if residual_stream(spec, state_dict) is not None else 1
-
-
-def check_restarts(restarts: int | None, spec: PermutationSpec, sd: Mapping[str, Tensor]) -> int:
-    """``restarts``, or :func:`default_restarts` for ``None``; ``ValueError`` unless >= 1."""
-    if restarts is None:
-        return default_restarts(spec, sd)
-    if isinstance(restarts, bool) or int(restarts) != restarts or restarts < 1:
-        raise ValueError(
-            f"restarts must be an integer >= 1 (or None: the default), got {restarts!r}"
-        )
-    return int(restarts)
-
-
-def restart_seed(seed: int, restart: int) -> int:
-    """The seed of descent ``restart``: ``seed`` itself for the first, then one derived from
-    ``(seed, restart)``."""
-    if restart == 0:
-        return int(seed)
-    return int(np.random.SeedSequence([int(seed), int(restart)]).generate_state(1)[0])
-
-
-def upper_bound(
-    spec: PermutationSpec, sd_a: Mapping[str, Tensor], sd_b: Mapping[str, Tensor]
-) -> float:
-    r"""Cauchy-Schwarz bound :math:`J(\pi) \le \sum_w \lVert W_a \rVert \lVert W_b \rVert`
-    of every permutation's objective (float64); reached by a planted permutation of a model."""
-    total = 0.0
-    for key in spec.axes_to_perm:
-        if is_scored(key):
-            a, b = sd_a[key].detach(), sd_b[key].detach()
-            total += math.sqrt(dot64(a, a)) * math.sqrt(dot64(b, b))
-    return total
-
-
-BOUND_TOLERANCE = 1e-9
-"""A descent whose exact objective is within this relative distance of :func:`upper_bound` is
-optimal: the remaining restarts are skipped."""
-
-
 def weight_matching(
     spec: PermutationSpec,
     sd_a: Mapping[str, Tensor],
@@ -471,14 +427,17 @@ def weight_matching(
     r"""Permutations of ``sd_b``'s units maximising :math:`\sum_w \langle W_a, \pi(W_b)\rangle`.
 
     ``restarts`` coordinate descents (see the module docstring), the one with the highest
-    objective kept (the first on ties): descent 0 with ``seed``, descent ``k`` with
-    :func:`restart_seed` ``(seed, k)``, each from ``init_perms`` (omitted groups: identity) and
-    otherwise independent of the others (each equals a one-descent call with its seed). ``None``
-    (default): :func:`default_restarts`, :data:`STREAM_RESTARTS` on a spec with a residual
-    stream (a ViT, a ResNet), one on a plain chain (MLP, VGG). The restarts stop early when a
-    descent reaches :func:`upper_bound` (no permutation can do better: a planted permutation of
-    the same model). Within a descent, consecutive groups of the order that share no tensor are
-    solved concurrently (the solver releases the GIL; the result is the sequential one).
+    exact objective kept (the first on ties): descent 0 with ``seed``, its first sweep led by
+    the residual stream; descent ``k`` with
+    :func:`fedlmc.permutation.restarts.restart_seed` ``(seed, k)`` and every sweep in seeded
+    random order; each from ``init_perms`` (omitted groups: identity), independent of the
+    others. ``None`` (default): :func:`fedlmc.permutation.restarts.default_restarts`, several
+    descents on a spec with a residual stream (a ViT, a ResNet), one on a plain chain (MLP,
+    VGG: the descent unchanged). The restarts stop early when a descent reaches
+    :func:`fedlmc.permutation.restarts.upper_bound` (no permutation can do better: a planted
+    permutation of the same model). Within a descent, consecutive groups of the order that
+    share no tensor are solved concurrently (the solver releases the GIL; the result is the
+    sequential one).
     ``float64_costs`` holds the cost matrices in float64 instead of the products' dtype (twice
     the memory; small gains are checked in float64 either way). Returns a :class:`Matching`
     whose ``objectives`` are :math:`J` after each sweep of the kept descent (non-decreasing: the
@@ -500,7 +459,7 @@ def weight_matching(
         except ValueError as error:
             raise ValueError(f"init_perms: {error}") from None
     start = {g: start[g].to(matcher.device) for g in spec.perm_to_axes}
-    bound = upper_bound(spec, sd_a, sd_b) if count > 1 else math.inf
+    bound = upper_bound(spec, sd_a, sd_b) if count > 1 else float("inf")
     best, finals = None, []
     for restart in range(count):
         perms, objectives = _descent(

@@ -2,7 +2,7 @@
 its aligned model computes the same function, the objective never decreases and the incremental
 cost matrices match the exact objective; float32 and float64 costs agree; BatchNorm running
 statistics are permuted but never scored; a trained ViT of depth 2, 4 and 6 is recovered from
-every seed (the first sweep visits its residual stream first; restarts: test_coordinate_descent_restarts.py)."""
+every seed (the first sweep visits its residual stream first; restarts: test_restarts.py)."""
 
 from __future__ import annotations
 

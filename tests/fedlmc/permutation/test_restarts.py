@@ -1,4 +1,5 @@
-"""fedlmc.permutation.coordinate_descent: weight matching's restarts (issue 53).
+"""fedlmc.permutation.coordinate_descent with fedlmc.permutation.restarts: weight matching's
+restarts (issue 53).
 
 Where one descent stalls (a ViT), the best of several finds a higher objective; the kept
 objective is never below the single descent's; plain chains keep one descent; restarts are
@@ -20,13 +21,9 @@ from fedlmc.permutation import (
     reference_weight_matching,
 )
 from fedlmc.permutation import matching as matching_module
-from fedlmc.permutation.coordinate_descent import (
-    STREAM_RESTARTS,
-    default_restarts,
-    upper_bound,
-    weight_matching,
-)
+from fedlmc.permutation.coordinate_descent import weight_matching
 from fedlmc.permutation.matching import matching_objective, merge_many, reference_permutations
+from fedlmc.permutation.restarts import STREAM_RESTARTS, default_restarts, upper_bound
 from tests.fedlmc.permutation.test_matching import CIFAR, MNIST, make
 
 
