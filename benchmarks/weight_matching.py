@@ -29,7 +29,10 @@ with the models on the GPU (``cuda_*``: cost matrices built there, assignments o
 without one the row says so. ``random_order`` is fedlmc's descent without the residual stream
 moved to the front of its first sweep (the descent before issue 53; on an MLP, which has no
 stream, the same path, checked: ``same_permutations_as_random_order``), timed in the same run
-(``time_ratio_vs_random_order``).
+(``time_ratio_vs_random_order``). ``one_descent`` is ``restarts=1`` (on an MLP the default's own
+path: no residual stream, one descent) and ``--before-rev REV`` adds ``before``, the
+``weight_matching`` of git revision ``REV`` loaded beside this one (``time_ratio_vs_before``:
+today's code against that revision's, same run).
 
 ``--vit-depths`` adds the ViT rows: a ViT of ``--vit-width`` trained as issue 53 says, a planted
 random permutation of it (``--vit-permutations`` seeds) matched back from ``--vit-seeds``
@@ -39,6 +42,7 @@ matching seeds by both descents: how many restore the model bit for bit, and the
     python benchmarks/weight_matching.py --widths 32 --repeats 3   # hidden 4096
     python benchmarks/weight_matching.py --widths 1 2 --epochs 1 --repeats 1   # quick run
     python benchmarks/weight_matching.py --widths --vit-depths 2 4 6   # ViT recovery only
+    python benchmarks/weight_matching.py --widths 16 --before-rev main    # 2,048: vs main
 """
 
 from __future__ import annotations
@@ -141,7 +145,9 @@ def solver_comparison(spec: PermutationSpec, sd_a, sd_b, seed: int = 0) -> dict:
         return columns, warm
 
     align._solve_warm = timed_solve
-    align._solve_run = lambda run, matrix, warm, pool: solve_run(run, matrix, warm, None)
+    align._solve_run = lambda run, matrix, warm, blocks, pool: solve_run(
+        run, matrix, warm, blocks, None
+    )
     try:
         weight_matching(spec, sd_a, sd_b, seed=seed)
     finally:
@@ -170,14 +176,52 @@ def fedlmc_weight_matching(spec: PermutationSpec, sd_a, sd_b, seed: int = 0):
     return dict(matching), len(matching.objectives)
 
 
+def one_descent_weight_matching(spec: PermutationSpec, sd_a, sd_b, seed: int = 0):
+    """``(perms, sweeps)`` from :func:`weight_matching` with one descent (``restarts=1``): the
+    descent without the restarts a spec with a residual stream gets by default."""
+    matching = weight_matching(spec, sd_a, sd_b, seed=seed, restarts=1)
+    return dict(matching), len(matching.objectives)
+
+
+def module_at(rev: str):
+    """``fedlmc.permutation.coordinate_descent`` as it is at git revision ``rev`` (loaded from
+    ``git show``; its imports resolve to this tree's sibling modules)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[1]
+    source = subprocess.run(
+        ["git", "show", f"{rev}:fedlmc/permutation/coordinate_descent.py"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / f"coordinate_descent_{rev.replace('/', '_')}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"_before_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def before_weight_matching(module, spec: PermutationSpec, sd_a, sd_b, seed: int = 0):
+    """``(perms, sweeps)`` from the ``weight_matching`` of ``module`` (:func:`module_at`)."""
+    matching = module.weight_matching(spec, sd_a, sd_b, seed=seed)
+    return dict(matching), len(matching.objectives)
+
+
 def random_order_weight_matching(spec: PermutationSpec, sd_a, sd_b, seed: int = 0):
-    """``(perms, sweeps)`` from :func:`weight_matching` with the residual stream not moved to
-    the front of the first sweep (the descent before issue 53: every sweep in the seeded random
-    order), for the before/after rows of the same run."""
+    """``(perms, sweeps)`` from one descent of :func:`weight_matching` with the residual stream
+    not moved to the front of the first sweep (the descent before issue 53: every sweep in the
+    seeded random order), for the before/after rows of the same run."""
     stream = align.residual_stream
     align.residual_stream = lambda spec, state_dict: None
     try:
-        return fedlmc_weight_matching(spec, sd_a, sd_b, seed=seed)
+        matching = weight_matching(spec, sd_a, sd_b, seed=seed, restarts=1)
+        return dict(matching), len(matching.objectives)
     finally:
         align.residual_stream = stream
 
@@ -242,6 +286,10 @@ def benchmark_width(width: float, args, splits, cache: Path) -> dict:
     }
     runs = {"fedlmc": lambda: fedlmc_weight_matching(spec, sd_a, sd_b, seed=args.seed)}
     runs["random_order"] = lambda: random_order_weight_matching(spec, sd_a, sd_b, seed=args.seed)
+    runs["one_descent"] = lambda: one_descent_weight_matching(spec, sd_a, sd_b, seed=args.seed)
+    if args.before is not None:
+        module = args.before
+        runs["before"] = lambda: before_weight_matching(module, spec, sd_a, sd_b, seed=args.seed)
     if hidden <= args.reference_max_hidden:
         runs["reference"] = lambda: reference_weight_matching(spec, sd_a, sd_b, seed=args.seed)
     if hidden in args.rebasin_hidden:
@@ -268,6 +316,14 @@ def benchmark_width(width: float, args, splits, cache: Path) -> dict:
     after = timed_runs["fedlmc"]["result"][0]
     row["same_permutations_as_random_order"] = all(torch.equal(after[g], before[g]) for g in after)
     row["time_ratio_vs_random_order"] = row["fedlmc_seconds"] / row["random_order_seconds"]
+    for name in ("one_descent", "before"):
+        if name in runs:
+            other = timed_runs[name]["result"][0]
+            row[f"same_permutations_as_{name}"] = all(
+                torch.equal(after[g], other[g]) for g in after
+            )
+            row[f"time_ratio_vs_{name}"] = row["fedlmc_seconds"] / row[f"{name}_seconds"]
+            row[f"cpu_ratio_vs_{name}"] = row["fedlmc_cpu_seconds"] / row[f"{name}_cpu_seconds"]
     for name in ("reference", "rebasin"):
         if name in runs:
             row[f"speedup_vs_{name}"] = row[f"{name}_seconds"] / row["fedlmc_seconds"]
@@ -279,8 +335,13 @@ def benchmark_width(width: float, args, splits, cache: Path) -> dict:
 
 # ----------------------------------------------------------------------------- ViT recovery
 
-VIT_MATCHERS = {"random_order": random_order_weight_matching, "fedlmc": fedlmc_weight_matching}
-"""The descents the ViT rows compare: before (random order) and after issue 53 (stream first)."""
+VIT_MATCHERS = {
+    "random_order": random_order_weight_matching,
+    "one_descent": one_descent_weight_matching,
+    "fedlmc": fedlmc_weight_matching,
+}
+"""The descents the ViT rows compare: before issue 53 (one descent, random order), one descent
+with the stream first, and the default (stream first, then restarts)."""
 
 
 def trained_vit(depth: int, args, splits, cache: Path) -> torch.nn.Module:
@@ -335,9 +396,11 @@ def vit_recovery(args, splits, cache: Path) -> list[dict]:
         rows.append(row)
         print(
             f"ViT width {args.vit_width} depth {depth}: planted permutation recovered "
-            f"{row['random_order_recovered']}/{row['random_order_runs']} before "
-            f"({row['random_order_seconds']:.2f} s), {row['fedlmc_recovered']}/"
-            f"{row['fedlmc_runs']} now ({row['fedlmc_seconds']:.2f} s)",
+            f"{row['random_order_recovered']}/{row['random_order_runs']} by one descent in "
+            f"random order ({row['random_order_seconds']:.2f} s), "
+            f"{row['one_descent_recovered']}/{row['one_descent_runs']} by one descent stream "
+            f"first ({row['one_descent_seconds']:.2f} s), {row['fedlmc_recovered']}/"
+            f"{row['fedlmc_runs']} by the default ({row['fedlmc_seconds']:.2f} s)",
             flush=True,
         )
     return rows
@@ -422,6 +485,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per matcher (median)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the group visiting order")
+    parser.add_argument(
+        "--before-rev",
+        default=None,
+        help="also time weight_matching as it is at this git revision (e.g. main): the "
+        "'before' rows, in the same run",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     parser.add_argument(
         "--reference-max-hidden",
@@ -449,6 +518,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="directory caching the trained models",
     )
     args = parser.parse_args(argv)
+    args.before = None if args.before_rev is None else module_at(args.before_rev)
     if args.epochs < 0 or args.repeats < 1 or any(w <= 0 for w in args.widths):
         parser.error("--epochs must be >= 0 (0: untrained), --repeats >= 1, --widths > 0")
     return args

@@ -30,6 +30,12 @@ one family (attention heads: :mod:`fedlmc.permutation.blocks`) are one step of t
 their matrices are built as above and their joint optimum, one block order for all of them,
 is found exactly by :func:`fedlmc.permutation.blocks.solve_block_assignment` (no warm start).
 
+Restarts (:mod:`fedlmc.permutation.restarts`): the descent ends at a local optimum that
+depends on the order. On a spec with a residual stream :func:`weight_matching` runs
+:data:`fedlmc.permutation.restarts.STREAM_RESTARTS` descents by default and keeps the one with
+the highest exact :math:`J`: the first as above (stream first), the others with every sweep in
+a seeded random order (the published order). A plain chain (MLP, VGG) keeps one descent.
+
 Cost of one sweep: :math:`A_p` depends only on the permutations of the groups that share a tensor
 with ``p`` (its *neighbours*), so a group is re-solved only when a neighbour changed since it was
 last solved; terms with no other permuted axis (biases, norm parameters) are summed once; when
@@ -41,8 +47,9 @@ traffic of float64, and on the benchmark's 3 x 2,048 and 3 x 4,096 MLPs the same
 float64 matrices); only the assignment runs on the CPU.
 
 The textbook descent, every matrix rebuilt and solved in turn, is
-:func:`fedlmc.permutation.reference_matching.reference_weight_matching`: the same permutations
-on the same inputs (a test checks it), at a fraction of the speed.
+:func:`fedlmc.permutation.reference_matching.reference_weight_matching`: one descent, the same
+permutations as ``weight_matching(..., restarts=1)`` on the same inputs (a test checks it), at a
+fraction of the speed.
 """
 
 from __future__ import annotations
@@ -70,6 +77,12 @@ from fedlmc.permutation.objective import (
     matching_objective,
     residual_stream,
     sweep_order,
+)
+from fedlmc.permutation.restarts import (
+    BOUND_TOLERANCE,
+    check_restarts,
+    restart_seed,
+    upper_bound,
 )
 from fedlmc.permutation.spec import PermutationSpec, checked_permutations, identity_permutations
 
@@ -153,6 +166,10 @@ class _WeightMatcher:
         self.scratch: dict[tuple[int, torch.dtype], Tensor] = {}
         for group, axes in spec.perm_to_axes.items():
             self._add_group(spec, group, axes, sd_a, sd_b)
+
+    def reset(self) -> None:
+        """Forget every cached matrix (the next :meth:`matrix` of each group rebuilds it)."""
+        self.cost = dict.fromkeys(self.cost, None)
 
     def _tensor(self, sd: Mapping[str, Tensor], key: str) -> Tensor:
         return sd[key].detach().to(device=self.device, dtype=self.dtype)
@@ -403,36 +420,81 @@ def weight_matching(
     max_iter: int = 100,
     seed: int = 0,
     *,
+    restarts: int | None = None,
     init_perms: Mapping[str, Tensor] | None = None,
     float64_costs: bool = False,
 ) -> Matching:
     r"""Permutations of ``sd_b``'s units maximising :math:`\sum_w \langle W_a, \pi(W_b)\rangle`.
 
-    Coordinate descent over the groups in a seeded random order (see the module docstring).
-    Consecutive groups of the order that share no tensor are solved concurrently (the solver
-    releases the GIL; the result is the sequential one). ``init_perms`` starts the descent from
-    given permutations (omitted groups: identity). ``float64_costs`` holds the cost matrices in
-    float64 instead of the products' dtype (twice the memory; small gains are checked in float64
-    either way). Returns a :class:`Matching` whose ``objectives`` are :math:`J` after each sweep
-    (non-decreasing: the value at the start plus the gains of the kept assignments).
+    ``restarts`` coordinate descents (see the module docstring), the one with the highest
+    exact objective kept (the first on ties): descent 0 with ``seed``, its first sweep led by
+    the residual stream; descent ``k`` with
+    :func:`fedlmc.permutation.restarts.restart_seed` ``(seed, k)`` and every sweep in seeded
+    random order; each from ``init_perms`` (omitted groups: identity), independent of the
+    others. ``None`` (default): :func:`fedlmc.permutation.restarts.default_restarts`, several
+    descents on a spec with a residual stream (a ViT, a ResNet), one on a plain chain (MLP,
+    VGG: the descent unchanged). The restarts stop early when a descent reaches
+    :func:`fedlmc.permutation.restarts.upper_bound` (no permutation can do better: a planted
+    permutation of the same model). Within a descent, consecutive groups of the order that
+    share no tensor are solved concurrently (the solver releases the GIL; the result is the
+    sequential one).
+    ``float64_costs`` holds the cost matrices in float64 instead of the products' dtype (twice
+    the memory; small gains are checked in float64 either way). Returns a :class:`Matching`
+    whose ``objectives`` are :math:`J` after each sweep of the kept descent (non-decreasing: the
+    value at the start plus the gains of the kept assignments) and whose ``descents`` are the
+    exact (float64) final :math:`J` of every descent run, in order.
     """
     max_iter = check_max_iter(max_iter)
     if not spec.perm_to_axes:  # nothing to permute (e.g. a derived spec that kept no group)
         check_pair(spec, sd_a, sd_b)
-        return Matching({}, [matching_objective(spec, sd_a, sd_b, {})])
+        check_restarts(restarts, spec, sd_a)
+        value = matching_objective(spec, sd_a, sd_b, {})
+        return Matching({}, [value], [value])
+    count = check_restarts(restarts, spec, sd_a)
     matcher = _WeightMatcher(spec, sd_a, sd_b, float64_costs)
-    groups = list(spec.perm_to_axes)
     start = identity_permutations(spec, sd_a)
     if init_perms is not None:
         try:
             start.update(checked_permutations(spec, init_perms, matcher.sizes))
         except ValueError as error:
             raise ValueError(f"init_perms: {error}") from None
-    perms = {g: start[g].to(matcher.device) for g in groups}
+    start = {g: start[g].to(matcher.device) for g in spec.perm_to_axes}
+    bound = upper_bound(spec, sd_a, sd_b) if count > 1 else float("inf")
+    best, finals = None, []
+    for restart in range(count):
+        perms, objectives = _descent(
+            spec, sd_a, sd_b, matcher, start, restart_seed(seed, restart), max_iter, restart == 0
+        )
+        finals.append(matching_objective(spec, sd_a, sd_b, perms))  # exact, to compare
+        if best is None or finals[-1] > finals[best[0]]:
+            best = (restart, perms, objectives)
+        if finals[best[0]] >= bound * (1 - BOUND_TOLERANCE):  # optimal: no restart can beat it
+            break
+    _, perms, objectives = best
+    return Matching({g: p.cpu() for g, p in perms.items()}, objectives, finals)
+
+
+def _descent(
+    spec: PermutationSpec,
+    sd_a: Mapping[str, Tensor],
+    sd_b: Mapping[str, Tensor],
+    matcher: _WeightMatcher,
+    start: Mapping[str, Tensor],
+    seed: int,
+    max_iter: int,
+    stream_first: bool = True,
+) -> tuple[dict[str, Tensor], list[float]]:
+    """One coordinate descent from ``start`` in the order ``seed`` draws, its first sweep led
+    by the residual stream when ``stream_first`` (the module docstring); returns the
+    permutations and :math:`J` after each sweep. ``matcher``'s cached matrices are dropped
+    first, so the descent is the same whatever ran before it."""
+    matcher.reset()
+    groups = list(spec.perm_to_axes)
+    perms = dict(start)
     objective = matching_objective(spec, sd_a, sd_b, perms)
     rng = np.random.default_rng(seed)
     coordinates = spec.coordinates()
-    first = residual_stream(spec, sd_a)  # visited first in the first sweep
+    first = residual_stream(spec, sd_a) if stream_first else None  # first in the first sweep
     touching, neighbours = _coordinate_neighbours(coordinates, matcher.neighbours)
     version = dict.fromkeys(groups, 0)  # bumped whenever a group's permutation changes
     solved_at: dict[Coordinate, dict[str, int] | None] = dict.fromkeys(coordinates, None)
@@ -475,7 +537,7 @@ def weight_matching(
             objectives.append(objective)
             if not improved:
                 break
-    return Matching({g: p.cpu() for g, p in perms.items()}, objectives)
+    return perms, objectives
 
 
 # ----------------------------------------------------------------------------- activation matching

@@ -6,9 +6,10 @@ units of :math:`\theta_b` (``perms: group -> LongTensor``, applied with
 
 **Weight matching** maximises :math:`J(\pi) = \sum_w \langle W_a, \pi(W_b) \rangle` by coordinate
 descent over the groups: :func:`weight_matching`, the optimised descent of
-:mod:`fedlmc.permutation.coordinate_descent` (the objective and the shared checks:
+:mod:`fedlmc.permutation.coordinate_descent`, restarted on a spec with a residual stream (the
+best objective kept; every alignment here builds on it). The objective and the shared checks:
 :mod:`fedlmc.permutation.objective`; the textbook descent:
-:mod:`fedlmc.permutation.reference_matching`). Both are importable from here.
+:mod:`fedlmc.permutation.reference_matching`. Both descents are importable from here.
 
 **Activation matching** matches units by the correlation of their activations over data,
 :math:`C_{ij} = \operatorname{corr}(z^a_i, z^b_j)` (conv outputs: every spatial position is a
@@ -276,7 +277,7 @@ def merge_many(
     r"""MergeMany: align N models to each other, then average them with ``weights``.
 
     Starting from identity permutations, each model :math:`i` (seeded random order per pass) is
-    weight-matched (warm-started at its current permutation) to
+    weight-matched (every descent, restarts included, starting at its current permutation) to
     :math:`\sum_{j \ne i} w_j \pi_j(\theta_j) / \sum_{j \ne i} w_j` (from one running sum,
     :class:`fedlmc.averaging.LeaveOneOutMean`: a pass averages O(N) models, not O(N^2)); passes
     repeat until no permutation changes (at most ``max_iter``). Returns

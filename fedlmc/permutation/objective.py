@@ -36,13 +36,21 @@ STATISTIC_NAMES: frozenset[str] = frozenset({"running_mean", "running_var", "num
 class Matching(dict):
     """Permutations ``group -> LongTensor`` (apply to model b) plus ``objectives``.
 
-    ``objectives``: for weight matching the objective :math:`J` after each sweep; for activation
-    matching one value, the sum over groups of the matched correlations.
+    ``objectives``: for weight matching the objective :math:`J` after each sweep of the kept
+    descent; for activation matching one value, the sum over groups of the matched
+    correlations. ``descents``: for weight matching the final :math:`J` of each descent it ran
+    (its restarts, in order; the kept one has the highest), else empty.
     """
 
-    def __init__(self, perms: Mapping[str, Tensor], objectives: Sequence[float] = ()) -> None:
+    def __init__(
+        self,
+        perms: Mapping[str, Tensor],
+        objectives: Sequence[float] = (),
+        descents: Sequence[float] = (),
+    ) -> None:
         super().__init__(perms)
         self.objectives: list[float] = [float(v) for v in objectives]
+        self.descents: list[float] = [float(v) for v in descents]
 
 
 # ----------------------------------------------------------------------------- validation

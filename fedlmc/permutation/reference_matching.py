@@ -25,7 +25,9 @@ scored (:func:`fedlmc.permutation.objective.is_scored`), and a group's new
 assignment is kept only when it raises :math:`J` (ties keep the current permutation). It
 rebuilds every :math:`A_p` from scratch and solves with scipy: the baseline the optimised
 descent (:mod:`fedlmc.permutation.coordinate_descent`) is tested and benchmarked against; use
-that one for real models.
+that one for real models. It runs one descent: ``weight_matching``'s restarts (several
+descents on a spec with a residual stream, the best kept) are not part of it, so it equals
+``weight_matching(..., restarts=1)``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """fedlmc.permutation.coordinate_descent: weight matching recovers a planted permutation exactly,
 its aligned model computes the same function, the objective never decreases and the incremental
 cost matrices match the exact objective; float32 and float64 costs agree; BatchNorm running
-statistics are permuted but never scored; a trained depth-4 ViT is recovered from every seed
-(the first sweep visits its residual stream first)."""
+statistics are permuted but never scored; a trained ViT of depth 2, 4 and 6 is recovered from
+every seed (the first sweep visits its residual stream first; restarts: test_restarts.py)."""
 
 from __future__ import annotations
 
@@ -191,26 +191,43 @@ def test_weight_matching_ignores_batchnorm_running_statistics(name, width, in_sh
             assert torch.equal(restored[key], sd[key]), key
 
 
-@pytest.fixture(scope="module")
-def trained_deep_vit() -> torch.nn.Module:
-    """A depth-4 ViT (2 heads of 8 dims) trained for one epoch on 512 real digits: before the
-    residual stream was visited first, matching seeds 0 and 2 stopped at about half of J on it."""
-    x, y = load_dataset("mnist5k").train
-    torch.manual_seed(0)
-    model = build_model("vit", width=0.5, depth=4)
-    common = {"epochs": 1, "lr": 3e-3, "weight_decay": 0.05, "batch_size": 32}
-    return train_model(model, (x[:512], y[:512]), optimizer="adamw", seed=0, **common)[0]
+_TRAINED_VITS: dict[int, torch.nn.Module] = {}
 
 
-@pytest.mark.parametrize("matcher", [weight_matching, reference_weight_matching])
+def trained_vit(depth: int) -> torch.nn.Module:
+    """A ViT of ``depth`` blocks (2 heads of 8 dims) trained for one epoch on 512 real digits,
+    once per test session: before the residual stream was visited first, matching seeds 0 and 2
+    stopped at about half of J on the depth-4 one."""
+    if depth not in _TRAINED_VITS:
+        x, y = load_dataset("mnist5k").train
+        torch.manual_seed(0)
+        model = build_model("vit", width=0.5, depth=depth)
+        common = {"epochs": 1, "lr": 3e-3, "weight_decay": 0.05, "batch_size": 32}
+        trained = train_model(model, (x[:512], y[:512]), optimizer="adamw", seed=0, **common)
+        _TRAINED_VITS[depth] = trained[0]
+    return _TRAINED_VITS[depth]
+
+
 @pytest.mark.parametrize(("permutation_seed", "seed"), [(0, 0), (0, 2), (1, 0), (1, 2)])
-def test_a_trained_deep_vit_is_recovered_from_every_seed(
-    trained_deep_vit, matcher, permutation_seed, seed
-):
-    spec, sd, permuted, applied = permuted_copy(trained_deep_vit, seed=permutation_seed)
-    found = matcher(spec, sd, permuted, seed=seed)
+def test_the_textbook_descent_recovers_a_trained_deep_vit_from_every_seed(permutation_seed, seed):
+    spec, sd, permuted, applied = permuted_copy(trained_vit(4), seed=permutation_seed)
+    found = reference_weight_matching(spec, sd, permuted, seed=seed)
     assert_recovers(spec, sd, permuted, applied, found)
     assert found.objectives[-1] == pytest.approx(matching_objective(spec, sd, sd), rel=1e-6)
+
+
+@pytest.mark.parametrize("depth", [2, 4, 6])
+@pytest.mark.parametrize("restarts", [1, None])
+def test_a_trained_vit_is_recovered_from_every_seed(depth, restarts):
+    """Planted permutations 0 and 1 of a trained ViT at depth 2, 4 and 6, matched from seeds 0
+    to 3: one descent (stream first) and the default (restarts) recover every one."""
+    for permutation_seed in (0, 1):
+        spec, sd, permuted, applied = permuted_copy(trained_vit(depth), seed=permutation_seed)
+        for seed in range(4):
+            found = weight_matching(spec, sd, permuted, seed=seed, restarts=restarts)
+            assert_recovers(spec, sd, permuted, applied, found)
+            assert found.objectives[-1] == pytest.approx(matching_objective(spec, sd, sd), rel=1e-6)
+            assert len(found.descents) == 1  # the first descent reaches the bound: no restart
 
 
 def test_the_residual_stream_is_found_only_where_layers_share_units():

@@ -43,13 +43,14 @@ def test_reference_and_optimised_recover_a_planted_permutation_exactly(name, wid
     [("mlp", 1.0, MNIST, "none"), ("vgg11", 0.125, CIFAR, "bn"), ("resnet20", 0.25, CIFAR, "ln")],
 )
 def test_optimised_descent_follows_the_reference_on_independent_models(name, width, in_shape, norm):
-    """Skipping, low-rank updates and threaded solves do not change the descent's path."""
+    """Skipping, low-rank updates and threaded solves do not change the descent's path (one
+    descent: the ResNet's residual stream would otherwise get restarts)."""
     model_a = make(name, width, in_shape, norm, seed=0)
     model_b = make(name, width, in_shape, norm, seed=1)
     spec = permutation_spec(model_a)
     sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
     expected = reference_weight_matching(spec, sd_a, sd_b, seed=4)
-    found = weight_matching(spec, sd_a, sd_b, seed=4)
+    found = weight_matching(spec, sd_a, sd_b, seed=4, restarts=1)
     assert list(found) == list(expected)
     for group in expected:
         assert torch.equal(found[group], expected[group]), group
