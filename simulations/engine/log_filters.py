@@ -6,7 +6,8 @@ itself (SIGTERM or SIGINT sent to the process group reaches the Ray workers too,
 actor in the middle of a message dies with it: two tracebacks for two clients). Once
 :func:`fedlmc.simulations.engine.stop_signals.stopping` says a stop signal was caught, every
 error Flower's message-processing worker logs is such noise: the cells in flight are abandoned
-and the command's one line says so.
+and the command's one line says so. Ray's own deserializer logs such an actor's death as a
+failed assertion with a traceback: hidden likewise once stopping (:data:`RAY_STOP_NOISE_LOGGERS`).
 
 Into a file or a pipe (not a terminal: :func:`plain_logs`) the output carries no colour codes:
 Flower's level names are left plain and Ray's ``(ClientAppActor pid=N)`` prefixes uncoloured
@@ -31,6 +32,13 @@ FLOWER_WORKER_MODULES = ("vce_api", "raybackend")
 """Flower's modules that log a client actor's failure while processing a message (the
 simulation engine's worker loop and its Ray backend)."""
 
+RAY_STOP_NOISE_LOGGERS = ("ray._private.serialization",)
+"""Ray's loggers that report a client actor killed by the stop signal as an error with a
+traceback: reading the reply of an actor that died of SIGTERM, Ray's deserializer asserts that
+the error carries an ``actor_died_error`` field and logs the failed assertion (Ray 2.x). Hidden
+once the process is stopping, shown otherwise. The filter stays after the sweep: Ray's threads
+may read a dead actor's reply while the process exits, after :func:`quiet_flower` has ended."""
+
 
 class _DropDeprecationNotice(logging.Filter):
     """Hides Flower's run_simulation deprecation notice (printed on every call otherwise)."""
@@ -52,6 +60,16 @@ class _DropOwnerExitTraceback(logging.Filter):
         return not (stopping() and record.module in FLOWER_WORKER_MODULES)
 
 
+class _DropWhileStopping(logging.Filter):
+    """Hides every record once a stop signal was caught (Ray's shutdown noise)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not stopping()
+
+
+_RAY_STOP_NOISE = _DropWhileStopping()
+
+
 @contextmanager
 def quiet_flower(verbose: bool) -> Iterator[None]:
     """Flower's logger at WARNING (our strategies' warnings still show) unless ``verbose``;
@@ -64,6 +82,8 @@ def quiet_flower(verbose: bool) -> Iterator[None]:
         os.environ[PLAIN] = "0"
         colour_flower(False)
     logger.addFilter(shutdown)
+    for name in RAY_STOP_NOISE_LOGGERS:
+        logging.getLogger(name).addFilter(_RAY_STOP_NOISE)  # once: a filter is added once
     if not verbose:
         logger.setLevel(logging.WARNING)
         logger.addFilter(notice)

@@ -83,3 +83,27 @@ def test_once_stopping_the_message_workers_errors_are_hidden(flower_log, monkeyp
         logger.handle(worker_record("Traceback (most recent call last): ...", "vce_api"))
         logger.handle(worker_record("the strategy dropped client 2", "one_shot"))
     assert seen == [unavailable, "the strategy dropped client 2"]
+
+
+def test_once_stopping_rays_deserializer_traceback_is_hidden(monkeypatch):
+    """A client actor killed by the SIGTERM sent to the process group: Ray's deserializer fails
+    an assertion reading its death and logs the traceback (seen in CI after ``kill -TERM``).
+    Hidden once stopping, during the sweep and after it (Ray's threads outlive the sweep while
+    the process exits); before, the same error shows."""
+    from fedlmc.simulations.engine import log_filters
+
+    logger = logging.getLogger("ray._private.serialization")
+    handler = Collect()
+    logger.addHandler(handler)
+    failure = "Traceback (most recent call last): ... assert ray_error_info.HasField(...)"
+    try:
+        with quiet_flower(verbose=False):
+            logger.error(failure)  # not stopping: shown
+            monkeypatch.setattr(log_filters, "stopping", lambda: True)
+            logger.error(failure)
+        logger.error("after the sweep, stopping")
+        monkeypatch.setattr(log_filters, "stopping", lambda: False)
+        logger.error("after the sweep")
+    finally:
+        logger.removeHandler(handler)
+    assert handler.messages == [failure, "after the sweep"]
