@@ -28,6 +28,9 @@ the hidden units of models without BatchNorm, and one softmax temperature :math:
   deployment (SuperNodes start a process per message), hence the grid;
 - ``"none"``: :math:`T = 1` (BN statistics, if any, still re-estimated on ``server_data``).
 
+A fitted :math:`T` at an end of the fit's range is one ``fedlmc warning:`` line in the log
+after the round's (:func:`fedlmc.strategies.strategy_utils.log_temperature_bound`).
+
 The ``activation_federated`` method aligns on the clients whatever the calibration: one
 ``query.align`` round in which every client but the first matches its own model to client 0's
 on its own data and returns only permutation indices.
@@ -76,6 +79,7 @@ from fedlmc.merging.method_registry import (
     check_method,
     check_template_merge,
     merge_method,
+    refuse_calibrated_row,
     template_merge_names,
 )
 from fedlmc.merging.methods import merge_states
@@ -104,6 +108,7 @@ from fedlmc.strategies.strategy_utils import (
     RoundReport,
     StateDict,
     flower_records,
+    log_temperature_bound,
     require_survivors,
 )
 
@@ -305,6 +310,7 @@ class OneShotAverage(ScreenedFedAvg):
             fitted.temperature,
             clients.rounds,
         )
+        log_temperature_bound(self.merge_method, fitted.temperature)
         metrics = self.client_metrics(report, extra_bytes=clients.bytes_received)
         metrics.update(
             {
@@ -433,14 +439,17 @@ class OneShotAverage(ScreenedFedAvg):
     ) -> tuple[Calibration, float]:
         """:math:`T` by the configured calibration (:func:`fedlmc.merging.post_merge.calibrate`)
         and, when the server holds data and calibration is not ``none``, the temperature fitted on
-        the server data for the same model (a reference for the federated one; NaN else)."""
+        the server data for the same model (a reference for the federated one; NaN else). A
+        :math:`T` at an end of the fit's range is said by :meth:`merge_round`'s log
+        (:func:`~fedlmc.strategies.strategy_utils.log_temperature_bound`), not by a warning
+        here."""
         server = self.server_source()
         if self.options.calibration == "none":
             return calibrate(model, None), math.nan
-        reference = math.nan if server is None else calibrate(model, server).temperature
+        reference = math.nan if server is None else calibrate(model, server, warn=False).temperature
         if self.options.calibration == "server":
             return Calibration(reference), reference
-        return calibrate(model, clients), reference
+        return calibrate(model, clients, warn=False), reference
 
 
 class PermutationAlignedAverage(OneShotAverage):
@@ -464,6 +473,8 @@ class PermutationAlignedAverage(OneShotAverage):
     The method's one refusal (:func:`~fedlmc.merging.method_registry.check_method`) is asked
     here too, with ``options.min_clients`` as the fewest clients a round may merge and
     ``method_options``: ``krum`` below its :math:`2f + 3` clients is refused at construction.
+    A ``_t`` row's name (``weight_matching_t``) is refused too: the strategy's temperature is
+    ``options.calibration``'s (:func:`~fedlmc.merging.method_registry.refuse_calibrated_row`).
     """
 
     def __init__(
@@ -478,7 +489,9 @@ class PermutationAlignedAverage(OneShotAverage):
         method_options: Mapping[str, Any] | None = None,
     ) -> None:
         aligning = [m for m in template_merge_names() if m != "average"]
-        entry = check_template_merge(method, f"{type(self).__name__}(method={method!r})", aligning)
+        where = f"{type(self).__name__}(method={method!r})"
+        entry = check_template_merge(method, where, aligning)
+        refuse_calibrated_row(method, where, "StrategyOptions(calibration='server' or 'federated')")
         super().__init__(template, options)
         if entry.name == "average":
             raise ValueError("method = 'average': use OneShotAverage; allowed: an aligning method")

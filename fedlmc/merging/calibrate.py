@@ -44,9 +44,8 @@ from scipy.optimize import brentq
 from torch import Tensor, nn
 
 from fedlmc.capture import forward_capture
+from fedlmc.merging.temperature_bound import T_MAX, T_MIN
 
-T_MIN = 1e-3
-T_MAX = 1e3
 LOG_T_MIN = math.log(T_MIN)
 LOG_T_MAX = math.log(T_MAX)
 MAX_LOG_T_STEP = 2.0

@@ -424,7 +424,7 @@ def test_fast_mode_skips_diagnostics_and_is_deterministic(template, clients, spl
 
 
 def test_merge_clients_matches_the_weighted_average(template, clients, splits):
-    merged, _ = merge_clients("average_t", template, clients[:2], [1, 3], splits)
+    merged, _ = merge_clients("average", template, clients[:2], [1, 3], splits)
     expected = average(clients[:2], [1, 3])
     assert all(torch.equal(merged[k], expected[k]) for k in expected)
 
