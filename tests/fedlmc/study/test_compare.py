@@ -280,6 +280,35 @@ def test_ensemble_of_identical_clients_equals_the_endpoint(template, clients, sp
     assert abs(rows[1]["loss_barrier_half"]) < 1e-6
 
 
+def test_a_column_of_some_merge_methods_has_a_value_exactly_where_the_registry_says(
+    two_client_rows,
+):
+    """The method scope a column declares (``Column.methods``) is what the study does: with two
+    clients and diagnostics, each merge row has a value in such a column exactly when the
+    registry puts its method in the scope (:data:`fedlmc.study.rows.METHOD_SCOPE_RULES`, the
+    text ``fedlmc run`` and the docs derive from it); median has no barrier, average has one."""
+    from fedlmc.study.rows import METHOD_SCOPE_RULES, column_table
+
+    scoped = [
+        c
+        for c in column_table()
+        if c.methods and "three" not in c.applies and not c.name.startswith("lewc_")
+    ]  # the columns of two-client cells (LEWC's own: where it is defined, another condition)
+    names = {c.name for c in scoped}
+    assert {"loss_barrier_half", "curve", "temperature_path", "llfc_cos_mean"} <= names
+    seen = set()
+    for row in two_client_rows:
+        if row["method"] in REFERENCE_METHODS:
+            continue
+        entry = merge_method(row["method"])
+        for column in scoped:
+            value = row[column.name]
+            filled = value != "" if column.is_string else not math.isnan(value)
+            assert filled == METHOD_SCOPE_RULES[column.methods][1](entry), (row["method"], column)
+        seen.add((row["method"], finite(row["loss_barrier_half"])))
+    assert {("median", False), ("median_t", False), ("average", True)} <= seen
+
+
 def test_half_barrier_is_the_signed_excess_of_the_midpoint_over_the_chord(two_client_rows):
     for row in two_client_rows:
         if row["method"] in REFERENCE_METHODS or not merge_method(row["method"]).evaluation.on_path:
