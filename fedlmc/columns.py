@@ -52,12 +52,19 @@ __all__ = [
     "PREDICTION_KEYS",
     "PREDICTION_MEAN_KEYS",
     "PROVENANCE_COLUMNS",
+    "RENAMED_COLUMNS",
     "REPORT_SECTIONS",
     "ROUND_COLUMNS_DECLARED",
     "SOURCES",
     "Column",
     "check_unique",
 ]
+
+
+RENAMED_COLUMNS = {"logit_norm_ratio": "logit_norm_ratio_client_norms"}
+"""Old column name -> the column it is now, for results written before the rename (read back
+under the new name): ``logit_norm_ratio`` divided by the clients' mean logit norm, not by the
+norm of their mean logits that LEWC predicts against (issue 53)."""
 
 
 ROUND_COLUMNS_DECLARED = (

@@ -241,11 +241,27 @@ def mechanism_family() -> tuple[Column, ...]:
     diagnostics = "diagnostics on, two or more clients"
     return (
         Column(
-            "logit_norm_ratio",
-            "Logit norm of the merge / endpoints' (LEWC: shrinks with depth)",
+            "logit_norm_ratio_logit_ensemble",
+            "Logit norm of the merge / the logit ensemble's (LEWC: N^(1-L) at equal weights)",
             diagnostics,
-            "mean logit norm of the evaluated merge over the endpoints' (weighted)",
+            "`mean_n ||z_merge(x_n)|| / mean_n ||sum_i w_i z_i(x_n)||`: the evaluated merge's "
+            "logits over the logit ensemble's, the weighted mean of the aligned clients' logits. "
+            "The quantity LEWC predicts: `N^(1-L)` at equal weights, reached exactly when LEWC "
+            "holds (`lewc_temperature_ratio` is the prediction at any weights; "
+            "`fedlmc.analysis.diagnostics.logit_norm_ratios`)",
             report_table="mechanism",
+            methods="template_shaped",
+        ),
+        Column(
+            "logit_norm_ratio_client_norms",
+            "Mean logit norm of the merge / the clients' mean logit norms (not LEWC's quantity)",
+            diagnostics,
+            "`mean_n ||z_merge(x_n)|| / sum_i w_i mean_n ||z_i(x_n)||`: the evaluated merge's "
+            "logits against the clients' own scale; the clients' logits partly cancel in their "
+            "mean, so it is at most `logit_norm_ratio_logit_ensemble` (equal when they point the "
+            "same way on every input). Named `logit_norm_ratio` in results written before "
+            "issue 53, which are read back under this name",
+            methods="template_shaped",
         ),
         Column(
             "recip_orth_mean",

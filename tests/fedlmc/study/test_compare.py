@@ -52,7 +52,8 @@ DIAGNOSTICS = (
     "lewc_error_mean",
     "llfc_scaled_error_mean",
     "llfc_cos_mean",
-    "logit_norm_ratio",
+    "logit_norm_ratio_logit_ensemble",
+    "logit_norm_ratio_client_norms",
     "recip_orth_mean",
     "relu_additivity_mean",
 )
