@@ -168,8 +168,8 @@ def test_every_method_gives_one_complete_row(two_client_rows, template):
             assert row["nll_calibrated"] <= row["nll_raw"] + 1e-9
             continue
         if not merge_method(row["method"]).rule.template_shaped:  # preserve_first: another model
-            assert all(math.isnan(row[c]) for c in BARRIERS + QUARTER + DIAGNOSTICS[:5])
-            assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS[5:]), row
+            assert all(math.isnan(row[c]) for c in BARRIERS + QUARTER + DIAGNOSTICS[:6])
+            assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS[6:]), row
             assert row["lewc_undefined_reason"] and row["merged_parameters_ratio"] > 1
             continue
         if not merge_method(
