@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "KINDS",
+    "METHOD_SCOPES",
     "REPORT_SECTIONS",
     "SOURCES",
     "Column",
@@ -26,6 +27,12 @@ SOURCES = ("row", "round", "server", "provenance")
 ``round``: added by the Flower server to every row of a federation; ``server``: added by the
 Flower server to some rows of a federation; ``provenance``: added to every row of a
 ``results.csv`` the Flower server writes (versions and device)."""
+METHOD_SCOPES = ("", "on_path", "template_shaped")
+"""Which merge methods' rows a column fills (its cells aside): ``""`` every row its ``applies``
+names; ``on_path``: a merge method registered ``on_path`` whose merge is a state dict of the
+model (the path between the clients reaches it); ``template_shaped``: one whose merge is a state
+dict of the model. The registry knows which methods those are; the text naming them is derived
+from it (:func:`fedlmc.study.rows.column_applies`), never written here."""
 REPORT_SECTIONS = (
     "merge gap",
     "barriers",
@@ -55,6 +62,9 @@ class Column:
     report_table: str = ""
     """The section of ``report.md``'s per-method mean tables (:data:`REPORT_SECTIONS`) the
     column is averaged in; empty: none."""
+    methods: str = ""
+    """Which merge methods' rows get a value (:data:`METHOD_SCOPES`); ``applies`` then says
+    only which cells."""
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -63,6 +73,7 @@ class Column:
             ("kind", self.kind, KINDS),
             ("source", self.source, SOURCES),
             ("report_table", self.report_table, ("", *REPORT_SECTIONS)),
+            ("methods", self.methods, METHOD_SCOPES),
         ):
             if value not in allowed:
                 raise ValueError(

@@ -52,12 +52,19 @@ __all__ = [
     "PREDICTION_KEYS",
     "PREDICTION_MEAN_KEYS",
     "PROVENANCE_COLUMNS",
+    "RENAMED_COLUMNS",
     "REPORT_SECTIONS",
     "ROUND_COLUMNS_DECLARED",
     "SOURCES",
     "Column",
     "check_unique",
 ]
+
+
+RENAMED_COLUMNS = {"logit_norm_ratio": "logit_norm_ratio_client_norms"}
+"""Old column name -> the column it is now, for results written before the rename (read back
+under the new name): ``logit_norm_ratio`` divided by the clients' mean logit norm, not by the
+norm of their mean logits that LEWC predicts against (issue 53)."""
 
 
 ROUND_COLUMNS_DECLARED = (
@@ -250,16 +257,18 @@ COMMON_COLUMNS: tuple[Column, ...] = (
         "two-client cells, diagnostics on",
         "JSON `{lam, accuracy, nll, nll_calibrated}` of the path of the barrier columns",
         kind="JSON",
+        methods="on_path",
     ),
     Column(
         "temperature_path",
         "Fitted T at each lambda of the two-client path (measured, temperature units)",
-        "two-client cells, diagnostics on, methods with a path (empty elsewhere)",
+        "two-client cells, diagnostics on",
         "JSON list, one entry per `lam` of `curve` (same order): the T fitted on the server split "
         "for the model at `theta(l)` of the barrier columns' path (post-processed like the merge); "
         "the entries at `l = 1` and `l = 0` are client 0's and the aligned client 1's own T (for "
         "BatchNorm models, after re-estimation)",
         kind="JSON",
+        methods="on_path",
     ),
     Column(
         "temperature_path_lewc",
@@ -271,6 +280,7 @@ COMMON_COLUMNS: tuple[Column, ...] = (
         "to them at the endpoints, `(l^L + (1 - l)^L) T` when `T(0) = T(1) = T` "
         "(`fedlmc.analysis.paths.lewc_temperature_path`)",
         kind="JSON",
+        methods="on_path",
     ),
     *ROUND_COLUMNS_DECLARED,
     *PROVENANCE_COLUMNS,

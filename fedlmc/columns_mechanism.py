@@ -106,6 +106,9 @@ AT = {
         "LEWC and LLFC differ too",
     ),
 }
+AT_METHODS = {"": "template_shaped", "_quarter": "on_path"}
+"""Which merge methods each point measures (:data:`fedlmc.column_schema.METHOD_SCOPES`): the
+merge's own weights, or the point at lambda = 1/4 of the path between the clients."""
 PLAIN_CHAINS = "; plain chains only (NaN/empty for a residual network: `lewc_undefined_reason`)"
 
 
@@ -123,6 +126,7 @@ def prediction_layer_family() -> tuple[Column, ...]:
             _prediction_scope(key, at),
             f"per layer `l` (JSON list), {AT[at][2]}: {PREDICTIONS[key][1]}",
             kind="JSON",
+            methods=AT_METHODS[at],
         )
         for at in AT
         for key in PREDICTION_KEYS
@@ -139,6 +143,7 @@ def prediction_mean_family() -> tuple[Column, ...]:
             _prediction_scope(key, at),
             f"mean over layers of `{key}_layers{at}`",
             report_table="LEWC" if "error" in key else "",
+            methods=AT_METHODS[at],
         )
         for at in AT
         for key in PREDICTION_MEAN_KEYS
@@ -187,9 +192,10 @@ def barrier_family() -> tuple[Column, ...]:
                 Column(
                     name,
                     f"{what}{heading}{suffix}",
-                    "two-client cells, diagnostics on; every merge method",
+                    "two-client cells, diagnostics on",
                     f"{rule.format(of=of)}; {BARRIER_PATH}",
                     report_table="barriers",
+                    methods="on_path",
                 )
             )
     return tuple(columns)
@@ -220,10 +226,11 @@ def client_barrier_family() -> tuple[Column, ...]:
                         f"client_to_merge_path_loss_barrier_{at}{cal}_{over}",
                         f"Barrier {at_text} on the path client -> merge"
                         f"{SHAPE_NOTE if over == 'mean' else ''}, {cal_text}, {over_text}",
-                        "cells of three or more clients, diagnostics on; every merge method",
+                        "cells of three or more clients, diagnostics on",
                         f"{BARRIER_AT[at][1].format(of=f'loss ({cal_text})')} on each "
                         f"client's path, {over_text}: {CLIENT_PATH}",
                         report_table="client paths" if reported else "",
+                        methods="template_shaped",
                     )
                 )
     return tuple(columns)
@@ -234,11 +241,27 @@ def mechanism_family() -> tuple[Column, ...]:
     diagnostics = "diagnostics on, two or more clients"
     return (
         Column(
-            "logit_norm_ratio",
-            "Logit norm of the merge / endpoints' (LEWC: shrinks with depth)",
+            "logit_norm_ratio_logit_ensemble",
+            "Logit norm of the merge / the logit ensemble's (LEWC: N^(1-L) at equal weights)",
             diagnostics,
-            "mean logit norm of the evaluated merge over the endpoints' (weighted)",
+            "`mean_n ||z_merge(x_n)|| / mean_n ||sum_i w_i z_i(x_n)||`: the evaluated merge's "
+            "logits over the logit ensemble's, the weighted mean of the aligned clients' logits. "
+            "The quantity LEWC predicts: `N^(1-L)` at equal weights, reached exactly when LEWC "
+            "holds (`lewc_temperature_ratio` is the prediction at any weights; "
+            "`fedlmc.analysis.diagnostics.logit_norm_ratios`)",
             report_table="mechanism",
+            methods="template_shaped",
+        ),
+        Column(
+            "logit_norm_ratio_client_norms",
+            "Mean logit norm of the merge / the clients' mean logit norms (not LEWC's quantity)",
+            diagnostics,
+            "`mean_n ||z_merge(x_n)|| / sum_i w_i mean_n ||z_i(x_n)||`: the evaluated merge's "
+            "logits against the clients' own scale; the clients' logits partly cancel in their "
+            "mean, so it is at most `logit_norm_ratio_logit_ensemble` (equal when they point the "
+            "same way on every input). Named `logit_norm_ratio` in results written before "
+            "issue 53, which are read back under this name",
+            methods="template_shaped",
         ),
         Column(
             "recip_orth_mean",
@@ -320,6 +343,7 @@ def layer_mechanism_family() -> tuple[Column, ...]:
                 "clients i and j in the method's basis and on its path rule, post-processed "
                 "like the merge (0 on the diagonal)",
                 kind="JSON",
+                methods="template_shaped",
             )
             for cal, text in (("", "raw logits"), ("_calibrated", f"calibrated, {REFIT_T}"))
         ),

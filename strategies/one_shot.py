@@ -18,8 +18,7 @@ the hidden units of models without BatchNorm, and one softmax temperature :math:
   statistics come from it too;
 - ``"federated"``: on the clients' held-out data without moving it (each client holds out a
   share of its partition from training: ``holdout_share``, sent as ``holdout-share``,
-  :mod:`fedlmc.strategies.protocol`). Every
-  data-dependent step after the merge runs on the clients through query rounds
+  :mod:`fedlmc.strategies.protocol`). Every data-dependent step after the merge runs on the clients through query rounds
   (:class:`fedlmc.strategies.queries.ClientRounds`): BatchNorm statistics (``query.bn_stats``),
   REPAIR's per-unit statistics (``query.unit_stats``), ``auto``'s calibrated NLLs, and the
   temperature: a grid of ``temperature_grid_points`` values of :math:`u = \log T` in one round, then
@@ -31,6 +30,9 @@ the hidden units of models without BatchNorm, and one softmax temperature :math:
   when the round config says ``init = "shared"``); the plain average of norm-free chains only,
   refused at construction for any other merge or model;
 - ``"none"``: :math:`T = 1` (BN statistics, if any, still re-estimated on ``server_data``).
+
+A fitted :math:`T` at an end of the fit's range is one ``fedlmc warning:`` line in the log
+(:func:`fedlmc.strategies.strategy_utils.log_temperature_bound`).
 
 The ``activation_federated`` method aligns on the clients whatever the calibration: one
 ``query.align`` round in which every client but the first matches its own model to client 0's
@@ -81,6 +83,7 @@ from fedlmc.merging.method_registry import (
     check_method,
     check_template_merge,
     merge_method,
+    refuse_calibrated_row,
     template_merge_names,
 )
 from fedlmc.merging.methods import merge_states
@@ -109,6 +112,7 @@ from fedlmc.strategies.strategy_utils import (
     RoundReport,
     StateDict,
     flower_records,
+    log_temperature_bound,
     require_survivors,
 )
 
@@ -314,6 +318,7 @@ class OneShotAverage(ScreenedFedAvg):
             fitted.temperature,
             clients.rounds,
         )
+        log_temperature_bound(self.merge_method, fitted.temperature)
         metrics = self.client_metrics(report, extra_bytes=clients.bytes_received)
         metrics.update(
             {
@@ -450,16 +455,16 @@ class OneShotAverage(ScreenedFedAvg):
         """:math:`T` by the configured calibration (:func:`fedlmc.merging.post_merge.calibrate`;
         ``lewc``: predicted from the merge ``weights``, :meth:`lewc_prediction`) and, when the
         server holds data and calibration is not ``none``, the temperature fitted on the server
-        data for the same model (a reference for the federated one; NaN else)."""
+        data (a reference; NaN else). A :math:`T` at a bound is said by the round's log."""
         server = self.server_source()
         if self.options.calibration == "none":
             return calibrate(model, None), math.nan
-        reference = math.nan if server is None else calibrate(model, server).temperature
+        reference = math.nan if server is None else calibrate(model, server, warn=False).temperature
         if self.options.calibration == "lewc":
-            return calibrate(model, self.lewc_prediction(weights)), reference
+            return calibrate(model, self.lewc_prediction(weights), warn=False), reference
         if self.options.calibration == "server":
             return Calibration(reference), reference
-        return calibrate(model, clients), reference
+        return calibrate(model, clients, warn=False), reference
 
     def lewc_prediction(self, weights: Sequence[float]) -> LewcPrediction:
         """LEWC's temperature for this template and the merge ``weights``
@@ -492,6 +497,8 @@ class PermutationAlignedAverage(OneShotAverage):
     The method's one refusal (:func:`~fedlmc.merging.method_registry.check_method`) is asked
     here too, with ``options.min_clients`` as the fewest clients a round may merge and
     ``method_options``: ``krum`` below its :math:`2f + 3` clients is refused at construction.
+    A ``_t`` row's name (``weight_matching_t``) is refused too: the strategy's temperature is
+    ``options.calibration``'s (:func:`~fedlmc.merging.method_registry.refuse_calibrated_row`).
     """
 
     def __init__(
@@ -506,7 +513,9 @@ class PermutationAlignedAverage(OneShotAverage):
         method_options: Mapping[str, Any] | None = None,
     ) -> None:
         aligning = [m for m in template_merge_names() if m != "average"]
-        entry = check_template_merge(method, f"{type(self).__name__}(method={method!r})", aligning)
+        where = f"{type(self).__name__}(method={method!r})"
+        entry = check_template_merge(method, where, aligning)
+        refuse_calibrated_row(method, where, "StrategyOptions(calibration='server' or 'federated')")
         self.merge_method = entry.name  # before the base's checks (calibration = "lewc")
         super().__init__(template, options)
         if entry.name == "average":

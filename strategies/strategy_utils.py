@@ -22,12 +22,15 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from logging import WARNING
 from typing import Any
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
+from flwr.supercore import log
 
+from fedlmc.merging.temperature_bound import bound_line
 from fedlmc.strategies.payload import check_record, declared_shape, sent_bytes
 from fedlmc.strategies.protocol import (
     HISTORY_KEYS,
@@ -467,6 +470,15 @@ def check_client_counts(num_clients: int, min_clients: int) -> None:
         raise ValueError(f"num_clients = {num_clients}; allowed: an integer >= 1")
     if not 1 <= int(min_clients) <= int(num_clients):
         raise ValueError(f"min_clients = {min_clients}; allowed: 1 .. num_clients ({num_clients})")
+
+
+def log_temperature_bound(method: str, temperature: float) -> None:
+    """One ``fedlmc warning:`` line in the Flower log when ``temperature``, the round's fitted
+    :math:`T` of merge ``method``, is an end of the fit's range
+    (:func:`fedlmc.merging.temperature_bound.bound_line`: the sentence ``fedlmc run`` says)."""
+    line = bound_line(method, temperature)
+    if line:
+        log(WARNING, "fedlmc warning: %s", line)
 
 
 def require_survivors(report: RoundReport, min_clients: int) -> None:

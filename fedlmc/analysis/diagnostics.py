@@ -13,7 +13,8 @@ to a scale) and the measured against the predicted norm ratio (:func:`layer_pred
 cosines of non-negative features are high by construction: :func:`centred_cosine` (both sides
 minus their mean over inputs), :func:`shuffled_cosine` (the prediction for another input) and
 :func:`common_mode_share` (the energy in the input-independent mean) say how much of one is
-input-specific. The merged logits shrink (:func:`logit_norm_ratio`). The exponent :math:`l`
+input-specific. The merged logits shrink (:func:`logit_norm_ratios`: against the logit
+ensemble, what LEWC predicts, and against the clients' own). The exponent :math:`l`
 exists for plain chains only (:mod:`fedlmc.permutation.chain`). Many-client collapse:
 :func:`dead_unit_fractions`, :func:`bias_shares`. Sufficient conditions for bias-free ReLU
 nets: weak additivity of ReLU (:func:`relu_additivity_error`, per ReLU) and reciprocal
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 import pandas as pd
 import torch
@@ -310,28 +312,57 @@ def layer_predictions(
     return rows
 
 
-def logit_norm_ratio(
+class LogitNormRatios(NamedTuple):
+    r"""How the merged model's logits compare in size with the clients'
+    (:func:`logit_norm_ratios`), two quantities that must not be read as one.
+
+    ``logit_ensemble``, :math:`\rho_{\mathrm{ens}}`: the merge's logits over the logit ensemble's
+    (the weighted mean of the clients' logits, :math:`\bar z = \sum_i w_i z_i`), the quantity
+    LEWC predicts: under LEWC the merged logits are :math:`\sum_i w_i^L z_i`, at equal weights
+    exactly :math:`N^{1-L}\,\bar z`, so :math:`\rho_{\mathrm{ens}} = N^{1-L}` (the study's
+    ``lewc_temperature_ratio`` is the prediction at any weights,
+    :math:`\|\sum_i w_i^L z_i\| / \|\bar z\|`). ``client_norms``, :math:`\rho_{\mathrm{cl}}`:
+    the merge's mean logit norm over the clients' mean logit norms, the merge against the
+    clients' own scale; the clients' logits partly cancel in their mean, so this is the smaller
+    of the two (equal when they point the same way)."""
+
+    logit_ensemble: float
+    client_norms: float
+
+
+def logit_norm_ratios(
     template: nn.Module,
     state_dicts: Sequence[Mapping[str, Tensor]],
     merged_state_dict: Mapping[str, Tensor],
     x: Tensor,
     weights: Sequence[float] | None = None,
-) -> float:
-    r"""How much the merged model's logits shrink relative to the endpoints'.
+) -> LogitNormRatios:
+    r"""How much the merged model's logits shrink, against the logit ensemble and against the
+    clients' own logits (:class:`LogitNormRatios`), from one forward pass per model:
 
-    .. math:: \rho = \frac{\mathrm{mean}_n \|z(x_n; \theta_{\mathrm{merged}})\|}
+    .. math::
+        \rho_{\mathrm{ens}} = \frac{\mathrm{mean}_n \|z(x_n; \theta_{\mathrm{merged}})\|}
+        {\mathrm{mean}_n \|\sum_i w_i z(x_n; \theta_i)\|}, \qquad
+        \rho_{\mathrm{cl}} = \frac{\mathrm{mean}_n \|z(x_n; \theta_{\mathrm{merged}})\|}
         {\sum_i w_i\, \mathrm{mean}_n \|z(x_n; \theta_i)\|}
 
     with :math:`z` the model's output (the logits), :math:`\|\cdot\|` the Euclidean norm per
-    sample and ``weights`` normalised (``None``: uniform, the plain mean over endpoints). For two
-    models at :math:`\lambda = 1/2`, LEWC predicts logits :math:`2^{-L}(z_a + z_b)`, so
-    :math:`\rho \le 2^{1-L}` (equality when the endpoints' logits coincide), with :math:`L`
-    the depth of the classifier. ``nan`` if every endpoint's logits are 0.
+    input and ``weights`` normalised (``None``: uniform). Only the denominators differ: the norm
+    of the clients' mean logits, or the mean of their norms; by the triangle inequality
+    :math:`\rho_{\mathrm{cl}} \le \rho_{\mathrm{ens}}`, equal when the clients' logits point
+    the same way on every input. For two models at :math:`\lambda = 1/2` LEWC predicts logits
+    :math:`2^{-L}(z_a + z_b)`, so :math:`\rho_{\mathrm{ens}} = 2^{1-L}` exactly when it holds
+    (:math:`N^{1-L}` for :math:`N` equally weighted models), with :math:`L` the depth of the
+    classifier. Each is ``nan`` when its denominator is 0.
     """
     w = normalised_weights(weights, len(state_dicts)) if state_dicts else []
     merged, members = _merged_and_members(template, state_dicts, merged_state_dict, x, [""])
-    endpoints = sum(wi * _sample_norms(m[""]).mean() for wi, m in zip(w, members, strict=True))
-    return _ratio(_sample_norms(merged[""]).mean(), endpoints)
+    ensemble = _weighted_sum(w, [m[""] for m in members])
+    clients = sum(wi * _sample_norms(m[""]).mean() for wi, m in zip(w, members, strict=True))
+    return LogitNormRatios(
+        logit_ensemble=_ratio(_sample_norms(merged[""]).mean(), _sample_norms(ensemble).mean()),
+        client_norms=_ratio(_sample_norms(merged[""]).mean(), clients),
+    )
 
 
 def apply_without_bias(module: nn.Module, z: Tensor) -> Tensor:

@@ -44,9 +44,8 @@ from scipy.optimize import brentq
 from torch import Tensor, nn
 
 from fedlmc.capture import forward_capture
+from fedlmc.merging.temperature_bound import T_MAX, T_MIN
 
-T_MIN = 1e-3
-T_MAX = 1e3
 LOG_T_MIN = math.log(T_MIN)
 LOG_T_MAX = math.log(T_MAX)
 MAX_LOG_T_STEP = 2.0
@@ -171,7 +170,10 @@ def fit_temperature(logits: Tensor, labels: Tensor) -> float:
     at most once; the root is found by Brent's method on ``[log T_MIN, log T_MAX]`` in float64
     (to 1e-12 in :math:`u`). If the derivative is already >= 0 at ``T_MIN`` (e.g. all samples
     correct: sharper is always better) ``T_MIN`` is returned, if it is <= 0 at ``T_MAX``, ``T_MAX``;
-    when the NLL does not depend on ``T`` at all (constant logits) the result is 1.
+    when the NLL does not depend on ``T`` at all (constant logits) the result is 1. This
+    numerical step says nothing about a bound (it runs at every point of a path);
+    :func:`fedlmc.merging.post_merge.calibrate` and every caller that reports a temperature do
+    (:mod:`fedlmc.merging.temperature_bound`).
     """
     _check_logits(logits, labels)
     if len(labels) == 0:

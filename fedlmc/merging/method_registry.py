@@ -98,6 +98,7 @@ __all__ = [
     "merge_method",
     "merge_method_names",
     "mixed_width_row",
+    "refuse_calibrated_row",
     "refusal",
     "register_method",
     "resolve_method_entry",
@@ -462,6 +463,19 @@ def check_template_merge(
 def merge_method_names() -> tuple[str, ...]:
     """The registered merge methods, in registration order."""
     return METHODS.names()
+
+
+def refuse_calibrated_row(method: str, where: str, calibrate_with: str) -> None:
+    """``ValueError`` in one line when ``method`` names a ``_t`` row of a registered merge:
+    ``where`` (a function or strategy that returns a merge, never a row's temperature) would
+    give the uncalibrated model under the name of the calibrated one. The line names the merge
+    to ask for and ``calibrate_with``, where its temperature comes from."""
+    base = base_method(method)
+    if base != method and base in METHODS:
+        raise ValueError(
+            f"{where}: {method!r} is a study row, the merge {base!r} with a fitted temperature, "
+            f"and {where} fits none; allowed: {base!r} (then the temperature: {calibrate_with})"
+        )
 
 
 def base_method(method: str) -> str:

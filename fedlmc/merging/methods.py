@@ -16,7 +16,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from fedlmc.merging.merge_job import MergeJob
-from fedlmc.merging.method_registry import MergeMethod, MergeRequest, check_method
+from fedlmc.merging.method_registry import (
+    MergeMethod,
+    MergeRequest,
+    check_method,
+    refuse_calibrated_row,
+)
 from fedlmc.merging.request_facts import model_facts, width_difference
 
 if TYPE_CHECKING:
@@ -28,7 +33,13 @@ if TYPE_CHECKING:
 
     StateDict = dict[str, Tensor]
 
-__all__ = ["merge_states"]
+__all__ = ["CALIBRATE_CALL", "merge_states"]
+
+CALIBRATE_CALL = (
+    "fedlmc.merging.post_merge.calibrate(load_state(template, merged), ServerData(x, y))"
+    ".temperature"
+)
+"""The library's calibration call, which a refusal of a ``_t`` name points to."""
 
 
 @overload
@@ -88,12 +99,17 @@ def merge_states(
 
     ``merged`` is the method's own merge or :math:`\sum_i w_i \pi_i(\theta_i)` (the method's
     ``combine`` rule where it has one), :math:`w_i` the normalised ``weights`` (default:
-    uniform); no BatchNorm re-estimation and no temperature here (the callers add them). A
+    uniform); no BatchNorm re-estimation, no REPAIR and no temperature here (the callers add
+    them: :func:`~fedlmc.merging.post_merge.post_merge`, then :data:`CALIBRATE_CALL`). A
     single client is returned unchanged (a ``mixed_widths`` method embeds it into
     ``template``'s shapes). ``server_data`` (the server's held-out ``(x, y)``), ``seed``,
     ``device``, ``spec`` (default: the template's), ``options`` (e.g. ``auto_tolerance``),
     ``clients`` (a federation's :class:`ClientQueries`) and ``base`` (the clients' common
     starting model, for the task-vector methods) reach the method in its :class:`MergeJob`.
+    A ``_t`` name (a study row: the merge with a fitted temperature) is refused in one line
+    naming the merge and the calibration call (:data:`CALIBRATE_CALL`,
+    :func:`~fedlmc.merging.method_registry.refuse_calibrated_row`): this function fits no
+    temperature, and the model it returns is not the one the row describes.
     ``ValueError``, before any work, when there is no client or the method is unknown, and with
     the method's one refusal (:func:`~fedlmc.merging.method_registry.refusal`, asked once on the
     :class:`MergeRequest` of these arguments) when it does not accept them: clients' state dicts
@@ -109,6 +125,7 @@ def merge_states(
 
     if not states:
         raise ValueError("need at least one client state dict, got none")
+    refuse_calibrated_row(method, "merge_states", CALIBRATE_CALL)
     request = MergeRequest(
         num_clients=len(states),
         fewest_clients=len(states),

@@ -14,7 +14,8 @@ weights :math:`w_i` into merged weights :math:`\bar\theta` and the clients in th
    \sigma_i`).
 3. **Temperature** (:func:`calibrate`): one softmax temperature :math:`T` minimising the NLL
    of :math:`\mathrm{softmax}(f(x; \bar\theta) / T)` on the calibration data; it never changes
-   the accuracy.
+   the accuracy. A :math:`T` at an end of the fit's range is said
+   (:mod:`fedlmc.merging.temperature_bound`).
 
 :func:`post_merge` runs steps 1 and 2 and :func:`calibrate` step 3. The study
 (:func:`fedlmc.study.compare_methods`) and the strategies (:mod:`fedlmc.strategies.one_shot`) both
@@ -241,9 +242,18 @@ def post_merge(
     return PostMerged(model, state, bn_source, repaired)
 
 
-def calibrate(model: nn.Module, statistics: StatisticsSource | None) -> Calibration:
-    """Step 3: the temperature fitted on ``statistics`` (``None``: :math:`T = 1`)."""
+def calibrate(
+    model: nn.Module, statistics: StatisticsSource | None, *, warn: bool = True
+) -> Calibration:
+    """Step 3: the temperature fitted on ``statistics`` (``None``: :math:`T = 1`). A
+    temperature at an end of the fit's range is said in one line, a
+    :class:`~fedlmc.merging.temperature_bound.TemperatureAtBoundWarning` (``warn=False``: not
+    here, for a caller that says it in its own log, as the strategies do)."""
+    from fedlmc.merging.temperature_bound import warn_at_bound
+
     if statistics is None:
         return Calibration(1.0)
     temperature, history = statistics.temperature(model)
+    if warn:
+        warn_at_bound("the merged model", float(temperature))
     return Calibration(float(temperature), tuple(history))

@@ -4,7 +4,7 @@ On the first ``diagnostic_samples`` test inputs (:attr:`StudyContext.diagnostic_
 LEWC's prediction :math:`\sum_i w_i^{\,l} f_l(x; \theta_i)` and LLFC's
 :math:`\sum_i w_i f_l(x; \theta_i)` of each layer of the *combined* weights (before BatchNorm
 re-estimation or REPAIR: ``lewc_measured_on``), at the merge weights and, for two clients, at
-:math:`\lambda = 1/4` (``*_quarter``); the logit norm ratio, dead units and bias shares of the
+:math:`\lambda = 1/4` (``*_quarter``); the logit norm ratios, dead units and bias shares of the
 evaluated merge; reciprocal orthogonality and ReLU additivity of clients 0 and 1 in the merged
 basis; the clients' stable ranks; how far the merge's biases are from the depth-weighted ones
 LEWC needs. Where LEWC's depths are undefined (a residual network: ``lewc_undefined_reason``),
@@ -23,7 +23,7 @@ from fedlmc.analysis.diagnostics import (
     dead_unit_fractions,
     hidden_weight_keys,
     layer_predictions,
-    logit_norm_ratio,
+    logit_norm_ratios,
     reciprocal_orthogonality,
     relu_additivity_error,
     stable_ranks,
@@ -147,10 +147,23 @@ NOT_TEMPLATE_REASON = (
 """``lewc_undefined_reason`` of a merge that is no state dict of the template."""
 
 
+def _logit_norm_columns(
+    template: nn.Module, merged: Merged, x: Tensor, weights: Sequence[float]
+) -> dict[str, float]:
+    """``logit_norm_ratio_logit_ensemble`` (what LEWC predicts) and
+    ``logit_norm_ratio_client_norms`` of the evaluated merge
+    (:func:`fedlmc.analysis.diagnostics.logit_norm_ratios`)."""
+    ratios = logit_norm_ratios(template, merged.aligned, merged.state, x, weights)
+    return {
+        "logit_norm_ratio_logit_ensemble": ratios.logit_ensemble,
+        "logit_norm_ratio_client_norms": ratios.client_norms,
+    }
+
+
 def diagnostic_columns(context: StudyContext, merged: Merged) -> dict[str, Any]:
     """LEWC and LLFC per layer on the combined weights (at the merge weights and, for two
     clients, at lambda = 1/4; LEWC's columns NaN where ``context.lewc_undefined``), the logit
-    norm ratio, dead units and bias shares of the evaluated merge, and reciprocal orthogonality
+    norm ratios, dead units and bias shares of the evaluated merge, and reciprocal orthogonality
     and ReLU additivity of clients 0 and 1 (in the merged basis), all on the context's
     ``diagnostic_x``. For a merge that is no state dict of the template (``builds_model``) only
     the clients' columns (orthogonality, ReLU additivity) and ``lewc_undefined_reason``
@@ -165,7 +178,7 @@ def diagnostic_columns(context: StudyContext, merged: Merged) -> dict[str, Any]:
         **prediction_columns(
             template, merged.aligned, weights, merged.combined, x, names, lewc_undefined=undefined
         ),
-        "logit_norm_ratio": logit_norm_ratio(template, merged.aligned, merged.state, x, weights),
+        **_logit_norm_columns(template, merged, x, weights),
         "dead_unit_fraction_layers": json_list(dead_unit_fractions(merged.model, x, names)),
         "bias_share_layers": json_list(bias_shares(merged.model, x)),
     }

@@ -2,11 +2,10 @@ r"""What a row's numbers say that a reader would otherwise miss: a temperature a
 fit's range, an accuracy no better than guessing.
 
 - ``temperature_at_bound``: the row's temperature :math:`T` is clamped to
-  :math:`[T_{\min}, T_{\max}] = [10^{-3}, 10^{3}]` by the fit
-  (:mod:`fedlmc.merging.calibrate`). At :math:`T_{\min}` (``lower``) the NLL still fell as
-  :math:`T \to 0`: every calibration sample is classified correctly with a margin. At
-  :math:`T_{\max}` (``upper``) the logits carry no usable information and the NLL is least at
-  near-uniform predictions. Either way :math:`T` is the range's end, not a fitted value.
+  :math:`[T_{\min}, T_{\max}] = [10^{-3}, 10^{3}]` by the fit, ``lower`` or ``upper``
+  (:func:`fedlmc.merging.temperature_bound.temperature_bound`; what each end means there): the
+  range's end, not a fitted value. The sentence saying it is the one every path that fits a
+  temperature says (:func:`fedlmc.merging.temperature_bound.bound_line`).
 - ``at_chance``: with :math:`C` classes and :math:`n` test samples, a model that guesses has
   accuracy :math:`p_0 = 1/C` with binomial standard error :math:`\sqrt{p_0 (1 - p_0) / n}`; the
   row is flagged when
@@ -25,21 +24,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fedlmc.merging.calibrate import T_MAX, T_MIN
+from fedlmc.merging.temperature_bound import T_MAX, T_MIN, bound_line, temperature_bound
 
 __all__ = ["chance_threshold", "flag_columns", "flag_lines", "temperature_bound"]
-
-
-def temperature_bound(temperature: float) -> str:
-    """``"lower"``, ``"upper"`` or ``""``: whether ``temperature`` is an end of the fit's range
-    (to float rounding)."""
-    if not (isinstance(temperature, int | float) and math.isfinite(temperature)):
-        return ""
-    if math.isclose(temperature, T_MIN, rel_tol=1e-6):
-        return "lower"
-    if math.isclose(temperature, T_MAX, rel_tol=1e-6):
-        return "upper"
-    return ""
 
 
 def chance_threshold(num_classes: int, test_size: int) -> float:
@@ -65,16 +52,8 @@ def flag_lines(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     lines = []
     for row in rows:
         method, bound = row.get("method", "?"), row.get("temperature_at_bound", "")
-        if bound == "lower":
-            lines.append(
-                f"{method}: the temperature is the fit's lower bound {T_MIN:g}: the merged model "
-                "classifies the calibration data correctly with a margin, so no finite T is best"
-            )
-        elif bound == "upper":
-            lines.append(
-                f"{method}: the temperature is the fit's upper bound {T_MAX:g}: its logits carry "
-                "no usable information about the labels (near-uniform predictions fit best)"
-            )
+        if bound in ("lower", "upper"):  # the row's flag, said in the shared sentence
+            lines.append(bound_line(method, T_MIN if bound == "lower" else T_MAX))
         if row.get("at_chance") == 1:
             lines.append(
                 f"{method}: accuracy {row['accuracy']:.3f} is no better than guessing "

@@ -26,8 +26,12 @@ from torch import Tensor, nn
 from fedlmc.analysis.paths import PathRule
 from fedlmc.averaging import interpolate, normalised_weights
 from fedlmc.evaluation import resolve_device
-from fedlmc.merging.method_registry import base_method, check_template_merge, merge_method
-from fedlmc.merging.methods import merge_states
+from fedlmc.merging.method_registry import (
+    check_template_merge,
+    merge_method,
+    refuse_calibrated_row,
+)
+from fedlmc.merging.methods import CALIBRATE_CALL, merge_states
 from fedlmc.merging.post_merge import PostMerged, ServerData, post_merge
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
@@ -180,7 +184,9 @@ def merge_clients(
     spec: PermutationSpec | None = None,
 ) -> tuple[StateDict, dict[str, Any]]:
     r"""Merged weights for one registered merge method (:mod:`fedlmc.merging.method_registry`; a
-    ``_t`` suffix is accepted and ignored, the temperature does not change the weights).
+    ``_t`` row's name is refused in one line naming its merge and the calibration call,
+    :func:`~fedlmc.merging.method_registry.refuse_calibrated_row`: this function fits no
+    temperature).
 
     Multi-client weight/activation matching aligns every client to client 0 and takes the
     weighted mean :math:`\sum_i w_i \pi_i(\theta_i)`; activation matching correlates activations on
@@ -192,6 +198,7 @@ def merge_clients(
     (client 0 unchanged for the reference-based methods).
     """
     check_template_merge(method, "merge_clients")  # ValueError naming the registered methods
+    refuse_calibrated_row(method, "merge_clients", CALIBRATE_CALL)
     check_states(states)
     context = StudyContext(
         template=template,
@@ -202,9 +209,9 @@ def merge_clients(
         seed=int(seed),
         spec=spec,
     )
-    merged = merge_in_context(context, base_method(method))
+    merged = merge_in_context(context, method)
     info = {
-        "method": base_method(method),
+        "method": method,
         "merge_seconds": merged.seconds,
         "bn_reset": merged.bn_reset,
         "aligned": merged.aligned,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fedlmc.columns import (
@@ -28,7 +28,7 @@ from fedlmc.columns import (
     Column,
     check_unique,
 )
-from fedlmc.merging.method_registry import METHODS, base_method
+from fedlmc.merging.method_registry import METHODS, MergeMethod, base_method
 from fedlmc.merging.server_sees import REFERENCE_SERVER_SEES
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "PREDICTION_KEYS",
     "PREDICTION_MEAN_KEYS",
     "ROUND_COLUMNS",
+    "column_applies",
     "column_table",
     "columns_markdown",
     "curve_json",
@@ -114,6 +115,33 @@ def _declared_by() -> dict[str, list[str]]:
     return by
 
 
+METHOD_SCOPE_RULES: dict[str, tuple[str, Callable[[MergeMethod], bool]]] = {
+    "on_path": (
+        "merge methods whose merge lies on the path between the clients (registered on_path, a "
+        "state dict of the model)",
+        lambda m: m.evaluation.on_path and m.rule.template_shaped,
+    ),
+    "template_shaped": (
+        "merge methods whose merge is a state dict of the model",
+        lambda m: m.rule.template_shaped,
+    ),
+}
+"""Per :data:`fedlmc.column_schema.METHOD_SCOPES` entry: what it covers, and whether a registered
+method is in it (read from the method's registration)."""
+
+
+def column_applies(column: Column) -> str:
+    """Where ``column`` gets a value: its ``applies`` cells and, for a column of some merge
+    methods only (``column.methods``), which, from the registry as it is now: every merge
+    method but those named (with their ``_t`` rows; the user's registered methods included)."""
+    if not column.methods:
+        return column.applies
+    what, keeps = METHOD_SCOPE_RULES[column.methods]
+    left_out = [m.name for m in METHODS if not keeps(m)]
+    but = f" but {', '.join(left_out)} (nor their `_t` rows)" if left_out else ""
+    return f"{column.applies}; {what}: every merge method{but}"
+
+
 def columns_markdown() -> str:
     """The docs' columns table: every column of :func:`column_table`, one row each (a
     method's own columns say which method declares them)."""
@@ -123,7 +151,7 @@ def columns_markdown() -> str:
         "|---|---|---|---|---|",
     ]
     for column in column_table():
-        applies = column.applies
+        applies = column_applies(column)
         if column.name in declared:
             methods = ", ".join(f"`{m}`" for m in declared[column.name])
             plural = "s" if len(declared[column.name]) > 1 else ""

@@ -11,7 +11,8 @@ its ``status`` not ``ok``/``failed``, or when it holds text in a numeric column 
 of :func:`fedlmc.study.rows.column_table` or a numeric run-config key). Bad lines are left out of
 the table with a warning naming the file and the lines; with ``set_aside`` (a sweep about to run)
 they are moved, exactly as they were, to ``results.rejected.csv`` beside it (appended, never
-overwritten) and ``results.csv`` is rewritten without them.
+overwritten) and ``results.csv`` is rewritten without them. A column renamed since the file was
+written (:data:`fedlmc.columns.RENAMED_COLUMNS`) is read under its new name.
 
 A cell is done only when its rows are all there and valid (:func:`finished_cells`): its ``ok``
 rows hold exactly the methods its config reports
@@ -39,6 +40,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedlmc.columns import RENAMED_COLUMNS
 from fedlmc.io import atomic_write_csv
 from fedlmc.simulations.config.config_file import file_kind
 from fedlmc.simulations.config.schema import ConfigError, shown
@@ -139,6 +141,17 @@ def _frame(header: Sequence[str], rows: Sequence[Sequence[str]]) -> pd.DataFrame
         if name not in frame:
             frame[name] = ""
         frame[name] = frame[name].fillna("")
+    return renamed_columns(frame)
+
+
+def renamed_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each old column name of :data:`fedlmc.columns.RENAMED_COLUMNS` read as the
+    column it is now (a file with both, from a sweep resumed after the rename: the new column's
+    missing values taken from the old one's)."""
+    for old, new in RENAMED_COLUMNS.items():
+        if old in frame:
+            values = frame.pop(old)
+            frame[new] = frame[new].fillna(values) if new in frame else values
     return frame
 
 

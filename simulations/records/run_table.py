@@ -81,10 +81,11 @@ def shown_columns(rows, config=None) -> tuple[list[str], list[str]]:
     line per column left out because it has none in any row, saying why: under SecAgg+ the
     server never sees a client's model (the endpoints, the ensemble, the barriers, LEWC need
     them), a DP run evaluates only its released merge; otherwise the column does not apply
-    to the run (the two-client barriers for three clients), naming where it applies."""
-    from fedlmc.study.rows import column_table
+    to the run (the two-client barriers for three clients), naming where it applies (its cells
+    and, from the registry, its merge methods: :func:`fedlmc.study.rows.column_applies`)."""
+    from fedlmc.study.rows import column_applies, column_table
 
-    applies = {c.name: c.applies for c in column_table()}
+    applies = {c.name: column_applies(c) for c in column_table()}
     present = [c for c in SHOWN_COLUMNS if c in rows.columns]
     empty = [c for c in present if rows[c].isna().all()]
     why = None

@@ -482,7 +482,8 @@ def barrier_vs_weight_decay(d: FigureInputs, path: Path) -> Path | None:
     lambda d: has_depth_study(d.rows),
     shows=(
         "when the MLP's depth varies: the plain average's accuracy (clients' mean dashed); the "
-        "merge's fitted T over the logit ensemble's (solid) and the logit norm ratio (dash-dot) "
+        "merge's fitted T over the logit ensemble's (solid) and its logits' norm over the logit "
+        "ensemble's (dash-dot) "
         "against LEWC's prediction (dashed) and its closed form N^(1-L) at equal weights (grey "
         "dotted), log scale; not for a residual network (ResNet, ViT), which has no LEWC depth"
     ),

@@ -9,7 +9,8 @@ against depth.
 - :func:`lewc_scale_vs_depth_figure`: against the MLP's depth (hidden layers; :math:`L` =
   depth + 1 linear layers), left the merged test accuracy (plain average solid, the clients'
   mean dashed), right (log scale) the measured ratio of the merge's fitted temperature to the
-  logit ensemble's (solid) and the logit norm ratio (dash-dot) against LEWC's prediction
+  logit ensemble's (solid) and the merge's logit norm over the logit ensemble's
+  (``logit_norm_ratio_logit_ensemble``, dash-dot) against LEWC's prediction
   :math:`\|\sum_i w_i^L z_i\| / \|\sum_i w_i z_i\|` (dashed) and its closed form at equal
   weights :math:`N \cdot N^{-L} = N^{1-L}` (for two clients
   :math:`\lambda^L + (1 - \lambda)^L` at :math:`\lambda = 1/2`; dotted, grey).
@@ -159,7 +160,11 @@ def lewc_closed_form(depth: int, clients: int) -> float:
     return float(clients) ** (1 - (depth + 1))
 
 
-DEPTH_SCALES = ("temperature_ratio_logit_ensemble", "lewc_temperature_ratio", "logit_norm_ratio")
+DEPTH_SCALES = (
+    "temperature_ratio_logit_ensemble",
+    "lewc_temperature_ratio",
+    "logit_norm_ratio_logit_ensemble",
+)
 """The scale panel's columns (plain average rows): solid, dashed, dash-dot."""
 
 
@@ -211,7 +216,7 @@ def lewc_scale_vs_depth_figure(rows: pd.DataFrame, path: Path, settings: dict[st
         [
             ("-", "fitted T ratio (measured)"),
             ("--", "LEWC: ||sum w^L z|| / ||sum w z||"),
-            ("-.", "logit norm ratio (measured)"),
+            ("-.", "||z_merge|| / ||sum w z|| (measured)"),
             (":", "N^(1-L) (equal weights)"),
         ],
     )

@@ -11,7 +11,8 @@ cell shares: ``method=None``).
   calibrated merge, the clients' mean :math:`T` and the logit ensemble's, the measured ratio
   :math:`T_\text{merge} / T_\text{logit ensemble}` and LEWC's prediction of it,
   :math:`\|\sum_i w_i^L z_i\| / \|\sum_i w_i z_i\|` (:math:`N^{1-L}` at equal weights), and the
-  plain average's logit norm ratio.
+  plain average's logit norm over the logit ensemble's (``logit_norm_ratio_logit_ensemble``,
+  the quantity LEWC predicts).
 - :func:`barrier_table` (the floor): the plain average's loss barriers at
   :math:`\lambda = 1/2` and their maximum over :math:`\lambda`, raw and calibrated, the accuracy
   barrier's maximum and the accuracy merge gap (for two clients of equal weight the merge gaps
@@ -146,7 +147,11 @@ def temperature_columns(rows: pd.DataFrame) -> list[StudyColumn]:
         StudyColumn(
             "average: LEWC's prediction of that ratio", "lewc_temperature_ratio", "average"
         ),
-        StudyColumn("average: logit norm ratio (measured)", "logit_norm_ratio", "average"),
+        StudyColumn(
+            "average: logit norm / the logit ensemble's (measured)",
+            "logit_norm_ratio_logit_ensemble",
+            "average",
+        ),
     ]
 
 

@@ -23,6 +23,7 @@ def test_a_valid_column_keeps_its_fields_and_says_whether_it_holds_text():
         ({"kind": "float"}, "kind = 'float'; allowed: 'number', 'text', 'JSON'"),
         ({"source": "client"}, "source = 'client'; allowed: 'row'"),
         ({"report_table": "nowhere"}, "report_table = 'nowhere'; allowed: ''"),
+        ({"methods": "every"}, "methods = 'every'; allowed: '', 'on_path', 'template_shaped'"),
     ],
 )
 def test_a_bad_field_is_refused_with_its_value_and_what_is_allowed(fields, message):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from fedlmc.merging.calibrate import (
     reset_bn_stats,
     temperature_statistics,
 )
+from fedlmc.merging.temperature_bound import T_MIN, TemperatureAtBoundWarning, bound_line
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
 from fedlmc.strategies import (
@@ -472,3 +474,51 @@ def test_a_deployment_without_server_data_is_warned_that_clients_cannot_be_check
     assert _warnings_of_configure_train(with_data, _NodesGrid(nodes)) == []
     simulated = _NodesGrid(nodes, assigned={5: 0, 6: 1, 7: 2})  # a simulation: not warned
     assert _warnings_of_configure_train(strategy, simulated) == []
+
+
+def _round_log(strategy, replies):
+    """One merge round, its Flower log lines (INFO and above) and its Python warnings."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(level=logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger("flwr")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found = strategy.merge_round(1, replies)
+    finally:
+        logger.removeHandler(handler)
+    return found, [r.getMessage() for r in records], list(caught)
+
+
+def test_a_strategys_temperature_at_the_fits_bound_is_said_in_its_log():
+    """PermutationAlignedAverage on a model and a permuted copy, calibrated on server data whose
+    labels are the model's own predictions: T is the fit's lower bound, and the log says so in
+    one ``fedlmc warning:`` line right after the round's (the sentence ``fedlmc run`` says), not
+    a second time as a Python warning."""
+    template = tiny(0)
+    base = tiny(1).state_dict()
+    spec = permutation_spec(template)
+    permuted = apply_permutation(spec, random_permutations(spec, base, seed=3), base)
+    x = data(64, seed=5)[0]
+    own = predict_logits(load_state(template, base), x).argmax(dim=1)
+    options = StrategyOptions(num_clients=2, calibration="server", server_data=(x, own))
+    aligned = PermutationAlignedAverage(template, options, method="weight_matching")
+    aligned.expect_replies(state_to_record(template.state_dict()), [1, 2])
+    found, lines, caught = _round_log(aligned, [reply(1, base, 0), reply(2, permuted, 1)])
+    assert found.temperature == T_MIN
+    said = [i for i, line in enumerate(lines) if line.startswith("fedlmc warning:")]
+    assert [lines[i] for i in said] == [f"fedlmc warning: {bound_line('weight_matching', T_MIN)}"]
+    assert "temperature 0.0010" in lines[said[0] - 1]  # right after the round's line
+    assert not [w for w in caught if issubclass(w.category, TemperatureAtBoundWarning)]
+    mixed = own.clone()
+    mixed[::3] = data(64, seed=5)[1][::3]  # a third of the labels not the model's: T inside
+    options = StrategyOptions(num_clients=2, calibration="server", server_data=(x, mixed))
+    inside = PermutationAlignedAverage(template, options, method="weight_matching")
+    inside.expect_replies(state_to_record(template.state_dict()), [1, 2])
+    found, lines, _ = _round_log(inside, [reply(1, base, 0), reply(2, permuted, 1)])
+    assert T_MIN < found.temperature < 1.0
+    assert not [line for line in lines if line.startswith("fedlmc warning:")]

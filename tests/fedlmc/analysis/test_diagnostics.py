@@ -14,7 +14,7 @@ from fedlmc.analysis.diagnostics import (
     layer_predictions,
     lewc_cosine,
     linear_layers,
-    logit_norm_ratio,
+    logit_norm_ratios,
     reciprocal_orthogonality,
     relu_additivity_error,
     scaled_error,
@@ -279,28 +279,49 @@ def test_layer_predictions_on_a_chosen_layer_list_and_bad_input():
         layer_predictions(model, [sd, sd], [1.0], sd, _inputs())
 
 
-def test_logit_norm_ratio_measures_logit_shrinkage():
+def test_the_logit_norm_ratios_divide_by_the_mean_logits_norm_and_by_the_mean_of_the_norms():
+    """A hand-computed example: one bias-free linear layer, inputs 1 and 2, client a writes the
+    first logit, client b the second. The logit ensemble's logits are (x/2, x/2), norm
+    x/sqrt(2); the clients' own norms are x. A merge of logits (x/4, x/4) is half the logit
+    ensemble's (what LEWC predicts against) and 1/(2 sqrt 2) of the clients' own norms."""
+    template = torch.nn.Linear(1, 2, bias=False)
+    a = {"weight": torch.tensor([[1.0], [0.0]])}
+    b = {"weight": torch.tensor([[0.0], [1.0]])}
+    merged = {"weight": torch.tensor([[0.25], [0.25]])}
+    x = torch.tensor([[1.0], [2.0]])
+    ratios = logit_norm_ratios(template, [a, b], merged, x)
+    assert ratios.logit_ensemble == pytest.approx(0.5, rel=1e-12)
+    assert ratios.client_norms == pytest.approx(1 / (2 * math.sqrt(2)), rel=1e-12)
+    # weights 3 : 1: the logit ensemble's logits are (3x/4, x/4), norm x sqrt(10)/4
+    weighted = logit_norm_ratios(template, [a, b], merged, x, weights=[3, 1])
+    assert weighted.logit_ensemble == pytest.approx((math.sqrt(2) / 4) / (math.sqrt(10) / 4))
+    assert weighted.client_norms == ratios.client_norms  # both clients' norms are x
+    # the logit ensemble itself as the merge: ratio 1 against it, below 1 against the norms
+    itself = logit_norm_ratios(template, [a, b], average([a, b]), x)
+    assert itself.logit_ensemble == pytest.approx(1.0) and itself.client_norms < 1.0
+
+
+def test_logit_norm_ratios_measure_logit_shrinkage_and_reach_lewcs_prediction_exactly():
     model = _mlp(13)
     sd = model.state_dict()
     x = _inputs()
-    assert logit_norm_ratio(model, [sd, sd], sd, x) == pytest.approx(1.0)
+    assert tuple(logit_norm_ratios(model, [sd, sd], sd, x)) == pytest.approx((1.0, 1.0))
     shrunk = {**sd, "classifier.weight": 0.25 * sd["classifier.weight"]}
-    assert logit_norm_ratio(model, [sd, sd], shrunk, x) == pytest.approx(0.25)
-    assert logit_norm_ratio(model, [sd, shrunk], sd, x, weights=[1, 3]) == pytest.approx(
-        1 / (0.25 + 0.75 * 0.25)
-    )
-    # disjoint pair at lam = 1/2: LEWC holds exactly, logits are (z_a + z_b) / 2^4
+    assert tuple(logit_norm_ratios(model, [sd, sd], shrunk, x)) == pytest.approx((0.25, 0.25))
+    # disjoint pair at lam = 1/2: LEWC holds exactly, the logits are (z_a + z_b) / 2^4, so the
+    # ratio to the logit ensemble is LEWC's 2^(1-4) and the ratio to the clients' norms below it
     template, sds = _disjoint_pair()
     with torch.no_grad():
         z_a, z_b = (load_state(template, s)(x) for s in sds)
+    ratios = logit_norm_ratios(template, sds, average(sds), x)
+    assert ratios.logit_ensemble == pytest.approx(2 ** (1 - 4), rel=1e-6)
     expected = (
         (z_a + z_b).norm(dim=1).mean()
         / 16
         / ((z_a.norm(dim=1).mean() + z_b.norm(dim=1).mean()) / 2)
     )
-    ratio = logit_norm_ratio(template, sds, average(sds), x)
-    assert ratio == pytest.approx(float(expected), rel=1e-5)
-    assert ratio <= 2 ** (1 - 4) + 1e-9
+    assert ratios.client_norms == pytest.approx(float(expected), rel=1e-5)
+    assert ratios.client_norms < ratios.logit_ensemble
 
 
 def test_stable_ranks_per_hidden_layer_in_depth_order():
@@ -357,4 +378,4 @@ def test_trained_mlps_shrink_with_depth_as_lewc_predicts():
         assert to_lewc < abs(math.log(row["norm_ratio"])), row
     ratios = [row["norm_ratio"] for row in rows]
     assert all(b < a for a, b in zip(ratios, ratios[1:], strict=False)) and ratios[-1] < 0.5
-    assert logit_norm_ratio(model, sds, merged, x) < 0.5
+    assert logit_norm_ratios(model, sds, merged, x).logit_ensemble < 0.5

@@ -54,6 +54,46 @@ def test_merge_states_checks_before_any_work():
         merge_states("no_such_method", template, [sd, sd])
 
 
+CALIBRATED_ROW = (
+    r"^{where}: 'weight_matching_t' is a study row, the merge 'weight_matching' with a fitted "
+    r"temperature, and {where} fits none; allowed: 'weight_matching' \(then the temperature: "
+    r"{call}\)$"
+)
+
+
+def test_a_calibrated_rows_name_is_refused_by_every_entry_that_returns_a_merge():
+    """``weight_matching_t`` is a study row (the merge evaluated with a fitted T); the library's
+    merge entries return the merge alone, so they refuse the name in one line pointing to the
+    merge and to where its temperature comes from, before any work (no server data given)."""
+    import re
+
+    from fedlmc.data.splits import DataSplits
+    from fedlmc.merging.methods import CALIBRATE_CALL
+    from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
+    from fedlmc.study.merge import merge_clients
+
+    template = tiny_mlp(0)
+    sd = template.state_dict()
+    expected = CALIBRATED_ROW.format(where="merge_states", call=re.escape(CALIBRATE_CALL))
+    with pytest.raises(ValueError, match=expected):
+        merge_states("weight_matching_t", template, [sd, sd])
+    x, y = torch.zeros(4, 1, 4, 4), torch.zeros(4, dtype=torch.long)
+    splits = DataSplits("none", (x, y), (x, y), (x, y), 10, (1, 4, 4))
+    expected = CALIBRATED_ROW.format(where="merge_clients", call=re.escape(CALIBRATE_CALL))
+    with pytest.raises(ValueError, match=expected):
+        merge_clients("weight_matching_t", template, [sd, sd], None, splits)
+    where = re.escape("PermutationAlignedAverage(method='weight_matching_t')")
+    call = re.escape("StrategyOptions(calibration='server' or 'federated')")
+    with pytest.raises(ValueError, match=CALIBRATED_ROW.format(where=where, call=call)):
+        PermutationAlignedAverage(
+            template,
+            StrategyOptions(num_clients=2, calibration="server"),
+            method="weight_matching_t",
+        )
+    with pytest.raises(ValueError, match="unknown merge method|allowed"):
+        merge_states("no_such_method_t", template, [sd, sd])  # not a row: unknown, as before
+
+
 def test_every_built_in_method_is_registered_before_the_first_merge():
     registered = {entry.align for entry in METHODS}
     built_in = {

@@ -3,6 +3,7 @@ way, and its guards (BatchNorm, REPAIR, missing data) hold."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -24,6 +25,12 @@ from fedlmc.merging.post_merge import (
     repairs,
 )
 from fedlmc.merging.repair import repair
+from fedlmc.merging.temperature_bound import (
+    T_MAX,
+    T_MIN,
+    TemperatureAtBoundWarning,
+    bound_line,
+)
 from fedlmc.strategies import OneShotAverage, PermutationAlignedAverage, StrategyOptions
 from fedlmc.strategies.protocol import state_to_record
 from fedlmc.strategies.queries import ClientRounds
@@ -200,7 +207,8 @@ def test_a_batchnorm_merge_without_data_keeps_its_statistics_and_says_so():
 def test_calibrate_fits_on_the_source_and_is_one_without_it():
     model = tiny(3)
     x, y = data(96, 1)
-    found = calibrate(model, ServerData(x, y))
+    with pytest.warns(TemperatureAtBoundWarning):  # an untrained model, random labels: T_MAX
+        found = calibrate(model, ServerData(x, y))
     assert found.temperature == fit_temperature(predict_logits(model, x), y)
     assert found.temperature != 1.0 and found.history == ()
     assert calibrate(model, None).temperature == 1.0
@@ -236,3 +244,31 @@ def test_in_memory_clients_are_a_statistics_source_equal_to_their_union():
     model = on_clients.model
     expected = fit_temperature(predict_logits(model, x), y)
     assert calibrate(model, clients).temperature == pytest.approx(expected, rel=1e-9)
+
+
+def _warnings_of(call) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [w for w in caught if issubclass(w.category, TemperatureAtBoundWarning)]
+
+
+def test_calibrate_says_a_temperature_at_the_fits_bound_in_one_line():
+    """The library's calibration call: a T at the fit's lower bound (labels the model's own
+    predictions: every sample right with a margin) or at its upper bound (an untrained model on
+    random labels) is a one-line warning, the sentence the study's rows say; a fitted T inside
+    the range is not, nor ``warn=False``."""
+    model = tiny(3)
+    x, random_labels = data(96, 1)
+    own = predict_logits(model, x).argmax(dim=1)
+    (caught,) = _warnings_of(lambda: calibrate(model, ServerData(x, own)))
+    assert str(caught.message) == bound_line("the merged model", T_MIN)
+    assert "lower bound 0.001" in str(caught.message) and "\n" not in str(caught.message)
+    (caught,) = _warnings_of(lambda: calibrate(model, ServerData(x, random_labels)))
+    assert str(caught.message) == bound_line("the merged model", T_MAX)
+    assert calibrate(model, ServerData(x, own), warn=False).temperature == T_MIN
+    assert _warnings_of(lambda: calibrate(model, ServerData(x, own), warn=False)) == []
+    mixed = own.clone()
+    mixed[::3] = random_labels[::3]  # a third of the labels not the model's: a finite best T
+    assert T_MIN < calibrate(model, ServerData(x, mixed)).temperature < T_MAX
+    assert _warnings_of(lambda: calibrate(model, ServerData(x, mixed))) == []

@@ -52,7 +52,8 @@ DIAGNOSTICS = (
     "lewc_error_mean",
     "llfc_scaled_error_mean",
     "llfc_cos_mean",
-    "logit_norm_ratio",
+    "logit_norm_ratio_logit_ensemble",
+    "logit_norm_ratio_client_norms",
     "recip_orth_mean",
     "relu_additivity_mean",
 )
@@ -167,8 +168,8 @@ def test_every_method_gives_one_complete_row(two_client_rows, template):
             assert row["nll_calibrated"] <= row["nll_raw"] + 1e-9
             continue
         if not merge_method(row["method"]).rule.template_shaped:  # preserve_first: another model
-            assert all(math.isnan(row[c]) for c in BARRIERS + QUARTER + DIAGNOSTICS[:5])
-            assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS[5:]), row
+            assert all(math.isnan(row[c]) for c in BARRIERS + QUARTER + DIAGNOSTICS[:6])
+            assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS[6:]), row
             assert row["lewc_undefined_reason"] and row["merged_parameters_ratio"] > 1
             continue
         if not merge_method(
@@ -278,6 +279,35 @@ def test_ensemble_of_identical_clients_equals_the_endpoint(template, clients, sp
         assert row["nll_raw"] == pytest.approx(endpoint["nll"], abs=1e-6)
         assert row["ensemble_acc"] == endpoint["accuracy"]
     assert abs(rows[1]["loss_barrier_half"]) < 1e-6
+
+
+def test_a_column_of_some_merge_methods_has_a_value_exactly_where_the_registry_says(
+    two_client_rows,
+):
+    """The method scope a column declares (``Column.methods``) is what the study does: with two
+    clients and diagnostics, each merge row has a value in such a column exactly when the
+    registry puts its method in the scope (:data:`fedlmc.study.rows.METHOD_SCOPE_RULES`, the
+    text ``fedlmc run`` and the docs derive from it); median has no barrier, average has one."""
+    from fedlmc.study.rows import METHOD_SCOPE_RULES, column_table
+
+    scoped = [
+        c
+        for c in column_table()
+        if c.methods and "three" not in c.applies and not c.name.startswith("lewc_")
+    ]  # the columns of two-client cells (LEWC's own: where it is defined, another condition)
+    names = {c.name for c in scoped}
+    assert {"loss_barrier_half", "curve", "temperature_path", "llfc_cos_mean"} <= names
+    seen = set()
+    for row in two_client_rows:
+        if row["method"] in REFERENCE_METHODS:
+            continue
+        entry = merge_method(row["method"])
+        for column in scoped:
+            value = row[column.name]
+            filled = value != "" if column.is_string else not math.isnan(value)
+            assert filled == METHOD_SCOPE_RULES[column.methods][1](entry), (row["method"], column)
+        seen.add((row["method"], finite(row["loss_barrier_half"])))
+    assert {("median", False), ("median_t", False), ("average", True)} <= seen
 
 
 def test_half_barrier_is_the_signed_excess_of_the_midpoint_over_the_chord(two_client_rows):
@@ -424,7 +454,7 @@ def test_fast_mode_skips_diagnostics_and_is_deterministic(template, clients, spl
 
 
 def test_merge_clients_matches_the_weighted_average(template, clients, splits):
-    merged, _ = merge_clients("average_t", template, clients[:2], [1, 3], splits)
+    merged, _ = merge_clients("average", template, clients[:2], [1, 3], splits)
     expected = average(clients[:2], [1, 3])
     assert all(torch.equal(merged[k], expected[k]) for k in expected)
 

@@ -52,7 +52,8 @@ def test_identical_clients_make_llfc_exact_and_lewc_a_scaled_copy(twins):
     assert columns["llfc_cos_mean"] == pytest.approx(1.0)
     assert columns["lewc_cos_mean"] == pytest.approx(1.0)  # the same direction ...
     assert columns["lewc_temperature_ratio"] == pytest.approx(2 * 0.5**depth)  # ... scaled
-    assert columns["logit_norm_ratio"] == pytest.approx(1.0)
+    assert columns["logit_norm_ratio_logit_ensemble"] == pytest.approx(1.0)
+    assert columns["logit_norm_ratio_client_norms"] == pytest.approx(1.0)
     assert json.loads(columns["norm_ratio_layers"]) == pytest.approx([1.0] * depth)
     assert columns["relu_additivity_mean"] == pytest.approx(0.0, abs=1e-7)
     assert columns["lewc_undefined_reason"] == ""

@@ -30,7 +30,7 @@ def test_merge_in_context_is_the_weighted_average_and_merge_clients_agrees():
     merged = merge_in_context(context, "average")
     for key, value in merged.state.items():
         assert torch.allclose(value, 0.75 * states[0][key] + 0.25 * states[1][key]), key
-    state, info = merge_clients("average_t", template, states, [3, 1], splits)
+    state, info = merge_clients("average", template, states, [3, 1], splits)
     assert info["method"] == "average" and info["bn_reset"] is False
     for key in state:
         assert torch.equal(state[key], merged.state[key]), key

@@ -23,7 +23,7 @@ SHAPE = (1, 4, 4)
 METHODS = ["average", "preserve_first", "preserve_first_t", "ensemble"]
 PATHS = ("loss_barrier_half", "loss_barrier_max_calibrated", "accuracy_barrier_half")
 CLIENT_PATHS = ("client_to_merge_path_loss_barrier_half_mean",)
-LEWC = ("lewc_error_mean", "llfc_cos_mean", "logit_norm_ratio")
+LEWC = ("lewc_error_mean", "llfc_cos_mean", "logit_norm_ratio_logit_ensemble")
 
 
 def mlp(seed: int) -> torch.nn.Module:

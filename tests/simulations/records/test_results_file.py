@@ -331,3 +331,21 @@ def test_another_sweeps_rows_are_set_aside_and_counted(tmp_path, capsys, undamag
     rejected = (out / REJECTED).read_text(encoding="utf-8").splitlines()
     assert len(rejected) == 1 + 8 and sorted(rejected[1:]) == sorted(x for x in foreign if x)
     pd.testing.assert_frame_equal(by_cell(read_results(out)), expected)
+
+
+def test_a_renamed_column_is_read_under_its_new_name(tmp_path):
+    """Results written before the rename hold ``logit_norm_ratio`` (the merge over the clients'
+    mean logit norm): read back it is ``logit_norm_ratio_client_norms``, never a column that
+    could be taken for the ratio LEWC predicts; a file holding both (a sweep resumed after the
+    rename) keeps the new values and takes the old ones where the new are missing."""
+    header = "cell_id,status,error,method,logit_norm_ratio"
+    (tmp_path / "results.csv").write_text(f"{header}\n{'a' * 12},ok,,average,0.11\n")
+    frame = read_results(tmp_path, check_cells=False)
+    assert "logit_norm_ratio" not in frame
+    assert frame["logit_norm_ratio_client_norms"].tolist() == [0.11]
+    header += ",logit_norm_ratio_client_norms,logit_norm_ratio_logit_ensemble"
+    rows = [f"{'a' * 12},ok,,average,0.11,,", f"{'b' * 12},ok,,average,,0.2,0.21"]
+    (tmp_path / "results.csv").write_text("\n".join([header, *rows]) + "\n")
+    frame = read_results(tmp_path, check_cells=False)
+    assert frame["logit_norm_ratio_client_norms"].tolist() == [0.11, 0.2]
+    assert "logit_norm_ratio" not in frame

@@ -57,3 +57,35 @@ def test_a_secure_run_and_rows_a_reader_should_not_take_at_face_value_are_said(c
         "warning: average_t: accuracy 0.082 is no better than guessing (within two standard "
         "errors of 1 / the number of classes)",
     ]
+
+
+def test_a_barrier_left_out_names_the_merge_methods_it_applies_to_from_the_registry():
+    """Two clients give NaN barriers to median and regmean_t (no path reaches their merge):
+    the note says where the column applies as the registry knows it, not "every merge method";
+    a method registered later with ``on_path = False`` joins the methods it names."""
+    from fedlmc.merging.merge_job import Alignment
+    from fedlmc.merging.method_registry import METHODS, register_method
+
+    rows = pd.DataFrame(
+        {"method": ["median", "regmean_t"], "accuracy": [0.9, 0.9], "loss_barrier_half": [None] * 2}
+    )
+    _, (line,) = shown_columns(rows, {"secure-aggregation": "off"})
+    cells, _, methods = line.partition("; merge methods whose merge lies on the path")
+    assert cells == (
+        "not shown: loss_barrier_half (no value in any row; applies to: two-client cells, "
+        "diagnostics on"
+    )
+    left_out = methods.partition("every merge method but ")[2].partition(" (nor")[0].split(", ")
+    assert {"median", "regmean", "random_direction", "preserve_first"} <= set(left_out)
+    assert not {"average", "weight_matching", "merge_many", "ot_fusion"} & set(left_out)
+    assert "every merge method)" not in line and "nor their `_t` rows" in line
+
+    @register_method("s53_off_path", description="a control off the path", on_path=False)
+    def off_path(job) -> Alignment:
+        return Alignment(list(job.states))
+
+    try:
+        _, (line,) = shown_columns(rows, {"secure-aggregation": "off"})
+        assert "s53_off_path" in line.partition("every merge method but ")[2]
+    finally:
+        METHODS.remove("s53_off_path")

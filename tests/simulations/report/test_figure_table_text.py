@@ -95,7 +95,7 @@ def study_rows() -> pd.DataFrame:
     """The weight-decay and depth studies' rows (test_study_figures' tables)."""
     deep = pd.concat([rows_of(depth=1), rows_of(depth=4)], ignore_index=True)
     deep = deep.assign(cell_id=deep["cell_id"] + "-" + deep["depth"].astype(str))
-    return deep.assign(accuracy=0.9, endpoint_acc_mean=0.95, logit_norm_ratio=0.2)
+    return deep.assign(accuracy=0.9, endpoint_acc_mean=0.95, logit_norm_ratio_logit_ensemble=0.2)
 
 
 def n_client_rows() -> pd.DataFrame:

@@ -64,7 +64,7 @@ def test_depth_figure_only_when_the_depth_varies(tmp_path):
     both = both.assign(cell_id=both["cell_id"] + "-" + both["depth"].astype(str))
     both["accuracy"] = 0.9
     both["endpoint_acc_mean"] = 0.95
-    both["logit_norm_ratio"] = 0.2
+    both["logit_norm_ratio_logit_ensemble"] = 0.2
     assert has_depth_study(both)
     assert drawn(both, tmp_path) == {"lewc_scale_vs_depth"}
     residual = both.assign(lewc_temperature_ratio=float("nan"))  # a ViT's blocks: no LEWC depth
