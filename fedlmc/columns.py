@@ -39,6 +39,7 @@ from fedlmc.columns_mechanism import (
     prediction_mean_family,
 )
 from fedlmc.columns_metrics import (
+    ENSEMBLE_ACCURACIES,
     endpoint_family,
     ensemble_family,
     merge_gap_family,
@@ -216,7 +217,8 @@ COMMON_COLUMNS: tuple[Column, ...] = (
         "the evaluated model",
         "every row",
         "a merge method `m` (temperature 1), `m_t` (the same merge with the server-fitted "
-        "temperature), a reference ensemble (`ensemble`, `logit_ensemble`) or `fedavg`",
+        "temperature), a reference ensemble (`ensemble`, `ensemble_equal`, `ensemble_calibrated`, "
+        "`logit_ensemble`: `fedlmc methods` says each) or `fedavg`",
         kind="text",
     ),
     Column("num_clients", "clients merged", "every row", "the clients whose models the row uses"),
@@ -233,9 +235,9 @@ COMMON_COLUMNS: tuple[Column, ...] = (
         kind="text",
     ),
     *endpoint_family(),
-    *ensemble_family()[:3],
+    *ensemble_family()[:ENSEMBLE_ACCURACIES],
     *metric_family(),
-    *ensemble_family()[3:],
+    *ensemble_family()[ENSEMBLE_ACCURACIES:],
     *temperature_family(),
     *merge_gap_family(),
     *barrier_family(),

@@ -43,13 +43,13 @@ def metric_family() -> tuple[Column, ...]:
             "nll",
             "test NLL at the row's temperature",
             every,
-            "`nll_raw` for raw rows, `nll_calibrated` for `_t` rows",
+            "`nll_raw` for raw rows, `nll_calibrated` for `_t` rows and `ensemble_calibrated`",
         ),
         Column(
             "ece",
             "test ECE at the row's temperature",
             every,
-            "`ece_raw` for raw rows, `ece_calibrated` for `_t` rows",
+            "`ece_raw` for raw rows, `ece_calibrated` for `_t` rows and `ensemble_calibrated`",
         ),
         Column(
             "temperature",
@@ -57,7 +57,8 @@ def metric_family() -> tuple[Column, ...]:
             every,
             "1 for raw rows; for `_t` rows the temperature `T` fitted on the server split "
             "(`p(y|x) = softmax(f(x) / T)`; `T` never changes the accuracy); a strategy's "
-            "`_t` row: its `calibration`'s `T` (`lewc`: predicted, `sum_i w_i^L`)",
+            "`_t` row: its `calibration`'s `T` (`lewc`: predicted, `sum_i w_i^L`); NaN for "
+            "`ensemble_calibrated` (each member at its own `T_i`)",
         ),
         Column(
             "temperature_at_bound",
@@ -85,13 +86,15 @@ def metric_family() -> tuple[Column, ...]:
             "nll_calibrated",
             "test NLL at the server-fitted T",
             every,
-            "filled for raw and `_t` rows",
+            "filled for raw and `_t` rows; for `ensemble_calibrated` each member at its own "
+            "server-fitted `T_i`",
         ),
         Column(
             "ece_calibrated",
             "test ECE at the server-fitted T",
             every,
-            "filled for raw and `_t` rows",
+            "filled for raw and `_t` rows; for `ensemble_calibrated` each member at its own "
+            "server-fitted `T_i`",
         ),
         Column(
             "merged_parameters_ratio",
@@ -100,8 +103,8 @@ def metric_family() -> tuple[Column, ...]:
             "1 for every merge that is a state dict of the template; `1 + (N - 1) P_early / P` "
             "for `preserve_first` and `weight_matching_preserve_first` (`P_early`: the "
             "parameters of the first `k + 1` = 2 layers, whose outputs every client computes; "
-            "`P`: the model's); `N` for `ensemble` and `logit_ensemble` (every client's model "
-            "runs)",
+            "`P`: the model's); `N` for the reference ensembles (`ensemble`, `ensemble_equal`, "
+            "`ensemble_calibrated`, `logit_ensemble`: every client's model runs)",
         ),
     )
 
@@ -174,7 +177,7 @@ def merge_gap_family() -> tuple[Column, ...]:
         Column(
             "merge_gap_loss_calibrated",
             "Merge gap, loss, each model with its fitted temperature",
-            "merge rows and `logit_ensemble`, any number of clients",
+            "merge rows, `logit_ensemble` and `ensemble_calibrated`, any number of clients",
             "`nll_calibrated` minus the mean of the clients' calibrated NLLs (each model with "
             "its own server-fitted temperature)",
             report_table="merge gap",
@@ -182,22 +185,40 @@ def merge_gap_family() -> tuple[Column, ...]:
     )
 
 
+ENSEMBLE_ACCURACIES = 5
+"""The first columns of :func:`ensemble_family`: the reference ensembles' accuracy and NLL
+(``results.csv`` puts them before the row's own metrics, the agreements after)."""
+
+
 def ensemble_family() -> tuple[Column, ...]:
-    """The two reference ensembles and the row's agreement with them."""
+    """The reference ensembles and the row's agreement with the probability and logit ones."""
     every = "every row (the same value on every row of a cell)"
     agreement = "the fraction of test inputs on which the row's model predicts the same class as "
     return (
         Column(
             "ensemble_acc",
-            "test accuracy of the probability ensemble",
+            "test accuracy of the sample-count-weighted probability ensemble",
             every,
-            "`sum_i w_i softmax(z_i)` (row `ensemble`; N forward passes)",
+            "`sum_i w_i softmax(z_i)` at T = 1 (row `ensemble`; N forward passes)",
         ),
         Column(
             "ensemble_nll",
-            "test NLL of the probability ensemble",
+            "test NLL of the sample-count-weighted probability ensemble",
             every,
-            "`sum_i w_i softmax(z_i)` (row `ensemble`)",
+            "`sum_i w_i softmax(z_i)` at T = 1 (row `ensemble`)",
+        ),
+        Column(
+            "ensemble_equal_acc",
+            "test accuracy of the equal-weight probability ensemble",
+            every,
+            "`(1/N) sum_i softmax(z_i)` at T = 1 (row `ensemble_equal`)",
+        ),
+        Column(
+            "ensemble_calibrated_acc",
+            "test accuracy of the per-member calibrated probability ensemble",
+            every,
+            "`sum_i w_i softmax(z_i / T_i)`, `T_i` client `i`'s own temperature fitted on the "
+            "server split (row `ensemble_calibrated`)",
         ),
         Column(
             "logit_ensemble_acc",

@@ -6,6 +6,8 @@ rescales logits as ``softmax(z / T)``; it changes NLL and calibration, never the
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -110,8 +112,14 @@ def evaluate(
     )
 
 
-def ensemble_probs(logits: list[Tensor], weights: list[float] | None = None) -> Tensor:
-    r"""Weighted mean of the members' softmax outputs, :math:`\sum_i w_i \mathrm{softmax}(z_i)`."""
+def ensemble_probs(
+    logits: list[Tensor],
+    weights: list[float] | None = None,
+    temperatures: list[float] | None = None,
+) -> Tensor:
+    r"""Weighted mean of the members' softmax outputs, each at its own temperature:
+    :math:`\sum_i w_i \, \mathrm{softmax}(z_i / T_i)`, the weights normalised to sum to 1
+    (default :math:`w_i = 1/N`, the equal-weight ensemble), :math:`T_i = 1` by default."""
     if not logits:
         raise ValueError("ensemble_probs needs at least one member, got none")
     w = torch.full((len(logits),), 1.0 / len(logits), dtype=torch.float64)
@@ -123,4 +131,12 @@ def ensemble_probs(logits: list[Tensor], weights: list[float] | None = None) -> 
                 f"positive sum, got {list(weights)}"
             )
         w = w / w.sum()
-    return sum(wi * F.softmax(z.double(), dim=1) for wi, z in zip(w, logits, strict=True))
+    t = [1.0] * len(logits) if temperatures is None else [float(v) for v in temperatures]
+    if len(t) != len(logits) or not all(math.isfinite(v) and v > 0 for v in t):
+        raise ValueError(
+            f"ensemble temperatures must be {len(logits)} members' finite positive numbers, "
+            f"got {list(temperatures or [])}"
+        )
+    return sum(
+        wi * F.softmax(z.double() / ti, dim=1) for wi, ti, z in zip(w, t, logits, strict=True)
+    )

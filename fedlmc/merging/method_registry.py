@@ -41,7 +41,7 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   summed holder masks) and ``secure_note`` (what a ``sum`` rule without them would need).
 
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
-row ``m`` and a row ``m_t`` with a fitted temperature, plus the ``ensemble`` reference), the
+row ``m`` and a row ``m_t`` with a fitted temperature, plus the reference ensembles), the
 strategies (``PermutationAlignedAverage(method=...)``), the run-config schema, ``fedlmc
 methods`` and the docs' methods table. :func:`fedlmc.merging.methods.merge_states` is the one
 function the study and the strategies call, with a :class:`~fedlmc.merging.merge_job.MergeJob`.
@@ -82,6 +82,7 @@ __all__ = [
     "CALIBRATED_SUFFIX",
     "METHODS",
     "MinClients",
+    "REFERENCE_DATA",
     "REFERENCE_METHODS",
     "Evaluation",
     "MergeMethod",
@@ -108,9 +109,22 @@ __all__ = [
 
 CALIBRATED_SUFFIX = "_t"
 REFERENCE_METHODS = {
-    "ensemble": "mean of the clients' softmax outputs (N forward passes)",
-    "logit_ensemble": "softmax of the weighted mean of the clients' logits (N forward passes)",
+    "ensemble": "sample-count-weighted mean of the clients' softmax outputs at T = 1, "
+    "sum_i w_i softmax(z_i) (N forward passes)",
+    "ensemble_equal": "equal-weight mean of the clients' softmax outputs at T = 1, "
+    "(1/N) sum_i softmax(z_i) (N forward passes)",
+    "ensemble_calibrated": "sample-count-weighted mean of the clients' softmax outputs, each at "
+    "its own temperature T_i fitted on the server split, sum_i w_i softmax(z_i / T_i) "
+    "(N forward passes)",
+    "logit_ensemble": "softmax of the sample-count-weighted mean of the clients' logits, "
+    "softmax(sum_i w_i z_i) (N forward passes)",
 }
+"""The reference rows, which are not merges (every client's model runs): name -> what the row
+is (``fedlmc methods``, the docs' methods table). The three probability ensembles differ in one
+factor each: ``ensemble_equal`` from ``ensemble`` in the weights, ``ensemble_calibrated`` in the
+members' temperatures; a merge is "above the ensembles" only above the best of them."""
+REFERENCE_DATA = {"ensemble_calibrated": "server split (each client's own T)"}
+"""The data a reference row needs (the methods table's data column; ``none`` if not here)."""
 Combine = Callable[["PermutationSpec | None", Sequence["StateDict"], Sequence[float]], "StateDict"]
 MinClients = Callable[[Mapping[str, Any]], tuple[int, str]]
 """``min_clients(options) -> (count, why)``: the fewest clients at the method options, and
@@ -503,7 +517,7 @@ def mixed_width_row(method: str) -> str | None:
 def study_methods(federated: bool = False) -> tuple[str, ...]:
     """Every row a study can report: each merge method raw and with ``_t`` (but those that need
     the clients, unless ``federated``: a study given a federation's clients, the ``compare``
-    strategy's), then ``ensemble``."""
+    strategy's), then the reference rows (:data:`REFERENCE_METHODS`)."""
     names = [
         n
         for m in merge_method_names()

@@ -48,6 +48,8 @@ SERVER_SEES: dict[str, str] = {
 DEFAULT_SERVER_SEES = "each model"
 REFERENCE_SERVER_SEES: dict[str, str] = {
     "ensemble": "each model",
+    "ensemble_equal": "each model",
+    "ensemble_calibrated": "each model",
     "logit_ensemble": "each model",
     "fedavg": SECURE_SUM,
 }

@@ -15,8 +15,12 @@ registered in :mod:`fedlmc.merging.method_registry`; the built-in ones:
 - ``random_permutation``: the scrambled control, every client but the first randomly permuted.
 - ``<method>_t``: the same merged model with one softmax temperature fitted on the server split,
   :math:`p(y|x) = \mathrm{softmax}(f(x; \bar\theta) / T)`; :math:`T` never changes the accuracy.
-- ``ensemble``: :math:`p(y|x) = \sum_i w_i \, \mathrm{softmax}(f(x; \theta_i))`, the N-forward-pass
-  reference a single merged model tries to reach.
+- the reference ensembles, N forward passes each, which a single merged model tries to reach
+  (:mod:`fedlmc.study.baseline`): ``ensemble``,
+  :math:`p(y|x) = \sum_i w_i \, \mathrm{softmax}(f(x; \theta_i))`; ``ensemble_equal``, the
+  same with :math:`w_i = 1/N`; ``ensemble_calibrated``, each member at its own server-fitted
+  :math:`T_i`, :math:`\sum_i w_i \, \mathrm{softmax}(f(x; \theta_i) / T_i)`; and
+  ``logit_ensemble``, :math:`\mathrm{softmax}(\sum_i w_i f(x; \theta_i))`.
 
 The *server split* (``splits.server``) is held out of the clients' pool and never given to any
 client: it is the server's own small data set, used to fit temperatures, to provide the inputs of

@@ -195,7 +195,8 @@ def declared_keys() -> dict[str, Key]:
         ),
         "methods": Key(
             str,
-            "average,average_t,weight_matching,weight_matching_t,ensemble",
+            "average,average_t,weight_matching,weight_matching_t,ensemble,ensemble_equal,"
+            "ensemble_calibrated",
             "rows evaluated by the compare strategy (comma-separated); left at the default, "
             "clients of different widths get its mixed-width counterparts (embed_average, ...)",
             _methods,

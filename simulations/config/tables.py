@@ -12,6 +12,7 @@ from typing import Any
 from fedlmc.merging.method_registry import (
     CALIBRATED_SUFFIX,
     METHODS,
+    REFERENCE_DATA,
     REFERENCE_METHODS,
     MergeMethod,
 )
@@ -74,7 +75,7 @@ def methods_table() -> str:
         for m in METHODS
     ]
     rows += [
-        [f"`{name}`", "none", "yes", "-", "-", text, server_sees_of(name)]
+        [f"`{name}`", REFERENCE_DATA.get(name, "none"), "yes", "-", "-", text, server_sees_of(name)]
         for name, text in REFERENCE_METHODS.items()
     ]
     rows.append(

@@ -240,8 +240,9 @@ def width_labels(pairs: Sequence[tuple[float, str]]) -> list[str]:
 
 
 def reference_table(rows: pd.DataFrame, kind: str = "none") -> pd.DataFrame:
-    """Endpoint accuracy (mean/min/max over the clients) and ensemble accuracy per width,
-    averaged over seeds: numbers for ``kind = "none"``, else :func:`mean_spread_text` cells."""
+    """Endpoint accuracy (mean/min/max over the clients) and the reference ensembles' accuracy
+    (sample-count-weighted, equal-weight, per-member calibrated, logit) per width, averaged
+    over seeds: numbers for ``kind = "none"``, else :func:`mean_spread_text` cells."""
     cells = rows.drop_duplicates("cell_id")
     columns = [
         c
@@ -250,6 +251,8 @@ def reference_table(rows: pd.DataFrame, kind: str = "none") -> pd.DataFrame:
             "endpoint_acc_min",
             "endpoint_acc_max",
             "ensemble_acc",
+            "ensemble_equal_acc",
+            "ensemble_calibrated_acc",
             "logit_ensemble_acc",
         )
         if has_values(cells, c)

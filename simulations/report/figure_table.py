@@ -192,7 +192,8 @@ def _calibrated_methods(rows: pd.DataFrame) -> list[str]:
     shows=(
         "merged test accuracy per method vs width (log2 axis), mean over seeds with error bars "
         "(std or sem, `[report] error-bars`); dashed: the mean endpoint (client model) accuracy"
-        " and the ensemble's; `X_t` methods drawn only without `X` (temperature never changes "
+        " and the sample-count-weighted ensemble's; `X_t` methods drawn only without `X` "
+        "(temperature never changes "
         "the argmax)"
     ),
 )
@@ -213,7 +214,8 @@ def accuracy_vs_width(d: FigureInputs, path: Path) -> Path | None:
     "accuracy_by_method",
     lambda d: has_field_methods(d.rows),
     shows="merged accuracy per merge method, one panel per setting (width, clients, init, "
-    "partition), SecAgg+ rows beside the clear ones, ensemble and clients' mean as lines "
+    "partition), SecAgg+ rows beside the clear ones, the best reference ensemble and the "
+    "clients' mean as lines "
     "(when two of the field's methods ran: Fisher, RegMean, TA, TIES, DARE, OT fusion)",
 )
 def accuracy_by_method(d: FigureInputs, path: Path) -> Path | None:

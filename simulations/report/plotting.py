@@ -336,7 +336,7 @@ def draw_references(ax, rows: pd.DataFrame, x: str, kind: str) -> None:
     per_cell = rows.drop_duplicates("cell_id") if "cell_id" in rows else rows
     for column, label, colour in (
         ("endpoint_acc_mean", "endpoints (mean)", "black"),
-        ("ensemble_acc", "ensemble", "grey"),
+        ("ensemble_acc", "ensemble (sample-weighted)", "grey"),
         ("logit_ensemble_acc", "logit ensemble", "tab:brown"),
     ):
         if has_values(per_cell, column):

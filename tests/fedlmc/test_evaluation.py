@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -93,6 +95,32 @@ def test_ensemble_probs_rejects_empty_and_bad_weights():
         ensemble_probs(members, weights=[2.0, -1.0])
     with pytest.raises(ValueError, match="2 members"):
         ensemble_probs(members, weights=[1.0])
+
+
+def test_ensemble_probs_on_two_members_with_exact_values():
+    """Member 1 gives (3/4, 1/4), member 2 (1/4, 3/4): the equal-weight ensemble is (1/2, 1/2),
+    weights 3 : 1 give (5/8, 3/8); member 1 at T = 2 gives (sqrt 3, 1) / (sqrt 3 + 1)."""
+    log3 = math.log(3.0)
+    members = [
+        torch.tensor([[log3, 0.0]], dtype=torch.float64),
+        torch.tensor([[0.0, log3]], dtype=torch.float64),
+    ]
+    assert ensemble_probs(members)[0].tolist() == pytest.approx([0.5, 0.5], abs=1e-12)
+    assert ensemble_probs(members, [3, 1])[0].tolist() == pytest.approx([0.625, 0.375], abs=1e-12)
+    r = math.sqrt(3.0)
+    tempered = [r / (r + 1), 1 / (r + 1)]
+    expected = [0.75 * tempered[0] + 0.25 * 0.25, 0.75 * tempered[1] + 0.25 * 0.75]
+    got = ensemble_probs(members, [3, 1], temperatures=[2.0, 1.0])
+    assert got[0].tolist() == pytest.approx(expected, abs=1e-12)
+    same = ensemble_probs(members, temperatures=[2.0, 2.0])  # equal weights, one T: symmetric
+    assert same[0].tolist() == pytest.approx([0.5, 0.5], abs=1e-12)
+
+
+def test_ensemble_probs_rejects_bad_temperatures():
+    members = [random_logits(seed=s)[0] for s in range(2)]
+    for bad in ([1.0], [1.0, 0.0], [1.0, -2.0], [1.0, float("nan")]):
+        with pytest.raises(ValueError, match="2 members' finite positive numbers"):
+            ensemble_probs(members, temperatures=bad)
 
 
 def test_predict_logits_in_batches_equals_one_forward_and_evaluate_uses_them():

@@ -93,6 +93,8 @@ def test_default_methods_follow_the_cell_and_the_note_says_so():
         "embed_weight_matching",
         "embed_weight_matching_t",
         "ensemble",
+        "ensemble_equal",
+        "ensemble_calibrated",
     ]
     note = cell_default_methods_note(mixed)
     assert note.startswith("methods = embed_average,embed_average_t,")

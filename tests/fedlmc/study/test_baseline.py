@@ -1,15 +1,19 @@
 r"""fedlmc.study.baseline: the ensembles every merge is compared with: identical clients make
 both ensembles the client itself (agreement 1, no gap, the same T); otherwise the probability
-ensemble is :math:`\sum_i w_i \mathrm{softmax}(z_i)` computed by hand, and the reference row's
-gaps and ratios follow from the baseline."""
+ensembles are computed by hand (:math:`\sum_i w_i \mathrm{softmax}(z_i)`, the equal-weight
+mean, each member at its own server-fitted :math:`T_i`), and the reference row's gaps and
+ratios follow from the baseline."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 from torch import nn
 
 from fedlmc.data.splits import DataSplits
+from fedlmc.merging.calibrate import fit_temperature
 from fedlmc.study.baseline import (
     AGREEMENT_COLUMNS,
     ClientBaseline,
@@ -96,3 +100,56 @@ def test_temperature_ratios_divide_the_merges_t_by_the_baselines():
         "temperature_ratio_endpoints": 1.5,
         "temperature_ratio_logit_ensemble": 0.75,
     }
+
+
+def _by_hand(context, seeds, weights, temperatures=None):
+    """The test-split ensemble of the members ``linear(seed)`` computed here:
+    ``sum_i w_i softmax(z_i / T_i)``, and its accuracy and NLL."""
+    x, y = context.splits.test
+    temperatures = temperatures or [1.0] * len(seeds)
+    with torch.no_grad():
+        probs = sum(
+            w * (linear(s)(x).double() / t).softmax(dim=1)
+            for w, s, t in zip(weights, seeds, temperatures, strict=True)
+        )
+    accuracy = float((probs.argmax(dim=1) == y).double().mean())
+    return accuracy, float(-probs[torch.arange(len(y)), y].log().mean())
+
+
+def test_the_equal_weight_ensemble_is_the_plain_mean_of_the_softmaxes():
+    """With weights 3 : 1 the ``ensemble_equal`` row is (1/2) sum softmax(z_i), not the
+    weighted ensemble, and every row carries its accuracy."""
+    context = context_of((1, 2), weights=[3, 1])
+    baseline = client_baseline(context)
+    accuracy, nll = _by_hand(context, (1, 2), (0.5, 0.5))
+    row = reference_row(context, baseline, "ensemble_equal")
+    assert row["accuracy"] == pytest.approx(accuracy) and row["temperature"] == 1.0
+    assert row["nll"] == pytest.approx(nll, rel=1e-9) and row["nll_raw"] == row["nll"]
+    assert baseline.common["ensemble_equal_acc"] == row["accuracy"]
+    _, weighted = _by_hand(context, (1, 2), (0.75, 0.25))
+    assert abs(nll - weighted) > 1e-3  # the weights matter in this example
+    assert reference_row(context, baseline, "ensemble")["nll"] == pytest.approx(weighted, rel=1e-9)
+    assert row["merged_parameters_ratio"] == 2.0 and row["server_sees"] == "each model"
+
+
+def test_the_calibrated_ensemble_tempers_each_member_with_its_own_temperature():
+    """``ensemble_calibrated`` is ``sum_i w_i softmax(z_i / T_i)`` with ``T_i`` member ``i``'s
+    own temperature fitted on the server split; its raw columns are the members at T = 1."""
+    seeds, weights = (1, 2, 3), (0.25, 0.25, 0.5)
+    context = context_of(seeds, weights=[1, 1, 2])
+    x_server, y_server = context.splits.server
+    with torch.no_grad():
+        own = [fit_temperature(linear(s)(x_server), y_server) for s in seeds]
+    assert max(own) / min(own) > 1.05  # the members' temperatures differ here
+    baseline = client_baseline(context)
+    accuracy, nll = _by_hand(context, seeds, weights, own)
+    row = reference_row(context, baseline, "ensemble_calibrated")
+    assert row["accuracy"] == pytest.approx(accuracy)
+    assert row["nll"] == row["nll_calibrated"] == pytest.approx(nll, rel=1e-6)
+    mean_t = sum(own) / len(own)  # one shared T would give another ensemble
+    assert abs(_by_hand(context, seeds, weights, [mean_t] * 3)[1] - nll) > 1e-4
+    assert row["nll_raw"] == pytest.approx(_by_hand(context, seeds, weights)[1], rel=1e-9)
+    assert math.isnan(row["temperature"])
+    assert baseline.common["ensemble_calibrated_acc"] == row["accuracy"]
+    endpoints = sum(e["nll_calibrated"] for e in baseline.endpoints) / 3
+    assert row["merge_gap_loss_calibrated"] == pytest.approx(row["nll_calibrated"] - endpoints)

@@ -139,10 +139,18 @@ def finite(value) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
+PROBABILITY_ENSEMBLES = {
+    "ensemble": "ensemble_acc",
+    "ensemble_equal": "ensemble_equal_acc",
+    "ensemble_calibrated": "ensemble_calibrated_acc",
+}
+
+
 def test_every_method_gives_one_complete_row(two_client_rows, template):
     from fedlmc.study.context import default_methods
 
     assert [r["method"] for r in two_client_rows] == default_methods(2)
+    assert set(PROBABILITY_ENSEMBLES) <= {r["method"] for r in two_client_rows}
     for row in two_client_rows:
         assert tuple(row) == row_columns()
         assert row["num_clients"] == 2
@@ -156,11 +164,14 @@ def test_every_method_gives_one_complete_row(two_client_rows, template):
             json.loads(row["stable_rank_layers"])
             and len(json.loads(row["stable_rank_layers"])) == len(template.layer_names) - 1
         )
-        if row["method"] == "ensemble":
+        if row["method"] in PROBABILITY_ENSEMBLES:  # each with its accuracy on every row
             assert all(math.isnan(row[c]) for c in BARRIERS + DIAGNOSTICS + QUARTER)
             assert row["curve"] == "" and row["lewc_cos_layers"] == ""
-            assert (row["accuracy"], row["nll"]) == (row["ensemble_acc"], row["ensemble_nll"])
-            assert row["agreement_prob_ensemble"] == 1.0
+            assert row["accuracy"] == row[PROBABILITY_ENSEMBLES[row["method"]]]
+            assert row["merged_parameters_ratio"] == 2.0
+            if row["method"] == "ensemble":
+                assert row["nll"] == row["ensemble_nll"]
+                assert row["agreement_prob_ensemble"] == 1.0
             continue
         if row["method"] == "logit_ensemble":
             assert row["accuracy"] == row["logit_ensemble_acc"] and row["temperature"] == 1.0

@@ -6,11 +6,13 @@ per setting of the clients (not per seed, nor per merge key such as the secure c
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from fedlmc.simulations.report.figure_table import FIGURE_TABLE, FigureInputs
 from fedlmc.simulations.report.method_figures import (
     _methods,
     _one_row_per_merge,
+    best_ensemble,
     has_field_methods,
     setting_panels,
 )
@@ -80,3 +82,18 @@ def test_the_figure_is_drawn_when_two_field_methods_ran(tmp_path):
     plain = rows[~rows["method"].str.startswith(("fisher", "regmean"))]
     assert not has_field_methods(plain)
     assert not figure.drawn_when(FigureInputs.of(plain, SETTINGS))
+
+
+def test_the_reference_line_is_the_best_ensemble_of_the_panel():
+    """The dashed line is the reference ensemble with the highest mean accuracy over the seeds
+    (here the equal-weight one, above the sample-count-weighted ``ensemble``), never a merge."""
+    rows = pd.DataFrame(
+        {
+            "method": ["ensemble", "ensemble_equal", "ensemble_calibrated", "regmean"] * 2,
+            "accuracy": [0.60, 0.70, 0.66, 0.90, 0.62, 0.74, 0.64, 0.95],
+            "seed": [0] * 4 + [1] * 4,
+        }
+    )
+    name, accuracy = best_ensemble(rows)
+    assert name == "ensemble_equal" and accuracy == pytest.approx(0.72)
+    assert best_ensemble(rows[rows["method"] == "regmean"]) is None
