@@ -7,6 +7,7 @@
   common-mode share).
 - :mod:`fedlmc.analysis.shared_forwards`: a study's forward passes shared between its
   measurements (each distinct model evaluated once per input set).
+- :mod:`fedlmc.analysis.spectral`: the largest singular value without a full SVD.
 """
 
 from fedlmc._lazy import lazy_exports
