@@ -41,8 +41,8 @@ from torch import Tensor, nn
 from fedlmc.averaging import load_state
 from fedlmc.capture import HookKind, forward_capture
 
-BUDGET_BYTES = 1 << 30
-"""What one :class:`ForwardCache` keeps at most (1 GiB): captured activations, memoised values
+BUDGET_BYTES = 1 << 29
+"""What one :class:`ForwardCache` keeps at most (512 MiB): captured activations, memoised values
 and the model states that identify them."""
 
 FINGERPRINT_STRIDE = 97
