@@ -19,8 +19,10 @@ interior point repaired). Column definitions: :mod:`fedlmc.study.rows`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from torch import nn
 
 from fedlmc.analysis.paths import (
     barriers,
@@ -94,18 +96,17 @@ def _curve(context: StudyContext, merged: Merged, sd_a, sd_b, lambdas, path=None
     )
 
 
-def _shared_point(context: StudyContext):
+def _shared_point(context: StudyContext) -> Callable[[nn.Module], dict[str, float]] | None:
     """With the context's ``forwards`` cache, a path point's metrics from
-    :meth:`~fedlmc.study.context.StudyContext.predict` (a model the study evaluated already,
-    such as an endpoint or the merge, or another method's path through the same points, is
-    not run again);
-    ``None`` otherwise (:func:`fedlmc.analysis.paths.point_metrics`). The path's calibration
-    split is the server split, which ``predict`` fits its temperature on."""
+    :meth:`~fedlmc.study.context.StudyContext.predict`: a model the study evaluated already (an
+    endpoint, the merge, another method's path through the same points) is not run again.
+    ``None`` without the cache (:func:`fedlmc.analysis.paths.point_metrics`). The path's
+    calibration split is the server split, which ``predict`` fits its temperature on."""
     if context.forwards is None:
         return None
     labels = context.splits.test[1]
 
-    def point(model):
+    def point(model: nn.Module) -> dict[str, float]:
         found = context.predict(model)
         return logit_point_metrics(found.test, labels, found.temperature)
 
