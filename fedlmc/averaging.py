@@ -76,11 +76,7 @@ def average(
     for key, ref in state_dicts[0].items():
         tensors = [sd[key] for sd in state_dicts]
         if ref.is_floating_point():
-            acc = sum(
-                wi * t.detach().to(device=ref.device, dtype=torch.float64)
-                for wi, t in zip(w, tensors, strict=True)
-            )
-            merged[key] = acc.to(ref.dtype)
+            merged[key] = _weighted_sum64(w, tensors, ref).to(ref.dtype)
         else:
             merged[key] = torch.stack([t.detach().to(ref.device) for t in tensors]).amax(dim=0)
     return merged
@@ -134,6 +130,20 @@ class LeaveOneOutMean:
         self.states[index] = dict(state_dict)
 
 
+def _float64_copy(t: Tensor, like: Tensor) -> Tensor:
+    """A float64 copy of ``t`` on ``like``'s device (never ``t`` itself: it is changed in place)."""
+    return t.detach().to(device=like.device, dtype=torch.float64, copy=True)
+
+
+def _weighted_sum64(weights: Sequence[float], tensors: Sequence[Tensor], ref: Tensor) -> Tensor:
+    r""":math:`\sum_i w_i t_i` in float64 on ``ref``'s device, with the operations and rounding of
+    ``sum(w_i * t_i.double())`` (from 0: a leading -0.0 becomes +0.0), computed in place."""
+    acc = _float64_copy(tensors[0], ref).mul_(weights[0]).add_(0.0)
+    for wi, t in zip(weights[1:], tensors[1:], strict=True):
+        acc.add_(_float64_copy(t, ref).mul_(wi))
+    return acc
+
+
 def interpolate(sd_a: Mapping[str, Tensor], sd_b: Mapping[str, Tensor], lam: float) -> StateDict:
     r""":math:`\theta(\lambda) = \lambda\theta_a + (1-\lambda)\theta_b` (``lam = 1`` is model a).
 
@@ -149,7 +159,7 @@ def interpolate(sd_a: Mapping[str, Tensor], sd_b: Mapping[str, Tensor], lam: flo
     for key, a in sd_a.items():
         b = sd_b[key]
         if a.is_floating_point():
-            value = lam * a.detach().double() + (1.0 - lam) * b.detach().to(a.device).double()
+            value = _float64_copy(a, a).mul_(lam).add_(_float64_copy(b, a).mul_(1.0 - lam))
             merged[key] = value.to(a.dtype)
         else:
             merged[key] = torch.maximum(a.detach(), b.detach().to(a.device))

@@ -18,13 +18,13 @@ the hidden units of models without BatchNorm, and one softmax temperature :math:
   statistics come from it too;
 - ``"federated"``: on the clients' held-out data without moving it (each client holds out a
   share of its partition from training: ``holdout_share``, sent as ``holdout-share``,
-  :mod:`fedlmc.strategies.protocol`). Every data-dependent step after the merge runs on the clients through query rounds
-  (:class:`fedlmc.strategies.queries.ClientRounds`): BatchNorm statistics (``query.bn_stats``),
-  REPAIR's per-unit statistics (``query.unit_stats``), ``auto``'s calibrated NLLs, and the
-  temperature: a grid of ``temperature_grid_points`` values of :math:`u = \log T` in one round, then
-  Newton rounds of one value each (usually one). Sums are exact, so the result equals a centralised
-  fit on the survivors' calibration data. Every message round costs a ClientApp start in a
-  deployment (SuperNodes start a process per message), hence the grid;
+  :mod:`fedlmc.strategies.protocol`). Every data-dependent step after the merge runs on the
+  clients through query rounds (:class:`fedlmc.strategies.queries.ClientRounds`): BatchNorm
+  statistics (``query.bn_stats``), REPAIR's per-unit statistics (``query.unit_stats``),
+  ``auto``'s calibrated NLLs, and the temperature: a grid of ``temperature_grid_points`` values
+  of :math:`u = \log T` in one round, then Newton rounds of one value each (usually one). Sums
+  are exact, so the result equals a centralised fit on the survivors' calibration data. Every
+  message round costs a ClientApp start in a deployment (a process per message), hence the grid;
 - ``"lewc"``: no data and no query: :math:`T = \sum_i w_i^{\,L}` predicted from the chain's
   depth :math:`L` and the merge weights (:mod:`fedlmc.merging.lewc_temperature`; :math:`T = 1`
   when the round config says ``init = "shared"``); the plain average of norm-free chains only,

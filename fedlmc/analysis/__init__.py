@@ -5,6 +5,9 @@
   conditions (reciprocal orthogonality, ReLU additivity, stable ranks, dead units, bias shares),
   and the checks that a high cosine is input-specific (centred and shuffled-input cosines, the
   common-mode share).
+- :mod:`fedlmc.analysis.shared_forwards`: a study's forward passes shared between its
+  measurements (each distinct model evaluated once per input set).
+- :mod:`fedlmc.analysis.spectral`: the largest singular value without a full SVD.
 """
 
 from fedlmc._lazy import lazy_exports

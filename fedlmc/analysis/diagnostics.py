@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlmc.analysis.shared_forwards import active_cache
+from fedlmc.analysis.spectral import spectral_norm_squared
 from fedlmc.averaging import load_state, normalised_weights
 from fedlmc.capture import HookKind, forward_capture, linear_layers
 from fedlmc.permutation.model_spec import derive_layer_names
@@ -51,8 +53,13 @@ def capture(
     """Outputs (``mode="output"``) or first inputs (``mode="input"``) of the named modules on ``x``.
 
     Runs ``model`` in eval mode in batches (:func:`fedlmc.capture.forward_capture`); tensors are
-    returned on the CPU as float64, concatenated over the batch dimension.
+    returned on the CPU as float64, concatenated over the batch dimension. Inside
+    :func:`fedlmc.analysis.shared_forwards.sharing` the active cache answers for a model it has
+    seen (the same values; one pass per model and input batch).
     """
+    cache = active_cache()
+    if cache is not None:
+        return cache.capture(model, names, x, mode, batch_size)
     store: dict[str, list[Tensor]] = {n: [] for n in names}
 
     def make_hook(name: str) -> Callable:
@@ -171,9 +178,20 @@ def _merged_and_members(
     """Layer outputs (float64, CPU) of the merged model and of each member: one pass per model."""
     if len(state_dicts) == 0:
         raise ValueError("layer diagnostics need at least one state dict, got none")
-    merged = capture(load_state(template, merged_state_dict), names, x)
-    members = [capture(load_state(template, sd), names, x) for sd in state_dicts]
+    merged = _capture_state(template, merged_state_dict, names, x)
+    members = [_capture_state(template, sd, names, x) for sd in state_dicts]
     return merged, members
+
+
+def _capture_state(
+    template: nn.Module, state_dict: Mapping[str, Tensor], names: Sequence[str], x: Tensor
+) -> dict[str, Tensor]:
+    """:func:`capture` of the layer outputs of ``template`` loaded with ``state_dict``; inside
+    :func:`fedlmc.analysis.shared_forwards.sharing` a state seen before is not loaded again."""
+    cache = active_cache()
+    if cache is not None:
+        return cache.capture_state(template, state_dict, names, x, "output", 1024)
+    return capture(load_state(template, state_dict), names, x)
 
 
 def _weighted_sum(weights: Sequence[float], tensors: Sequence[Tensor]) -> Tensor:
@@ -466,10 +484,12 @@ def singular_values(weight: Tensor) -> Tensor:
 
 
 def stable_rank(weight: Tensor) -> float:
-    r"""Stable rank :math:`\|W\|_F^2 / \|W\|_2^2 = \sum_i \sigma_i^2 / \sigma_1^2` (0 for W = 0)."""
-    s = singular_values(weight)
-    top = float(s.max()) if s.numel() else 0.0
-    return float((s**2).sum()) / top**2 if top > 0 else 0.0
+    r"""Stable rank :math:`\|W\|_F^2 / \|W\|_2^2 = \sum_i \sigma_i^2 / \sigma_1^2` (0 for W = 0):
+    the Frobenius norm exactly, :math:`\sigma_1^2` by
+    :func:`fedlmc.analysis.spectral.spectral_norm_squared` (no full SVD)."""
+    top = spectral_norm_squared(weight)
+    frobenius = float(weight.detach().double().cpu().pow(2).sum())
+    return frobenius / top if top > 0 else 0.0
 
 
 def effective_rank(weight: Tensor) -> float:
@@ -565,13 +585,14 @@ def bias_shares(model: nn.Module, x: Tensor) -> list[float]:
     a Linear's units are its output's last axis, a Conv's its axis 1): 0 without a bias, 1/2
     when bias and signal have equal norms, near 1 when the bias swamps the signal."""
     layers = linear_layers(model)
-    inputs = capture(model, list(layers), x, mode="input")
+    biased = any(module.bias is not None for module in layers.values())
+    inputs = capture(model, list(layers), x, mode="input") if biased else {}
     shares = []
     for name, module in layers.items():
-        signal = apply_without_bias(module, inputs[name])
         if module.bias is None:
             shares.append(0.0)
             continue
+        signal = apply_without_bias(module, inputs[name])
         if isinstance(module, nn.Linear):
             shape = (1,) * (signal.ndim - 1) + (-1,)
         else:

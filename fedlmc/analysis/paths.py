@@ -68,12 +68,20 @@ def point_metrics(
     """
     x, y = test
     logits = predict_logits(model, x, batch_size=batch_size)
-    raw = metrics_from_logits(logits, y)
     temperature = 1.0
     if calibration is not None:
         cal_logits = predict_logits(model, calibration[0], batch_size=batch_size)
         temperature = fit_temperature(cal_logits, calibration[1])
-    calibrated = metrics_from_logits(logits, y, temperature) if temperature != 1.0 else raw
+    return logit_point_metrics(logits, y, temperature)
+
+
+def logit_point_metrics(
+    logits: Tensor, labels: Tensor, temperature: float = 1.0
+) -> dict[str, float]:
+    """:func:`point_metrics` of a model's test ``logits`` and the ``temperature`` fitted for it
+    (1: the calibrated columns equal the raw ones)."""
+    raw = metrics_from_logits(logits, labels)
+    calibrated = metrics_from_logits(logits, labels, temperature) if temperature != 1.0 else raw
     return {
         "accuracy": raw["accuracy"],
         "nll": raw["nll"],
@@ -97,6 +105,7 @@ def interpolation_curve(
     batch_size: int = 1024,
     device: str | None = None,
     path: PathRule | None = None,
+    point: Callable[[nn.Module], Mapping[str, float]] | None = None,
 ) -> pd.DataFrame:
     r"""Metrics of :math:`\theta(\lambda) = \lambda\theta_a + (1-\lambda)\theta_b` along a grid.
 
@@ -110,7 +119,9 @@ def interpolation_curve(
     ``repair_data`` if given (:func:`fedlmc.merging.repair.repair` with endpoint weights
     ``lam, 1 - lam``: the path REPAIR reports barriers on), and the temperature is refitted on
     ``calibration = (x, y)`` if given (otherwise ``temperature = 1`` and the ``*_calibrated``
-    columns equal the raw ones).
+    columns equal the raw ones). ``point(model)`` replaces :func:`point_metrics` on ``test`` and
+    ``calibration`` where a caller has the same metrics already (a model it evaluated before:
+    :meth:`fedlmc.study.context.StudyContext.predict`); it receives each point's finished model.
 
     Returns a DataFrame with columns ``lam, accuracy, nll, ece, temperature, nll_calibrated,
     ece_calibrated``, one row per ``lam`` in the given order.
@@ -127,7 +138,11 @@ def interpolation_curve(
             reset_bn_stats(merged, bn_data)
         elif endpoints is not None and 0.0 < lam < 1.0:
             merged = repair(merged.eval(), endpoints, [lam, 1.0 - lam], repair_data)
-        rows.append({"lam": lam, **point_metrics(merged, test, calibration, batch_size=batch_size)})
+        if point is None:
+            found = point_metrics(merged, test, calibration, batch_size=batch_size)
+        else:
+            found = point(merged)
+        rows.append({"lam": lam, **found})
     return pd.DataFrame(rows, columns=list(CURVE_COLUMNS))
 
 

@@ -19,13 +19,16 @@ interior point repaired). Column definitions: :mod:`fedlmc.study.rows`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from torch import nn
 
 from fedlmc.analysis.paths import (
     barriers,
     interpolation_curve,
     lewc_temperature_path,
+    logit_point_metrics,
     merge_gap,
     path_clients,
 )
@@ -88,8 +91,26 @@ def _curve(context: StudyContext, merged: Merged, sd_a, sd_b, lambdas, path=None
         lambdas=lambdas,
         device=context.device,
         path=path,
+        point=_shared_point(context),
         **path_kwargs(context, merged),
     )
+
+
+def _shared_point(context: StudyContext) -> Callable[[nn.Module], dict[str, float]] | None:
+    """With the context's ``forwards`` cache, a path point's metrics from
+    :meth:`~fedlmc.study.context.StudyContext.predict`: a model the study evaluated already (an
+    endpoint, the merge, another method's path through the same points) is not run again.
+    ``None`` without the cache (:func:`fedlmc.analysis.paths.point_metrics`). The path's
+    calibration split is the server split, which ``predict`` fits its temperature on."""
+    if context.forwards is None:
+        return None
+    labels = context.splits.test[1]
+
+    def point(model: nn.Module) -> dict[str, float]:
+        found = context.predict(model)
+        return logit_point_metrics(found.test, labels, found.temperature)
+
+    return point
 
 
 def _half_and_max(curve) -> dict[str, float]:

@@ -146,7 +146,7 @@ def client_baseline(
     for i, sd in enumerate(context.states):
         context.say(f"predicting client {i + 1}/{context.num_clients}")
         model = load_state(own[i], sd).to(context.device).eval()
-        predictions.append(Predictions.of(model, context.splits, context.device))
+        predictions.append(context.predict(model))
     endpoints = [p.metrics(labels) for p in predictions]
     references, top1 = _reference_rows(predictions, context.weights, context.splits)
     temperatures = [p.temperature for p in predictions]

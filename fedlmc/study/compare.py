@@ -40,8 +40,13 @@ For BatchNorm models every point of the curve (its endpoints included) has its s
 re-estimated on the server split, while the endpoint columns use each client's own statistics.
 With a single client (the others failed) every merge is that client; diagnostics are then NaN.
 
-Every model's logits are predicted once per split and reused (endpoint metrics, ensemble,
-temperatures); the base merge of a ``_t`` method is computed once and shared with its raw row.
+Every distinct model is evaluated once per input set and reused
+(:func:`~fedlmc.study.compare.shared_forwards`, a
+:class:`~fedlmc.analysis.shared_forwards.ForwardCache`): the clients' logits serve the endpoint
+metrics, the ensembles, the temperatures and the ends of every path that starts at them; a
+merge's serve its row and its path's midpoint; one capture of a model serves every diagnostic
+that reads it (the same values as ``share_forwards=False``). The base merge of a ``_t`` method
+is computed once and shared with its raw row.
 
 The study's modules, one concern each: :mod:`fedlmc.study.context` (the frozen
 :class:`~fedlmc.study.context.StudyContext` every step reads, :class:`Predictions`, the checks
@@ -59,15 +64,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from fedlmc.analysis.diagnostics import layer_names_of
+from fedlmc.analysis.diagnostics import layer_names_of, relu_layers
+from fedlmc.analysis.shared_forwards import ForwardCache, sharing
 from fedlmc.averaging import normalised_weights
+from fedlmc.capture import linear_layers
 from fedlmc.evaluation import resolve_device
 from fedlmc.merging.merge_job import ClientQueries
 from fedlmc.merging.method_registry import (
@@ -142,6 +149,7 @@ __all__ = [
     "merge_clients",
     "path_rule",
     "prediction_columns",
+    "shared_forwards",
     "study_context",
     "temperature_columns",
 ]
@@ -209,7 +217,7 @@ def _base_columns(context: StudyContext, baseline: ClientBaseline, method: str) 
     """Merge once for ``method`` and compute every column its raw and ``_t`` rows share."""
     context.say(f"merging: {method}")
     merged = merge_in_context(context, method)
-    pred = Predictions.of(merged.model, context.splits, context.device)
+    pred = context.predict(merged.model)
     metrics = pred.metrics(context.splits.test[1])
     columns: dict[str, Any] = {"merge_seconds": merged.seconds, **merged.info}
     if merged.query_rounds:  # the federation adds its collecting round's (the ServerApp)
@@ -282,6 +290,7 @@ def compare_methods(
     client_templates: Sequence[nn.Module] | None = None,
     clients: ClientQueries | None = None,
     base: StateDict | None = None,
+    share_forwards: bool = True,
 ) -> Comparison:
     """One row per requested method (columns :func:`fedlmc.study.rows.row_columns`), all on the same
     client models, and the merged weights of each base merge (``Comparison.merged``).
@@ -312,11 +321,10 @@ def compare_methods(
     server's initialisation of ``init = "shared"``) the task-vector methods
     (``task_arithmetic``, ``ties``, ``dare``): without it the default ``methods`` leave them out
     and a method given explicitly is refused before any work.
+    ``share_forwards=False`` runs every measurement's own forward passes; the default runs each
+    distinct model once per input set (:func:`~fedlmc.study.compare.shared_forwards`).
     """
-    if int(lambdas) < 2:
-        raise ValueError(f"lambdas must be an integer >= 2, got {lambdas}")
-    if int(diagnostic_samples) < 1:
-        raise ValueError(f"diagnostic_samples must be >= 1, got {diagnostic_samples}")
+    _check_resolution(lambdas, diagnostic_samples)
     dev = resolve_device(device)
     template = copy.deepcopy(template).to(dev).eval()
     methods, spec = _checked_methods(
@@ -339,10 +347,46 @@ def compare_methods(
         clients=clients,
         base=base,
     )
-    result = _rows(context, client_baseline(context, client_templates), methods)
+    result = _shared_rows(context, client_templates, methods, share_forwards)
     for row in result.rows:
         row.update(flag_columns(row, splits.num_classes, len(splits.test[1])))
     return result
+
+
+def _check_resolution(lambdas: int, diagnostic_samples: int) -> None:
+    if int(lambdas) < 2:
+        raise ValueError(f"lambdas must be an integer >= 2, got {lambdas}")
+    if int(diagnostic_samples) < 1:
+        raise ValueError(f"diagnostic_samples must be >= 1, got {diagnostic_samples}")
+
+
+def _shared_rows(
+    context: StudyContext,
+    client_templates: Sequence[nn.Module] | None,
+    methods: Sequence[str],
+    share: bool,
+) -> Comparison:
+    """:func:`_rows` with the study's forward passes shared (``share``: a
+    :func:`shared_forwards` cache in the context, active for the diagnostics' captures)."""
+    if share:
+        context = replace(context, forwards=shared_forwards(context))
+    with sharing(context.forwards):
+        return _rows(context, client_baseline(context, client_templates), methods)
+
+
+def shared_forwards(context: StudyContext) -> ForwardCache:
+    """The :class:`~fedlmc.analysis.shared_forwards.ForwardCache` of a study: on a miss, a
+    capture takes every module the diagnostics read (the layer outputs and the logits, the
+    inputs of every Linear/Conv and ReLU), so each model runs once over ``diagnostic_x``."""
+    if not context.diagnostics:
+        return ForwardCache()
+    template = context.template
+    return ForwardCache(
+        plan={
+            "output": [*context.layer_names, ""],
+            "input": [*linear_layers(template), *relu_layers(template)],
+        }
+    )
 
 
 def _checked_methods(

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from fedlmc.analysis.shared_forwards import ForwardCache
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.merging.calibrate import fit_temperature
 from fedlmc.merging.merge_job import ClientQueries
@@ -63,7 +64,9 @@ class StudyContext:
     ``lewc_undefined`` why LEWC's depths are undefined for this model ("" where defined);
     ``clients`` the federation's :class:`~fedlmc.merging.merge_job.ClientQueries` the methods that
     run on the clients query (``None``: none of them runs); ``base`` the clients' common
-    starting model (``None``: the task-vector methods do not run).
+    starting model (``None``: the task-vector methods do not run); ``forwards`` the
+    :class:`~fedlmc.analysis.shared_forwards.ForwardCache` that shares the study's forward
+    passes (``None``: every measurement runs its own).
     """
 
     template: nn.Module
@@ -82,6 +85,7 @@ class StudyContext:
     lewc_undefined: str = ""
     clients: ClientQueries | None = None
     base: StateDict | None = None
+    forwards: ForwardCache | None = None
 
     @property
     def num_clients(self) -> int:
@@ -96,6 +100,19 @@ class StudyContext:
         """``message`` to the progress callback, if any."""
         if self.progress is not None:
             self.progress(message)
+
+    def predict(self, model: nn.Module) -> Predictions:
+        """:meth:`Predictions.of` ``model`` on the context's splits, or, with a ``forwards``
+        cache, the predictions of an equal model evaluated before (the same values)."""
+        if self.forwards is None:
+            return Predictions.of(model, self.splits, self.device)
+        inputs = (self.splits.test[0], self.splits.server[0], self.splits.server[1])
+        return self.forwards.memo(
+            "predictions",
+            [model],
+            inputs,
+            lambda: Predictions.of(model, self.splits, self.device),
+        )
 
 
 @dataclass

@@ -28,6 +28,7 @@ from fedlmc.analysis.diagnostics import (
     relu_additivity_error,
     stable_ranks,
 )
+from fedlmc.analysis.shared_forwards import ModelState
 from fedlmc.averaging import load_state
 from fedlmc.permutation.chain import lewc_bias_targets, norm_free_chain, residual_reason
 from fedlmc.permutation.model_spec import permutation_spec
@@ -175,9 +176,7 @@ def diagnostic_columns(context: StudyContext, merged: Merged) -> dict[str, Any]:
     columns: dict[str, Any] = {
         "lewc_measured_on": lewc_measured_on(merged),
         "lewc_undefined_reason": undefined,
-        **prediction_columns(
-            template, merged.aligned, weights, merged.combined, x, names, lewc_undefined=undefined
-        ),
+        **_shared_predictions(context, merged.aligned, weights, merged.combined),
         **_logit_norm_columns(template, merged, x, weights),
         "dead_unit_fraction_layers": json_list(dead_unit_fractions(merged.model, x, names)),
         "bias_share_layers": json_list(bias_shares(merged.model, x)),
@@ -189,29 +188,66 @@ def diagnostic_columns(context: StudyContext, merged: Merged) -> dict[str, Any]:
     if len(merged.aligned) == 2 and merged.path is not None:
         quarter = merged.path(merged.aligned[0], merged.aligned[1], QUARTER)  # as combined
         columns.update(
-            prediction_columns(
-                template,
-                merged.aligned,
-                [QUARTER, 1.0 - QUARTER],
-                quarter,
-                x,
-                names,
-                suffix="_quarter",
-                lewc_undefined=undefined,
+            _shared_predictions(
+                context, merged.aligned, [QUARTER, 1.0 - QUARTER], quarter, suffix="_quarter"
             )
         )
     columns.update(_pair_columns(context, merged))
     return columns
 
 
+def _shared_predictions(
+    context: StudyContext,
+    states: Sequence[StateDict],
+    weights: Sequence[float],
+    merged_state: StateDict,
+    suffix: str = "",
+) -> dict[str, Any]:
+    """:func:`prediction_columns` on the context's diagnostic inputs and layers; with the
+    context's ``forwards`` cache computed once for equal states and weights (a bias-free
+    model's ``average_lewc_bias`` combines the weights as ``average`` does)."""
+
+    def compute() -> dict[str, Any]:
+        return prediction_columns(
+            context.template,
+            states,
+            weights,
+            merged_state,
+            context.diagnostic_x,
+            context.layer_names,
+            suffix=suffix,
+            lewc_undefined=context.lewc_undefined,
+        )
+
+    if context.forwards is None:
+        return compute()
+    template = context.template
+    models = [ModelState(template, state) for state in (merged_state, *states)]
+    tag = ("prediction_columns", tuple(float(w) for w in weights), suffix)
+    return dict(context.forwards.memo(tag, models, (context.diagnostic_x,), compute))
+
+
 def _pair_columns(context: StudyContext, merged: Merged) -> dict[str, Any]:
     """Reciprocal orthogonality and ReLU additivity of clients 0 and 1 in the merged basis (at
     their relative weight :math:`\\lambda = w_0 / (w_0 + w_1)`)."""
-    device, x, weights = context.device, context.diagnostic_x, context.weights
-    model_a = load_state(context.template, merged.aligned[0]).to(device).eval()
-    model_b = load_state(context.template, merged.aligned[1]).to(device).eval()
-    orth = reciprocal_orthogonality(model_a, model_b, x)
+    x, weights, pair = context.diagnostic_x, context.weights, merged.aligned[:2]
     lam = weights[0] / (weights[0] + weights[1]) if weights[0] + weights[1] > 0 else 0.5
+    if context.forwards is None:
+        return _pair_values(context, pair, lam)
+    # the same two clients (every merge that leaves them unpermuted): computed once
+    states = [ModelState(context.template, state) for state in pair]
+    found = context.forwards.memo(
+        ("pair_columns", lam), states, (x,), lambda: _pair_values(context, pair, lam)
+    )
+    return dict(found)
+
+
+def _pair_values(context: StudyContext, pair: Sequence[StateDict], lam: float) -> dict[str, Any]:
+    """The pair columns of two clients' state dicts (``_pair_columns``)."""
+    device, x = context.device, context.diagnostic_x
+    model_a = load_state(context.template, pair[0]).to(device).eval()
+    model_b = load_state(context.template, pair[1]).to(device).eval()
+    orth = reciprocal_orthogonality(model_a, model_b, x)
     relu = relu_additivity_error(model_a, model_b, x, lam=lam)
     return {
         "recip_orth_mean": _orthogonality_mean(orth),

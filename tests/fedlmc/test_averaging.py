@@ -97,3 +97,32 @@ def test_average_refuses_complex_tensors_instead_of_dropping_the_imaginary_part(
         average([a, b])
     with pytest.raises(ValueError, match="complex"):
         interpolate(a, b, 0.5)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits (a signed zero differs from the other zero)."""
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_interpolate_and_average_give_the_bits_of_the_float64_formula(dtype):
+    """Computed in place, ``interpolate`` and ``average`` round as ``lam * a.double() +
+    (1 - lam) * b.double()`` and ``sum(w_i * t_i.double())`` do, signed zeros included, and
+    leave their inputs as they were."""
+    g = torch.Generator().manual_seed(0)
+    ends = []
+    for _ in range(2):
+        w = torch.randn(300, generator=g)
+        w[:4] = torch.tensor([-0.0, 0.0, -0.0, 1.0])
+        ends.append({"w": w.to(dtype), "n": torch.tensor(len(ends) + 3)})
+    saved = [{k: v.clone() for k, v in sd.items()} for sd in ends]
+    for lam in (0.0, 0.1, 0.25, 0.5, 0.9, 1.0, 1.4):
+        expected = (lam * ends[0]["w"].double() + (1.0 - lam) * ends[1]["w"].double()).to(dtype)
+        found = interpolate(ends[0], ends[1], lam)
+        assert torch.equal(_bits(found["w"]), _bits(expected)) and int(found["n"]) == 4
+        weights = [lam, 1.0] if lam > 0 else [0.0, 1.0]
+        total = sum(weights)
+        mean = sum((w / total) * sd["w"].double() for w, sd in zip(weights, ends, strict=True))
+        assert torch.equal(_bits(average(ends, weights)["w"]), _bits(mean.to(dtype)))
+    for sd, before in zip(ends, saved, strict=True):
+        assert torch.equal(_bits(sd["w"]), _bits(before["w"]))
