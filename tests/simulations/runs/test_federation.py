@@ -29,6 +29,7 @@ from fedlmc.simulations.task import (
 from fedlmc.strategies import NotEnoughClientsError
 from fedlmc.train import train_model
 from fedlmc.training_columns import TRAINING_COLUMNS
+from tests.simulations.test_server_app_failures import ray_descendants, ray_is_down
 
 pytestmark = pytest.mark.slow
 
@@ -235,6 +236,7 @@ def test_too_few_survivors_is_a_clear_error(tmp_path):
     with pytest.raises(NotEnoughClientsError, match=r"only 2 client\(s\) survived.*partition 0"):
         run_federation(config)
     assert not (tmp_path / "results.csv").exists()
+    assert ray_is_down(), ray_descendants()  # the failed run stopped its Ray
 
 
 # ----------------------------------------------------------------------------- ClientApp, called
