@@ -56,6 +56,12 @@ uses it when the message says ``keep-model = "one-query"`` (one merge; with ``se
 message and every seed is derived from ``(seed, partition-id, round)``, so a reply does not depend
 on what the actor ran before.
 
+Imports: the module loads Flower and fedlmc's configuration and protocol only; each handler
+imports what its message needs (torch and the data for training and the queries, numba for
+client-side matching, SciPy for the temperature). A SuperNode answers every message in a fresh
+``flwr-clientapp`` process that loads this module, so SecAgg+'s setup, key-sharing and
+unmasking stages start without torch, and the other messages without what they do not use.
+
 Test-only failure injection (run-config ``inject-failure = "MODE:PARTITION-ID,..."``): ``raise``
 raises before training, ``nan`` replies with NaN weights (skipping the finite check), ``hang``
 sleeps until ``HANG_MARGIN`` seconds past the server's deadline (the message's ``created_at`` plus
@@ -69,37 +75,16 @@ import math
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
 from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
-from torch import nn
 
-from fedlmc.evaluation import predict_logits
-from fedlmc.merging.calibrate import bn_statistics, temperature_statistics
-from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, statistics_seed
-from fedlmc.merging.regmean import gram_matrices
-from fedlmc.merging.repair import unit_statistics
-from fedlmc.permutation.embed import slice_state
-from fedlmc.permutation.matching import activation_matching
 from fedlmc.simulations.config import client_width
 from fedlmc.simulations.config.threads import pool_threads, use_threads
 from fedlmc.simulations.private.dp_client import dp_clipping_mod
 from fedlmc.simulations.private.secure_client import secure_train_mod
 from fedlmc.simulations.records.console_logs import quiet_client_actor
-from fedlmc.simulations.task import (
-    ClientSetup,
-    build_from_config,
-    client_calibration_data,
-    client_data,
-    client_seed,
-    client_setup,
-    client_train_data,
-    device_of,
-    load_splits,
-)
 from fedlmc.strategies.protocol import (
     ALIGN_QUERY,
     BN_QUERY,
@@ -128,7 +113,12 @@ from fedlmc.strategies.protocol import (
     temperature_stats_to_content,
     unit_stats_to_content,
 )
-from fedlmc.train import train_model
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from fedlmc.simulations.task import ClientSetup
 
 quiet_client_actor()  # in each client actor: no "Manually terminating", no colour into a file
 app = ClientApp()
@@ -176,6 +166,8 @@ def _partition_label(message: Message, context: Context) -> Any:
 
 def _model_from(config: dict, record: ArrayRecord) -> nn.Module:
     """The configured model with the weights of ``record``, on the config's device, eval mode."""
+    from fedlmc.simulations.task import build_from_config, device_of, load_splits
+
     model = build_from_config(config, load_splits(config))
     model.load_state_dict(record_to_state(record), strict=True)
     return model.to(device_of(config)).eval()
@@ -185,12 +177,16 @@ def use_slot_threads(message: Message, context: Context) -> int:
     """Compute with this client slot's ``max(1, floor(num-cpus))`` threads (torch and the BLAS
     pools, :mod:`fedlmc.simulations.config.threads`), whatever the environment's thread variables
     say."""
+    from fedlmc.simulations.task import client_setup
+
     count = client_setup(context.run_config, _message_config(message)).slot_threads
     use_threads(count)
     return count
 
 
 def _non_finite_key(state: dict[str, torch.Tensor]) -> str | None:
+    import torch
+
     for key, tensor in state.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             return key
@@ -221,6 +217,8 @@ def _guarded(code: int, handler: Callable[[Message, Context], Message]) -> Calla
 def _initial_model(setup: ClientSetup, splits, pid: int, message: Message) -> nn.Module:
     """The per-client seeded initialisation at this client's width, or, when ``init = shared``,
     the received weights (:func:`shared_start`)."""
+    from fedlmc.simulations.task import build_from_config, client_seed
+
     config, seed = setup.config, client_seed(setup.seed, pid)
     model = build_from_config(config, splits, seed=seed, width=client_width(config, pid))
     if setup.init == "shared":
@@ -234,6 +232,8 @@ def shared_start(received: dict[str, torch.Tensor], model: nn.Module) -> dict[st
     initialisation at the server width, seeded by the cell's seed; in FedAvg's later rounds the
     global model), sliced to ``model``'s width when it is narrower (HeteroFL's nested sub-model:
     every hidden group's first units, :func:`fedlmc.permutation.embed.slice_state`)."""
+    from fedlmc.permutation.embed import slice_state
+
     own = model.state_dict()
     if all(tuple(received[k].shape) == tuple(v.shape) for k, v in own.items() if k in received):
         return received
@@ -242,6 +242,8 @@ def shared_start(received: dict[str, torch.Tensor], model: nn.Module) -> dict[st
 
 def _checked_weights(model: nn.Module, poison: bool) -> dict[str, torch.Tensor]:
     """CPU weights after training; raises on non-finite ones (``poison`` = test-only NaN reply)."""
+    import torch
+
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if poison:
         return {
@@ -261,6 +263,18 @@ def _hang_past_deadline(message: Message, timeout: float) -> None:
 
 def train_reply(message: Message, context: Context) -> Message:
     """Train on this node's partition and reply with the weights and training metrics."""
+    import torch
+
+    from fedlmc.simulations.task import (
+        client_calibration_data,
+        client_seed,
+        client_setup,
+        client_train_data,
+        device_of,
+        load_splits,
+    )
+    from fedlmc.train import train_model
+
     setup = client_setup(context.run_config, _message_config(message))
     config = setup.config
     pid, num_partitions = _partition(message, context)
@@ -330,6 +344,8 @@ def keep_trained_model(context: Context, key: str, arrays: ArrayRecord) -> None:
 
 
 def _received_model_and_setup(message: Message, context: Context):
+    from fedlmc.simulations.task import client_setup
+
     setup = client_setup(context.run_config, _message_config(message))
     pid, num_partitions = _partition(message, context)
     model = _model_from(setup.config, query_models(message.content)[0])
@@ -338,6 +354,8 @@ def _received_model_and_setup(message: Message, context: Context):
 
 def _train_data(message: Message, config: dict, pid: int, num_partitions: int):
     """This node's training data: its partition minus the message's ``holdout-share``."""
+    from fedlmc.simulations.task import client_train_data
+
     return client_train_data(config, pid, num_partitions, holdout_share(_message_config(message)))
 
 
@@ -345,6 +363,10 @@ def temperature_reply(message: Message, context: Context) -> Message:
     """NLL sums and derivatives in log T of the received model (or of each received model) on
     this node's calibration data (the query's ``holdout-share``; its training data when that
     is 0 or absent)."""
+    from fedlmc.evaluation import predict_logits
+    from fedlmc.merging.calibrate import temperature_statistics
+    from fedlmc.simulations.task import client_calibration_data, client_setup
+
     config = client_setup(context.run_config, _message_config(message)).config
     pid, num_partitions = _partition(message, context)
     share = holdout_share(_message_config(message))
@@ -363,6 +385,8 @@ def temperature_reply(message: Message, context: Context) -> Message:
 
 def bn_stats_reply(message: Message, context: Context) -> Message:
     """Per-layer BatchNorm input moments of the received model on this node's training data."""
+    from fedlmc.merging.calibrate import bn_statistics
+
     setup, pid, num_partitions, model = _received_model_and_setup(message, context)
     x, _ = _train_data(message, setup.config, pid, num_partitions)
     stats = bn_statistics(model, x)
@@ -372,6 +396,8 @@ def bn_stats_reply(message: Message, context: Context) -> Message:
 def unit_stats_reply(message: Message, context: Context) -> Message:
     """Per-unit output moments of the requested ``layers`` of the received model on this node's
     training data (REPAIR, :func:`fedlmc.merging.repair.unit_statistics`)."""
+    from fedlmc.merging.repair import unit_statistics
+
     setup, pid, num_partitions, model = _received_model_and_setup(message, context)
     layers = _message_config(message)["layers"]
     x, _ = _train_data(message, setup.config, pid, num_partitions)
@@ -406,6 +432,9 @@ def align_reply(message: Message, context: Context) -> Message:
     matched to the received reference by activation correlation on its training data
     (:func:`fedlmc.permutation.matching.activation_matching`); replies with the permutations and the
     digest of the weights they permute."""
+    from fedlmc.permutation.matching import activation_matching
+    from fedlmc.simulations.task import client_seed
+
     setup, pid, num_partitions, reference = _received_model_and_setup(message, context)
     kept = _kept_record(context, setup, pid, num_partitions)
     own = _model_from(setup.config, kept)
@@ -425,6 +454,10 @@ def statistics_reply(message: Message, context: Context) -> Message:
     Gram matrices of the requested ``layers``' inputs, on a bounded seeded sample of its
     training data (:func:`fedlmc.merging.fisher.fisher_diagonal`,
     :func:`fedlmc.merging.regmean.gram_matrices`), with the digest of those weights."""
+    from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, statistics_seed
+    from fedlmc.merging.regmean import gram_matrices
+    from fedlmc.simulations.task import client_setup
+
     setup = client_setup(context.run_config, _message_config(message))
     pid, num_partitions = _partition(message, context)
     kept = _kept_record(context, setup, pid, num_partitions)
@@ -444,12 +477,18 @@ def statistics_reply(message: Message, context: Context) -> Message:
     return Message(content, reply_to=message)
 
 
-@torch.no_grad()
 def evaluate_reply(message: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this node's data."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedlmc.evaluation import predict_logits
+    from fedlmc.simulations.task import client_data
+
     setup, pid, num_partitions, model = _received_model_and_setup(message, context)
     x, y = client_data(setup.config, pid, num_partitions)
-    logits = predict_logits(model, x)
+    with torch.no_grad():
+        logits = predict_logits(model, x)
     metrics = metric_record(
         {
             "num-examples": int(len(y)),

@@ -20,23 +20,28 @@ strategy's details: :class:`OneShotResult` (the round's merge, temperature and r
 survivors' weights stay in ``result.report.survivors`` for ``fedlmc.study.compare_methods``.
 """
 
-from fedlmc.strategies.base import ScreenedFedAvg
-from fedlmc.strategies.fedavg import FedAvgBaseline, FedAvgResult, epochs_per_round
-from fedlmc.strategies.one_shot import (
-    AutoMerge,
-    OneShotAverage,
-    OneShotResult,
-    OneShotRound,
-    PermutationAlignedAverage,
-)
-from fedlmc.strategies.options import StrategyOptions
-from fedlmc.strategies.protocol import state_to_record
-from fedlmc.strategies.strategy_utils import (
-    ClientsFailedError,
-    InconsistentShapesError,
-    NodesUnavailableError,
-    NotEnoughClientsError,
-)
+from fedlmc._lazy import lazy_exports
+
+_EXPORTS = {
+    "ScreenedFedAvg": "fedlmc.strategies.base",
+    "FedAvgBaseline": "fedlmc.strategies.fedavg",
+    "FedAvgResult": "fedlmc.strategies.fedavg",
+    "epochs_per_round": "fedlmc.strategies.fedavg",
+    "AutoMerge": "fedlmc.strategies.one_shot",
+    "OneShotAverage": "fedlmc.strategies.one_shot",
+    "OneShotResult": "fedlmc.strategies.one_shot",
+    "OneShotRound": "fedlmc.strategies.one_shot",
+    "PermutationAlignedAverage": "fedlmc.strategies.one_shot",
+    "StrategyOptions": "fedlmc.strategies.options",
+    "state_to_record": "fedlmc.strategies.protocol",
+    "ClientsFailedError": "fedlmc.strategies.strategy_utils",
+    "InconsistentShapesError": "fedlmc.strategies.strategy_utils",
+    "NodesUnavailableError": "fedlmc.strategies.strategy_utils",
+    "NotEnoughClientsError": "fedlmc.strategies.strategy_utils",
+}
+"""Each public name and the module defining it, imported on first use: ``import
+fedlmc.strategies.protocol`` (what every ClientApp process loads) imports no strategy, and
+so no torch."""
 
 __all__ = [  # what a ServerApp instantiates first (the API page follows this order)
     "StrategyOptions",
@@ -55,3 +60,4 @@ __all__ = [  # what a ServerApp instantiates first (the API page follows this or
     "NodesUnavailableError",
     "ScreenedFedAvg",
 ]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

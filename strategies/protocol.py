@@ -76,17 +76,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from torch import Tensor
 
-from fedlmc.merging.calibrate import BNStats, TemperatureStats
-from fedlmc.merging.repair import UnitStats
+if TYPE_CHECKING:  # torch and the statistics' types are imported where a function needs them:
+    # every ClientApp process imports this module, and a message that needs no tensor (a
+    # SecAgg+ key exchange) then starts without torch
+    from torch import Tensor
 
-StateDict = dict[str, Tensor]
+    from fedlmc.merging.calibrate import BNStats, TemperatureStats
+    from fedlmc.merging.repair import UnitStats
+
+StateDict = dict[str, "Tensor"]
 Shapes = dict[str, tuple[int, ...]]
 
 PARTITION_RECORD = "partition"
@@ -155,6 +158,8 @@ def state_to_record(state: Mapping[str, Tensor]) -> ArrayRecord:
 
 def record_to_state(record: ArrayRecord) -> StateDict:
     """An ArrayRecord as a torch state dict (CPU tensors owning their memory)."""
+    import torch
+
     return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
 
 
@@ -257,6 +262,8 @@ def _temperature_record(stats: Sequence[TemperatureStats], extra: Mapping[str, i
 
 
 def _temperature_stats(record: MetricRecord) -> list[TemperatureStats]:
+    from fedlmc.merging.calibrate import TemperatureStats
+
     columns = [record["count"], record["nll-sum"], record["grad-sum"], record["hess-sum"]]
     return [
         TemperatureStats(int(c), float(n), float(g), float(h))
@@ -314,6 +321,8 @@ def moments_to_content(
 def moments_from_content(content: RecordDict, kind: Callable[..., Any]) -> dict[str, Any]:
     """Decode a moments reply into ``kind(sum=, sum_sq=, count=)`` per layer (inverse of
     :func:`moments_to_content`)."""
+    import torch
+
     arrays = single_record(content.array_records, "ArrayRecord")
     counts = single_record(content.metric_records, "MetricRecord")
     layers = sorted({key.rsplit("/", 1)[0] for key in arrays})
@@ -334,6 +343,8 @@ def bn_stats_to_content(stats: Mapping[str, BNStats], extra: Mapping[str, int]) 
 
 def bn_stats_from_content(content: RecordDict) -> dict[str, BNStats]:
     """Decode a ``query.bn_stats`` reply (inverse of :func:`bn_stats_to_content`)."""
+    from fedlmc.merging.calibrate import BNStats
+
     return moments_from_content(content, BNStats)
 
 
@@ -344,6 +355,8 @@ def unit_stats_to_content(stats: Mapping[str, UnitStats], extra: Mapping[str, in
 
 def unit_stats_from_content(content: RecordDict) -> dict[str, UnitStats]:
     """Decode a ``query.unit_stats`` reply (inverse of :func:`unit_stats_to_content`)."""
+    from fedlmc.merging.repair import UnitStats
+
     return moments_from_content(content, UnitStats)
 
 
@@ -366,6 +379,8 @@ def permutations_to_content(
 
 def permutations_from_content(content: RecordDict) -> tuple[dict[str, Tensor], str]:
     """Decode a ``query.align`` reply: ``({group: int64 indices}, digest)``."""
+    import torch
+
     arrays = single_record(content.array_records, "ArrayRecord")
     digest = single_record(content.config_records, "ConfigRecord")[DIGEST_KEY]
     perms = {
@@ -394,6 +409,8 @@ def statistics_to_content(
 
 def statistics_from_content(content: RecordDict) -> tuple[dict[str, Tensor], str]:
     """Decode a ``query.fisher`` / ``query.gram`` reply: ``({name: float32 tensor}, digest)``."""
+    import torch
+
     arrays = single_record(content.array_records, "ArrayRecord")
     digest = single_record(content.config_records, "ConfigRecord")[DIGEST_KEY]
     tensors = {

@@ -25,6 +25,31 @@ def pytest_configure(config: pytest.Config) -> None:
         use_threads(share)
 
 
+def run_federations(configs: dict[str, dict]) -> dict:
+    """Each run config's federation (``run_federation_outcome``'s ServerApp and ClientApp on
+    Flower's simulation engine), all as the cells of one simulation: the sweep engine's
+    ``run_cells``, so that Ray and the client actors start once for a test module's
+    federations instead of once each (a cell's numbers are those it gives alone:
+    ``tests/simulations/engine/test_cells.py``). The outcomes by key; a cell's error is raised."""
+    from fedlmc.simulations.config import validate_run_config
+    from fedlmc.simulations.engine.cells import run_cells
+    from fedlmc.simulations.engine.sweep_server import CellJob
+
+    jobs = [CellJob(key, validate_run_config(c, check_devices=True)) for key, c in configs.items()]
+    results: dict = {}
+    run_cells(jobs, lambda result: results.__setitem__(result.key, result))
+    for key in configs:
+        if results[key].error is not None:
+            raise results[key].error
+    return {key: results[key].outcome for key in configs}
+
+
+@pytest.fixture(scope="session")
+def federations():
+    """:func:`run_federations`, for a test module's fixture."""
+    return run_federations
+
+
 @pytest.fixture
 def task_identity():
     """The task identity Flower's Message constructor reads (set by the engine in a real run)."""

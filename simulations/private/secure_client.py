@@ -20,6 +20,10 @@ chose (an error reply naming the key and value, never a silent clip:
 :func:`fedlmc.strategies.secure.check_in_range`), and answers in the legacy ``FitRes`` format
 with its floating-point arrays only (:func:`fedlmc.strategies.secure.secure_arrays`), which the
 mod then quantises and masks. No weight leaves the client in the clear.
+
+Only the masked-vector stage trains, so only it imports torch and the strategies' SecAgg+
+modules (function-level imports): on a SuperNode, where every message is a fresh ClientApp
+process, the setup, key-sharing and unmasking stages start without them.
 """
 
 from __future__ import annotations
@@ -42,16 +46,6 @@ from fedlmc.strategies.protocol import (
     record_to_state,
     state_to_record,
 )
-from fedlmc.strategies.secure import (
-    CLIPPING_KEY,
-    MAX_WEIGHT_KEY,
-    MERGE_KEY,
-    SecureSettings,
-    check_in_range,
-    secure_arrays,
-)
-from fedlmc.strategies.secure_statistics import WEIGHT_RANGE_KEY
-from fedlmc.strategies.secure_temperature import LOG_T_KEY, TASK_KEY, TEMPERATURE_TASK
 
 __all__ = [
     "scaled_for_merge",
@@ -111,15 +105,17 @@ def _train_content(
 
 
 def scaled_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count: int) -> dict:
-    """``state`` prepared for the merge the server named (:data:`MERGE_KEY`, default the plain
-    average) on the server's ``model``: a client narrower than the server embedded at its
-    first units when the method takes mixed widths (``embed_average``: HeteroFL's nesting,
+    """``state`` prepared for the merge the server named
+    (:data:`~fedlmc.strategies.secure.MERGE_KEY`, default the plain average) on the server's
+    ``model``: a client narrower than the server embedded at its first units when the method
+    takes mixed widths (``embed_average``: HeteroFL's nesting,
     :func:`fedlmc.merging.sum_form.embedded_for_sum`), then each key times this client's
     SecAgg+ share to the power of the method's ``sum_exponents``
     (:func:`fedlmc.merging.sum_form.client_scaled`)."""
     from fedlmc.merging.method_registry import merge_method
     from fedlmc.merging.sum_form import client_scaled, embedded_for_sum
     from fedlmc.permutation.model_spec import permutation_spec
+    from fedlmc.strategies.secure import CLIPPING_KEY, MAX_WEIGHT_KEY, MERGE_KEY, SecureSettings
 
     entry = merge_method(str(fit_config.get(MERGE_KEY, "average")))
     if not entry.secure.runs_securely:
@@ -142,6 +138,7 @@ def sent_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count: i
     from fedlmc.merging.method_registry import merge_method
     from fedlmc.merging.sum_form import held_for_sum
     from fedlmc.permutation.model_spec import permutation_spec
+    from fedlmc.strategies.secure import CLIPPING_KEY, MERGE_KEY
 
     entry = merge_method(str(fit_config.get(MERGE_KEY, "average")))
     if not entry.secure.divide_by_holders:
@@ -162,6 +159,8 @@ def statistics_for_merge(
     from fedlmc.merging.fisher import statistics_seed
     from fedlmc.simulations.config.field_keys import field_method_options
     from fedlmc.simulations.task import client_run_config, client_train_data
+    from fedlmc.strategies.secure import CLIPPING_KEY, MERGE_KEY
+    from fedlmc.strategies.secure_statistics import WEIGHT_RANGE_KEY
 
     config = client_run_config(context.run_config, fit_config)
     pid, num_partitions = _partition_of(message, context)
@@ -195,6 +194,9 @@ def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -
     """Train with the clear ``train_reply``, check the range and the example count, reply with
     a legacy ``FitRes`` holding the floating-point arrays (the mod masks them before anything
     is sent)."""
+    from fedlmc.strategies.secure import CLIPPING_KEY, MERGE_KEY, check_in_range, secure_arrays
+    from fedlmc.strategies.secure_temperature import TASK_KEY, TEMPERATURE_TASK
+
     fit_ins = compat.recorddict_to_fitins(message.content, keep_input=True)
     fit_config = dict(fit_ins.config)
     arrays = parameters_to_ndarrays(fit_ins.parameters)
@@ -220,6 +222,8 @@ def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -
 
 def _check_count(count: int, fit_config: dict, pid: Any) -> None:
     """``ValueError`` when ``count`` exceeds the server's ``max_weight``."""
+    from fedlmc.strategies.secure import MAX_WEIGHT_KEY
+
     if count > float(fit_config[MAX_WEIGHT_KEY]):
         raise ValueError(
             f"client partition {pid}: {count} examples; allowed: at most "
@@ -261,6 +265,8 @@ def secure_temperature_reply(
         device_of,
         load_splits,
     )
+    from fedlmc.strategies.secure import CLIPPING_KEY, check_in_range
+    from fedlmc.strategies.secure_temperature import LOG_T_KEY
 
     config = client_run_config(context.run_config, fit_config)
     pid, num_partitions = _partition_of(message, context)

@@ -64,6 +64,11 @@ interval it tells the SuperLink) are given :data:`NODE_HEARTBEAT`. Flower's cons
 left alone: the SuperNode also times its ClientApps' task tokens by it (a ClientApp must start
 within one interval and heartbeat within two), and the ClientApp processes heartbeat at the
 default period; a 10 s token there expired under load ("ClientApp stopped responding")."""
+SUPEREXEC_POLL = "0.2"
+"""Seconds between a SuperExec's polls for a task to launch (Flower's
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, default 1 s), in the SuperLink's and SuperNodes'
+environment: every message a SuperNode answers is a ClientApp process its SuperExec launches, and
+every ``flwr run`` a ServerApp process, each up to one poll after the task is there."""
 TEST_BOUND = RUN_TIMEOUT + 60
 """Each test's wall bound (pytest-timeout; docs/development.md, "Bounds"): one run's bound plus
 the deployment's start; 3 to 7 times a test's quiet duration (64-105 s)."""
@@ -177,6 +182,7 @@ def start_deployment(tmp_path_factory, page: PageDeployment) -> Iterator[dict]:
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "FLWR_HOME": str(home),
         "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": SUPEREXEC_POLL,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(site), *([path] if path else [])]),
     }

@@ -20,7 +20,6 @@ from fedlmc.permutation import apply_permutation, permutation_spec
 from fedlmc.permutation.matching import activation_matching
 from fedlmc.simulations.config import ConfigError, canonical_run_config, validate_run_config
 from fedlmc.simulations.config.run_plan import plan_run
-from fedlmc.simulations.runs.federation import run_federation_outcome
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
@@ -265,11 +264,30 @@ def test_local_clients_recover_a_known_permutation_through_activation_federated(
 # ----------------------------------------------------------------------------- Flower + Ray
 
 
-def federate(align: str, **extra):
-    """Run a 2-client federation with ``align`` and federated calibration: the config, the
-    outcome, the clients' state dicts and weights, and a template model."""
-    config = validate_run_config({**FEDERATED, "align": align, **extra})
-    outcome = run_federation_outcome(config)
+FEDERATIONS = {
+    "activation_federated": {},
+    "average_repair": {},
+    "auto": {"auto-tolerance": 10.0},
+}
+"""The merges this module runs in a federation (``align``: its extra keys), one simulation."""
+
+
+@pytest.fixture(scope="module")
+def federated(federations):
+    """The 2-client federations of :data:`FEDERATIONS` with federated calibration, as the cells
+    of one Flower simulation (``tests/conftest.py``: ``run_federations``)."""
+    return federations({align: config_of(align) for align in FEDERATIONS})
+
+
+def config_of(align: str) -> dict:
+    return {**FEDERATED, "align": align, **FEDERATIONS[align]}
+
+
+def federate(federated, align: str):
+    """The 2-client federation with ``align``: the config, the outcome, the clients' state
+    dicts and weights, and a template model."""
+    config = validate_run_config(config_of(align))
+    outcome = federated[align]
     survivors = outcome.reports[align].survivors
     assert [u.partition_id for u in survivors] == [0, 1]
     states = [u.state for u in survivors]
@@ -278,8 +296,8 @@ def federate(align: str, **extra):
 
 
 @pytest.mark.slow
-def test_activation_federated_merges_what_central_matching_on_the_clients_data_gives():
-    config, outcome, states, weights, template = federate("activation_federated")
+def test_activation_federated_merges_what_central_matching_on_the_clients_data_gives(federated):
+    config, outcome, states, weights, template = federate(federated, "activation_federated")
     models = [load_state(template, sd).eval() for sd in states]
     perms = activation_matching(models[0], models[1], client_train_data(config, 1, 2)[0])
     spec = permutation_spec(template)
@@ -302,8 +320,8 @@ def test_activation_federated_merges_what_central_matching_on_the_clients_data_g
 
 
 @pytest.mark.slow
-def test_federated_repair_equals_repair_on_the_clients_pooled_training_data():
-    config, outcome, states, weights, template = federate("average_repair")
+def test_federated_repair_equals_repair_on_the_clients_pooled_training_data(federated):
+    config, outcome, states, weights, template = federate(federated, "average_repair")
     merged_plain = load_state(template, average(states, weights)).eval()
     endpoints = [load_state(template, sd).eval() for sd in states]
     x = torch.cat([client_train_data(config, pid, 2)[0] for pid in (0, 1)])
@@ -320,8 +338,8 @@ def test_federated_repair_equals_repair_on_the_clients_pooled_training_data():
 
 
 @pytest.mark.slow
-def test_federated_auto_measures_its_gap_on_the_clients_held_out_data():
-    config, outcome, states, weights, template = federate("auto", **{"auto-tolerance": 10.0})
+def test_federated_auto_measures_its_gap_on_the_clients_held_out_data(federated):
+    config, outcome, states, weights, template = federate(federated, "auto")
     held = [client_calibration_data(config, pid, 2) for pid in (0, 1)]
     x, y = torch.cat([h[0] for h in held]), torch.cat([h[1] for h in held])
 

@@ -1,10 +1,11 @@
 """Reliability: a client that never answers, provenance of the results, no unpickling.
 
-Two federations through Flower's simulation engine (Ray): one with a test-only hanging client
-(``inject-failure = "hang:ID"``: the client sleeps until just past the server's deadline and then
-gives up), one with a client that raises. ``HANG_TIMEOUT`` must exceed the clients' start-up
-(Ray actors + imports: 20-30 s on a loaded 2-core machine) plus their training, so that the
-survivors always answer in time.
+Two federations through Flower's simulation engine (Ray), the cells of one simulation run one
+after the other (the sweep engine, ``run_cells``): first one with a client that raises, then one
+with a test-only hanging client (``inject-failure = "hang:ID"``: the client sleeps until just
+past the server's deadline and then gives up). The first cell starts the client actors (Ray,
+imports, the data: 20-30 s on a loaded 2-core machine), so ``HANG_TIMEOUT`` needs to exceed
+only the survivors' training on warm actors.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ast
 import importlib.metadata
 import json
 import os
+import re
 import struct
 import time
 import zipfile
@@ -27,15 +29,16 @@ from safetensors.torch import load_file
 import fedlmc
 from fedlmc.averaging import average
 from fedlmc.simulations.config import validate_run_config
+from fedlmc.simulations.engine.cells import run_cells
 from fedlmc.simulations.engine.ray_reaper import WATCHER
-from fedlmc.simulations.runs.federation import run_federation, run_federation_outcome
+from fedlmc.simulations.engine.sweep_server import CellJob, CellResult
 from fedlmc.simulations.task import build_from_config, device_of, load_splits
 from fedlmc.strategies import NotEnoughClientsError
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-HANG_TIMEOUT = 45.0
+HANG_TIMEOUT = 20.0
 
 TINY = {
     "dataset": "mnist5k",
@@ -92,27 +95,44 @@ def ray_is_down() -> bool:
 
 
 @pytest.fixture(scope="module")
-def hang_run(tmp_path_factory):
-    """3 clients, partition 2 never answers, min-clients 2: the outcome and its wall time."""
-    out_dir = tmp_path_factory.mktemp("hang")
-    config = validate_run_config(
-        {
+def failed_runs(tmp_path_factory):
+    """The cells ``raise`` (2 clients, partition 1 raises, min-clients 2) and then ``hang`` (3
+    clients, partition 2 never answers, min-clients 2) of one simulation, one cell at a time:
+    the results by key, the hang cell's config and out-dir, and the wall time."""
+    outs = {key: tmp_path_factory.mktemp(key) for key in ("raise", "hang")}
+    configs = {
+        "raise": {
             **TINY,
-            "num-clients": 3,
+            "num-clients": 2,
             "min-clients": 2,
-            "inject-failure": "hang:2",
-            "out-dir": str(out_dir),
-        }
-    )
+            "calibration": "none",
+            "inject-failure": "raise:1",
+        },
+        "hang": {**TINY, "num-clients": 3, "min-clients": 2, "inject-failure": "hang:2"},
+    }
+    jobs = [
+        CellJob(key, validate_run_config({**config, "out-dir": str(outs[key])}))
+        for key, config in configs.items()
+    ]
+    results: dict[str, CellResult] = {}
     start = time.perf_counter()
-    outcome = run_federation_outcome(config)
+    run_cells(jobs, lambda r: results.__setitem__(r.key, r), max_in_flight=1)
     wall = time.perf_counter() - start
+    return results, jobs[1].config, outs, wall
+
+
+@pytest.fixture(scope="module")
+def hang_run(failed_runs):
+    """3 clients, partition 2 never answers, min-clients 2: the config, outcome and out-dir."""
+    results, config, outs, wall = failed_runs
+    assert results["hang"].error is None, results["hang"].error
+    outcome = results["hang"].outcome
     print(
         f"\nhang: merge of {len(outcome.reports['average'].survivors)} of 3 clients, "
-        f"round {outcome.rows[0]['round_seconds']:.1f} s, federation {wall:.1f} s "
+        f"round {outcome.rows[0]['round_seconds']:.1f} s, both cells {wall:.1f} s "
         f"(timeout {HANG_TIMEOUT:g} s)"
     )
-    return config, outcome, out_dir
+    return config, outcome, outs["hang"]
 
 
 def test_a_hung_client_is_dropped_and_the_merge_uses_the_survivors(hang_run):
@@ -170,23 +190,16 @@ def test_merged_weights_are_safetensors_only(hang_run):
             assert torch.equal(tensor, outcome.merged["average"][key].cpu())
 
 
-def test_too_few_survivors_is_a_clear_error_and_writes_no_results(tmp_path):
+def test_too_few_survivors_is_a_clear_error_and_writes_no_results(failed_runs):
     """One of 2 clients fails (it raises: no wait; the same refusal after a hang, with "no reply
-    before the timeout", is tests/simulations/engine/test_cells.py's ``hung`` cell)."""
-    config = {
-        **TINY,
-        "num-clients": 2,
-        "min-clients": 2,
-        "calibration": "none",
-        "inject-failure": "raise:1",
-        "out-dir": str(tmp_path),
-    }
-    with pytest.raises(
-        NotEnoughClientsError,
-        match=r"only 1 client\(s\) survived \(min-clients = 2\).*injected failure on partition 1",
-    ):
-        run_federation(config)
-    assert not (tmp_path / "results.csv").exists()
+    before the timeout", is tests/simulations/engine/test_cells.py's ``hung`` cell;
+    ``run_federation`` raising it: tests/simulations/runs/test_federation.py)."""
+    results, _, outs, _ = failed_runs
+    error = results["raise"].error
+    assert isinstance(error, NotEnoughClientsError)
+    pattern = r"only 1 client\(s\) survived \(min-clients = 2\).*injected failure on partition 1"
+    assert re.search(pattern, str(error), flags=re.S), str(error)
+    assert not (outs["raise"] / "results.csv").exists()
     assert ray_is_down(), ray_descendants()
 
 

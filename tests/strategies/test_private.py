@@ -127,9 +127,27 @@ def test_the_dp_epsilon_column_is_inf_without_noise_and_falls_with_the_noise():
         assert found == sorted(found, reverse=True) and found[-1] > 0
 
 
+DP_MODES = ("server-fixed", "client-fixed")
+DP_CLIP = 0.5
+
+
+def dp_config(mode: str) -> dict:
+    """3 tiny clients, ``dp = mode``, no noise, a clipping norm far below their update norms."""
+    return {**TINY, "num-clients": 3, "strategy": "average", "init": "shared", "dp": mode} | {
+        "dp-noise-multiplier": 0.0,
+        "dp-clipping-norm": DP_CLIP,
+    }
+
+
+@pytest.fixture(scope="module")
+def dp_runs(federations):
+    """The federation of each of :data:`DP_MODES`, the cells of one Flower simulation."""
+    return federations({mode: dp_config(mode) for mode in DP_MODES})
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["server-fixed", "client-fixed"])
-def test_a_dp_run_merges_the_clipped_updates_within_the_clipping_norm(mode):
+@pytest.mark.parametrize("mode", DP_MODES)
+def test_a_dp_run_merges_the_clipped_updates_within_the_clipping_norm(mode, dp_runs):
     """A real Flower simulation (Ray, 3 tiny clients), ``dp = mode`` with noise
     multiplier 0 and a clipping norm far below the clients' update norms: the merged model's
     step from the server's initialisation has norm at most C (an average of updates clipped
@@ -138,15 +156,11 @@ def test_a_dp_run_merges_the_clipped_updates_within_the_clipping_norm(mode):
     the clients (the server-side wrapper does not clip)."""
 
     from fedlmc.simulations.config import validate_run_config
-    from fedlmc.simulations.runs.federation import run_federation_outcome
     from fedlmc.simulations.task import build_from_config, load_splits
 
-    clip = 0.5
-    config = validate_run_config(
-        {**TINY, "num-clients": 3, "strategy": "average", "init": "shared", "dp": mode}
-        | {"dp-noise-multiplier": 0.0, "dp-clipping-norm": clip}
-    )
-    outcome = run_federation_outcome(config)
+    clip = DP_CLIP
+    config = validate_run_config(dp_config(mode))
+    outcome = dp_runs[mode]
     initial = build_from_config(config, load_splits(config)).state_dict()
     merged = outcome.merged["average"]
     step = math.sqrt(sum(float(((merged[k] - initial[k]) ** 2).sum()) for k in initial))

@@ -159,7 +159,7 @@ def texts_outside(fig: Figure) -> list[str]:
     """The texts of ``fig``, drawn, whose window extent leaves the figure's: every visible,
     non-empty text of a visible parent, each axis's tick labels as the axis draws them (those
     of the ticks in view)."""
-    fig.canvas.draw()
+    fig.draw_without_rendering()  # the layout and every text's place, no pixels
     renderer = fig.canvas.get_renderer()
     bounds = fig.bbox.padded(0.5)  # half a pixel of rounding
     ticks = {label for ax in fig.axes for axis in _axes(ax) for label in _tick_labels(axis)}

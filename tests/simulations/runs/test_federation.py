@@ -1,4 +1,6 @@
-"""End to end through Flower's simulation engine (Ray): run_federation on the embedded digits."""
+"""End to end through Flower's simulation engine (Ray) on the embedded digits: two federations
+as the cells of one simulation (the ServerApp and ClientApp of ``run_federation``, Ray started
+once), and ``run_federation`` refusing a federation with too few survivors."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from fedlmc.evaluation import predict_logits
 from fedlmc.merging.calibrate import fit_temperature
 from fedlmc.simulations.config import client_width, row_methods, validate_run_config
 from fedlmc.simulations.records.training_file import read_training
-from fedlmc.simulations.runs.federation import run_federation, run_federation_outcome
+from fedlmc.simulations.runs.federation import run_federation
 from fedlmc.simulations.task import (
     build_from_config,
     client_calibration_data,
@@ -27,6 +29,7 @@ from fedlmc.simulations.task import (
 from fedlmc.strategies import NotEnoughClientsError
 from fedlmc.train import train_model
 from fedlmc.training_columns import TRAINING_COLUMNS
+from tests.simulations.test_server_app_failures import ray_descendants, ray_is_down
 
 pytestmark = pytest.mark.slow
 
@@ -48,20 +51,46 @@ def tensor_bytes(state) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
-def test_compare_round_end_to_end(tmp_path):
-    config = validate_run_config(
-        {
-            **TINY,
-            "epochs": 2,
-            "num-clients": 2,
-            "strategy": "compare",
-            "methods": "average,average_t,weight_matching,ensemble,fedavg",
-            "fedavg-rounds": 2,
-            "diagnostics": True,
-            "out-dir": str(tmp_path),
-        }
-    )
-    outcome = run_federation_outcome(config)
+COMPARE = {
+    **TINY,
+    "epochs": 2,
+    "num-clients": 2,
+    "strategy": "compare",
+    "methods": "average,average_t,weight_matching,ensemble,fedavg",
+    "fedavg-rounds": 2,
+    "diagnostics": True,
+}
+FAILED = {
+    **TINY,
+    "norm": "bn",
+    "num-clients": 4,
+    "client-widths": "0.25,0.25,0.5,0.5",
+    "min-clients": 2,
+    "strategy": "aligned",
+    "align": "embed_average",
+    "calibration": "federated",
+    "inject-failure": "raise:1,nan:2",
+}
+
+
+@pytest.fixture(scope="module")
+def federated(federations, tmp_path_factory):
+    """The federations of :data:`COMPARE` and :data:`FAILED`, each with its own out-dir, as the
+    cells of one Flower simulation (``tests/conftest.py``: ``run_federations``): by name, the
+    validated config, the outcome and the out-dir."""
+    outs = {name: tmp_path_factory.mktemp(name) for name in ("compare", "failed")}
+    configs = {
+        name: {**config, "out-dir": str(outs[name])}
+        for name, config in (("compare", COMPARE), ("failed", FAILED))
+    }
+    outcomes = federations(configs)
+    return {
+        name: (validate_run_config(configs[name]), outcomes[name], outs[name]) for name in configs
+    }
+
+
+def test_compare_round_end_to_end(federated):
+    config, outcome, out = federated["compare"]
     rows = outcome.table()
     assert list(rows["method"]) == ["average", "average_t", "weight_matching", "ensemble", "fedavg"]
     assert list(rows["method"]) == row_methods(config)  # what a sweep counts as a whole cell
@@ -78,7 +107,7 @@ def test_compare_round_end_to_end(tmp_path):
     assert [u.partition_id for u in survivors] == [0, 1]
     splits = load_splits(config)
     model = build_from_config(config, splits, seed=client_seed(config["seed"], 0))
-    model, _ = train_model(
+    model, history = train_model(
         model,
         client_data(config, 0, 2),
         **train_options(config),
@@ -94,16 +123,16 @@ def test_compare_round_end_to_end(tmp_path):
     result_state = {
         k: torch.from_numpy(a.numpy()) for k, a in outcome.results["compare"].arrays.items()
     }
-    on_disk = load_file(str(tmp_path / "merged-average.safetensors"))
+    on_disk = load_file(str(out / "merged-average.safetensors"))
     expected = average([u.state for u in survivors], [u.num_examples for u in survivors])
     assert set(on_disk) == set(result_state) == set(expected)
     for key in expected:
         assert torch.equal(on_disk[key], result_state[key])
         assert torch.allclose(on_disk[key], expected[key], atol=1e-7)
-    assert (tmp_path / "merged-weight_matching.safetensors").exists()
-    assert (tmp_path / "merged-fedavg.safetensors").exists()
+    assert (out / "merged-weight_matching.safetensors").exists()
+    assert (out / "merged-fedavg.safetensors").exists()
 
-    saved = pd.read_csv(tmp_path / "results.csv")
+    saved = pd.read_csv(out / "results.csv")
     assert list(saved["method"]) == list(rows["method"])
     assert (saved["num-clients"] == 2).all() and (saved["strategy"] == "compare").all()
     assert saved["accuracy"].tolist() == pytest.approx(rows["accuracy"].tolist())
@@ -114,20 +143,13 @@ def test_compare_round_end_to_end(tmp_path):
 
     # training.csv: the run-config columns as results.csv names them (no cell_id in a run's
     # file), then the declared columns; one row per client x epoch, one per FedAvg round.
-    training = read_training(tmp_path)
+    training = read_training(out)
     config_names = [c for c in saved.columns if c in config]
     declared = [c.name for c in TRAINING_COLUMNS]
     assert list(training.columns) == [*config_names, *declared]
     clients = training[training["phase"] == "client_epoch"]
     assert clients[["client", "step"]].values.tolist() == [[0, 1], [0, 2], [1, 1], [1, 2]]
-    # the history is the one train_model returns: redo client 0's by hand (same seeds)
-    _, history = train_model(
-        build_from_config(config, splits, seed=client_seed(config["seed"], 0)),
-        client_data(config, 0, 2),
-        **train_options(config),
-        seed=client_seed(config["seed"], 0, 1),
-        device="cpu",
-    )
+    # the history is the one train_model returns (client 0's, redone by hand above)
     first_client = clients[clients["client"] == 0]
     assert first_client["train_loss"].tolist() == pytest.approx(history.loss, rel=1e-5)
     assert first_client["train_accuracy"].tolist() == pytest.approx(history.accuracy, rel=1e-5)
@@ -142,24 +164,10 @@ def test_compare_round_end_to_end(tmp_path):
     assert rounds["clients_train_loss"].gt(0).all()
 
 
-def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp_path):
+def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(federated):
     """Clients of different widths too (client-widths): the survivors 0 and 3 (widths 0.25 and
     0.5) are merged at the server width 0.5 by ``embed_average``, and every query runs on it."""
-    config = validate_run_config(
-        {
-            **TINY,
-            "norm": "bn",
-            "num-clients": 4,
-            "client-widths": "0.25,0.25,0.5,0.5",
-            "min-clients": 2,
-            "strategy": "aligned",
-            "align": "embed_average",
-            "calibration": "federated",
-            "inject-failure": "raise:1,nan:2",
-            "out-dir": str(tmp_path),
-        }
-    )
-    outcome = run_federation_outcome(config)
+    config, outcome, out = federated["failed"]
     rows = outcome.table()
     assert list(rows["method"]) == ["embed_average", "embed_average_t"] == row_methods(config)
     assert (rows["clients_survived"] == 2).all()
@@ -177,7 +185,7 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
 
     # The federated temperature equals the centralised fit on the survivors' held-out shares
     # (calibration-holdout = 0.1 of each partition, never trained on).
-    merged = load_file(str(tmp_path / "merged-embed_average.safetensors"))
+    merged = load_file(str(out / "merged-embed_average.safetensors"))
     splits = load_splits(config)
     model = load_state(build_from_config(config, splits), merged).eval()
     parts = [client_calibration_data(config, pid, 4) for pid in (0, 3)]
@@ -198,7 +206,7 @@ def test_failed_clients_are_dropped_and_federated_calibration_uses_survivors(tmp
     assert metrics["bn-reestimated"] == 1
     # Each survivor's per-epoch loss on its held-out share is in training.csv; the last one is
     # its trained model's loss on that share (eval mode: BatchNorm running statistics).
-    curves = read_training(tmp_path)
+    curves = read_training(out)
     assert sorted(set(curves["client"])) == [0, 3]  # the failed clients sent no history
     for update in report.survivors:
         held_x, held_y = client_calibration_data(config, update.partition_id, 4)
@@ -228,6 +236,7 @@ def test_too_few_survivors_is_a_clear_error(tmp_path):
     with pytest.raises(NotEnoughClientsError, match=r"only 2 client\(s\) survived.*partition 0"):
         run_federation(config)
     assert not (tmp_path / "results.csv").exists()
+    assert ray_is_down(), ray_descendants()  # the failed run stopped its Ray
 
 
 # ----------------------------------------------------------------------------- ClientApp, called
