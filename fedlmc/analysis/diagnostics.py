@@ -14,14 +14,13 @@ cosines of non-negative features are high by construction: :func:`centred_cosine
 minus their mean over inputs), :func:`shuffled_cosine` (the prediction for another input) and
 :func:`common_mode_share` (the energy in the input-independent mean) say how much of one is
 input-specific. The merged logits shrink (:func:`logit_norm_ratios`: against the logit
-ensemble, what LEWC predicts, and against the clients' own). The exponent :math:`l`
-exists for plain chains only (:mod:`fedlmc.permutation.chain`). Many-client collapse:
-:func:`dead_unit_fractions`, :func:`bias_shares`. Sufficient conditions for bias-free ReLU
-nets: weak additivity of ReLU (:func:`relu_additivity_error`, per ReLU) and reciprocal
-orthogonality :math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0` (:func:`reciprocal_orthogonality`,
-per Linear/Conv). Wide, low-rank weights (weight decay) make both hold; :func:`stable_ranks`
-(per hidden layer), :func:`stable_rank` and :func:`effective_rank` measure the rank. Every
-per-layer function returns its list in depth order.
+ensemble, what LEWC predicts, and against the clients' own). The exponent :math:`l` exists for
+plain chains only (:mod:`fedlmc.permutation.chain`). Many-client collapse: :func:`bias_shares`,
+:func:`dead_unit_fractions`. Sufficient conditions for bias-free ReLU nets: weak additivity of
+ReLU (:func:`relu_additivity_error`, per ReLU) and reciprocal orthogonality
+:math:`W^{(a)}_l z^{(b)}_{l-1} \approx 0` (:func:`reciprocal_orthogonality`, per Linear/Conv).
+Wide, low-rank weights (weight decay) make both hold; :func:`stable_ranks` (per hidden layer),
+:func:`stable_rank`, :func:`effective_rank` measure the rank. Per-layer lists are in depth order.
 """
 
 from __future__ import annotations
@@ -126,8 +125,7 @@ def shuffled_cosine(a: Tensor, b: Tensor, seed: int = 0) -> float:
     :math:`a_{p_k}` is paired with :math:`b_{p_{k+1 \bmod n}}` (a derangement: no sample meets
     its own), :math:`\frac{1}{n}\sum_k \cos(a_{p_k}, b_{p_{k+1}})`. A raw cosine near this
     baseline says nothing input-specific: non-negative (ReLU) features share a direction.
-    ``nan`` for fewer than two samples.
-    """
+    ``nan`` for fewer than two samples."""
     n = len(a)
     if n < 2:
         return math.nan
