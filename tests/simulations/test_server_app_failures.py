@@ -4,8 +4,9 @@ Two federations through Flower's simulation engine (Ray), the cells of one simul
 after the other (the sweep engine, ``run_cells``): first one with a client that raises, then one
 with a test-only hanging client (``inject-failure = "hang:ID"``: the client sleeps until just
 past the server's deadline and then gives up). The first cell starts the client actors (Ray,
-imports, the data: 20-30 s on a loaded 2-core machine), so ``HANG_TIMEOUT`` needs to exceed
-only the survivors' training on warm actors.
+imports, the data: 20-30 s on a loaded 2-core machine, more under a heavier load), so the
+first cell waits up to ``START_TIMEOUT`` (no client of it hangs: it costs no wait) and
+``HANG_TIMEOUT`` needs to exceed only the survivors' training on warm actors.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_TIMEOUT = 20.0
+START_TIMEOUT = 300.0
 
 TINY = {
     "dataset": "mnist5k",
@@ -107,6 +109,7 @@ def failed_runs(tmp_path_factory):
             "min-clients": 2,
             "calibration": "none",
             "inject-failure": "raise:1",
+            "timeout": START_TIMEOUT,  # its clients start the actors: never the deadline
         },
         "hang": {**TINY, "num-clients": 3, "min-clients": 2, "inject-failure": "hang:2"},
     }
