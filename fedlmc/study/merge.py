@@ -36,6 +36,7 @@ from fedlmc.merging.post_merge import PostMerged, ServerData, post_merge
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
 from fedlmc.study.context import StudyContext, check_states
+from fedlmc.study.method_policy import check_info, evaluation_of
 
 if TYPE_CHECKING:
     from fedlmc.data.loading import DataSplits
@@ -107,7 +108,7 @@ def path_rule(method: str, template: nn.Module, spec: PermutationSpec | None) ->
     :math:`(\lambda, 1 - \lambda)` (e.g. depth-weighted biases at every :math:`\lambda`);
     ``None`` for a method registered ``on_path = False`` (its barrier columns stay NaN)."""
     entry = merge_method(method)
-    if not entry.evaluation.on_path:
+    if not evaluation_of(method).on_path:
         return None
     if entry.rule.combine is None:
         return interpolate
@@ -137,6 +138,7 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         base=context.base,
         with_info=True,
     )
+    check_info(method, info)
     if entry.rule.template_shaped:
         source = None if server_data is None else ServerData(*server_data)
         finished = post_merge(

@@ -51,7 +51,6 @@ from typing import Any
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import evaluate
 from fedlmc.merging.lewc_temperature import LewcPrediction
-from fedlmc.merging.method_registry import merge_method
 from fedlmc.merging.post_merge import ServerData, post_merge
 from fedlmc.simulations.config.field_keys import field_method_options
 from fedlmc.simulations.records.server_outcome import ServerRun, width_columns
@@ -70,6 +69,7 @@ from fedlmc.strategies.secure_checks import (
     merged_model_problem,
     refusal,
 )
+from fedlmc.strategies.secure_forms import secure_form
 from fedlmc.strategies.secure_statistics import (
     WEIGHT_RANGE_KEY,
     fine_settings,
@@ -117,11 +117,11 @@ def merge_exponents(method: str, template) -> dict[str, int]:
     (:mod:`fedlmc.merging.sum_form`)."""
     from fedlmc.permutation.model_spec import permutation_spec
 
-    entry = merge_method(method)
-    if entry.secure.sum_exponents is None:  # the run-config check refuses it first
+    form = secure_form(method)
+    if form.sum_exponents is None:  # the run-config check refuses it first
         raise ValueError(f"merge method {method!r} does not run under secure aggregation")
-    exponents = entry.secure.sum_exponents(permutation_spec(template), template.state_dict())
-    if entry.secure.divide_by_holders and any(exponents.values()):
+    exponents = form.sum_exponents(permutation_spec(template), template.state_dict())
+    if form.divide_by_holders and any(exponents.values()):
         raise ValueError(f"merge method {method!r}: holder division with nonzero exponents")
     return exponents
 
@@ -169,7 +169,7 @@ def run_secure_average(run: ServerRun) -> None:
     settings = secure_settings(
         initial, len(splits.train[1]), float(config["secagg-clipping-range"])
     )
-    sums, bound = merge_method(method).secure.secure_sums, None
+    sums, bound = secure_form(method).secure_sums, None
     if sums is not None:  # finer levels, and the weight range the Fisher values are scaled by
         settings = fine_settings(settings, n_clients)
         fixed = float(config["secagg-clipping-range"]) > 0
@@ -184,7 +184,7 @@ def run_secure_average(run: ServerRun) -> None:
         )
     else:
         exponents = merge_exponents(method, template)
-        holders = merge_method(method).secure.divide_by_holders
+        holders = secure_form(method).divide_by_holders
         result = secure_average(
             grid, initial, n_clients, sent, settings, timeout, exponents, holders
         )
