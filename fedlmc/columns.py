@@ -227,7 +227,7 @@ COMMON_COLUMNS: tuple[Column, ...] = (
         "what the row's merge rule needs the server to see",
         "every row",
         "the least the server must see of the clients to compute the row's merge, the "
-        "method's `server_sees` declaration (`fedlmc.merging.server_sees`): `sum` (secure "
+        "method's `server_sees` declaration (`fedlmc.study.server_sees`): `sum` (secure "
         "aggregation can compute it), `each model's statistics`, `one model and permutations` "
         "or `each model` (the ensembles); `fedavg`: `sum` (each round). A property of the rule, "
         "not of the run: a run in the clear shows the server every model (the "

@@ -124,6 +124,7 @@ from fedlmc.study.compare import (
     compare_methods,
 )
 from fedlmc.study.flags import flag_columns, flag_lines
+from fedlmc.study.method_policy import check_info
 from fedlmc.study.model_rows import endpoint_metrics, merge_rows
 
 
@@ -418,6 +419,7 @@ def run_one_shot(grid, plan: RunPlan, splits, template, device, outcome: ServerO
         temperature_server_split=result.server_split_temperature,
         endpoints=endpoints,
     )
+    check_info(base, result.merge_info)  # the method's info becomes results columns
     outcome.rows.extend({**row, **result.merge_info, **columns} for row in rows)
 
 

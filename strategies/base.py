@@ -87,7 +87,7 @@ class ScreenedFedAvg(FedAvg):
     """``FedAvg`` sending to all ``num_clients`` nodes and screening their replies."""
 
     server_sees = "each model"
-    """What the strategy receives of the clients (:mod:`fedlmc.merging.server_sees`): every
+    """What the strategy receives of the clients (:mod:`fedlmc.study.server_sees`): every
     reply's weights in the clear, to screen them."""
 
     def __init__(self, options: StrategyOptions) -> None:

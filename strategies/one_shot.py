@@ -65,7 +65,7 @@ import copy
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields, replace
 from logging import INFO, WARNING
 from typing import Any
 
@@ -78,6 +78,7 @@ from fedlmc.averaging import load_state
 from fedlmc.evaluation import predict_logits, resolve_device
 from fedlmc.merging.builtin_methods import AUTO_TOLERANCE
 from fedlmc.merging.lewc_temperature import ONE_BASIN_NOTE, LewcPrediction, lewc_refusal
+from fedlmc.merging.merge_result import calibrated, finish_merge
 from fedlmc.merging.method_registry import (
     MergeRequest,
     check_method,
@@ -87,17 +88,12 @@ from fedlmc.merging.method_registry import (
     template_merge_names,
 )
 from fedlmc.merging.methods import merge_states
-from fedlmc.merging.post_merge import (
-    Calibration,
-    ServerData,
-    StatisticsSource,
-    calibrate,
-    post_merge,
-)
+from fedlmc.merging.post_merge import Calibration, ServerData, StatisticsSource, calibrate
 from fedlmc.merging.request_facts import model_facts
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec, check_spec
 from fedlmc.strategies.base import ScreenedFedAvg
+from fedlmc.strategies.one_shot_result import OneShotResult, OneShotRound
 from fedlmc.strategies.options import StrategyOptions
 from fedlmc.strategies.protocol import (
     KEEP_ONE_QUERY,
@@ -124,52 +120,6 @@ NO_SERVER_DATA_WARNING = (
     "server_data=(x, y) to check each client's accuracy on it"
 )
 """The warning line of a one-shot round in a deployment without ``server_data``."""
-
-
-@dataclass(frozen=True)
-class OneShotRound:
-    """What one one-shot round produced (:meth:`OneShotAverage.merge_round`).
-
-    ``arrays`` and ``metrics`` are what ``aggregate_train`` hands Flower (the merged weights as
-    an ArrayRecord, the round's MetricRecord: module docstring); ``merged_state`` the same
-    weights as a state dict; ``weights`` the survivors' merge weights (bounded shares, in
-    ``report.survivors`` order); ``report`` the survivors and failures (the survivors' states
-    are kept only with ``keep_client_states``); ``temperature`` the fitted :math:`T` (1 for
-    ``calibration = "none"``); ``server_split_temperature`` the :math:`T` fitted on the server
-    data for the same model (NaN without server data or with ``"none"``);
-    ``calibration_history`` the federated fit's rounds (empty otherwise); ``bn_source`` where
-    the BatchNorm statistics came from (``server``, ``federated`` or ``none``: not
-    re-estimated); ``repaired`` whether REPAIR ran; ``query_rounds`` and ``query_bytes`` the
-    message rounds after training and their reply payload; ``merge_seconds`` alignment,
-    averaging, BN re-estimation and REPAIR; ``merge_info`` what the merge method reported
-    (e.g. ``auto_choice``, ``auto_nll_gap``).
-    """
-
-    arrays: ArrayRecord
-    metrics: MetricRecord
-    merged_state: StateDict
-    weights: tuple[float, ...]
-    report: RoundReport
-    temperature: float
-    server_split_temperature: float
-    calibration_history: tuple[Mapping[str, float], ...]
-    bn_source: str
-    repaired: bool
-    query_rounds: int
-    query_bytes: int
-    merge_seconds: float
-    merge_info: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class OneShotResult(OneShotRound):
-    """What ``strategy.start(...)`` returns: the (last) round's :class:`OneShotRound` and the
-    records Flower's ``Result`` holds (``arrays`` is the merged weights), so code written for
-    Flower's ``Result`` reads it unchanged."""
-
-    train_metrics_clientapp: dict[int, MetricRecord]
-    evaluate_metrics_clientapp: dict[int, MetricRecord]
-    evaluate_metrics_serverapp: dict[int, MetricRecord]
 
 
 class OneShotAverage(ScreenedFedAvg):
@@ -282,8 +232,8 @@ class OneShotAverage(ScreenedFedAvg):
     # ------------------------------------------------------------------------- the round
 
     def merge_round(self, server_round: int, replies: Iterable[Message]) -> OneShotRound:
-        """Screen the replies, merge the survivors, then the post-merge pipeline
-        (:mod:`fedlmc.merging.post_merge`: BN re-estimation, REPAIR, temperature)."""
+        """Screen the replies, merge the survivors, then the post-merge pipeline and the
+        temperature (:mod:`fedlmc.merging.merge_result`: BN re-estimation, REPAIR, :math:`T`)."""
         report = self.screen(server_round, replies)
         clients = self.client_rounds(report.survivors)
         states = [u.state for u in report.survivors]
@@ -293,20 +243,22 @@ class OneShotAverage(ScreenedFedAvg):
         if len(aligned) < len(states):  # clients dropped by the alignment query: not merged
             self.drop_unaligned(report, clients)
             weights = self.merge_weights(report)
-        finished = post_merge(
+        result = finish_merge(
+            self.merge_method,
             self.template,
             merged,
             aligned,
             weights,
-            self.merge_method,
             self.statistics_source(clients),
             device=self.device,
+            info=info,
+            started=start,
         )
-        merge_seconds = time.perf_counter() - start
-        arrays = state_to_record(finished.state)
-        fitted, server_split = self.calibrate_temperature(finished.model, clients, weights)
+        fitted, server_split = self.calibrate_temperature(result.model, clients, weights)
+        result = calibrated(result, fitted)
         report.query_failures = [f for f in clients.dropped if f.stage not in MERGE_QUERIES]
         if not self.options.keep_client_states:
+            result = replace(result, aligned=[])
             for update in report.survivors:
                 update.state = {}
         log(
@@ -315,36 +267,29 @@ class OneShotAverage(ScreenedFedAvg):
             len(report.survivors),
             report.survivor_ids,
             self.merge_method,
-            fitted.temperature,
+            result.temperature,
             clients.rounds,
         )
-        log_temperature_bound(self.merge_method, fitted.temperature)
+        log_temperature_bound(self.merge_method, result.temperature)
         metrics = self.client_metrics(report, extra_bytes=clients.bytes_received)
         metrics.update(
             {
-                "temperature": fitted.temperature,
-                "log-temperature": math.log(fitted.temperature),
+                "temperature": result.temperature,
+                "log-temperature": math.log(result.temperature),
                 "server-split-temperature": server_split,
-                "bn-reestimated": int(finished.bn_reestimated),
+                "bn-reestimated": int(result.bn_reset),
                 "query-rounds": int(clients.rounds),
-                "merge-seconds": float(merge_seconds),
+                "merge-seconds": float(result.seconds),
             }
         )
         return OneShotRound(
-            arrays=arrays,
+            **{f.name: getattr(result, f.name) for f in fields(result)},
+            arrays=state_to_record(result.state),
             metrics=metric_record(metrics),
-            merged_state=finished.state,
-            weights=tuple(weights),
             report=report,
-            temperature=fitted.temperature,
             server_split_temperature=server_split,
-            calibration_history=fitted.history,
-            bn_source=finished.bn_source,
-            repaired=finished.repaired,
             query_rounds=int(clients.rounds),
             query_bytes=int(clients.bytes_received),
-            merge_seconds=float(merge_seconds),
-            merge_info=dict(info),
         )
 
     def drop_unaligned(self, report: RoundReport, clients: ClientRounds) -> None:

@@ -279,7 +279,7 @@ class SumOnlyFedAvg(FedAvg):
     failures' text."""
 
     server_sees = "sum"
-    """What the strategy receives of the clients (:mod:`fedlmc.merging.server_sees`)."""
+    """What the strategy receives of the clients (:mod:`fedlmc.study.server_sees`)."""
 
     def __init__(
         self, num_clients: int, initial: Parameters, fit_config: Mapping[str, Any]

@@ -1,6 +1,8 @@
 """Merging: the merge-method registry and the steps after the average.
 
 - :mod:`fedlmc.merging.methods`: :func:`merge_states`, the merge entry.
+- :mod:`fedlmc.merging.merge_result`: :class:`MergeResult`, the one result of a merge every path
+  produces, and its pipeline (merge, post-merge, calibration).
 - :mod:`fedlmc.merging.method_registry`: the registry of methods (:func:`register_method`, the
   look-ups, each method's refusal, methods named by import path); it registers the built-in
   modules' methods itself at its first use.
@@ -36,6 +38,9 @@ from fedlmc._lazy import lazy_exports
 
 _EXPORTS = {
     "merge_states": ".methods",
+    **dict.fromkeys(
+        ["MergeResult", "finish_merge", "calibrated", "merge_and_finish"], ".merge_result"
+    ),
     **dict.fromkeys(
         ["register_method", "merge_method", "merge_method_names", "MergeMethod"], ".method_registry"
     ),

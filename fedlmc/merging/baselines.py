@@ -12,7 +12,7 @@ Feature) and CCA Merge.
   with ``norm = "none"``).
 
 RESCALE's merge is not the combination of the aligned clients at any weight (its factors depend
-on the data and on :math:`\lambda`), so its methods are registered ``on_path = False``: their
+on the data and on :math:`\lambda`), so the study evaluates them ``on_path = False``: their
 barrier and path columns stay NaN and they are compared by their ``merge_gap_*`` columns (the
 ``_repair`` methods instead repair every point of their paths). ``cca_merge`` is an alignment
 followed by the plain average, so its paths are the usual ones between the mapped clients.
@@ -43,7 +43,6 @@ import math
 from typing import TYPE_CHECKING
 
 from fedlmc.columns import Column
-from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS
 from fedlmc.merging.builtin_methods import plain_average, weight_matching_to_first
 from fedlmc.merging.merge_job import Alignment, MergeJob
 from fedlmc.merging.method_registry import builtin_method
@@ -126,12 +125,9 @@ def _rescaled(job: MergeJob, alignment: Alignment) -> Alignment:
 
 @builtin_method(
     "average_rescale",
-    server_sees="each model's statistics",
     description="plain average, then RESCALE (Vanishing Feature): every hidden unit's std set to "
     "the endpoints' weighted mean by a factor on its weights, on the server split",
     needs_server_data=True,
-    on_path=False,
-    columns=RESCALE_COLUMNS,
 )
 def average_rescale(job: MergeJob) -> Alignment:
     r""":math:`\bar\theta = \sum_i w_i \theta_i`, then RESCALE
@@ -144,8 +140,6 @@ def average_rescale(job: MergeJob) -> Alignment:
     description="weight matching onto client 0, average, then RESCALE (Vanishing Feature) on "
     "the server split",
     needs_server_data=True,
-    on_path=False,
-    columns=(*RESCALE_COLUMNS, *ALIGNMENT_COLUMNS),
 )
 def weight_matching_rescale(job: MergeJob) -> Alignment:
     r"""Weight matching onto client 0
@@ -168,7 +162,6 @@ def _condition(matrix: Tensor) -> float:
     "without norm)",
     needs_server_data=True,
     plain_chain_only=True,
-    columns=CCA_COLUMNS,
 )
 def cca_merge(job: MergeJob) -> Alignment:
     r"""Client :math:`i` in client 0's basis, :math:`W'_l = T_l W_l T_{l-1}^{-1}`,
@@ -207,7 +200,6 @@ builtin_method(
     "their outputs averaged, then the plain average's later layers (a model with N first "
     "layers; norm-free chains)",
     plain_chain_only=True,
-    on_path=False,
     reestimate_bn=False,
     builds_model=preserve_first_model,
 )(plain_average)
@@ -216,8 +208,6 @@ builtin_method(
     description="weight matching onto client 0, then Preserve-First Merging of the matched "
     "clients (a model with N first layers; norm-free chains)",
     plain_chain_only=True,
-    on_path=False,
     reestimate_bn=False,
     builds_model=preserve_first_model,
-    columns=ALIGNMENT_COLUMNS,
 )(weight_matching_to_first)

@@ -17,11 +17,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fedlmc.columns import Column
-from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS, alignment_info
+from fedlmc.merging.alignment_record import alignment_info
 from fedlmc.merging.merge_job import Alignment, MergeJob
 from fedlmc.merging.method_registry import builtin_method
-from fedlmc.merging.random_direction import RANDOM_DIRECTION_COLUMNS
-from fedlmc.merging.sum_form import lewc_bias_exponents, plain_exponents
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -34,8 +32,6 @@ if TYPE_CHECKING:
 @builtin_method(
     "average",
     description="plain weighted average, no permutation",
-    server_sees="sum",
-    sum_exponents=plain_exponents,
 )
 def plain_average(job: MergeJob) -> Alignment:
     r""":math:`\pi_i = \mathrm{id}`: the clients as they are."""
@@ -45,7 +41,6 @@ def plain_average(job: MergeJob) -> Alignment:
 @builtin_method(
     "weight_matching",
     description="Git Re-Basin weight matching of every client onto client 0, then average",
-    columns=ALIGNMENT_COLUMNS,
 )
 def weight_matching_to_first(job: MergeJob) -> Alignment:
     """Every client permuted onto client 0 by weight matching (coordinate descent + LAP)."""
@@ -74,7 +69,6 @@ def permuted(
     "activation_matching",
     description="activation matching onto client 0 on the server split's inputs, then average",
     needs_server_data=True,
-    columns=ALIGNMENT_COLUMNS,
 )
 def activation_matching_to_first(job: MergeJob) -> Alignment:
     """Every client permuted onto client 0 by correlating activations on the server inputs."""
@@ -91,11 +85,9 @@ def activation_matching_to_first(job: MergeJob) -> Alignment:
 
 @builtin_method(
     "activation_federated",
-    server_sees="one model and permutations",
     description="activation matching onto client 0 computed by each client on its own data; "
     "only permutation indices leave the clients",
     needs_clients=True,
-    columns=ALIGNMENT_COLUMNS,
 )
 def activation_matching_on_clients(job: MergeJob) -> Alignment:
     r"""Client-side activation matching: every client receives client 0's model, correlates its
@@ -127,7 +119,6 @@ def activation_matching_on_clients(job: MergeJob) -> Alignment:
 @builtin_method(
     "merge_many",
     description="MergeMany: each client matched to the weighted mean of the others, repeated",
-    columns=ALIGNMENT_COLUMNS,
 )
 def merge_many_alignment(job: MergeJob) -> Alignment:
     """MergeMany's permutations and its merged weights."""
@@ -143,7 +134,6 @@ def merge_many_alignment(job: MergeJob) -> Alignment:
 @builtin_method(
     "random_permutation",
     description="control: every client but the first randomly permuted, then average",
-    columns=ALIGNMENT_COLUMNS,
 )
 def random_permutation_control(job: MergeJob) -> Alignment:
     r"""The scrambled control of the LMC literature: :math:`\pi_0 = \mathrm{id}` and, for
@@ -163,7 +153,6 @@ def random_permutation_control(job: MergeJob) -> Alignment:
 
 builtin_method(
     "average_repair",
-    server_sees="each model's statistics",
     description="plain average, then REPAIR of every hidden unit's mean and std (server split, "
     "or the clients' data when calibration is federated); needs biases (bias-free: "
     "average_rescale)",
@@ -179,7 +168,6 @@ builtin_method(
     needs_server_data=True,
     repair=True,
     clients_for_data=True,
-    columns=ALIGNMENT_COLUMNS,
 )(weight_matching_to_first)
 
 
@@ -197,8 +185,6 @@ def lewc_bias_combination(
 
 builtin_method(
     "average_lewc_bias",
-    server_sees="sum",
-    sum_exponents=lewc_bias_exponents,
     description="plain average, but layer l's bias combined as sum_i w_i^l b_i, the way LEWC "
     "says the signal combines (norm-free plain chains: MLP, VGG without BatchNorm)",
     combine=lewc_bias_combination,
@@ -257,7 +243,6 @@ AUTO_COLUMNS = (
     "when calibration is federated)",
     needs_server_data=True,
     clients_for_data=True,
-    columns=(*AUTO_COLUMNS, *ALIGNMENT_COLUMNS),
 )
 def automatic_choice(job: MergeJob) -> Alignment:
     r"""Decide whether permutation alignment is worth its cost.
@@ -312,12 +297,9 @@ def automatic_choice(job: MergeJob) -> Alignment:
 
 @builtin_method(
     "embed_average",
-    server_sees="sum",
-    sum_exponents=plain_exponents,
     description="mixed widths: every client embedded at the first units of the server width "
     "(HeteroFL's nesting), then the plain weighted average",
     mixed_widths=True,
-    counterpart_of="average",
 )
 def embed_first_slots(job: MergeJob) -> Alignment:
     """Every client embedded into the server shapes at its first units
@@ -332,8 +314,6 @@ def embed_first_slots(job: MergeJob) -> Alignment:
     description="mixed widths: the widest client at the first units of the server width, every "
     "other client weight-matched onto its units (rectangular assignments), then average",
     mixed_widths=True,
-    columns=ALIGNMENT_COLUMNS,
-    counterpart_of="weight_matching",
 )
 def embed_matched_slots(job: MergeJob) -> Alignment:
     """Every client embedded at the slots that weight-match it onto the widest client
@@ -354,7 +334,6 @@ builtin_method(
     repair=True,
     clients_for_data=True,
     mixed_widths=True,
-    columns=ALIGNMENT_COLUMNS,
 )(embed_matched_slots)
 
 
@@ -370,9 +349,6 @@ def holder_combination(
 
 builtin_method(
     "heterofl",
-    server_sees="sum",
-    sum_exponents=plain_exponents,
-    divide_by_holders=True,
     description="mixed widths: every client embedded at the first units of the server width, "
     "each entry averaged over the clients that hold it (HeteroFL's aggregation)",
     combine=holder_combination,
@@ -385,8 +361,6 @@ builtin_method(
     description="control (flatness): client 0 moved by a seeded Gaussian direction of the "
     "length of its step to the plain average (two clients)",
     many_clients=False,
-    on_path=False,
-    columns=RANDOM_DIRECTION_COLUMNS,
 )
 def random_direction(job: MergeJob) -> Alignment:
     r"""The flatness control: :math:`\theta_0 + \|s\|\,g/\|g\|` with :math:`s = \bar\theta -

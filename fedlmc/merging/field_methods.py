@@ -12,11 +12,11 @@ RegMean, Task Arithmetic, TIES-Merging, DARE and OT fusion, with their options a
 - ``ot_fusion`` (:mod:`fedlmc.merging.ot_fusion`): every client transported onto client 0's
   units by POT, then the average (norm-free chains).
 
-Their merges are not the combination of the (aligned) clients at any weight but
-``ot_fusion``'s, so the other five are registered ``on_path = False`` (NaN barriers; compared by
-accuracy, NLL and ``merge_gap_*``). The method options (``job.options``, ``compare_methods(...,
-method_options=...)``; the run config's hyphenated keys) and their defaults are
-:data:`FIELD_OPTIONS`. This module imports no torch at import time (the run-config validation
+Their merges are not the combination of the (aligned) clients at any weight but ``ot_fusion``'s, so
+the study evaluates the other five ``on_path = False`` (NaN barriers; compared by accuracy, NLL and
+``merge_gap_*``; :mod:`fedlmc.study.builtin_evaluations`). The method options (``job.options``,
+``compare_methods(..., method_options=...)``; the run config's hyphenated keys) and their defaults
+are :data:`FIELD_OPTIONS`. This module imports no torch at import time (the run-config validation
 reads the registry); each method imports what it needs when it runs.
 """
 
@@ -208,10 +208,6 @@ FISHER_SUMS = SecureSums(fisher_part_shapes, fisher_client_parts, fisher_secure_
     description="Fisher merging: every entry averaged with each client's normalised diagonal "
     "Fisher of its own model on its own data (a client query; runs under SecAgg+)",
     needs_clients=True,
-    on_path=False,
-    server_sees="sum",
-    secure_sums=FISHER_SUMS,
-    columns=CLIENT_STATISTICS_COLUMNS,
 )
 def fisher_merging(job: MergeJob) -> Alignment:
     r""":math:`\sum_i w_i u_i \theta_i / \sum_i w_i u_i` with the clients' Fisher diagonals
@@ -293,10 +289,6 @@ REGMEAN_SUMS = SecureSums(regmean_part_shapes, regmean_client_parts, regmean_sec
     description="RegMean: every linear layer the least-squares fit of the clients' outputs on "
     "their own inputs, from each client's Gram matrices (a client query; runs under SecAgg+)",
     needs_clients=True,
-    on_path=False,
-    server_sees="sum",
-    secure_sums=REGMEAN_SUMS,
-    columns=CLIENT_STATISTICS_COLUMNS,
 )
 def regmean_merging(job: MergeJob) -> Alignment:
     """RegMean of the clients (:func:`fedlmc.merging.regmean.regmean_merge`) from their Gram
@@ -350,20 +342,12 @@ def _blow_up_culprit(job: MergeJob, grams: list, layers, alignment: Alignment, m
 
 # ----------------------------------------------------------------------------- task vectors
 
-TASK_VECTOR_NOTE = (
-    "the clients' weights (DARE: each drops and rescales its own task vector first) summed "
-    "securely, then the server's rescaling about its own initialisation"
-)
-
 
 @builtin_method(
     "task_arithmetic",
     description="Task Arithmetic: the base plus lambda times the sum of the clients' task "
     "vectors (theta_i - theta_0; init = 'shared')",
     needs_base=True,
-    on_path=False,
-    server_sees="sum",
-    secure_note=TASK_VECTOR_NOTE,
 )
 def task_arithmetic_merge(job: MergeJob) -> Alignment:
     r""":math:`\theta_0 + \lambda \sum_i N w_i \tau_i`
@@ -380,10 +364,6 @@ def task_arithmetic_merge(job: MergeJob) -> Alignment:
     description="TIES-Merging: each task vector trimmed to its top k, signs elected, the "
     "agreeing entries averaged, added to the base (init = 'shared')",
     needs_base=True,
-    on_path=False,
-    server_sees="sum",
-    secure_note="two secure rounds (the elected signs from the summed trimmed task vectors, "
-    "then the agreeing entries' sums and counts)",
 )
 def ties_merging(job: MergeJob) -> Alignment:
     """TIES-Merging (:func:`fedlmc.merging.task_vectors.ties_merge`, ``ties_density``,
@@ -401,9 +381,6 @@ def ties_merging(job: MergeJob) -> Alignment:
     description="DARE: each task vector's entries dropped with rate p and rescaled by 1/(1-p) "
     "(seeded), then Task Arithmetic (init = 'shared')",
     needs_base=True,
-    on_path=False,
-    server_sees="sum",
-    secure_note=TASK_VECTOR_NOTE,
 )
 def dare_merging(job: MergeJob) -> Alignment:
     """DARE then Task Arithmetic (:func:`fedlmc.merging.task_vectors.dare_merge`, ``dare_drop``,
@@ -424,7 +401,6 @@ def dare_merging(job: MergeJob) -> Alignment:
     description="OT fusion: every client's units transported onto client 0's layer by layer "
     "(exact OT, or Sinkhorn with ot-reg > 0; POT), then average (norm-free chains)",
     plain_chain_only=True,
-    columns=OT_COLUMNS,
 )
 def ot_fusion_merge(job: MergeJob) -> Alignment:
     """Every client in client 0's basis (:func:`fedlmc.merging.ot_fusion.ot_fusion`,

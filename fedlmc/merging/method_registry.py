@@ -5,7 +5,7 @@ and their normalised weights :math:`w_i` into the clients *in a common basis*,
 :math:`\pi_1(\theta_1), \dots, \pi_N(\theta_N)` (:math:`\pi_i` a hidden-unit permutation, the
 identity for plain averaging), and optionally its own merged weights (MergeMany); otherwise the
 merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once with
-:func:`register_method`, together with its declaration:
+:func:`register_method`: its name, its ``align`` function and its declaration in two parts:
 
 - what it needs (:class:`Needs`), asked by its one refusal (:meth:`MergeMethod.refusal`):
   ``needs_server_data`` (inputs held by the server; ``clients_for_data``: or, with ``job.clients``
@@ -19,26 +19,21 @@ merge is :math:`\bar\theta = \sum_i w_i \pi_i(\theta_i)`. It is registered once 
   method list leaves it out) and ``mixed_widths`` (it accepts
   clients of different widths, :mod:`fedlmc.merging.widths`, embedding each into the shapes of
   ``template``, the server model; every other method refuses them);
-- how the study evaluates it (:class:`Evaluation`): ``reestimate_bn`` (a BatchNorm model's running
-  statistics are re-estimated after the merge), ``repair`` (REPAIR follows,
-  :mod:`fedlmc.merging.repair`, for models without BatchNorm, which need a bias in every repaired
-  layer), ``on_path`` (``False`` for a control moved off the path between the aligned clients,
-  ``random_direction``: its barrier and path columns are NaN), ``counterpart_of`` (for a
-  ``mixed_widths`` method, the one-width method it stands in for by default, ``embed_average`` for
-  ``average``) and ``columns`` (the results columns only it fills, :class:`fedlmc.columns.Column`
-  rows, from its ``Alignment.info``; an undeclared ``info`` key is an error; a permuting method
-  declares :data:`fedlmc.merging.alignment_record.ALIGNMENT_COLUMNS`);
-- how the merge is built (:class:`Rule`): ``combine(spec, states, weights)`` (combining the aligned
-  clients, default the weighted average; the merge and every point of the study's paths use it) and
-  ``builds_model(template, aligned, weights, options) -> nn.Module`` (a merge that is a model of
-  another architecture, Preserve-First Merging: whatever needs a state dict of the template refuses
-  it, :func:`check_template_merge`);
-- the secure protocol, one value (:class:`~fedlmc.merging.server_sees.SecureForm`): ``server_sees``
-  (the least the server must see, :data:`fedlmc.merging.server_sees.SERVER_SEES`),
-  ``sum_exponents`` (a ``sum`` rule as :math:`\sum_i w_i^{1+e_k} \theta_i[k]`,
-  :mod:`fedlmc.merging.sum_form`), ``secure_sums`` (a rule from several secure means,
-  :class:`fedlmc.merging.sum_form.SecureSums`), ``divide_by_holders`` (HeteroFL's division by the
-  summed holder masks) and ``secure_note`` (what a ``sum`` rule without them would need).
+- how its result is built (:class:`Rule`), the merge and the post-merge steps that belong to
+  it: ``combine(spec, states, weights)`` (combining the aligned clients, default the weighted
+  average; the merge and every point of the study's paths use it), ``builds_model(template,
+  aligned, weights, options) -> nn.Module`` (a merge that is a model of another architecture,
+  Preserve-First Merging: whatever needs a state dict of the template refuses it,
+  :func:`check_template_merge`), ``reestimate_bn`` (a BatchNorm model's running statistics are
+  re-estimated after the merge) and ``repair`` (REPAIR follows, :mod:`fedlmc.merging.repair`,
+  for models without BatchNorm, which need a bias in every repaired layer); both read by
+  :func:`fedlmc.merging.post_merge.post_merge`.
+
+What is not the merge is registered against the method's name by the layer that uses it, each
+part optional: how the study evaluates it (its path, its own results columns, its mixed-width
+counterpart and what its rule lets the server see:
+:func:`fedlmc.study.method_policy.register_evaluation`) and how secure aggregation computes it
+(``fedlmc.strategies.secure_forms.register_secure_form``).
 
 Everything that lists methods reads this registry: the study's rows (each method ``m`` gives a
 row ``m`` and a row ``m_t`` with a fitted temperature, plus the reference ensembles), the
@@ -63,8 +58,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fedlmc.columns import COMMON_COLUMNS, Column, check_unique
-from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SecureForm
 from fedlmc.models.registry import MODEL_ALLOW_VARIABLE, factory_allowed, is_factory_path
 from fedlmc.registry import Registry, import_user_module, signature_problem
 
@@ -72,7 +65,6 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from fedlmc.merging.merge_job import Alignment, MergeJob
-    from fedlmc.merging.sum_form import SecureSums, SumExponents
     from fedlmc.permutation.spec import PermutationSpec
 
     StateDict = dict[str, Tensor]
@@ -84,7 +76,6 @@ __all__ = [
     "MinClients",
     "REFERENCE_DATA",
     "REFERENCE_METHODS",
-    "Evaluation",
     "MergeMethod",
     "MergeRequest",
     "Needs",
@@ -93,12 +84,10 @@ __all__ = [
     "builtin_method",
     "check_merge_function",
     "check_method",
-    "check_own_columns",
     "check_template_merge",
     "is_method_path",
     "merge_method",
     "merge_method_names",
-    "mixed_width_row",
     "refuse_calibrated_row",
     "refusal",
     "register_method",
@@ -187,24 +176,16 @@ class Needs:
 
 
 @dataclass(frozen=True)
-class Evaluation:
-    """How the study evaluates a method's merge (BatchNorm statistics, REPAIR, its path) and
-    the results columns only it fills."""
-
-    reestimate_bn: bool = True
-    repair: bool = False
-    on_path: bool = True
-    counterpart_of: str = ""
-    columns: tuple[Column, ...] = ()
-
-
-@dataclass(frozen=True)
 class Rule:
     """How the merge is built from the aligned clients: ``combine`` (default the weighted
-    average), or ``builds_model``, a model of another architecture."""
+    average), or ``builds_model``, a model of another architecture; then the post-merge steps
+    the method asks for (:func:`fedlmc.merging.post_merge.post_merge`): ``reestimate_bn``
+    (BatchNorm running statistics re-estimated) and ``repair`` (REPAIR of every hidden unit)."""
 
     combine: Combine | None = None
     builds_model: BuildModel | None = None
+    reestimate_bn: bool = True
+    repair: bool = False
 
     @property
     def template_shaped(self) -> bool:
@@ -225,15 +206,14 @@ class Rule:
 @dataclass(frozen=True)
 class MergeMethod:
     """A registered merge method (see the module docstring), built by :func:`register_method`:
-    its alignment ``align(job) -> Alignment`` and its declaration in four parts."""
+    its name, its alignment ``align(job) -> Alignment``, what it needs and how its result is
+    built."""
 
     name: str
     description: str
     align: Callable[[MergeJob], Alignment]
     needs: Needs = field(default_factory=Needs)
-    evaluation: Evaluation = field(default_factory=Evaluation)
     rule: Rule = field(default_factory=Rule)
-    secure: SecureForm = field(default_factory=SecureForm)
 
     def refusal(self, request: MergeRequest, shown: str | None = None) -> str | None:
         """Why this method cannot run on ``request``, in one line naming the method (as
@@ -241,7 +221,7 @@ class MergeMethod:
         Each precondition is asked in this order and written only here."""
         name = repr(shown or self.name)
         for precondition in _PRECONDITIONS:
-            reason = precondition(self.needs, self.evaluation.repair, request)
+            reason = precondition(self.needs, self.rule.repair, request)
             if reason:
                 return f"merge method {name}{reason}"
         return None
@@ -375,75 +355,37 @@ def register_method(
     *,
     description: str,
     needs_server_data: bool = False,
+    clients_for_data: bool = False,
+    needs_clients: bool = False,
+    needs_base: bool = False,
+    plain_chain_only: bool = False,
     many_clients: bool = True,
+    min_clients: int | MinClients = 1,
+    mixed_widths: bool = False,
+    combine: Combine | None = None,
+    builds_model: BuildModel | None = None,
     reestimate_bn: bool = True,
     repair: bool = False,
-    needs_clients: bool = False,
-    clients_for_data: bool = False,
-    combine: Combine | None = None,
-    plain_chain_only: bool = False,
-    columns: Sequence[Column] = (),
-    mixed_widths: bool = False,
-    counterpart_of: str = "",
-    on_path: bool = True,
-    server_sees: str = DEFAULT_SERVER_SEES,
-    builds_model: BuildModel | None = None,
-    sum_exponents: SumExponents | None = None,
-    secure_note: str = "",
-    divide_by_holders: bool = False,
-    min_clients: int | MinClients = 1,
-    secure_sums: SecureSums | None = None,
-    needs_base: bool = False,
     replace: bool = False,
 ) -> Callable[[Callable[[MergeJob], Alignment]], Callable[[MergeJob], Alignment]]:
-    """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``."""
+    """Decorator registering ``align(job) -> Alignment`` as the merge method ``name``, with
+    what it needs (:class:`Needs`) and how its result is built (:class:`Rule`)."""
     if name.endswith(CALIBRATED_SUFFIX) or name in REFERENCE_METHODS:
         raise ValueError(
             f"merge method name {name!r}: allowed: a name not ending in "
             f"{CALIBRATED_SUFFIX!r} and not {', '.join(REFERENCE_METHODS)}"
         )
-    check_own_columns(name, tuple(columns), replace=replace)
-    secure = SecureForm(server_sees, sum_exponents, secure_sums, divide_by_holders, secure_note)
-    secure.check(name, mixed_widths)
-
     needs = Needs(
         *(needs_server_data, clients_for_data, needs_clients, needs_base, plain_chain_only),
         *(many_clients, min_clients if callable(min_clients) else int(min_clients), mixed_widths),
     )
-    evaluation = Evaluation(reestimate_bn, repair, on_path, counterpart_of, tuple(columns))
+    rule = Rule(combine, builds_model, reestimate_bn, repair)
 
     def decorator(align: Callable[[MergeJob], Alignment]) -> Callable[[MergeJob], Alignment]:
-        rule = Rule(combine, builds_model)
-        entry = MergeMethod(name, description, align, needs, evaluation, rule, secure)
-        METHODS.add(name, entry, replace=replace)
+        METHODS.add(name, MergeMethod(name, description, align, needs, rule), replace=replace)
         return align
 
     return decorator
-
-
-def check_own_columns(method: str, columns: Sequence[Column], *, replace: bool = False) -> None:
-    """A method's own columns must be :class:`Column` rows of ``source = "row"`` whose names are
-    new: not a common column, not another method's different column."""
-    taken = {c.name for c in COMMON_COLUMNS}
-    others = {
-        c.name: c
-        for m in METHODS
-        if not (replace and m.name == method)
-        for c in m.evaluation.columns
-    }
-    for column in columns:
-        if not isinstance(column, Column) or column.source != "row":
-            what = column.name if isinstance(column, Column) else column
-            raise ValueError(
-                f"merge method {method!r}: column {what!r}; allowed: a "
-                "fedlmc.columns.Column with source 'row'"
-            )
-        if column.name in taken or others.get(column.name, column) != column:
-            raise ValueError(
-                f"merge method {method!r}: column {column.name!r} is already declared; allowed: "
-                "a new column name"
-            )
-    check_unique(columns)
 
 
 def merge_method(name: str) -> MergeMethod:
@@ -497,21 +439,6 @@ def base_method(method: str) -> str:
     if isinstance(method, str) and method.endswith(CALIBRATED_SUFFIX):
         return method[: -len(CALIBRATED_SUFFIX)]
     return method
-
-
-def mixed_width_row(method: str) -> str | None:
-    """The row that stands for ``method`` in a run of clients of different widths: itself for a
-    reference method or a ``mixed_widths`` merge; the mixed-width method registered
-    ``counterpart_of`` its merge, with its ``_t`` kept (``"average_t"`` ->
-    ``"embed_average_t"``); ``None`` when there is none."""
-    base = base_method(method)
-    if base not in METHODS or METHODS.get(base).needs.mixed_widths:
-        return method
-    twin = next(
-        (m.name for m in METHODS if m.needs.mixed_widths and m.evaluation.counterpart_of == base),
-        None,
-    )
-    return None if twin is None else twin + method[len(base) :]
 
 
 def study_methods(federated: bool = False) -> tuple[str, ...]:

@@ -95,7 +95,9 @@ def merge_states(
 ) -> tuple[StateDict, list[StateDict]] | tuple[StateDict, list[StateDict], dict[str, Any]]:
     r"""Merge ``states`` with the registered ``method``: ``(merged, aligned clients)``, and with
     ``with_info=True`` ``(merged, aligned clients, info)``, ``info`` being what the method
-    reports (its ``Alignment.info``, e.g. ``auto``'s choice; the columns it declared).
+    reports (its ``Alignment.info``, e.g. ``auto``'s choice; the study and the strategies check
+    it against the columns its evaluation policy declares,
+    :func:`fedlmc.study.method_policy.check_info`).
 
     ``merged`` is the method's own merge or :math:`\sum_i w_i \pi_i(\theta_i)` (the method's
     ``combine`` rule where it has one), :math:`w_i` the normalised ``weights`` (default:
@@ -117,8 +119,7 @@ def merge_states(
     into ``template``'s shapes, the server width), missing ``server_data`` (or, for methods that
     take the clients' data instead, ``clients``), ``clients`` or ``base``, too many or too few
     clients, a model that is no norm-free plain chain for a ``plain_chain_only`` method, a layer
-    without a bias for REPAIR (:func:`model_facts`); after the merge when the method reports a
-    column it did not declare.
+    without a bias for REPAIR (:func:`model_facts`).
     """
     from fedlmc.averaging import average, normalised_weights
     from fedlmc.evaluation import resolve_device
@@ -160,16 +161,10 @@ def merge_states(
 
 def _run(entry: MergeMethod, job: MergeJob) -> tuple[StateDict, list[StateDict], dict[str, Any]]:
     """The method's alignment of ``job``, its merge (its own, else its ``combine`` of the
-    aligned clients at the weights of the clients it kept) and its declared info."""
+    aligned clients at the weights of the clients it kept) and its info."""
     from fedlmc.averaging import normalised_weights
 
     alignment = entry.align(job)
-    undeclared = sorted(set(alignment.info) - {c.name for c in entry.evaluation.columns})
-    if undeclared:
-        raise ValueError(
-            f"merge method {entry.name!r} reports column {undeclared[0]!r} it does not declare; "
-            "allowed: the names in its register_method(columns=...)"
-        )
     w = job.weights
     if alignment.kept is not None:
         w = normalised_weights([w[i] for i in alignment.kept], len(alignment.kept))

@@ -171,14 +171,14 @@ def reestimates_batchnorm(model: nn.Module, method: MergeMethod) -> bool:
     """Whether ``model`` (merged by ``method``) gets its BatchNorm statistics re-estimated."""
     from fedlmc.merging.calibrate import has_batchnorm
 
-    return method.evaluation.reestimate_bn and has_batchnorm(model)
+    return method.rule.reestimate_bn and has_batchnorm(model)
 
 
 def repairs(model: nn.Module, method: MergeMethod, endpoints: int) -> bool:
     """Whether ``model`` (merged by ``method`` from ``endpoints`` clients) is repaired."""
     from fedlmc.merging.calibrate import has_batchnorm
 
-    return method.evaluation.repair and endpoints >= 2 and not has_batchnorm(model)
+    return method.rule.repair and endpoints >= 2 and not has_batchnorm(model)
 
 
 def _reestimate_batchnorm(

@@ -56,7 +56,7 @@ def model_facts(
     facts: dict[str, Any] = {"model": type(template).__name__}
     if any(e.needs.plain_chain_only for e in entries):
         facts["chain_reason"] = plain_chain_reason(template, spec)
-    if any(e.evaluation.repair for e in entries):
+    if any(e.rule.repair for e in entries):
         from fedlmc.merging.calibrate import has_batchnorm
         from fedlmc.merging.repair import bias_free_layer
 

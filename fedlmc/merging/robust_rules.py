@@ -38,8 +38,9 @@ count of batches is no weight). ``krum`` and ``multi_krum`` report which clients
 (:data:`KRUM_COLUMNS`).
 
 Every rule needs each model in the clear (``server_sees = "each model"``): none runs under
-secure aggregation. Each is registered with ``on_path = False`` (the merge is no point on a path
-between the clients: barrier columns NaN, compared by their ``merge_gap_*`` columns).
+secure aggregation. The study evaluates each with ``on_path = False`` (the merge is no point on a
+path between the clients: barrier columns NaN, compared by their ``merge_gap_*`` columns;
+:mod:`fedlmc.study.builtin_evaluations`).
 
 This module imports no torch at import time (the registry imports it to register
 the methods); each method imports what it needs when it runs.
@@ -242,9 +243,7 @@ def _krum_alignment(job: MergeJob, select: int) -> Alignment:
 
 @builtin_method(
     "median",
-    server_sees="each model",
     description="coordinate-wise median of the clients (Flower's FedMedian rule, once; unweighted)",
-    on_path=False,
 )
 def median_merge(job: MergeJob) -> Alignment:
     r""":math:`\bar\theta[c] = \mathrm{median}_i\, \theta_i[c]` (:func:`coordinate_median`)."""
@@ -253,10 +252,8 @@ def median_merge(job: MergeJob) -> Alignment:
 
 @builtin_method(
     "trimmed_mean",
-    server_sees="each model",
     description="coordinate-wise mean after trimming floor(trim-fraction x N) clients at each "
     "end (Flower's FedTrimmedAvg rule, once; unweighted)",
-    on_path=False,
 )
 def trimmed_mean_merge(job: MergeJob) -> Alignment:
     """The trimmed mean at ``job.options["trim_fraction"]`` (default :data:`TRIM_FRACTION`)."""
@@ -266,12 +263,9 @@ def trimmed_mean_merge(job: MergeJob) -> Alignment:
 
 @builtin_method(
     "krum",
-    server_sees="each model",
     min_clients=_krum_min_clients,
     description="Krum: the one client closest to its N - f - 2 nearest others (Flower's Krum "
     "rule, once; needs N >= 2f + 3)",
-    on_path=False,
-    columns=KRUM_COLUMNS,
 )
 def krum_merge(job: MergeJob) -> Alignment:
     """The client of the lowest Krum score (:func:`krum_selection` with :math:`m = 1`)."""
@@ -280,12 +274,9 @@ def krum_merge(job: MergeJob) -> Alignment:
 
 @builtin_method(
     "multi_krum",
-    server_sees="each model",
     min_clients=_multi_krum_min_clients,
     description="multi-Krum: the weighted average of the krum-select clients of the lowest "
     "Krum scores (Flower's MultiKrum rule, once)",
-    on_path=False,
-    columns=KRUM_COLUMNS,
 )
 def multi_krum_merge(job: MergeJob) -> Alignment:
     """The ``krum_select`` clients of the lowest scores, averaged at their weights."""

@@ -22,8 +22,9 @@ own share, no other client's), and the server post-scales the mean by
 The plain average has every exponent :math:`e_k = 0` (:func:`plain_exponents`);
 ``average_lewc_bias`` (LEWC's bias rule :math:`\sum_i w_i^{\,l} b^{(i)}_l`) has
 :math:`e = l - 1` on the bias of chain layer :math:`l` and 0 elsewhere
-(:func:`lewc_bias_exponents`). A merge method registers its exponents as ``sum_exponents``
-(:mod:`fedlmc.merging.method_registry`); that is what makes it run under secure aggregation.
+(:func:`lewc_bias_exponents`). The private layer registers a method's exponents as its
+``sum_exponents`` (``fedlmc.strategies.secure_forms``); that is what makes it run under secure
+aggregation.
 
 **Mixed widths.** A method that takes clients of different widths (``embed_average``) is
 the plain weighted mean of the clients embedded into the server's shapes at their first units

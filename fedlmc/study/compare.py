@@ -77,6 +77,7 @@ from fedlmc.averaging import normalised_weights
 from fedlmc.capture import linear_layers
 from fedlmc.evaluation import resolve_device
 from fedlmc.merging.merge_job import ClientQueries
+from fedlmc.merging.merge_result import calibrated
 from fedlmc.merging.method_registry import (
     CALIBRATED_SUFFIX,
     REFERENCE_METHODS,
@@ -84,6 +85,7 @@ from fedlmc.merging.method_registry import (
     base_method,
     refusal,
 )
+from fedlmc.merging.post_merge import Calibration
 from fedlmc.merging.request_facts import model_facts
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
@@ -218,6 +220,7 @@ def _base_columns(context: StudyContext, baseline: ClientBaseline, method: str) 
     context.say(f"merging: {method}")
     merged = merge_in_context(context, method)
     pred = context.predict(merged.model)
+    merged = calibrated(merged, Calibration(pred.temperature))  # its _t row evaluates it at T
     metrics = pred.metrics(context.splits.test[1])
     columns: dict[str, Any] = {"merge_seconds": merged.seconds, **merged.info}
     if merged.query_rounds:  # the federation adds its collecting round's (the ServerApp)

@@ -2,14 +2,16 @@ r"""One merge of the study: the registered method, then the post-merge pipeline,
 
 :func:`merge_in_context` merges the clients of a :class:`~fedlmc.study.context.StudyContext` with
 one registered method (:func:`fedlmc.merging.methods.merge_states`) and runs the post-merge
-pipeline on the server split (:func:`fedlmc.merging.post_merge.post_merge`: BatchNorm statistics
-re-estimated, or, for REPAIR methods, every hidden unit repaired). The :class:`Merged` it returns
-carries what the rows' columns need: the evaluated model, the aligned clients, the weights as
-the method combined them, the method's path rule :math:`\theta(\lambda)` between two models and
-the time it took. A method registered with ``builds_model`` (Preserve-First Merging) evaluates
-the model it builds from the aligned clients instead, with no post-merge step (its methods are
-plain chains without BatchNorm); its ``state`` is then the combination of the aligned clients
-its later layers use, and ``template_shaped`` is false. :func:`merge_clients` is the same merge
+pipeline on the server split (:func:`fedlmc.merging.merge_result.finish_merge`: BatchNorm
+statistics re-estimated, or, for REPAIR methods, every hidden unit repaired). The :class:`Merged`
+it returns is the one merge result every path produces
+(:class:`~fedlmc.merging.merge_result.MergeResult`: the evaluated model, the aligned clients,
+the weights as the method combined them, the time it took) with what the study adds: the
+method's path rule :math:`\theta(\lambda)` between two models and the clients' query rounds.
+A method registered with ``builds_model`` (Preserve-First Merging) evaluates the model it builds
+from the aligned clients instead, with no post-merge step (its methods are plain chains without
+BatchNorm); its ``state`` is then the combination of the aligned clients its later layers use,
+and ``template_shaped`` is false. :func:`merge_clients` is the same merge
 for a caller without a context (template-shaped merges only).
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,16 +28,18 @@ from torch import Tensor, nn
 from fedlmc.analysis.paths import PathRule
 from fedlmc.averaging import interpolate, normalised_weights
 from fedlmc.evaluation import resolve_device
+from fedlmc.merging.merge_result import MergeResult, finish_merge
 from fedlmc.merging.method_registry import (
     check_template_merge,
     merge_method,
     refuse_calibrated_row,
 )
 from fedlmc.merging.methods import CALIBRATE_CALL, merge_states
-from fedlmc.merging.post_merge import PostMerged, ServerData, post_merge
+from fedlmc.merging.post_merge import ServerData
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import PermutationSpec
 from fedlmc.study.context import StudyContext, check_states
+from fedlmc.study.method_policy import check_info, evaluation_of
 
 if TYPE_CHECKING:
     from fedlmc.data.loading import DataSplits
@@ -52,29 +56,21 @@ __all__ = [
 ]
 
 
-@dataclass
-class Merged:
-    """A merged model with what the diagnostics need: the aligned clients, the weights as the
-    method combined them (``combined``: before BatchNorm re-estimation or REPAIR), the method's
-    path rule between two models (``path``; ``None`` for a method whose merge is on no path
-    between them, e.g. ``random_direction``) and the timing. ``template_shaped`` is false for a
-    method registered with ``builds_model``: ``model`` is then of another architecture and
-    ``state`` only the combination of the aligned clients (no state dict of ``model``).
-    ``query_rounds`` and ``query_bytes``: the message rounds and reply bytes of the clients'
-    query rounds the method ran (a federation's clients that count them, such as
-    :class:`fedlmc.strategies.queries.ClientRounds`; 0 otherwise), ``query_lost`` the clients
-    it merged without because a query dropped them."""
+@dataclass(frozen=True)
+class Merged(MergeResult):
+    """A study's merge result (:class:`~fedlmc.merging.merge_result.MergeResult`: the finished
+    ``model``, ``state``, the ``aligned`` clients, ``combined``: the weights as the method
+    combined them, before BatchNorm re-estimation or REPAIR, ``seconds``, ``bn_reset``,
+    ``repaired``, ``info``, ``template_shaped``: false for a method registered with
+    ``builds_model``, whose ``model`` is of another architecture and ``state`` only the
+    combination of the aligned clients) with the method's path rule between two models
+    (``path``; ``None`` for a method whose merge is on no path between them, e.g.
+    ``random_direction``). ``query_rounds`` and ``query_bytes``: the message rounds and reply
+    bytes of the clients' query rounds the method ran (a federation's clients that count them,
+    such as :class:`fedlmc.strategies.queries.ClientRounds`; 0 otherwise), ``query_lost`` the
+    clients it merged without because a query dropped them."""
 
-    model: nn.Module
-    state: StateDict
-    aligned: list[StateDict]
-    seconds: float
-    bn_reset: bool
-    repaired: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
-    combined: StateDict = field(default_factory=dict)
     path: PathRule | None = interpolate
-    template_shaped: bool = True
     query_rounds: int = 0
     query_bytes: int = 0
     query_lost: list[Any] = field(default_factory=list)
@@ -107,7 +103,7 @@ def path_rule(method: str, template: nn.Module, spec: PermutationSpec | None) ->
     :math:`(\lambda, 1 - \lambda)` (e.g. depth-weighted biases at every :math:`\lambda`);
     ``None`` for a method registered ``on_path = False`` (its barrier columns stay NaN)."""
     entry = merge_method(method)
-    if not entry.evaluation.on_path:
+    if not evaluation_of(method).on_path:
         return None
     if entry.rule.combine is None:
         return interpolate
@@ -137,30 +133,23 @@ def merge_in_context(context: StudyContext, method: str) -> Merged:
         base=context.base,
         with_info=True,
     )
-    if entry.rule.template_shaped:
-        source = None if server_data is None else ServerData(*server_data)
-        finished = post_merge(
-            context.template, merged, aligned, weights, method, source, device=context.device
-        )
-    else:
-        options = dict(context.method_options)
-        model = entry.rule.builds_model(context.template, aligned, weights, options)
-        model = model.to(context.device).eval()
-        finished = PostMerged(model, merged, "none", repaired=False)
-    if context.device.type == "cuda":
-        torch.cuda.synchronize(context.device)
+    check_info(method, info)
+    result = finish_merge(
+        method,
+        context.template,
+        merged,
+        aligned,
+        weights,
+        None if server_data is None else ServerData(*server_data),
+        device=context.device,
+        info=info,
+        options=context.method_options,
+        started=start,
+    )
     after = _query_counts(context.clients)
     return Merged(
-        model=finished.model,
-        state=finished.state,
-        aligned=aligned,
-        seconds=time.perf_counter() - start,
-        bn_reset=finished.bn_reestimated,
-        repaired=finished.repaired,
-        info=info,
-        combined=merged,
+        **{f.name: getattr(result, f.name) for f in fields(MergeResult)},
         path=path_rule(method, context.template, context.spec),
-        template_shaped=entry.rule.template_shaped,
         query_rounds=after[0] - before[0],
         query_bytes=after[1] - before[1],
         query_lost=list(getattr(context.clients, "dropped", ())) if entry.needs.clients else [],

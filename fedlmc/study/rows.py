@@ -2,7 +2,8 @@ r"""The results-row schema: one tidy row per evaluated method, the columns and h
 
 Every row of :func:`fedlmc.study.compare_methods` (and of the Flower server, which adds its
 round columns) has every column of :func:`row_columns`: the common ones (:data:`COLUMNS`) and
-those the registered merge methods declare (``register_method(..., columns=...)``, e.g. the
+those the registered merge methods' evaluation policies declare
+(:func:`fedlmc.study.method_policy.register_evaluation`, ``columns=...``, e.g. the
 ``auto`` method's ``auto_choice``); a value that does not apply is NaN (numbers) or an empty
 string (text, and JSON lists for the per-layer ones). Every column is declared once, with what
 it measures, where it applies and its definition, in the column table of :mod:`fedlmc.columns`;
@@ -29,7 +30,8 @@ from fedlmc.columns import (
     check_unique,
 )
 from fedlmc.merging.method_registry import METHODS, MergeMethod, base_method
-from fedlmc.merging.server_sees import REFERENCE_SERVER_SEES
+from fedlmc.study.method_policy import evaluation_of
+from fedlmc.study.server_sees import REFERENCE_SERVER_SEES
 
 __all__ = [
     "COLUMNS",
@@ -64,7 +66,7 @@ def method_columns() -> tuple[Column, ...]:
     declared by several registrations of one function, e.g. under two names, counted once)."""
     found: dict[str, Column] = {}
     for method in METHODS:
-        for column in method.evaluation.columns:
+        for column in evaluation_of(method.name).columns:
             found.setdefault(column.name, column)
     return tuple(found.values())
 
@@ -110,7 +112,7 @@ def _cell(text: str) -> str:
 def _declared_by() -> dict[str, list[str]]:
     by: dict[str, list[str]] = {}
     for method in METHODS:
-        for column in method.evaluation.columns:
+        for column in evaluation_of(method.name).columns:
             by.setdefault(column.name, []).append(method.name)
     return by
 
@@ -119,7 +121,7 @@ METHOD_SCOPE_RULES: dict[str, tuple[str, Callable[[MergeMethod], bool]]] = {
     "on_path": (
         "merge methods whose merge lies on the path between the clients (registered on_path, a "
         "state dict of the model)",
-        lambda m: m.evaluation.on_path and m.rule.template_shaped,
+        lambda m: evaluation_of(m.name).on_path and m.rule.template_shaped,
     ),
     "template_shaped": (
         "merge methods whose merge is a state dict of the model",
@@ -173,11 +175,12 @@ def empty_row(method: str, num_clients: int) -> dict[str, Any]:
 
 def server_sees_of(method: str) -> str:
     """What the row ``method``'s merge rule needs the server to see: the registered method's
-    ``server_sees`` (``m_t`` as ``m``), :data:`~fedlmc.merging.server_sees.REFERENCE_SERVER_SEES`
-    for the ensembles and ``fedavg``, empty for any other name."""
+    ``server_sees`` (its evaluation policy's, :func:`fedlmc.study.method_policy.evaluation_of`;
+    ``m_t`` as ``m``), :data:`~fedlmc.study.server_sees.REFERENCE_SERVER_SEES` for the ensembles
+    and ``fedavg``, empty for any other name."""
     base = base_method(method)
     if base in METHODS:
-        return METHODS.get(base).secure.server_sees
+        return evaluation_of(base).server_sees
     return REFERENCE_SERVER_SEES.get(base, "")
 
 

@@ -8,8 +8,8 @@
 clients' (pre-scaled or embedded) arrays.
 :func:`check_secure_aggregation` refuses, before any work, every cell whose merge needs more
 than a sum (naming the method and what its rule needs the server to see,
-:mod:`fedlmc.merging.server_sees`), a ``sum`` rule not built securely (naming what it would
-need, its registered ``secure_note``) and the settings the secure path does not run. No Flower
+:mod:`fedlmc.study.server_sees`), a ``sum`` rule not built securely (naming what it would
+need, its secure form's ``note``) and the settings the secure path does not run. No Flower
 import here: the run-config validation reads it.
 """
 
@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedlmc.merging.method_registry import base_method
-from fedlmc.merging.server_sees import SECURE_SUM
 from fedlmc.simulations.config.schema import ConfigError
 from fedlmc.simulations.config.values import ONE_SHOT_MODES
+from fedlmc.study.server_sees import SECURE_SUM
 
 __all__ = [
     "SECURE_MODES",
@@ -52,11 +52,12 @@ def secure_cells_in_flight(configs: Sequence[Mapping[str, Any]], wanted: int) ->
 
 
 def secure_methods() -> tuple[str, ...]:
-    """The merge methods secure aggregation runs, from the registry: ``server_sees = "sum"``
-    with their ``sum_exponents`` (:mod:`fedlmc.merging.sum_form`)."""
+    """The merge methods secure aggregation runs, from the registries: ``server_sees = "sum"``
+    with a secure form that computes it (:func:`fedlmc.strategies.secure_forms.runs_securely`)."""
     from fedlmc.merging.method_registry import METHODS
+    from fedlmc.strategies.secure_forms import runs_securely
 
-    return tuple(m.name for m in METHODS if m.secure.runs_securely)
+    return tuple(m.name for m in METHODS if runs_securely(m.name))
 
 
 def secure_choices() -> str:
@@ -76,14 +77,14 @@ def _needs_more_than_sum(method: str) -> str | None:
 
 
 def _not_built(method: str) -> str | None:
-    """Why the ``sum`` rule ``method`` does not run securely here (its ``secure_note``), or
-    None when it runs (or is no registered merge method: a reference row such as ``fedavg``)."""
+    """Why the ``sum`` rule ``method`` does not run securely here (its secure form's ``note``),
+    or None when it runs (or is no registered merge method: a reference row such as ``fedavg``)."""
     from fedlmc.merging.method_registry import METHODS
+    from fedlmc.strategies.secure_forms import NOT_BUILT, runs_securely, secure_form
 
-    entry = METHODS.get(base_method(method)) if base_method(method) in METHODS else None
-    if entry is None or entry.secure.runs_securely:
+    if base_method(method) not in METHODS or runs_securely(method):
         return None
-    return entry.secure.note or "it registers no sum_exponents (how each client would pre-scale)"
+    return secure_form(method).note or NOT_BUILT
 
 
 def _refuse_methods(config: Mapping[str, Any], mode: str, methods: Sequence[str]) -> None:

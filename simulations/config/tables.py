@@ -19,6 +19,8 @@ from fedlmc.merging.method_registry import (
 from fedlmc.models.registry import MODELS
 from fedlmc.simulations.config import FEDAVG, option_key, run_schema
 from fedlmc.simulations.config.schema import Key, bounds_text
+from fedlmc.strategies.secure_forms import NOT_BUILT, runs_securely, secure_form
+from fedlmc.study.method_policy import evaluation_of
 from fedlmc.study.rows import columns_markdown, server_sees_of
 from fedlmc.training_columns import training_columns_markdown
 
@@ -67,10 +69,10 @@ def methods_table() -> str:
             f"`{m.name}`, `{m.name}{CALIBRATED_SUFFIX}`",
             _data_source(m),
             _yes(m.needs.many_clients),
-            _yes(m.evaluation.reestimate_bn),
+            _yes(m.rule.reestimate_bn),
             _yes(m.needs.mixed_widths),
             m.description,
-            m.secure.server_sees,
+            server_sees_of(m.name),
         ]
         for m in METHODS
     ]
@@ -96,23 +98,18 @@ def methods_table() -> str:
 def _secure_row(method: MergeMethod) -> list[str]:
     """A method's row of :func:`secure_methods_table`."""
     name = f"`{method.name}`, `{method.name}{CALIBRATED_SUFFIX}`"
-    if method.secure.runs_securely:
+    sees, form = evaluation_of(method.name).server_sees, secure_form(method.name)
+    if runs_securely(method.name):
         cell = (
             '`strategy = "average"`'
             if method.name == "average"
             else f'`strategy = "aligned"`, `align = "{method.name}"`'
         )
         runs = "yes, plus the holder masks (about twice the bytes)"
-        return [
-            name,
-            method.secure.server_sees,
-            runs if method.secure.divide_by_holders else "yes",
-            cell,
-        ]
-    if method.secure.server_sees == "sum":
-        need = method.secure.note or "its sum_exponents (how each client would pre-scale)"
-        return [name, method.secure.server_sees, "not built", f"would need {need}"]
-    return [name, method.secure.server_sees, "no", "its rule needs more than a sum"]
+        return [name, sees, runs if form.divide_by_holders else "yes", cell]
+    if sees == "sum":
+        return [name, sees, "not built", f"would need {form.note or NOT_BUILT}"]
+    return [name, sees, "no", "its rule needs more than a sum"]
 
 
 def secure_methods_table() -> str:

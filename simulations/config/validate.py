@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fedlmc.merging.method_registry import mixed_width_row
 from fedlmc.simulations.config.checks import (
     check_cuda,
     check_data_source,
@@ -40,6 +39,7 @@ from fedlmc.simulations.config.schema import (
     did_you_mean,
 )
 from fedlmc.simulations.config.values import Mode
+from fedlmc.study.method_policy import mixed_width_row
 
 
 def validate_run_config(
@@ -74,7 +74,7 @@ def default_methods() -> str:
 
 def mixed_width_counterparts(methods: str) -> str:
     """``methods`` with each row's mixed-width counterpart
-    (:func:`fedlmc.merging.method_registry.mixed_width_row`), rows without one left out:
+    (:func:`fedlmc.study.method_policy.mixed_width_row`), rows without one left out:
     ``"average,average_t,ensemble"`` -> ``"embed_average,embed_average_t,ensemble"``."""
     rows = (mixed_width_row(m) for m in method_list({"methods": methods}))
     return ",".join(m for m in rows if m is not None)

@@ -32,8 +32,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from fedlmc.averaging import load_state
-from fedlmc.merging.post_merge import ServerData, post_merge
+from fedlmc.merging.merge_result import calibrated, finish_merge
+from fedlmc.merging.post_merge import Calibration, ServerData
 from fedlmc.simulations.config.dp import CLIENT_FIXED, DP_DELTA
 from fedlmc.simulations.records.server_outcome import ServerRun, width_columns
 from fedlmc.study.model_rows import merge_rows
@@ -107,20 +107,21 @@ def run_dp_average(run: ServerRun) -> None:
     noisy = {k: v.to(initial[k].dtype) for k, v in record_to_state(result.arrays).items()}
     start = time.perf_counter()
     server = ServerData(*splits.server) if len(splits.server[1]) else None
-    finished = post_merge(template, noisy, [], [1.0], "average", server, device=device)
-    outcome.merged["average"] = finished.state
-    model = load_state(template, finished.state).to(device).eval()
+    merged = finish_merge("average", template, noisy, [], [1.0], server, device=device)
+    outcome.merged["average"] = merged.state
     columns = dp_round_columns(strategy, config, seconds, width_columns(config))
     columns.update(merge_seconds=time.perf_counter() - start, dp_epsilon=dp_epsilon(z, n_clients))
-    calibrated = run.plan.strategy_options.calibration == "server" and server is not None
-    temperature = server.temperature(model)[0] if calibrated else None
+    fits = run.plan.strategy_options.calibration == "server" and server is not None
+    if fits:
+        merged = calibrated(merged, Calibration(server.temperature(merged.model)[0]))
+    temperature = merged.temperature if fits else None
     rows = merge_rows(
         "average",
-        model,
+        merged.model,
         splits,
         device=device,
         num_clients=strategy.replies,
-        calibrated=calibrated,
+        calibrated=fits,
         temperature=temperature,
         temperature_server_split=temperature,
     )

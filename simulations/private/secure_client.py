@@ -37,7 +37,6 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 
-from fedlmc.merging.method_registry import merge_method
 from fedlmc.strategies.protocol import (
     NUM_PARTITIONS_KEY,
     PARTITION_KEY,
@@ -116,14 +115,15 @@ def scaled_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count:
     from fedlmc.merging.sum_form import client_scaled, embedded_for_sum
     from fedlmc.permutation.model_spec import permutation_spec
     from fedlmc.strategies.secure import CLIPPING_KEY, MAX_WEIGHT_KEY, MERGE_KEY, SecureSettings
+    from fedlmc.strategies.secure_forms import runs_securely, secure_form
 
     entry = merge_method(str(fit_config.get(MERGE_KEY, "average")))
-    if not entry.secure.runs_securely:
+    if not runs_securely(entry.name):
         raise ValueError(f"merge method {entry.name!r} does not run under secure aggregation")
     spec = permutation_spec(model)
     if entry.needs.mixed_widths:
         state = embedded_for_sum(state, model, spec)
-    exponents = entry.secure.sum_exponents(spec, state)
+    exponents = secure_form(entry.name).sum_exponents(spec, state)
     if not any(exponents.values()):
         return state
     settings = SecureSettings(float(fit_config[CLIPPING_KEY]), float(fit_config[MAX_WEIGHT_KEY]))
@@ -135,13 +135,12 @@ def sent_for_merge(state: dict, model: Any, fit_config: dict[str, Any], count: i
     :func:`scaled_for_merge` state; for a rule that divides by the holders (``heterofl``), its
     model embedded in the server's shapes with the entries it does not hold set to 0 and its
     holder masks times the clipping range (:func:`fedlmc.merging.sum_form.held_for_sum`)."""
-    from fedlmc.merging.method_registry import merge_method
     from fedlmc.merging.sum_form import held_for_sum
     from fedlmc.permutation.model_spec import permutation_spec
     from fedlmc.strategies.secure import CLIPPING_KEY, MERGE_KEY
+    from fedlmc.strategies.secure_forms import secure_form
 
-    entry = merge_method(str(fit_config.get(MERGE_KEY, "average")))
-    if not entry.secure.divide_by_holders:
+    if not secure_form(str(fit_config.get(MERGE_KEY, "average"))).divide_by_holders:
         return [scaled_for_merge(state, model, fit_config, count)]
     clipping = float(fit_config[CLIPPING_KEY])
     return list(held_for_sum(state, model, permutation_spec(model), clipping))
@@ -160,6 +159,7 @@ def statistics_for_merge(
     from fedlmc.simulations.config.field_keys import field_method_options
     from fedlmc.simulations.task import client_run_config, client_train_data
     from fedlmc.strategies.secure import CLIPPING_KEY, MERGE_KEY
+    from fedlmc.strategies.secure_forms import secure_form
     from fedlmc.strategies.secure_statistics import WEIGHT_RANGE_KEY
 
     config = client_run_config(context.run_config, fit_config)
@@ -172,9 +172,9 @@ def statistics_for_merge(
         "statistics_range": float(config["secagg-statistics-range"]),
         "statistics_seed": statistics_seed(config["seed"], pid),
     }
-    entry = merge_method(str(fit_config[MERGE_KEY]))
+    sums = secure_form(str(fit_config[MERGE_KEY])).secure_sums
     data = client_train_data(config, pid, num_partitions, holdout_share(fit_config))
-    return entry.secure.secure_sums.client_parts(model.eval(), data, options)
+    return sums.client_parts(model.eval(), data, options)
 
 
 def _clear_train_reply(
@@ -195,6 +195,7 @@ def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -
     a legacy ``FitRes`` holding the floating-point arrays (the mod masks them before anything
     is sent)."""
     from fedlmc.strategies.secure import CLIPPING_KEY, MERGE_KEY, check_in_range, secure_arrays
+    from fedlmc.strategies.secure_forms import secure_form
     from fedlmc.strategies.secure_temperature import TASK_KEY, TEMPERATURE_TASK
 
     fit_ins = compat.recorddict_to_fitins(message.content, keep_input=True)
@@ -209,7 +210,7 @@ def secure_fit_reply(message: Message, context: Context, train_reply: Handler) -
     pid = int(metrics["partition-id"])
     count = int(metrics["num-examples"])
     _check_count(count, fit_config, pid)
-    if merge_method(str(fit_config.get(MERGE_KEY, "average"))).secure.secure_sums is not None:
+    if secure_form(str(fit_config.get(MERGE_KEY, "average"))).secure_sums is not None:
         sent = statistics_for_merge(state, model, message, context, fit_config)
     else:
         sent = sent_for_merge(state, model, fit_config, count)

@@ -51,8 +51,8 @@ from typing import Any
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import evaluate
 from fedlmc.merging.lewc_temperature import LewcPrediction
-from fedlmc.merging.method_registry import merge_method
-from fedlmc.merging.post_merge import ServerData, post_merge
+from fedlmc.merging.merge_result import calibrated, finish_merge
+from fedlmc.merging.post_merge import Calibration, ServerData
 from fedlmc.simulations.config.field_keys import field_method_options
 from fedlmc.simulations.records.server_outcome import ServerRun, width_columns
 from fedlmc.strategies.protocol import HOLDOUT_SHARE_KEY
@@ -70,6 +70,7 @@ from fedlmc.strategies.secure_checks import (
     merged_model_problem,
     refusal,
 )
+from fedlmc.strategies.secure_forms import secure_form
 from fedlmc.strategies.secure_statistics import (
     WEIGHT_RANGE_KEY,
     fine_settings,
@@ -78,8 +79,10 @@ from fedlmc.strategies.secure_statistics import (
 )
 from fedlmc.strategies.secure_temperature import SecureTemperature, secure_temperature
 from fedlmc.study.model_rows import merge_rows
+from fedlmc.study.server_sees import SECURE_SUM
 
 __all__ = [
+    "finish_secure_average",
     "run_secure_average",
     "secure_fit_config",
     "secure_round_columns",
@@ -117,11 +120,11 @@ def merge_exponents(method: str, template) -> dict[str, int]:
     (:mod:`fedlmc.merging.sum_form`)."""
     from fedlmc.permutation.model_spec import permutation_spec
 
-    entry = merge_method(method)
-    if entry.secure.sum_exponents is None:  # the run-config check refuses it first
+    form = secure_form(method)
+    if form.sum_exponents is None:  # the run-config check refuses it first
         raise ValueError(f"merge method {method!r} does not run under secure aggregation")
-    exponents = entry.secure.sum_exponents(permutation_spec(template), template.state_dict())
-    if entry.secure.divide_by_holders and any(exponents.values()):
+    exponents = form.sum_exponents(permutation_spec(template), template.state_dict())
+    if form.divide_by_holders and any(exponents.values()):
         raise ValueError(f"merge method {method!r}: holder division with nonzero exponents")
     return exponents
 
@@ -162,14 +165,14 @@ def run_secure_average(run: ServerRun) -> None:
     """The secure mode (see the module docstring); fills ``run.outcome`` like the clear mode
     (its rows, :func:`fedlmc.study.model_rows.merge_rows`, and merged state)."""
     grid, config, splits, template = run.grid, run.config, run.splits, run.template
-    device, outcome = run.device, run.outcome
+    outcome = run.outcome
     method = run.plan.merge_method  # average, or the align method of aligned
     initial = {k: v.detach().cpu() for k, v in template.state_dict().items()}
     n_clients, timeout = int(config["num-clients"]), float(config["timeout"])
     settings = secure_settings(
         initial, len(splits.train[1]), float(config["secagg-clipping-range"])
     )
-    sums, bound = merge_method(method).secure.secure_sums, None
+    sums, bound = secure_form(method).secure_sums, None
     if sums is not None:  # finer levels, and the weight range the Fisher values are scaled by
         settings = fine_settings(settings, n_clients)
         fixed = float(config["secagg-clipping-range"]) > 0
@@ -184,7 +187,7 @@ def run_secure_average(run: ServerRun) -> None:
         )
     else:
         exponents = merge_exponents(method, template)
-        holders = merge_method(method).secure.divide_by_holders
+        holders = secure_form(method).divide_by_holders
         result = secure_average(
             grid, initial, n_clients, sent, settings, timeout, exponents, holders
         )
@@ -195,26 +198,48 @@ def run_secure_average(run: ServerRun) -> None:
         outcome.progress(f"SecAgg+ merged, unmasked without the shares of {late}")
     outcome.progress.trained(len(result.num_examples), result.seconds)
     outcome.progress(secure_round_text(result))
+    finish_secure_average(run, result, sent, settings.max_weight, initial)
+
+
+def finish_secure_average(
+    run: ServerRun, result: SecureResult, sent: Mapping[str, Any], max_weight: float, initial
+) -> None:
+    """The secure round's merge result (:func:`fedlmc.merging.merge_result.finish_merge`: the
+    post-merge steps on the SecAgg+ sum, what the server saw: ``sum``), checked on the server
+    split, at the run's temperature (server-fitted, SecAgg+'s federated fit on the
+    ``sent`` config, or LEWC's prediction), and its rows in ``run.outcome``."""
+    grid, config, splits, template = run.grid, run.config, run.splits, run.template
+    device, outcome, method = run.device, run.outcome, run.plan.merge_method
+    timeout = float(config["timeout"])
     start = time.perf_counter()
     server = ServerData(*splits.server) if len(splits.server[1]) else None
     weights = [n / sum(result.num_examples) for n in result.num_examples]
-    finished = post_merge(template, result.merged_state, [], weights, method, server, device=device)
-    merge_seconds = time.perf_counter() - start
-    model = load_state(template, finished.state).to(device).eval()
+    merged = finish_merge(  # the server saw the SecAgg+ sum, never a client's model
+        method,
+        template,
+        result.merged_state,
+        [],
+        weights,
+        server,
+        device=device,
+        started=start,
+        server_saw=SECURE_SUM,
+    )
+    model = merged.model
     if server is not None:  # the one check of the merge on data (secure_checks)
         models = (model, load_state(template, initial))
         check_merged_model(models, server, config["init"] == "shared", device)
-    outcome.merged[method] = finished.state
+    outcome.merged[method] = merged.state
     columns = secure_round_columns(result, config, width_columns(config))
-    columns.update(merge_seconds=merge_seconds, secagg_error_bound=result.error_bound)
+    columns.update(merge_seconds=merged.seconds, secagg_error_bound=result.error_bound)
     n = len(result.num_examples)
     calibration = run.plan.strategy_options.calibration
-    calibrated = calibration != "none"
-    reference = server.temperature(model)[0] if calibrated and server is not None else math.nan
+    fits = calibration != "none"
+    reference = server.temperature(model)[0] if fits and server is not None else math.nan
     temperature = reference
     if calibration == "federated":
         fitted = secure_temperature(  # on the clients that survived the average's round
-            grid, finished.state, n, sent, settings.max_weight, timeout
+            grid, merged.state, n, sent, max_weight, timeout
         )
         outcome.secure[f"{method}_t"] = fitted
         temperature = fitted.temperature
@@ -222,14 +247,16 @@ def run_secure_average(run: ServerRun) -> None:
     if calibration == "lewc":  # the public shares and the depth: nothing else
         shared = config["init"] == "shared"
         temperature = LewcPrediction.of(template, weights, shared_start=shared).value
+    if math.isfinite(temperature):
+        merged = calibrated(merged, Calibration(temperature))
     rows = merge_rows(
-        method,
-        model,
+        merged.method,
+        merged.model,
         splits,
         device=device,
         num_clients=n,
-        calibrated=calibrated and math.isfinite(temperature),
-        temperature=temperature,
+        calibrated=fits and math.isfinite(temperature),
+        temperature=merged.temperature,
         temperature_server_split=reference,
     )
     outcome.rows.extend({**row, **columns} for row in rows)

@@ -39,6 +39,7 @@ from fedlmc.simulations.config.tables import (
 )
 from fedlmc.simulations.records.results_file import numeric_columns
 from fedlmc.study.compare import compare_methods
+from fedlmc.study.method_policy import EVALUATIONS, evaluation_of, register_evaluation
 from fedlmc.study.rows import (
     COLUMNS,
     ROUND_COLUMNS,
@@ -68,9 +69,9 @@ SHIFT = Column(
 
 @pytest.fixture
 def halfway_with_column():
-    """A temporary merge method that declares and fills its own column."""
+    """A temporary merge method that fills its own column, declared by its evaluation policy."""
 
-    @register_method("halfway", description="test: clients moved halfway", columns=(SHIFT,))
+    @register_method("halfway", description="test: clients moved halfway")
     def halfway(job) -> Alignment:
         first = job.states[0]
         moved = [{k: (v + first[k]) / 2 for k, v in sd.items()} for sd in job.states]
@@ -81,8 +82,10 @@ def halfway_with_column():
         )
         return Alignment(moved, info={"halfway_shift": shift})
 
+    register_evaluation("halfway", columns=(SHIFT,))
     yield halfway
     METHODS.remove("halfway")
+    EVALUATIONS.remove("halfway")
 
 
 def test_a_method_column_is_one_declaration_that_reaches_every_list(halfway_with_column):
@@ -105,11 +108,11 @@ def test_a_method_column_is_one_declaration_that_reaches_every_list(halfway_with
         assert "halfway_shift" not in row_columns() and "halfway_shift" not in columns_markdown()
         assert all(column != "halfway_shift" for column, _ in report_tables())
     finally:
-        register_method("halfway", description="again", columns=(SHIFT,))(halfway_with_column)
+        register_method("halfway", description="again")(halfway_with_column)
 
 
 def test_the_auto_columns_are_declared_by_the_auto_method():
-    auto = {c.name for c in METHODS.get("auto").evaluation.columns}
+    auto = {c.name for c in evaluation_of("auto").columns}
     # its own two, and what the alignment did when it kept weight matching
     assert auto == {"auto_choice", "auto_nll_gap", "aligned_groups", "aligned_units_moved"}
     assert not auto & set(COLUMNS) and auto <= set(row_columns())
@@ -118,14 +121,18 @@ def test_the_auto_columns_are_declared_by_the_auto_method():
 
 
 def test_a_method_must_declare_the_columns_it_reports():
+    """The library's merge returns what the method reports; the study, which makes it a
+    results column, refuses a key the method's evaluation policy does not declare."""
+
     @register_method("undeclared", description="test: reports an undeclared column")
     def undeclared(job) -> Alignment:
         return Alignment(list(job.states), info={"surprise": 1.0})
 
     try:
         template, states = tiny_states()
+        assert merge_states("undeclared", template, states, with_info=True)[2] == {"surprise": 1.0}
         with pytest.raises(ValueError, match="reports column 'surprise' it does not declare"):
-            merge_states("undeclared", template, states, with_info=True)
+            compare_methods(template, states, [1, 1], tiny_splits(), ["undeclared"])
     finally:
         METHODS.remove("undeclared")
 
@@ -141,8 +148,8 @@ def test_a_method_must_declare_the_columns_it_reports():
 )
 def test_a_method_column_must_be_new(column, message):
     with pytest.raises(ValueError, match=message):
-        register_method("collides", description="x", columns=(column,))(lambda job: None)
-    assert "collides" not in METHODS
+        register_evaluation("collides", columns=(column,))
+    assert "collides" not in EVALUATIONS
 
 
 def test_a_column_declaration_is_checked():

@@ -15,7 +15,6 @@ import torch
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import metrics_from_logits, predict_logits
 from fedlmc.merging.fisher import statistics_seed
-from fedlmc.merging.method_registry import merge_method
 from fedlmc.merging.methods import merge_states
 from fedlmc.simulations.client_app import train_reply
 from fedlmc.simulations.config import validate_run_config
@@ -24,6 +23,7 @@ from fedlmc.simulations.private.secure_server import secure_fit_config, secure_s
 from fedlmc.simulations.task import build_from_config, load_splits
 from fedlmc.strategies.protocol import record_to_state
 from fedlmc.strategies.secure import secure_arrays, secure_settings
+from fedlmc.strategies.secure_forms import secure_form
 from fedlmc.strategies.secure_statistics import (
     fine_settings,
     finest_levels,
@@ -66,7 +66,7 @@ def _secure_round(method: str):
         return reply
 
     grid = InProcessGrid({}, answer=lambda m, c: secure_fit_reply(m, c, recording))
-    sums, options = merge_method(method).secure.secure_sums, secure_sums_options(config)
+    sums, options = secure_form(method).secure_sums, secure_sums_options(config)
     result = secure_sums_merge(
         grid, initial, template, len(NODES), fit_config, settings, sums, options, timeout=60.0
     )
@@ -102,7 +102,7 @@ def test_the_secure_merge_is_the_clear_one_and_the_server_holds_only_the_mean(me
     for p, state in enumerate(states):
         model = load_state(template, state).eval()
         seeded = {**options, "statistics_seed": statistics_seed(config["seed"], p)}
-        own = merge_method(method).secure.secure_sums.client_parts(model, data[p], seeded)
+        own = secure_form(method).secure_sums.client_parts(model, data[p], seeded)
         arrays = [a for part in own for a in secure_arrays(part)]
         gaps = [float(np.abs(a - b).max()) for a, b in zip(arrays, first, strict=True)]
         assert max(gaps) > 100 * delta

@@ -26,6 +26,7 @@ from fedlmc.permutation import (
 from fedlmc.simulations.records.run_table import print_alignment_flags
 from fedlmc.simulations.report.markdown import report_markdown
 from fedlmc.study.compare import compare_methods
+from fedlmc.study.method_policy import evaluation_of
 from fedlmc.train import train_model
 
 IN_SHAPE = (1, 6, 6)
@@ -64,7 +65,9 @@ def rows_of(template, states, methods, spec=None) -> pd.DataFrame:
 
 def test_every_permuting_method_declares_the_columns_and_plain_ones_do_not() -> None:
     declares = {
-        m.name for m in METHODS if "aligned_groups" in {c.name for c in m.evaluation.columns}
+        m.name
+        for m in METHODS
+        if "aligned_groups" in {c.name for c in evaluation_of(m.name).columns}
     }
     assert {*ALIGNING, "random_permutation", "embed_weight_matching", "auto"} <= declares
     assert not {"average", "average_repair", "embed_average", "heterofl"} & declares

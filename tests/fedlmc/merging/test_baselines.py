@@ -8,6 +8,7 @@ import torch
 from fedlmc.merging.method_registry import METHODS
 from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
+from fedlmc.study.method_policy import evaluation_of
 
 
 def mlp(seed: int):
@@ -35,10 +36,7 @@ def test_rescale_changes_a_shrunk_average_and_stays_off_the_path():
     plain, _ = merge_states("average", template, states)
     rescaled, _ = merge_states("average_rescale", template, states, server_data=server_data())
     assert any(not torch.allclose(plain[k], rescaled[k]) for k in plain)
-    assert (
-        not METHODS.get("average_rescale").evaluation.on_path
-        and METHODS.get("cca_merge").evaluation.on_path
-    )
+    assert not evaluation_of("average_rescale").on_path and evaluation_of("cca_merge").on_path
 
 
 def test_the_baselines_declare_their_needs():
@@ -51,5 +49,5 @@ def test_the_baselines_declare_their_needs():
         assert (
             entry.rule.builds_model is not None
             and entry.needs.plain_chain_only
-            and not entry.evaluation.on_path
+            and not evaluation_of(entry.name).on_path
         )

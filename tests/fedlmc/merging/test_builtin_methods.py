@@ -9,6 +9,8 @@ from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import apply_permutation, random_permutations
+from fedlmc.strategies.secure_forms import runs_securely
+from fedlmc.study.method_policy import evaluation_of
 
 
 def mlp(seed: int):
@@ -39,10 +41,7 @@ def test_weight_matching_undoes_a_planted_permutation():
 
 
 def test_the_built_in_methods_declare_what_they_need():
-    assert (
-        METHODS.get("average").secure.runs_securely
-        and METHODS.get("average").secure.server_sees == "sum"
-    )
-    assert METHODS.get("weight_matching").secure.server_sees == "each model"
+    assert runs_securely("average") and evaluation_of("average").server_sees == "sum"
+    assert evaluation_of("weight_matching").server_sees == "each model"
     assert METHODS.get("activation_matching").needs.server_data
     assert METHODS.get("activation_federated").needs.clients

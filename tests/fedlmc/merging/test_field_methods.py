@@ -22,7 +22,6 @@ from fedlmc.merging.field_methods import (
     TA_SCALING,
 )
 from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, fisher_merge, statistics_seed
-from fedlmc.merging.method_registry import merge_method, register_method
 from fedlmc.merging.methods import merge_states
 from fedlmc.merging.regmean import (
     gram_matrices,
@@ -33,6 +32,7 @@ from fedlmc.merging.regmean import (
 from fedlmc.merging.sum_form import SecureSums, weighted_means
 from fedlmc.merging.task_vectors import task_arithmetic
 from fedlmc.models.classifiers import build_model
+from fedlmc.strategies.secure_forms import register_secure_form, runs_securely, secure_form
 
 SHAPE = (1, 4, 4)
 
@@ -167,7 +167,7 @@ def test_the_client_methods_and_the_task_vectors_are_refused_without_what_they_n
 def test_the_secure_parts_summed_exactly_give_the_clear_merge(method):
     models, states, data, local = _clients()
     shares = [0.2, 0.3, 0.5]
-    sums = merge_method(method).secure.secure_sums
+    sums = secure_form(method).secure_sums
     options = {"clipping_range": 8.0, "statistics_range": 64.0, "fisher_samples": 40}
     options |= {"regmean_samples": 50, "entry_error": 1e-9}
     parts = [
@@ -204,11 +204,9 @@ def test_the_declared_fisher_labels_are_the_ones_the_fisher_takes():
 
 
 def test_the_registry_runs_the_secure_forms_and_refuses_a_misdeclared_one():
-    assert (
-        merge_method("fisher").secure.runs_securely and merge_method("regmean").secure.runs_securely
-    )
-    assert merge_method("fisher").secure.secure_sums is FISHER_SUMS
-    assert not merge_method("task_arithmetic").secure.runs_securely
-    assert "two secure rounds" in merge_method("ties").secure.note
-    with pytest.raises(ValueError, match="secure_sums with server_sees = 'each model'"):
-        register_method("bad_sums", description="x", secure_sums=SecureSums(len, len, len))
+    assert runs_securely("fisher") and runs_securely("regmean")
+    assert secure_form("fisher").secure_sums is FISHER_SUMS
+    assert not runs_securely("task_arithmetic")
+    assert "two secure rounds" in secure_form("ties").note
+    with pytest.raises(ValueError, match="a secure form with server_sees = 'each model'"):
+        register_secure_form("weight_matching", secure_sums=SecureSums(len, len, len))

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from fedlmc.merging.method_registry import REFERENCE_METHODS, study_methods
-from fedlmc.merging.server_sees import REFERENCE_SERVER_SEES
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import ConfigError, run_schema, validate_run_config
 from fedlmc.simulations.config.tables import methods_table
 from fedlmc.study.context import default_methods
 from fedlmc.study.rows import empty_row
+from fedlmc.study.server_sees import REFERENCE_SERVER_SEES
 
 NEW = ("ensemble_equal", "ensemble_calibrated")
 

@@ -151,7 +151,7 @@ def test_repair_needs_two_endpoints_no_batchnorm_and_the_method_asking_for_it():
     assert not repairs(mlp, merge_method("average"), 2)
     # a method opting out of BatchNorm re-estimation is still not repaired on a BatchNorm model
     # (the study's former guard handed such a model to REPAIR, which refuses BatchNorm)
-    opted_out = replace(entry, evaluation=replace(entry.evaluation, reestimate_bn=False))
+    opted_out = replace(entry, rule=replace(entry.rule, reestimate_bn=False))
     assert not reestimates_batchnorm(bn, opted_out) and not repairs(bn, opted_out, 2)
     assert reestimates_batchnorm(bn, entry) and not reestimates_batchnorm(mlp, entry)
     assert not reestimates_batchnorm(bn, merge_method("average_lewc_bias"))

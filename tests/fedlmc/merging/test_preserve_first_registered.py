@@ -26,6 +26,7 @@ from fedlmc.simulations.config import ConfigError, validate_run_config
 from fedlmc.simulations.config.tables import columns_table, methods_table
 from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
 from fedlmc.study.compare import compare_methods, merge_clients
+from fedlmc.study.method_policy import evaluation_of
 
 ROOT = Path(__file__).resolve().parents[3]
 SHAPE = (1, 4, 4)
@@ -76,12 +77,12 @@ def test_no_preserved_layer_is_the_average_and_all_but_the_head_the_logit_ensemb
 
 def test_the_built_model_is_the_registered_one_on_the_clients_merge_states_aligned():
     entry = merge_method("weight_matching_preserve_first_t")
-    assert (entry.name, entry.evaluation.on_path, entry.needs.plain_chain_only) == (
+    assert (entry.name, evaluation_of(entry.name).on_path, entry.needs.plain_chain_only) == (
         "weight_matching_preserve_first",
         False,
         True,
     )
-    assert not entry.rule.template_shaped and entry.secure.server_sees == "each model"
+    assert not entry.rule.template_shaped and evaluation_of(entry.name).server_sees == "each model"
     template, clients = mlp(0), states(2)
     merged, aligned = merge_states(entry.name, template, clients)
     model = entry.rule.builds_model(template, aligned, [0.5, 0.5], {})

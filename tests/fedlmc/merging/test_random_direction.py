@@ -19,6 +19,7 @@ from fedlmc.simulations.config import ConfigError, validate_run_config
 from fedlmc.simulations.config.tables import columns_table, methods_table
 from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
 from fedlmc.study.compare import compare_methods, default_methods
+from fedlmc.study.method_policy import evaluation_of
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -114,7 +115,7 @@ def test_more_than_two_clients_are_refused_before_any_work():
 
 def test_it_is_registered_in_every_list():
     entry = merge_method("random_direction_t")
-    assert (entry.name, entry.needs.many_clients, entry.evaluation.on_path) == (
+    assert (entry.name, entry.needs.many_clients, evaluation_of(entry.name).on_path) == (
         "random_direction",
         False,
         False,

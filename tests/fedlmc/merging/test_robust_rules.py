@@ -30,6 +30,7 @@ from fedlmc.merging.robust_rules import (
     trimmed_mean,
 )
 from fedlmc.models.classifiers import build_model
+from fedlmc.study.method_policy import evaluation_of
 
 IN_SHAPE = (1, 4, 4)
 
@@ -168,8 +169,8 @@ def test_the_rules_are_registered_with_their_temperature_rows_and_what_the_serve
     rows = study_methods()
     for name in ("median", "trimmed_mean", "krum", "multi_krum"):
         entry = merge_method(f"{name}_t")
-        assert entry.name == name and entry.secure.server_sees == "each model"
-        assert not entry.evaluation.on_path and name in rows and f"{name}_t" in rows
+        assert entry.name == name and evaluation_of(entry.name).server_sees == "each model"
+        assert not evaluation_of(entry.name).on_path and name in rows and f"{name}_t" in rows
 
 
 def test_the_one_shot_strategy_merges_with_a_robust_rule(task_identity):

@@ -26,6 +26,7 @@ from fedlmc.merging.sum_form import (
 )
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import permutation_spec
+from fedlmc.strategies.secure_forms import runs_securely, secure_form
 
 SHARES = [0.3, 0.125, 0.45]  # n_i / M for three clients, summing to 0.875 (< 1: a scale to undo)
 
@@ -64,7 +65,7 @@ def test_lewc_exponents_are_depth_minus_one_on_the_biases_and_zero_on_the_weight
     assert [exponents[k] for k in biases] == [0, 1, 2, 3]
     assert all(exponents[k] == 0 for k in state if k.endswith(".weight"))
     assert plain_exponents(None, state) == dict.fromkeys(state, 0)
-    assert merge_method("average_lewc_bias").secure.sum_exponents is lewc_bias_exponents
+    assert secure_form("average_lewc_bias").sum_exponents is lewc_bias_exponents
     residual = build_model("resnet20", width=0.25)
     with pytest.raises(ValueError, match="not one chain"):
         lewc_bias_exponents(permutation_spec(residual), residual.state_dict())
@@ -163,7 +164,7 @@ def test_an_entry_held_by_nobody_takes_the_empty_slot_value_and_the_threshold_de
     torch.testing.assert_close(got["bn.running_var"], torch.tensor([0.8, 1.0, 1.0]))
     torch.testing.assert_close(got["fc.bias"], torch.tensor([0.3, 0.0]))
     heterofl = merge_method("heterofl")
-    assert heterofl.secure.runs_securely and heterofl.secure.divide_by_holders
+    assert runs_securely(heterofl.name) and secure_form(heterofl.name).divide_by_holders
 
 
 def test_the_holder_bound_grows_as_the_smallest_share_shrinks_and_refuses_too_small_shares():

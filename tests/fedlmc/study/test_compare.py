@@ -21,6 +21,7 @@ from fedlmc.merging.random_direction import global_norm
 from fedlmc.models.classifiers import apply_permutation, build_model, permutation_spec
 from fedlmc.permutation import random_permutations
 from fedlmc.study.compare import compare_methods, merge_clients
+from fedlmc.study.method_policy import evaluation_of
 from fedlmc.study.model_rows import merge_rows
 from fedlmc.study.rows import row_columns, string_columns
 from fedlmc.train import train_model
@@ -183,9 +184,7 @@ def test_every_method_gives_one_complete_row(two_client_rows, template):
             assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS[6:]), row
             assert row["lewc_undefined_reason"] and row["merged_parameters_ratio"] > 1
             continue
-        if not merge_method(
-            row["method"]
-        ).evaluation.on_path:  # random_direction: on no path between them
+        if not evaluation_of(row["method"]).on_path:  # random_direction: on no path between them
             assert all(math.isnan(row[c]) for c in BARRIERS + QUARTER) and row["curve"] == ""
             assert all(finite(row[c]) for c in MERGED_FLOATS + DIAGNOSTICS), row
             continue
@@ -323,7 +322,7 @@ def test_a_column_of_some_merge_methods_has_a_value_exactly_where_the_registry_s
 
 def test_half_barrier_is_the_signed_excess_of_the_midpoint_over_the_chord(two_client_rows):
     for row in two_client_rows:
-        if row["method"] in REFERENCE_METHODS or not merge_method(row["method"]).evaluation.on_path:
+        if row["method"] in REFERENCE_METHODS or not evaluation_of(row["method"]).on_path:
             continue  # references and merges on no path (random_direction, RESCALE) have none
         curve = json.loads(row["curve"])
         half = curve["lam"].index(0.5)

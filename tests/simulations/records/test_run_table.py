@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fedlmc.simulations.records.run_table import show_rows, shown_columns
+from fedlmc.study.method_policy import EVALUATIONS, register_evaluation
 
 
 def test_columns_left_out_say_why_and_a_secure_run_says_the_server_saw_only_the_sum():
@@ -80,12 +81,14 @@ def test_a_barrier_left_out_names_the_merge_methods_it_applies_to_from_the_regis
     assert not {"average", "weight_matching", "merge_many", "ot_fusion"} & set(left_out)
     assert "every merge method)" not in line and "nor their `_t` rows" in line
 
-    @register_method("s53_off_path", description="a control off the path", on_path=False)
+    @register_method("s53_off_path", description="a control off the path")
     def off_path(job) -> Alignment:
         return Alignment(list(job.states))
 
+    register_evaluation("s53_off_path", on_path=False)
     try:
         _, (line,) = shown_columns(rows, {"secure-aggregation": "off"})
         assert "s53_off_path" in line.partition("every merge method but ")[2]
     finally:
         METHODS.remove("s53_off_path")
+        EVALUATIONS.remove("s53_off_path")

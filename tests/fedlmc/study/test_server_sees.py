@@ -1,4 +1,5 @@
-"""`server_sees` (fedlmc.merging.server_sees): every merge method's declaration, the results
+"""`server_sees` (fedlmc.study.server_sees): every merge method's declaration (its evaluation
+policy, fedlmc.study.method_policy), the results
 column, the methods table, and the run-config refusal of a secure-aggregation cell whose merge
 needs more than a sum (simulations/config/secure.py). In process, no Flower run."""
 
@@ -8,20 +9,21 @@ import pytest
 
 from fedlmc.merging.merge_job import Alignment
 from fedlmc.merging.method_registry import METHODS, register_method
-from fedlmc.merging.server_sees import DEFAULT_SERVER_SEES, SERVER_SEES
-from fedlmc.merging.sum_form import plain_exponents
 from fedlmc.simulations.cli import main
 from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.config.schema import ConfigError
 from fedlmc.simulations.config.secure import secure_methods
 from fedlmc.simulations.config.tables import methods_table
+from fedlmc.strategies.secure_forms import runs_securely, secure_form
+from fedlmc.study.method_policy import EVALUATIONS, evaluation_of, register_evaluation
 from fedlmc.study.rows import empty_row
+from fedlmc.study.server_sees import DEFAULT_SERVER_SEES, SERVER_SEES
 
 SECURE = {"num-clients": 3, "secure-aggregation": "secagg+"}
 
 
 def test_every_method_declares_a_known_value_and_only_sum_rules_say_sum():
-    declared = {m.name: m.secure.server_sees for m in METHODS}
+    declared = {m.name: evaluation_of(m.name).server_sees for m in METHODS}
     assert set(declared.values()) <= set(SERVER_SEES)
     assert {m for m, v in declared.items() if v == "sum"} == {
         "average",
@@ -46,11 +48,13 @@ def test_a_registration_without_it_gets_each_model_and_a_bad_value_is_refused():
         return Alignment(list(job.states))
 
     try:
-        assert METHODS.get("s33_plain").secure.server_sees == DEFAULT_SERVER_SEES == "each model"
+        assert evaluation_of("s33_plain").server_sees == DEFAULT_SERVER_SEES == "each model"
+        assert empty_row("s33_plain_t", 2)["server_sees"] == "each model"
     finally:
         METHODS.remove("s33_plain")
     with pytest.raises(ValueError, match=r"server_sees = 'a sum'; allowed: 'sum', "):
-        register_method("s33_bad", description="x", server_sees="a sum")
+        register_evaluation("s33_bad", server_sees="a sum")
+    assert "s33_bad" not in EVALUATIONS
 
 
 def test_every_strategy_says_what_it_receives():
@@ -114,33 +118,31 @@ def test_every_sum_rule_runs_securely_or_says_what_it_would_need():
     secure = ("average", "average_lewc_bias", "embed_average", "heterofl", "fisher", "regmean")
     assert secure_methods() == secure
     for entry in METHODS:
-        if entry.secure.server_sees == "sum" and not entry.secure.runs_securely:
-            assert entry.secure.note
+        note = secure_form(entry.name).note
+        if evaluation_of(entry.name).server_sees == "sum" and not runs_securely(entry.name):
+            assert note
             init = "shared" if entry.needs.base else "independent"
             cell = {**SECURE, "strategy": "aligned", "align": entry.name, "init": init}
             with pytest.raises(ConfigError, match="is a sum, but fedlmc does not run it") as err:
                 validate_run_config(cell)
             assert f"merge method {entry.name!r}" in str(err.value)
-            assert entry.secure.note in str(err.value)
+            assert note in str(err.value)
             assert "align = 'average_lewc_bias'" in str(err.value)
 
 
-def test_sum_exponents_need_a_sum_rule_and_a_sum_without_them_is_refused_securely():
-    with pytest.raises(ValueError, match=r"sum_exponents with server_sees = 'each model'"):
-        register_method("s33_x", description="x", sum_exponents=plain_exponents)
-    with pytest.raises(ValueError, match=r"'s33_y': divide_by_holders without sum_exponents and"):
-        register_method("s33_y", description="y", server_sees="sum", divide_by_holders=True)
-
-    @register_method("s33_sum", description="test: a sum without exponents", server_sees="sum")
+def test_a_sum_rule_without_a_secure_form_is_refused_securely():
+    @register_method("s33_sum", description="test: a sum without exponents")
     def summed(job) -> Alignment:
         return Alignment(list(job.states))
 
+    register_evaluation("s33_sum", server_sees="sum")
     try:
-        assert not METHODS.get("s33_sum").secure.runs_securely
+        assert not runs_securely("s33_sum")
         with pytest.raises(ConfigError, match="it registers no sum_exponents"):
             validate_run_config({**SECURE, "strategy": "aligned", "align": "s33_sum"})
     finally:
         METHODS.remove("s33_sum")
+        EVALUATIONS.remove("s33_sum")
 
 
 def test_fedlmc_validate_refuses_it_on_one_line_with_a_non_zero_status(tmp_path, capsys):
