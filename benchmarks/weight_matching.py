@@ -10,7 +10,7 @@ the midpoint ``(theta_a + pi(theta_b)) / 2``. Single-machine measurements (a sha
 other jobs add noise). The matchers:
 
 - ``fedlmc``: :func:`fedlmc.permutation.matching.weight_matching` (float32 cost matrices with
-  low-rank updates, skipped groups, solves in threads while the next matrix is built, warm-started
+  low-rank updates, skipped groups, independent groups solved together in threads, warm-started
   assignments from :mod:`fedlmc.permutation.assignment`, compiled by numba; the one-time load or
   compile of its numba kernels is measured apart as ``jit_seconds``);
 - ``reference``: the published algorithm ported to torch, the library's
