@@ -272,7 +272,8 @@ def declared_keys() -> dict[str, Key]:
             "(0: calibrate in-sample on the training data)",
             fraction,
             applies=Rule(
-                '`calibration = "federated"` with `strategy` `"average"` or `"aligned"`',
+                f'`calibration = "federated"` with `strategy` `"{Mode.AVERAGE}"` or '
+                f'`"{Mode.ALIGNED}"`',
                 lambda c: federated_calibration(c),
             ),
         ),

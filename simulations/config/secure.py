@@ -21,7 +21,7 @@ from typing import Any
 from fedlmc.merging.method_registry import base_method
 from fedlmc.merging.server_sees import SECURE_SUM
 from fedlmc.simulations.config.schema import ConfigError
-from fedlmc.simulations.config.values import ONE_SHOT_MODES
+from fedlmc.simulations.config.values import ONE_SHOT_MODES, Mode
 
 __all__ = [
     "SECURE_MODES",
@@ -62,8 +62,8 @@ def secure_methods() -> tuple[str, ...]:
 def secure_choices() -> str:
     """The cells a secure run allows, as the refusals say it."""
     aligned = [repr(m) for m in secure_methods() if m != "average"]
-    return "strategy = 'average'" + (
-        f", or strategy = 'aligned' with align = {' / '.join(aligned)}" if aligned else ""
+    return f"strategy = '{Mode.AVERAGE}'" + (
+        f", or strategy = '{Mode.ALIGNED}' with align = {' / '.join(aligned)}" if aligned else ""
     )
 
 
