@@ -1,5 +1,6 @@
 """The clients' own statistics as query rounds (``query.fisher``, ``query.gram``;
-fedlmc.strategies.queries.ClientRounds, the screen of fedlmc.strategies.screening): honest
+fedlmc.strategies.own_model_rounds through ClientRounds, the screen of
+fedlmc.strategies.screening): honest
 answers reach the merge in the clients' order, and a reply that is no Fisher diagonal or Gram
 matrix (a missing or misshaped tensor, NaN, a negative Fisher entry, an asymmetric Gram) or
 whose digest is not that of the weights the client trained is dropped by node, the others kept.
