@@ -17,16 +17,17 @@
   moved by a seeded random direction as long as its step to the plain average).
 - :mod:`fedlmc.merging.alignment_record`: what an alignment did (groups aligned, units moved)
   and the line flagging a method that aligned nothing.
-- :mod:`fedlmc.merging.baselines`: published baselines registered as methods (RESCALE,
-  :mod:`fedlmc.merging.rescale`; CCA Merge, :mod:`fedlmc.merging.cca`; Preserve-First Merging,
-  :mod:`fedlmc.merging.preserve_first`, a model of another architecture registered with
+- :mod:`fedlmc.merging.baselines.baselines`: published baselines registered as methods (RESCALE,
+  :mod:`fedlmc.merging.baselines.rescale`; CCA Merge, :mod:`fedlmc.merging.baselines.cca`;
+  Preserve-First Merging,
+  :mod:`fedlmc.merging.baselines.preserve_first`, a model of another architecture registered with
   ``builds_model``), registered by the registry as the built-in methods are.
-- :mod:`fedlmc.merging.robust_rules`: the robust aggregation rules registered as methods
+- :mod:`fedlmc.merging.robust.robust_rules`: the robust aggregation rules registered as methods
   (coordinate-wise median, trimmed mean, Krum, multi-Krum), registered as the baselines are.
-- :mod:`fedlmc.merging.field_methods`: the methods the model-merging field compares against
-  (Fisher merging, :mod:`fedlmc.merging.fisher`; RegMean, :mod:`fedlmc.merging.regmean`; Task
-  Arithmetic, TIES and DARE, :mod:`fedlmc.merging.task_vectors`; OT fusion,
-  :mod:`fedlmc.merging.ot_fusion`), registered with their options, the same way.
+- :mod:`fedlmc.merging.field.field_methods`: the methods the model-merging field compares against
+  (Fisher merging, :mod:`fedlmc.merging.field.fisher`; RegMean, :mod:`fedlmc.merging.field.regmean`;
+  Task Arithmetic, TIES and DARE, :mod:`fedlmc.merging.field.task_vectors`; OT fusion,
+  :mod:`fedlmc.merging.field.ot_fusion`), registered with their options, the same way.
 
 The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
 :mod:`fedlmc.permutation` (MergeMany averages while it aligns).

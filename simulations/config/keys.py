@@ -6,10 +6,10 @@ from __future__ import annotations
 from fedlmc.data.catalog import (
     PARTITION_SCHEMES,
 )
-from fedlmc.merging.baselines import CCA_RIDGE
+from fedlmc.merging.baselines.baselines import CCA_RIDGE
 from fedlmc.merging.builtin_methods import AUTO_TOLERANCE
 from fedlmc.merging.post_merge import CALIBRATIONS
-from fedlmc.merging.robust_rules import KRUM_BYZANTINE, KRUM_SELECT, TRIM_FRACTION
+from fedlmc.merging.robust.robust_rules import KRUM_BYZANTINE, KRUM_SELECT, TRIM_FRACTION
 from fedlmc.models.registry import (
     NORMS,
     model_names,

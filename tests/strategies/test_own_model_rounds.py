@@ -14,8 +14,8 @@ import pytest
 import torch
 from flwr.app import Message
 
-from fedlmc.merging.fisher import fisher_diagonal
-from fedlmc.merging.regmean import gram_matrices, regmean_layers
+from fedlmc.merging.field.fisher import fisher_diagonal
+from fedlmc.merging.field.regmean import gram_matrices, regmean_layers
 from fedlmc.models.classifiers import build_model
 from fedlmc.strategies.protocol import (
     FISHER_QUERY,

@@ -1,9 +1,9 @@
 """Preserve-First Merging as the registered methods ``preserve_first`` and
-``weight_matching_preserve_first`` (fedlmc.merging.baselines, the registry's ``builds_model``):
-with no preserved layer its study rows are the plain average's, with every layer but the head
-preserved the logit ensemble's; it is refused, naming it, wherever a state dict of the template
-is required (the aligned strategy, its run config, merge_clients, load_merged) and for models
-with BatchNorm before any work; it is in every list of methods."""
+``weight_matching_preserve_first`` (fedlmc.merging.baselines.baselines, the registry's
+``builds_model``): with no preserved layer its study rows are the plain average's, with every layer
+but the head preserved the logit ensemble's; it is refused, naming it, wherever a state dict of the
+template is required (the aligned strategy, its run config, merge_clients, load_merged) and for
+models with BatchNorm before any work; it is in every list of methods."""
 
 from __future__ import annotations
 
