@@ -78,15 +78,16 @@ class OwnModelRounds(QueryRound):
         return perms
 
     def fisher_diagonals(self) -> list[StateDict | None]:
-        """Per client (:attr:`clients`), the diagonal Fisher of its own trained model on its own
-        training data (``query.fisher``); ``None`` for a client dropped (now or earlier)."""
+        """Per client (:attr:`~fedlmc.strategies.query_round.QueryRound.clients`), the diagonal
+        Fisher of its own trained model on its own training data (``query.fisher``); ``None`` for a
+        client dropped (now or earlier)."""
         shapes = {k: tuple(p.shape) for k, p in self.template.named_parameters()}
         return self._own_statistics(FISHER_QUERY, shapes, "fisher", {})
 
     def gram_matrices(self, layers: Sequence[str]) -> list[dict[str, Tensor] | None]:
-        """Per client (:attr:`clients`), the Gram matrices of ``layers``' inputs of its own
-        trained model on its own training data (``query.gram``); ``None`` for a client
-        dropped."""
+        """Per client (:attr:`~fedlmc.strategies.query_round.QueryRound.clients`), the Gram matrices
+        of ``layers``' inputs of its own trained model on its own training data (``query.gram``);
+        ``None`` for a client dropped."""
         state = self.template.state_dict()
         shapes = {str(n): (int(state[f"{n}.weight"].shape[1]),) * 2 for n in layers}
         return self._own_statistics(GRAM_QUERY, shapes, "gram", {"layers": list(shapes)})
@@ -97,7 +98,7 @@ class OwnModelRounds(QueryRound):
         """One ``query.<action>`` round about the survivors' kept models: the screened answers
         (each on its own, then their scales against each other's,
         :mod:`fedlmc.strategies.statistics_screen`) whose digest is that of the weights the
-        client sent, per client of :attr:`clients`."""
+        client sent, per client of :attr:`~fedlmc.strategies.query_round.QueryRound.clients`."""
         scales: dict[int, Summary] = {}
 
         def screen(content: RecordDict) -> None:

@@ -1,4 +1,6 @@
-"""Merging: the merge-method registry and the steps after the average.
+"""Merging: the merge-method registry and the steps after the average (the core, this folder's
+modules), and the methods of the field, the published baselines and the robust rules (its
+folders).
 
 - :mod:`fedlmc.merging.methods`: :func:`merge_states`, the merge entry.
 - :mod:`fedlmc.merging.method_registry`: the registry of methods (:func:`register_method`, the
@@ -17,17 +19,24 @@
   moved by a seeded random direction as long as its step to the plain average).
 - :mod:`fedlmc.merging.alignment_record`: what an alignment did (groups aligned, units moved)
   and the line flagging a method that aligned nothing.
-- :mod:`fedlmc.merging.baselines.baselines`: published baselines registered as methods (RESCALE,
-  :mod:`fedlmc.merging.baselines.rescale`; CCA Merge, :mod:`fedlmc.merging.baselines.cca`;
-  Preserve-First Merging,
-  :mod:`fedlmc.merging.baselines.preserve_first`, a model of another architecture registered with
-  ``builds_model``), registered by the registry as the built-in methods are.
-- :mod:`fedlmc.merging.robust.robust_rules`: the robust aggregation rules registered as methods
-  (coordinate-wise median, trimmed mean, Krum, multi-Krum), registered as the baselines are.
-- :mod:`fedlmc.merging.field.field_methods`: the methods the model-merging field compares against
-  (Fisher merging, :mod:`fedlmc.merging.field.fisher`; RegMean, :mod:`fedlmc.merging.field.regmean`;
-  Task Arithmetic, TIES and DARE, :mod:`fedlmc.merging.field.task_vectors`; OT fusion,
-  :mod:`fedlmc.merging.field.ot_fusion`), registered with their options, the same way.
+- :mod:`fedlmc.merging.post_merge`, :mod:`fedlmc.merging.lewc_temperature`,
+  :mod:`fedlmc.merging.temperature_bound`, :mod:`fedlmc.merging.request_facts`,
+  :mod:`fedlmc.merging.server_sees`, :mod:`fedlmc.merging.sum_form`: the post-merge pipeline,
+  LEWC's temperature, a temperature at its fit's bound, what a request says, what the server
+  sees of a method and the weighted-sum form secure aggregation computes.
+
+The merge methods beside the core, one folder each (a folder's docstring lists its modules):
+
+- :mod:`fedlmc.merging.field`: the methods the model-merging field compares against (Fisher
+  merging, RegMean, Task Arithmetic, TIES, DARE, OT fusion), registered with their options in
+  :mod:`fedlmc.merging.field.field_methods`.
+- :mod:`fedlmc.merging.baselines`: the published baselines (RESCALE, CCA Merge, Preserve-First
+  Merging, a model of another architecture registered with ``builds_model``), registered in
+  :mod:`fedlmc.merging.baselines.baselines`.
+- :mod:`fedlmc.merging.robust`: the robust aggregation rules (coordinate-wise median, trimmed
+  mean, Krum, multi-Krum), :mod:`fedlmc.merging.robust.robust_rules`.
+
+The registry registers all of them as it does the built-in methods.
 
 The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
 :mod:`fedlmc.permutation` (MergeMany averages while it aligns).
