@@ -13,7 +13,7 @@ digest differs is dropped, :meth:`~fedlmc.strategies.query_round.QueryRound.refu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from flwr.app import ArrayRecord, RecordDict
@@ -32,7 +32,7 @@ from fedlmc.strategies.protocol import (
 from fedlmc.strategies.query_round import QueryRound
 from fedlmc.strategies.screening import screen_align_reply, screen_statistics_reply
 from fedlmc.strategies.statistics_screen import Summary, statistics_outliers
-from fedlmc.strategies.strategy_utils import ClientsFailedError, StateDict
+from fedlmc.strategies.strategy_utils import ClientsFailedError, ClientUpdate, StateDict
 
 __all__ = ["ClientQueryError", "OwnModelRounds"]
 
@@ -64,18 +64,7 @@ class OwnModelRounds(QueryRound):
                 screen=lambda c: screen_align_reply(c, groups, spec),
             )
         )
-        perms: list[dict[str, Tensor] | None] = [{}]
-        for update in others:
-            if update.node_id not in answers:
-                perms.append(None)
-                continue
-            found, digest = permutations_from_content(answers[update.node_id])
-            if digest != state_digest(update.state):
-                self._drop(update, self._digest_reason(update), ALIGN_QUERY)
-                perms.append(None)
-                continue
-            perms.append(found)
-        return perms
+        return [{}, *self._digest_checked(others, answers, permutations_from_content, ALIGN_QUERY)]
 
     def fisher_diagonals(self) -> list[StateDict | None]:
         """Per client (:attr:`~fedlmc.strategies.query_round.QueryRound.clients`), the diagonal
@@ -111,17 +100,30 @@ class OwnModelRounds(QueryRound):
             (u.node_id, c)
             for u, c in self.ask(action, ArrayRecord(), extra, screen=screen, compare=compare)
         )
-        found: list[dict[str, Tensor] | None] = []
-        for update in self.clients:
+        return self._digest_checked(self.clients, answers, statistics_from_content, action)
+
+    def _digest_checked(
+        self,
+        updates: Sequence[ClientUpdate],
+        answers: Mapping[int, RecordDict],
+        decode: Callable[[RecordDict], tuple[Any, str]],
+        stage: str,
+    ) -> list[Any]:
+        """Per client of ``updates``, its answer decoded by ``decode`` (the value and the digest
+        of the weights it was computed on) when that digest is the one of the weights the client
+        sent in the training round; ``None`` for a client that did not answer, and for one whose
+        digest differs, which is dropped (``QueryRound._drop``, at ``stage``)."""
+        found: list[Any] = []
+        for update in updates:
             if update.node_id not in answers:
                 found.append(None)
                 continue
-            tensors, digest = statistics_from_content(answers[update.node_id])
+            value, digest = decode(answers[update.node_id])
             if digest != state_digest(update.state):
-                self._drop(update, self._digest_reason(update), action)
+                self._drop(update, self._digest_reason(update), stage)
                 found.append(None)
                 continue
-            found.append(tensors)
+            found.append(value)
         return found
 
 
