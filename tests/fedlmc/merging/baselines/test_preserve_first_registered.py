@@ -27,7 +27,7 @@ from fedlmc.simulations.config.tables import columns_table, methods_table
 from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
 from fedlmc.study.compare import compare_methods, merge_clients
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 SHAPE = (1, 4, 4)
 DEPTH = 2  # hidden layers: a chain of L = 3 Linear layers
 
