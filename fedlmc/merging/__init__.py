@@ -34,7 +34,7 @@ The merge methods beside the core, one folder each (a folder's docstring lists i
   Merging, a model of another architecture registered with ``builds_model``), registered in
   :mod:`fedlmc.merging.baselines.baselines`.
 - :mod:`fedlmc.merging.robust`: the robust aggregation rules (coordinate-wise median, trimmed
-  mean, Krum, multi-Krum), :mod:`fedlmc.merging.robust.robust_rules`.
+  mean, Krum, multi-Krum), :mod:`fedlmc.merging.robust.rules`.
 
 The registry registers all of them as it does the built-in methods.
 

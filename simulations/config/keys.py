@@ -9,7 +9,7 @@ from fedlmc.data.catalog import (
 from fedlmc.merging.baselines.baselines import CCA_RIDGE
 from fedlmc.merging.builtin_methods import AUTO_TOLERANCE
 from fedlmc.merging.post_merge import CALIBRATIONS
-from fedlmc.merging.robust.robust_rules import KRUM_BYZANTINE, KRUM_SELECT, TRIM_FRACTION
+from fedlmc.merging.robust.rules import KRUM_BYZANTINE, KRUM_SELECT, TRIM_FRACTION
 from fedlmc.models.registry import (
     NORMS,
     model_names,
