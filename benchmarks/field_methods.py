@@ -46,9 +46,9 @@ import torch
 from fedlmc.averaging import load_state
 from fedlmc.data.loading import load_dataset, partition
 from fedlmc.merging.clients import LocalClients
-from fedlmc.merging.fisher import bounded_sample, fisher_diagonal
+from fedlmc.merging.field.fisher import bounded_sample, fisher_diagonal
+from fedlmc.merging.field.regmean import gram_matrices, regmean_layers, solution_growth
 from fedlmc.merging.methods import merge_states
-from fedlmc.merging.regmean import gram_matrices, regmean_layers, solution_growth
 from fedlmc.models.classifiers import build_model
 from fedlmc.train import train_model
 

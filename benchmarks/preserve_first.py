@@ -2,9 +2,9 @@ r"""Benchmark: Preserve-First Merging (Qu and Horvath 2025) against the merge an
 ensemble, on the embedded MNIST digits.
 
 PFM keeps every client's first layers, so its merge is a model, not a state dict of the
-template (:mod:`fedlmc.merging.preserve_first`); a sweep runs it with ``k = 1`` as the registered
-methods ``preserve_first`` and ``weight_matching_preserve_first``. This script sweeps ``k``: it
-measures PFM on clients trained here like ``configs/baselines_quick.toml``'s (the
+template (:mod:`fedlmc.merging.baselines.preserve_first`); a sweep runs it with ``k = 1`` as the
+registered methods ``preserve_first`` and ``weight_matching_preserve_first``. This script sweeps
+``k``: it measures PFM on clients trained here like ``configs/baselines_quick.toml``'s (the
 3,600-digit pool split IID, 12 epochs, lr 0.05, weight decay 3e-3, batch 128, each client its
 own seeded initialisation, a 3-hidden-layer MLP), not on the sweep's own clients. For each
 cell (width x clients x bias x seed) it evaluates on the 1,000 test digits, each at the
@@ -32,9 +32,9 @@ import torch
 from fedlmc.averaging import average, load_state
 from fedlmc.data.loading import load_dataset, partition
 from fedlmc.evaluation import metrics_from_logits, predict_logits
+from fedlmc.merging.baselines.preserve_first import preserve_first
 from fedlmc.merging.calibrate import fit_temperature
 from fedlmc.merging.methods import merge_states
-from fedlmc.merging.preserve_first import preserve_first
 from fedlmc.models.classifiers import build_model
 from fedlmc.train import train_model
 

@@ -21,8 +21,8 @@ the server split (none in the "no server data" rows), evaluated on the test spli
 
 "honest only" merges the four honest clients alone. Also printed and written: the honest rounds'
 largest statistic relative to the median over the clients, and RegMean's solution growth
-(:func:`fedlmc.merging.regmean.solution_growth`) on honest clients and, per attack, without the
-screen (``growth`` of the "today's screen" merges).
+(:func:`fedlmc.merging.field.regmean.solution_growth`) on honest clients and, per attack, without
+the screen (``growth`` of the "today's screen" merges).
 
     nice -n 10 .venv/bin/python benchmarks/statistics_attacks.py            # seeds 0 1 2
     nice -n 10 .venv/bin/python benchmarks/statistics_attacks.py --seeds 0  # one seed
@@ -51,15 +51,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from robust_attacks import CONFIG, cell, scores, train  # noqa: E402
 
 from fedlmc.merging.clients import LocalClients  # noqa: E402
-from fedlmc.merging.field_methods import (  # noqa: E402
+from fedlmc.merging.field.field_methods import (  # noqa: E402
     FISHER_EPSILON,
     REGMEAN_ALPHA,
     REGMEAN_RIDGE,
 )
-from fedlmc.merging.fisher import fisher_merge  # noqa: E402
+from fedlmc.merging.field.fisher import fisher_merge  # noqa: E402
+from fedlmc.merging.field.regmean import regmean_layers, regmean_merge, solution_growth  # noqa: E402
 from fedlmc.merging.methods import merge_states  # noqa: E402
 from fedlmc.merging.post_merge import ServerData, post_merge  # noqa: E402
-from fedlmc.merging.regmean import regmean_layers, regmean_merge, solution_growth  # noqa: E402
 from fedlmc.simulations.config import validate_run_config  # noqa: E402
 from fedlmc.simulations.task import build_from_config, client_train_data, load_splits  # noqa: E402
 from fedlmc.strategies.protocol import (  # noqa: E402

@@ -35,6 +35,41 @@ from fedlmc.simulations.config.tables import (  # noqa: E402
 from fedlmc.simulations.report.figure_table import figures_markdown  # noqa: E402
 from fedlmc.strategies.query_handlers import query_handlers_table  # noqa: E402
 
+READING_PATH: tuple[tuple[str, str], ...] = (
+    ("examples/merge_two_mlps.py", "the whole story on two MLPs, each step one call below"),
+    ("fedlmc/train.py", "train: `train_model`, one seeded SGD loop"),
+    ("fedlmc/averaging.py", "merge by average: the weighted average, `load_state`, interpolation"),
+    (
+        "fedlmc/merging/calibrate.py",
+        "+ T: the softmax temperature fit (and BatchNorm statistics)",
+    ),
+    ("fedlmc/permutation/spec.py", "by permutation: `PermutationSpec`, which axes each unit moves"),
+    (
+        "fedlmc/permutation/reference_matching.py",
+        "Git Re-Basin's weight matching as its Algorithm 1 reads "
+        "(`weight_matching` is the optimised form)",
+    ),
+    ("fedlmc/evaluation.py", "measure: logits, accuracy, NLL, calibration error"),
+    ("fedlmc/analysis/paths.py", "measure: interpolation curves, barriers, merge gap"),
+    (
+        "fedlmc/merging/methods.py",
+        "then the registry entry `merge_states`, which the study uses",
+    ),
+)
+"""The modules a researcher reads, in order, to understand "train, merge by average + T or by
+permutation, measure" (docs/architecture.md's reading path): path -> what to read it for."""
+
+
+def reading_path_table() -> str:
+    """The reading path as a Markdown table, each module's line count read from the file."""
+    root = DOCS.parent
+    rows = ["| step | module | lines | read it for |", "|---|---|---|---|"]
+    for step, (path, why) in enumerate(READING_PATH, start=1):
+        lines = len((root / path).read_text().splitlines())
+        rows.append(f"| {step} | `{path}` | {lines} | {why} |")
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "methods": ("methods.md", methods_table),
     "models": ("library.md", models_table),
@@ -45,6 +80,7 @@ BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "figures": ("sweeps.md", figures_markdown),
     "secure-methods": ("private.md", secure_methods_table),
     "query-handlers": ("federation.md", query_handlers_table),
+    "reading-path": ("architecture.md", reading_path_table),
 }
 """Block name -> (page under docs/, the function that makes its table)."""
 

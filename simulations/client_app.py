@@ -452,10 +452,10 @@ def align_reply(message: Message, context: Context) -> Message:
 def statistics_reply(message: Message, context: Context) -> Message:
     """``query.fisher`` / ``query.gram``: the diagonal Fisher of this node's kept model, or the
     Gram matrices of the requested ``layers``' inputs, on a bounded seeded sample of its
-    training data (:func:`fedlmc.merging.fisher.fisher_diagonal`,
-    :func:`fedlmc.merging.regmean.gram_matrices`), with the digest of those weights."""
-    from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, statistics_seed
-    from fedlmc.merging.regmean import gram_matrices
+    training data (:func:`fedlmc.merging.field.fisher.fisher_diagonal`,
+    :func:`fedlmc.merging.field.regmean.gram_matrices`), with the digest of those weights."""
+    from fedlmc.merging.field.fisher import bounded_sample, fisher_diagonal, statistics_seed
+    from fedlmc.merging.field.regmean import gram_matrices
     from fedlmc.simulations.task import client_setup
 
     setup = client_setup(context.run_config, _message_config(message))

@@ -65,7 +65,7 @@ class SecureForm:
 
 def _load_builtin_forms() -> None:
     """Register the built-in methods' forms (run once, before the first use)."""
-    from fedlmc.merging.field_methods import FISHER_SUMS, REGMEAN_SUMS
+    from fedlmc.merging.field.field_methods import FISHER_SUMS, REGMEAN_SUMS
     from fedlmc.merging.sum_form import lewc_bias_exponents, plain_exponents
 
     for name in ("average", "embed_average"):

@@ -4,8 +4,9 @@ round, divided or solved on the server.
 A merge method registered with ``secure_sums`` (:class:`fedlmc.merging.sum_form.SecureSums`)
 is a function of sums over the clients of what each computes alone from its own model and data:
 Fisher merging of :math:`\sum_i w_i u_i \theta_i` and :math:`\sum_i w_i u_i`
-(:mod:`fedlmc.merging.fisher`), RegMean of :math:`\sum_i w_i \theta_i`, :math:`\sum_i w_i
-\tilde G_i` and :math:`\sum_i w_i \tilde G_i W_i^\top` per layer (:mod:`fedlmc.merging.regmean`).
+(:mod:`fedlmc.merging.field.fisher`), RegMean of :math:`\sum_i w_i \theta_i`, :math:`\sum_i w_i
+\tilde G_i` and :math:`\sum_i w_i \tilde G_i W_i^\top` per layer
+(:mod:`fedlmc.merging.field.regmean`).
 :func:`secure_sums_merge` runs one :func:`fedlmc.strategies.secure.secure_round` in which every
 client trains, computes its parts (its secure handler,
 :mod:`fedlmc.simulations.private.secure_client`) and sends them all, concatenated; the server
@@ -29,8 +30,9 @@ below :math:`2^{31}` (its ``int32`` rounding), so :math:`Q = 2^{\lfloor \log_2(2
 Flower's default :math:`2^{22}` (64 to 256 times finer). Each entry of a mean is then off by at
 most :math:`\delta = 3Nc/(QS)` (:meth:`fedlmc.strategies.secure.SecureSettings.error_bound`'s
 rule), and ``SecureSums.merge`` turns :math:`\delta` into the merge's bound
-(:attr:`SecureSumsResult.error_bound`; Fisher: :func:`fedlmc.merging.fisher.fisher_error_bound`,
-RegMean: :func:`fedlmc.merging.regmean.regmean_error_bound`).
+(:attr:`SecureSumsResult.error_bound`; Fisher:
+:func:`fedlmc.merging.field.fisher.fisher_error_bound`, RegMean:
+:func:`fedlmc.merging.field.regmean.regmean_error_bound`).
 """
 
 from __future__ import annotations

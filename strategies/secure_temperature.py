@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from fedlmc.merging.calibrate import TemperatureStats, fit_temperature_federated
-from fedlmc.strategies.queries import NEWTON_TOL
 from fedlmc.strategies.secure import (
     CLIPPING_KEY,
     MAX_WEIGHT_KEY,
@@ -37,6 +36,7 @@ from fedlmc.strategies.secure import (
     SecureSettings,
     secure_round,
 )
+from fedlmc.strategies.temperature_rounds import NEWTON_TOL
 
 __all__ = [
     "LOG_T_KEY",

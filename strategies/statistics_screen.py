@@ -3,8 +3,8 @@ must be on its own, and each client's scale against the other clients'.
 
 **Positive semi-definite** (:func:`check_gram_spectrum`, in the per-reply screen
 :func:`fedlmc.strategies.screening.screen_statistics_reply`). An honest Gram matrix is
-:math:`G = X^\top X / m` (:func:`fedlmc.merging.regmean.gram_matrices`): no eigenvalue below 0 but
-for the rounding of its float32 entries (at most :math:`\|E\|_F \le 2^{-24}\|G\|_F`, about
+:math:`G = X^\top X / m` (:func:`fedlmc.merging.field.regmean.gram_matrices`): no eigenvalue below 0
+but for the rounding of its float32 entries (at most :math:`\|E\|_F \le 2^{-24}\|G\|_F`, about
 :math:`3\cdot 10^{-6}\lambda_{\max}` at 2,048 inputs). A reply is refused when
 
 .. math:: \theta_{\min} < -\tau \max(\mathrm{tr}\,G / n,\ \theta_{\max}),
@@ -22,7 +22,7 @@ eigendecomposition or a Cholesky factor (:math:`O(n^3)`) of every client's Gram 
 much as RegMean's own products with the weights (benchmarks/field_methods.py). What it misses, a
 small negative eigenvalue hidden in the spectrum, moves the merge only where the other clients'
 Grams are about as small, and a solution that blows up there is refused by the merge's own check
-(:func:`fedlmc.merging.regmean.solution_growth`).
+(:func:`fedlmc.merging.field.regmean.solution_growth`).
 
 **Scale** (:func:`statistics_outliers`, the relative rule of :mod:`fedlmc.strategies.robust`
 with the same factor, ``outlier-factor``): per layer, a Gram's scale per sample and input,

@@ -1,4 +1,6 @@
-"""Merging: the merge-method registry and the steps after the average.
+"""Merging: the merge-method registry and the steps after the average (the core, this folder's
+modules), and the methods of the field, the published baselines and the robust rules (its
+folders).
 
 - :mod:`fedlmc.merging.methods`: :func:`merge_states`, the merge entry.
 - :mod:`fedlmc.merging.merge_result`: :class:`MergeResult`, the one result of a merge every path
@@ -19,16 +21,24 @@
   moved by a seeded random direction as long as its step to the plain average).
 - :mod:`fedlmc.merging.alignment_record`: what an alignment did (groups aligned, units moved)
   and the line flagging a method that aligned nothing.
-- :mod:`fedlmc.merging.baselines`: published baselines registered as methods (RESCALE,
-  :mod:`fedlmc.merging.rescale`; CCA Merge, :mod:`fedlmc.merging.cca`; Preserve-First Merging,
-  :mod:`fedlmc.merging.preserve_first`, a model of another architecture registered with
-  ``builds_model``), registered by the registry as the built-in methods are.
-- :mod:`fedlmc.merging.robust_rules`: the robust aggregation rules registered as methods
-  (coordinate-wise median, trimmed mean, Krum, multi-Krum), registered as the baselines are.
-- :mod:`fedlmc.merging.field_methods`: the methods the model-merging field compares against
-  (Fisher merging, :mod:`fedlmc.merging.fisher`; RegMean, :mod:`fedlmc.merging.regmean`; Task
-  Arithmetic, TIES and DARE, :mod:`fedlmc.merging.task_vectors`; OT fusion,
-  :mod:`fedlmc.merging.ot_fusion`), registered with their options, the same way.
+- :mod:`fedlmc.merging.merge_result`, :mod:`fedlmc.merging.post_merge`,
+  :mod:`fedlmc.merging.lewc_temperature`, :mod:`fedlmc.merging.temperature_bound`,
+  :mod:`fedlmc.merging.request_facts`, :mod:`fedlmc.merging.sum_form`: the one merge result and
+  its pipeline, the post-merge steps, LEWC's temperature, a temperature at its fit's bound, what
+  a request says and the weighted-sum form the clear and secure sums share.
+
+The merge methods beside the core, one folder each (a folder's docstring lists its modules):
+
+- :mod:`fedlmc.merging.field`: the methods the model-merging field compares against (Fisher
+  merging, RegMean, Task Arithmetic, TIES, DARE, OT fusion), registered with their options in
+  :mod:`fedlmc.merging.field.field_methods`.
+- :mod:`fedlmc.merging.baselines`: the published baselines (RESCALE, CCA Merge, Preserve-First
+  Merging, a model of another architecture registered with ``builds_model``), registered in
+  :mod:`fedlmc.merging.baselines.baselines`.
+- :mod:`fedlmc.merging.robust`: the robust aggregation rules (coordinate-wise median, trimmed
+  mean, Krum, multi-Krum), :mod:`fedlmc.merging.robust.rules`.
+
+The registry registers all of them as it does the built-in methods.
 
 The weighted average itself is :mod:`fedlmc.averaging`, below both this package and
 :mod:`fedlmc.permutation` (MergeMany averages while it aligns).

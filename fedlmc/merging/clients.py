@@ -18,7 +18,7 @@ federation against them)::
   diagonal Fisher of its own model on ``train_inputs[i]`` and ``train_labels[i]``, or the Gram
   matrices of its layers' inputs on ``train_inputs[i]``, each on at most ``fisher_samples`` /
   ``regmean_samples`` of them (the seeded subset the ClientApp draws,
-  :func:`fedlmc.merging.fisher.statistics_seed` of ``seed`` and ``i``);
+  :func:`fedlmc.merging.field.fisher.statistics_seed` of ``seed`` and ``i``);
 - :meth:`LocalClients.calibrated_nlls`: per model, BatchNorm statistics re-estimated on every
   client's training inputs (exact sums, as the ``query.bn_stats`` round) where asked, then
   :math:`\min_u \sum_c \mathrm{NLL}_c(u) / \sum_c n_c` over the grid of
@@ -53,7 +53,7 @@ from fedlmc.merging.calibrate import (
     temperature_grid,
     temperature_statistics,
 )
-from fedlmc.merging.field_methods import FISHER_LABELS, FISHER_SAMPLES, REGMEAN_SAMPLES
+from fedlmc.merging.field.field_methods import FISHER_LABELS, FISHER_SAMPLES, REGMEAN_SAMPLES
 from fedlmc.merging.repair import UnitStats, combine_unit_statistics, unit_statistics
 from fedlmc.permutation.matching import activation_matching
 
@@ -117,8 +117,8 @@ class LocalClients:
 
     def fisher_diagonals(self) -> list[StateDict]:
         """Per client, the diagonal empirical Fisher of its own model on a bounded sample of its
-        training data (:func:`fedlmc.merging.fisher.fisher_diagonal`)."""
-        from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, statistics_seed
+        training data (:func:`fedlmc.merging.field.fisher.fisher_diagonal`)."""
+        from fedlmc.merging.field.fisher import bounded_sample, fisher_diagonal, statistics_seed
 
         if len(self.train_labels) != len(self.states):
             raise ValueError("the Fisher needs the clients' train_labels; got none")
@@ -135,9 +135,9 @@ class LocalClients:
 
     def gram_matrices(self, layers: Sequence[str]) -> list[dict[str, Tensor]]:
         """Per client, the Gram matrices of ``layers``' inputs of its own model on a bounded
-        sample of its training inputs (:func:`fedlmc.merging.regmean.gram_matrices`)."""
-        from fedlmc.merging.fisher import bounded_sample, statistics_seed
-        from fedlmc.merging.regmean import gram_matrices
+        sample of its training inputs (:func:`fedlmc.merging.field.regmean.gram_matrices`)."""
+        from fedlmc.merging.field.fisher import bounded_sample, statistics_seed
+        from fedlmc.merging.field.regmean import gram_matrices
 
         grams = []
         for index, (state, x) in enumerate(zip(self.states, self.train_inputs, strict=True)):

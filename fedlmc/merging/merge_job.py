@@ -48,14 +48,15 @@ class ClientQueries(Protocol):
 
     def fisher_diagonals(self) -> list[StateDict | None]:
         """Per client, the diagonal empirical Fisher of its own model on (a bounded sample of)
-        its own training data (:func:`fedlmc.merging.fisher.fisher_diagonal`); ``None`` for a
+        its own training data (:func:`fedlmc.merging.field.fisher.fisher_diagonal`); ``None`` for a
         client whose answer was dropped."""
         ...
 
     def gram_matrices(self, layers: Sequence[str]) -> list[dict[str, Tensor] | None]:
         """Per client, the Gram matrix of each of ``layers``' inputs of its own model on (a
-        bounded sample of) its own training data (:func:`fedlmc.merging.regmean.gram_matrices`);
-        ``None`` for a client whose answer was dropped."""
+        bounded sample of) its own training data
+        (:func:`fedlmc.merging.field.regmean.gram_matrices`); ``None`` for a client whose answer was
+        dropped."""
         ...
 
     def refuse(self, index: int, reason: str) -> None:

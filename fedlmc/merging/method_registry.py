@@ -227,7 +227,7 @@ class MergeMethod:
         return None
 
 
-BUILTIN_MODULES = ("builtin_methods", "baselines", "field_methods", "robust_rules")
+BUILTIN_MODULES = ("builtin_methods", "baselines.baselines", "field.field_methods", "robust.rules")
 """The modules of ``fedlmc.merging`` declaring the built-in methods (:func:`builtin_method`), in
 the order :data:`METHODS` lists them."""
 _DECLARED: dict[str, list[tuple[str, dict[str, Any], Callable[[MergeJob], Alignment]]]] = {}

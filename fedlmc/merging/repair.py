@@ -18,8 +18,8 @@ Standard deviations are population ones (divide by the count). Choices made here
 
 - **Bias-free layers are refused** (:func:`bias_free_layer`): the mean is set through the
   bias, and a bias is never added (the architecture stays the same). Without the mean reset
-  what is left, :math:`z'_c = s z_c`, is RESCALE (:mod:`fedlmc.merging.rescale`), not REPAIR:
-  an earlier version did exactly that under REPAIR's name, equal to RESCALE by construction.
+  what is left, :math:`z'_c = s z_c`, is RESCALE (:mod:`fedlmc.merging.baselines.rescale`), not
+  REPAIR: an earlier version did exactly that under REPAIR's name, equal to RESCALE by construction.
 - **Constant units** (:math:`\sigma_m \le 10^{-6} \sqrt{\mathrm{mean}(z_c^2)}`, e.g. dead or
   zero units) keep their weights (:math:`s = 1`); only their mean is moved.
 - **Layers** default to every Linear/Conv except the output layer (:func:`repair_layers`), and

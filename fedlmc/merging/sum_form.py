@@ -75,6 +75,7 @@ Exponents = dict[str, int]
 SumExponents = Callable[["PermutationSpec", Mapping[str, "Tensor"]], Exponents]
 
 __all__ = [
+    "clear_sums_merge",
     "Exponents",
     "SecureSums",
     "weighted_means",
@@ -129,6 +130,32 @@ def weighted_means(
         {k: sum(w * p[j][k].to(torch.float64) for w, p in clients) / total for k in parts[0][j]}
         for j in range(len(parts[0]))
     ]
+
+
+def clear_sums_merge(
+    states: Sequence[Mapping[str, Tensor]],
+    statistics: Sequence[Any],
+    weights: Sequence[float],
+    what: str,
+    parts: Callable[[Mapping[str, Tensor], Any], Sequence[StateDict]],
+    from_means: Callable[..., StateDict],
+) -> StateDict:
+    r"""A :class:`SecureSums` rule merged in the clear, by the same parts and merge as its secure
+    form, unscaled: client :math:`i`'s ``parts(state_i, statistics_i)``, their
+    :func:`weighted_means` at the normalised ``weights``, then ``from_means(*means)`` on its keys
+    and the plain average on every other key (integer buffers as the plain average takes them),
+    each cast back to the clients' dtype. ``ValueError`` when the clients' states and their
+    ``statistics`` (named ``what``: Fisher diagonals, Gram matrices) differ in number."""
+    from fedlmc.averaging import average, normalised_weights
+
+    if len(states) != len(statistics):
+        raise ValueError(f"{len(states)} client states but {len(statistics)} {what}")
+    w = normalised_weights(weights, len(states))
+    sent = [parts(sd, found) for sd, found in zip(states, statistics, strict=True)]
+    merged = average(states, w)
+    for key, value in from_means(*weighted_means(sent, w)).items():
+        merged[key] = value.to(states[0][key].dtype)
+    return merged
 
 
 def plain_exponents(spec: PermutationSpec | None, state: Mapping[str, Tensor]) -> Exponents:

@@ -10,11 +10,11 @@ follow it).
 from __future__ import annotations
 
 from fedlmc.merging.alignment_record import ALIGNMENT_COLUMNS
-from fedlmc.merging.baselines import CCA_COLUMNS, RESCALE_COLUMNS
+from fedlmc.merging.baselines.baselines import CCA_COLUMNS, RESCALE_COLUMNS
 from fedlmc.merging.builtin_methods import AUTO_COLUMNS
-from fedlmc.merging.field_methods import CLIENT_STATISTICS_COLUMNS, OT_COLUMNS
+from fedlmc.merging.field.field_methods import CLIENT_STATISTICS_COLUMNS, OT_COLUMNS
 from fedlmc.merging.random_direction import RANDOM_DIRECTION_COLUMNS
-from fedlmc.merging.robust_rules import KRUM_COLUMNS
+from fedlmc.merging.robust.rules import KRUM_COLUMNS
 from fedlmc.study.method_policy import register_evaluation
 from fedlmc.study.server_sees import SECURE_SUM
 

@@ -82,8 +82,8 @@ class Merged(MergeResult):
 
 def parameter_count(model: nn.Module) -> int:
     """The parameters ``model`` needs to predict: its ``parameter_count`` attribute where it has
-    one (:attr:`fedlmc.merging.preserve_first.PreserveFirstModel.parameter_count`), else the
-    number of entries of its parameters."""
+    one (:attr:`fedlmc.merging.baselines.preserve_first.PreserveFirstModel.parameter_count`), else
+    the number of entries of its parameters."""
     counted = getattr(model, "parameter_count", None)
     return int(counted) if counted is not None else sum(p.numel() for p in model.parameters())
 

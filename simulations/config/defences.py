@@ -1,7 +1,7 @@
 """The run-config side of the robust aggregation rules and the client check: the keys' checks,
 the method options the rules read (a Krum cell with too few clients is its method's one
 refusal, :func:`fedlmc.simulations.config.checks.check_merge_methods`, at these options), and
-the client check a cell resolves to (:mod:`fedlmc.merging.robust_rules`,
+the client check a cell resolves to (:mod:`fedlmc.merging.robust.rules`,
 :mod:`fedlmc.strategies.robust`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedlmc.merging.robust_rules import check_trim_fraction
+from fedlmc.merging.robust.rules import check_trim_fraction
 from fedlmc.simulations.config.derived import selected_methods
 from fedlmc.simulations.config.schema import Range
 
@@ -23,7 +23,8 @@ premise, :mod:`fedlmc.strategies.robust`)."""
 
 
 def _trim_rule(value: Any) -> str | None:
-    """The trimmed mean's own check (:func:`fedlmc.merging.robust_rules.check_trim_fraction`)."""
+    """The trimmed mean's own check
+    (:func:`fedlmc.merging.robust.rules.check_trim_fraction`)."""
     try:
         check_trim_fraction(value)
     except ValueError as err:

@@ -1,7 +1,7 @@
-"""The run-config keys of the field's merge methods (:mod:`fedlmc.merging.field_methods`): their
-declarations (spliced into the key table by :func:`fedlmc.simulations.config.keys.declared_keys`),
-and the method options they give the merge (:func:`field_method_options`); that the
-task-vector methods have a base is their own refusal
+"""The run-config keys of the field's merge methods (:mod:`fedlmc.merging.field.field_methods`):
+their declarations (spliced into the key table by
+:func:`fedlmc.simulations.config.keys.declared_keys`), and the method options they give the merge
+(:func:`field_method_options`); that the task-vector methods have a base is their own refusal
 (:func:`fedlmc.simulations.config.checks.check_merge_methods`). No heavy import (the run-config
 validation reads it)."""
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedlmc.merging.field_methods import FIELD_OPTIONS, FISHER_LABELS, STATISTICS_RANGE
+from fedlmc.merging.field.field_methods import FIELD_OPTIONS, FISHER_LABELS, STATISTICS_RANGE
 from fedlmc.simulations.config.derived import selected_methods
 from fedlmc.simulations.config.schema import Key, Rule, fraction, integers, named, numbers
 from fedlmc.simulations.config.secure import is_secure

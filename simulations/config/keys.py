@@ -6,10 +6,10 @@ from __future__ import annotations
 from fedlmc.data.catalog import (
     PARTITION_SCHEMES,
 )
-from fedlmc.merging.baselines import CCA_RIDGE
+from fedlmc.merging.baselines.baselines import CCA_RIDGE
 from fedlmc.merging.builtin_methods import AUTO_TOLERANCE
 from fedlmc.merging.post_merge import CALIBRATIONS
-from fedlmc.merging.robust_rules import KRUM_BYZANTINE, KRUM_SELECT, TRIM_FRACTION
+from fedlmc.merging.robust.rules import KRUM_BYZANTINE, KRUM_SELECT, TRIM_FRACTION
 from fedlmc.models.registry import (
     NORMS,
     model_names,
@@ -272,7 +272,8 @@ def declared_keys() -> dict[str, Key]:
             "(0: calibrate in-sample on the training data)",
             fraction,
             applies=Rule(
-                '`calibration = "federated"` with `strategy` `"average"` or `"aligned"`',
+                f'`calibration = "federated"` with `strategy` `"{Mode.AVERAGE}"` or '
+                f'`"{Mode.ALIGNED}"`',
                 lambda c: federated_calibration(c),
             ),
         ),

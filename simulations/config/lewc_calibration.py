@@ -26,7 +26,9 @@ from fedlmc.simulations.config.values import ONE_SHOT_MODES, Mode
 
 __all__ = ["check_lewc_calibration", "lewc_note", "uses_lewc"]
 
-PLAIN = "strategy = 'average' with bias = false, or strategy = 'aligned' with align = "
+PLAIN = (
+    f"strategy = '{Mode.AVERAGE}' with bias = false, or strategy = '{Mode.ALIGNED}' with align = "
+)
 """The start of what a refusal allows."""
 
 

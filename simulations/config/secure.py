@@ -20,7 +20,7 @@ from typing import Any
 
 from fedlmc.merging.method_registry import base_method
 from fedlmc.simulations.config.schema import ConfigError
-from fedlmc.simulations.config.values import ONE_SHOT_MODES
+from fedlmc.simulations.config.values import ONE_SHOT_MODES, Mode
 from fedlmc.study.server_sees import SECURE_SUM
 
 __all__ = [
@@ -63,8 +63,8 @@ def secure_methods() -> tuple[str, ...]:
 def secure_choices() -> str:
     """The cells a secure run allows, as the refusals say it."""
     aligned = [repr(m) for m in secure_methods() if m != "average"]
-    return "strategy = 'average'" + (
-        f", or strategy = 'aligned' with align = {' / '.join(aligned)}" if aligned else ""
+    return f"strategy = '{Mode.AVERAGE}'" + (
+        f", or strategy = '{Mode.ALIGNED}' with align = {' / '.join(aligned)}" if aligned else ""
     )
 
 

@@ -19,6 +19,7 @@ from fedlmc.merging.method_registry import (
 from fedlmc.models.registry import MODELS
 from fedlmc.simulations.config import FEDAVG, option_key, run_schema
 from fedlmc.simulations.config.schema import Key, bounds_text
+from fedlmc.simulations.config.values import Mode
 from fedlmc.strategies.secure_forms import NOT_BUILT, runs_securely, secure_form
 from fedlmc.study.method_policy import evaluation_of
 from fedlmc.study.rows import columns_markdown, server_sees_of
@@ -52,8 +53,8 @@ def _yes(flag: bool) -> str:
 def _data_source(method: MergeMethod) -> str:
     if method.needs.clients:
         return (
-            'each client\'s own (a federation only: `strategy = "aligned"`, or `compare` '
-            "querying its clients)"
+            f'each client\'s own (a federation only: `strategy = "{Mode.ALIGNED}"`, or '
+            f"`{Mode.COMPARE}` querying its clients)"
         )
     if method.needs.base:
         return 'none, but the clients\' common base (`init = "shared"`)'
@@ -101,9 +102,9 @@ def _secure_row(method: MergeMethod) -> list[str]:
     sees, form = evaluation_of(method.name).server_sees, secure_form(method.name)
     if runs_securely(method.name):
         cell = (
-            '`strategy = "average"`'
+            f'`strategy = "{Mode.AVERAGE}"`'
             if method.name == "average"
-            else f'`strategy = "aligned"`, `align = "{method.name}"`'
+            else f'`strategy = "{Mode.ALIGNED}"`, `align = "{method.name}"`'
         )
         runs = "yes, plus the holder masks (about twice the bytes)"
         return [name, sees, runs if form.divide_by_holders else "yes", cell]

@@ -1,6 +1,7 @@
 """The Grid view of one cell (:class:`CellGrid`): the shared Grid of the sweep engine as one
 cell's ServerApp sees it, its own nodes and partitions, its messages through the slot broker
-(see :mod:`fedlmc.simulations.engine.cells`)."""
+(see :mod:`fedlmc.simulations.engine.cells`): a
+:class:`~fedlmc.simulations.records.forwarding_grid.ForwardingGrid` over the shared Grid."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedlmc.simulations.engine.slots import POLL_SECONDS, Broker
+from fedlmc.simulations.records.forwarding_grid import ForwardingGrid
 from fedlmc.strategies.protocol import NUM_PARTITIONS_KEY, PARTITION_KEY, PARTITION_RECORD
 
 
-class CellGrid(Grid):
+class CellGrid(ForwardingGrid):
     """What one cell's ServerApp sees of the shared Grid (see the module docstring);
     ``on_reply(1)`` (optional) hears of each client reply to the cell as the broker receives it
     (the sweep's progress bar counts them)."""
@@ -40,18 +42,9 @@ class CellGrid(Grid):
         return None
 
     @property
-    def run(self) -> Any:
-        return self.broker.grid.run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+    def grid(self) -> Grid:
+        """The sweep's shared Grid (its ``run`` is this view's)."""
+        return self.broker.grid
 
     def get_node_ids(self) -> list[int]:
         """The first ``num-clients`` node ids of the pool (sorted), once all have registered."""

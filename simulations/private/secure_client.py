@@ -152,10 +152,10 @@ def statistics_for_merge(
     """The parts a client of a ``secure_sums`` rule (``fisher``, ``regmean``) sends: computed
     by the rule's ``client_parts`` from its trained ``state`` (loaded into ``model``) and its
     own training data, with the run's method options, the clipping and statistics ranges and
-    its statistics seed (:func:`fedlmc.merging.fisher.statistics_seed`)."""
+    its statistics seed (:func:`fedlmc.merging.field.fisher.statistics_seed`)."""
     import torch
 
-    from fedlmc.merging.fisher import statistics_seed
+    from fedlmc.merging.field.fisher import statistics_seed
     from fedlmc.simulations.config.field_keys import field_method_options
     from fedlmc.simulations.task import client_run_config, client_train_data
     from fedlmc.strategies.secure import CLIPPING_KEY, MERGE_KEY

@@ -11,7 +11,9 @@ mode works on and its round columns), :mod:`~fedlmc.simulations.records.row_grou
 over rows: the keys that vary, split labels, the summary) and
 :mod:`~fedlmc.simulations.records.progress` (the stages a run reports, each client reply and
 the waits on a timer), with
-:mod:`~fedlmc.simulations.records.watched_grid` (a Grid that tells each reply as it arrives) and
+:mod:`~fedlmc.simulations.records.watched_grid` (a Grid that tells each reply as it arrives, a
+:mod:`~fedlmc.simulations.records.forwarding_grid` over the run's Grid, as the engine's cell view
+is) and
 :mod:`~fedlmc.simulations.records.run_table` (the table ``fedlmc run`` prints). The ServerApp
 writes these files and the engine runs the ServerApp, so they sit below both; the report and the
 trackers read them.

@@ -8,7 +8,8 @@ and bar of :mod:`fedlmc.simulations.records.progress`). A Grid that already tell
 (one with an ``on_reply`` listener, the sweep engine's
 :class:`~fedlmc.simulations.engine.grid_view.CellGrid`, whose pushes wait for client slots)
 keeps its own ``send_and_receive``, with the watch added to its listener for the round. Every
-other call goes to the wrapped Grid unchanged.
+other call goes to the wrapped Grid unchanged
+(:class:`~fedlmc.simulations.records.forwarding_grid.ForwardingGrid`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flwr.app import Message, RecordDict
+from flwr.app import Message
 from flwr.serverapp import Grid
 
+from fedlmc.simulations.records.forwarding_grid import ForwardingGrid
 from fedlmc.simulations.records.progress import RoundWatch, RunProgress
 
 SECAGG_CONFIGS = "secaggplus_configs"
@@ -30,7 +32,7 @@ POLL_SECONDS = 1.0
 """How often the replies of a round are pulled (Flower's deployment Grid polls every 3 s)."""
 
 
-class WatchedGrid(Grid):
+class WatchedGrid(ForwardingGrid):
     """``grid`` with each round's replies told to ``progress`` (module docstring)."""
 
     def __init__(self, grid: Grid, progress: RunProgress) -> None:
@@ -41,35 +43,6 @@ class WatchedGrid(Grid):
         if name == "grid":  # not set yet (a copy being built)
             raise AttributeError(name)
         return getattr(self.grid, name)
-
-    def set_run(self, run: Any) -> None:
-        self.grid.set_run(run)
-
-    @property
-    def run(self) -> Any:
-        return self.grid.run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.grid.get_node_ids()
-
-    def get_nodes(self) -> Iterable[Any]:
-        return self.grid.get_nodes()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.grid.pull_messages(message_ids)
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None

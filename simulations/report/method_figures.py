@@ -35,7 +35,8 @@ __all__ = [
 ]
 
 FIELD_METHODS = ("fisher", "regmean", "task_arithmetic", "ties", "dare", "ot_fusion")
-"""The methods of :mod:`fedlmc.merging.field_methods`: the figure is drawn when two have rows."""
+"""The methods of :mod:`fedlmc.merging.field.field_methods`: the figure is drawn when two have
+rows."""
 METHOD_ORDER = (
     "average",
     "weight_matching",

@@ -202,6 +202,7 @@ def test_docs_tables_are_the_registries():
     made["figures"] = figures_markdown
     made["secure-methods"] = secure_methods_table
     made["query-handlers"] = query_handlers_table
+    made["reading-path"] = gen.reading_path_table
     assert {name: make for name, (_, make) in gen.BLOCKS.items()} == made
     for name, (page, make) in gen.BLOCKS.items():
         text = (ROOT / "docs" / page).read_text()

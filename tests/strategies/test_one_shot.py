@@ -378,60 +378,6 @@ def test_query_payloads_round_trip_exactly():
     assert temperature_stats_from_content(temperature_stats_to_content(stats, {})) == stats
 
 
-class TemperatureGrid:
-    """A Grid whose nodes answer ``query.temperature`` on their own data (real Messages, the
-    ClientApp's encoding); the nodes in ``fail_grid`` answer the first (grid) query with an
-    error and every later query normally."""
-
-    def __init__(self, model, data_by_node, fail_grid=()):
-        self.model, self.data, self.fail_grid, self.asked = model, data_by_node, set(fail_grid), 0
-
-    def send_and_receive(self, messages, *, timeout=None):
-        from fedlmc.strategies.protocol import query_models
-
-        self.asked += 1
-        replies = []
-        for message in messages:
-            node = int(message.metadata.dst_node_id)
-            if self.asked == 1 and node in self.fail_grid:
-                error = Error(code=1002, reason=f"partition-id={node}: RuntimeError: boom")
-                replies.append(Message(error, reply_to=message))
-                continue
-            x, y = self.data[node]
-            points = message.content["config"]["log-t"]
-            models = query_models(message.content)
-            stats = [
-                [temperature_statistics(predict_logits(self.model, x), y, u) for u in points]
-                for _ in models
-            ]
-            several = "model-0" in message.content.array_records
-            content = temperature_stats_to_content(
-                stats if several else stats[0], {"partition-id": node}, per_model=several
-            )
-            replies.append(Message(content, reply_to=message))
-        return replies
-
-
-def test_federated_temperature_history_counts_the_clients_that_answered_the_grid_query():
-    from fedlmc.strategies.queries import ClientRounds
-    from fedlmc.strategies.strategy_utils import ClientUpdate
-
-    model = tiny(0).eval()
-    data_by_node = {node: data(48, seed=node) for node in (0, 1, 2)}
-    survivors = [ClientUpdate(n, n, model.state_dict(), 48, {}, 0) for n in (0, 1, 2)]
-    grid = TemperatureGrid(model, data_by_node, fail_grid=[2])
-    clients = ClientRounds(
-        grid, survivors, {}, template=model, device="cpu", timeout=5.0, min_clients=2
-    )
-    temperature, history = clients.fit_temperature(state_to_record(model.state_dict()))
-    assert history[0]["round"] == -1 and history[0]["clients"] == 2
-    assert all(h["clients"] == 2 for h in history[1:])
-    x = torch.cat([data_by_node[n][0] for n in (0, 1)])
-    y = torch.cat([data_by_node[n][1] for n in (0, 1)])
-    assert temperature == pytest.approx(fit_temperature(predict_logits(model, x), y), rel=1e-3)
-    assert [f.node_id for f in clients.dropped] == [2]
-
-
 class _NodesGrid:
     """The nodes of a deployment, as a Grid lists them; ``assigned``: the partitions a
     simulation's engine assigns (``None``: a deployment, which assigns none)."""

@@ -22,6 +22,7 @@ from fedlmc.models.classifiers import build_model
 from fedlmc.permutation import permutation_spec, random_permutations
 from fedlmc.simulations.records.training_file import client_epoch_rows
 from fedlmc.strategies import NotEnoughClientsError, OneShotAverage, StrategyOptions
+from fedlmc.strategies.own_model_rounds import _group_sizes
 from fedlmc.strategies.protocol import (
     HISTORY_KEYS,
     history_metrics,
@@ -30,7 +31,6 @@ from fedlmc.strategies.protocol import (
     state_to_record,
     temperature_stats_to_content,
 )
-from fedlmc.strategies.queries import _group_sizes, bound_temperature_stats
 from fedlmc.strategies.screening import (
     MAX_ABS_WEIGHT,
     ScreenError,
@@ -40,6 +40,7 @@ from fedlmc.strategies.screening import (
     screen_moments_reply,
     screen_temperature_reply,
 )
+from fedlmc.strategies.temperature_rounds import bound_temperature_stats
 
 IN_SHAPE = (1, 4, 4)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedlmc.merging.field_methods import FISHER_SUMS
+from fedlmc.merging.field.field_methods import FISHER_SUMS
 from fedlmc.merging.merge_job import Alignment
 from fedlmc.merging.method_registry import METHODS, register_method
 from fedlmc.merging.sum_form import lewc_bias_exponents, plain_exponents

@@ -14,7 +14,7 @@ import torch
 
 from fedlmc.averaging import load_state
 from fedlmc.evaluation import metrics_from_logits, predict_logits
-from fedlmc.merging.fisher import statistics_seed
+from fedlmc.merging.field.fisher import statistics_seed
 from fedlmc.merging.methods import merge_states
 from fedlmc.simulations.client_app import train_reply
 from fedlmc.simulations.config import validate_run_config

@@ -152,7 +152,10 @@ def test_the_request_of_a_run_config_is_read_from_its_keys():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("first", ["field_methods", "robust_rules", "baselines", "method_registry"])
+@pytest.mark.parametrize(
+    "first",
+    ["field.field_methods", "robust.rules", "baselines.baselines", "method_registry"],
+)
 def test_the_registry_loads_the_built_ins_in_one_order_whatever_is_imported_first(first):
     """Importing a built-in module registers nothing; the registry registers every built-in
     itself at its first listing, in :data:`BUILTIN_MODULES`' order, without torch."""

@@ -173,3 +173,32 @@ def test_the_holder_bound_grows_as_the_smallest_share_shrinks_and_refuses_too_sm
     assert holder_error_bound(3, 8.0, 2**22, 0.0625) > bound > error_bound(0, 3, 8.0, 2**22, 0.875)
     with pytest.raises(ValueError, match=r"smallest share 1e-06 with 3 clients"):
         holder_error_bound(3, 8.0, 2**22, 1e-6)
+
+
+def test_a_clear_sums_merge_is_its_parts_means_on_their_keys_and_the_average_elsewhere():
+    from fedlmc.merging.sum_form import clear_sums_merge
+
+    states = [
+        {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([4.0]), "n": torch.tensor(3)},
+        {"w": torch.tensor([3.0, 6.0]), "b": torch.tensor([0.0]), "n": torch.tensor(5)},
+    ]
+    statistics = [2.0, 1.0]  # one number a client, say: the part it sends is w * statistic
+
+    def parts(state, statistic):
+        return [{"w": state["w"].double() * statistic}, {"w": torch.full((2,), statistic)}]
+
+    merged = clear_sums_merge(
+        states,
+        statistics,
+        [1.0, 3.0],
+        "numbers",
+        parts,
+        lambda top, mass: {"w": top["w"] / mass["w"]},
+    )
+    # w: (0.25*2*w1 + 0.75*1*w2) / (0.25*2 + 0.75*1); b: the plain average at 1/4, 3/4
+    assert torch.allclose(merged["w"], torch.tensor([(0.5 + 2.25) / 1.25, (1.0 + 4.5) / 1.25]))
+    assert merged["w"].dtype == torch.float32
+    assert torch.allclose(merged["b"], torch.tensor([1.0]))
+    assert merged["n"] == average(states, [0.25, 0.75])["n"]
+    with pytest.raises(ValueError, match="2 client states but 1 numbers"):
+        clear_sums_merge(states, statistics[:1], [1.0, 1.0], "numbers", parts, dict)

@@ -13,8 +13,8 @@ import torch
 
 from fedlmc.data.loading import from_arrays
 from fedlmc.evaluation import predict_logits
+from fedlmc.merging.baselines.preserve_first import PFM_LAYERS, preserve_first
 from fedlmc.merging.calibrate import fit_temperature
-from fedlmc.merging.preserve_first import PFM_LAYERS, preserve_first
 from fedlmc.models.classifiers import build_model
 from fedlmc.study.compare import compare_methods
 from fedlmc.study.diagnostic_columns import NOT_TEMPLATE_REASON

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedlmc.merging.field_methods import FIELD_OPTIONS
+from fedlmc.merging.field.field_methods import FIELD_OPTIONS
 from fedlmc.simulations.config import ConfigError, canonical_run_config, validate_run_config
 from fedlmc.simulations.config.field_keys import field_method_keys, field_method_options
 

@@ -36,7 +36,7 @@ This follows their ``core/matching_functions.py``: ``match_tensors_cca`` (``y_ma
 the activations after each hidden layer's nonlinearity, as their graphs place them. Their
 ``gamma`` is absolute and searched per experiment (``evaluation/cca_hparam_search.py``); here it
 is relative to the activations' variance: ``ridge`` (``cca_merge``'s method option
-``cca_ridge``, default :data:`fedlmc.merging.baselines.CCA_RIDGE`).
+``cca_ridge``, default :data:`fedlmc.merging.baselines.baselines.CCA_RIDGE`).
 
 With :math:`n` samples the centred :math:`\Sigma_{xy}` has rank at most :math:`n - 1`: with
 fewer samples than units (400 server digits, 512 units) part of :math:`U` and :math:`V` spans

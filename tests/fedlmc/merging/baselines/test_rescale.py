@@ -1,8 +1,8 @@
-"""RESCALE (fedlmc.merging.rescale and the ``average_rescale`` / ``weight_matching_rescale``
-methods of fedlmc.merging.baselines): a constructed shrunken merge is restored exactly with the
-shrink factors reported, the rescaled units hit the endpoints' std with their mean scaled (not
-shifted as REPAIR does, whose weights it shares), and BatchNorm models are left to their
-re-estimated statistics."""
+"""RESCALE (fedlmc.merging.baselines.rescale and the ``average_rescale`` /
+``weight_matching_rescale`` methods of fedlmc.merging.baselines.baselines): a constructed shrunken
+merge is restored exactly with the shrink factors reported, the rescaled units hit the endpoints'
+std with their mean scaled (not shifted as REPAIR does, whose weights it shares), and BatchNorm
+models are left to their re-estimated statistics."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from fedlmc.averaging import average, load_state
+from fedlmc.merging.baselines.rescale import rescale
 from fedlmc.merging.methods import merge_states
 from fedlmc.merging.repair import repair, repair_targets, unit_statistics
-from fedlmc.merging.rescale import rescale
 from fedlmc.models.classifiers import build_model
 
 SMALL = (1, 6, 6)

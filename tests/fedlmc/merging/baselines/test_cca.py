@@ -1,8 +1,9 @@
-"""CCA Merge (fedlmc.merging.cca and the ``cca_merge`` method of fedlmc.merging.baselines): a
-permuted copy gives the exact permutation at any ridge, a permuted and positively rescaled copy is
-recovered at ridge 0, N = 3 works, the merge of a model with such copies computes the model, and
-models that are not norm-free chains are refused naming the model; with fewer samples than units
-only a ridge keeps the maps defined, and the run-config key ``cca-ridge`` sets it."""
+"""CCA Merge (fedlmc.merging.baselines.cca and the ``cca_merge`` method of
+fedlmc.merging.baselines.baselines): a permuted copy gives the exact permutation at any ridge, a
+permuted and positively rescaled copy is recovered at ridge 0, N = 3 works, the merge of a model
+with such copies computes the model, and models that are not norm-free chains are refused naming the
+model; with fewer samples than units only a ridge keeps the maps defined, and the run-config key
+``cca-ridge`` sets it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import torch
 
 from fedlmc.analysis.diagnostics import capture
 from fedlmc.averaging import load_state
-from fedlmc.merging.baselines import CCA_RIDGE
-from fedlmc.merging.cca import cca_align, cca_map
+from fedlmc.merging.baselines.baselines import CCA_RIDGE
+from fedlmc.merging.baselines.cca import cca_align, cca_map
 from fedlmc.merging.methods import merge_states
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation.model_spec import permutation_spec

@@ -1,4 +1,4 @@
-"""The published baselines registered as merge methods (:mod:`fedlmc.merging.baselines`):
+"""The published baselines registered as merge methods (:mod:`fedlmc.merging.baselines.baselines`):
 RESCALE, CCA Merge and Preserve-First Merging."""
 
 from __future__ import annotations

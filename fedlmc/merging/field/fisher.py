@@ -170,17 +170,16 @@ def fisher_merge(
     in float64, cast back to each key's dtype; integer buffers as the plain average takes them
     (their maximum). ``weights`` are normalised here. The same parts and division as the
     secure form (:func:`fisher_parts`, :func:`fisher_from_means`), unscaled."""
-    from fedlmc.averaging import average, normalised_weights
-    from fedlmc.merging.sum_form import weighted_means
+    from fedlmc.merging.sum_form import clear_sums_merge
 
-    if len(states) != len(fishers):
-        raise ValueError(f"{len(states)} client states but {len(fishers)} Fisher diagonals")
-    w = normalised_weights(weights, len(states))
-    parts = [fisher_parts(sd, f, 1.0, epsilon) for sd, f in zip(states, fishers, strict=True)]
-    merged = average(states, w)
-    for key, value in fisher_from_means(*weighted_means(parts, w), 1.0).items():
-        merged[key] = value.to(states[0][key].dtype)
-    return merged
+    return clear_sums_merge(
+        states,
+        fishers,
+        weights,
+        "Fisher diagonals",
+        lambda state, fisher: fisher_parts(state, fisher, 1.0, epsilon),
+        lambda values, masses: fisher_from_means(values, masses, 1.0),
+    )
 
 
 def fisher_parts(

@@ -15,7 +15,7 @@ on :math:`\sigma(h_{k+1})`. So :math:`k = 0` is the merge itself (a layer's pre-
 linear in its weights: :math:`\sum_i w_i W^{(i)}_1 x = \bar W_1 x`), and :math:`k = L - 1` is
 the logit ensemble :math:`\sum_i w_i z^{(i)}_L(x)`; in between, the model holds :math:`N` copies
 of the first :math:`k + 1` layers, so its parameters grow with :math:`k`
-(:attr:`~fedlmc.merging.preserve_first.PreserveFirstModel.parameter_count`).
+(:attr:`~fedlmc.merging.baselines.preserve_first.PreserveFirstModel.parameter_count`).
 
 This follows their ``PFM/model_merger.py``: ``ModelMerge.transform(..., start_at=node)`` merges
 the graph from the prefix node ``start_at`` on; ``add_merge_hooks`` puts a forward hook on the
@@ -28,9 +28,9 @@ setting that is not the merge).
 
 The merged model holds every client's first layers, so it is not a state dict of the template:
 it is a model (:class:`PreserveFirstModel`), and the registered methods ``preserve_first`` and
-``weight_matching_preserve_first`` (:mod:`fedlmc.merging.baselines`, with :data:`PFM_LAYERS`)
-declare it with the registry's ``builds_model``: the study evaluates this model, the consumers
-of template state dicts refuse it.
+``weight_matching_preserve_first`` (:mod:`fedlmc.merging.baselines.baselines`, with
+:data:`PFM_LAYERS`) declare it with the registry's ``builds_model``: the study evaluates this model,
+the consumers of template state dicts refuse it.
 """
 
 from __future__ import annotations

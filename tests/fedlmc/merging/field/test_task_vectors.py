@@ -1,4 +1,4 @@
-"""Task Arithmetic, TIES-Merging and DARE (fedlmc.merging.task_vectors) against hand
+"""Task Arithmetic, TIES-Merging and DARE (fedlmc.merging.field.task_vectors) against hand
 computations: TA's scaled sum of task vectors (1/N: the plain average), TIES' trim, elected sign
 and disjoint mean, DARE's seeded Bernoulli drop with its 1/(1-p) rescale (p = 0: TA; unbiased
 over many masks), integer buffers as the average takes them, and a base that does not fit."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedlmc.averaging import average
-from fedlmc.merging.task_vectors import dare_merge, task_arithmetic, ties_merge, trimmed
+from fedlmc.merging.field.task_vectors import dare_merge, task_arithmetic, ties_merge, trimmed
 
 BASE = {"w": torch.tensor([1.0, 1.0, 1.0, 1.0]), "n": torch.tensor(0)}
 

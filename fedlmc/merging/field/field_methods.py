@@ -1,15 +1,15 @@
 r"""The merge methods the model-merging field compares against, registered: Fisher merging,
 RegMean, Task Arithmetic, TIES-Merging, DARE and OT fusion, with their options and defaults.
 
-- ``fisher`` (:mod:`fedlmc.merging.fisher`): each client's diagonal empirical Fisher of its own
-  model on its own data (a query: ``job.clients.fisher_diagonals()``), the Fisher-weighted
+- ``fisher`` (:mod:`fedlmc.merging.field.fisher`): each client's diagonal empirical Fisher of its
+  own model on its own data (a query: ``job.clients.fisher_diagonals()``), the Fisher-weighted
   average; a ``sum`` rule that runs under SecAgg+ (:data:`FISHER_SUMS`).
-- ``regmean`` (:mod:`fedlmc.merging.regmean`): each client's Gram matrices of its linear layers'
-  inputs (``job.clients.gram_matrices(layers)``), every linear layer solved; a ``sum`` rule
+- ``regmean`` (:mod:`fedlmc.merging.field.regmean`): each client's Gram matrices of its linear
+  layers' inputs (``job.clients.gram_matrices(layers)``), every linear layer solved; a ``sum`` rule
   that runs under SecAgg+ (:data:`REGMEAN_SUMS`).
-- ``task_arithmetic``, ``ties``, ``dare`` (:mod:`fedlmc.merging.task_vectors`): relative to the
-  clients' common starting model ``job.base`` (``needs_base``).
-- ``ot_fusion`` (:mod:`fedlmc.merging.ot_fusion`): every client transported onto client 0's
+- ``task_arithmetic``, ``ties``, ``dare`` (:mod:`fedlmc.merging.field.task_vectors`): relative to
+  the clients' common starting model ``job.base`` (``needs_base``).
+- ``ot_fusion`` (:mod:`fedlmc.merging.field.ot_fusion`): every client transported onto client 0's
   units by POT, then the average (norm-free chains).
 
 Their merges are not the combination of the (aligned) clients at any weight but ``ot_fusion``'s, so
@@ -73,7 +73,7 @@ r"""Default relative ridge :math:`\rho` of RegMean's solve."""
 REGMEAN_GROWTH = 10.0
 r"""Largest growth of RegMean's solution, :math:`\|W\|_F / \max_i \|W_i\|_F` per layer, before
 the client without which it grows least is dropped
-(:func:`fedlmc.merging.regmean.solution_growth`): honest clients' solutions stayed within 1.06
+(:func:`fedlmc.merging.field.regmean.solution_growth`): honest clients' solutions stayed within 1.06
 in benchmarks/statistics_attacks.py's runs, one client's Grams with their off-diagonal entries
 times -4 took them to 18 to 50 (docs/reliability.md)."""
 REGMEAN_SAMPLES = 256
@@ -163,7 +163,7 @@ def _merge_answers(job: MergeJob, answers: Sequence[Any], what: str, merge) -> A
 
 
 def fisher_part_shapes(template: nn.Module) -> list[dict[str, tuple[int, ...]]]:
-    """Fisher merging's two parts (:func:`fedlmc.merging.fisher.fisher_parts`): the template's
+    """Fisher merging's two parts (:func:`fedlmc.merging.field.fisher.fisher_parts`): the template's
     floating-point keys, twice."""
     shapes = {k: tuple(v.shape) for k, v in template.state_dict().items() if v.is_floating_point()}
     return [shapes, dict(shapes)]
@@ -174,7 +174,7 @@ def fisher_client_parts(
 ) -> list[StateDict]:
     """One client's Fisher parts: its Fisher on a bounded sample of ``data``, then
     :math:`u \\odot \\theta` and :math:`c\\,u`."""
-    from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, fisher_parts
+    from fedlmc.merging.field.fisher import bounded_sample, fisher_diagonal, fisher_parts
 
     seed = int(options["statistics_seed"])
     x, y = bounded_sample(*data, int(option(options, "fisher_samples")), seed)
@@ -189,8 +189,8 @@ def fisher_secure_merge(
     template: nn.Module, means: list[StateDict], options: Mapping[str, Any]
 ) -> tuple[StateDict, float]:
     """Fisher merging from its parts' secure means, and its bound
-    (:func:`fedlmc.merging.fisher.fisher_error_bound`)."""
-    from fedlmc.merging.fisher import fisher_error_bound, fisher_from_means
+    (:func:`fedlmc.merging.field.fisher.fisher_error_bound`)."""
+    from fedlmc.merging.field.fisher import fisher_error_bound, fisher_from_means
 
     c = float(options["clipping_range"])
     bound = float(options.get("weight_range", c))
@@ -211,9 +211,9 @@ FISHER_SUMS = SecureSums(fisher_part_shapes, fisher_client_parts, fisher_secure_
 )
 def fisher_merging(job: MergeJob) -> Alignment:
     r""":math:`\sum_i w_i u_i \theta_i / \sum_i w_i u_i` with the clients' Fisher diagonals
-    (:func:`fedlmc.merging.fisher.fisher_merge`); a client whose answer was dropped is left
+    (:func:`fedlmc.merging.field.fisher.fisher_merge`); a client whose answer was dropped is left
     out."""
-    from fedlmc.merging.fisher import fisher_merge
+    from fedlmc.merging.field.fisher import fisher_merge
 
     eps = float(option(job.options, "fisher_epsilon"))
     return _merge_answers(
@@ -228,9 +228,9 @@ def fisher_merging(job: MergeJob) -> Alignment:
 
 
 def regmean_part_shapes(template: nn.Module) -> list[dict[str, tuple[int, ...]]]:
-    """RegMean's three parts (:func:`fedlmc.merging.regmean.regmean_parts`): the template's
+    """RegMean's three parts (:func:`fedlmc.merging.field.regmean.regmean_parts`): the template's
     floating-point keys; per linear layer its ``in x in`` Gram and ``in x out`` product."""
-    from fedlmc.merging.regmean import regmean_layers
+    from fedlmc.merging.field.regmean import regmean_layers
 
     state = template.state_dict()
     weights = {k: tuple(v.shape) for k, v in state.items() if v.is_floating_point()}
@@ -246,8 +246,8 @@ def regmean_client_parts(
     """One client's RegMean parts: its weights and, from a bounded sample of ``data``, its
     reduced Gram matrices and their products with its weights, scaled by :math:`c/R`;
     ``ValueError`` naming the layer when a Gram entry exceeds :math:`R`."""
-    from fedlmc.merging.fisher import bounded_sample
-    from fedlmc.merging.regmean import gram_matrices, regmean_layers, regmean_parts
+    from fedlmc.merging.field.fisher import bounded_sample
+    from fedlmc.merging.field.regmean import gram_matrices, regmean_layers, regmean_parts
 
     x, _ = bounded_sample(
         data[0], None, int(option(options, "regmean_samples")), int(options["statistics_seed"])
@@ -269,8 +269,8 @@ def regmean_secure_merge(
     template: nn.Module, means: list[StateDict], options: Mapping[str, Any]
 ) -> tuple[StateDict, float]:
     """RegMean from its parts' secure means, and its a-posteriori bound
-    (:func:`fedlmc.merging.regmean.regmean_error_bound`)."""
-    from fedlmc.merging.regmean import regmean_error_bound, regmean_from_means
+    (:func:`fedlmc.merging.field.regmean.regmean_error_bound`)."""
+    from fedlmc.merging.field.regmean import regmean_error_bound, regmean_from_means
 
     c, limit = float(options["clipping_range"]), float(options["statistics_range"])
     ridge = float(options.get("regmean_ridge", REGMEAN_RIDGE))
@@ -291,9 +291,9 @@ REGMEAN_SUMS = SecureSums(regmean_part_shapes, regmean_client_parts, regmean_sec
     needs_clients=True,
 )
 def regmean_merging(job: MergeJob) -> Alignment:
-    """RegMean of the clients (:func:`fedlmc.merging.regmean.regmean_merge`) from their Gram
+    """RegMean of the clients (:func:`fedlmc.merging.field.regmean.regmean_merge`) from their Gram
     matrices; a client whose answer was dropped is left out."""
-    from fedlmc.merging.regmean import regmean_layers, regmean_merge
+    from fedlmc.merging.field.regmean import regmean_layers, regmean_merge
 
     alpha = float(option(job.options, "regmean_alpha"))
     ridge = float(job.options.get("regmean_ridge", REGMEAN_RIDGE))
@@ -314,11 +314,11 @@ def regmean_merging(job: MergeJob) -> Alignment:
 
 def _blow_up_culprit(job: MergeJob, grams: list, layers, alignment: Alignment, merge):
     """``(index, reason)`` of the client whose Gram matrices blow RegMean's solution up (a
-    layer's :func:`fedlmc.merging.regmean.solution_growth` above :data:`REGMEAN_GROWTH`): the one
-    without which the largest growth is smallest; ``None`` when the solution is within the
+    layer's :func:`fedlmc.merging.field.regmean.solution_growth` above :data:`REGMEAN_GROWTH`): the
+    one without which the largest growth is smallest; ``None`` when the solution is within the
     limit or fewer than two clients are merged."""
     from fedlmc.averaging import normalised_weights
-    from fedlmc.merging.regmean import solution_growth
+    from fedlmc.merging.field.regmean import solution_growth
 
     growth = solution_growth(alignment.merged, alignment.aligned, layers)
     layer = max(growth, key=growth.get)
@@ -351,8 +351,8 @@ def _blow_up_culprit(job: MergeJob, grams: list, layers, alignment: Alignment, m
 )
 def task_arithmetic_merge(job: MergeJob) -> Alignment:
     r""":math:`\theta_0 + \lambda \sum_i N w_i \tau_i`
-    (:func:`fedlmc.merging.task_vectors.task_arithmetic`, ``ta_scaling``)."""
-    from fedlmc.merging.task_vectors import task_arithmetic
+    (:func:`fedlmc.merging.field.task_vectors.task_arithmetic`, ``ta_scaling``)."""
+    from fedlmc.merging.field.task_vectors import task_arithmetic
 
     scaling = float(option(job.options, "ta_scaling"))
     merged = task_arithmetic(job.states, job.weights, job.base, scaling)
@@ -366,9 +366,9 @@ def task_arithmetic_merge(job: MergeJob) -> Alignment:
     needs_base=True,
 )
 def ties_merging(job: MergeJob) -> Alignment:
-    """TIES-Merging (:func:`fedlmc.merging.task_vectors.ties_merge`, ``ties_density``,
+    """TIES-Merging (:func:`fedlmc.merging.field.task_vectors.ties_merge`, ``ties_density``,
     ``ties_scaling``)."""
-    from fedlmc.merging.task_vectors import ties_merge
+    from fedlmc.merging.field.task_vectors import ties_merge
 
     density = float(option(job.options, "ties_density"))
     scaling = float(option(job.options, "ties_scaling"))
@@ -383,9 +383,9 @@ def ties_merging(job: MergeJob) -> Alignment:
     needs_base=True,
 )
 def dare_merging(job: MergeJob) -> Alignment:
-    """DARE then Task Arithmetic (:func:`fedlmc.merging.task_vectors.dare_merge`, ``dare_drop``,
-    ``ta_scaling``, the job's seed)."""
-    from fedlmc.merging.task_vectors import dare_merge
+    """DARE then Task Arithmetic (:func:`fedlmc.merging.field.task_vectors.dare_merge`,
+    ``dare_drop``, ``ta_scaling``, the job's seed)."""
+    from fedlmc.merging.field.task_vectors import dare_merge
 
     drop = float(option(job.options, "dare_drop"))
     scaling = float(option(job.options, "ta_scaling"))
@@ -403,9 +403,9 @@ def dare_merging(job: MergeJob) -> Alignment:
     plain_chain_only=True,
 )
 def ot_fusion_merge(job: MergeJob) -> Alignment:
-    """Every client in client 0's basis (:func:`fedlmc.merging.ot_fusion.ot_fusion`,
+    """Every client in client 0's basis (:func:`fedlmc.merging.field.ot_fusion.ot_fusion`,
     ``ot_reg``); the merge is their weighted average."""
-    from fedlmc.merging.ot_fusion import ot_fusion
+    from fedlmc.merging.field.ot_fusion import ot_fusion
 
     aligned, softness = ot_fusion(job.permutation_spec(), job.states, option(job.options, "ot_reg"))
     return Alignment(aligned, info={"ot_map_softness": softness})

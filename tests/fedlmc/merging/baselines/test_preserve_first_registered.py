@@ -1,9 +1,9 @@
 """Preserve-First Merging as the registered methods ``preserve_first`` and
-``weight_matching_preserve_first`` (fedlmc.merging.baselines, the registry's ``builds_model``):
-with no preserved layer its study rows are the plain average's, with every layer but the head
-preserved the logit ensemble's; it is refused, naming it, wherever a state dict of the template
-is required (the aligned strategy, its run config, merge_clients, load_merged) and for models
-with BatchNorm before any work; it is in every list of methods."""
+``weight_matching_preserve_first`` (fedlmc.merging.baselines.baselines, the registry's
+``builds_model``): with no preserved layer its study rows are the plain average's, with every layer
+but the head preserved the logit ensemble's; it is refused, naming it, wherever a state dict of the
+template is required (the aligned strategy, its run config, merge_clients, load_merged) and for
+models with BatchNorm before any work; it is in every list of methods."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from fedlmc.strategies import PermutationAlignedAverage, StrategyOptions
 from fedlmc.study.compare import compare_methods, merge_clients
 from fedlmc.study.method_policy import evaluation_of
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 SHAPE = (1, 4, 4)
 DEPTH = 2  # hidden layers: a chain of L = 3 Linear layers
 

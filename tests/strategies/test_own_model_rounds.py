@@ -1,5 +1,6 @@
 """The clients' own statistics as query rounds (``query.fisher``, ``query.gram``;
-fedlmc.strategies.queries.ClientRounds, the screen of fedlmc.strategies.screening): honest
+fedlmc.strategies.own_model_rounds through ClientRounds, the screen of
+fedlmc.strategies.screening): honest
 answers reach the merge in the clients' order, and a reply that is no Fisher diagonal or Gram
 matrix (a missing or misshaped tensor, NaN, a negative Fisher entry, an asymmetric Gram) or
 whose digest is not that of the weights the client trained is dropped by node, the others kept.
@@ -13,8 +14,8 @@ import pytest
 import torch
 from flwr.app import Message
 
-from fedlmc.merging.fisher import fisher_diagonal
-from fedlmc.merging.regmean import gram_matrices, regmean_layers
+from fedlmc.merging.field.fisher import fisher_diagonal
+from fedlmc.merging.field.regmean import gram_matrices, regmean_layers
 from fedlmc.models.classifiers import build_model
 from fedlmc.strategies.protocol import (
     FISHER_QUERY,

@@ -1,6 +1,6 @@
-"""Fisher merging (fedlmc.merging.fisher): the batched per-sample Fisher equals a loop of single
-backward passes and, for a softmax regression, the closed form; the merge weights every entry by
-the clients' normalised Fisher (a client whose data moves an entry takes it), falls back to the
+"""Fisher merging (fedlmc.merging.field.fisher): the batched per-sample Fisher equals a loop of
+single backward passes and, for a softmax regression, the closed form; the merge weights every entry
+by the clients' normalised Fisher (a client whose data moves an entry takes it), falls back to the
 plain average where no data moves an entry, ignores a client's Fisher scale; the secure parts'
 means give the same merge; the quantisation bound refuses a floor below its resolution."""
 
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fedlmc.averaging import average
-from fedlmc.merging.fisher import (
+from fedlmc.merging.field.fisher import (
     bounded_sample,
     fisher_diagonal,
     fisher_error_bound,

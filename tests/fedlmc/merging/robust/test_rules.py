@@ -1,5 +1,5 @@
-"""The robust aggregation rules (:mod:`fedlmc.merging.robust_rules`): each equals Flower's own
-implementation on the same inputs (``flwr.server.strategy.aggregate``'s ``aggregate_median``,
+"""The robust aggregation rules (:mod:`fedlmc.merging.robust.rules`): each equals Flower's
+own implementation on the same inputs (``flwr.server.strategy.aggregate``'s ``aggregate_median``,
 ``aggregate_trimmed_avg``, ``aggregate_krum`` and the Message-API ``select_multikrum``, imported
 here only), hand-computed cases (a far client never wins the median nor Krum), the refusals,
 the registration (``_t`` rows, ``server_sees``) and the rules run by the real one-shot strategy."""
@@ -21,7 +21,7 @@ from flwr.serverapp.strategy.multikrum import select_multikrum
 
 from fedlmc.merging.method_registry import merge_method, study_methods
 from fedlmc.merging.methods import merge_states
-from fedlmc.merging.robust_rules import (
+from fedlmc.merging.robust.rules import (
     check_krum,
     check_trim_fraction,
     coordinate_median,

@@ -1,5 +1,5 @@
-"""Preserve-First Merging (fedlmc.merging.preserve_first): with no preserved layer it is the
-merge, with every layer but the output one preserved it is the logit ensemble, in between
+"""Preserve-First Merging (fedlmc.merging.baselines.preserve_first): with no preserved layer it is
+the merge, with every layer but the output one preserved it is the logit ensemble, in between
 neither; its parameter count grows by N - 1 copies of the preserved layers; bad k and models
 are refused."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedlmc.averaging import average, load_state
-from fedlmc.merging.preserve_first import PFM_LAYERS, preserve_first
+from fedlmc.merging.baselines.preserve_first import PFM_LAYERS, preserve_first
 from fedlmc.models.classifiers import build_model
 
 SMALL = (1, 6, 6)

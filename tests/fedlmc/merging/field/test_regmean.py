@@ -1,6 +1,6 @@
-"""RegMean (fedlmc.merging.regmean): the Gram matrices are those of each linear layer's inputs;
-at alpha = 1 the merge is the weighted least-squares fit of the clients' outputs (numpy's lstsq
-on the stacked data); clients whose inputs span disjoint subspaces each keep their own map
+"""RegMean (fedlmc.merging.field.regmean): the Gram matrices are those of each linear layer's
+inputs; at alpha = 1 the merge is the weighted least-squares fit of the clients' outputs (numpy's
+lstsq on the stacked data); clients whose inputs span disjoint subspaces each keep their own map
 there; identical clients give that client even with a dead input; biases are averaged; alpha
 scales the non-diagonal entries only; the secure parts' means give the same merge and the
 bound covers a perturbation of them."""
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fedlmc.averaging import average
-from fedlmc.merging.regmean import (
+from fedlmc.merging.field.regmean import (
     gram_matrices,
     reduced_gram,
     regmean_error_bound,

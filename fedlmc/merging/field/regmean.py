@@ -125,17 +125,16 @@ def regmean_merge(
     layer -> Gram matrix) solved, every other key the plain weighted average; the same parts
     and solve as the secure form (:func:`regmean_parts`, :func:`regmean_from_means`),
     unscaled."""
-    from fedlmc.averaging import average, normalised_weights
-    from fedlmc.merging.sum_form import weighted_means
+    from fedlmc.merging.sum_form import clear_sums_merge
 
-    if len(states) != len(grams):
-        raise ValueError(f"{len(states)} client states but {len(grams)} sets of Gram matrices")
-    w = normalised_weights(weights, len(states))
-    parts = [regmean_parts(sd, g, alpha, 1.0) for sd, g in zip(states, grams, strict=True)]
-    merged = average(states, w)
-    for key, value in regmean_from_means(*weighted_means(parts, w), 1.0, ridge).items():
-        merged[key] = value.to(states[0][key].dtype)
-    return merged
+    return clear_sums_merge(
+        states,
+        grams,
+        weights,
+        "sets of Gram matrices",
+        lambda state, gram: regmean_parts(state, gram, alpha, 1.0),
+        lambda *means: regmean_from_means(*means, 1.0, ridge),
+    )
 
 
 def solution_growth(

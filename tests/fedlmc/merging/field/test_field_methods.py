@@ -1,4 +1,4 @@
-"""The field's merge methods as registered (fedlmc.merging.field_methods): Fisher merging and
+"""The field's merge methods as registered (fedlmc.merging.field.field_methods): Fisher merging and
 RegMean through ``merge_states`` with in-memory clients equal their rules on the clients' own
 statistics and report the bytes; a dropped client is left out; the task-vector methods need a
 base and OT fusion a plain chain, both refused before any work; the secure forms' parts, summed
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedlmc.merging.clients import LocalClients
-from fedlmc.merging.field_methods import (
+from fedlmc.merging.field.field_methods import (
     FISHER_EPSILON,
     FISHER_LABELS,
     FISHER_SUMS,
@@ -21,16 +21,21 @@ from fedlmc.merging.field_methods import (
     REGMEAN_SUMS,
     TA_SCALING,
 )
-from fedlmc.merging.fisher import bounded_sample, fisher_diagonal, fisher_merge, statistics_seed
-from fedlmc.merging.methods import merge_states
-from fedlmc.merging.regmean import (
+from fedlmc.merging.field.fisher import (
+    bounded_sample,
+    fisher_diagonal,
+    fisher_merge,
+    statistics_seed,
+)
+from fedlmc.merging.field.regmean import (
     gram_matrices,
     regmean_layers,
     regmean_merge,
     solution_growth,
 )
+from fedlmc.merging.field.task_vectors import task_arithmetic
+from fedlmc.merging.methods import merge_states
 from fedlmc.merging.sum_form import SecureSums, weighted_means
-from fedlmc.merging.task_vectors import task_arithmetic
 from fedlmc.models.classifiers import build_model
 from fedlmc.strategies.secure_forms import register_secure_form, runs_securely, secure_form
 

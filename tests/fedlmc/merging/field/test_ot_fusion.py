@@ -1,4 +1,4 @@
-"""OT fusion (fedlmc.merging.ot_fusion, on POT): the exact transport of a permuted copy is the
+"""OT fusion (fedlmc.merging.field.ot_fusion, on POT): the exact transport of a permuted copy is the
 permutation and fusing a model with its permuted copy computes the model; Sinkhorn's maps are
 soft (rows summing to 1, softness > 0); three clients fuse onto client 0; a model that is no
 norm-free chain is refused."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedlmc.averaging import average, load_state
-from fedlmc.merging.ot_fusion import ot_fusion, transport_map
+from fedlmc.merging.field.ot_fusion import ot_fusion, transport_map
 from fedlmc.models.classifiers import build_model
 from fedlmc.permutation.model_spec import permutation_spec
 from fedlmc.permutation.spec import apply_permutation, random_permutations

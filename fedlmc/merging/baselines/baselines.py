@@ -3,13 +3,13 @@ Feature) and CCA Merge.
 
 - ``average_rescale``, ``weight_matching_rescale``: the plain average, or weight matching onto
   client 0 then the average, followed by RESCALE (Qu and Horvath, CPAL 2025;
-  :mod:`fedlmc.merging.rescale`): every hidden unit's pre-activation std set to the weighted
-  mean of the endpoints' by a factor folded into its weights, on the server split's inputs (the
-  data the ``_repair`` methods use in the study).
+  :mod:`fedlmc.merging.baselines.rescale`): every hidden unit's pre-activation std set to the
+  weighted mean of the endpoints' by a factor folded into its weights, on the server split's inputs
+  (the data the ``_repair`` methods use in the study).
 - ``cca_merge``: every client mapped onto client 0 by the linear maps of CCA of the hidden
   activations on the server split's inputs, then the average (Horoi et al., ICML 2024;
-  :mod:`fedlmc.merging.cca`), for N >= 2 clients; norm-free plain chains only (the MLP, VGG-11
-  with ``norm = "none"``).
+  :mod:`fedlmc.merging.baselines.cca`), for N >= 2 clients; norm-free plain chains only (the MLP,
+  VGG-11 with ``norm = "none"``).
 
 RESCALE's merge is not the combination of the aligned clients at any weight (its factors depend
 on the data and on :math:`\lambda`), so the study evaluates them ``on_path = False``: their
@@ -18,8 +18,8 @@ barrier and path columns stay NaN and they are compared by their ``merge_gap_*``
 followed by the plain average, so its paths are the usual ones between the mapped clients.
 
 - ``preserve_first``, ``weight_matching_preserve_first``: Preserve-First Merging (Qu and Horvath,
-  CPAL 2025; :mod:`fedlmc.merging.preserve_first`) with
-  :data:`~fedlmc.merging.preserve_first.PFM_LAYERS` preserved layer (the method option
+  CPAL 2025; :mod:`fedlmc.merging.baselines.preserve_first`) with
+  :data:`~fedlmc.merging.baselines.preserve_first.PFM_LAYERS` preserved layer (the method option
   ``pfm_layers``, e.g. ``compare_methods(..., method_options={"pfm_layers": 0})``, sets
   another :math:`k`), of the clients as they are
   or weight-matched onto client 0 (the basis Qu and Horvath evaluate): every client's first
@@ -57,8 +57,8 @@ __all__ = ["CCA_COLUMNS", "CCA_RIDGE", "RESCALE_COLUMNS", "preserve_first_model"
 
 CCA_RIDGE = 1e-2
 r"""Default ridge :math:`\gamma` of ``cca_merge`` (the method option ``cca_ridge``, run-config
-key ``cca-ridge``), relative to the mean activation variance (:mod:`fedlmc.merging.cca`): our
-choice, not tuned (Horoi et al. search an absolute ``gamma`` per experiment). It keeps the
+key ``cca-ridge``), relative to the mean activation variance (:mod:`fedlmc.merging.baselines.cca`):
+our choice, not tuned (Horoi et al. search an absolute ``gamma`` per experiment). It keeps the
 auto-covariances invertible when units are dead (variance 0) or outnumber the samples: with
 :math:`n` server samples the centred covariances have rank at most :math:`n - 1`, so at 400
 samples and 512 units the whitened cross-covariance has at least 113 zero singular values, and
@@ -104,8 +104,8 @@ def _rescaled(job: MergeJob, alignment: Alignment) -> Alignment:
     import json
 
     from fedlmc.averaging import average, load_state
+    from fedlmc.merging.baselines.rescale import rescale
     from fedlmc.merging.calibrate import has_batchnorm
-    from fedlmc.merging.rescale import rescale
 
     merged = average(alignment.aligned, job.weights)
     info = dict(alignment.info)
@@ -131,7 +131,7 @@ def _rescaled(job: MergeJob, alignment: Alignment) -> Alignment:
 )
 def average_rescale(job: MergeJob) -> Alignment:
     r""":math:`\bar\theta = \sum_i w_i \theta_i`, then RESCALE
-    (:func:`fedlmc.merging.rescale.rescale`) on the server inputs."""
+    (:func:`fedlmc.merging.baselines.rescale.rescale`) on the server inputs."""
     return _rescaled(job, Alignment(list(job.states)))
 
 
@@ -165,11 +165,11 @@ def _condition(matrix: Tensor) -> float:
 )
 def cca_merge(job: MergeJob) -> Alignment:
     r"""Client :math:`i` in client 0's basis, :math:`W'_l = T_l W_l T_{l-1}^{-1}`,
-    :math:`b'_l = T_l b_l` (:func:`fedlmc.merging.cca.cca_align`, ridge :data:`CCA_RIDGE`
+    :math:`b'_l = T_l b_l` (:func:`fedlmc.merging.baselines.cca.cca_align`, ridge :data:`CCA_RIDGE`
     unless the method option ``job.options["cca_ridge"]``, the run-config key ``cca-ridge``);
     the merge is the weighted average of the mapped clients."""
     from fedlmc.averaging import load_state
-    from fedlmc.merging.cca import cca_align
+    from fedlmc.merging.baselines.cca import cca_align
 
     ridge = float(job.options.get("cca_ridge", CCA_RIDGE))
     spec = job.permutation_spec()
@@ -187,9 +187,10 @@ def preserve_first_model(
     options: Mapping[str, Any],
 ) -> nn.Module:
     """PFM of the aligned clients at ``weights`` with ``options["pfm_layers"]`` preserved layers
-    (a method option, default :data:`~fedlmc.merging.preserve_first.PFM_LAYERS`;
-    :func:`fedlmc.merging.preserve_first.preserve_first`, which refuses a count out of range)."""
-    from fedlmc.merging.preserve_first import PFM_LAYERS, preserve_first
+    (a method option, default :data:`~fedlmc.merging.baselines.preserve_first.PFM_LAYERS`;
+    :func:`fedlmc.merging.baselines.preserve_first.preserve_first`, which refuses a count out of
+    range)."""
+    from fedlmc.merging.baselines.preserve_first import PFM_LAYERS, preserve_first
 
     return preserve_first(template, aligned, weights, int(options.get("pfm_layers", PFM_LAYERS)))
 

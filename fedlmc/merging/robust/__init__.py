@@ -1,0 +1,2 @@
+"""The robust aggregation rules as one-shot merge methods (coordinate-wise median, trimmed mean,
+Krum, multi-Krum): :mod:`fedlmc.merging.robust.rules`."""
