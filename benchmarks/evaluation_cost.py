@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import pickle
 import platform
 import statistics
 import subprocess
@@ -147,8 +146,9 @@ def worker(args: argparse.Namespace) -> None:
         start = clocks()
         rows = evaluate(config, splits, states, weights, **options)
         times.append(since(start))
-    with open(args.out, "wb") as handle:
-        pickle.dump({"package": fedlmc.__file__, "times": times, "rows": rows}, handle)
+    # JSON, not pickle: the parent reads only data (floats round-trip exactly, NaN included)
+    record = {"package": fedlmc.__file__, "times": times, "rows": rows}
+    Path(args.out).write_text(json.dumps(record))
 
 
 # ----------------------------------------------------------------------------- the comparison
@@ -172,8 +172,7 @@ def run_worker(tree: Path, clients: Path, out: Path, args: argparse.Namespace, *
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tree)
     if done.returncode != 0:
         raise RuntimeError(f"worker in {tree} failed:\n{done.stderr[-4000:]}")
-    with open(out, "rb") as handle:
-        return pickle.load(handle)
+    return json.loads(out.read_text())
 
 
 def numbers(value: Any) -> list[float] | None:
@@ -325,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             order = list(variants) if repeat % 2 == 0 else list(reversed(variants))
             for name in order:
                 extra = ("--unshared",) if name == "new_unshared" else ()
-                found = run_worker(trees[name], clients, Path(tmp) / f"{name}.pkl", args, *extra)
+                found = run_worker(trees[name], clients, Path(tmp) / f"{name}.json", args, *extra)
                 variants[name].extend(found["times"])
                 rows[name] = found["rows"]
                 packages[name] = found["package"]
