@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 
+def write_bytecode() -> None:
+    """The suite and every process it starts write Python's bytecode caches (``__pycache__``,
+    ignored by git), even where the caller's shell sets ``PYTHONDONTWRITEBYTECODE``. The suite
+    starts hundreds of Python processes (ClientApps, SuperNodes' apps, ``fedlmc`` and ``flwr``
+    commands), and without the caches each one compiled fedlmc's modules again and each worker
+    rewrote every test module: ``tests/simulations/test_client_app.py`` took 39.6 s with the
+    variable set against 28.6 s with the caches written (37.2 s on the run that writes them;
+    2026-12-07, 2 cores). Speed only: what a test computes is the same either way."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist, each worker process computes with its share of the cores:
+    """Bytecode caches on (:func:`write_bytecode`; before pytest-xdist starts its workers, so
+    they inherit it). Under pytest-xdist, each worker process computes with its share of the cores:
     ``max(1, C // workers)`` torch and BLAS threads (:func:`use_threads`), and the processes
     its tests start inherit that share as ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ... (a
     plain script such as ``examples/merge_two_mlps.py`` reads them; fedlmc's own processes keep
@@ -16,6 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     default is one thread per core in every process, so two workers on two cores ran four
     threads, and a test's many small parallel ops waited on a preempted thread (the compare
     fixture took 42 s beside another worker against 5.5 s alone)."""
+    write_bytecode()
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         from fedlmc.simulations.config.threads import thread_variables, usable_cores, use_threads
