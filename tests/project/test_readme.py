@@ -52,7 +52,8 @@ def test_quick_start_commands_are_the_ci_commands() -> None:
     ci_lines = ci.splitlines()
     steps = commands[1].split(" && ")
     assert len(steps) == 3 and all(step in ci_lines for step in steps)
-    assert [ci_lines.index(step) for step in steps] == sorted(ci_lines.index(s) for s in steps)
+    positions = [ci_lines.index(step) for step in steps]
+    assert positions == sorted(positions)
     # the docs' home page shows the same two commands
     assert "\n".join(commands[:2]) in PAGES["docs/index.md"]
 
