@@ -41,6 +41,7 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -261,7 +262,7 @@ def _read_mnist5k_cache(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         with np.load(path) as f:
             pixels, labels = f["pixels"], f["labels"]
-    except (OSError, ValueError, KeyError, EOFError):  # np.load refuses pickles: ValueError
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # pickles: ValueError
         return None
     valid = (
         pixels.shape == (5000, 784)

@@ -2,17 +2,18 @@
 SuperNodes for runs of two clients (the lowest node ids train; the third stays idle),
 ``flwr run . loopback``.
 
-The page's loopback blocks (the ``toml`` connection and the ``bash`` commands after the
-``<!-- deployment-test: ... -->`` marker) are parsed and run as written, with four documented
+The page's loopback blocks (the ``toml`` connection and the ``bash`` commands after the ``<!--
+deployment-test: ... -->`` marker) are parsed and run as written, with six documented
 substitutions: every port becomes a free one (the same page port, the same free port), the
-``out-dir`` a temporary folder, the run config gets a tiny model's keys (:data:`TINY_MODEL`, none
-of which the page sets), and the SuperNodes heartbeat every :data:`NODE_HEARTBEAT` s, so that a
-killed one is reported unavailable sooner. ``export`` lines set the processes' environment, ``&``
-lines start the SuperLink and the SuperNodes, the ``flwr run`` line is the first run; ``kill`` is
-what the fixture's finaliser does (by process group, also when a test fails). Everything binds
-127.0.0.1 and uses a temporary ``FLWR_HOME``. The other runs reuse the page's SuperLink and
-SuperNodes. The page's local-simulation block (``fedlmc superlink start``, ``flwr run .``, ``fedlmc
-superlink stop``) runs the same way on Flower's local simulation, its own SuperLink.
+``out-dir`` a temporary folder, the run config gets a tiny model's keys (:data:`TINY_MODEL`, none of
+which the page sets), the SuperNodes heartbeat every :data:`NODE_HEARTBEAT` s, so that a killed one
+is reported unavailable sooner, and look for messages every :data:`NODE_POLL` s, and ``flwr run``
+runs in a copy of the project without its ``.venv`` (:func:`app_copy`). ``export`` lines set the
+processes' environment, ``&`` lines start the SuperLink and the SuperNodes, the ``flwr run`` line is
+the first run; ``kill`` is what the fixture's finaliser does (by process group, also when a test
+fails). Everything binds 127.0.0.1 and uses a temporary ``FLWR_HOME``. The other runs reuse the
+page's SuperLink and SuperNodes. The page's local-simulation block runs in
+tests/project/test_deployment_local.py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import io
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,6 +48,12 @@ TINY_MODEL = (
 )
 TINY = f"{TINY_MODEL} num-clients=2 min-clients=2"
 NODE_HEARTBEAT = 10
+NODE_POLL = 0.5
+"""Seconds a SuperNode waits before it asks the SuperLink again for a message, when it had none
+(Flower's is a fixed 3 s, ``time.sleep(3)`` in ``flwr.supernode.start_client_internal``): each
+message of a run waited up to 3 s, 1.5 s on average, at every node before its ClientApp started
+(a run of the page's average with federated calibration sends three: train and two temperature
+queries). Set by :data:`SUPERNODE_SITE`, in the ``flower-supernode`` processes only."""
 """The SuperNodes' heartbeat interval in these tests (Flower's least, ``HEARTBEAT_MIN_INTERVAL``;
 its default is 30 s): the SuperLink tells a killed node "Node Unavailable" once two intervals
 pass without a heartbeat, 16-20 s after the kill instead of 36-60 s. Set in the
@@ -57,12 +65,26 @@ if sys.argv and sys.argv[0].endswith("flower-supernode"):
     import flwr.supernode.fleet_http_connection
     flwr.supercore.heartbeat.HEARTBEAT_DEFAULT_INTERVAL = {NODE_HEARTBEAT}
     flwr.supernode.fleet_http_connection.HEARTBEAT_DEFAULT_INTERVAL = {NODE_HEARTBEAT}
+    import time
+    import flwr.supernode.start_client_internal
+
+    class NodeTime:  # the SuperNode loop's time module, its idle wait shortened
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(seconds):
+            time.sleep(min(seconds, {NODE_POLL}))
+
+    flwr.supernode.start_client_internal.time = NodeTime()
 """
 """A ``sitecustomize`` on the deployment's ``PYTHONPATH``: Flower's SuperNode has no flag for its
-heartbeat interval, so the two modules that send the node's heartbeat (its period, and the
-interval it tells the SuperLink) are given :data:`NODE_HEARTBEAT`. Flower's constant itself is
-left alone: the SuperNode also times its ClientApps' task tokens by it (a ClientApp must start
-within one interval and heartbeat within two), and the ClientApp processes heartbeat at the
+heartbeat interval or its poll, so the two modules that send the node's heartbeat (its period, and
+the interval it tells the SuperLink) are given :data:`NODE_HEARTBEAT`, and the loop that pulls
+messages waits :data:`NODE_POLL` s instead of 3 s when there was none. Flower's heartbeat constant
+itself is left alone: the SuperNode also times its ClientApps' task tokens by it (a ClientApp must
+start within one interval and heartbeat within two), and the ClientApp processes heartbeat at the
 default period; a 10 s token there expired under load ("ClientApp stopped responding")."""
 SUPEREXEC_POLL = "0.2"
 """Seconds between a SuperExec's polls for a task to launch (Flower's
@@ -123,6 +145,21 @@ def with_test_run_config(run: list[str], out: Path) -> list[str]:
     assert not page_keys & {item.split("=", 1)[0] for item in shlex.split(TINY_MODEL)}
     config = re.sub(r'out-dir="[^"]*"', f'out-dir="{out}"', run[at])
     return [*run[:at], f"{config} {TINY_MODEL}", *run[at + 1 :]]
+
+
+APP_COPY_LEAVES = (".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "results")
+"""What :func:`app_copy` leaves out: folders ``.gitignore`` keeps out of the app bundle anyway."""
+
+
+def app_copy(folder: Path) -> Path:
+    """This project copied into ``folder / "app"`` without :data:`APP_COPY_LEAVES`, where the
+    tests' ``flwr run .`` runs. Flower's bundle builder (``flwr.cli.utils.collect_files``) walks
+    and resolves every file under the app folder before it applies ``.gitignore``: with CI's
+    ``.venv`` in the project (76,000 files) each ``flwr run`` spent 4.5 to 8 s on it; the
+    bundle is the same (the copy keeps ``.gitignore``, so the same files are left out)."""
+    app = folder / "app"
+    shutil.copytree(REPO, app, ignore=shutil.ignore_patterns(*APP_COPY_LEAVES), symlinks=True)
+    return app
 
 
 def free_port() -> int:
@@ -204,7 +241,11 @@ def start_deployment(tmp_path_factory, page: PageDeployment) -> Iterator[dict]:
             args = shlex.split(with_free_ports(shlex.join(words), ports))
             process, log = start(f"{i}-{args[0]}", [str(BIN / args[0]), *args[1:]])
             wait_for_port(int(args[args.index("--port") + 1]), process, log)
-        yield {"env": env, "logs": logs, "page": page, "ports": ports, "processes": processes}
+        app = app_copy(tmp_path_factory.mktemp("project"))
+        yield {
+            "app": app, "env": env, "logs": logs, "page": page, "ports": ports,
+            "processes": processes,
+        }  # fmt: skip
     finally:
         for process in reversed(processes):
             stop(process)
@@ -227,7 +268,12 @@ def flwr_run(deployment: dict, overrides: str, base: str = TINY) -> subprocess.C
 
 def run_flwr(deployment: dict, args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        args, cwd=REPO, env=deployment["env"], capture_output=True, text=True, timeout=RUN_TIMEOUT
+        args,
+        cwd=deployment["app"],
+        env=deployment["env"],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
     )
 
 
@@ -309,177 +355,6 @@ def check_the_pages_load_merged_block(out: Path, rows: pd.DataFrame) -> None:
     assert nll == pytest.approx(calibrated["nll"], abs=1e-3)
 
 
-LOCAL_MARKER = "<!-- local-simulation-test:"
-
-
-def local_simulation_block(text: str) -> list[list[str]]:
-    """The ``bash`` block after the page's local-simulation marker, each line split as a shell
-    would (comments dropped)."""
-    after = text[text.index(LOCAL_MARKER) :]
-    bash = re.search(r"^```bash\n(.*?)^```", after, flags=re.S | re.M).group(1)
-    return [words for line in bash.splitlines() if (words := shlex.split(line, comments=True))]
-
-
-def test_the_pages_local_simulation_with_fedlmc_superlink(tmp_path):
-    """The page's ``flwr run .`` on Flower's local simulation, as written: ``fedlmc superlink
-    start`` (Flower's own SuperLink, waited for longer than Flower's 15 s), the ``flwr run``
-    line (its model keys replaced by :data:`TINY_MODEL`, ``out-dir`` by a temporary folder),
-    ``fedlmc superlink stop``. Every port is a free one (Flower's own variables), ``FLWR_HOME``
-    temporary. The run's log tells each client's reply and cuts the train config; the stop
-    leaves no SuperLink or SuperExec of this ``FLWR_HOME`` behind."""
-    from fedlmc.simulations.runs.local_superlink import local_superlink, superlink_pids
-
-    lines = local_simulation_block(PAGE.read_text())
-    assert [words[:3] for words in lines][1:] == [
-        ["fedlmc", "superlink", "start"],
-        ["flwr", "run", "."],
-        ["fedlmc", "superlink", "stop"],
-    ]
-    env = {
-        **os.environ,
-        **dict(word.split("=", 1) for word in lines[0][1:]),  # the export line
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "FLWR_HOME": str(tmp_path / "flwr-home"),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-    }
-    link = local_superlink(env)
-    out = tmp_path / "run1"
-
-    def run(words: list[str]) -> subprocess.CompletedProcess:
-        if words[0] == "fedlmc":  # this checkout's command
-            words = [sys.executable, "-m", "fedlmc.simulations.cli", *words[1:]]
-        else:
-            words = [str(BIN / words[0]), *words[1:]]
-        return subprocess.run(
-            words, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
-        )
-
-    try:
-        started = run(lines[1])
-        assert started.returncode == 0, started.stdout + started.stderr
-        assert "local SuperLink ready on 127.0.0.1:" in started.stdout
-        pids = superlink_pids(link)
-        assert len(pids) == 1
-        flwr = local_run_line(lines[2], out)
-        with watching_ray(env["FLWR_HOME"]) as ray_seen:
-            done = run(flwr)
-        rows = check_local_run(done, out)
-        check_local_ray(ray_seen)
-        assert set(rows["method"]) >= {"average", "weight_matching_t", "ensemble"}
-        stopped = run(lines[3])
-        assert stopped.returncode == 0 and f"stopped flower-superlink (pid {pids[0]})" in (
-            stopped.stdout
-        ), stopped.stdout + stopped.stderr
-        assert superlink_pids(link) == []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and f"--parent-pid {pids[0]}" in ps_text():
-            time.sleep(0.5)
-        # its flower-superexec exited too
-        assert f"--parent-pid {pids[0]}" not in ps_text(), "flower-superexec still up after 30 s"
-    finally:
-        from fedlmc.simulations.runs.local_superlink import stop_local_superlink
-
-        stop_local_superlink(link, say=lambda _line: None)
-
-
-Seen = dict[int, tuple[str, set[bytes] | None, set[str]]]
-"""pid -> (name, its ``RAY_AUTH_*`` variables or ``None``, the addresses it listens on)."""
-RAY_NAMES = (b"gcs_server", b"raylet", b"ray::")
-
-
-def ray_auth(environ: list[bytes]) -> set[bytes] | None:
-    """The ``RAY_AUTH_*`` variables of a start-up environment (the token's value left out);
-    ``None`` where the process's title overwrote it (Ray's agents without ``SPT_NOENV``:
-    :mod:`fedlmc.simulations.engine.ray_reaper`)."""
-    if not environ[0]:
-        return None
-    found = {v for v in environ if v.startswith(b"RAY_AUTH")}
-    return {v if v == b"RAY_AUTH_MODE=token" else v.partition(b"=")[0] for v in found}
-
-
-@contextlib.contextmanager
-def watching_ray(flwr_home: str) -> Iterator[Seen]:
-    """While the block runs, every 0.5 s: the processes started with ``FLWR_HOME=flwr_home``
-    whose command is Ray's GCS or raylet or a Ray worker or agent (:data:`Seen`)."""
-    import threading
-
-    from tests.simulations.test_cli import listening_sockets
-
-    marker = f"FLWR_HOME={flwr_home}".encode()
-    seen: Seen = {}
-    stop = threading.Event()
-
-    def look() -> None:
-        while not stop.wait(0.5):
-            for entry in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    command = Path(f"/proc/{entry}/cmdline").read_bytes()[:200]
-                    environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-                    name = next((n for n in RAY_NAMES if n in command), None)
-                    if name is None or marker not in environ:
-                        continue
-                    addresses = {address for address, _ in listening_sockets({int(entry)})}
-                except OSError:
-                    continue
-                before = seen.get(int(entry), ("", None, set()))[2]
-                seen[int(entry)] = (name.decode(), ray_auth(environ), before | addresses)
-
-    watcher = threading.Thread(target=look, daemon=True)
-    watcher.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        watcher.join()
-
-
-def check_local_ray(seen: Seen) -> None:
-    """The Ray that Flower started for the run (:func:`watching_ray`): token mode with a token
-    in each of its processes whose environment can be read, and listening on the loopback
-    interface only (before: no authentication, and its GCS and raylet listening on every
-    interface)."""
-    from tests.simulations.test_cli import is_loopback
-
-    names = {name for name, _, _ in seen.values()}
-    assert {"gcs_server", "raylet"} <= names, names
-    readable = {pid: auth for pid, (_, auth, _) in seen.items() if auth is not None}
-    assert len(readable) >= 2
-    assert all(a == {b"RAY_AUTH_MODE=token", b"RAY_AUTH_TOKEN"} for a in readable.values()), seen
-    listening = set().union(*(addresses for _, _, addresses in seen.values()))
-    assert listening and all(is_loopback(address) for address in listening), seen
-
-
-def local_run_line(words: list[str], out: Path) -> list[str]:
-    """The page's ``flwr run``: its keys that :data:`TINY_MODEL` sets dropped, the tiny model's
-    keys added, ``out-dir`` replaced by ``out``."""
-    at = words.index("--run-config") + 1
-    tiny = shlex.split(TINY_MODEL)
-    tiny_keys = {item.split("=", 1)[0] for item in tiny}
-    kept = [item for item in shlex.split(words[at]) if item.split("=", 1)[0] not in tiny_keys]
-    kept = [f'out-dir="{out}"' if item.startswith("out-dir=") else item for item in kept]
-    return [*words[:at], " ".join([*kept, TINY_MODEL]), *words[at + 1 :]]
-
-
-def check_local_run(run: subprocess.CompletedProcess, out: Path) -> pd.DataFrame:
-    log = run.stdout + run.stderr
-    assert run.returncode == 0 and (out / "results.csv").exists(), log[-4000:]
-    rows = pd.read_csv(out / "results.csv")
-    assert (rows["clients_survived"] == 3).all() and rows["accuracy"].between(0, 1).all()
-    assert "client(s) replied after" in log  # each reply told while the clients train
-    assert "3/3 client(s) replied" in log
-    assert "keys: the run config; `fedlmc keys` lists every key)" in log  # not 50+ on a line
-    assert "calibration none (this round only collects the client models" in log
-    return rows
-
-
-def ps_text() -> str:
-    return subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-
-
 def test_client_side_activation_matching_keeps_state_in_the_supernodes(deployment, tmp_path):
     """Each SuperNode keeps its trained model in its context between the train and the align
     round; only permutations come back, and the temperature is fitted on held-out shares."""
@@ -540,7 +415,7 @@ def test_supernodes_of_different_widths_are_merged_and_a_lost_one_named_once(dep
     )
     args = [str(BIN / "flwr"), "run", ".", "loopback", "--run-config", f"{base} {overrides}"]
     run = subprocess.Popen(
-        [*args, "--stream"], cwd=REPO, env=deployment["env"], stdout=subprocess.PIPE,
+        [*args, "--stream"], cwd=deployment["app"], env=deployment["env"], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

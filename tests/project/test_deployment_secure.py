@@ -29,7 +29,6 @@ from safetensors.torch import load_file
 from tests.project.test_deployment import (
     BIN,
     PAGE,
-    REPO,
     RUN_TIMEOUT,
     TEST_BOUND,
     TINY_MODEL,
@@ -75,7 +74,7 @@ def test_a_supernode_killed_in_the_secure_round_leaves_the_merge_of_the_survivor
         args = [str(BIN / "flwr"), "run", ".", "loopback", "--run-config", run_config, "--stream"]
         run = subprocess.Popen(
             args,
-            cwd=REPO,
+            cwd=deployment["app"],
             env=deployment["env"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

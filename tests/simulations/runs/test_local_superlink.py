@@ -1,6 +1,6 @@
 """fedlmc's local SuperLink is Flower's: the same command (from Flower's own source), ports and
 paths, found again by its log file. Starting and stopping it for real is the slow test
-``tests/project/test_deployment.py::test_the_pages_local_simulation_with_fedlmc_superlink``."""
+``tests/project/test_deployment_local.py::test_the_pages_local_simulation_with_fedlmc_superlink``."""
 
 from __future__ import annotations
 
