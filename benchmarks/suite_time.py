@@ -112,16 +112,19 @@ def cpu_bound_process(wanted: bool) -> Iterator[None]:
 
 def timed(tree: Path, args: list[str], junit: Path | None, busy: bool) -> dict[str, Any]:
     """One pytest run of ``args`` on ``tree`` (beside a CPU-bound process when ``busy``): wall
-    seconds, exit status, counts, load."""
+    seconds, exit status, counts, load. Each run starts with an empty ``FEDLMC_CACHE`` (the
+    embedded digits' ``.npz``, the clients' partitions), as on CI's fresh machine."""
+    cache = tempfile.TemporaryDirectory(prefix="suite-time-cache-")
     env = {
         **os.environ,
         "PYTHONPATH": str(tree),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "MPLBACKEND": "Agg",
+        "FEDLMC_CACHE": cache.name,
     }
     extra = [f"--junitxml={junit}"] if junit else []
     load = os.getloadavg()[0]
-    with cpu_bound_process(busy):
+    with cache, cpu_bound_process(busy):
         start = time.perf_counter()
         done = subprocess.run(
             [*PYTEST, *args, *extra], cwd=tree, env=env, capture_output=True, text=True

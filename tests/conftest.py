@@ -31,6 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
     threads, and a test's many small parallel ops waited on a preempted thread (the compare
     fixture took 42 s beside another worker against 5.5 s alone)."""
     write_bytecode()
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep our order (below)
+        config.option.loadscopereorder = False
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         from fedlmc.simulations.config.threads import thread_variables, usable_cores, use_threads
@@ -38,6 +40,25 @@ def pytest_configure(config: pytest.Config) -> None:
         share = max(1, usable_cores() // workers)
         os.environ.update(thread_variables(share))
         use_threads(share)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with the most ``slow`` tests first, the others after them, each file's tests
+    and files of the same count in the order collected. Under ``--dist loadfile`` pytest-xdist
+    hands a worker the next file whenever it has at most two tests left, so the longest files
+    should come first; its default order (most tests first, ``--loadscope-reorder``, turned off
+    in :func:`pytest_configure`) put the long deployment and sweep files, which have few tests,
+    last, and the last of them ran alone while the other worker waited. Every worker sorts the
+    same collection the same way, as pytest-xdist requires."""
+    files: dict[object, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+
+    def slow_tests(tests: list[pytest.Item]) -> int:
+        return sum(1 for test in tests if test.get_closest_marker("slow") is not None)
+
+    ordered = sorted(files.values(), key=lambda tests: -slow_tests(tests))
+    items[:] = [item for tests in ordered for item in tests]
 
 
 def run_federations(configs: dict[str, dict]) -> dict:
