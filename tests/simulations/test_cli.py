@@ -129,20 +129,41 @@ def as_another_user() -> list[str]:
     return probe[:4] if done.returncode == 0 else []
 
 
-def intrude(port: int, home: Path) -> subprocess.Popen:
+REFUSED = "Authentication token is missing or incorrect"
+"""What Ray's GCS answers a client without the cluster's token (the intruder logs it on its first
+try, then retries until it gives up)."""
+
+
+def intrude(port: int, home: Path, seconds: float = 120) -> tuple[str, str, int]:
     """A second local process that knows the GCS port only (no token in its environment or
-    its home, ``~/.ray/auth_token``) joins that Ray and submits a task."""
+    its home, ``~/.ray/auth_token``) joins that Ray and submits a task: its stdout, stderr and
+    exit status once it ran a task, exited, or logged the GCS's refusal (:data:`REFUSED`; it
+    is then killed: Ray retries a refused connection, and after the run's Ray has gone a
+    connection that never answers, for minutes)."""
     home.mkdir(mode=0o777, exist_ok=True)
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "OMP_NUM_THREADS": "1"}
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep 127.0.0.1 (else the machine's IP)
-    return subprocess.Popen(
-        [*as_another_user(), sys.executable, "-c", INTRUDER, f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=home,
-        env=env,
-    )
+    out, err = home / "stdout.txt", home / "stderr.txt"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        intruder = subprocess.Popen(
+            [*as_another_user(), sys.executable, "-c", INTRUDER, f"127.0.0.1:{port}"],
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            cwd=home,
+            env=env,
+        )
+    deadline = time.monotonic() + seconds
+    try:
+        while intruder.poll() is None and REFUSED not in err.read_text(errors="replace"):
+            assert "task ran" not in out.read_text(), out.read_text()
+            assert time.monotonic() < deadline, f"no answer to the intruder in {seconds} s"
+            time.sleep(0.2)
+    finally:
+        if intruder.poll() is None:
+            intruder.kill()
+        intruder.wait(timeout=60)
+    return out.read_text(), err.read_text(errors="replace"), intruder.returncode
 
 
 def is_loopback(address: str) -> bool:
@@ -197,20 +218,26 @@ def test_run_prints_one_row_per_method_and_listens_on_loopback_only(tmp_path):
             listening |= listening_addresses(proc.pid)
             gcs = gcs or gcs_of(proc.pid)
             if gcs and intruder is None:
-                intruder = intrude(gcs[0], tmp_path / "intruder")
+                # the run's driver waits while the intruder tries its Ray (its GCS, raylet and
+                # actors go on): a short run's Ray is otherwise gone before the intruder, which
+                # imports ray first, reaches it
+                os.kill(proc.pid, signal.SIGSTOP)
+                try:
+                    intruder = intrude(gcs[0], tmp_path / "intruder")
+                finally:
+                    os.kill(proc.pid, signal.SIGCONT)
             time.sleep(0.5)
         out, err = proc.communicate(timeout=60)
         assert intruder is not None, "the GCS server was never seen"
-        intruder_out, intruder_err = intruder.communicate(timeout=120)
     finally:
-        for child in (proc, intruder):
-            if child is not None and child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL) if child is proc else child.kill()
-                child.communicate()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    intruder_out, intruder_err, intruder_status = intruder
     assert proc.returncode == 0, err
     assert listening and all(is_loopback(a) for a in listening), sorted(listening)
-    assert "task ran" not in intruder_out and intruder.returncode != 0, intruder_out
-    assert "Authentication token is missing or incorrect" in intruder_err, intruder_err[-2000:]
+    assert "task ran" not in intruder_out and intruder_status != 0, intruder_out
+    assert REFUSED in intruder_err, intruder_err[-2000:]
     token = gcs[1].get("RAY_AUTH_TOKEN", "")
     assert gcs[1].get("RAY_AUTH_MODE") == "token" and len(token) == 64, sorted(gcs[1])
     ray_logs = Path(gcs[1]["logs"])
