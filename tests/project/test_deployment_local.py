@@ -133,7 +133,7 @@ def watching_ray(flwr_home: str) -> Iterator[Seen]:
     whose command is Ray's GCS or raylet or a Ray worker or agent (:data:`Seen`)."""
     import threading
 
-    from tests.simulations.test_cli import listening_sockets
+    from tests.simulations.test_cli_run import listening_sockets
 
     marker = f"FLWR_HOME={flwr_home}".encode()
     seen: Seen = {}
@@ -168,7 +168,7 @@ def check_local_ray(seen: Seen) -> None:
     in each of its processes whose environment can be read, and listening on the loopback
     interface only (before: no authentication, and its GCS and raylet listening on every
     interface)."""
-    from tests.simulations.test_cli import is_loopback
+    from tests.simulations.test_cli_run import is_loopback
 
     names = {name for name, _, _ in seen.values()}
     assert {"gcs_server", "raylet"} <= names, names
