@@ -82,6 +82,19 @@ def atomic_write_csv(path: str | os.PathLike, frame: Any) -> Path:
     return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
+def atomic_write_npz(path: str | os.PathLike, **arrays: Any) -> Path:
+    """:func:`atomic_write` of numpy ``arrays`` as an uncompressed ``.npz`` (``np.savez``, given
+    a file object: given a path it would append ``.npz``), so that concurrent readers never
+    see a half-written file."""
+    import numpy as np
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+    return atomic_write(path, write)
+
+
 def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     """:func:`atomic_write` of ``data`` as indented JSON (``str`` for unknown types)."""
     return atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")

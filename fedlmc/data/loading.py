@@ -70,7 +70,7 @@ from fedlmc.data.partitions import (
     plot_label_distribution,
 )
 from fedlmc.data.splits import Data, DataSplits, stratified_split, with_server_split
-from fedlmc.io import atomic_write
+from fedlmc.io import atomic_write_npz
 
 __all__ = [
     "DATASETS",
@@ -253,7 +253,7 @@ def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
 
     x, y = mnist_data()
     pixels, labels = np.asarray(x).round().astype(np.uint8), np.asarray(y).astype(np.int64)
-    _atomic_savez(path, pixels=pixels, labels=labels)
+    atomic_write_npz(path, pixels=pixels, labels=labels)
     return pixels, labels
 
 
@@ -271,17 +271,6 @@ def _read_mnist5k_cache(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
         and labels.dtype == np.int64
     )
     return (pixels, labels) if valid else None
-
-
-def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
-    """Write an .npz through :func:`fedlmc.io.atomic_write`, so that concurrent readers never
-    see a half-written cache."""
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a path
-            np.savez(f, **arrays)
-
-    atomic_write(path, write)
 
 
 # --- torchvision datasets --------------------------------------------------------------------

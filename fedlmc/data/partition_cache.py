@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlmc.data.partitions import partition_indices
-from fedlmc.io import atomic_write
+from fedlmc.io import atomic_write_npz
 
 FORMAT = "fedlmc-partition-v1"
 """Changes when the file's layout or the key's fields change."""
@@ -98,13 +98,7 @@ def write_partition(path: Path, parts: list[np.ndarray]) -> None:
     """Save ``parts`` as one ``indices`` array and the parts' ``sizes`` (atomically)."""
     indices = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
     sizes = np.array([len(p) for p in parts], dtype=np.int64)
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a path
-            np.savez(f, indices=indices, sizes=sizes)
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, write)
+    atomic_write_npz(path, indices=indices, sizes=sizes)
 
 
 def read_partition(path: Path, n: int, num_clients: int) -> list[np.ndarray] | None:

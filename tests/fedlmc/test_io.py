@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlmc.io import atomic_write, atomic_write_json, remove_stale_temporaries
+from fedlmc.io import atomic_write, atomic_write_json, atomic_write_npz, remove_stale_temporaries
 
 
 def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path: Path):
@@ -58,3 +58,14 @@ def test_only_fedlmc_temporaries_of_the_named_targets_are_removed(tmp_path: Path
         ".notes.tmp",
         ".x.tmp",
     ]
+
+
+def test_atomic_write_npz_writes_the_arrays_at_the_path_itself(tmp_path):
+    import numpy as np
+
+    path = tmp_path / "deep" / "cache.npz"
+    arrays = {"indices": np.arange(5, dtype=np.int64), "sizes": np.array([2, 3])}
+    assert atomic_write_npz(path, **arrays) == path
+    assert sorted(p.name for p in path.parent.iterdir()) == ["cache.npz"]  # no .npz.npz, no .tmp
+    with np.load(path, allow_pickle=False) as f:
+        assert all(np.array_equal(f[k], v) for k, v in arrays.items())
