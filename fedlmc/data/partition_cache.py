@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import warnings
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from fedlmc.data.partitions import partition_indices
+from fedlmc.data.partitions import invalid_parts, partition_indices, warn_dropped
 from fedlmc.io import atomic_write_npz
 
 FORMAT = "fedlmc-partition-v1"
@@ -57,7 +56,7 @@ def cached_partition_indices(
     path = Path(cache) / f"{partition_key(y, num_clients, scheme, **args)}.npz"
     parts = read_partition(path, len(y), num_clients)
     if parts is not None:
-        _warn_dropped(parts, len(y), scheme)
+        warn_dropped(parts, len(y), scheme, stacklevel=3)
         return parts
     parts = partition_indices(y, num_clients, scheme, **args)
     try:
@@ -114,25 +113,13 @@ def read_partition(path: Path, n: int, num_clients: int) -> list[np.ndarray] | N
         and sizes.dtype == np.int64
         and indices.ndim == 1
         and sizes.shape == (num_clients,)
-        and bool((sizes > 0).all())
-        and int(sizes.sum()) == len(indices) <= n
-        and (len(indices) == 0 or (indices.min() >= 0 and indices.max() < n))
-        and len(np.unique(indices)) == len(indices)
+        and bool(((sizes >= 0) & (sizes <= len(indices))).all())
+        and int(sizes.sum()) == len(indices)
     )
     if not valid:
         return None
-    return list(np.split(indices, np.cumsum(sizes)[:-1]))
-
-
-def _warn_dropped(parts: list[np.ndarray], n: int, scheme: str) -> None:
-    """The warning :func:`~fedlmc.data.partitions.partition_indices` gives when classes held
-    by no client are dropped, given again for a partition read from the cache."""
-    dropped = n - sum(len(p) for p in parts)
-    if dropped:
-        warnings.warn(
-            f"scheme={scheme!r}: {dropped} examples of classes held by no client are dropped",
-            stacklevel=3,
-        )
+    parts = list(np.split(indices, np.cumsum(sizes)[:-1]))
+    return None if invalid_parts(parts, n) else parts
 
 
 def _version(distribution: str) -> str:

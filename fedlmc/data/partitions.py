@@ -117,13 +117,34 @@ def partition_indices(
             f"(alpha={alpha}, classes_per_client={classes_per_client}): {msg}"
         ) from err
     _check_valid_parts(parts, len(y), scheme)
-    dropped = len(y) - sum(len(p) for p in parts)
+    warn_dropped(parts, len(y), scheme, stacklevel=3)
+    return parts
+
+
+def warn_dropped(parts: list[np.ndarray], n: int, scheme: str, stacklevel: int = 2) -> None:
+    """Warn when ``parts`` leave out some of the ``n`` examples (classes held by no client)."""
+    dropped = n - sum(len(p) for p in parts)
     if dropped:
         warnings.warn(
             f"scheme={scheme!r}: {dropped} examples of classes held by no client are dropped",
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
-    return parts
+
+
+def invalid_parts(parts: list[np.ndarray], n: int) -> str | None:
+    """What makes ``parts`` no partition of indices into ``n`` examples (and what to change in
+    the scheme's arguments), or ``None`` when every part is non-empty and together they are
+    distinct indices in ``[0, n)``."""
+    flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    if len(np.unique(flat)) != len(flat) or (len(flat) and (flat.min() < 0 or flat.max() >= n)):
+        return "produced overlapping or out-of-range parts; use a larger alpha or fewer clients"
+    empty = [i for i, p in enumerate(parts) if len(p) == 0]
+    if empty:
+        return (
+            f"leaves clients {empty} empty; use fewer clients, "
+            f"a larger alpha or fewer classes_per_client"
+        )
+    return None
 
 
 def label_counts(parts: Sequence[Data] | Sequence[Tensor], num_classes: int) -> np.ndarray:
@@ -282,16 +303,7 @@ def _index_dataset(idx: np.ndarray, labels: np.ndarray):
 
 
 def _check_valid_parts(parts: list[np.ndarray], n: int, scheme: str) -> None:
-    """Every client non-empty; together the parts are distinct indices in [0, n)."""
-    flat = np.concatenate(parts)
-    if len(np.unique(flat)) != len(flat) or (len(flat) and (flat.min() < 0 or flat.max() >= n)):
-        raise ValueError(
-            f"scheme={scheme!r} produced overlapping or out-of-range parts; "
-            f"use a larger alpha or fewer clients"
-        )
-    empty = [i for i, p in enumerate(parts) if len(p) == 0]
-    if empty:
-        raise ValueError(
-            f"scheme={scheme!r} leaves clients {empty} empty; use fewer clients, "
-            f"a larger alpha or fewer classes_per_client"
-        )
+    """Raise :func:`invalid_parts`'s reason, if any."""
+    reason = invalid_parts(parts, n)
+    if reason is not None:
+        raise ValueError(f"scheme={scheme!r} {reason}")

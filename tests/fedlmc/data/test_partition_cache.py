@@ -90,6 +90,13 @@ def broken_files(good: Path) -> dict[str, bytes]:
         "sizes not summing": npz(indices=indices[:-1], sizes=sizes),
         "float indices": npz(indices=indices.astype(np.float64), sizes=sizes),
         "missing sizes": npz(indices=indices),
+        # int64 sizes whose sum wraps around to the index count: 3 empty parts
+        "sizes wrapping around": npz(
+            indices=indices, sizes=np.array([2**62] * 3 + [2**62 + len(indices)], np.int64)
+        ),
+        "a negative size": npz(
+            indices=indices, sizes=np.array([-1, sizes[0] + 1, sizes[1], sizes[2] + sizes[3]])
+        ),
     }
 
 
@@ -106,6 +113,8 @@ def broken_files(good: Path) -> dict[str, bytes]:
         "sizes not summing",
         "float indices",
         "missing sizes",
+        "sizes wrapping around",
+        "a negative size",
     ],
 )
 def test_a_file_that_is_not_a_valid_partition_is_computed_again(broken, tmp_path):
