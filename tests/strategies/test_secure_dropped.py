@@ -24,7 +24,6 @@ from flwr.client.mod import secaggplus_mod
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.constant import ErrorCode
 from flwr.compat.common import recorddict_compat as compat
-from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
 
 from fedlmc.strategies.secure import (
     SecureAggregationError,
@@ -123,6 +122,8 @@ def _error_metadata(message: Message, src: int) -> Metadata:
 
 def unavailable_reply(message: Message) -> Message:
     """What the SuperLink answers for a node whose heartbeats stopped (sent by node 0)."""
+    from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
+
     error = Error(code=ErrorCode.NODE_UNAVAILABLE, reason=NODE_UNAVAILABLE_ERROR_REASON)
     return make_message(metadata=_error_metadata(message, 0), error=error)
 

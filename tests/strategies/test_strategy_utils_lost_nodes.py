@@ -19,13 +19,7 @@ import torch
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.constant import NOOP_ACCOUNT_NAME, NOOP_FLWR_AID
 from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
-from flwr.server.superlink.linkstate import LinkStateFactory
-from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
 from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
-from flwr.supercore.object_store import ObjectStoreFactory
-from flwr.supercore.run import Run
-from flwr.superlink.federation import NoOpFederationManager
-from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedlmc.models.classifiers import build_model
 from fedlmc.strategies import FedAvgBaseline, OneShotAverage, StrategyOptions
@@ -42,11 +36,17 @@ def _messages_need_a_task_identity(task_identity):
     yield
 
 
-class AssignedGrid(InMemoryGrid):
-    """Flower's grid plus what fedlmc's sweep engine adds: the partition of each node."""
+def in_memory_grid(assigned: bool = False) -> type:
+    """Flower's ``InMemoryGrid``; ``assigned``: plus what fedlmc's sweep engine adds, the
+    partition of each node. Imported here, not at collection (Flower's link state: 0.8 s of
+    each pytest worker)."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-    def assigned_partitions(self) -> dict[int, int]:
-        return {node: index for index, node in enumerate(sorted(self.get_node_ids()))}
+    class AssignedGrid(InMemoryGrid):
+        def assigned_partitions(self) -> dict[int, int]:
+            return {node: index for index, node in enumerate(sorted(self.get_node_ids()))}
+
+    return AssignedGrid if assigned else InMemoryGrid
 
 
 class Federation:
@@ -54,7 +54,13 @@ class Federation:
     ``answer(partition, message)`` is each live node's reply content; the node of partition
     ``dies[0]`` stops at its ``dies[1]``-th message (1-based)."""
 
-    def __init__(self, answer, dies: tuple[int, int], grid_type=InMemoryGrid) -> None:
+    def __init__(self, answer, dies: tuple[int, int], assigned: bool = False) -> None:
+        from flwr.server.superlink.linkstate import LinkStateFactory
+        from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+        from flwr.supercore.object_store import ObjectStoreFactory
+        from flwr.supercore.run import Run
+        from flwr.superlink.federation import NoOpFederationManager
+
         factory = LinkStateFactory(
             FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
         )
@@ -63,7 +69,7 @@ class Federation:
         run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
         self.state.run_ids[RUN_ID] = RunRecord(run=run)
         self.state.task_store[1] = Task(task_id=1, run_id=RUN_ID)
-        self.grid = grid_type(state_factory=factory)
+        self.grid = in_memory_grid(assigned)(state_factory=factory)
         self.grid.set_run(run)
         self.nodes = sorted(self._register() for _ in range(3))
         self.dead = self.nodes[dies[0]]
@@ -144,7 +150,7 @@ def merged_value(arrays) -> float:
 
 def test_a_node_lost_in_a_simulation_is_one_failure_named_by_its_assigned_partition():
     template = tiny()
-    with Federation(trained(template), dies=(1, 1), grid_type=AssignedGrid) as federation:
+    with Federation(trained(template), dies=(1, 1), assigned=True) as federation:
         result, seconds = one_shot(federation, template)
     (failure,) = result.report.failures
     assert failure.node_id == federation.dead and failure.partition_id == 1 and failure.lost

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torchvision.datasets import CIFAR10
 
 from fedlmc.data.loading import load_dataset
 from tests.fedlmc.data.test_loading import (
@@ -25,7 +24,13 @@ from tests.fedlmc.data.test_loading import (
     write_cifar10,
 )
 
-OFFICIAL_MD5 = dict(CIFAR10.train_list + CIFAR10.test_list)
+
+def official_md5(name: str) -> str:
+    """torchvision's md5 of the official CIFAR-10 batch ``name`` (imported here, not at
+    collection: torchvision.datasets costs each pytest worker 1.4 s)."""
+    from torchvision.datasets import CIFAR10
+
+    return dict(CIFAR10.train_list + CIFAR10.test_list)[name]
 
 
 class ShellCommand:
@@ -107,7 +112,7 @@ def test_a_crafted_batch_runs_nothing_and_is_one_line_naming_the_file_and_the_fi
     assert "\n" not in message
     assert message.startswith(f"cannot read CIFAR batch {batch}: ")
     assert f"run 'fedlmc data fetch cifar10 --root {root}' for the official files" in message
-    assert f"torchvision's for the official file {OFFICIAL_MD5['data_batch_1']}" in message
+    assert f"torchvision's for the official file {official_md5('data_batch_1')}" in message
 
 
 def test_the_refusal_names_the_global_and_the_files_md5(tmp_path):
@@ -117,7 +122,7 @@ def test_the_refusal_names_the_global_and_the_files_md5(tmp_path):
     md5 = hashlib.md5(batch.read_bytes()).hexdigest()
     message = load_refused(root)
     assert "it names posix.system, which a CIFAR batch never holds" in message
-    official = OFFICIAL_MD5["test_batch"]
+    official = official_md5("test_batch")
     assert f"its md5 is {md5}, torchvision's for the official file {official}" in message
 
 

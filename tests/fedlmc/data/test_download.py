@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torchvision.datasets import CIFAR10, CIFAR100, MNIST
 
 from fedlmc.data.download import (
     LOCK_NAME,
@@ -37,7 +36,14 @@ from tests.fedlmc.data.test_loading import (
     write_mnist_like,
 )
 
-MNIST_GZ = [f for f, _ in MNIST.resources]
+# torchvision's MNIST.resources (test_default_checksums_are_torchvisions); named here so that
+# collecting this file does not import torchvision.datasets (1.4 s of each pytest worker)
+MNIST_GZ = [
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+]
 MNIST_RAW = [f.removesuffix(".gz") for f in MNIST_GZ]
 
 
@@ -128,6 +134,8 @@ def cifar_archive(tmp_path: Path, name: str):
     """(archive file name, archive bytes, md5 of the archive and of every member, train, test).
 
     The archive also holds a member that tries to escape the batch folder."""
+    from torchvision.datasets import CIFAR10, CIFAR100
+
     cls = {"cifar10": CIFAR10, "cifar100": CIFAR100}[name]
     rng = np.random.default_rng(1)
     k = 10 if name == "cifar10" else 100
@@ -204,7 +212,7 @@ def test_load_dataset_download_goes_through_fetch(tmp_path, server, dead_url):
     server.files.update(files)
     # an empty root: load_dataset(download=True) fetches from the mirror it is given, and the
     # real default md5 sums (torchvision's) reject our test-written files
-    with pytest.raises(ChecksumError, match=MNIST.resources[0][1]):
+    with pytest.raises(ChecksumError, match=mnist_md5(MNIST_GZ[0])):
         load_dataset("mnist", tmp_path / "a", download=True, mirror=server.url)
     assert not (tmp_path / "a" / "MNIST" / "raw" / MNIST_GZ[0]).exists()
     with pytest.raises(DownloadError, match=f"{dead_url}/cifar-10-python.tar.gz"):
@@ -381,13 +389,23 @@ def test_fetch_rejects_bad_arguments(tmp_path):
     assert not (tmp_path / LOCK_NAME).exists()  # rejected before touching root
 
 
+def mnist_md5(name: str) -> str:
+    """torchvision's md5 of the MNIST file ``name``."""
+    from torchvision.datasets import MNIST
+
+    return dict(MNIST.resources)[name]
+
+
 def test_default_checksums_are_torchvisions():
+    from torchvision.datasets import CIFAR10, MNIST
+
     cifar = expected_files("cifar10")
     assert cifar["cifar-10-python.tar.gz"] == CIFAR10.tgz_md5
     assert cifar["data_batch_1"] == CIFAR10.train_list[0][1]
     assert cifar["batches.meta"] == CIFAR10.meta["md5"]
     mnist = expected_files("mnist")
     assert {f: mnist[f] for f in MNIST_GZ} == dict(MNIST.resources)
+    assert MNIST_GZ == [f for f, _ in MNIST.resources]  # the names this file uses, in order
     assert all(mnist[f] == "" for f in MNIST_RAW)
 
 
@@ -404,7 +422,7 @@ def test_the_run_config_download_fetches_once_on_the_server(tmp_path, server, de
     config = validate_run_config(
         {"dataset": "mnist", "data-root": str(root), "download": True, "data-mirror": server.url}
     )
-    with pytest.raises(ChecksumError, match=MNIST.resources[0][1]):
+    with pytest.raises(ChecksumError, match=mnist_md5(MNIST_GZ[0])):
         prepare_data(config)
     assert server.hits[MNIST_GZ[0]] >= 1 and not (root / "MNIST" / "raw" / MNIST_GZ[0]).exists()
     with pytest.raises(DownloadError, match=re.escape(f"{dead_url}/")):

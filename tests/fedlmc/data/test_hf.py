@@ -3,14 +3,18 @@ with `datasets` (save_to_disk, parquet files) and read back through the real loa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pytest
 import torch
-from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from PIL import Image as PILImage
 
 from fedlmc.data.hf import HF_TEST_FRACTION, detect_columns
 from fedlmc.data.loading import label_counts, load_dataset, partition
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 CLASS_NAMES = ["cat", "dog", "frog", "ship", "unused"]  # 5 classes, the last never occurs
 
@@ -18,6 +22,8 @@ CLASS_NAMES = ["cat", "dog", "frog", "ship", "unused"]  # 5 classes, the last ne
 def rgb_split(rng, n: int) -> tuple[np.ndarray, np.ndarray, Dataset]:
     """n random 8x8 RGB images, labels 0..3 balanced, a ClassLabel of 5 names and an extra
     integer column ``coarse`` (= label // 2)."""
+    from datasets import ClassLabel, Dataset, Features, Image, Value
+
     pixels = rng.integers(0, 256, size=(n, 8, 8, 3), dtype=np.uint8)
     labels = rng.permutation(np.arange(n) % 4)
     features = Features(
@@ -37,6 +43,8 @@ def rgb_split(rng, n: int) -> tuple[np.ndarray, np.ndarray, Dataset]:
 @pytest.fixture(scope="module")
 def rgb(tmp_path_factory):
     """A DatasetDict (160 train / 40 test) saved to disk and as parquet files."""
+    from datasets import DatasetDict
+
     folder = tmp_path_factory.mktemp("hf-rgb")
     rng = np.random.default_rng(0)
     x_tr, y_tr, train = rgb_split(rng, 160)
@@ -119,6 +127,8 @@ def test_parquet_folder_and_file(rgb, tmp_path):
 
 
 def test_grayscale_images_and_named_columns(tmp_path):
+    from datasets import Dataset, DatasetDict, Features, Image, Value
+
     rng = np.random.default_rng(1)
     pixels = rng.integers(0, 256, size=(60, 28, 28), dtype=np.uint8)
     digits = rng.permutation(np.arange(60) % 3)
@@ -171,6 +181,8 @@ def test_explicit_keys_and_bad_names(rgb):
 
 
 def test_string_labels_share_one_class_mapping(tmp_path):
+    from datasets import Dataset, DatasetDict
+
     rng = np.random.default_rng(2)
     pixels = rng.integers(0, 256, size=(30, 4, 4, 3), dtype=np.uint8)
     train = Dataset.from_dict(
@@ -187,6 +199,8 @@ def test_string_labels_share_one_class_mapping(tmp_path):
 
 
 def test_detect_columns_preferences():
+    from datasets import ClassLabel, Features, Image, Value
+
     features = Features(
         {
             "img": Image(),

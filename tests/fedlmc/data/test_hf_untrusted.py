@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from datasets import DatasetDict
 
 from fedlmc.data.loading import load_dataset
 from tests.fedlmc.data.test_hf import rgb_split
@@ -43,6 +42,8 @@ def plant(folder: Path, marker: Path, script: bool) -> None:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
+    from datasets import DatasetDict
+
     folder = tmp_path_factory.mktemp("hf-untrusted")
     rng = np.random.default_rng(1)
     _, _, train = rgb_split(rng, 40)

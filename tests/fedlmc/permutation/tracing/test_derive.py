@@ -8,7 +8,6 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import Tensor, nn
 
 from fedlmc.models.classifiers import build_model
@@ -210,6 +209,8 @@ def one_thread():
 
 @pytest.mark.usefixtures("one_thread")
 def test_torchvision_resnet18_spec_is_a_symmetry_and_weight_matching_recovers_it():
+    import torchvision  # here, not at collection (1.4 s of each pytest worker)
+
     torch.manual_seed(0)
     model = randomize_norms(torchvision.models.resnet18(num_classes=10))
     x = torch.randn(2, 3, 32, 32)
