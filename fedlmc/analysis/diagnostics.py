@@ -10,9 +10,8 @@ the cosine similarity of the two sides (:func:`lewc_cosine`) and, since a cosine
 from LLFC's :math:`\sum_i w_i f_l(x; \theta_i)` (Zhou et al. 2023) at equal weights, by LEWC's
 relative error against LLFC's at its best positive scale (:func:`scaled_error`: LLFC holds only up
 to a scale) and the measured against the predicted norm ratio (:func:`layer_predictions`). Raw
-cosines of non-negative features are high by construction: :func:`centred_cosine` (both sides
-minus their mean over inputs), :func:`shuffled_cosine` (the prediction for another input) and
-:func:`common_mode_share` (the energy in the input-independent mean) say how much of one is
+cosines of non-negative features are high by construction: the centred and shuffled-input
+cosines and the common-mode share (:mod:`fedlmc.analysis.cosines`) say how much of one is
 input-specific. The merged logits shrink (:func:`logit_norm_ratios`: against the logit
 ensemble, what LEWC predicts, and against the clients' own). The exponent :math:`l` exists for
 plain chains only (:mod:`fedlmc.permutation.chain`). Many-client collapse: :func:`bias_shares`,
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlmc.analysis.cosines import MeasuredOutput, common_mode_share, mean_cosine
 from fedlmc.analysis.shared_forwards import active_cache
 from fedlmc.analysis.spectral import spectral_norm_squared
 from fedlmc.averaging import load_state, normalised_weights
@@ -75,80 +75,6 @@ def capture(
 def _sample_norms(t: Tensor) -> Tensor:
     """Euclidean norm of each sample (dim 0) with the other dims flattened."""
     return t.flatten(1).norm(dim=1)
-
-
-def mean_cosine(a: Tensor, b: Tensor) -> float:
-    r"""Mean over samples of :math:`\langle a_n, b_n\rangle / (\|a_n\| \|b_n\|)`, flattened.
-
-    Samples where either vector is zero have no direction and are left out; ``nan`` if all are.
-    """
-    a, b = a.flatten(1).double(), b.flatten(1).double()
-    norms = a.norm(dim=1) * b.norm(dim=1)
-    keep = norms > 0
-    if not bool(keep.any()):
-        return math.nan
-    return float(((a * b).sum(dim=1)[keep] / norms[keep]).mean())
-
-
-CONSTANT_RTOL = 1e-12
-"""A centred sample (or a mean over samples) whose norm is at most this times the largest sample
-norm is taken as exactly 0: float64 rounding of a mean leaves ~1e-17, not a direction."""
-
-
-def centred(t: Tensor) -> Tensor:
-    r""":math:`t_n - \frac{1}{n}\sum_m t_m`: each sample (dim 0) minus the mean over the samples,
-    per unit and position, flattened per sample; rounding residues below :data:`CONSTANT_RTOL`
-    (relative) are set to 0, so a feature constant over the samples centres to exactly 0."""
-    flat = t.flatten(1).double()
-    out = flat - flat.mean(dim=0, keepdim=True)
-    scale = float(flat.norm(dim=1).max()) if len(flat) else 0.0
-    out[out.norm(dim=1) <= CONSTANT_RTOL * scale] = 0.0
-    return out
-
-
-def centred_cosine(a: Tensor, b: Tensor) -> float:
-    r""":func:`mean_cosine` of the centred sides, :math:`\cos(a_n - \bar a, b_n - \bar b)`
-    averaged over samples (:func:`centred`).
-
-    The input-specific part of the agreement: a shared, input-independent vector (the mean over
-    inputs, large for non-negative ReLU features) no longer counts. ``nan`` when either side is
-    constant over the samples (it has no centred direction); samples whose centred vector is 0
-    are left out.
-    """
-    return mean_cosine(centred(a), centred(b))
-
-
-def shuffled_cosine(a: Tensor, b: Tensor, seed: int = 0) -> float:
-    r"""Baseline of :func:`mean_cosine`: each :math:`a_n` against :math:`b` at another sample.
-
-    With :math:`p` the permutation of the :math:`n` samples drawn from ``seed``, sample
-    :math:`a_{p_k}` is paired with :math:`b_{p_{k+1 \bmod n}}` (a derangement: no sample meets
-    its own), :math:`\frac{1}{n}\sum_k \cos(a_{p_k}, b_{p_{k+1}})`. A raw cosine near this
-    baseline says nothing input-specific: non-negative (ReLU) features share a direction.
-    ``nan`` for fewer than two samples."""
-    n = len(a)
-    if n < 2:
-        return math.nan
-    p = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return mean_cosine(a[p], b[p.roll(-1)])
-
-
-def common_mode_share(t: Tensor) -> float:
-    r"""Share of the energy of ``t`` (samples on dim 0) in its mean over the samples.
-
-    .. math:: s = \frac{n \,\|\bar t\|^2}{\sum_n \|t_n\|^2}, \qquad
-        \bar t = \frac{1}{n}\sum_n t_n
-
-    (samples flattened). Since :math:`\sum_n \|t_n\|^2 = n\|\bar t\|^2 + \sum_n \|t_n -
-    \bar t\|^2`, :math:`s \in [0, 1]`: 1 for a feature constant over the samples, 0 for
-    zero-mean features (a mean below :data:`CONSTANT_RTOL` of the largest sample norm is a
-    rounding residue, taken as 0). ``nan`` when ``t`` is 0.
-    """
-    flat = t.flatten(1).double()
-    mean_energy = flat.mean(dim=0).pow(2).sum()
-    if len(flat) and float(mean_energy.sqrt()) <= CONSTANT_RTOL * float(flat.norm(dim=1).max()):
-        mean_energy = torch.zeros(())
-    return _ratio(len(flat) * mean_energy, flat.pow(2).sum())
 
 
 def layer_names_of(
@@ -211,8 +137,9 @@ def lewc_cosine(
         \sum_i w_i^{\,l} f_l(x_n; \theta_i)\Big)
 
     with ``weights`` normalised to sum to 1 (``None``: uniform), outputs flattened per sample and
-    the cosine averaged over samples (see :func:`mean_cosine`). ``model`` is a template whose
-    architecture matches the state dicts; it is not modified. Layers are evaluated in eval mode.
+    the cosine averaged over samples (:func:`~fedlmc.analysis.cosines.mean_cosine`). ``model``
+    is a template whose architecture matches the state dicts; it is not modified. Layers are
+    evaluated in eval mode.
 
     A cosine ignores scale: at equal weights it equals the cosine with LLFC's prediction
     :math:`\sum_i w_i f_l(x; \theta_i)`. :func:`layer_predictions` tells the two apart.
@@ -241,7 +168,14 @@ def scaled_error(measured: Tensor, prediction: Tensor) -> float:
     error of a prediction that holds up to a positive scale, as LLFC does (Zhou et al. 2023).
     ``nan`` when either side is 0.
     """
-    norms = float(measured.norm()) * float(prediction.norm())
+    return _scaled_error(measured, float(measured.norm()), prediction, float(prediction.norm()))
+
+
+def _scaled_error(
+    measured: Tensor, norm: float, prediction: Tensor, prediction_norm: float
+) -> float:
+    """:func:`scaled_error` given both sides' norms."""
+    norms = norm * prediction_norm
     if norms <= 0:
         return math.nan
     cos = float((measured * prediction).sum()) / norms
@@ -255,6 +189,7 @@ def layer_predictions(
     merged_state_dict: Mapping[str, Tensor],
     x: Tensor,
     layer_names: Sequence[str] | None = None,
+    lewc: bool = True,
 ) -> list[dict[str, float | int | str]]:
     r"""Per layer: how well LEWC and LLFC, each as its authors state it, predict the merged
     model's layer output.
@@ -278,11 +213,12 @@ def layer_predictions(
     - ``lewc_cos``, ``llfc_cos``: mean over samples of the cosine with each prediction (equal at
       equal weights; they differ in direction at other weights, e.g. :math:`\lambda = 1/4`);
     - ``lewc_cos_centred``, ``llfc_cos_centred``: the same cosines with both sides centred on
-      their mean over the inputs (:func:`centred_cosine`; ``nan`` for a constant side), and
+      their mean over the inputs (:func:`~fedlmc.analysis.cosines.centred_cosine`; ``nan`` for a
+      constant side), and
       ``lewc_cos_shuffled``, ``llfc_cos_shuffled``: their baseline, the prediction taken at
-      another input (:func:`shuffled_cosine`, seed 0);
+      another input (:func:`~fedlmc.analysis.cosines.shuffled_cosine`, seed 0);
     - ``common_mode_share``: the share of :math:`F_l`'s energy in its mean over the inputs
-      (:func:`common_mode_share`);
+      (:func:`~fedlmc.analysis.cosines.common_mode_share`);
     - ``norm_ratio`` :math:`= \|F_l\| / \|P^{\mathrm{LLFC}}_l\|` (the measured shrinkage of the
       merged output relative to the weighted mean of the endpoints' outputs) and
       ``lewc_norm_ratio`` :math:`= \|P^{\mathrm{LEWC}}_l\| / \|P^{\mathrm{LLFC}}_l\|` (the
@@ -293,7 +229,9 @@ def layer_predictions(
     ``nan``. ``layer_names`` defaults to ``template.layer_names``; :math:`l` is the 1-based
     position in that list, so pass every layer (a subset changes the exponents). ``weights``
     are normalised to sum to 1 (``None``: uniform). Each model runs once over ``x`` in eval mode;
-    ``template`` (same architecture as the state dicts) is not modified.
+    ``template`` (same architecture as the state dicts) is not modified. ``lewc=False`` (a
+    network whose layers have no single depth, e.g. residual) leaves the LEWC entries ``nan``
+    without computing its prediction; every other entry is the same.
 
     Two models merged from themselves (identical states) make LLFC exact, while LEWC predicts
     :math:`\sum_i w_i^{\,l} f_l`, i.e. ``lewc_norm_ratio`` :math:`= \sum_i w_i^{\,l}` and
@@ -305,27 +243,50 @@ def layer_predictions(
     rows = []
     for depth, name in enumerate(names, start=1):
         outputs = [m[name] for m in members]
-        lewc = _weighted_sum([wi**depth for wi in w], outputs)
-        llfc = _weighted_sum(w, outputs)
-        measured, llfc_norm = merged[name], llfc.norm()
-        rows.append(
-            {
-                "layer": name,
-                "depth": depth,
-                "lewc_error": _ratio((measured - lewc).norm(), measured.norm()),
-                "llfc_scaled_error": scaled_error(measured, llfc),
-                "lewc_cos": mean_cosine(measured, lewc),
-                "llfc_cos": mean_cosine(measured, llfc),
-                "norm_ratio": _ratio(measured.norm(), llfc_norm),
-                "lewc_norm_ratio": _ratio(lewc.norm(), llfc_norm),
-                "lewc_cos_centred": centred_cosine(measured, lewc),
-                "lewc_cos_shuffled": shuffled_cosine(measured, lewc),
-                "llfc_cos_centred": centred_cosine(measured, llfc),
-                "llfc_cos_shuffled": shuffled_cosine(measured, llfc),
-                "common_mode_share": common_mode_share(measured),
-            }
-        )
+        measured, llfc = MeasuredOutput(merged[name]), _weighted_sum(w, outputs)
+        prediction = _weighted_sum([wi**depth for wi in w], outputs) if lewc else None
+        llfc_norm = float(llfc.norm())
+        values = _llfc_measures(measured, llfc, llfc_norm)
+        values |= _lewc_measures(measured, prediction, llfc_norm)
+        rows.append({"layer": name, "depth": depth} | {k: values[k] for k in PREDICTION_ORDER})
     return rows
+
+
+PREDICTION_ORDER = (
+    *("lewc_error", "llfc_scaled_error", "lewc_cos", "llfc_cos", "norm_ratio", "lewc_norm_ratio"),
+    *("lewc_cos_centred", "lewc_cos_shuffled", "llfc_cos_centred", "llfc_cos_shuffled"),
+    "common_mode_share",
+)
+"""The measures of a :func:`layer_predictions` row, in its order."""
+
+
+def _llfc_measures(measured: MeasuredOutput, llfc: Tensor, llfc_norm: float) -> dict[str, float]:
+    """A row's LLFC measures (``llfc_norm`` = ``float(llfc.norm())``) and those of the measured
+    output alone."""
+    return {
+        "llfc_scaled_error": _scaled_error(measured.t, measured.norm(), llfc, llfc_norm),
+        "llfc_cos": measured.cosine(llfc),
+        "norm_ratio": _ratio(measured.norm(), llfc_norm),
+        "llfc_cos_centred": measured.centred_cosine(llfc),
+        "llfc_cos_shuffled": measured.shuffled_cosine(llfc),
+        "common_mode_share": common_mode_share(measured.t),
+    }
+
+
+def _lewc_measures(
+    measured: MeasuredOutput, lewc: Tensor | None, llfc_norm: float
+) -> dict[str, float]:
+    """A row's LEWC measures of the prediction ``lewc``; each ``nan`` when it is ``None``."""
+    keys = ("lewc_error", "lewc_cos", "lewc_norm_ratio", "lewc_cos_centred", "lewc_cos_shuffled")
+    if lewc is None:
+        return dict.fromkeys(keys, math.nan)
+    return {
+        "lewc_error": _ratio((measured.t - lewc).norm(), measured.norm()),
+        "lewc_cos": measured.cosine(lewc),
+        "lewc_norm_ratio": _ratio(lewc.norm(), llfc_norm),
+        "lewc_cos_centred": measured.centred_cosine(lewc),
+        "lewc_cos_shuffled": measured.shuffled_cosine(lewc),
+    }
 
 
 class LogitNormRatios(NamedTuple):

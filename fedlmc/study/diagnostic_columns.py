@@ -72,7 +72,9 @@ def prediction_columns(
     every column name; without a suffix also ``lewc_temperature_ratio`` (LEWC's predicted norm ratio
     at the logits). Where ``lewc_undefined`` gives a reason (a residual network), the LEWC columns
     are NaN / empty and only LLFC's and the measured ones are filled."""
-    layers = layer_predictions(template, states, weights, merged_state, x, layer_names)
+    layers = layer_predictions(
+        template, states, weights, merged_state, x, layer_names, lewc=not lewc_undefined
+    )
     keys = [k for k in PREDICTION_KEYS if not (lewc_undefined and k in LEWC_ONLY)]
     columns: dict[str, Any] = {}
     if not lewc_undefined and not suffix:

@@ -8,14 +8,14 @@ import pandas as pd
 import pytest
 import torch
 
-from fedlmc.analysis.diagnostics import (
+from fedlmc.analysis.cosines import (
     centred,
     centred_cosine,
     common_mode_share,
-    layer_predictions,
     mean_cosine,
     shuffled_cosine,
 )
+from fedlmc.analysis.diagnostics import layer_predictions
 from fedlmc.averaging import average
 from fedlmc.columns import PREDICTION_KEYS
 from fedlmc.models.classifiers import build_model
