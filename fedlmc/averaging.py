@@ -167,7 +167,18 @@ def interpolate(sd_a: Mapping[str, Tensor], sd_b: Mapping[str, Tensor], lam: flo
 
 
 def load_state(template: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Module:
-    """A deep copy of ``template`` with ``state_dict`` loaded strictly (template unchanged)."""
-    model = copy.deepcopy(template)
+    """A deep copy of ``template`` with ``state_dict`` loaded strictly (template unchanged).
+
+    The tensors that ``state_dict`` fills are not copied from the template first: the copy gets
+    uninitialised ones of the same kind, shape, dtype and device, which the strict load then
+    overwrites (the same model; a template's values never leak, and its non-persistent
+    buffers, which no state dict holds, are copied)."""
+    memo: dict[int, object] = {}
+    for tensor in template.state_dict(keep_vars=True).values():
+        blank = torch.empty_like(tensor)
+        if isinstance(tensor, nn.Parameter):
+            blank = nn.Parameter(blank, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = blank
+    model = copy.deepcopy(template, memo)
     model.load_state_dict(dict(state_dict), strict=True)
     return model

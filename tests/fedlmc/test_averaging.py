@@ -1,7 +1,10 @@
 """Weighted averaging and interpolation of state dicts."""
 
+import copy
+
 import pytest
 import torch
+from torch import nn
 
 from fedlmc.averaging import average, interpolate, load_state
 from fedlmc.evaluation import predict_logits
@@ -126,3 +129,35 @@ def test_interpolate_and_average_give_the_bits_of_the_float64_formula(dtype):
         assert torch.equal(_bits(average(ends, weights)["w"]), _bits(mean.to(dtype)))
     for sd, before in zip(ends, saved, strict=True):
         assert torch.equal(_bits(sd["w"]), _bits(before["w"]))
+
+
+class _WithNonPersistentBuffer(nn.Module):
+    """A frozen parameter, a BatchNorm (persistent buffers) and a non-persistent buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 4)
+        self.linear.bias.requires_grad_(False)
+        self.norm = nn.BatchNorm1d(4)
+        self.register_buffer("scale", torch.tensor([2.0, 3.0, 4.0, 5.0]), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.linear(x)) * self.scale
+
+
+def test_load_state_is_the_template_with_the_state_loaded_and_the_template_unchanged():
+    torch.manual_seed(0)
+    template = _WithNonPersistentBuffer()
+    before = {k: v.clone() for k, v in template.state_dict().items()}
+    state = {k: v + 1 if v.is_floating_point() else v + 7 for k, v in before.items()}
+    model = load_state(template, state)
+    assert all(torch.equal(model.state_dict()[k], state[k]) for k in state)
+    assert all(torch.equal(template.state_dict()[k], before[k]) for k in before)
+    assert torch.equal(model.scale, template.scale) and model.scale is not template.scale
+    assert [p.requires_grad for p in model.parameters()] == [True, False, True, True]
+    assert all(isinstance(p, nn.Parameter) for p in model.parameters())
+    assert all(a is not b for a, b in zip(model.parameters(), template.parameters(), strict=True))
+    x = torch.randn(5, 3)
+    reference = copy.deepcopy(template)
+    reference.load_state_dict(state)
+    assert torch.equal(model.eval()(x), reference.eval()(x))
