@@ -56,7 +56,7 @@ if __name__ == "__main__":
             "width": 1.0,
             "epochs": 8,
             "methods": "average_t,weight_matching_t,activation_matching_t,ensemble",
-            "lambdas": 5,
+            "lambdas": 3,  # the path at 0, 1/2, 1: the barrier at 1/2 is what it prints
         }
     )
     shown = ["method", "accuracy", "nll", "loss_barrier_half_calibrated", "llfc_cos_mean"]
