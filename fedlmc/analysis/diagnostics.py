@@ -38,6 +38,7 @@ from fedlmc.analysis.shared_forwards import active_cache
 from fedlmc.analysis.spectral import spectral_norm_squared
 from fedlmc.averaging import load_state, normalised_weights
 from fedlmc.capture import HookKind, forward_capture, linear_layers
+from fedlmc.columns import PREDICTION_KEYS
 from fedlmc.permutation.model_spec import derive_layer_names
 
 
@@ -248,16 +249,8 @@ def layer_predictions(
         llfc_norm = float(llfc.norm())
         values = _llfc_measures(measured, llfc, llfc_norm)
         values |= _lewc_measures(measured, prediction, llfc_norm)
-        rows.append({"layer": name, "depth": depth} | {k: values[k] for k in PREDICTION_ORDER})
+        rows.append({"layer": name, "depth": depth} | {k: values[k] for k in PREDICTION_KEYS})
     return rows
-
-
-PREDICTION_ORDER = (
-    *("lewc_error", "llfc_scaled_error", "lewc_cos", "llfc_cos", "norm_ratio", "lewc_norm_ratio"),
-    *("lewc_cos_centred", "lewc_cos_shuffled", "llfc_cos_centred", "llfc_cos_shuffled"),
-    "common_mode_share",
-)
-"""The measures of a :func:`layer_predictions` row, in its order."""
 
 
 def _llfc_measures(measured: MeasuredOutput, llfc: Tensor, llfc_norm: float) -> dict[str, float]:
