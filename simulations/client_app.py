@@ -72,6 +72,7 @@ stops Ray, ends soon after the round) and then raises instead of training.
 from __future__ import annotations
 
 import math
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -284,6 +285,8 @@ def train_reply(message: Message, context: Context) -> Message:
     if mode == "hang":
         _hang_past_deadline(message, setup.timeout)
         raise InjectedFailure(f"injected hang on partition {pid} (replying after the timeout)")
+    if mode == "exit":  # the process dies, as one the kernel's OOM killer ends
+        os._exit(1)
     sent = _message_config(message)
     server_round = int(sent.get(SERVER_ROUND_KEY, 1))
     share = holdout_share(sent)

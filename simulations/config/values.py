@@ -57,7 +57,7 @@ STRATEGIES = tuple(mode.value for mode in Mode)
 ONE_SHOT_MODES = (Mode.AVERAGE, Mode.ALIGNED)
 """The modes of one one-shot strategy (their ``calibration`` applies)."""
 BIAS_VALUES = ("auto", "true", "false")
-FAILURE_MODES = ("raise", "nan", "hang")
+FAILURE_MODES = ("raise", "nan", "hang", "exit")
 FEDAVG = "fedavg"
 """The FedAvg baseline's method (row) name."""
 INITS = ("independent", "shared")

@@ -7,7 +7,8 @@
 :mod:`~fedlmc.simulations.engine.ray_runtime` (starting or joining Ray),
 :mod:`~fedlmc.simulations.engine.stop_signals` (SIGINT / SIGTERM), and Flower's quirks kept in one
 place (:mod:`~fedlmc.simulations.engine.log_filters`, :mod:`~fedlmc.simulations.engine.compat`,
-:mod:`~fedlmc.simulations.engine.exit_workaround`). It runs the Flower app (``client_app``,
+:mod:`~fedlmc.simulations.engine.exit_workaround`,
+:mod:`~fedlmc.simulations.engine.actor_pool`). It runs the Flower app (``client_app``,
 ``server_app``) and sits below the run drivers (:mod:`fedlmc.simulations.runs`).
 """
 

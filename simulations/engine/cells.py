@@ -44,7 +44,8 @@ finishes, in any order. A cell whose ServerApp raises (too few clients, timeout,
 a result with ``error`` set; the others go on. When the simulation itself ends early (Ctrl-C,
 SIGTERM, engine failure), the cells in flight stop at their next message and report nothing;
 SIGTERM is handled like Ctrl-C (:mod:`fedlmc.simulations.engine.stop_signals`, exit status 143
-instead of 130).
+instead of 130). A client actor that dies (its process killed) fails the message it ran and is
+replaced by a new one (:mod:`fedlmc.simulations.engine.actor_pool`): later cells keep the client.
 
 ``ray_address`` (``"auto"``, ``"HOST:PORT"`` or ``"ray://HOST:PORT"``) joins an existing Ray
 cluster instead of starting a local one; an address where nothing answers is refused at once
@@ -91,6 +92,7 @@ from fedlmc.simulations.config.threads import (
     server_threads,
     threads_of_this_process,
 )
+from fedlmc.simulations.engine.actor_pool import dead_actors_replaced
 from fedlmc.simulations.engine.compat import forget_token_authentication
 from fedlmc.simulations.engine.exit_workaround import exit_even_if_stuck
 from fedlmc.simulations.engine.log_filters import quiet_flower
@@ -230,7 +232,7 @@ def _run_group(
             jobs[0].config["server-cpus"], slots, jobs[0].config["num-cpus"]
         )
         try:
-            with threads_of_this_process(stats.server_threads):
+            with threads_of_this_process(stats.server_threads), dead_actors_replaced():
                 run_simulation(
                     server_app=server.app(),
                     client_app=client_app,
