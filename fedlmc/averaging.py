@@ -169,15 +169,21 @@ def interpolate(sd_a: Mapping[str, Tensor], sd_b: Mapping[str, Tensor], lam: flo
 def load_state(template: nn.Module, state_dict: Mapping[str, Tensor]) -> nn.Module:
     """A deep copy of ``template`` with ``state_dict`` loaded strictly (template unchanged).
 
-    The tensors that ``state_dict`` fills are not copied from the template first: the copy gets
-    uninitialised ones of the same kind, shape, dtype and device, which the strict load then
-    overwrites (the same model; a template's values never leak, and its non-persistent
-    buffers, which no state dict holds, are copied)."""
+    The plain tensors and parameters that ``state_dict`` fills are not copied from the template
+    first: the copy gets uninitialised ones of the same type, shape, dtype, device and
+    ``requires_grad``, which the strict load then overwrites (the same model; the template's
+    values never leak). Everything else (non-persistent buffers, extra state, lazy parameters,
+    tensor subclasses) is deep-copied as before."""
+    filled = template.state_dict(keep_vars=True)  # alive until the copy: the memo keys by id
     memo: dict[int, object] = {}
-    for tensor in template.state_dict(keep_vars=True).values():
-        blank = torch.empty_like(tensor)
+    for tensor in filled.values():
+        if type(tensor) not in (Tensor, nn.Parameter):
+            continue
+        blank = torch.empty_like(tensor.detach())
         if isinstance(tensor, nn.Parameter):
-            blank = nn.Parameter(blank, requires_grad=tensor.requires_grad)
+            blank = nn.Parameter(blank, tensor.requires_grad)
+        elif tensor.requires_grad:
+            blank.requires_grad_(True)
         memo[id(tensor)] = blank
     model = copy.deepcopy(template, memo)
     model.load_state_dict(dict(state_dict), strict=True)

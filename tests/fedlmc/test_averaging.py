@@ -161,3 +161,37 @@ def test_load_state_is_the_template_with_the_state_loaded_and_the_template_uncha
     reference = copy.deepcopy(template)
     reference.load_state_dict(state)
     assert torch.equal(model.eval()(x), reference.eval()(x))
+
+
+class _Unusual(nn.Module):
+    """What a plain deep copy handles: extra state (a dict), a Parameter subclass, a buffer
+    that requires grad and a lazy layer not yet run."""
+
+    class Tagged(nn.Parameter):
+        pass
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+        self.linear.weight = self.Tagged(self.linear.weight.detach().clone())
+        self.register_buffer("offset", torch.ones(2, requires_grad=True))
+        self.lazy = nn.LazyLinear(3)
+        self.tag = {"kind": "unusual"}
+
+    def get_extra_state(self) -> dict:
+        return dict(self.tag)
+
+    def set_extra_state(self, state: dict) -> None:
+        self.tag = dict(state)
+
+
+def test_load_state_keeps_what_a_deep_copy_keeps():
+    template = _Unusual()
+    state = template.state_dict()
+    state["linear.bias"] = state["linear.bias"] + 1
+    model = load_state(template, state)
+    assert type(model.linear.weight) is _Unusual.Tagged
+    assert model.offset.requires_grad and model.tag == {"kind": "unusual"}
+    assert type(model.lazy.weight) is type(template.lazy.weight)  # still uninitialised
+    assert torch.equal(model.linear.bias, state["linear.bias"])
+    assert torch.equal(model.linear.weight, template.linear.weight)
