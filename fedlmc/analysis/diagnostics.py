@@ -270,9 +270,8 @@ def _lewc_measures(
     measured: MeasuredOutput, lewc: Tensor | None, llfc_norm: float
 ) -> dict[str, float]:
     """A row's LEWC measures of the prediction ``lewc``; each ``nan`` when it is ``None``."""
-    keys = ("lewc_error", "lewc_cos", "lewc_norm_ratio", "lewc_cos_centred", "lewc_cos_shuffled")
     if lewc is None:
-        return dict.fromkeys(keys, math.nan)
+        return dict.fromkeys((k for k in PREDICTION_KEYS if k.startswith("lewc_")), math.nan)
     return {
         "lewc_error": _ratio((measured.t - lewc).norm(), measured.norm()),
         "lewc_cos": measured.cosine(lewc),

@@ -13,28 +13,17 @@ from fedlmc.simulations.config import validate_run_config
 from fedlmc.simulations.engine.cells import EngineStats, run_cells
 from fedlmc.simulations.engine.sweep_server import CellJob, CellResult
 from fedlmc.strategies import NotEnoughClientsError
+from tests.simulations.engine.test_cells import TINY
 
-TINY = {
-    "dataset": "mnist5k",
-    "model": "mlp",
-    "width": 0.125,
-    "depth": 2,
-    "base-hidden": 64,
-    "epochs": 1,
-    "batch-size": 128,
-    "lambdas": 3,
-    "diagnostics": False,
-    "methods": "average,ensemble",
-    "timeout": 120.0,
-}
+CELL = {**TINY, "methods": "average,ensemble"}  # test_cells' tiny cell, two methods
 
 
 @pytest.mark.slow
 def test_after_a_client_actor_died_the_next_cells_have_every_client():
     jobs = [
-        CellJob("dies", validate_run_config({**TINY, "inject-failure": "exit:1"})),
-        CellJob("after", validate_run_config({**TINY, "seed": 1})),
-        CellJob("again", validate_run_config({**TINY, "seed": 2})),
+        CellJob("dies", validate_run_config({**CELL, "inject-failure": "exit:1"})),
+        CellJob("after", validate_run_config({**CELL, "seed": 1})),
+        CellJob("again", validate_run_config({**CELL, "seed": 2})),
     ]
     results: dict[str, CellResult] = {}
     stats = EngineStats()
