@@ -9,9 +9,10 @@ points, diagnostics on). The script
 2. evaluates them with :func:`fedlmc.study.compare_methods` the old way and the new way, each in
    a fresh process with the same harness (this file's ``worker`` sub-command): **old** is the
    package at ``--baseline-ref`` (default: main before the change, extracted with ``git
-   archive``), **new** is this tree; each worker makes one untimed warm-up call (imports,
-   compiled kernels) and then ``--repeats`` timed calls; the two alternate, old first then new
-   first;
+   archive``), **new** is this tree; each worker makes a first call, the same as the timed
+   ones (imports, compiled kernels, the allocator's first growth: recorded apart as
+   ``first_call_seconds``), and then ``--repeats`` timed calls, what a sweep's server pays per
+   cell after its first; the two alternate, old first then new first;
 3. prints the medians, the ratios new / old and evaluation / training, and the largest absolute
    difference of every column of the rows (numbers, and the numbers inside the JSON columns)
    between old and new, and writes everything to ``--json``.
@@ -131,7 +132,7 @@ def since(start: tuple[float, float]) -> dict[str, float]:
 
 
 def worker(args: argparse.Namespace) -> None:
-    """``worker`` sub-command: one warm-up call, then ``--repeats`` timed calls of
+    """``worker`` sub-command: one first call (timed apart), then ``--repeats`` timed calls of
     ``compare_methods`` on the clients in ``--clients``; rows and times to ``--out``."""
     import torch
 
@@ -140,14 +141,16 @@ def worker(args: argparse.Namespace) -> None:
     config, splits = cell(args.threads, args.set)
     states, weights = torch.load(args.clients)
     options = {"share_forwards": False} if args.unshared else {}
-    evaluate(config, splits, states, weights, diagnostics=False, **options)  # warm-up
+    start = clocks()
+    evaluate(config, splits, states, weights, **options)  # the process's first: warms it up
+    first = since(start)
     times, rows = [], []
     for _ in range(args.repeats):
         start = clocks()
         rows = evaluate(config, splits, states, weights, **options)
         times.append(since(start))
     # JSON, not pickle: the parent reads only data (floats round-trip exactly, NaN included)
-    record = {"package": fedlmc.__file__, "times": times, "rows": rows}
+    record = {"package": fedlmc.__file__, "first": first, "times": times, "rows": rows}
     Path(args.out).write_text(json.dumps(record))
 
 
@@ -313,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     training = since(start)
     print(f"training: {training['wall']:.1f} s wall, {training['cpu']:.1f} s CPU")
     variants = {"old": [], "new": []} | ({"new_unshared": []} if args.unshared else {})
+    firsts: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     rows: dict[str, list[dict]] = {}
     packages: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -326,11 +330,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                 extra = ("--unshared",) if name == "new_unshared" else ()
                 found = run_worker(trees[name], clients, Path(tmp) / f"{name}.json", args, *extra)
                 variants[name].extend(found["times"])
+                firsts[name].append(found["first"])
                 rows[name] = found["rows"]
                 packages[name] = found["package"]
                 last = found["times"][-1]
                 print(f"  {name}: {last['wall']:.2f} s wall, {last['cpu']:.2f} s CPU")
     result = summary(args, config, training, variants, rows, load_before)
+    result["first_call_seconds"] = firsts
+    result["first_call_median_seconds"] = {
+        name: {clock: median(times, clock) for clock in ("wall", "cpu")}
+        for name, times in firsts.items()
+    }
     result["packages"] = packages
     print_summary(result)
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -385,6 +395,9 @@ def print_summary(result: dict[str, Any]) -> None:
     print(f"\ntraining the 2 clients: {train['wall']:.2f} s wall, {train['cpu']:.2f} s CPU")
     for name, found in result["evaluation_median_seconds"].items():
         print(f"compare_methods {name:>12}: {found['wall']:.2f} s wall, {found['cpu']:.2f} s CPU")
+    for name, found in result.get("first_call_median_seconds", {}).items():
+        share = found["wall"] / train["wall"]
+        print(f"  first call {name:>12}: {found['wall']:.2f} s wall ({share:.3f} of training)")
     for clock, ratio in result["ratios"].items():
         print(
             f"{clock:>4}: new/old {ratio['new_over_old']:.3f}, old/training "

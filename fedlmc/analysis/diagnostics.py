@@ -380,17 +380,18 @@ def reciprocal_orthogonality(
     z_b = capture(model_b, names, x, mode="input")
     rows = []
     for name in names:
-        wa, wb = layers_a[name], layers_b[name]
-        ratio_ab = (
-            _sample_norms(apply_without_bias(wa, z_b[name])).mean()
-            / _sample_norms(apply_without_bias(wa, z_a[name])).mean()
-        )
-        ratio_ba = (
-            _sample_norms(apply_without_bias(wb, z_a[name])).mean()
-            / _sample_norms(apply_without_bias(wb, z_b[name])).mean()
-        )
+        za, zb = z_a[name], z_b[name]
+        same = torch.equal(za, zb)  # the first layer's input: each norm computed once
+        own_a, own_b = _response(layers_a[name], za), _response(layers_b[name], zb)
+        ratio_ab = (own_a if same else _response(layers_a[name], zb)) / own_a
+        ratio_ba = (own_b if same else _response(layers_b[name], za)) / own_b
         rows.append({"layer": name, "ratio_ab": float(ratio_ab), "ratio_ba": float(ratio_ba)})
     return rows
+
+
+def _response(module: nn.Module, z: Tensor) -> Tensor:
+    r""":math:`\mathrm{mean}_n \|W z_n\|` (:func:`apply_without_bias`), a float64 scalar."""
+    return _sample_norms(apply_without_bias(module, z)).mean()
 
 
 def relu_layers(model: nn.Module) -> list[str]:

@@ -55,6 +55,12 @@ LINE_LIMITED = ("fedlmc", "strategies", "simulations", "tests", "benchmarks", "d
 """The folders whose every ``.py`` file is held to :data:`MAX_LINES`."""
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once per test process (the checks below only read it)."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def module_name(path: Path) -> str:
     folder, *rest = path.relative_to(ROOT).with_suffix("").parts
     parts = [PACKAGES[folder], *rest]
@@ -67,7 +73,7 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
     package = (
         module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     )
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -140,8 +146,7 @@ def test_the_project_has_no_import_cycle():
 
 def test_the_science_core_imports_no_framework():
     for path in (ROOT / "fedlmc").rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
@@ -233,7 +238,7 @@ def test_every_test_file_is_named_after_the_module_it_tests():
         and (f.parent == ROOT / "tests" or module_under_test(f) is None)
     ]
     assert unnamed == []
-    no_docstring = [str(f) for f in files if not ast.get_docstring(ast.parse(f.read_text()))]
+    no_docstring = [str(f) for f in files if not ast.get_docstring(parsed(f))]
     assert no_docstring == []
 
 
@@ -290,7 +295,7 @@ def _starts_directly(body: str) -> bool:
     ``runner``, which would run the cells in-process)."""
     if any(p in body for p in PROCESS_PATTERNS):
         return True
-    calls = ast.walk(ast.parse(textwrap.dedent(body)))
+    calls = ast.walk(ast.parse(textwrap.dedent(body))) if "run_sweep" in body else ()
     return any(
         isinstance(call, ast.Call)
         and getattr(call.func, "id", getattr(call.func, "attr", "")) == "run_sweep"
@@ -313,11 +318,11 @@ def _helpers(path: Path) -> tuple[dict[str, Helper], dict[str, tuple[str, set[st
     files, the conftest's fixtures) and, per own non-test function, its source and the names
     it uses."""
     source = path.read_text()
-    tree, lines = ast.parse(source), LINE.findall(source)
+    tree, lines = parsed(path), LINE.findall(source)
     refers: dict[str, Helper] = {}
     conftest = ROOT / "tests" / "conftest.py"
     if path != conftest:
-        for node in ast.parse(conftest.read_text()).body:
+        for node in parsed(conftest).body:
             if isinstance(node, ast.FunctionDef):
                 refers[node.name] = (conftest, node.name)
     own: dict[str, tuple[str, set[str]]] = {}
@@ -367,7 +372,7 @@ def unmarked_process_tests(path: Path, starters: set[Helper]) -> list[str]:
         return []
     refers, _ = _helpers(path)
     found, lines = [], LINE.findall(source)
-    for node in ast.parse(source).body:
+    for node in parsed(path).body:
         if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test"):
             continue
         if _is_slow(lines, node):
@@ -401,7 +406,7 @@ def docstrings_in_another_style(folders: tuple[str, ...]) -> list[str]:
     found = []
     for folder in folders:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parsed(path)):
                 if not isinstance(
                     node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
                 ):
@@ -564,7 +569,7 @@ def long_functions(root: Path, folders: tuple[str, ...], limit: int) -> dict[str
 
     for folder in folders:
         for path in sorted((root / folder).rglob("*.py")):
-            visit(ast.parse(path.read_text()), str(path.relative_to(root)), "")
+            visit(parsed(path), str(path.relative_to(root)), "")
     return found
 
 

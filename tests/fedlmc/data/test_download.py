@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.server
 import io
@@ -82,7 +83,9 @@ class FileServer:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # a short poll: shutdown() waits for the loop's next poll (0.5 s by default, per test)
+        serve = functools.partial(self.httpd.serve_forever, poll_interval=0.02)
+        self.thread = threading.Thread(target=serve, daemon=True)
         self.thread.start()
 
     def close(self) -> None:

