@@ -13,7 +13,7 @@ What is timed (every target is a pytest command line):
 
 - ``--files F ...``: each test file alone, ``pytest -q -p no:cacheprovider F`` (no workers);
 - ``--fast``: the fast loop of docs/development.md, ``pytest -q -p no:cacheprovider -m "not
-  slow"`` (and with ``--workers 2`` added, ``-n 2``);
+  slow"``; ``--workers 2``: the same with ``-n 2`` (both when both are given);
 - ``--full``: the README's test command, ``pytest -q -p no:cacheprovider -n 2 --dist loadfile``,
   whose per-file times (the sum of each file's tests, setup and teardown included, from
   pytest's JUnit XML) are kept in the JSON too.
@@ -175,11 +175,11 @@ def measure(
 
 def targets(options: argparse.Namespace) -> list[tuple[str, list[str]]]:
     chosen = [(path, [path]) for path in options.files]
+    fast = ["-m", "not slow"]
     if options.fast:
-        fast = ["-m", "not slow"]
         chosen.append(("fast loop", fast))
-        if options.workers:
-            chosen.append((f"fast loop -n {options.workers}", [*fast, "-n", str(options.workers)]))
+    if options.workers:
+        chosen.append((f"fast loop -n {options.workers}", [*fast, "-n", str(options.workers)]))
     if options.full:
         chosen.append(("full suite", ["-n", "2", "--dist", "loadfile"]))
     return chosen
@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head", help="git ref of the 'after' tree (default: this working tree)")
     parser.add_argument("--files", nargs="*", default=[], help="test files, each timed alone")
     parser.add_argument("--fast", action="store_true", help='the fast loop (-m "not slow")')
-    parser.add_argument("--workers", type=int, default=0, help="also the fast loop with -n N")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="the fast loop with -n N (with --fast: as well)"
+    )
     parser.add_argument("--full", action="store_true", help="the README's test command")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument(
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     chosen = targets(options)
     if not chosen:
-        parser.error("nothing to time: give --files, --fast or --full")
+        parser.error("nothing to time: give --files, --fast, --workers or --full")
     if options.repeats < 1:
         parser.error(f"--repeats {options.repeats}: allowed: an integer >= 1")
     with tempfile.TemporaryDirectory(prefix="suite-time-") as scratch_name:
