@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("nothing to time: give --files, --fast, --workers or --full")
     if options.repeats < 1:
         parser.error(f"--repeats {options.repeats}: allowed: an integer >= 1")
+    if options.workers < 0:
+        parser.error(f"--workers {options.workers}: allowed: an integer >= 0 (0: none)")
     with tempfile.TemporaryDirectory(prefix="suite-time-") as scratch_name:
         scratch = Path(scratch_name)
         trees = {"base": exported_tree(options.base, scratch / "base")}
