@@ -32,7 +32,10 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
 
 
 def test_validate_lists_every_cell(tmp_path, capsys):
-    code = main(["validate", str(REPO / "configs" / "quick.toml"), "seed=[3]"])
+    # its own --out: the default, results/quick under the working directory, holds the
+    # README's quick sweep once a user has run it, which validate rightly refuses
+    quick = str(REPO / "configs" / "quick.toml")
+    code = main(["validate", quick, "seed=[3]", "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert code == 0
     cells = expand_grid(load_sweep_config(REPO / "configs" / "quick.toml", ["seed=[3]"]))
