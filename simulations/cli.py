@@ -75,7 +75,7 @@ from fedlmc.simulations.config import (
     MAX_CELLS,
     ConfigError,
     absolute_paths,
-    cell_id,
+    canonical_cell_id,
     cell_methods,
     check_local_cpus,
     client_epochs,
@@ -480,7 +480,7 @@ def command_validate(args: argparse.Namespace) -> int:
     )
     for point, cell in zip(grid_points(sweep), cells, strict=True):
         values = " ".join(f"{k}={v}" for k, v in point.items()) or "(base values)"
-        print(f"  {cell_id(cell)}  {values}")
+        print(f"  {canonical_cell_id(cell)}  {values}")
     if not args.no_device_check:
         for note in dict.fromkeys(memory_check_note(cell) for cell in cells):
             if note is not None:

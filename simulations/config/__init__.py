@@ -13,7 +13,12 @@ what is allowed. Nothing here imports Flower, torch, scipy or pandas.
 
 from __future__ import annotations
 
-from fedlmc.simulations.config.cell_identity import canonical_run_config, cell_id, experiment_values  # noqa: F401
+from fedlmc.simulations.config.cell_identity import (  # noqa: F401
+    canonical_cell_id,
+    canonical_run_config,
+    cell_id,
+    experiment_values,
+)
 from fedlmc.simulations.config.checks import (  # noqa: F401
     HUB_NAME,
     check_cuda,
@@ -128,6 +133,7 @@ __all__ = [
     "ConfigError",
     "RunConfig",
     "SweepConfig",
+    "canonical_cell_id",
     "canonical_run_config",
     "cell_id",
     "cell_methods",

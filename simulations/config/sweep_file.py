@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
-from fedlmc.simulations.config.cell_identity import canonical_run_config, cell_id
+from fedlmc.simulations.config.cell_identity import canonical_cell_id, canonical_run_config
 from fedlmc.simulations.config.config_file import read_config_text
 from fedlmc.simulations.config.derived import row_methods
 from fedlmc.simulations.config.keys import run_schema
@@ -426,5 +426,5 @@ def unique_cells(sweep: SweepConfig) -> list[tuple[dict[str, Any], dict[str, Any
             where = ", ".join(f"{k}={v}" for k, v in point.items())
             raise ConfigError(f"grid cell {where}: {err}" if where else str(err)) from None
         config = canonical_run_config(config)
-        cells.setdefault(cell_id(config), (point, config))
+        cells.setdefault(canonical_cell_id(config), (point, config))
     return list(cells.values())

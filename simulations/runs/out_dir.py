@@ -12,7 +12,7 @@ from fedlmc.io import atomic_write_csv, atomic_write_json, remove_stale_temporar
 from fedlmc.simulations.config import (
     ConfigError,
     SweepConfig,
-    cell_id,
+    canonical_cell_id,
 )
 from fedlmc.simulations.records.cell_rows import CONFIG, RESULTS
 from fedlmc.simulations.records.provenance import versions
@@ -35,11 +35,12 @@ __all__ = ["describe_difference", "experiment_of", "prepare_out_dir", "sweep_rec
 
 
 def sweep_record(sweep: SweepConfig, cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """What ``config.json`` holds: the sweep, every resolved cell with its id, versions."""
+    """What ``config.json`` holds: the sweep, every resolved cell with its id, versions;
+    ``cells`` are :func:`~fedlmc.simulations.config.sweep_file.expand_grid`'s (canonical)."""
     return {
         **sweep.to_dict(),
         "source": sweep.source,
-        "cells": [{"cell_id": cell_id(c), "config": dict(c)} for c in cells],
+        "cells": [{"cell_id": canonical_cell_id(c), "config": dict(c)} for c in cells],
         "versions": versions(),
     }
 

@@ -9,7 +9,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedlmc.simulations.config import ConfigError, SweepConfig, cell_id, experiment_values
+from fedlmc.simulations.config import (
+    ConfigError,
+    SweepConfig,
+    canonical_cell_id,
+    experiment_values,
+)
 from fedlmc.simulations.records.results_file import CONFIG, check_writable_folder, refuse_mixing
 from fedlmc.simulations.records.written_paths import check_own_files
 
@@ -79,5 +84,5 @@ def check_out_dir_for(sweep: SweepConfig, out_dir: Path) -> None:
 
     check_writable_folder(out_dir, "--out")
     check_own_files(out_dir, "--out")
-    cells = [{"cell_id": cell_id(c), "config": c} for _, c in unique_cells(sweep)]
+    cells = [{"cell_id": canonical_cell_id(c), "config": c} for _, c in unique_cells(sweep)]
     check_same_sweep(out_dir, {"cells": cells})

@@ -61,7 +61,7 @@ import pandas as pd
 from fedlmc.simulations.config import (
     SweepConfig,
     absolute_paths,
-    cell_id,
+    canonical_cell_id,
     client_epochs,
     row_methods,
     unique_cells,
@@ -151,7 +151,7 @@ def run_sweep(
     out_dir = Path(out_dir).resolve()
     pairs = unique_cells(sweep)
     points, cells = [p for p, _ in pairs], [c for _, c in pairs]
-    ids = [cell_id(c) for c in cells]
+    ids = [canonical_cell_id(c) for c in cells]
     expected = {cid: row_methods(cell) for cid, cell in zip(ids, cells, strict=True)}
     with out_dir_lock(out_dir, "fedlmc sweep"):
         prepare_out_dir(out_dir, sweep_record(sweep, cells), force=force)  # kind checked again
