@@ -14,6 +14,7 @@ import torch
 
 from fedlmc.simulations.config import (
     ConfigError,
+    canonical_cell_id,
     cell_id,
     expand_grid,
     grid_points,
@@ -314,7 +315,10 @@ def test_shipped_configs_validate():
     }
     for path in configs:  # paper-scale widths need more memory than this machine has
         sweep = load_sweep_config(path, check_devices=False)
-        assert len(expand_grid(sweep)) >= 2, path.name
+        cells = expand_grid(sweep)
+        assert len(cells) >= 2, path.name
+        for cell in cells:  # a sweep names its cells without validating them again
+            assert canonical_cell_id(cell) == cell_id(cell), (path.name, cell)
 
 
 def test_checks_that_can_only_fail_at_run_time_fail_at_validation():
