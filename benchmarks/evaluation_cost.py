@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from git_trees import exported_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "evaluation_cost.json"
 QUICK = ROOT / "configs" / "quick.toml"
@@ -155,15 +157,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------------- the comparison
-
-
-def baseline_tree(ref: str, into: Path) -> Path:
-    """The package at git ``ref``, extracted into ``into`` (``git archive``)."""
-    archive = subprocess.run(
-        ["git", "archive", ref], cwd=ROOT, capture_output=True, check=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
 
 
 def run_worker(tree: Path, clients: Path, out: Path, args: argparse.Namespace, *extra: str):
@@ -330,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         clients = Path(tmp) / "clients.pt"
         torch.save((states, weights), clients)
-        trees = {"old": baseline_tree(args.baseline_ref, Path(tempfile.mkdtemp(dir=tmp)))}
+        trees = {"old": exported_tree(args.baseline_ref, Path(tempfile.mkdtemp(dir=tmp)))}
         trees |= {"new": ROOT, "new_unshared": ROOT}
         for repeat in range(args.repeats):
             order = list(variants) if repeat % 2 == 0 else list(reversed(variants))

@@ -29,6 +29,8 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from git_trees import exported_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "setup_costs.json"
 SCHEMES = ("iid", "dirichlet", "pathological", "shard")
@@ -75,14 +77,6 @@ def worker(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(record))
 
 
-def baseline_tree(ref: str, into: Path) -> Path:
-    """The package at git ``ref``, extracted into ``into`` (``git archive``)."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into
-
-
 def run_worker(tree: Path, out: Path, repeats: int) -> dict:
     """This file's ``worker`` in a fresh one-thread process with ``tree`` first on the path."""
     threads = {v: "1" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
@@ -116,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
-        trees = {"old": baseline_tree(args.baseline_ref, Path(scratch) / "old"), "new": ROOT}
+        trees = {"old": exported_tree(args.baseline_ref, Path(scratch) / "old"), "new": ROOT}
         runs: dict[str, list[dict]] = {"old": [], "new": []}
         for order in (("old", "new"), ("new", "old")):
             for side in order:

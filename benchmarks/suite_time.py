@@ -36,7 +36,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import xml.etree.ElementTree as ET
@@ -46,25 +45,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from git_trees import exported_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "suite_time.json"
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-
-
-def exported_tree(ref: str, into: Path) -> Path:
-    """A clean copy of commit ``ref`` of this repository in ``into`` (``git archive``)."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", ref],
-        check=True,
-        capture_output=True,
-    ).stdout
-    with tempfile.TemporaryFile() as handle:
-        handle.write(archive)
-        handle.seek(0)
-        with tarfile.open(fileobj=handle) as tar:
-            tar.extractall(into, filter="data")
-    return into
 
 
 def commit_of(ref: str) -> str:

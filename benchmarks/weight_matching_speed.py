@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from git_trees import exported_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "weight_matching_speed.json"
 
@@ -132,10 +134,7 @@ def trained_models(width: float, cache: Path) -> tuple[Path, Path]:
 
 def baseline_tree(rev: str) -> Path:
     """``git archive`` of ``rev`` unpacked in a temporary directory."""
-    target = Path(tempfile.mkdtemp(prefix="wm-before-"))
-    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    return target
+    return exported_tree(rev, Path(tempfile.mkdtemp(prefix="wm-before-")))
 
 
 def same_perms(first: Path, second: Path) -> bool:
