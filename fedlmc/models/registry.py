@@ -187,7 +187,7 @@ FACTORY_PATTERN = re.compile(r"[\w.\-/~]+:[A-Za-z_]\w*")
 def is_factory_path(name: object) -> bool:
     """Whether ``name`` names a user model factory (:data:`FACTORY_PATTERN`) rather than a
     registered model."""
-    return isinstance(name, str) and FACTORY_PATTERN.fullmatch(name) is not None
+    return isinstance(name, str) and ":" in name and FACTORY_PATTERN.fullmatch(name) is not None
 
 
 MODEL_ALLOW_VARIABLE = "FEDLMC_MODEL_ALLOW"

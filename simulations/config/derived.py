@@ -148,8 +148,9 @@ def selected_methods(config: Mapping[str, Any]) -> list[str]:
     ``aligned``, ``average`` under ``average``, none for FedAvg."""
     strategy = config["strategy"]
     if strategy == Mode.COMPARE:
+        rows = method_list(config)  # first: an entry named by import path registers its method
         names = merge_method_names()
-        return [base_method(m) for m in method_list(config) if base_method(m) in names]
+        return [base_method(m) for m in rows if base_method(m) in names]
     if strategy == Mode.ALIGNED:
         return [align_method(config)]
     return ["average"] if strategy == Mode.AVERAGE else []

@@ -278,6 +278,18 @@ def test_a_method_named_by_import_path_runs_from_the_run_config(user_merges):
         validate_run_config({"strategy": "aligned", "align": f"{user_merges}:nothing"})
 
 
+def test_the_first_look_at_a_method_named_by_import_path_selects_it(user_merges):
+    """selected_methods of a plain mapping (not validated: nothing imported the module yet)
+    resolves the entry before it filters the merges: the user's method is selected the first
+    time too (it was dropped then, and selected from the second call on)."""
+    from fedlmc.simulations.config import selected_methods
+
+    plain = {"strategy": "compare", "methods": f"average,{user_merges}:keep_first,ensemble"}
+    assert "keep_first" not in METHODS
+    assert selected_methods(plain) == ["average", "keep_first"]  # ensemble: no merge
+    assert selected_methods(plain) == ["average", "keep_first"]
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
