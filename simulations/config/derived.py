@@ -4,6 +4,7 @@ clients' and the server's widths, the resolved normalisation and bias, paths mad
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,18 @@ def method_list(config: Mapping[str, Any]) -> list[str]:
     """The ``methods`` key as a list of row names, in the given order, without duplicates; an
     entry ``package.module:function`` is the method it registers
     (:func:`fedlmc.merging.method_registry.resolve_method_entry`)."""
-    entries = (m.strip() for m in config["methods"].split(",") if m.strip())
+    text = config["methods"]
+    if isinstance(text, str) and ":" not in text:  # no import path: the names as written
+        return list(_listed(text))
+    entries = (m.strip() for m in text.split(",") if m.strip())
     return list(dict.fromkeys(resolve_method_entry(m) for m in entries))
+
+
+@lru_cache(maxsize=256)
+def _listed(text: str) -> tuple[str, ...]:
+    """The entries of a ``methods`` text, stripped, each once, in order (a sweep's start read
+    the same text 16 times per cell)."""
+    return tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
 
 
 def resolved_norm(config: Mapping[str, Any]) -> str:
@@ -149,8 +160,8 @@ def selected_methods(config: Mapping[str, Any]) -> list[str]:
     strategy = config["strategy"]
     if strategy == Mode.COMPARE:
         rows = method_list(config)  # first: an entry named by import path registers its method
-        names = merge_method_names()
-        return [base_method(m) for m in rows if base_method(m) in names]
+        names = set(merge_method_names())
+        return [base for base in map(base_method, rows) if base in names]
     if strategy == Mode.ALIGNED:
         return [align_method(config)]
     return ["average"] if strategy == Mode.AVERAGE else []

@@ -22,6 +22,7 @@ from fedlmc.merging.method_registry import (
     template_merge_names,
 )
 from fedlmc.models.registry import (
+    MODELS,
     is_factory_path,
     model_entry,
     model_names,
@@ -274,9 +275,28 @@ def _has_option(name: str) -> Rule:
     )
 
 
+_OPTION_KEYS: list[tuple[tuple[object, ...], dict[str, Key]]] = []
+"""The last :func:`_model_option_keys`, with the model entries it was built from."""
+
+
 def _model_option_keys() -> dict[str, Key]:
     """One run-config key per public model option (:mod:`fedlmc.models.registry`); a cell ignores
-    it when its model has no such option."""
+    it when its model has no such option. Built again only when the registered models changed
+    (entries compared by identity; an entry is frozen): a sweep's start read it three times per
+    cell. The caller must not change the returned mapping."""
+    entries = tuple(MODELS)
+    if _OPTION_KEYS and _same_entries(_OPTION_KEYS[0][0], entries):
+        return _OPTION_KEYS[0][1]
+    keys = _build_model_option_keys()
+    _OPTION_KEYS[:] = [(entries, keys)]
+    return keys
+
+
+def _same_entries(old: tuple[object, ...], new: tuple[object, ...]) -> bool:
+    return len(old) == len(new) and all(a is b for a, b in zip(old, new, strict=True))
+
+
+def _build_model_option_keys() -> dict[str, Key]:
     keys = {}
     for name, (option, models) in public_options().items():
         check = option_range(option)

@@ -183,6 +183,33 @@ def test_a_registered_model_reaches_the_schema_and_the_client(squares_model):
         build_model("squares", units=0)
 
 
+def test_the_schema_follows_models_registered_and_removed_after_it_was_read():
+    """run_schema keeps the model options' keys until the registered models change."""
+    assert "units" not in run_schema()
+    register_model(
+        "squares",
+        Squares,
+        default_norm="none",
+        options={"units": ModelOption(16, "units at width 1", minimum=1, public=True)},
+        description="test model",
+    )
+    try:
+        assert run_schema()["units"].default == 16
+        MODEL_REGISTRY.remove("squares")
+        assert "units" not in run_schema()
+        register_model(  # the same name again, another entry: another default
+            "squares",
+            Squares,
+            default_norm="none",
+            options={"units": ModelOption(8, "units at width 1", minimum=1, public=True)},
+            description="test model",
+        )
+        assert run_schema()["units"].default == 8
+    finally:
+        if "squares" in model_names():
+            MODEL_REGISTRY.remove("squares")
+
+
 def test_public_options_shared_by_models_must_agree():
     with pytest.raises(ValueError, match="public option 'depth' has default 5"):
         register_model(
