@@ -50,17 +50,16 @@ def method_list(config: Mapping[str, Any]) -> list[str]:
     """The ``methods`` key as a list of row names, in the given order, without duplicates; an
     entry ``package.module:function`` is the method it registers
     (:func:`fedlmc.merging.method_registry.resolve_method_entry`)."""
-    text = config["methods"]
-    if isinstance(text, str) and ":" not in text:  # no import path: the names as written
-        return list(_listed(text))
-    entries = (m.strip() for m in text.split(",") if m.strip())
+    entries = _listed(config["methods"])
+    if not any(":" in m for m in entries):  # no import path: the names as written
+        return list(entries)
     return list(dict.fromkeys(resolve_method_entry(m) for m in entries))
 
 
 @lru_cache(maxsize=256)
 def _listed(text: str) -> tuple[str, ...]:
-    """The entries of a ``methods`` text, stripped, each once, in order (a sweep's start read
-    the same text 16 times per cell)."""
+    """The entries of a ``methods`` text, stripped, each once, in order (parsed once: a sweep's
+    start read the same text 16 times per cell); import paths are resolved by the caller."""
     return tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
 
 
