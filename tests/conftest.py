@@ -42,6 +42,20 @@ def pytest_configure(config: pytest.Config) -> None:
         use_threads(share)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave the objects the run made out of the interpreter's last garbage collections
+    (``gc.freeze``): at exit, CPython collects every generation more than once while it tears
+    the modules down, over all that torch, Flower, Ray, matplotlib and a thousand tests left
+    in the process. That took seconds of each pytest-xdist worker's exit after its last test,
+    while the run waited for it (``benchmarks/suite_time.py``). Nothing else changes: every
+    ``atexit`` handler still runs, modules are still cleared, the streams still flushed; only
+    garbage in reference cycles is left to the operating system instead of being collected."""
+    import gc
+
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files with the most ``slow`` tests first, the others after them, each file's tests
     and files of the same count in the order collected. Under ``--dist loadfile`` pytest-xdist

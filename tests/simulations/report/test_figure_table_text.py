@@ -7,6 +7,7 @@ non-empty text of the drawn figure (titles, labels, ticks, legends) lies within 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -14,7 +15,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from fedlmc.simulations.report.figure_table import FIGURE_TABLE, draw_figures
+from fedlmc.simulations.report.figure_table import FIGURE_TABLE, FigureInputs, draw_figures
 from tests.simulations.report.test_init_figures import client_rows, skew_by_clients_rows
 from tests.simulations.report.test_method_figures import _rows as field_method_rows
 from tests.simulations.report.test_study_tables import rows_of
@@ -134,25 +135,46 @@ SAME_PANELS = {
 """Figures whose panels do not multiply with another varying key: drawn in the one-panel case."""
 
 
-def tables(several_panels: bool) -> list[tuple[pd.DataFrame, pd.DataFrame | None]]:
-    """``(rows, training)`` tables that between them draw every registered figure with one
-    panel each (a figure of fixed panels, :data:`SAME_PANELS`, its own), or
-    (``several_panels``) every other with a second varying key."""
+Table = tuple[pd.DataFrame, pd.DataFrame | None]
+
+
+def tables(several_panels: bool) -> dict[str, Callable[[], Table]]:
+    """By name, what builds the ``(rows, training)`` tables that between them draw every
+    registered figure with one panel each (a figure of fixed panels, :data:`SAME_PANELS`, its
+    own), or (``several_panels``) every other with a second varying key. Each table is a test
+    of its own, so that pytest-xdist can spread the drawing over its workers."""
     biases = (False, True) if several_panels else (False,)
     widths = (0.5, 4.0) if several_panels else (4.0,)
-    training = curves({(f"c{w}", w, c): SETTLED for w in widths for c in ("0", "1")})
-    fields = field_method_rows()
-    common = [
-        (quick_rows(biases=biases), training),
-        (client_rows() if several_panels else client_rows().query("init == 'shared'"), None),
-        (skew_rows(widths), None),
-        (fields if several_panels else fields.query("width == 1.0 and init == 'shared'"), None),
-        (rows_of(decays=(0.0, 1e-4, 1e-2), biases=biases), None),
-    ]
+
+    def quick() -> Table:
+        training = curves({(f"c{w}", w, c): SETTLED for w in widths for c in ("0", "1")})
+        return quick_rows(biases=biases), training
+
+    def fields() -> Table:
+        rows = field_method_rows()
+        return (rows if several_panels else rows.query("width == 1.0 and init == 'shared'")), None
+
+    common = {
+        "quick": quick,
+        "clients": lambda: (
+            client_rows() if several_panels else client_rows().query("init == 'shared'"),
+            None,
+        ),
+        "label skew": lambda: (skew_rows(widths), None),
+        "field methods": fields,
+        "weight decay": lambda: (rows_of(decays=(0.0, 1e-4, 1e-2), biases=biases), None),
+    }
     if several_panels:
         return common
-    fixed = [n_client_rows(), width_mix_rows().assign(width=1.0), study_rows()]
-    return common + [(rows, None) for rows in fixed]
+    return common | {
+        "n clients": lambda: (n_client_rows(), None),
+        "width mix": lambda: (width_mix_rows().assign(width=1.0), None),
+        "studies": lambda: (study_rows(), None),
+    }
+
+
+CASES = [(several, name) for several in (False, True) for name in tables(several)]
+"""Every ``(several_panels, table name)``: one test each."""
 
 
 def texts_outside(fig: Figure) -> list[str]:
@@ -207,20 +229,40 @@ def _inside(box, bounds) -> bool:
     )
 
 
+def drawn_files(rows: pd.DataFrame, training: pd.DataFrame | None) -> set[str]:
+    """The files of the figures :func:`draw_figures` draws from ``rows`` (their
+    ``drawn_when`` rules), without drawing them."""
+    if rows.empty or "method" not in rows or "width" not in rows:
+        return set()
+    inputs = FigureInputs.of(rows, SETTINGS, training)
+    return {f.file for f in FIGURE_TABLE if f.drawn_when(inputs)}
+
+
 @pytest.mark.parametrize("several_panels", [False, True], ids=["one panel", "several panels"])
-def test_every_figure_keeps_its_text_inside_the_canvas(tmp_path, monkeypatch, several_panels):
+def test_the_tables_draw_every_figure(several_panels):
+    drawn = set().union(*(drawn_files(*make()) for make in tables(several_panels).values()))
+    fixed = {f"{name}.png" for name in SAME_PANELS} if several_panels else set()
+    assert drawn == {f.file for f in FIGURE_TABLE} - fixed
+
+
+@pytest.mark.parametrize(
+    ("several_panels", "table"),
+    CASES,
+    ids=[f"{'several panels' if s else 'one panel'}: {name}" for s, name in CASES],
+)
+def test_every_figure_keeps_its_text_inside_the_canvas(
+    tmp_path, monkeypatch, several_panels, table
+):
     checked: dict[str, list[str]] = {}
 
     def draw_and_check(fig: Figure, path, dpi: float, **_) -> None:
         """Draw the figure at the dpi it would be written with, and check it (no PNG)."""
         fig.set_dpi(dpi)
-        checked[f"{Path(path).parent.name}/{Path(path).name}"] = texts_outside(fig)
+        checked[Path(path).name] = texts_outside(fig)
 
     monkeypatch.setattr(Figure, "savefig", draw_and_check)
-    for i, (rows, training) in enumerate(tables(several_panels)):
-        draw_figures(rows, tmp_path / str(i), SETTINGS, training)
-    drawn = {key.split("/")[1] for key in checked}
-    fixed = {f"{name}.png" for name in SAME_PANELS} if several_panels else set()
-    assert drawn == {f.file for f in FIGURE_TABLE} - fixed  # every figure was drawn
+    rows, training = tables(several_panels)[table]()
+    draw_figures(rows, tmp_path, SETTINGS, training)
+    assert set(checked) == drawn_files(rows, training)  # each figure it should draw, drawn
     outside = {name: out for name, out in checked.items() if out}
     assert not outside, "\n".join(f"{k}: {v}" for k, v in outside.items())
