@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 
 from fedlmc.simulations.records.row_groups import (
     cell_summary,
@@ -39,6 +40,35 @@ def test_varying_keys_are_those_that_vary_where_they_apply():
     assert "alpha" not in varying_keys(rows()) and "methods" not in varying_keys(rows())
     dirichlet = rows().assign(partition="dirichlet")
     assert "alpha" in varying_keys(dirichlet)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0.5, 0.5, 0.5],
+        [0.0, -0.0],  # equal numbers, different texts
+        [0.5, math.nan, 0.5],
+        [math.nan, math.nan],
+        [1, 1, 2],
+        [7, 7],
+        [True, True],
+        [True, False],
+        ["iid", "iid"],
+        ["iid", "dirichlet"],
+        ["iid", None, "iid"],
+        [1, 1.0, True],  # equal objects, three texts
+        ["1", 1],
+        [],
+    ],
+    ids=repr,
+)
+def test_a_key_varies_exactly_when_its_values_differ_as_text(values):
+    """The shortcut for columns of one value gives what comparing the texts gives, on the
+    columns where the two could part: signed zeros, missing values, mixed types."""
+    for series in (pd.Series(values), pd.Series(values, dtype=object)):
+        table = rows().iloc[: len(values)].assign(seed=series.to_numpy())
+        as_text = series.astype(str).nunique() > 1
+        assert ("seed" in varying_keys(table)) == as_text, (series.dtype, as_text)
 
 
 def test_split_labels_keep_apart_what_the_table_does_not_average_over():
