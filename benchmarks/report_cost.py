@@ -3,11 +3,14 @@
 Each run is a fresh Python process with one tree first on the path (``git archive`` of
 ``--baseline-ref`` for ``old``, this checkout for ``new``); it builds the report of
 ``SWEEP_DIR`` into a folder of its own and reports the wall and CPU seconds of the
-``report`` command (imports included, as a user's command pays them). The runs alternate
-``old, new, new, old, ...`` ``--repeats`` times each, so that the machine's load falls on
-both alike; the medians and every run go to the JSON. Both trees must write the same report:
-``report.md``, ``report_full.md`` and every figure compared byte for byte (the script exits
-non-zero otherwise).
+``report`` command (imports included, as a user's command pays them). Each tree first
+builds one report untimed, which also writes its bytecode caches (the processes write them
+whatever the shell's ``PYTHONDONTWRITEBYTECODE``), so that neither side pays for compiling.
+The timed runs alternate ``old, new, new, old, ...`` ``--repeats`` times each, so that the
+machine's load falls on both alike; the medians and every run go to the JSON, with the
+commit of this checkout. Every report must be the same: ``report.md``, ``report_full.md``
+and every figure compared byte for byte with the first one (the script exits non-zero
+otherwise).
 
     fedlmc sweep configs/quick.toml --out /tmp/quick
     python benchmarks/report_cost.py /tmp/quick --baseline-ref main --repeats 3
@@ -43,6 +46,7 @@ print(json.dumps({"code": code, "seconds": time.perf_counter() - wall,
 def timed_report(tree: Path, sweep: Path, out: Path) -> dict:
     """One ``fedlmc report`` of ``sweep`` into ``out`` in a fresh process importing ``tree``."""
     env = {**os.environ, "PYTHONPATH": str(tree), "MPLBACKEND": "Agg"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # both trees run from their bytecode caches
     command = [sys.executable, "-c", CHILD, str(sweep), str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tree)
     if done.returncode != 0:
@@ -51,6 +55,14 @@ def timed_report(tree: Path, sweep: Path, out: Path) -> dict:
     if result["code"] != 0:
         raise RuntimeError(f"report with {tree} exited {result['code']}:\n{done.stderr[-4000:]}")
     return result
+
+
+def checkout_commit() -> str:
+    """This checkout's commit, with ``+changes`` when its tracked files differ from it."""
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"]).returncode != 0
+    return commit.strip() + ("+changes" if dirty else "")
 
 
 def written(folder: Path) -> dict[str, bytes]:
@@ -70,30 +82,40 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"sweep {str(args.sweep)!r}, --repeats {args.repeats}; "
             "allowed: a folder holding results.csv, --repeats >= 1"
         )
+    if not args.json.parent.is_dir():
+        parser.error(f"--json {str(args.json)!r}: its folder does not exist")
     load_before = os.getloadavg()[0]
     runs: dict[str, list[dict]] = {"old": [], "new": []}
-    outputs: dict[str, dict[str, bytes]] = {}
+    outputs: dict[str, list[dict[str, bytes]]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory() as scratch:
-        trees = {"old": exported_tree(args.baseline_ref, Path(scratch) / "old"), "new": ROOT}
+        try:
+            old_tree = exported_tree(args.baseline_ref, Path(scratch) / "old")
+        except subprocess.CalledProcessError as error:
+            parser.error(f"--baseline-ref {args.baseline_ref!r}: {error.stderr.decode().strip()}")
+        trees = {"old": old_tree, "new": ROOT}
+        for side, tree in trees.items():  # untimed: imports cached, bytecode written
+            timed_report(tree, args.sweep.resolve(), Path(scratch) / f"{side}-warm-up")
         order = [("old", "new") if i % 2 == 0 else ("new", "old") for i in range(args.repeats)]
         for i, pair in enumerate(order):
             for side in pair:
                 out = Path(scratch) / f"{side}-{i}"
                 runs[side].append(timed_report(trees[side], args.sweep.resolve(), out))
-                outputs.setdefault(side, written(out))
+                outputs[side].append(written(out))
                 print(f"{side}: {runs[side][-1]['seconds']:.2f} s", flush=True)
-    same = outputs["old"] == outputs["new"]
+    first = outputs["old"][0]
+    same = all(output == first for side in outputs for output in outputs[side])
     table = {}
     for measure in ("seconds", "cpu_seconds"):
         old, new = (statistics.median(r[measure] for r in runs[side]) for side in runs)
         table[measure] = {"old_median": old, "new_median": new, "ratio": new / old}
         print(f"{measure:<12} old {old:7.2f}  new {new:7.2f}  new / old {new / old:5.2f}")
-    print(f"{len(outputs['new'])} files written; the same bytes from both trees: {same}")
+    print(f"{len(first)} files written; the same bytes in every report: {same}")
     record = {
         "sweep": str(args.sweep),
         "baseline_ref": args.baseline_ref,
+        "new_commit": checkout_commit(),
         "repeats": args.repeats,
-        "files": sorted(outputs["new"]),
+        "files": sorted(first),
         "same_files": same,
         "load_before": load_before,
         "load_after": os.getloadavg()[0],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import sys
 
@@ -22,7 +24,16 @@ def write_bytecode() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Bytecode caches on (:func:`write_bytecode`; before pytest-xdist starts its workers, so
-    they inherit it). Under pytest-xdist, each worker process computes with its share of the cores:
+    they inherit it). The objects the run made are frozen at the process's exit, after the
+    ``atexit`` handlers its tests register and all of pytest's own clean-up (its collection of
+    unraisable exceptions included, whatever pytest's version), so that the interpreter's
+    last garbage collections skip them: at exit CPython collects every generation more than
+    once while it tears the modules down, over all that torch, Flower, Ray, matplotlib and
+    a thousand tests left, and each pytest-xdist worker's exit took seconds after its last
+    test while the run waited for it (``benchmarks/suite_time.py``). Every ``atexit``
+    handler still runs, the modules are still cleared and the streams flushed; only
+    garbage in reference cycles is left to the operating system. Under pytest-xdist, each
+    worker process computes with its share of the cores:
     ``max(1, C // workers)`` torch and BLAS threads (:func:`use_threads`), and the processes
     its tests start inherit that share as ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ... (a
     plain script such as ``examples/merge_two_mlps.py`` reads them; fedlmc's own processes keep
@@ -31,6 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
     threads, and a test's many small parallel ops waited on a preempted thread (the compare
     fixture took 42 s beside another worker against 5.5 s alone)."""
     write_bytecode()
+    atexit.register(gc.freeze)  # before the tests' handlers: it runs after them
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep our order (below)
         config.option.loadscopereorder = False
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -40,20 +52,6 @@ def pytest_configure(config: pytest.Config) -> None:
         share = max(1, usable_cores() // workers)
         os.environ.update(thread_variables(share))
         use_threads(share)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """Leave the objects the run made out of the interpreter's last garbage collections
-    (``gc.freeze``): at exit, CPython collects every generation more than once while it tears
-    the modules down, over all that torch, Flower, Ray, matplotlib and a thousand tests left
-    in the process. That took seconds of each pytest-xdist worker's exit after its last test,
-    while the run waited for it (``benchmarks/suite_time.py``). Nothing else changes: every
-    ``atexit`` handler still runs, modules are still cleared, the streams still flushed; only
-    garbage in reference cycles is left to the operating system instead of being collected."""
-    import gc
-
-    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -87,7 +87,7 @@ def applicable(rows: pd.DataFrame, keys: Mapping[str, Any]) -> dict[str, list[bo
     schema = run_schema()
     text = {k for k, key in schema.items() if key.type is str}
     columns = [c for c in rows.columns if c in schema]
-    lists = [rows[c].tolist() for c in columns]  # to_dict("records"), without its per-cell cost
+    lists = [_native_values(rows[c]) for c in columns]  # to_dict("records"), column by column
     records = zip(*lists, strict=True) if lists else [()] * len(rows)
     configs = [
         {
@@ -100,6 +100,31 @@ def applicable(rows: pd.DataFrame, keys: Mapping[str, Any]) -> dict[str, list[bo
         k: [_holds(ruled[k], c) for c in configs] if k in ruled else [True] * len(rows)
         for k in keys
     }
+
+
+def _native_values(column: pd.Series) -> list[Any]:
+    """The values of ``column`` as ``DataFrame.to_dict("records")`` gives them: a numpy
+    column's as Python scalars; an object or extension column's (nullable, Arrow, ``str``)
+    through :func:`_native`, as pandas boxes them (``maybe_box_native``)."""
+    values = column.tolist()
+    if isinstance(column.dtype, np.dtype) and column.dtype != object:
+        return values
+    return [_native(v) for v in values]
+
+
+def _native(value: Any) -> Any:
+    """A cell as ``to_dict`` boxes it: numpy numbers and booleans as Python's, numpy datetimes
+    as Timestamps and Timedeltas, ``pd.NA`` as None (so that a rule reads a missing value as
+    None, never as the ambiguous ``pd.NA``)."""
+    if value is pd.NA:
+        return None
+    if isinstance(value, np.integer | np.floating | np.bool_):
+        return value.item()
+    if isinstance(value, np.datetime64):
+        return pd.Timestamp(value)
+    if isinstance(value, np.timedelta64):
+        return pd.Timedelta(value)
+    return value
 
 
 def _holds(key: Any, config: Mapping[str, Any]) -> bool:

@@ -9,7 +9,9 @@ import math
 import pandas as pd
 import pytest
 
+from fedlmc.simulations.config import run_schema
 from fedlmc.simulations.records.row_groups import (
+    applicable,
     cell_summary,
     split_labels,
     summary_table,
@@ -69,6 +71,21 @@ def test_a_key_varies_exactly_when_its_values_differ_as_text(values):
         table = rows().iloc[: len(values)].assign(seed=series.to_numpy())
         as_text = series.astype(str).nunique() > 1
         assert ("seed" in varying_keys(table)) == as_text, (series.dtype, as_text)
+
+
+def test_a_missing_value_of_a_nullable_column_is_none_to_the_rules():
+    """In nullable or Arrow columns a missing value is ``pd.NA``, which no rule can compare:
+    the rules see None (as ``to_dict`` gives it), so ``alpha`` applies to the Dirichlet row
+    only and, differing nowhere else, does not vary."""
+    table = pd.DataFrame(
+        {"partition": ["dirichlet", None, None], "alpha": [0.1, 0.2, 0.3], "method": ["a"] * 3}
+    )
+    for dtypes in ("numpy_nullable", "pyarrow"):
+        typed = table.convert_dtypes(dtype_backend=dtypes)
+        assert applicable(typed, {"alpha": run_schema()["alpha"]}) == {
+            "alpha": [True, False, False]
+        }
+        assert "alpha" not in varying_keys(typed)
 
 
 def test_split_labels_keep_apart_what_the_table_does_not_average_over():
