@@ -135,13 +135,14 @@ def draw_figures(
     settings: dict[str, Any],
     training: pd.DataFrame | None = None,
 ) -> list[Path]:
-    """Every figure of :data:`FIGURE_TABLE` whose data exists, written under ``fig_dir``
-    (``training``: the folder's ``training.csv``, for the training curves)."""
-    if rows.empty or "method" not in rows or "width" not in rows:
+    """Every figure of :data:`FIGURE_TABLE` whose data exists (:func:`figures_to_draw`),
+    written under ``fig_dir`` (``training``: the folder's ``training.csv``, for the training
+    curves)."""
+    inputs = _inputs(rows, settings, training)
+    if inputs is None:
         return []
     fig_dir.mkdir(parents=True, exist_ok=True)
-    inputs = FigureInputs.of(rows, settings, training)
-    wanted = [f for f in FIGURE_TABLE if f.drawn_when(inputs)]
+    wanted = _drawn_from(inputs)
     title = " - ".join(t for t in (settings.get("title", ""), run_title(rows)) if t)
     title = f"{title}\n{seeds_note(rows, settings.get('error-bars', 'none'))}".strip()
     with figure_title(title):
@@ -150,6 +151,29 @@ def draw_figures(
         if fig_dir / stale.file not in drawn:
             (fig_dir / stale.file).unlink(missing_ok=True)
     return [p for p in drawn if p is not None]
+
+
+def figures_to_draw(
+    rows: pd.DataFrame, settings: dict[str, Any], training: pd.DataFrame | None = None
+) -> list[Figure]:
+    """The figures :func:`draw_figures` draws from these tables (their ``drawn_when`` rules),
+    in report order, without drawing them."""
+    inputs = _inputs(rows, settings, training)
+    return [] if inputs is None else _drawn_from(inputs)
+
+
+def _inputs(
+    rows: pd.DataFrame, settings: dict[str, Any], training: pd.DataFrame | None
+) -> FigureInputs | None:
+    """What the figures are drawn from; None when the rows cannot draw any (no method or width
+    column, or no row)."""
+    if rows.empty or "method" not in rows or "width" not in rows:
+        return None
+    return FigureInputs.of(rows, settings, training)
+
+
+def _drawn_from(inputs: FigureInputs) -> list[Figure]:
+    return [f for f in FIGURE_TABLE if f.drawn_when(inputs)]
 
 
 def seeds_note(rows: pd.DataFrame, kind: str) -> str:

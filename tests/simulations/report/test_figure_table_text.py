@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from fedlmc.simulations.report.figure_table import FIGURE_TABLE, FigureInputs, draw_figures
+from fedlmc.simulations.report.figure_table import FIGURE_TABLE, draw_figures, figures_to_draw
 from tests.simulations.report.test_init_figures import client_rows, skew_by_clients_rows
 from tests.simulations.report.test_method_figures import _rows as field_method_rows
 from tests.simulations.report.test_study_tables import rows_of
@@ -230,12 +230,8 @@ def _inside(box, bounds) -> bool:
 
 
 def drawn_files(rows: pd.DataFrame, training: pd.DataFrame | None) -> set[str]:
-    """The files of the figures :func:`draw_figures` draws from ``rows`` (their
-    ``drawn_when`` rules), without drawing them."""
-    if rows.empty or "method" not in rows or "width" not in rows:
-        return set()
-    inputs = FigureInputs.of(rows, SETTINGS, training)
-    return {f.file for f in FIGURE_TABLE if f.drawn_when(inputs)}
+    """The files of the figures :func:`draw_figures` draws from ``rows``, without drawing."""
+    return {f.file for f in figures_to_draw(rows, SETTINGS, training)}
 
 
 @pytest.mark.parametrize("several_panels", [False, True], ids=["one panel", "several panels"])
