@@ -22,9 +22,21 @@ def write_bytecode() -> None:
     sys.dont_write_bytecode = False
 
 
+def send_no_telemetry() -> None:
+    """Flower sends no telemetry from the suite or any process it starts
+    (``FLWR_TELEMETRY_ENABLED=0``, set before Flower is imported: Flower reads it once, at
+    import). Otherwise the Flower processes the suite starts post their events to
+    ``telemetry.flower.ai``, and the SuperLinks, SuperNodes and the apps they run wait up to
+    4 s for the post before they exit (``flwr.supercore.exit.flwr_exit``): a test run is not a
+    user's run to report, and where outbound connections hang instead of failing (a firewalled
+    CI runner) each of those exits would wait the 4 s. What a test computes is unchanged."""
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Bytecode caches on (:func:`write_bytecode`; before pytest-xdist starts its workers, so
-    they inherit it). The objects the run made are frozen at the process's exit, after the
+    """Bytecode caches on (:func:`write_bytecode`) and Flower's telemetry off
+    (:func:`send_no_telemetry`), both before pytest-xdist starts its workers, so that they
+    inherit them. The objects the run made are frozen at the process's exit, after the
     ``atexit`` handlers its tests register and all of pytest's own clean-up (its collection of
     unraisable exceptions included, whatever pytest's version), so that the interpreter's
     last garbage collections skip them: at exit CPython collects every generation more than
@@ -42,6 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
     threads, and a test's many small parallel ops waited on a preempted thread (the compare
     fixture took 42 s beside another worker against 5.5 s alone)."""
     write_bytecode()
+    send_no_telemetry()
     atexit.register(gc.freeze)  # before the tests' handlers: it runs after them
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep our order (below)
         config.option.loadscopereorder = False
