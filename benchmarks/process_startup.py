@@ -7,25 +7,33 @@ times the step (wall and this process's CPU seconds) and prints them as JSON:
 
 - ``import torch``: what every training, evaluating or merging process loads;
 - ``first optimizer``: after ``import torch``, constructing the first ``torch.optim.SGD``.
-  PyTorch wraps ``Optimizer.__init__`` and ``step`` in ``torch._disable_dynamo``, which imports
-  ``torch._dynamo`` (and with it SymPy and ``torch.distributed``) on the first call, whether or
-  not anything is compiled: every process that trains pays it once;
+  ``Optimizer.__init__`` calls ``add_param_group``, which PyTorch wraps in
+  ``torch._disable_dynamo``; that wrapper imports ``torch._dynamo`` (and with it SymPy) on its
+  first call, whether or not anything is compiled (``step`` imports it too, through
+  ``_use_grad_for_differentiable``): every process that trains pays it once;
 - ``import fedlmc's training``: after ``import torch``, what a ClientApp imports of fedlmc to
-  train (``fedlmc.simulations.task``, ``fedlmc.train``): fedlmc's own share, for comparison;
+  train (``fedlmc.simulations.task``, ``fedlmc.train``, and what they import beyond torch,
+  tqdm among them), for comparison;
 - ``import the Ray actor class``: after ``import ray``, Flower's
   ``flwr.simulation.ray_transport.ray_actor``, which a Ray client actor imports to unpickle its
   class (``flwr.simulation``'s package imports the SuperLink, its state and the CLI);
   ``import the ClientApp's Flower``: after ``import ray``, the Flower modules fedlmc's ClientApp
   needs (``flwr.app``, ``flwr.clientapp``), for comparison;
-- ``start a local Ray`` / ``stop it``: fedlmc's ``init_ray`` of a local Ray (the driver's wall
-  time; the CPU column is the driver's alone, not the Ray processes') and ``ray.shutdown()``,
-  with the time ``ray.shutdown`` spends on each of Ray's process types (each is sent SIGTERM
-  and given up to a second before it is killed).
+- ``start Ray (plain ray.init)``: ``ray.init(address="local", include_dashboard=False)``, the
+  least a local Ray costs; ``start Ray (fedlmc's init_ray)``: fedlmc's start of a local Ray
+  (:func:`fedlmc.simulations.engine.ray_runtime.init_ray`: the same plus its reaper process,
+  the token authentication and its system config); the CPU column is the driver's alone, not
+  the Ray processes';
+- ``stop Ray``: ``ray.shutdown()`` after fedlmc's start, with the time it spends on each of
+  Ray's process types (each is sent SIGTERM and given up to a second before it is killed).
 
     python benchmarks/process_startup.py --repeats 5
 
 Prints the medians and writes ``--json``. Single-machine figures: compare them within a run
-(each run records the speed of a float32 matrix product and of a Python loop, and the load).
+(each run records the speed of a float32 matrix product and of a Python loop, the load, the
+versions of PyTorch, Flower and Ray, and the caller's thread variables). The steps' processes
+write and read bytecode caches whatever the caller's shell says (``PYTHONDONTWRITEBYTECODE``
+would make every process compile fedlmc again) and get fedlmc first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -37,8 +45,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "process_startup.json"
@@ -53,15 +62,16 @@ print(json.dumps({{"wall": time.perf_counter() - wall, "cpu": time.process_time(
 
 _RAY_SETUP = """
 import ray
-import ray._private.node as node
+import ray._private.node as ray_node
 from fedlmc.simulations.engine.ray_runtime import init_ray
-kills = {}
-kill = node.Node._kill_process_type
+kill_seconds = {}
+kill_process_type = ray_node.Node._kill_process_type
 def timed_kill(self, process_type, *args, **kwargs):
     start = time.perf_counter()
-    kill(self, process_type, *args, **kwargs)
-    kills[process_type] = time.perf_counter() - start
-node.Node._kill_process_type = timed_kill
+    kill_process_type(self, process_type, *args, **kwargs)
+    elapsed = time.perf_counter() - start
+    kill_seconds[process_type] = kill_seconds.get(process_type, 0.0) + elapsed
+ray_node.Node._kill_process_type = timed_kill
 """
 
 STEPS: dict[str, dict[str, str]] = {
@@ -82,26 +92,47 @@ STEPS: dict[str, dict[str, str]] = {
         "setup": "import ray",
         "step": "import flwr.app, flwr.clientapp.client_app",
     },
-    "start a local Ray": {"setup": _RAY_SETUP, "step": "init_ray(None)\n"},
-    "stop it": {
+    "start Ray (plain ray.init)": {
+        "setup": "import ray",
+        "step": 'ray.init(address="local", include_dashboard=False, logging_level="WARNING")',
+    },
+    "start Ray (fedlmc's init_ray)": {"setup": _RAY_SETUP, "step": "init_ray(None)"},
+    "stop Ray": {
         "setup": _RAY_SETUP + "init_ray(None)",
         "step": "ray.shutdown()",
-        "extra": ', "kills": kills',
+        "extra": ', "kills": kill_seconds',
     },
 }
+STEP_TIMEOUT_SECONDS = 300
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-def run_step(name: str) -> dict:
-    """One fresh process doing ``name``'s set-up and timing its step."""
+def step_environment() -> dict[str, str]:
+    """The steps' environment: the caller's, with fedlmc first on ``PYTHONPATH``, bytecode
+    caches written and read, and Ray's usage statistics off."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
+def run_step(name: str) -> dict[str, Any]:
+    """One fresh process doing ``name``'s set-up and timing its step: ``{"wall": s, "cpu":
+    s}`` (and ``"kills"`` for ``stop Ray``)."""
     spec = STEPS[name]
     code = _TIMED.format(setup=spec["setup"], step=spec["step"], extra=spec.get("extra", ""))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
     done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-c", code],
+        env=step_environment(),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=STEP_TIMEOUT_SECONDS,
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(lines[-1])
 
 
 def machine_speed() -> dict[str, float]:
@@ -121,10 +152,25 @@ def machine_speed() -> dict[str, float]:
     return {"matmul_gflops": 2 * 2048**3 / best / 1e9, "python_loop_seconds": _timed(loop)}
 
 
-def _timed(task) -> float:
+def _timed(task: Callable[[], object]) -> float:
+    """Wall seconds of ``task()``."""
     start = time.perf_counter()
     task()
     return time.perf_counter() - start
+
+
+def versions() -> dict[str, str]:
+    """The versions of the libraries whose start-ups are timed."""
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("torch", "flwr", "ray")}
+
+
+def shutdown_by_process_type(stops: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per Ray process type, the median over the runs of the seconds ``ray.shutdown`` spent
+    on it (a type a run did not stop counts as 0)."""
+    kinds = dict.fromkeys(kind for stop in stops for kind in stop["kills"])
+    return {k: statistics.median(s["kills"].get(k, 0.0) for s in stops) for k in kinds}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -151,14 +197,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         cpu = statistics.median(m["cpu"] for m in measured)
         medians[name] = {"wall": wall, "cpu": cpu}
         print(f"{name:<32} {wall:8.2f} {cpu:8.2f}")
-    kills = {
-        kind: statistics.median(m["kills"][kind] for m in runs["stop it"])
-        for kind in runs["stop it"][0]["kills"]
-    }
+    kills = shutdown_by_process_type(runs["stop Ray"])
     print("ray.shutdown per process type: " + ", ".join(f"{k} {v:.2f} s" for k, v in kills.items()))
     record = {
         "repeats": args.repeats,
         "machine": speed,
+        "versions": versions(),
+        "caller_thread_variables": {k: os.environ.get(k) for k in THREAD_VARIABLES},
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
         "median_seconds": medians,

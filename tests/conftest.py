@@ -24,12 +24,13 @@ def write_bytecode() -> None:
 
 def send_no_telemetry() -> None:
     """Flower sends no telemetry from the suite or any process it starts
-    (``FLWR_TELEMETRY_ENABLED=0``, set before Flower is imported: Flower reads it once, at
-    import). Otherwise the Flower processes the suite starts post their events to
-    ``telemetry.flower.ai``, and the SuperLinks, SuperNodes and the apps they run wait up to
-    4 s for the post before they exit (``flwr.supercore.exit.flwr_exit``): a test run is not a
-    user's run to report, and where outbound connections hang instead of failing (a firewalled
-    CI runner) each of those exits would wait the 4 s. What a test computes is unchanged."""
+    (``FLWR_TELEMETRY_ENABLED=0``, whatever the caller's shell says, set before Flower is
+    imported: Flower reads it once, at import). Otherwise the Flower processes the suite starts
+    post their events to ``telemetry.flower.ai``, and the SuperLinks, SuperNodes and ServerApp
+    processes wait up to 4 s for the post before they exit
+    (``flwr.supercore.exit.flwr_exit``): a test run is not a user's run to report, and where
+    outbound connections hang instead of failing (a firewalled CI runner) each of those exits
+    would wait the 4 s. What a test computes is unchanged."""
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 
