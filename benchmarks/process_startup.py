@@ -52,7 +52,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "process_startup.json"
 
-_TIMED = """
+# a step's process: its untimed set-up, then the timed step, its seconds printed as JSON
+CHILD = """
 import json, time
 {setup}
 wall, cpu = time.perf_counter(), time.process_time()
@@ -120,7 +121,7 @@ def run_step(name: str) -> dict[str, Any]:
     """One fresh process doing ``name``'s set-up and timing its step: ``{"wall": s, "cpu":
     s}`` (and ``"kills"`` for ``stop Ray``)."""
     spec = STEPS[name]
-    code = _TIMED.format(setup=spec["setup"], step=spec["step"], extra=spec.get("extra", ""))
+    code = CHILD.format(setup=spec["setup"], step=spec["step"], extra=spec.get("extra", ""))
     done = subprocess.run(
         [sys.executable, "-c", code],
         env=step_environment(),
