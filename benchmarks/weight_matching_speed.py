@@ -1,23 +1,28 @@
 """Benchmark: weight matching of today's tree against a baseline revision, each run in a fresh
-process, alternating, with the ``rebasin`` package and the ``lapx`` solvers beside it.
+process, alternating, with the forward start, the ``rebasin`` package and the ``lapx`` solvers
+beside it.
 
 Two 3-hidden-layer MLPs trained on disjoint halves of the embedded digits (as
 ``benchmarks/weight_matching.py`` trains them, cached on disk) are matched at each ``--widths``
 (hidden ``128 * width``). Every timed run is a new Python process that imports ``fedlmc`` from
 one source tree (``after``: this tree; ``before``: ``git archive`` of ``--before-rev`` in a
 temporary directory), loads the two models, loads the numba kernels (not timed) and times one
-``weight_matching`` call with every core (wall and process CPU seconds); the runs alternate
-``before, after[, rebasin]`` ``--repeats`` times, so that the machine's load falls on all alike.
+``weight_matching`` call with every core (wall and process CPU seconds); ``forward`` is this
+tree's ``weight_matching(..., start="forward")`` (the forward start); the runs alternate
+``before, after, forward[, rebasin]`` ``--repeats`` times, so that the machine's load falls on
+all alike.
 The load average is recorded before each run. ``rebasin`` (``PermutationCoordinateDescent``,
 its model tracing included) runs at ``--rebasin-hidden`` (``pip install fedlmc[bench]``).
 
 Reported per width: medians, every run, the permutations' equality between before and after
-(group by group), the exact objective of each, and the ratios. ``--solver-hidden`` adds the
-assignment solvers on the very cost matrices today's descent solves (its runs of independent
-groups, every ``--solver-stride``-th run): the warm-started solver in use (the groups of a run
-one after the other, as the descent solves them in threads) against lapx's batch solvers on
-the same stack of matrices (``lapjvs_batch`` with its float64 and float32 kernels,
-``lapjvx_batch``, both threads), each checked against the warm-started value.
+(group by group), the exact objective of each, the test accuracy of each matching's merge (the
+midpoint of model a and the aligned model b, on the 1,000 test digits), and the ratios.
+``--solver-hidden`` adds the assignment solvers on the very cost matrices today's descent
+solves (its runs of independent groups, every ``--solver-stride``-th run): the warm-started
+solver in use (the groups of a run one after the other, as the descent solves them in
+threads) against lapx's batch solvers on the same stack of matrices (``lapjvs_batch`` with
+its float64 and float32 kernels, ``lapjvx_batch``, both threads), each checked against the
+warm-started value.
 
     python benchmarks/weight_matching_speed.py --widths 32 --repeats 3 --before-rev main
 """
@@ -76,7 +81,8 @@ def child(args: argparse.Namespace) -> None:
         descent.rebasin(max_iterations=100)
         aligned, perms, sweeps = model_b.state_dict(), None, None
     else:
-        matching = weight_matching(spec, sd_a, sd_b, seed=0)
+        start = {"start": "forward"} if args.matcher == "fedlmc-forward" else {}
+        matching = weight_matching(spec, sd_a, sd_b, seed=0, **start)
         perms, sweeps = dict(matching), len(matching.objectives)
     seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
     if perms is not None:
@@ -132,6 +138,35 @@ def trained_models(width: float, cache: Path) -> tuple[Path, Path]:
     return tuple(cache / f"mlp_w{width}_s{s}_e5_n{half}.pt" for s in (0, 1))
 
 
+NAMES = ("before", "after", "forward", "rebasin")
+"""The matchers of a width, in the order each repeat runs them."""
+
+
+def merged_accuracy(width: float, models: tuple[Path, Path], perms: Path) -> float:
+    """Test accuracy of the midpoint of model a and model b aligned by ``perms`` (npz)."""
+    import numpy as np
+    import torch
+
+    from fedlmc.averaging import interpolate, load_state
+    from fedlmc.data.loading import load_dataset
+    from fedlmc.evaluation import evaluate
+    from fedlmc.models.classifiers import build_model
+    from fedlmc.permutation import apply_permutation, permutation_spec
+
+    loaded = []
+    for path in models:
+        model = build_model("mlp", width=width, in_shape=(1, 28, 28), norm="none")
+        model.load_state_dict(torch.load(path, map_location="cpu"))
+        loaded.append(model.eval())
+    spec = permutation_spec(loaded[0])
+    stored = np.load(perms)
+    aligned = apply_permutation(
+        spec, {g: torch.from_numpy(stored[g]) for g in stored.files}, loaded[1].state_dict()
+    )
+    merged = load_state(loaded[0], interpolate(loaded[0].state_dict(), aligned, 0.5))
+    return float(evaluate(merged, load_dataset("mnist5k").test)["accuracy"])
+
+
 def baseline_tree(rev: str) -> Path:
     """``git archive`` of ``rev`` unpacked in a temporary directory."""
     return exported_tree(rev, Path(tempfile.mkdtemp(prefix="wm-before-")))
@@ -160,17 +195,18 @@ def summary(runs: list[dict]) -> dict:
 def benchmark_width(width: float, args, before: Path | None, scratch: Path) -> dict:
     models = trained_models(width, args.cache)
     hidden = int(128 * width)
-    matchers = {"after": ROOT}
+    matchers = {"after": ROOT, "forward": ROOT}
     if before is not None:
         matchers["before"] = before
     if hidden in args.rebasin_hidden:
         matchers["rebasin"] = ROOT
-    order = [m for m in ("before", "after", "rebasin") if m in matchers]
+    order = [m for m in NAMES if m in matchers]
+    kinds = {"rebasin": "rebasin", "forward": "fedlmc-forward"}
     runs: dict[str, list[dict]] = {m: [] for m in order}
     for repeat in range(args.repeats):
         for name in order:
             out = scratch / f"{name}_{width}_{repeat}.npz"
-            matcher = "rebasin" if name == "rebasin" else "fedlmc"
+            matcher = kinds.get(name, "fedlmc")
             runs[name].append(run_child(matchers[name], matcher, width, models, out))
             r = runs[name][-1]
             print(
@@ -181,6 +217,16 @@ def benchmark_width(width: float, args, before: Path | None, scratch: Path) -> d
     row = {"width": width, "hidden": hidden}
     for name in order:
         row[name] = summary(runs[name])
+        if name != "rebasin":  # the package permutes its own copy; its permutations are not kept
+            row[name]["merged_acc"] = merged_accuracy(
+                width, models, scratch / f"{name}_{width}_0.npz"
+            )
+    for name in ("before", "after"):
+        if name in row:
+            ratio = row["forward"]["seconds"] / row[name]["seconds"]
+            row[f"time_ratio_forward_vs_{name}"] = ratio
+            cpu = row["forward"]["cpu_seconds"] / row[name]["cpu_seconds"]
+            row[f"cpu_ratio_forward_vs_{name}"] = cpu
     if "before" in runs:
         row["same_permutations"] = all(
             same_perms(scratch / f"before_{width}_{k}.npz", scratch / f"after_{width}_{k}.npz")
@@ -190,8 +236,12 @@ def benchmark_width(width: float, args, before: Path | None, scratch: Path) -> d
         cpu = row["after"]["cpu_seconds"] / row["before"]["cpu_seconds"]
         row["cpu_ratio_after_vs_before"] = cpu
     if "rebasin" in runs:
-        row["speedup_vs_rebasin"] = row["rebasin"]["seconds"] / row["after"]["seconds"]
-        row["speedup_cpu_vs_rebasin"] = row["rebasin"]["cpu_seconds"] / row["after"]["cpu_seconds"]
+        for name in ("after", "forward"):
+            suffix = "" if name == "after" else "_forward"
+            wall = row["rebasin"]["seconds"] / row[name]["seconds"]
+            row[f"speedup{suffix}_vs_rebasin"] = wall
+            cpu = row["rebasin"]["cpu_seconds"] / row[name]["cpu_seconds"]
+            row[f"speedup_cpu{suffix}_vs_rebasin"] = cpu
     if hidden in args.solver_hidden:
         row["solvers"] = solver_comparison(width, models, args.solver_stride)
     return row
@@ -280,23 +330,29 @@ def solver_comparison(width: float, models: tuple[Path, Path], stride: int) -> d
 def print_table(rows: list[dict]) -> None:
     for r in rows:
         print(f"\nhidden {r['hidden']}:")
-        for name in ("before", "after", "rebasin"):
+        for name in NAMES:
             if name in r:
                 s = r[name]
                 each = ", ".join(f"{x:.2f}" for x in s["seconds_all"])
                 loads = ", ".join(f"{x:.1f}" for x in s["load_before_all"])
+                acc = f", merged acc {s['merged_acc']:.4f}" if "merged_acc" in s else ""
                 print(
                     f"  {name:>7}: median {s['seconds']:.2f} s wall ({each}), "
-                    f"{s['cpu_seconds']:.2f} s CPU, J {s['objective']:.4f}, loads {loads}"
+                    f"{s['cpu_seconds']:.2f} s CPU, J {s['objective']:.4f}{acc}, loads {loads}"
                 )
+        for name in ("before", "after"):
+            if f"time_ratio_forward_vs_{name}" in r:
+                wall, cpu = r[f"time_ratio_forward_vs_{name}"], r[f"cpu_ratio_forward_vs_{name}"]
+                print(f"  forward/{name}: wall {wall:.3f}, CPU {cpu:.3f}")
         if "same_permutations" in r:
             print(
                 f"  after/before: wall {r['time_ratio_after_vs_before']:.3f}, CPU "
                 f"{r['cpu_ratio_after_vs_before']:.3f}; same permutations: {r['same_permutations']}"
             )
-        if "speedup_vs_rebasin" in r:
-            wall, cpu = r["speedup_vs_rebasin"], r["speedup_cpu_vs_rebasin"]
-            print(f"  rebasin/after: wall {wall:.2f}x, CPU {cpu:.2f}x")
+        for suffix, name in (("", "after"), ("_forward", "forward")):
+            if f"speedup{suffix}_vs_rebasin" in r:
+                wall, cpu = r[f"speedup{suffix}_vs_rebasin"], r[f"speedup_cpu{suffix}_vs_rebasin"]
+                print(f"  rebasin/{name}: wall {wall:.2f}x, CPU {cpu:.2f}x")
         if "solvers" in r:
             print(f"  solvers: {json.dumps(r['solvers'])}")
 
@@ -306,7 +362,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command")
     kid = sub.add_parser("child", help="(internal) one timed run in this process")
     kid.add_argument("--tree", type=Path, required=True)
-    kid.add_argument("--matcher", choices=["fedlmc", "rebasin"], required=True)
+    kid.add_argument("--matcher", choices=["fedlmc", "fedlmc-forward", "rebasin"], required=True)
     kid.add_argument("--width", type=float, required=True)
     kid.add_argument("--model-a", type=Path, required=True)
     kid.add_argument("--model-b", type=Path, required=True)
@@ -355,7 +411,8 @@ def main(argv=None) -> None:
         "before_rev": args.before_rev,
         "repeats": args.repeats,
         "cpu_count": os.cpu_count(),
-        "note": "each run a fresh process; runs alternate; medians; shared machine: see loads",
+        "note": "each run a fresh process; runs alternate; medians; shared machine: see loads; "
+        "forward: this tree's weight_matching(start='forward')",
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,22 @@ def weight_matching_to_first(job: MergeJob) -> Alignment:
     return permuted(spec, job.states, perms)
 
 
+@builtin_method(
+    "weight_matching_forward",
+    description="weight matching onto client 0 from the forward start (layer by layer, each "
+    "matched on its incoming weights given the previous one's permutation; then the descent), "
+    "then average",
+)
+def weight_matching_forward_to_first(job: MergeJob) -> Alignment:
+    """As ``weight_matching``, the descent started from the forward start's pass
+    (:mod:`fedlmc.permutation.coordinate_descent`)."""
+    from fedlmc.permutation.matching import reference_permutations
+
+    spec = job.permutation_spec()
+    perms = reference_permutations(spec, job.states, 0, "weight", seed=job.seed, start="forward")
+    return permuted(spec, job.states, perms)
+
+
 def permuted(
     spec: PermutationSpec, states: Sequence[StateDict], perms: Sequence[dict[str, Tensor]]
 ) -> Alignment:

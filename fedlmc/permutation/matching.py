@@ -235,10 +235,12 @@ def reference_permutations(
     x: Tensor | None = None,
     max_iter: int = 100,
     seed: int = 0,
+    *,
+    start: str = "identity",
 ) -> list[Perms]:
     """The permutations :func:`align_to_reference` applies (same arguments): per state dict,
     the one matching it to ``state_dicts[reference]``, and an empty mapping (the identity) for
-    the reference itself."""
+    the reference itself. ``start``: :func:`weight_matching`'s (``method="weight"`` only)."""
     if method not in ALIGNMENTS:
         raise ValueError(f"method must be one of {ALIGNMENTS}, got {method!r}")
     if len(state_dicts) == 0:
@@ -255,7 +257,7 @@ def reference_permutations(
         if index == reference:
             found.append({})
         elif method == "weight":
-            matched = weight_matching(spec, state_dicts[reference], sd, max_iter, seed)
+            matched = weight_matching(spec, state_dicts[reference], sd, max_iter, seed, start=start)
             found.append(dict(matched))
         else:
             matched = activation_matching(models[reference], models[index], x, spec=spec, seed=seed)

@@ -70,6 +70,21 @@ def check_max_iter(max_iter: int) -> int:
     return int(max_iter)
 
 
+START_MODES = ("identity", "forward")
+"""Where weight matching's first descent starts
+(:mod:`fedlmc.permutation.coordinate_descent`): ``identity`` (``init_perms``, the identity
+where omitted: the published descent) or ``forward`` (the forward start's pass)."""
+
+
+def check_start(start: str, init_perms: object = None) -> str:
+    """``start`` if it is one of :data:`START_MODES` and does not meet ``init_perms``."""
+    if start not in START_MODES:
+        raise ValueError(f"start = {start!r}: allowed: {', '.join(START_MODES)}")
+    if start == "forward" and init_perms is not None:
+        raise ValueError("start = 'forward' computes its own start: pass init_perms or it")
+    return start
+
+
 # ----------------------------------------------------------------------------- objective
 
 

@@ -32,7 +32,7 @@ descents on a spec with a residual stream, the best kept) are not part of it, so
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ from fedlmc.permutation.objective import (
     Matching,
     check_max_iter,
     check_pair,
+    check_start,
     is_scored,
     residual_stream,
     sweep_order,
@@ -71,12 +72,16 @@ def cost_matrix(
     sd_b: Mapping[str, Tensor],
     perms: Mapping[str, Tensor],
     dtype: torch.dtype = torch.float64,
+    hidden: Set[str] = frozenset(),
 ) -> Tensor:
-    r""":math:`A_p` of ``group``, summed over its scored ``(key, axis)`` pairs in ``dtype``."""
+    r""":math:`A_p` of ``group``, summed over its scored ``(key, axis)`` pairs in ``dtype``,
+    without the pairs whose tensor carries a group of ``hidden`` on another axis (the forward
+    start's partial matrices)."""
     n = len(perms[group])
     cost = torch.zeros(n, n, dtype=dtype)
     for key, axis in spec.perm_to_axes[group]:
-        if not is_scored(key):
+        carried = [g for other, g in enumerate(spec.axes_to_perm[key]) if other != axis]
+        if not is_scored(key) or any(g in hidden for g in carried):
             continue
         w_a = sd_a[key].movedim(axis, 0).reshape(n, -1).to(dtype)
         w_b = _others_applied(spec, perms, key, sd_b[key], axis)
@@ -91,6 +96,7 @@ def reference_weight_matching(
     max_iter: int = 100,
     seed: int = 0,
     *,
+    start: str = "identity",
     dtype: torch.dtype = torch.float64,
 ) -> Matching:
     r"""Permutations of ``sd_b``'s units maximising :math:`J`, by the textbook coordinate descent.
@@ -98,27 +104,37 @@ def reference_weight_matching(
     Groups are visited in the order ``numpy.random.default_rng(seed).permutation`` draws each
     sweep, the first sweep's led by the residual stream if any (:func:`sweep_order`, as
     :func:`fedlmc.permutation.weight_matching` does, so both take the same path); at
-    most ``max_iter`` sweeps. ``dtype``: of the cost matrices (float64 by default; the benchmark
-    also times float32, what a user porting the published code would write). CPU tensors.
-    Returns a :class:`~fedlmc.permutation.objective.Matching` whose ``objectives`` are :math:`J`
-    after each sweep.
+    most ``max_iter`` sweeps. ``start``: as :func:`fedlmc.permutation.weight_matching`'s
+    (``"identity"``, or ``"forward"``: the forward start); the forward start's pass
+    visits the groups in the spec's order, each solved on the pairs whose other groups it
+    has already visited, and takes each optimum as it is. ``dtype``: of the cost matrices
+    (float64 by default; the benchmark also times float32, what a user porting the published
+    code would write). CPU tensors. Returns a :class:`~fedlmc.permutation.objective.Matching`
+    whose ``objectives`` are :math:`J` after each sweep.
     """
     max_iter = check_max_iter(max_iter)
     sizes = check_pair(spec, sd_a, sd_b)
+    check_start(start)
     perms = {group: torch.arange(n) for group, n in sizes.items()}
     coordinates = spec.coordinates()
     rng = np.random.default_rng(seed)
     stream = residual_stream(spec, sd_a)
+    forward = start == "forward"
     objectives = []
     for sweep in range(max_iter):
         improved = False
-        for groups in sweep_order(coordinates, rng, stream if sweep == 0 else None):
-            costs = [cost_matrix(spec, group, sd_a, sd_b, perms, dtype) for group in groups]
+        order = sweep_order(coordinates, rng, stream if sweep == 0 and not forward else None)
+        unvisited = set(sizes) if sweep == 0 and forward else set()
+        for groups in coordinates if unvisited else order:
+            unvisited.difference_update(groups)
+            costs = [
+                cost_matrix(spec, group, sd_a, sd_b, perms, dtype, unvisited) for group in groups
+            ]
             best = _best_assignment(spec, groups, costs)
             rows = torch.arange(len(best[0]))
             new = sum(cost[rows, cols].sum() for cost, cols in zip(costs, best, strict=True))
             old = sum(cost[rows, perms[g]].sum() for cost, g in zip(costs, groups, strict=True))
-            if new > old:
+            if new > old or (sweep == 0 and forward):
                 perms.update(zip(groups, best, strict=True))
                 improved = True
         objectives.append(objective(spec, sd_a, sd_b, perms))

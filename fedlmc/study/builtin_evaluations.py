@@ -22,6 +22,7 @@ STATISTICS = "each model's statistics"
 
 register_evaluation("average", server_sees=SECURE_SUM)
 register_evaluation("weight_matching", columns=ALIGNMENT_COLUMNS)
+register_evaluation("weight_matching_forward", columns=ALIGNMENT_COLUMNS)
 register_evaluation("activation_matching", columns=ALIGNMENT_COLUMNS)
 register_evaluation(
     "activation_federated", columns=ALIGNMENT_COLUMNS, server_sees="one model and permutations"

@@ -40,6 +40,27 @@ def test_weight_matching_undoes_a_planted_permutation():
         )
 
 
+def test_weight_matching_forward_merges_with_the_forward_start():
+    """``weight_matching_forward``: client 1 aligned by ``weight_matching(start="forward")``
+    onto client 0 (seeded by the job), then averaged; a planted permutation is undone."""
+    from fedlmc.permutation.coordinate_descent import weight_matching
+
+    template = mlp(0)
+    a, b = template.state_dict(), mlp(1).state_dict()
+    spec = permutation_spec(template)
+    merged, aligned = merge_states("weight_matching_forward", template, [a, b], seed=5)
+    expected = apply_permutation(spec, weight_matching(spec, a, b, seed=5, start="forward"), b)
+    published = apply_permutation(spec, weight_matching(spec, a, b, seed=5), b)
+    assert any(not torch.equal(published[k], expected[k]) for k in b)  # another descent
+    for key in a:
+        assert torch.equal(aligned[1][key], expected[key]), key
+        assert torch.allclose(merged[key], (a[key] + expected[key]) / 2, atol=1e-6), key
+    moved = apply_permutation(spec, random_permutations(spec, a, seed=3), a)
+    merged, _ = merge_states("weight_matching_forward", template, [a, moved])
+    assert all(torch.allclose(merged[key], a[key]) for key in a)
+    assert evaluation_of("weight_matching_forward").server_sees == "each model"
+
+
 def test_the_built_in_methods_declare_what_they_need():
     assert runs_securely("average") and evaluation_of("average").server_sees == "sum"
     assert evaluation_of("weight_matching").server_sees == "each model"
