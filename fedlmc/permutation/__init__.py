@@ -27,7 +27,8 @@ The package's modules:
 - :mod:`fedlmc.permutation.tracing`: the derivation from a ``torch.fx`` graph.
 - :mod:`fedlmc.permutation.matching`: weight matching, activation matching, MergeMany.
 - :mod:`fedlmc.permutation.objective`: the weight-matching objective, its result type, checks.
-- :mod:`fedlmc.permutation.coordinate_descent`: the optimised weight matching.
+- :mod:`fedlmc.permutation.coordinate_descent`: the optimised weight matching, its forward start.
+- :mod:`fedlmc.permutation.cost_matrices`: its cost matrices, kept up to date incrementally.
 - :mod:`fedlmc.permutation.reference_matching`: the textbook weight matching (Git Re-Basin's
   Algorithm 1, readable; the baseline of the tests and the benchmark).
 - :mod:`fedlmc.permutation.assignment`: the warm-started linear-assignment solver.

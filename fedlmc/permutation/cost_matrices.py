@@ -227,8 +227,9 @@ class CostMatrices:
     ) -> Tensor:
         r""":math:`A_p` (n x n, :attr:`cost_dtype`) for the current permutations of the other
         groups, without the terms that involve a group of ``hidden`` (the forward start's
-        partial matrices, :func:`_descent`). The cached matrix is updated where it can be: a
-        term it lacks is added whole, a present term gets low-rank updates."""
+        partial matrices, :mod:`fedlmc.permutation.coordinate_descent`). The cached matrix is
+        updated where it can be: a term it lacks is added whole, a present term gets low-rank
+        updates."""
         cost, terms = self.cost[group], self.terms[group]
         changes = {id(t): self._moved(t, perms) for t in terms if t.seen}
         if cost is None or not all(self._updatable(t, changes.get(id(t)), hidden) for t in terms):
