@@ -2,17 +2,24 @@
 
 For each ``--widths`` (hidden ``128 * width``, 3 hidden layers, no norm) and each seed pair of
 ``--pairs``, two MLPs are trained on disjoint halves of the embedded digits (as
-``benchmarks/weight_matching.py`` trains them, 5 epochs, cached on disk) and model b is matched
-onto model a twice in this process, alternating: ``weight_matching(spec, a, b, seed=0)`` (the
-published descent: the identity start, every sweep in seeded random order) and
+``benchmarks/weight_matching.py`` trains them from seeded initialisations, 5 epochs, cached on
+disk) and model b is matched onto model a twice in this process, once each, the order
+alternating from pair to pair: ``weight_matching(spec, a, b, seed=0)`` (the published descent:
+the identity start, every sweep in seeded random order) and
 ``weight_matching(..., start="forward")`` (the forward start:
 :mod:`fedlmc.permutation.coordinate_descent`). Reported per pair: the exact objective
 :math:`J` each reaches, the test accuracy of the midpoint of a and the aligned b (1,000 test
 digits), sweeps, wall and CPU seconds (every core; the solver's kernels loaded first, not
 timed); per width, how often the forward start's :math:`J` is higher and the mean accuracy
-difference.
+difference. The machine's float32 matrix-product speed and load average are recorded before
+and after (a slow day's times are not a normal day's).
 
     python benchmarks/forward_start.py --widths 0.25 1 4 8 16 --pairs 0,1 2,3 4,5
+
+``--sweep DIR`` instead summarises a sweep folder that ran both ``weight_matching`` and
+``weight_matching_forward`` on the same clients (e.g. ``fedlmc sweep configs/quick.toml
+methods=weight_matching,weight_matching_forward --out DIR``): per grid point the two methods'
+test accuracy (mean and sample std over the seeds) and every cell's difference, as JSON.
 """
 
 from __future__ import annotations
@@ -46,7 +53,22 @@ def match(spec, sd_a, sd_b, start: str) -> dict:
     }
 
 
-def pair_row(width: float, seeds: tuple[int, int], args, splits) -> dict:
+def machine_speed() -> dict:
+    """Float32 GFLOP/s of a 2,048 x 2,048 product (best of 3, every core) and the load."""
+    import torch
+
+    a = torch.rand(2048, 2048)
+    best = min(_timed_product(a) for _ in range(3))
+    return {"gflops": 2 * 2048**3 / best / 1e9, "load_average": os.getloadavg()[0]}
+
+
+def _timed_product(a) -> float:
+    start = time.perf_counter()
+    a @ a
+    return time.perf_counter() - start
+
+
+def pair_row(width: float, seeds: tuple[int, int], args, splits, order=STARTS) -> dict:
     """Both starts on the pair ``seeds`` at ``width``: objective, merged accuracy, time."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import weight_matching as wm
@@ -63,7 +85,7 @@ def pair_row(width: float, seeds: tuple[int, int], args, splits) -> dict:
     spec = permutation_spec(model_a)
     sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
     row = {"width": width, "hidden": sd_a["hidden.0.linear.weight"].shape[0], "seeds": seeds}
-    for start in STARTS:
+    for start in order:
         found = match(spec, sd_a, sd_b, start)
         aligned = apply_permutation(spec, found.pop("perms"), sd_b)
         merged = load_state(model_a, interpolate(sd_a, aligned, 0.5))
@@ -121,6 +143,31 @@ def print_rows(rows: list[dict], summaries: list[dict]) -> None:
         )
 
 
+def sweep_summary(folder: Path) -> dict:
+    """The accuracies of ``weight_matching`` and ``weight_matching_forward`` in a sweep folder:
+    per (bias, width) their mean and sample std over the seeds, and per cell the difference."""
+    from fedlmc.simulations.records.results_file import read_results
+
+    frame = read_results(folder)
+    frame = frame[frame["status"] == "ok"]
+    methods = ["weight_matching", "weight_matching_forward"]
+    pivot = frame[frame["method"].isin(methods)].pivot_table(
+        index=["bias", "width", "seed"], columns="method", values="accuracy"
+    )
+    if pivot.empty or set(methods) - set(pivot.columns):
+        raise SystemExit(f"{folder}: needs rows of both {methods[0]} and {methods[1]}")
+    points = []
+    for (bias, width), cells in pivot.groupby(level=["bias", "width"]):
+        point = {"bias": bool(bias), "width": float(width), "cells": len(cells)}
+        for method in methods:
+            point[f"{method}_mean"] = float(cells[method].mean())
+            point[f"{method}_std"] = float(cells[method].std(ddof=1))
+        difference = cells[methods[1]] - cells[methods[0]]
+        point["differences"] = {int(k[2]): float(v) for k, v in difference.items()}
+        points.append(point)
+    return {"benchmark": "forward_start --sweep", "folder": str(folder), "points": points}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", type=float, nargs="+", default=[0.25, 1.0, 4.0, 8.0, 16.0])
@@ -138,6 +185,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="directory caching the trained models",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--sweep", type=Path, default=None, help="summarise this sweep folder")
     args = parser.parse_args(argv)
     try:
         args.pairs = [tuple(int(s) for s in p.split(",")) for p in args.pairs]
@@ -152,6 +200,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.sweep is not None:
+        summary = sweep_summary(args.sweep)
+        print(json.dumps(summary, indent=2))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=2))
+        print(f"wrote {args.out}")
+        return
     import torch
 
     from fedlmc.data.loading import load_dataset
@@ -160,9 +215,13 @@ def main(argv=None) -> None:
     args.cache.mkdir(parents=True, exist_ok=True)
     splits = load_dataset("mnist5k")
     warm_up()
+    before = machine_speed()
     rows, summaries = [], []
     for width in args.widths:
-        block = [pair_row(width, pair, args, splits) for pair in args.pairs]
+        block = [
+            pair_row(width, pair, args, splits, STARTS[:: 1 if k % 2 == 0 else -1])
+            for k, pair in enumerate(args.pairs)
+        ]
         for r in block:
             print(
                 f"  hidden {r['hidden']} pair {r['seeds']}: J {r['identity']['objective']:.4f} "
@@ -177,7 +236,8 @@ def main(argv=None) -> None:
         "model": f"mlp, 3 hidden layers, norm none, mnist5k disjoint halves, {args.epochs} epochs",
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "load_average": os.getloadavg(),
+        "machine_before": before,
+        "machine_after": machine_speed(),
         "rows": rows,
         "widths": summaries,
     }

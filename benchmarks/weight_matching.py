@@ -230,12 +230,14 @@ def random_order_weight_matching(spec: PermutationSpec, sd_a, sd_b, seed: int = 
 
 
 def trained_mlp(width: float, seed: int, epochs: int, data, cache: Path) -> torch.nn.Module:
-    """An MLP trained on ``data`` (cached on disk by width/seed/epochs/size)."""
+    """An MLP trained on ``data`` from the initialisation ``seed`` draws (cached on disk by
+    width/seed/epochs/size; ``seeded_`` in the name: files written before the initialisation
+    was seeded are not read)."""
+    torch.manual_seed(seed)
     model = build_model("mlp", width=width, in_shape=(1, 28, 28), norm="none")
     if epochs == 0:  # untrained: the seeded initialisation (feasibility runs at large widths)
-        torch.manual_seed(seed)
-        return build_model("mlp", width=width, in_shape=(1, 28, 28), norm="none").eval()
-    path = cache / f"mlp_w{width}_s{seed}_e{epochs}_n{len(data[1])}.pt"
+        return model.eval()
+    path = cache / f"seeded_mlp_w{width}_s{seed}_e{epochs}_n{len(data[1])}.pt"
     if path.exists():
         model.load_state_dict(torch.load(path, map_location="cpu"))
         return model.eval()

@@ -135,7 +135,7 @@ def trained_models(width: float, cache: Path) -> tuple[Path, Path]:
     half = len(y) // 2
     wm.trained_mlp(width, 0, 5, (x[:half], y[:half]), cache)
     wm.trained_mlp(width, 1, 5, (x[half:], y[half:]), cache)
-    return tuple(cache / f"mlp_w{width}_s{s}_e5_n{half}.pt" for s in (0, 1))
+    return tuple(cache / f"seeded_mlp_w{width}_s{s}_e5_n{half}.pt" for s in (0, 1))
 
 
 NAMES = ("before", "after", "forward", "rebasin")
@@ -188,6 +188,7 @@ def summary(runs: list[dict]) -> dict:
         "load_before_all": [r["load_before"] for r in runs],
         "sweeps": runs[-1]["sweeps"],
         "objective": runs[-1]["objective"],
+        "objective_all": [r["objective"] for r in runs],
         "perms_sha256": runs[-1]["perms_sha256"],
     }
 
@@ -218,9 +219,8 @@ def benchmark_width(width: float, args, before: Path | None, scratch: Path) -> d
     for name in order:
         row[name] = summary(runs[name])
         if name != "rebasin":  # the package permutes its own copy; its permutations are not kept
-            row[name]["merged_acc"] = merged_accuracy(
-                width, models, scratch / f"{name}_{width}_0.npz"
-            )
+            last = scratch / f"{name}_{width}_{args.repeats - 1}.npz"  # as objective, sha
+            row[name]["merged_acc"] = merged_accuracy(width, models, last)
     for name in ("before", "after"):
         if name in row:
             ratio = row["forward"]["seconds"] / row[name]["seconds"]
@@ -401,6 +401,10 @@ def main(argv=None) -> None:
     args.cache.mkdir(parents=True, exist_ok=True)
     before = baseline_tree(args.before_rev) if args.before_rev else None
     scratch = Path(tempfile.mkdtemp(prefix="wm-speed-"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from forward_start import machine_speed
+
+    machine_before = machine_speed()
     rows = []
     for width in args.widths:
         rows.append(benchmark_width(width, args, before, scratch))
@@ -413,6 +417,8 @@ def main(argv=None) -> None:
         "cpu_count": os.cpu_count(),
         "note": "each run a fresh process; runs alternate; medians; shared machine: see loads; "
         "forward: this tree's weight_matching(start='forward')",
+        "machine_before": machine_before,
+        "machine_after": machine_speed(),
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

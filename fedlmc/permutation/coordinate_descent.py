@@ -24,7 +24,9 @@ residual stream when the spec has one (:func:`fedlmc.permutation.objective.resid
 ViT's embedding dimension; without it a trained depth-4 ViT's planted permutation was missed from
 some seeds, the per-block groups locked onto wrong assignments around an identity stream; MLPs
 and VGGs have no stream and keep the random order); a new assignment is kept only if it raises
-:math:`J` (gains below a relative 1e-5 are recomputed exactly in float64 first); the descent
+:math:`J` (gains below a relative 1e-5 are recomputed exactly in float64 first; a group on
+two axes of one tensor, whose :math:`A_p` is only :math:`J`'s linearisation, is judged on
+:math:`J` itself and re-solved after it moves); the descent
 stops after a sweep without gain (at most ``max_iter`` sweeps). The block-structured groups of
 one family (attention heads: :mod:`fedlmc.permutation.blocks`) are one step of the descent:
 their matrices are built as above and their joint optimum, one block order for all of them,
@@ -234,9 +236,10 @@ def weight_matching(
     ``float64_costs`` holds the cost matrices in float64 instead of the products' dtype (twice
     the memory; small gains are checked in float64 either way). Returns a :class:`Matching`
     whose ``objectives`` are :math:`J` after each sweep of the kept descent (non-decreasing
-    from the first sweep on: the value after it plus the gains of the kept assignments; from
-    the forward start the first value is :math:`J` after its pass) and whose ``descents`` are
-    the exact (float64) final :math:`J` of every descent run, in order.
+    from the first sweep on: the value after it plus the gains of the kept assignments; when
+    the kept descent is the forward start's, its first value is :math:`J` after the pass)
+    and whose ``descents`` are the exact (float64) final :math:`J` of every descent run, in
+    order.
     """
     max_iter = check_max_iter(max_iter)
     check_start(start, init_perms)
@@ -294,8 +297,9 @@ def _descent(
     first = residual_stream(spec, sd_a) if lead == "stream" else None  # first in sweep 0
     workers = min(len(spec.perm_to_axes), os.cpu_count() or 1)
     objectives: list[float] = []
+    exact = partial(matching_objective, spec, sd_a, sd_b)
     with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
-        descent = _Descent(spec, matcher, start, pool)
+        descent = _Descent(spec, matcher, start, pool, exact)
         if forward:
             descent.unvisited.update(spec.perm_to_axes)
         for sweep in range(max_iter):
@@ -322,11 +326,14 @@ class _Descent:
         matcher: CostMatrices,
         start: Mapping[str, Tensor],
         pool: ThreadPoolExecutor | None,
+        objective: Callable[[Mapping[str, Tensor]], float],
     ):
-        self.spec, self.matcher, self.pool = spec, matcher, pool
+        self.spec, self.matcher, self.pool, self.objective = spec, matcher, pool, objective
         self.perms = dict(start)
         coordinates = spec.coordinates()
         self.touching, self.neighbours = _coordinate_neighbours(coordinates, matcher.neighbours)
+        for coordinate in coordinates:  # a self-dependent group's A_p changes when it moves
+            self.touching[coordinate] |= set(coordinate) & matcher.self_dependent
         self.version = dict.fromkeys(self.perms, 0)  # bumped whenever a permutation changes
         self.solved_at: dict[Coordinate, dict[str, int] | None] = dict.fromkeys(coordinates)
         self.warm = {g: WarmStart(np.zeros(len(p)), p.cpu().numpy()) for g, p in start.items()}
@@ -349,6 +356,12 @@ class _Descent:
         if new - old > GAIN_TOLERANCE * max(abs(old), abs(new)):
             return new - old
         return self.matcher.exact_gain(group, self.perms, current, candidate)
+
+    def exact_gain(self, moves: Sequence[tuple[str, Tensor, Tensor]]) -> float:
+        """:math:`J`'s change if every group of ``moves`` took its candidate, from :math:`J`
+        itself (for self-dependent groups, whose :math:`A_p` is only a linearisation)."""
+        trial = {**self.perms, **{group: candidate for group, _, candidate in moves}}
+        return self.objective(trial) - self.objective(self.perms)
 
     def keep(self, moves: Sequence[tuple[str, Tensor, Tensor]]) -> None:
         """Take each ``(group, cost, candidate)``'s candidate."""
@@ -373,7 +386,10 @@ class _Descent:
                     if self.touching[coordinate] & hidden:  # solve it again on its whole A_p
                         self.solved_at[coordinate] = None
                     continue
-                gain = sum(self.gain(g, cost, candidate) for g, cost, candidate in moves)
+                if set(coordinate) & self.matcher.self_dependent:  # A_p is a linearisation
+                    gain = self.exact_gain(moves)
+                else:
+                    gain = sum(self.gain(g, cost, candidate) for g, cost, candidate in moves)
                 if gain > 0:
                     self.keep(moves)
                     objective += gain

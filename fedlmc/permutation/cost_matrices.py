@@ -106,6 +106,10 @@ class CostMatrices:
         self.fixed: dict[str, list[tuple[Tensor, Tensor]]] = {}
         self.cost: dict[str, Tensor | None] = {}
         self.neighbours: dict[str, set[str]] = {}
+        self.self_dependent: set[str] = set()
+        """Groups on two axes of one scored tensor (a square map inside a residual stream, as
+        ``h + fc(h)`` traces): :math:`J` is quadratic in their permutation, so :math:`A_p`
+        holds only its linearisation at the current one."""
         self.scratch: dict[tuple[int, torch.dtype], Tensor] = {}
         for group, axes in spec.perm_to_axes.items():
             self._add_group(spec, group, axes, sd_a, sd_b)
@@ -145,6 +149,8 @@ class CostMatrices:
         self.const[group], self.terms[group], self.cost[group] = const, terms, None
         self.fixed[group] = fixed
         self.neighbours[group] = neighbours - {group}
+        if group in neighbours:
+            self.self_dependent.add(group)
 
     @staticmethod
     def _permuted_b(term: _Term, perms: Mapping[str, Tensor], b: Tensor | None = None) -> Tensor:

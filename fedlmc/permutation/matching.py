@@ -41,6 +41,7 @@ from fedlmc.permutation.objective import (
     assignment_value,
     check_max_iter,
     check_pair,
+    check_start,
     is_scored,
     matching_objective,
     scored_keys,
@@ -212,14 +213,18 @@ def align_to_reference(
     x: Tensor | None = None,
     max_iter: int = 100,
     seed: int = 0,
+    *,
+    start: str = "identity",
 ) -> list[StateDict]:
     """Every state dict permuted to match ``state_dicts[reference]`` (returned unchanged).
 
-    ``method="weight"`` uses :func:`weight_matching`; ``"activation"`` uses
+    ``method="weight"`` uses :func:`weight_matching` (from ``start``); ``"activation"`` uses
     :func:`activation_matching` on ``models`` (one per state dict, holding those weights) and
     inputs ``x``. The permutations themselves: :func:`reference_permutations`.
     """
-    perms = reference_permutations(spec, state_dicts, reference, method, models, x, max_iter, seed)
+    perms = reference_permutations(
+        spec, state_dicts, reference, method, models, x, max_iter, seed, start=start
+    )
     return [
         dict(sd) if index == reference else apply_permutation(spec, p, sd)
         for index, (p, sd) in enumerate(zip(perms, state_dicts, strict=True))
@@ -240,9 +245,13 @@ def reference_permutations(
 ) -> list[Perms]:
     """The permutations :func:`align_to_reference` applies (same arguments): per state dict,
     the one matching it to ``state_dicts[reference]``, and an empty mapping (the identity) for
-    the reference itself. ``start``: :func:`weight_matching`'s (``method="weight"`` only)."""
+    the reference itself. ``start``: :func:`weight_matching`'s; ``"forward"`` only with
+    ``method="weight"``."""
     if method not in ALIGNMENTS:
         raise ValueError(f"method must be one of {ALIGNMENTS}, got {method!r}")
+    check_start(start)
+    if start != "identity" and method != "weight":
+        raise ValueError(f"start = {start!r} with method {method!r}: allowed: 'identity'")
     if len(state_dicts) == 0:
         raise ValueError("align_to_reference needs at least one state dict, got none")
     if not 0 <= reference < len(state_dicts):

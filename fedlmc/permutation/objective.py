@@ -81,7 +81,10 @@ def check_start(start: str, init_perms: object = None) -> str:
     if start not in START_MODES:
         raise ValueError(f"start = {start!r}: allowed: {', '.join(START_MODES)}")
     if start == "forward" and init_perms is not None:
-        raise ValueError("start = 'forward' computes its own start: pass init_perms or it")
+        raise ValueError(
+            "start = 'forward' with init_perms: allowed: init_perms with start = 'identity', "
+            "or start = 'forward' without init_perms (it computes its own start)"
+        )
     return start
 
 

@@ -22,7 +22,9 @@ one step, its groups' joint optimum solved exactly. This is the algorithm as the
 :class:`~fedlmc.permutation.spec.PermutationSpec` and with the two conventions of
 :func:`fedlmc.permutation.weight_matching`: BatchNorm running statistics are permuted but not
 scored (:func:`fedlmc.permutation.objective.is_scored`), and a group's new
-assignment is kept only when it raises :math:`J` (ties keep the current permutation). It
+assignment is kept only when it raises :math:`J` (ties keep the current permutation; for a
+group on two axes of one tensor, :func:`self_dependent_groups`, :math:`J` itself is compared,
+not its linearisation :math:`A_p`). It
 rebuilds every :math:`A_p` from scratch and solves with scipy: the baseline the optimised
 descent (:mod:`fedlmc.permutation.coordinate_descent`) is tested and benchmarked against; use
 that one for real models. It runs one descent: ``weight_matching``'s restarts (several
@@ -120,6 +122,7 @@ def reference_weight_matching(
     rng = np.random.default_rng(seed)
     stream = residual_stream(spec, sd_a)
     forward = start == "forward"
+    quadratic = self_dependent_groups(spec)
     objectives = []
     for sweep in range(max_iter):
         improved = False
@@ -134,6 +137,9 @@ def reference_weight_matching(
             rows = torch.arange(len(best[0]))
             new = sum(cost[rows, cols].sum() for cost, cols in zip(costs, best, strict=True))
             old = sum(cost[rows, perms[g]].sum() for cost, g in zip(costs, groups, strict=True))
+            if quadratic & set(groups):  # A_p is J's linearisation: compare J itself
+                trial = {**perms, **dict(zip(groups, best, strict=True))}
+                new, old = objective(spec, sd_a, sd_b, trial), objective(spec, sd_a, sd_b, perms)
             if new > old or (sweep == 0 and forward):
                 perms.update(zip(groups, best, strict=True))
                 improved = True
@@ -141,6 +147,21 @@ def reference_weight_matching(
         if not improved:
             break
     return Matching(perms, objectives)
+
+
+def self_dependent_groups(spec: PermutationSpec) -> set[str]:
+    r"""Groups that permute two axes of one scored tensor (a square map inside a residual
+    stream, ``h + fc(h)``): :math:`J` is quadratic in their permutation,
+    :math:`\langle W_a, P W_b P^\top\rangle`, and :math:`A_p` (the other axis held at the
+    current permutation) only its linearisation, so a step is kept when :math:`J` itself
+    rises."""
+    return {
+        group
+        for key, groups in spec.axes_to_perm.items()
+        if is_scored(key)
+        for group in groups
+        if group is not None and groups.count(group) > 1
+    }
 
 
 def _best_assignment(

@@ -266,7 +266,12 @@ def test_the_forward_pass_is_the_layerwise_matching():
 
 @pytest.mark.parametrize(
     ("name", "width", "in_shape", "norm"),
-    [("mlp", 1.0, MNIST, "none"), ("vgg11", 0.125, CIFAR, "bn"), ("resnet20", 0.25, CIFAR, "ln")],
+    [
+        ("mlp", 1.0, MNIST, "none"),
+        ("vgg11", 0.125, CIFAR, "bn"),
+        ("resnet20", 0.25, CIFAR, "ln"),
+        ("vit", 0.5, MNIST, "ln"),
+    ],
 )
 def test_the_optimised_descent_follows_the_reference_from_the_forward_start(
     name, width, in_shape, norm
@@ -286,6 +291,73 @@ def test_the_optimised_descent_follows_the_reference_from_the_forward_start(
     # at convergence: the published descent from the result changes nothing
     again = weight_matching(spec, sd_a, sd_b, seed=9, init_perms=found, restarts=1)
     assert all(torch.equal(again[g], found[g]) for g in found)
+
+
+class ResidualSquare(torch.nn.Module):
+    """``h + relu(fc2(h))``: a square map inside the stream, so tracing gives ``fc2.weight``
+    the stream's group on both axes (J is then quadratic in that group's permutation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.head = (
+            torch.nn.Linear(20, 16),
+            torch.nn.Linear(16, 16),
+            torch.nn.Linear(16, 5),
+        )
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        return self.head(h + torch.relu(self.fc2(h)))
+
+
+@pytest.mark.parametrize("start", START_MODES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_group_on_both_axes_of_a_tensor_is_judged_on_the_objective_itself(start, seed):
+    """Its A_p is only J's linearisation at the current permutation: a step is kept when J
+    rises (before, the tracked objective climbed while J fell), and the group is re-solved
+    after it moves; the textbook descent does the same, step for step."""
+    torch.manual_seed(seed)
+    model_a, other = ResidualSquare(), ResidualSquare()
+    spec = permutation_spec(model_a, example_input=torch.randn(2, 20))
+    assert spec.axes_to_perm["fc2.weight"] == ("fc1", "fc1")
+    sd_a = model_a.state_dict()
+    noisy = {k: v + 1.5 * other.state_dict()[k] for k, v in sd_a.items()}
+    sd_b = apply_permutation(spec, random_permutations(spec, sd_a, seed=seed + 2), noisy)
+    found = weight_matching(spec, sd_a, sd_b, seed=seed, start=start, restarts=1)
+    textbook = reference_weight_matching(spec, sd_a, sd_b, seed=seed, start=start)
+    assert all(torch.equal(found[g], textbook[g]) for g in textbook)
+    assert found.objectives == pytest.approx(textbook.objectives, rel=1e-9)
+    assert all(b >= a for a, b in zip(found.objectives, found.objectives[1:], strict=False))
+    assert found.objectives[-1] == pytest.approx(matching_objective(spec, sd_a, sd_b, found))
+
+
+def test_a_group_solved_on_a_partial_matrix_is_solved_again_on_its_whole_one():
+    """The forward pass solves hidden.0 without hidden.1's term; when hidden.1 then keeps the
+    identity (its version never changes), hidden.0 must still be re-solved on its whole
+    matrix. Built so that the partial optimum (the rows' permutation sigma, read off the
+    first layer alone) and the whole one (the identity, which the strong second layer
+    demands) differ."""
+    torch.manual_seed(0)
+    model = build_model("mlp", width=0.25, in_shape=MNIST, depth=2)
+    spec = permutation_spec(model)
+    sd_a = {k: v.clone() for k, v in model.state_dict().items()}
+    sd_a["hidden.1.linear.weight"] *= 30  # hidden.0 held at the identity through W1
+    sd_a["classifier.weight"] *= 100  # hidden.1 held at the identity
+    sigma = torch.randperm(
+        len(sd_a["hidden.0.linear.bias"]), generator=torch.Generator().manual_seed(1)
+    )
+    sd_b = {k: v.clone() for k, v in sd_a.items()}
+    for key in ("hidden.0.linear.weight", "hidden.0.linear.bias"):  # only the first layer's rows
+        sd_b[key] = sd_a[key][sigma]
+    first_pass = weight_matching(spec, sd_a, sd_b, max_iter=1, start="forward")
+    assert torch.equal(first_pass["hidden.0"], torch.argsort(sigma))
+    assert torch.equal(first_pass["hidden.1"], torch.arange(len(first_pass["hidden.1"])))
+    found = weight_matching(spec, sd_a, sd_b, start="forward")
+    textbook = reference_weight_matching(spec, sd_a, sd_b, start="forward")
+    assert torch.equal(found["hidden.0"], textbook["hidden.0"])
+    assert not torch.equal(found["hidden.0"], first_pass["hidden.0"])  # re-solved, moved
+    assert found.objectives[-1] > first_pass.objectives[0]
+    assert found.objectives[-1] == pytest.approx(matching_objective(spec, sd_a, sd_b, found))
 
 
 @pytest.mark.parametrize(("name", "width", "in_shape", "norm"), CASES, ids=IDS)
@@ -329,7 +401,8 @@ def test_a_bad_start_is_refused_before_any_work():
         with pytest.raises(ValueError, match="start = 'fwd': allowed: identity, forward"):
             matcher(spec, sd, permuted, start="fwd")
     init = {g: torch.arange(len(p)) for g, p in random_permutations(spec, sd, seed=0).items()}
-    with pytest.raises(ValueError, match="start = 'forward' computes its own start"):
+    refusal = "start = 'forward' with init_perms: allowed: init_perms with start = 'identity'"
+    with pytest.raises(ValueError, match=refusal):
         weight_matching(spec, sd, permuted, start="forward", init_perms=init)
 
 

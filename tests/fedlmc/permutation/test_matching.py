@@ -170,6 +170,9 @@ def test_align_to_reference_leaves_the_reference_and_aligns_the_rest(method):
             assert torch.equal(out[key], sd[key]), key
     for before, after in zip(snapshot, state_dicts, strict=True):  # inputs are not mutated
         assert all(torch.equal(before[k], after[k]) for k in before)
+    if method == "weight":  # the forward start recovers the planted copies too
+        forward = align_to_reference(spec, state_dicts, reference=1, start="forward")
+        assert all(torch.equal(out[key], sd[key]) for out in forward for key in sd)
 
 
 def test_bad_input_raises_value_error():
@@ -197,6 +200,10 @@ def test_bad_input_raises_value_error():
         align_to_reference(spec, [sd, sd], method="activation")
     with pytest.raises(ValueError, match="reference"):
         align_to_reference(spec, [sd, sd], reference=2)
+    with pytest.raises(ValueError, match="start = 'fwd': allowed: identity, forward"):
+        align_to_reference(spec, [sd], start="fwd")  # refused even with nothing to match
+    with pytest.raises(ValueError, match="start = 'forward' with method 'activation'"):
+        align_to_reference(spec, [sd, sd], method="activation", start="forward")
     with pytest.raises(ValueError, match="at least 2"):
         merge_many(spec, [sd])
     with pytest.raises(ValueError, match="weights"):
