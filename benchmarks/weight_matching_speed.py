@@ -33,6 +33,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -405,9 +406,12 @@ def main(argv=None) -> None:
     from forward_start import machine_speed
 
     machine_before = machine_speed()
-    rows = []
-    for width in args.widths:
-        rows.append(benchmark_width(width, args, before, scratch))
+    try:
+        rows = [benchmark_width(width, args, before, scratch) for width in args.widths]
+    finally:  # the permutations and the exported baseline tree are this run's scratch
+        shutil.rmtree(scratch, ignore_errors=True)
+        if before is not None:
+            shutil.rmtree(before, ignore_errors=True)
     print_table(rows)
     result = {
         "benchmark": "weight_matching_speed",
