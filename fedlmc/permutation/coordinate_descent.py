@@ -291,13 +291,13 @@ def _descent(
     is the same whatever ran before it."""
     matcher.reset()
     forward = lead == "forward"
-    objective = 0.0 if forward else matching_objective(spec, sd_a, sd_b, start)
+    exact = partial(matching_objective, spec, sd_a, sd_b)
+    objective = 0.0 if forward else exact(start)
     rng = np.random.default_rng(seed)
     coordinates = spec.coordinates()
     first = residual_stream(spec, sd_a) if lead == "stream" else None  # first in sweep 0
     workers = min(len(spec.perm_to_axes), os.cpu_count() or 1)
     objectives: list[float] = []
-    exact = partial(matching_objective, spec, sd_a, sd_b)
     with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
         descent = _Descent(spec, matcher, start, pool, exact)
         if forward:
@@ -306,7 +306,7 @@ def _descent(
             order = sweep_order(coordinates, rng, first if sweep == 0 else None)
             if forward and sweep == 0:  # the forward pass: the spec's order, inputs first
                 descent.sweep(coordinates, objective)
-                objective, improved = matching_objective(spec, sd_a, sd_b, descent.perms), True
+                objective, improved = exact(descent.perms), True
             else:
                 objective, improved = descent.sweep(order, objective)
             objectives.append(objective)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from fedlmc.permutation.accumulate import accumulate
-from fedlmc.permutation.objective import check_pair, is_scored
+from fedlmc.permutation.objective import check_pair, is_scored, self_dependent_groups
 from fedlmc.permutation.spec import PermutationSpec
 
 __all__ = ["FULL_REBUILD_FRACTION", "CostMatrices"]
@@ -106,10 +106,10 @@ class CostMatrices:
         self.fixed: dict[str, list[tuple[Tensor, Tensor]]] = {}
         self.cost: dict[str, Tensor | None] = {}
         self.neighbours: dict[str, set[str]] = {}
-        self.self_dependent: set[str] = set()
-        """Groups on two axes of one scored tensor (a square map inside a residual stream, as
-        ``h + fc(h)`` traces): :math:`J` is quadratic in their permutation, so :math:`A_p`
-        holds only its linearisation at the current one."""
+        self.self_dependent = self_dependent_groups(spec)
+        """Groups on two axes of one scored tensor: :math:`A_p` holds only the linearisation
+        of :math:`J` at their current permutation
+        (:func:`fedlmc.permutation.objective.self_dependent_groups`)."""
         self.scratch: dict[tuple[int, torch.dtype], Tensor] = {}
         for group, axes in spec.perm_to_axes.items():
             self._add_group(spec, group, axes, sd_a, sd_b)
@@ -149,8 +149,6 @@ class CostMatrices:
         self.const[group], self.terms[group], self.cost[group] = const, terms, None
         self.fixed[group] = fixed
         self.neighbours[group] = neighbours - {group}
-        if group in neighbours:
-            self.self_dependent.add(group)
 
     @staticmethod
     def _permuted_b(term: _Term, perms: Mapping[str, Tensor], b: Tensor | None = None) -> Tensor:
@@ -237,7 +235,7 @@ class CostMatrices:
         updated where it can be: a term it lacks is added whole, a present term gets low-rank
         updates."""
         cost, terms = self.cost[group], self.terms[group]
-        changes = {id(t): self._moved(t, perms) for t in terms if t.seen}
+        changes = {} if cost is None else {id(t): self._moved(t, perms) for t in terms if t.seen}
         if cost is None or not all(self._updatable(t, changes.get(id(t)), hidden) for t in terms):
             cost = self._rebuild(group, perms, hidden)
         else:

@@ -106,6 +106,21 @@ def scored_keys(spec: PermutationSpec) -> list[str]:
     return [key for key in spec.axes_to_perm if is_scored(key)]
 
 
+def self_dependent_groups(spec: PermutationSpec) -> set[str]:
+    r"""Groups that permute two axes of one scored tensor (a square map inside a residual
+    stream, ``h + fc(h)``): :math:`J` is quadratic in their permutation,
+    :math:`\langle W_a, P W_b P^\top\rangle`, and :math:`A_p` (the other axis held at the
+    current permutation) only its linearisation, so a step is kept when :math:`J` itself
+    rises."""
+    return {
+        group
+        for key, groups in spec.axes_to_perm.items()
+        if is_scored(key)
+        for group in groups
+        if group is not None and groups.count(group) > 1
+    }
+
+
 def matching_objective(
     spec: PermutationSpec,
     sd_a: Mapping[str, Tensor],

@@ -23,10 +23,10 @@ one step, its groups' joint optimum solved exactly. This is the algorithm as the
 :func:`fedlmc.permutation.weight_matching`: BatchNorm running statistics are permuted but not
 scored (:func:`fedlmc.permutation.objective.is_scored`), and a group's new
 assignment is kept only when it raises :math:`J` (ties keep the current permutation; for a
-group on two axes of one tensor, :func:`self_dependent_groups`, :math:`J` itself is compared,
-not its linearisation :math:`A_p`). It
-rebuilds every :math:`A_p` from scratch and solves with scipy: the baseline the optimised
-descent (:mod:`fedlmc.permutation.coordinate_descent`) is tested and benchmarked against; use
+group on two axes of one tensor, :func:`fedlmc.permutation.objective.self_dependent_groups`,
+:math:`J` itself is compared, not its linearisation :math:`A_p`). It rebuilds every
+:math:`A_p` from scratch and solves with scipy: the baseline the optimised descent
+(:mod:`fedlmc.permutation.coordinate_descent`) is tested and benchmarked against; use
 that one for real models. It runs one descent: ``weight_matching``'s restarts (several
 descents on a spec with a residual stream, the best kept) are not part of it, so it equals
 ``weight_matching(..., restarts=1)``.
@@ -49,6 +49,7 @@ from fedlmc.permutation.objective import (
     check_start,
     is_scored,
     residual_stream,
+    self_dependent_groups,
     sweep_order,
 )
 from fedlmc.permutation.objective import matching_objective as objective
@@ -147,21 +148,6 @@ def reference_weight_matching(
         if not improved:
             break
     return Matching(perms, objectives)
-
-
-def self_dependent_groups(spec: PermutationSpec) -> set[str]:
-    r"""Groups that permute two axes of one scored tensor (a square map inside a residual
-    stream, ``h + fc(h)``): :math:`J` is quadratic in their permutation,
-    :math:`\langle W_a, P W_b P^\top\rangle`, and :math:`A_p` (the other axis held at the
-    current permutation) only its linearisation, so a step is kept when :math:`J` itself
-    rises."""
-    return {
-        group
-        for key, groups in spec.axes_to_perm.items()
-        if is_scored(key)
-        for group in groups
-        if group is not None and groups.count(group) > 1
-    }
 
 
 def _best_assignment(
