@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import machine_speed, write_result
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "forward_start.json"
 STARTS = ("identity", "forward")
@@ -51,21 +53,6 @@ def match(spec, sd_a, sd_b, start: str) -> dict:
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
     }
-
-
-def machine_speed() -> dict:
-    """Float32 GFLOP/s of a 2,048 x 2,048 product (best of 3, every core) and the load."""
-    import torch
-
-    a = torch.rand(2048, 2048)
-    best = min(_timed_product(a) for _ in range(3))
-    return {"gflops": 2 * 2048**3 / best / 1e9, "load_average": os.getloadavg()[0]}
-
-
-def _timed_product(a) -> float:
-    start = time.perf_counter()
-    a @ a
-    return time.perf_counter() - start
 
 
 def pair_row(width: float, seeds: tuple[int, int], args, splits, order=STARTS) -> dict:
@@ -203,9 +190,7 @@ def main(argv=None) -> None:
     if args.sweep is not None:
         summary = sweep_summary(args.sweep)
         print(json.dumps(summary, indent=2))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(summary, indent=2))
-        print(f"wrote {args.out}")
+        write_result(args.out, summary)
         return
     import torch
 
@@ -241,9 +226,7 @@ def main(argv=None) -> None:
         "rows": rows,
         "widths": summaries,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

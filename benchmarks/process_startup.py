@@ -44,10 +44,11 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from machine import machine_speed, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "process_startup.json"
@@ -136,30 +137,6 @@ def run_step(name: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def machine_speed() -> dict[str, float]:
-    """GFLOP/s of a float32 2,048 x 2,048 product (best of 3, every core) and the seconds of a
-    ten-million-step Python loop, to read the run's figures against other days'."""
-    import numpy as np
-
-    a = np.random.default_rng(0).random((2048, 2048), dtype=np.float32)
-    best = min(_timed(lambda: a @ a) for _ in range(3))
-    total = 0
-
-    def loop() -> None:
-        nonlocal total
-        for i in range(10_000_000):
-            total += i
-
-    return {"matmul_gflops": 2 * 2048**3 / best / 1e9, "python_loop_seconds": _timed(loop)}
-
-
-def _timed(task: Callable[[], object]) -> float:
-    """Wall seconds of ``task()``."""
-    start = time.perf_counter()
-    task()
-    return time.perf_counter() - start
-
-
 def versions() -> dict[str, str]:
     """The versions of the libraries whose start-ups are timed."""
     from importlib.metadata import version
@@ -211,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "shutdown_median_seconds_by_process_type": kills,
         "runs": runs,
     }
-    args.json.write_text(json.dumps(record, indent=2) + "\n")
+    write_result(args.json, record)
 
 
 if __name__ == "__main__":

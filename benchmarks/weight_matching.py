@@ -48,7 +48,6 @@ matching seeds by both descents: how many restore the model bit for bit, and the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -58,6 +57,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from machine import write_result
 from scipy.optimize import linear_sum_assignment
 
 from fedlmc.averaging import interpolate, load_state
@@ -567,9 +567,7 @@ def main(argv=None) -> None:
         "rows": rows,
         "vit_recovery": vit_rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

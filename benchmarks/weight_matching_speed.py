@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from git_trees import exported_tree
+from machine import machine_speed, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "weight_matching_speed.json"
@@ -402,9 +403,6 @@ def main(argv=None) -> None:
     args.cache.mkdir(parents=True, exist_ok=True)
     before = baseline_tree(args.before_rev) if args.before_rev else None
     scratch = Path(tempfile.mkdtemp(prefix="wm-speed-"))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from forward_start import machine_speed
-
     machine_before = machine_speed()
     try:
         rows = [benchmark_width(width, args, before, scratch) for width in args.widths]
@@ -425,9 +423,7 @@ def main(argv=None) -> None:
         "machine_after": machine_speed(),
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":
